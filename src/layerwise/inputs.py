@@ -1,0 +1,219 @@
+"""Texts, sentence pairs and pre-split words → token ids with everything needed to map back.
+
+Three input forms, one output type (:class:`EncodedInput`):
+
+* ``texts``            raw strings; ``text_pairs`` optionally gives each a second segment
+* ``pairs``            ``(first, second)`` tuples, encoded as ``[CLS] A [SEP] B [SEP]``
+* ``words``            pre-split words (CoNLL-style data); ``word_ids`` point into the caller's list
+
+Tokenisation runs on private copies of the fast tokenizer's Rust backend with padding switched off
+(the packaged all-MiniLM-L6-v2 ``tokenizer.json`` pads every input to 128 tokens) so that a batch is
+never padded beyond its longest text. Texts longer than the model's maximum are truncated
+(``longest_first`` for pairs) and flagged, never silently cut.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from tokenizers import Tokenizer
+
+from .errors import InputError, OptionError
+
+
+@dataclass(frozen=True, slots=True)
+class EncodedInput:
+    """One tokenised input. Offsets are character spans into ``text`` (or ``text_pair`` for tokens
+    whose segment id is 1); special tokens get ``(0, 0)`` and word id ``None``."""
+
+    index: int
+    text: str
+    text_pair: str | None
+    words: tuple[str, ...] | None
+    ids: tuple[int, ...]
+    type_ids: tuple[int, ...]
+    tokens: tuple[str, ...]
+    offsets: tuple[tuple[int, int], ...]
+    word_ids: tuple[int | None, ...]
+    truncated: bool
+    n_tokens_untruncated: int
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+
+def _check_str(value: object, what: str, index: int) -> str:
+    if not isinstance(value, str):
+        raise InputError(
+            f"{what} is {type(value).__name__} ({value!r:.60}), expected str; "
+            "convert it with str() or drop it",
+            index=index,
+        )
+    return value
+
+
+def _check_words(value: object, index: int) -> tuple[str, ...]:
+    if isinstance(value, str) or not isinstance(value, Sequence):
+        raise InputError(
+            f"words[{index}] is {type(value).__name__}, expected a list of words such as "
+            "['Pre', 'split', 'words']; pass raw strings with texts= instead",
+            index=index,
+        )
+    words = tuple(value)
+    for j, word in enumerate(words):
+        _check_str(word, f"words[{index}][{j}]", index)
+        if not word.strip():
+            raise InputError(
+                f"words[{index}][{j}] is {word!r}: an empty or whitespace-only word produces no "
+                "tokens and would shift every later word; remove it",
+                index=index,
+            )
+    return words
+
+
+@dataclass(frozen=True, slots=True)
+class RawInputs:
+    """Validated input in one of the three forms."""
+
+    texts: list[str]
+    text_pairs: list[str] | None
+    words: list[tuple[str, ...]] | None
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+
+def normalize_inputs(
+    texts: Sequence[str] | None = None,
+    *,
+    text_pairs: Sequence[str] | None = None,
+    pairs: Sequence[tuple[str, str]] | None = None,
+    words: Sequence[Sequence[str]] | None = None,
+) -> RawInputs:
+    """Check the inputs and bring them into one form. Exactly one of ``texts``, ``pairs`` and
+    ``words`` must be given; ``text_pairs`` only together with ``texts``."""
+    given = [name for name, v in (("texts", texts), ("pairs", pairs), ("words", words)) if v is not None]
+    if len(given) != 1:
+        raise InputError(
+            f"pass exactly one of texts=, pairs= or words= (got {', '.join(given) or 'none'})"
+        )
+    if text_pairs is not None and texts is None:
+        raise InputError("text_pairs= needs texts= with one first segment per pair")
+    if texts is not None:
+        if isinstance(texts, str):
+            raise InputError("texts must be a list of strings; wrap a single text in a list")
+        checked = [_check_str(t, f"texts[{i}]", i) for i, t in enumerate(texts)]
+        seconds = None
+        if text_pairs is not None:
+            if isinstance(text_pairs, str):
+                raise InputError("text_pairs must be a list of strings, one per text")
+            if len(text_pairs) != len(checked):
+                raise InputError(
+                    f"texts has {len(checked)} items but text_pairs has {len(text_pairs)}; "
+                    "pass exactly one second segment per text"
+                )
+            seconds = [_check_str(t, f"text_pairs[{i}]", i) for i, t in enumerate(text_pairs)]
+        return RawInputs(checked, seconds, None)
+    if pairs is not None:
+        firsts, seconds = [], []
+        for i, pair in enumerate(pairs):
+            if isinstance(pair, str) or not isinstance(pair, Sequence) or len(pair) != 2:
+                size = len(pair) if isinstance(pair, Sequence) and not isinstance(pair, str) else "not a pair"
+                raise InputError(
+                    f"pairs[{i}] must be a (first, second) tuple of two strings, got {pair!r:.80} "
+                    f"({size} items)",
+                    index=i,
+                )
+            firsts.append(_check_str(pair[0], f"pairs[{i}][0]", i))
+            seconds.append(_check_str(pair[1], f"pairs[{i}][1]", i))
+        return RawInputs(firsts, seconds, None)
+    assert words is not None
+    if isinstance(words, str):
+        raise InputError("words must be a list of word lists, e.g. [['Pre', 'split', 'words']]")
+    word_lists = [_check_words(w, i) for i, w in enumerate(words)]
+    return RawInputs([" ".join(w) for w in word_lists], None, word_lists)
+
+
+class InputEncoder:
+    """Tokenises :class:`RawInputs` with a fast tokenizer, truncating to ``max_length``."""
+
+    def __init__(self, backend: Tokenizer, max_length: int) -> None:
+        if max_length < 2:
+            raise OptionError(f"max_length={max_length} leaves no room for [CLS] and [SEP]; use >= 2")
+        self.max_length = max_length
+        # Private copies: the caller's tokenizer keeps its settings, and no shared state is
+        # switched back and forth between calls (so encoding is thread-safe).
+        self._free = Tokenizer.from_str(backend.to_str())
+        self._free.no_padding()
+        self._free.no_truncation()
+        self._capped = Tokenizer.from_str(backend.to_str())
+        self._capped.no_padding()
+        self._capped.enable_truncation(max_length, strategy="longest_first")
+
+    def encode(self, raw: RawInputs) -> list[EncodedInput]:
+        if not len(raw):
+            return []
+        if raw.words is not None:
+            batch: list = [list(w) for w in raw.words]
+            pretokenized = True
+        elif raw.text_pairs is not None:
+            batch = list(zip(raw.texts, raw.text_pairs, strict=True))
+            pretokenized = False
+        else:
+            batch = list(raw.texts)
+            pretokenized = False
+        encodings = self._free.encode_batch(batch, is_pretokenized=pretokenized)
+        lengths = [len(e.ids) for e in encodings]
+        too_long = [i for i, n in enumerate(lengths) if n > self.max_length]
+        if too_long:
+            capped = self._capped.encode_batch([batch[i] for i in too_long], is_pretokenized=pretokenized)
+            for i, enc in zip(too_long, capped, strict=True):
+                encodings[i] = enc
+        too_long_set = set(too_long)
+        out = []
+        for i, enc in enumerate(encodings):
+            offsets = enc.offsets
+            if raw.words is not None:
+                offsets = _word_offsets_to_text(offsets, enc.word_ids, raw.words[i])
+            out.append(
+                EncodedInput(
+                    index=i,
+                    text=raw.texts[i],
+                    text_pair=raw.text_pairs[i] if raw.text_pairs is not None else None,
+                    words=raw.words[i] if raw.words is not None else None,
+                    ids=tuple(enc.ids),
+                    type_ids=tuple(enc.type_ids),
+                    tokens=tuple(enc.tokens),
+                    offsets=tuple(tuple(o) for o in offsets),
+                    word_ids=tuple(enc.word_ids),
+                    truncated=i in too_long_set,
+                    n_tokens_untruncated=lengths[i],
+                )
+            )
+        return out
+
+
+def _word_offsets_to_text(
+    offsets: Sequence[tuple[int, int]], word_ids: Sequence[int | None], words: Sequence[str]
+) -> list[tuple[int, int]]:
+    """Pre-split input gets offsets relative to each word; shift them into ``' '.join(words)``."""
+    starts, position = [], 0
+    for word in words:
+        starts.append(position)
+        position += len(word) + 1
+    return [
+        (0, 0) if w is None else (starts[w] + s, starts[w] + e)
+        for (s, e), w in zip(offsets, word_ids, strict=True)
+    ]
+
+
+def length_sorted_batches(lengths: Sequence[int], batch_size: int) -> list[list[int]]:
+    """Group item indices into batches of similar length, longest first.
+
+    Sorting keeps padding small; longest first makes an out-of-memory error show up in the first
+    batch rather than after an hour (sentence-transformers' ``encode`` does the same)."""
+    if batch_size < 1:
+        raise OptionError(f"batch_size={batch_size} must be >= 1")
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
