@@ -143,7 +143,7 @@ class Encoder:
             try:
                 self.tokenizer = AutoTokenizer.from_pretrained(source)
                 self.model = AutoModel.from_pretrained(source, dtype=_TORCH_DTYPES[dtype])
-            except (OSError, ValueError, EnvironmentError) as exc:
+            except (OSError, ValueError) as exc:
                 raise ModelLoadError(
                     f"could not load model {self.name!r}: {exc}\n"
                     "It is not a local folder and could not be fetched or found in the Hugging Face "
@@ -169,6 +169,23 @@ class Encoder:
         pad_id = self.tokenizer.pad_token_id
         self._pad_id = pad_id if pad_id is not None else (getattr(config, "pad_token_id", None) or 0)
         self._lock = threading.RLock()
+        self._warm_up()
+
+    def _warm_up(self) -> None:
+        """One full-depth forward with ``output_hidden_states`` before any truncated one.
+
+        transformers 5 installs its hidden-state capture hooks lazily, on the layers present at the
+        first such call; if that call ran on a truncated encoder, later full runs would miss layers.
+        This also checks that the model returns one hidden state per layer plus the embeddings."""
+        ids = [self.tokenizer.cls_token_id or 0, self.tokenizer.sep_token_id or 0]
+        batch = {"input_ids": torch.tensor([ids], device=self.device)}
+        with self._lock, torch.inference_mode():
+            states = self.model(**batch, output_hidden_states=True).hidden_states
+        if len(states) != self.n_hidden_states:
+            raise ModelLoadError(
+                f"{self.name!r} returned {len(states)} hidden states, expected {self.n_hidden_states} "
+                "(embeddings + one per layer); is it a BERT-family encoder?"
+            )
 
     # ------------------------------------------------------------------ properties
     @property

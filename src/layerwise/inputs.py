@@ -93,13 +93,13 @@ def normalize_inputs(
 ) -> RawInputs:
     """Check the inputs and bring them into one form. Exactly one of ``texts``, ``pairs`` and
     ``words`` must be given; ``text_pairs`` only together with ``texts``."""
+    if text_pairs is not None and texts is None:
+        raise InputError("text_pairs= needs texts= with one first segment per pair")
     given = [name for name, v in (("texts", texts), ("pairs", pairs), ("words", words)) if v is not None]
     if len(given) != 1:
         raise InputError(
             f"pass exactly one of texts=, pairs= or words= (got {', '.join(given) or 'none'})"
         )
-    if text_pairs is not None and texts is None:
-        raise InputError("text_pairs= needs texts= with one first segment per pair")
     if texts is not None:
         if isinstance(texts, str):
             raise InputError("texts must be a list of strings; wrap a single text in a list")

@@ -1,0 +1,105 @@
+"""Shared fixtures: the packaged default model, and tiny random BERT-family models built locally.
+
+No test touches the network: the hub is switched to offline mode before transformers is imported.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["TRANSFORMERS_OFFLINE"] = "1"
+
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared"
+UD_EWT = SHARED / "data" / "ud_ewt"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json")
+ARCHITECTURES = ("bert", "roberta", "distilbert", "mpnet", "electra")
+
+
+def tiny_config(arch: str, n_layers: int = 3):
+    """A small random config of ``arch`` that shares the default model's WordPiece vocabulary."""
+    import transformers as tf
+
+    common = {"vocab_size": 30522, "max_position_embeddings": 128}
+    if arch == "bert":
+        return tf.BertConfig(hidden_size=32, num_hidden_layers=n_layers, num_attention_heads=4,
+                             intermediate_size=64, **common)
+    if arch == "roberta":
+        # pad id 0 to match the BERT vocabulary used by these tests
+        return tf.RobertaConfig(hidden_size=32, num_hidden_layers=n_layers, num_attention_heads=4,
+                                intermediate_size=64, pad_token_id=0, bos_token_id=101, eos_token_id=102,
+                                **common)
+    if arch == "distilbert":
+        return tf.DistilBertConfig(dim=32, n_layers=n_layers, n_heads=4, hidden_dim=64, pad_token_id=0, **common)
+    if arch == "mpnet":
+        return tf.MPNetConfig(hidden_size=32, num_hidden_layers=n_layers, num_attention_heads=4,
+                              intermediate_size=64, pad_token_id=0, **common)
+    if arch == "electra":
+        return tf.ElectraConfig(hidden_size=32, embedding_size=16, num_hidden_layers=n_layers,
+                                num_attention_heads=4, intermediate_size=64, **common)
+    raise ValueError(arch)
+
+
+@pytest.fixture(scope="session")
+def default_model_dir() -> Path:
+    import layerwise as lw
+
+    return lw.default_model_path()
+
+
+@pytest.fixture(scope="session")
+def default_encoder():
+    import layerwise as lw
+
+    return lw.Encoder(device="cpu")
+
+
+@pytest.fixture(scope="session")
+def make_tiny_model(tmp_path_factory, default_model_dir) -> Callable[..., Path]:
+    """Build (once per arch and depth) a random model folder with config, safetensors, tokenizer."""
+    import torch
+    from transformers import AutoModel
+
+    made: dict[tuple[str, int], Path] = {}
+
+    def make(arch: str = "bert", n_layers: int = 3) -> Path:
+        key = (arch, n_layers)
+        if key not in made:
+            folder = tmp_path_factory.mktemp(f"tiny-{arch}-{n_layers}")
+            torch.manual_seed(0)
+            model = AutoModel.from_config(tiny_config(arch, n_layers))
+            model.save_pretrained(folder)
+            for name in TOKENIZER_FILES:
+                shutil.copy(default_model_dir / name, folder / name)
+            made[key] = folder
+        return made[key]
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def tiny_encoder(make_tiny_model):
+    import layerwise as lw
+
+    return lw.Encoder(make_tiny_model("bert"), device="cpu")
+
+
+def ud_sentences(split: str = "dev", limit: int | None = None) -> list[str]:
+    path = UD_EWT / f"en_ewt-ud-{split}.conllu"
+    if not path.exists():
+        pytest.skip(f"UD EWT not found at {path}")
+    texts = []
+    with path.open(encoding="utf-8") as handle:
+        for line in handle:
+            if line.startswith("# text = "):
+                texts.append(line[len("# text = ") :].rstrip("\n"))
+                if limit and len(texts) >= limit:
+                    break
+    return texts

@@ -1,0 +1,130 @@
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+import layerwise as lw
+from layerwise.cli import app
+
+runner = CliRunner()
+
+
+def run(*args):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def test_help_does_not_import_torch():
+    code = (
+        "import sys\n"
+        "from typer.testing import CliRunner\n"
+        "from layerwise.cli import app\n"
+        "for args in (['--help'], ['extract', '--help'], ['show', '--help']):\n"
+        "    result = CliRunner().invoke(app, args)\n"
+        "    assert result.exit_code == 0, result.output\n"
+        "print('torch' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_extract_txt_to_npz(tmp_path, make_tiny_model):
+    model = make_tiny_model("bert")
+    source = tmp_path / "texts.txt"
+    source.write_text("The bank raised rates.\n\nWe sat on the river bank.\n", encoding="utf-8")
+    out = tmp_path / "out.npz"
+    result = run("extract", source, "-o", out, "--model", model, "--layers", "0,-1", "--batch-size", 2)
+    assert result.exit_code == 0, result.output
+    data = np.load(out)
+    meta = json.loads(str(data["meta"]))
+    assert meta["model"] == str(model) and meta["layers"] == [0, 3] and meta["n_texts"] == 3
+    assert data["layers"].tolist() == [0, 3]
+    assert data["texts"].tolist() == ["The bank raised rates.", "", "We sat on the river bank."]
+    assert data["tokens_1"].tolist() == ["[CLS]", "[SEP]"]
+    expected = lw.Encoder(model, device="cpu").extract(["We sat on the river bank."], layers=[0, -1])[0]
+    np.testing.assert_allclose(data["hidden_2"], expected.hidden, atol=1e-5)
+    assert data["tokens_2"].tolist() == list(expected.tokens)
+    np.testing.assert_array_equal(data["offsets_2"], expected.offsets)
+    assert "1 empty" in result.output
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temp files left
+
+
+def test_extract_tsv_pairs_to_jsonl_in_input_order(tmp_path, make_tiny_model):
+    model = make_tiny_model("bert")
+    source = tmp_path / "pairs.tsv"
+    source.write_text("Is it raining?\tYes, it is.\nA much longer first segment here\tok\n", encoding="utf-8")
+    out = tmp_path / "out.jsonl"
+    result = run("extract", source, "-o", out, "--model", model, "--layers", "last2", "--dtype", "float16")
+    assert result.exit_code == 0, result.output
+    records = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
+    assert [r["id"] for r in records] == [0, 1]
+    assert records[0]["text_pair"] == "Yes, it is."
+    assert records[0]["segment_ids"] == [0] * 6 + [1] * 6
+    assert np.asarray(records[0]["hidden"]).shape == (2, 12, 32)
+    expected = lw.Encoder(model, device="cpu").extract(pairs=[("Is it raining?", "Yes, it is.")], layers="last2")[0]
+    np.testing.assert_array_equal(np.asarray(records[0]["hidden"]), expected.hidden.astype(np.float16))
+
+
+def test_extract_jsonl_input(tmp_path, make_tiny_model):
+    source = tmp_path / "in.jsonl"
+    source.write_text('{"text": "first"}\n\n{"text": "second one"}\n', encoding="utf-8")
+    out = tmp_path / "out.npz"
+    result = run("extract", source, "-o", out, "--model", make_tiny_model("bert"), "-q")
+    assert result.exit_code == 0, result.output
+    assert np.load(out)["texts"].tolist() == ["first", "second one"]
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "fragment"),
+    [
+        ("bad.txt", b"fine\n\xff\xfe broken\n", "line 2 is not valid UTF-8"),
+        ("bad.tsv", b"a\tb\nonly one column\n", "line 2 has 1 tab-separated column(s)"),
+        ("bad.jsonl", b'{"text": "ok"}\n{"txt": "typo"}\n', 'line 2 needs an object with a string "text"'),
+        ("mixed.jsonl", b'{"text": "a", "text_pair": "b"}\n{"text": "c"}\n', "line 2: either every line"),
+        ("broken.jsonl", b'{"text": \n', "line 1 is not valid JSON"),
+    ],
+)
+def test_bad_input_files_name_the_line(tmp_path, make_tiny_model, name, content, fragment):
+    source = tmp_path / name
+    source.write_bytes(content)
+    out = tmp_path / "out.npz"
+    result = run("extract", source, "-o", out, "--model", make_tiny_model("bert"))
+    assert result.exit_code == 2
+    assert fragment in " ".join(result.output.split())
+    assert not out.exists()
+
+
+def test_invalid_utf8_can_be_replaced(tmp_path, make_tiny_model):
+    source = tmp_path / "latin1.txt"
+    source.write_bytes("café\n".encode("latin-1"))
+    out = tmp_path / "out.npz"
+    result = run("extract", source, "-o", out, "--model", make_tiny_model("bert"), "--encoding-errors", "replace")
+    assert result.exit_code == 0, result.output
+    assert np.load(out)["texts"].tolist() == ["caf\ufffd"]
+
+
+def test_cli_errors_for_bad_layers_suffix_and_model(tmp_path, make_tiny_model):
+    source = tmp_path / "t.txt"
+    source.write_text("x\n", encoding="utf-8")
+    result = run("extract", source, "-o", tmp_path / "o.npz", "--model", make_tiny_model("bert"), "--layers", "9")
+    assert result.exit_code == 2 and "layer 9 out of range: this model has 4 hidden states" in result.output
+    result = run("extract", source, "-o", tmp_path / "o.h5")
+    assert result.exit_code == 2 and "use .npz" in result.output
+    result = run("extract", source, "-o", tmp_path / "o.npz", "--model", tmp_path / "missing")
+    assert result.exit_code == 2 and "does not exist" in result.output
+    assert not (tmp_path / "o.npz").exists()
+
+
+def test_show_prints_tokens_and_layers(make_tiny_model):
+    result = run("show", "The bank raised rates.", "--model", make_tiny_model("bert"))
+    assert result.exit_code == 0, result.output
+    for token in ("[CLS]", "bank", "raised", "[SEP]"):
+        assert token in result.output
+    assert "L0" in result.output and "L3" in result.output
+
+
+def test_version():
+    result = run("--version")
+    assert result.exit_code == 0 and result.output.strip() == f"layerwise {lw.__version__}"

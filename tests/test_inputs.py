@@ -1,0 +1,145 @@
+"""Input hygiene: every odd input gets a result or an error that names it and the fix."""
+
+import logging
+
+import numpy as np
+import pytest
+
+from layerwise.errors import InputError, OptionError
+from layerwise.inputs import length_sorted_batches, normalize_inputs
+
+
+def test_empty_and_whitespace_texts_give_special_tokens_only(tiny_encoder):
+    empty, blank, real = tiny_encoder.extract(["", "   \t ", "ok"])
+    for stack in (empty, blank):
+        assert stack.tokens == ("[CLS]", "[SEP]")
+        assert stack.hidden.shape == (4, 2, 32)
+        assert stack.word_ids.tolist() == [-1, -1]
+    assert real.tokens == ("[CLS]", "ok", "[SEP]")
+
+
+def test_control_characters_and_nul_are_cleaned_not_fatal(tiny_encoder):
+    text = "a\x00b c\x07d\te\u200bf"
+    stack = tiny_encoder.extract([text])[0]
+    assert stack.text == text  # the caller's text is kept as given
+    assert "\x00" not in "".join(stack.tokens)
+    # BERT's normaliser drops control characters, so "a\x00b" is one word "ab" spanning 0..3
+    assert stack.tokens[1] == "ab"
+    assert stack.offsets[1].tolist() == [0, 3]
+    assert np.isfinite(stack.hidden).all()
+
+
+def test_emoji_and_cjk_offsets_point_at_the_characters(tiny_encoder):
+    text = "I ❤ 東京 🙂!"
+    stack = tiny_encoder.extract([text])[0]
+    spans = {tok: text[s:e] for tok, (s, e) in zip(stack.tokens, stack.offsets.tolist(), strict=True)}
+    # CJK characters become one token each; the emoji is unknown to the vocabulary
+    assert spans["東"] == "東" and spans["京"] == "京"
+    unknown = [text[s:e] for tok, (s, e) in zip(stack.tokens, stack.offsets.tolist(), strict=True) if tok == "[UNK]"]
+    assert "🙂" in unknown
+
+
+def test_long_text_is_truncated_flagged_and_reported(make_tiny_model, caplog):
+    import layerwise as lw
+
+    enc = lw.Encoder(make_tiny_model("bert"), device="cpu", max_length=16)
+    long_text = " ".join(["word"] * 40)
+    with caplog.at_level(logging.WARNING, logger="layerwise"):
+        short, long = enc.extract(["short text", long_text])
+    assert not short.truncated
+    assert long.truncated and long.n_tokens == 16 and long.tokens[-1] == "[SEP]"
+    assert "1 of 2 inputs were longer than 16 tokens and were truncated (first: input 1, 42 tokens)" in caplog.text
+
+
+def test_long_pair_is_truncated_longest_first(make_tiny_model):
+    import layerwise as lw
+
+    enc = lw.Encoder(make_tiny_model("bert"), device="cpu", max_length=12)
+    stack = enc.extract(pairs=[("a b", " ".join(["x"] * 30))])[0]
+    assert stack.truncated and stack.n_tokens == 12
+    assert stack.tokens[:4] == ("[CLS]", "a", "b", "[SEP]")  # the short segment survives
+    assert stack.segment_ids.tolist() == [0] * 4 + [1] * 8
+
+
+def test_max_length_beyond_model_is_refused(make_tiny_model):
+    import layerwise as lw
+
+    with pytest.raises(OptionError, match="max_length=4096 must be between 2 and this model's maximum, 128"):
+        lw.Encoder(make_tiny_model("bert"), device="cpu", max_length=4096)
+
+
+def test_pair_lists_of_different_lengths():
+    with pytest.raises(InputError, match="texts has 3 items but text_pairs has 2; pass exactly one second"):
+        normalize_inputs(["a", "b", "c"], text_pairs=["x", "y"])
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "fragment"),
+    [
+        ({"pairs": [("a", "b"), ("only one",)]}, r"pairs\[1\] must be a \(first, second\) tuple"),
+        ({"pairs": [("a", "b", "c")]}, "3 items"),
+        ({"pairs": [("a", None)]}, r"pairs\[0\]\[1\] is NoneType"),
+        ({"texts": ["ok", 3]}, r"texts\[1\] is int"),
+        ({"texts": "a single string"}, "wrap a single text in a list"),
+        ({"words": [["ok", ""]]}, r"words\[0\]\[1\] is ''"),
+        ({"words": ["not split"]}, r"words\[0\] is str"),
+        ({}, "pass exactly one of texts=, pairs= or words="),
+        ({"texts": ["a"], "pairs": [("a", "b")]}, "got texts, pairs"),
+        ({"text_pairs": ["x"]}, "needs texts="),
+    ],
+)
+def test_bad_inputs_name_the_item(kwargs, fragment):
+    with pytest.raises(InputError, match=fragment):
+        normalize_inputs(**kwargs)
+
+
+def test_input_error_carries_index():
+    with pytest.raises(InputError) as info:
+        normalize_inputs(["ok", "fine", None])
+    assert info.value.index == 2
+
+
+def test_pre_split_words_keep_alignment_and_offsets(tiny_encoder):
+    words = ["Unbelievably", "long", "antidisestablishmentarianism", "."]
+    stack = tiny_encoder.extract(words=[words])[0]
+    assert stack.text == " ".join(words)
+    for tok, word_id, (s, e) in zip(stack.tokens, stack.word_ids, stack.offsets.tolist(), strict=True):
+        if word_id < 0:
+            assert tok in ("[CLS]", "[SEP]")
+            continue
+        piece = stack.text[s:e].lower()
+        assert piece == tok.removeprefix("##")
+        assert words[word_id].lower().find(piece) >= 0
+    assert sorted(set(stack.word_ids.tolist()) - {-1}) == [0, 1, 2, 3]
+    assert (stack.word_ids == 2).sum() >= 5  # a word split into 5+ wordpieces
+
+
+def test_pairs_have_segment_ids_and_per_segment_offsets(tiny_encoder):
+    stack = tiny_encoder.extract(pairs=[("Is it raining?", "Yes, it is.")])[0]
+    assert stack.tokens == ("[CLS]", "is", "it", "raining", "?", "[SEP]", "yes", ",", "it", "is", ".", "[SEP]")
+    assert stack.segment_ids.tolist() == [0] * 6 + [1] * 6
+    s, e = stack.offsets[6]
+    assert stack.text_pair[s:e] == "Yes"
+    assert stack.word_ids.tolist() == [-1, 0, 1, 2, 3, -1, 0, 1, 2, 3, 4, -1]
+
+
+def test_text_pairs_equal_pairs(tiny_encoder):
+    a = tiny_encoder.extract(["Is it raining?"], text_pairs=["Yes."])[0]
+    b = tiny_encoder.extract(pairs=[("Is it raining?", "Yes.")])[0]
+    np.testing.assert_array_equal(a.hidden, b.hidden)
+
+
+def test_batches_sorted_longest_first_and_cover_all():
+    lengths = [3, 9, 1, 9, 5]
+    batches = length_sorted_batches(lengths, 2)
+    assert batches == [[1, 3], [4, 0], [2]]
+    with pytest.raises(OptionError, match="batch_size=0"):
+        length_sorted_batches(lengths, 0)
+
+
+def test_tokenizer_padding_of_packaged_model_is_off(default_encoder):
+    # tokenizer.json of all-MiniLM-L6-v2 pads every input to 128; layerwise must not
+    encoded = default_encoder.tokenize(["hello world"])
+    assert len(encoded[0]) == 4
+    # and the caller's tokenizer is left untouched
+    assert default_encoder.tokenizer("hello")["input_ids"] == [101, 7592, 102]
