@@ -29,21 +29,43 @@ def tiny_config(arch: str, n_layers: int = 3):
 
     common = {"vocab_size": 30522, "max_position_embeddings": 128}
     if arch == "bert":
-        return tf.BertConfig(hidden_size=32, num_hidden_layers=n_layers, num_attention_heads=4,
-                             intermediate_size=64, **common)
+        return tf.BertConfig(
+            hidden_size=32, num_hidden_layers=n_layers, num_attention_heads=4, intermediate_size=64, **common
+        )
     if arch == "roberta":
         # pad id 0 to match the BERT vocabulary used by these tests
-        return tf.RobertaConfig(hidden_size=32, num_hidden_layers=n_layers, num_attention_heads=4,
-                                intermediate_size=64, pad_token_id=0, bos_token_id=101, eos_token_id=102,
-                                **common)
+        return tf.RobertaConfig(
+            hidden_size=32,
+            num_hidden_layers=n_layers,
+            num_attention_heads=4,
+            intermediate_size=64,
+            pad_token_id=0,
+            bos_token_id=101,
+            eos_token_id=102,
+            **common,
+        )
     if arch == "distilbert":
-        return tf.DistilBertConfig(dim=32, n_layers=n_layers, n_heads=4, hidden_dim=64, pad_token_id=0, **common)
+        return tf.DistilBertConfig(
+            dim=32, n_layers=n_layers, n_heads=4, hidden_dim=64, pad_token_id=0, **common
+        )
     if arch == "mpnet":
-        return tf.MPNetConfig(hidden_size=32, num_hidden_layers=n_layers, num_attention_heads=4,
-                              intermediate_size=64, pad_token_id=0, **common)
+        return tf.MPNetConfig(
+            hidden_size=32,
+            num_hidden_layers=n_layers,
+            num_attention_heads=4,
+            intermediate_size=64,
+            pad_token_id=0,
+            **common,
+        )
     if arch == "electra":
-        return tf.ElectraConfig(hidden_size=32, embedding_size=16, num_hidden_layers=n_layers,
-                                num_attention_heads=4, intermediate_size=64, **common)
+        return tf.ElectraConfig(
+            hidden_size=32,
+            embedding_size=16,
+            num_hidden_layers=n_layers,
+            num_attention_heads=4,
+            intermediate_size=64,
+            **common,
+        )
     raise ValueError(arch)
 
 

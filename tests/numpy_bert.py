@@ -71,12 +71,16 @@ def bert_forward(
         context = (probs @ v).transpose(0, 2, 1, 3).reshape(batch, length, hidden)
         attended = layer_norm(
             linear(context, w, p + "attention.output.dense") + x,
-            w[p + "attention.output.LayerNorm.weight"], w[p + "attention.output.LayerNorm.bias"], eps,
+            w[p + "attention.output.LayerNorm.weight"],
+            w[p + "attention.output.LayerNorm.bias"],
+            eps,
         )
         inner = gelu(linear(attended, w, p + "intermediate.dense"))
         x = layer_norm(
             linear(inner, w, p + "output.dense") + attended,
-            w[p + "output.LayerNorm.weight"], w[p + "output.LayerNorm.bias"], eps,
+            w[p + "output.LayerNorm.weight"],
+            w[p + "output.LayerNorm.bias"],
+            eps,
         )
         states.append(x)
     return states

@@ -63,7 +63,9 @@ def test_extract_tsv_pairs_to_jsonl_in_input_order(tmp_path, make_tiny_model):
     assert records[0]["text_pair"] == "Yes, it is."
     assert records[0]["segment_ids"] == [0] * 6 + [1] * 6
     assert np.asarray(records[0]["hidden"]).shape == (2, 12, 32)
-    expected = lw.Encoder(model, device="cpu").extract(pairs=[("Is it raining?", "Yes, it is.")], layers="last2")[0]
+    expected = lw.Encoder(model, device="cpu").extract(
+        pairs=[("Is it raining?", "Yes, it is.")], layers="last2"
+    )[0]
     np.testing.assert_array_equal(np.asarray(records[0]["hidden"]), expected.hidden.astype(np.float16))
 
 
@@ -100,7 +102,9 @@ def test_invalid_utf8_can_be_replaced(tmp_path, make_tiny_model):
     source = tmp_path / "latin1.txt"
     source.write_bytes("café\n".encode("latin-1"))
     out = tmp_path / "out.npz"
-    result = run("extract", source, "-o", out, "--model", make_tiny_model("bert"), "--encoding-errors", "replace")
+    result = run(
+        "extract", source, "-o", out, "--model", make_tiny_model("bert"), "--encoding-errors", "replace"
+    )
     assert result.exit_code == 0, result.output
     assert np.load(out)["texts"].tolist() == ["caf\ufffd"]
 
@@ -108,7 +112,9 @@ def test_invalid_utf8_can_be_replaced(tmp_path, make_tiny_model):
 def test_cli_errors_for_bad_layers_suffix_and_model(tmp_path, make_tiny_model):
     source = tmp_path / "t.txt"
     source.write_text("x\n", encoding="utf-8")
-    result = run("extract", source, "-o", tmp_path / "o.npz", "--model", make_tiny_model("bert"), "--layers", "9")
+    result = run(
+        "extract", source, "-o", tmp_path / "o.npz", "--model", make_tiny_model("bert"), "--layers", "9"
+    )
     assert result.exit_code == 2 and "layer 9 out of range: this model has 4 hidden states" in result.output
     result = run("extract", source, "-o", tmp_path / "o.h5")
     assert result.exit_code == 2 and "use .npz" in result.output

@@ -107,8 +107,11 @@ def test_sub_layer_taps(make_tiny_model, arch):
 
 
 def test_taps_known_answer_bert(tiny_encoder):
-    """intermediate = GELU(attention_output W1 + b1); layer output = LN(intermediate W2 + b2 + attention_output)."""
-    stack = tiny_encoder.extract(["Known answers for the taps."], layers=[2], taps=["attention_output", "intermediate"])[0]
+    """intermediate = GELU(attention_output W1 + b1);
+    layer output = LN(intermediate W2 + b2 + attention_output)."""
+    stack = tiny_encoder.extract(
+        ["Known answers for the taps."], layers=[2], taps=["attention_output", "intermediate"]
+    )[0]
     layer = tiny_encoder.model.encoder.layer[1]  # hidden state 2 is the output of the second layer
     attended = torch.from_numpy(stack.taps["attention_output"][0])
     with torch.inference_mode():
@@ -165,7 +168,7 @@ def test_missing_model_folder(tmp_path):
 
 
 def test_folder_without_config(tmp_path):
-    with pytest.raises(ModelLoadError, match="has no config.json"):
+    with pytest.raises(ModelLoadError, match=r"has no config\.json"):
         lw.Encoder(tmp_path)
 
 

@@ -35,7 +35,9 @@ def test_emoji_and_cjk_offsets_point_at_the_characters(tiny_encoder):
     spans = {tok: text[s:e] for tok, (s, e) in zip(stack.tokens, stack.offsets.tolist(), strict=True)}
     # CJK characters become one token each; the emoji is unknown to the vocabulary
     assert spans["東"] == "東" and spans["京"] == "京"
-    unknown = [text[s:e] for tok, (s, e) in zip(stack.tokens, stack.offsets.tolist(), strict=True) if tok == "[UNK]"]
+    unknown = [
+        text[s:e] for tok, (s, e) in zip(stack.tokens, stack.offsets.tolist(), strict=True) if tok == "[UNK]"
+    ]
     assert "🙂" in unknown
 
 
@@ -48,7 +50,10 @@ def test_long_text_is_truncated_flagged_and_reported(make_tiny_model, caplog):
         short, long = enc.extract(["short text", long_text])
     assert not short.truncated
     assert long.truncated and long.n_tokens == 16 and long.tokens[-1] == "[SEP]"
-    assert "1 of 2 inputs were longer than 16 tokens and were truncated (first: input 1, 42 tokens)" in caplog.text
+    assert (
+        "1 of 2 inputs were longer than 16 tokens and were truncated (first: input 1, 42 tokens)"
+        in caplog.text
+    )
 
 
 def test_long_pair_is_truncated_longest_first(make_tiny_model):
@@ -116,7 +121,20 @@ def test_pre_split_words_keep_alignment_and_offsets(tiny_encoder):
 
 def test_pairs_have_segment_ids_and_per_segment_offsets(tiny_encoder):
     stack = tiny_encoder.extract(pairs=[("Is it raining?", "Yes, it is.")])[0]
-    assert stack.tokens == ("[CLS]", "is", "it", "raining", "?", "[SEP]", "yes", ",", "it", "is", ".", "[SEP]")
+    assert stack.tokens == (
+        "[CLS]",
+        "is",
+        "it",
+        "raining",
+        "?",
+        "[SEP]",
+        "yes",
+        ",",
+        "it",
+        "is",
+        ".",
+        "[SEP]",
+    )
     assert stack.segment_ids.tolist() == [0] * 6 + [1] * 6
     s, e = stack.offsets[6]
     assert stack.text_pair[s:e] == "Yes"

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
@@ -30,30 +30,32 @@ app = typer.Typer(
 err = Console(stderr=True)
 
 
-class OutDtype(str, Enum):
+class OutDtype(StrEnum):
     float32 = "float32"
     float16 = "float16"
 
 
-class ModelDtype(str, Enum):
+class ModelDtype(StrEnum):
     float32 = "float32"
     float16 = "float16"
     bfloat16 = "bfloat16"
 
 
-class MethodChoice(str, Enum):
+class MethodChoice(StrEnum):
     hidden_states = "hidden_states"
     hooks = "hooks"
 
 
-class EncodingErrorsChoice(str, Enum):
+class EncodingErrorsChoice(StrEnum):
     strict = "strict"
     replace = "replace"
 
 
 ModelOption = Annotated[
     str | None,
-    typer.Option("--model", "-m", help="Hugging Face name or local folder [default: packaged all-MiniLM-L6-v2]"),
+    typer.Option(
+        "--model", "-m", help="Hugging Face name or local folder [default: packaged all-MiniLM-L6-v2]"
+    ),
 ]
 LayersOption = Annotated[
     str, typer.Option("--layers", "-l", help="all | -1 | 0,4,-1 | 0:4 (end excluded) | last4; 0 = embeddings")
@@ -88,12 +90,18 @@ def _setup_logging(quiet: bool) -> None:
 
 @app.command()
 def extract(
-    input: Annotated[Path, typer.Argument(help="One text per line (.txt), pairs (.tsv), or JSONL with 'text'")],
+    input: Annotated[
+        Path, typer.Argument(help="One text per line (.txt), pairs (.tsv), or JSONL with 'text'")
+    ],
     output: Annotated[Path, typer.Option("--output", "-o", help="Output file: .npz or .jsonl")],
     model: ModelOption = None,
     layers: LayersOption = "all",
-    batch_size: Annotated[int, typer.Option("--batch-size", "-b", min=1, help="Inputs per forward pass")] = 32,
-    dtype: Annotated[OutDtype, typer.Option("--dtype", help="Dtype of the written vectors")] = OutDtype.float32,
+    batch_size: Annotated[
+        int, typer.Option("--batch-size", "-b", min=1, help="Inputs per forward pass")
+    ] = 32,
+    dtype: Annotated[
+        OutDtype, typer.Option("--dtype", help="Dtype of the written vectors")
+    ] = OutDtype.float32,
     model_dtype: Annotated[ModelDtype, typer.Option(help="Compute dtype of the model")] = ModelDtype.float32,
     max_length: Annotated[int | None, typer.Option(help="Tokens per input [default: model maximum]")] = None,
     method: Annotated[MethodChoice, typer.Option(help="output_hidden_states or forward hooks")] = (
@@ -118,7 +126,9 @@ def extract(
         from .encoder import Encoder
 
         started = time.perf_counter()
-        enc = Encoder(model, device=device, dtype=model_dtype.value, max_length=max_length, batch_size=batch_size)
+        enc = Encoder(
+            model, device=device, dtype=model_dtype.value, max_length=max_length, batch_size=batch_size
+        )
         from .layers import resolve_layers
 
         layer_ids = resolve_layers(layers, enc.n_hidden_states)
@@ -158,7 +168,9 @@ def extract(
 @app.command()
 def show(
     text: Annotated[str, typer.Argument(help="The text to show")],
-    pair: Annotated[str | None, typer.Option("--pair", help="Second segment: [CLS] TEXT [SEP] PAIR [SEP]")] = None,
+    pair: Annotated[
+        str | None, typer.Option("--pair", help="Second segment: [CLS] TEXT [SEP] PAIR [SEP]")
+    ] = None,
     model: ModelOption = None,
     layers: LayersOption = "all",
     device: DeviceOption = "auto",

@@ -101,7 +101,9 @@ def _pick_device(device: str | torch.device) -> torch.device:
     try:
         picked = torch.device(device)
     except (RuntimeError, TypeError) as exc:
-        raise OptionError(f"device={device!r} is not a torch device; use 'auto', 'cpu' or 'cuda[:N]'") from exc
+        raise OptionError(
+            f"device={device!r} is not a torch device; use 'auto', 'cpu' or 'cuda[:N]'"
+        ) from exc
     if picked.type == "cuda" and not torch.cuda.is_available():
         raise OptionError(f"device={device!r} but no CUDA GPU is available; use device='cpu' or 'auto'")
     return picked
@@ -377,7 +379,9 @@ class Encoder:
     def _forward_items(
         self, items: Sequence[EncodedInput], layers: tuple[int, ...], method: Method, taps: tuple[str, ...]
     ) -> list[LayerStack]:
-        batch = collate(items, pad_id=self._pad_id, with_token_types=self._with_token_types, device=self.device)
+        batch = collate(
+            items, pad_id=self._pad_id, with_token_types=self._with_token_types, device=self.device
+        )
         with self._lock, torch.inference_mode(), self._attention_for(taps):
             hidden, tapped = forward_batch(
                 self.model,

@@ -28,10 +28,22 @@ Tap = Literal["attention_probs", "attention_output", "intermediate"]
 TAPS: tuple[str, ...] = ("attention_probs", "attention_output", "intermediate")
 
 # Sub-module paths inside one encoder layer. BERT, RoBERTa and ELECTRA share the BERT layout.
-_BERT_LAYOUT = {"attention_probs": "attention.self", "attention_output": "attention", "intermediate": "intermediate"}
+_BERT_LAYOUT = {
+    "attention_probs": "attention.self",
+    "attention_output": "attention",
+    "intermediate": "intermediate",
+}
 _TAP_PATHS: dict[str, dict[str, str]] = {
-    "distilbert": {"attention_probs": "attention", "attention_output": "sa_layer_norm", "intermediate": "ffn.activation"},
-    "mpnet": {"attention_probs": "attention.attn", "attention_output": "attention", "intermediate": "intermediate"},
+    "distilbert": {
+        "attention_probs": "attention",
+        "attention_output": "sa_layer_norm",
+        "intermediate": "ffn.activation",
+    },
+    "mpnet": {
+        "attention_probs": "attention.attn",
+        "attention_output": "attention",
+        "intermediate": "intermediate",
+    },
 }
 # Which element of a module's tuple output holds the tap (attention modules return (context, probs)).
 _TAP_INDEX = {"attention_probs": 1, "attention_output": 0, "intermediate": 0}
@@ -42,7 +54,7 @@ def find_layer_list(model: nn.Module, n_layers: int) -> tuple[nn.Module, str, nn
 
     Found by shape rather than by name so that every BERT-family layout works
     (``encoder.layer`` for BERT/RoBERTa/ELECTRA/MPNet, ``transformer.layer`` for DistilBERT)."""
-    for owner_name, owner in model.named_modules():
+    for _name, owner in model.named_modules():
         for attr, child in owner.named_children():
             if isinstance(child, nn.ModuleList) and len(child) == n_layers:
                 return owner, attr, child

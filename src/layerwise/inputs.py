@@ -97,9 +97,7 @@ def normalize_inputs(
         raise InputError("text_pairs= needs texts= with one first segment per pair")
     given = [name for name, v in (("texts", texts), ("pairs", pairs), ("words", words)) if v is not None]
     if len(given) != 1:
-        raise InputError(
-            f"pass exactly one of texts=, pairs= or words= (got {', '.join(given) or 'none'})"
-        )
+        raise InputError(f"pass exactly one of texts=, pairs= or words= (got {', '.join(given) or 'none'})")
     if texts is not None:
         if isinstance(texts, str):
             raise InputError("texts must be a list of strings; wrap a single text in a list")

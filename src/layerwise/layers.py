@@ -30,10 +30,7 @@ _INT = re.compile(r"^\s*-?\d+\s*$")
 
 def _convention(n_hidden_states: int) -> str:
     last = n_hidden_states - 1
-    return (
-        f"this model has {n_hidden_states} hidden states, 0 = embeddings … {last}; "
-        f"use -1 for the last"
-    )
+    return f"this model has {n_hidden_states} hidden states, 0 = embeddings … {last}; use -1 for the last"
 
 
 def _check_index(index: int, n_hidden_states: int) -> int:
@@ -106,9 +103,7 @@ def _resolve_string(spec: str, n_hidden_states: int) -> tuple[int, ...]:
     if last:
         count = int(last.group(1))
         if not 1 <= count <= n_hidden_states:
-            raise LayerSpecError(
-                f"{spec!r} asks for {count} hidden states: {_convention(n_hidden_states)}"
-            )
+            raise LayerSpecError(f"{spec!r} asks for {count} hidden states: {_convention(n_hidden_states)}")
         return tuple(range(n_hidden_states - count, n_hidden_states))
     match = _RANGE.match(text)
     if match:
@@ -124,8 +119,7 @@ def _resolve_string(spec: str, n_hidden_states: int) -> tuple[int, ...]:
         indices = tuple(range(n_hidden_states))[slice(start, stop)]
         if not indices:
             raise LayerSpecError(
-                f"range {spec!r} is empty (the end is excluded, as in Python): "
-                f"{_convention(n_hidden_states)}"
+                f"range {spec!r} is empty (the end is excluded, as in Python): {_convention(n_hidden_states)}"
             )
         return indices
     raise LayerSpecError(

@@ -119,7 +119,13 @@ def _write_npz(
         if any(p is not None for p in pairs):
             _put(zf, "text_pairs", np.asarray([p or "" for p in pairs], dtype=str))
         _put(zf, "truncated", truncated)
-        full_meta = {**meta, "format": "layerwise-npz", "format_version": 1, "dtype": dtype, "n_texts": n_texts}
+        full_meta = {
+            **meta,
+            "format": "layerwise-npz",
+            "format_version": 1,
+            "dtype": dtype,
+            "n_texts": n_texts,
+        }
         _put(zf, "meta", np.asarray(json.dumps(full_meta)))
     return {"n_texts": n_texts, "n_tokens": n_tokens, "n_truncated": int(truncated.sum())}
 
@@ -151,7 +157,9 @@ def _write_jsonl(
     n_tokens = n_truncated = 0
     with tempfile.TemporaryFile(dir=tmp.parent) as spool:
         for i, stack in results:
-            line = (json.dumps(_record(i, stack, dtype, meta.get("model")), ensure_ascii=False) + "\n").encode("utf-8")
+            line = (
+                json.dumps(_record(i, stack, dtype, meta.get("model")), ensure_ascii=False) + "\n"
+            ).encode("utf-8")
             spans[i] = (spool.tell(), len(line))
             spool.write(line)
             n_tokens += stack.n_tokens
