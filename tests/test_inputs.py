@@ -155,6 +155,18 @@ def test_batches_sorted_longest_first_and_cover_all():
         length_sorted_batches(lengths, 0)
 
 
+def test_batches_respect_a_padded_token_budget():
+    lengths = [500, 20, 20, 20, 20, 300, 300, 19]
+    batches = length_sorted_batches(lengths, batch_size=100, max_tokens=64)
+    # an item over the budget rides alone; the others fill up to 64 padded tokens
+    assert batches == [[0], [5], [6], [1, 2, 3], [4, 7]]
+    for batch in batches:
+        assert len(batch) == 1 or max(lengths[i] for i in batch) * len(batch) <= 64
+    assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
+    with pytest.raises(OptionError, match="max_tokens=0"):
+        length_sorted_batches(lengths, 4, max_tokens=0)
+
+
 def test_tokenizer_padding_of_packaged_model_is_off(default_encoder):
     # tokenizer.json of all-MiniLM-L6-v2 pads every input to 128; layerwise must not
     encoded = default_encoder.tokenize(["hello world"])

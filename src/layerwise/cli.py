@@ -97,8 +97,12 @@ def extract(
     model: ModelOption = None,
     layers: LayersOption = "all",
     batch_size: Annotated[
-        int, typer.Option("--batch-size", "-b", min=1, help="Inputs per forward pass")
-    ] = 32,
+        int, typer.Option("--batch-size", "-b", min=1, help="Most inputs per forward pass")
+    ] = 128,
+    max_tokens: Annotated[
+        int | None,
+        typer.Option(min=1, help="Most padded tokens per forward pass [default: 2048 on CPU, 32768 on GPU]"),
+    ] = None,
     dtype: Annotated[
         OutDtype, typer.Option("--dtype", help="Dtype of the written vectors")
     ] = OutDtype.float32,
@@ -127,7 +131,12 @@ def extract(
 
         started = time.perf_counter()
         enc = Encoder(
-            model, device=device, dtype=model_dtype.value, max_length=max_length, batch_size=batch_size
+            model,
+            device=device,
+            dtype=model_dtype.value,
+            max_length=max_length,
+            batch_size=batch_size,
+            max_tokens=max_tokens,
         )
         from .layers import resolve_layers
 

@@ -206,12 +206,33 @@ def _word_offsets_to_text(
     ]
 
 
-def length_sorted_batches(lengths: Sequence[int], batch_size: int) -> list[list[int]]:
+def length_sorted_batches(
+    lengths: Sequence[int], batch_size: int, max_tokens: int | None = None
+) -> list[list[int]]:
     """Group item indices into batches of similar length, longest first.
 
-    Sorting keeps padding small; longest first makes an out-of-memory error show up in the first
-    batch rather than after an hour (sentence-transformers' ``encode`` does the same)."""
+    A batch holds at most ``batch_size`` items and, when ``max_tokens`` is set, at most
+    ``max_tokens`` padded tokens (items x its longest item); an item longer than the budget gets a
+    batch of its own. Sorting keeps padding small; longest first makes an out-of-memory error show
+    up in the first batch rather than after an hour (sentence-transformers' ``encode`` does the same).
+    """
     if batch_size < 1:
         raise OptionError(f"batch_size={batch_size} must be >= 1")
+    if max_tokens is not None and max_tokens < 1:
+        raise OptionError(f"max_tokens={max_tokens} must be >= 1, or None for no token budget")
     order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
-    return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+    batches: list[list[int]] = []
+    current: list[int] = []
+    width = 0
+    for i in order:
+        if current and (
+            len(current) >= batch_size or (max_tokens is not None and width * (len(current) + 1) > max_tokens)
+        ):
+            batches.append(current)
+            current = []
+        if not current:
+            width = lengths[i]  # longest first: the first item sets the batch's padded width
+        current.append(i)
+    if current:
+        batches.append(current)
+    return batches
