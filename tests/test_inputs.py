@@ -51,9 +51,10 @@ def test_long_text_is_truncated_flagged_and_reported(make_tiny_model, caplog):
     assert not short.truncated
     assert long.truncated and long.n_tokens == 16 and long.tokens[-1] == "[SEP]"
     assert (
-        "1 of 2 inputs were longer than 16 tokens and were truncated (first: input 1, 42 tokens)"
-        in caplog.text
+        "1 of 2 inputs were longer than 16 tokens and were truncated (first: input 1, 42 tokens; "
+        "26 words lost in all)" in caplog.text
     )
+    assert long.words_lost == 26  # 40 words, 14 kept between [CLS] and [SEP]
 
 
 def test_long_pair_is_truncated_longest_first(make_tiny_model):

@@ -24,16 +24,19 @@ from typing import Literal, overload
 import torch
 
 from .errors import InputError, MissingDependencyError, ModelLoadError, OptionError, check_choice
-from .extract import METHODS, LayerStack, Method, collate, forward_batch, split_batch
+from .extract import METHODS, LayerStack, Method, collate, forward_batch, make_stack, split_rows
 from .hooks import TAPS, find_layer_list
 from .inputs import EncodedInput, InputEncoder, length_sorted_batches, normalize_inputs
 from .layers import LayerSpec, resolve_layers
+from .windows import Window, plan_windows, stitch
 
 logger = logging.getLogger("layerwise")
 
 DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 Dtype = Literal["float32", "float16", "bfloat16"]
 DTYPES: tuple[str, ...] = ("float32", "float16", "bfloat16")
+LongTexts = Literal["truncate", "window"]
+LONG_TEXTS: tuple[str, ...] = ("truncate", "window")
 CPU_MAX_TOKENS = 2048
 GPU_MAX_TOKENS = 32768
 _TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -251,6 +254,8 @@ class Encoder:
         method: Method = "hidden_states",
         taps: Sequence[str] = (),
         progress: bool | None = None,
+        long_texts: LongTexts = "truncate",
+        stride: int | None = None,
     ) -> Iterator[tuple[int, LayerStack]]:
         """Yield ``(input index, LayerStack)`` as batches finish (longest inputs first).
 
@@ -263,12 +268,32 @@ class Encoder:
             check_choice("taps item", tap, TAPS)
         if len(set(taps)) != len(taps):
             raise OptionError(f"taps={taps!r} names a tap more than once")
-        encoded = self.tokenize(texts, text_pairs=text_pairs, pairs=pairs, words=words)
+        check_choice("long_texts", long_texts, LONG_TEXTS)
+        raw = normalize_inputs(texts, text_pairs=text_pairs, pairs=pairs, words=words)
+        encoded = self._inputs.encode(raw, truncate=long_texts == "truncate")
         self._report_truncation(encoded)
+        units: list[EncodedInput | Window] = []
+        owners: list[tuple[int, int]] = []  # per unit: (input index, window number or -1)
+        n_windows: dict[int, int] = {}
+        for item in encoded:
+            if len(item) <= self.max_length:
+                units.append(item)
+                owners.append((item.index, -1))
+                continue
+            if "attention_probs" in taps:
+                raise OptionError(
+                    f"attention_probs cannot be stitched across windows (input {item.index} has "
+                    f"{len(item)} tokens > {self.max_length}); use long_texts='truncate' for attention maps"
+                )
+            windows = plan_windows(item, self.max_length, stride)
+            n_windows[item.index] = len(windows)
+            for k, window in enumerate(windows):
+                units.append(window)
+                owners.append((item.index, k))
         batches = length_sorted_batches(
-            [len(e) for e in encoded], batch_size or self.batch_size, max_tokens or self.max_tokens
+            [len(u) for u in units], batch_size or self.batch_size, max_tokens or self.max_tokens
         )
-        return self._run(encoded, batches, layer_ids, method, taps, progress)
+        return self._run(encoded, units, owners, n_windows, batches, layer_ids, method, taps, progress)
 
     @overload
     def extract(
@@ -281,6 +306,8 @@ class Encoder:
         method: Method = ...,
         taps: Sequence[str] = ...,
         progress: bool | None = ...,
+        long_texts: LongTexts = ...,
+        stride: int | None = ...,
     ) -> LayerStack: ...
 
     @overload
@@ -297,6 +324,8 @@ class Encoder:
         method: Method = ...,
         taps: Sequence[str] = ...,
         progress: bool | None = ...,
+        long_texts: LongTexts = ...,
+        stride: int | None = ...,
     ) -> list[LayerStack]: ...
 
     def extract(
@@ -312,6 +341,8 @@ class Encoder:
         method: Method = "hidden_states",
         taps: Sequence[str] = (),
         progress: bool | None = None,
+        long_texts: LongTexts = "truncate",
+        stride: int | None = None,
     ) -> LayerStack | list[LayerStack]:
         """Hidden states of every requested layer, one :class:`LayerStack` per input, in input order.
 
@@ -335,6 +366,8 @@ class Encoder:
             method=method,
             taps=taps,
             progress=progress,
+            long_texts=long_texts,
+            stride=stride,
         )
         results: dict[int, LayerStack] = dict(iterator)
         ordered = [results[i] for i in range(len(results))]
@@ -346,13 +379,14 @@ class Encoder:
             first = truncated[0]
             logger.warning(
                 "%d of %d inputs were longer than %d tokens and were truncated (first: input %d, "
-                "%d tokens); their results have truncated=True. Split long texts or pass a larger "
-                "max_length if the model allows it.",
+                "%d tokens; %d words lost in all); their results have truncated=True. Pass "
+                "long_texts='window' (CLI: --long-texts window) to keep every token with sliding windows.",
                 len(truncated),
                 len(encoded),
                 self.max_length,
                 first.index,
                 first.n_tokens_untruncated,
+                sum(e.words_lost for e in truncated),
             )
 
     def _progress(self, enabled: bool | None, total: int):
@@ -376,6 +410,9 @@ class Encoder:
     def _run(
         self,
         encoded: list[EncodedInput],
+        units: list[EncodedInput | Window],
+        owners: list[tuple[int, int]],
+        n_windows: dict[int, int],
         batches: list[list[int]],
         layers: tuple[int, ...],
         method: Method,
@@ -383,21 +420,42 @@ class Encoder:
         progress: bool | None,
     ) -> Iterator[tuple[int, LayerStack]]:
         bar = self._progress(progress, len(batches))
-        task = bar.add_task("extract", total=len(encoded)) if bar is not None else None
+        task = bar.add_task("extract", total=len(units)) if bar is not None else None
+        pending: dict[int, dict[int, tuple]] = {}  # windows of long inputs until all are done
         with bar if bar is not None else nullcontext():
             for batch_ids in batches:
-                items = [encoded[i] for i in batch_ids]
-                stacks = self._forward_items(items, layers, method, taps)
-                yield from zip(batch_ids, stacks, strict=True)
+                batch_units = [units[u] for u in batch_ids]
+                rows = self._forward_units(batch_units, layers, method, taps)
+                for u, (hidden, tapped) in zip(batch_ids, rows, strict=True):
+                    index, k = owners[u]
+                    if k < 0:
+                        yield index, make_stack(encoded[index], hidden, tapped, layers)
+                        continue
+                    pending.setdefault(index, {})[k] = (units[u], hidden, tapped)
+                    if len(pending[index]) == n_windows[index]:
+                        yield index, self._stitch(encoded[index], pending.pop(index), layers)
                 if bar is not None:
-                    bar.advance(task, len(items))
+                    bar.advance(task, len(batch_ids))
 
-    def _forward_items(
-        self, items: Sequence[EncodedInput], layers: tuple[int, ...], method: Method, taps: tuple[str, ...]
-    ) -> list[LayerStack]:
-        batch = collate(
-            items, pad_id=self._pad_id, with_token_types=self._with_token_types, device=self.device
-        )
+    @staticmethod
+    def _stitch(item: EncodedInput, parts: dict[int, tuple], layers: tuple[int, ...]) -> LayerStack:
+        ordered = [parts[k] for k in range(len(parts))]
+        windows = [w for w, _, _ in ordered]
+        hidden = stitch([h for _, h, _ in ordered], windows, len(item), token_axis=1)
+        taps = {
+            name: stitch([t[name] for _, _, t in ordered], windows, len(item), token_axis=1)
+            for name in ordered[0][2]
+        }
+        return make_stack(item, hidden, taps, layers, n_windows=len(windows))
+
+    def _forward_units(
+        self,
+        units: Sequence[EncodedInput | Window],
+        layers: tuple[int, ...],
+        method: Method,
+        taps: tuple[str, ...],
+    ) -> list[tuple]:
+        batch = collate(units, pad_id=self._pad_id, with_token_types=self._with_token_types, device=self.device)
         with self._lock, torch.inference_mode(), self._attention_for(taps):
             hidden, tapped = forward_batch(
                 self.model,
@@ -410,7 +468,7 @@ class Encoder:
                 model_type=self.model_type,
                 taps=taps,
             )
-        return split_batch(hidden, tapped, items, layers)
+        return split_rows(hidden, tapped, [len(u) for u in units])
 
     @contextmanager
     def _attention_for(self, taps: tuple[str, ...]) -> Iterator[None]:

@@ -22,6 +22,7 @@ from torch import nn
 from .errors import LayerSpecError
 from .hooks import HookRecorder, truncated_encoder
 from .inputs import EncodedInput
+from .windows import Window
 
 Method = Literal["hidden_states", "hooks"]
 METHODS: tuple[str, ...] = ("hidden_states", "hooks")
@@ -36,7 +37,8 @@ class LayerStack:
     wordpiece including ``[CLS]``/``[SEP]``: ``offsets`` are character spans into ``text``
     (into ``text_pair`` where ``segment_ids`` is 1; ``(0, 0)`` for special tokens), ``word_ids``
     index the words of the segment (-1 for special tokens). ``taps`` holds sub-layer outputs for
-    ``tap_layers`` when they were asked for."""
+    ``tap_layers`` when they were asked for. ``truncated`` says the input was cut to the model's
+    maximum (``words_lost`` words fell off); ``n_windows`` > 1 says it was stitched from windows."""
 
     hidden: np.ndarray
     layers: tuple[int, ...]
@@ -48,6 +50,8 @@ class LayerStack:
     text_pair: str | None = None
     words: tuple[str, ...] | None = None
     truncated: bool = False
+    words_lost: int = 0
+    n_windows: int = 1
     taps: Mapping[str, np.ndarray] = field(default_factory=dict)
     tap_layers: tuple[int, ...] = ()
 
@@ -71,14 +75,16 @@ class LayerStack:
 
     def __repr__(self) -> str:
         text = self.text if len(self.text) <= 40 else self.text[:37] + "..."
+        notes = ", truncated" if self.truncated else ""
+        notes += f", n_windows={self.n_windows}" if self.n_windows > 1 else ""
         return (
             f"LayerStack(text={text!r}, layers={self.layers}, n_tokens={self.n_tokens}, "
-            f"hidden_size={self.hidden_size}{', truncated' if self.truncated else ''})"
+            f"hidden_size={self.hidden_size}{notes})"
         )
 
 
 def collate(
-    items: Sequence[EncodedInput], *, pad_id: int, with_token_types: bool, device: torch.device
+    items: Sequence[EncodedInput | Window], *, pad_id: int, with_token_types: bool, device: torch.device
 ) -> dict[str, torch.Tensor]:
     """Pad a batch to its own longest item (never beyond)."""
     width = max(len(item) for item in items)
@@ -143,39 +149,47 @@ def _to_numpy(tensor: torch.Tensor) -> np.ndarray:
     return tensor.detach().to("cpu", dtype=torch.float32).numpy()
 
 
-def split_batch(
-    hidden: torch.Tensor,
-    tapped: Mapping[str, torch.Tensor],
-    items: Sequence[EncodedInput],
-    layers: Sequence[int],
-) -> list[LayerStack]:
-    """Cut a padded batch into one :class:`LayerStack` per item, dropping padding."""
+Rows = list[tuple[np.ndarray, dict[str, np.ndarray]]]
+
+
+def split_rows(hidden: torch.Tensor, tapped: Mapping[str, torch.Tensor], lengths: Sequence[int]) -> Rows:
+    """Cut a padded batch into per-row arrays without padding: ``(hidden (L, n, H), taps)``."""
     hidden_np = _to_numpy(hidden)
     taps_np = {name: _to_numpy(t) for name, t in tapped.items()}
-    tap_layers = tuple(i for i in layers if i >= 1) if tapped else ()
-    stacks = []
-    for row, item in enumerate(items):
-        n = len(item)
-        item_taps = {}
+    rows = []
+    for row, n in enumerate(lengths):
+        taps = {}
         for name, array in taps_np.items():
             if name == "attention_probs":
-                item_taps[name] = np.ascontiguousarray(array[:, row, :, :n, :n])
+                taps[name] = np.ascontiguousarray(array[:, row, :, :n, :n])
             else:
-                item_taps[name] = np.ascontiguousarray(array[:, row, :n])
-        stacks.append(
-            LayerStack(
-                hidden=np.ascontiguousarray(hidden_np[:, row, :n]),
-                layers=tuple(layers),
-                tokens=item.tokens,
-                offsets=np.asarray(item.offsets, dtype=np.int32).reshape(n, 2),
-                word_ids=np.asarray([-1 if w is None else w for w in item.word_ids], dtype=np.int32),
-                segment_ids=np.asarray(item.type_ids, dtype=np.int8),
-                text=item.text,
-                text_pair=item.text_pair,
-                words=item.words,
-                truncated=item.truncated,
-                taps=item_taps,
-                tap_layers=tap_layers,
-            )
-        )
-    return stacks
+                taps[name] = np.ascontiguousarray(array[:, row, :n])
+        rows.append((np.ascontiguousarray(hidden_np[:, row, :n]), taps))
+    return rows
+
+
+def make_stack(
+    item: EncodedInput,
+    hidden: np.ndarray,
+    taps: Mapping[str, np.ndarray],
+    layers: Sequence[int],
+    *,
+    n_windows: int = 1,
+) -> LayerStack:
+    n = len(item)
+    return LayerStack(
+        hidden=hidden,
+        layers=tuple(layers),
+        tokens=item.tokens,
+        offsets=np.asarray(item.offsets, dtype=np.int32).reshape(n, 2),
+        word_ids=np.asarray([-1 if w is None else w for w in item.word_ids], dtype=np.int32),
+        segment_ids=np.asarray(item.type_ids, dtype=np.int8),
+        text=item.text,
+        text_pair=item.text_pair,
+        words=item.words,
+        truncated=item.truncated,
+        words_lost=item.words_lost,
+        n_windows=n_windows,
+        taps=dict(taps),
+        tap_layers=tuple(i for i in layers if i >= 1) if taps else (),
+    )

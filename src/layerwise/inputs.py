@@ -36,8 +36,10 @@ class EncodedInput:
     tokens: tuple[str, ...]
     offsets: tuple[tuple[int, int], ...]
     word_ids: tuple[int | None, ...]
+    sequence_ids: tuple[int | None, ...]
     truncated: bool
     n_tokens_untruncated: int
+    words_lost: int = 0
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -149,7 +151,9 @@ class InputEncoder:
         self._capped.no_padding()
         self._capped.enable_truncation(max_length, strategy="longest_first")
 
-    def encode(self, raw: RawInputs) -> list[EncodedInput]:
+    def encode(self, raw: RawInputs, *, truncate: bool = True) -> list[EncodedInput]:
+        """Tokenise. With ``truncate=False`` inputs longer than ``max_length`` are kept whole
+        (for sliding windows); otherwise they are cut and flagged."""
         if not len(raw):
             return []
         if raw.words is not None:
@@ -163,7 +167,8 @@ class InputEncoder:
             pretokenized = False
         encodings = self._free.encode_batch(batch, is_pretokenized=pretokenized)
         lengths = [len(e.ids) for e in encodings]
-        too_long = [i for i, n in enumerate(lengths) if n > self.max_length]
+        too_long = [i for i, n in enumerate(lengths) if n > self.max_length] if truncate else []
+        full_words = {i: _word_keys(encodings[i]) for i in too_long}
         if too_long:
             capped = self._capped.encode_batch([batch[i] for i in too_long], is_pretokenized=pretokenized)
             for i, enc in zip(too_long, capped, strict=True):
@@ -185,11 +190,18 @@ class InputEncoder:
                     tokens=tuple(enc.tokens),
                     offsets=tuple(tuple(o) for o in offsets),
                     word_ids=tuple(enc.word_ids),
+                    sequence_ids=tuple(enc.sequence_ids),
                     truncated=i in too_long_set,
                     n_tokens_untruncated=lengths[i],
+                    words_lost=len(full_words[i] - _word_keys(enc)) if i in too_long_set else 0,
                 )
             )
         return out
+
+
+def _word_keys(encoding) -> set[tuple[int | None, int]]:
+    """(segment, word) of every word that has at least one token."""
+    return {(s, w) for s, w in zip(encoding.sequence_ids, encoding.word_ids, strict=True) if w is not None}
 
 
 def _word_offsets_to_text(
