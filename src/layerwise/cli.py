@@ -171,6 +171,7 @@ def extract(
             f"wrote {summary['n_texts']} input(s), {summary['n_tokens']} tokens x {len(layer_ids)} layers "
             f"of {enc.name} to {output} in {seconds:.1f} s" + (f" ({'; '.join(notes)})" if notes else ""),
             highlight=False,
+            soft_wrap=True,
         )
 
 
