@@ -20,6 +20,7 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "DEFAULT_MODEL": "encoder",
     "EncodedInput": "inputs",
+    "FUSIONS": "fuse",
     "Encoder": "encoder",
     "InputError": "errors",
     "LayerSpecError": "errors",
@@ -28,8 +29,15 @@ _EXPORTS = {
     "MissingDependencyError": "errors",
     "ModelLoadError": "errors",
     "OptionError": "errors",
+    "ScalarMix": "scalar_mix",
     "TAPS": "hooks",
+    "WordVectors": "pool",
     "default_model_path": "encoder",
+    "fuse_layers": "fuse",
+    "layer_deltas": "fuse",
+    "layer_drift": "fuse",
+    "pool_sentence": "pool",
+    "pool_words": "pool",
     "resolve_layers": "layers",
 }
 
@@ -46,9 +54,12 @@ if TYPE_CHECKING:
         OptionError,
     )
     from .extract import LayerStack
+    from .fuse import FUSIONS, fuse_layers, layer_deltas, layer_drift
     from .hooks import TAPS
     from .inputs import EncodedInput
     from .layers import resolve_layers
+    from .pool import WordVectors, pool_sentence, pool_words
+    from .scalar_mix import ScalarMix
 
 
 def __getattr__(name: str) -> object:

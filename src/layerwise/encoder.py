@@ -21,6 +21,7 @@ from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Literal, overload
 
+import numpy as np
 import torch
 
 from .errors import InputError, MissingDependencyError, ModelLoadError, OptionError, check_choice
@@ -28,6 +29,7 @@ from .extract import METHODS, LayerStack, Method, collate, forward_batch, make_s
 from .hooks import TAPS, find_layer_list
 from .inputs import EncodedInput, InputEncoder, length_sorted_batches, normalize_inputs
 from .layers import LayerSpec, resolve_layers
+from .pool import SentencePool, SpecialTokens, SubwordPool, WordVectors
 from .windows import Window, plan_windows, stitch
 
 logger = logging.getLogger("layerwise")
@@ -455,7 +457,9 @@ class Encoder:
         method: Method,
         taps: tuple[str, ...],
     ) -> list[tuple]:
-        batch = collate(units, pad_id=self._pad_id, with_token_types=self._with_token_types, device=self.device)
+        batch = collate(
+            units, pad_id=self._pad_id, with_token_types=self._with_token_types, device=self.device
+        )
         with self._lock, torch.inference_mode(), self._attention_for(taps):
             hidden, tapped = forward_batch(
                 self.model,
@@ -469,6 +473,88 @@ class Encoder:
                 taps=taps,
             )
         return split_rows(hidden, tapped, [len(u) for u in units])
+
+    # ------------------------------------------------------------------ features
+    def embed(
+        self,
+        texts: str | Sequence[str] | None = None,
+        *,
+        text_pairs: Sequence[str] | None = None,
+        pairs: Sequence[tuple[str, str]] | None = None,
+        layers: LayerSpec | None = None,
+        pool: SentencePool = "mean",
+        fuse: str | None = None,
+        special_tokens: SpecialTokens = "include",
+        long_texts: LongTexts = "truncate",
+        stride: int | None = None,
+        batch_size: int | None = None,
+        max_tokens: int | None = None,
+        progress: bool | None = None,
+    ) -> np.ndarray:
+        """Sentence vectors: ``(n_texts, n_layers, hidden)``, or ``(n_texts, dim)`` with ``fuse``.
+
+        ``pool``: cls, mean or max over the input's tokens; ``special_tokens``: include (default,
+        as sentence-transformers) or exclude [CLS]/[SEP]. ``fuse``: a named fusion (last,
+        concat_last4, mean_all, …) that picks its own layers, or mean/sum/concat over ``layers``.
+        A single string gives a single row."""
+        from .features import embed
+
+        return embed(
+            self, texts, text_pairs=text_pairs, pairs=pairs, layers=layers, pool=pool, fusion=fuse,
+            special_tokens=special_tokens, long_texts=long_texts, stride=stride, batch_size=batch_size,
+            max_tokens=max_tokens, progress=progress,
+        )  # fmt: skip
+
+    def embed_words(
+        self,
+        inputs: Sequence[str] | Sequence[Sequence[str]] | None = None,
+        *,
+        pairs: Sequence[tuple[str, str]] | None = None,
+        subword: SubwordPool = "first",
+        layers: LayerSpec | None = None,
+        fuse: str | None = None,
+        long_texts: LongTexts = "truncate",
+        stride: int | None = None,
+        batch_size: int | None = None,
+        max_tokens: int | None = None,
+        progress: bool | None = None,
+    ) -> list[WordVectors]:
+        """Word vectors per input: ``WordVectors.vectors`` is ``(n_layers, n_words, dim)``, or
+        ``(n_words, dim)`` with ``fuse``. ``inputs``: raw texts (words found by the tokenizer's
+        pre-tokenizer and character offsets) or pre-split word lists (aligned to your words).
+        ``subword``: first (default, as in the BERT paper), last, mean, first_last or max."""
+        from .features import embed_words
+
+        return embed_words(
+            self, inputs, pairs=pairs, subword=subword, layers=layers, fusion=fuse, long_texts=long_texts,
+            stride=stride, batch_size=batch_size, max_tokens=max_tokens, progress=progress,
+        )  # fmt: skip
+
+    def features(
+        self,
+        texts: Sequence[str] | None = None,
+        *,
+        text_pairs: Sequence[str] | None = None,
+        pairs: Sequence[tuple[str, str]] | None = None,
+        pools: Sequence[SentencePool] = ("mean",),
+        fuses: Sequence[str] = ("last",),
+        layers: LayerSpec | None = None,
+        special_tokens: SpecialTokens = "include",
+        long_texts: LongTexts = "truncate",
+        stride: int | None = None,
+        batch_size: int | None = None,
+        max_tokens: int | None = None,
+        progress: bool | None = None,
+    ) -> dict[tuple[str, str], np.ndarray]:
+        """Every (pool, fusion) combination from ONE forward pass: ``{(pool, fuse): (n_texts, dim)}``.
+        ``layers`` feeds the generic fusions (mean, sum, concat); named ones pick their own."""
+        from .features import features
+
+        return features(
+            self, texts, text_pairs=text_pairs, pairs=pairs, pools=pools, fuses=fuses, layers=layers,
+            special_tokens=special_tokens, long_texts=long_texts, stride=stride, batch_size=batch_size,
+            max_tokens=max_tokens, progress=progress,
+        )  # fmt: skip
 
     @contextmanager
     def _attention_for(self, taps: tuple[str, ...]) -> Iterator[None]:

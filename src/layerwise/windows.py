@@ -117,7 +117,9 @@ def best_window(windows: Sequence[Window], n_tokens: int) -> tuple[np.ndarray, n
     return source, row
 
 
-def stitch(parts: Sequence[np.ndarray], windows: Sequence[Window], n_tokens: int, token_axis: int) -> np.ndarray:
+def stitch(
+    parts: Sequence[np.ndarray], windows: Sequence[Window], n_tokens: int, token_axis: int
+) -> np.ndarray:
     """Assemble per-window arrays (token axis ``token_axis``) into one array for the full input."""
     source, row = best_window(windows, n_tokens)
     shape = list(parts[0].shape)

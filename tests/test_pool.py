@@ -1,0 +1,129 @@
+"""Known answers for sentence and word pooling on small hand-made stacks."""
+
+import numpy as np
+import pytest
+
+import layerwise as lw
+from layerwise.errors import OptionError
+from layerwise.extract import LayerStack
+
+
+def hand_stack() -> LayerStack:
+    # [CLS] un ##believ ##able day [SEP]: 2 layers, hidden size 2
+    hidden = np.array(
+        [
+            [[1, 0], [2, 4], [4, 0], [0, 8], [3, 3], [5, 5]],
+            [[0, 1], [1, 1], [1, 3], [1, 5], [6, 0], [2, 2]],
+        ],
+        dtype=np.float32,
+    )
+    return LayerStack(
+        hidden=hidden,
+        layers=(5, 6),
+        tokens=("[CLS]", "un", "##believ", "##able", "day", "[SEP]"),
+        offsets=np.array([[0, 0], [0, 2], [2, 8], [8, 12], [13, 16], [0, 0]], dtype=np.int32),
+        word_ids=np.array([-1, 0, 0, 0, 1, -1], dtype=np.int32),
+        segment_ids=np.zeros(6, dtype=np.int8),
+        text="unbelievable day",
+    )
+
+
+def test_sentence_pools_known_answers():
+    s = hand_stack()
+    np.testing.assert_array_equal(lw.pool_sentence(s, "cls"), [[1, 0], [0, 1]])
+    np.testing.assert_allclose(lw.pool_sentence(s, "mean"), [[15 / 6, 20 / 6], [11 / 6, 12 / 6]])
+    np.testing.assert_allclose(lw.pool_sentence(s, "mean", "exclude"), [[9 / 4, 15 / 4], [9 / 4, 9 / 4]])
+    np.testing.assert_array_equal(lw.pool_sentence(s, "max"), [[5, 8], [6, 5]])
+    np.testing.assert_array_equal(lw.pool_sentence(s, "max", "exclude"), [[4, 8], [6, 5]])
+    np.testing.assert_array_equal(lw.pool_sentence(s, "cls", "exclude"), [[1, 0], [0, 1]])
+
+
+def test_word_pools_known_answers():
+    s = hand_stack()
+    first = lw.pool_words(s, "first")
+    assert first.words == ("unbelievable", "day")
+    assert first.spans.tolist() == [[0, 12], [13, 16]]
+    assert first.n_subwords.tolist() == [3, 1]
+    np.testing.assert_array_equal(first.vectors, [[[2, 4], [3, 3]], [[1, 1], [6, 0]]])
+    np.testing.assert_array_equal(lw.pool_words(s, "last").vectors, [[[0, 8], [3, 3]], [[1, 5], [6, 0]]])
+    np.testing.assert_allclose(lw.pool_words(s, "mean").vectors, [[[2, 4], [3, 3]], [[1, 3], [6, 0]]])
+    np.testing.assert_array_equal(lw.pool_words(s, "max").vectors, [[[4, 8], [3, 3]], [[1, 5], [6, 0]]])
+    np.testing.assert_array_equal(
+        lw.pool_words(s, "first_last").vectors, [[[2, 4, 0, 8], [3, 3, 3, 3]], [[1, 1, 1, 5], [6, 0, 6, 0]]]
+    )
+
+
+def test_bad_pool_names():
+    with pytest.raises(OptionError, match="pool='avg' is not valid; choose one of 'cls', 'mean', 'max'"):
+        lw.pool_sentence(hand_stack(), "avg")
+    with pytest.raises(OptionError, match="subword='middle'"):
+        lw.pool_words(hand_stack(), "middle")
+
+
+def test_empty_text_exclude_falls_back_to_special_tokens(tiny_encoder):
+    stack = tiny_encoder.extract([""])[0]
+    np.testing.assert_allclose(
+        lw.pool_sentence(stack, "mean", "exclude"), stack.hidden.mean(axis=1), rtol=1e-6
+    )
+
+
+TRICKY = [
+    ("well-known", ["well", "-", "known"]),
+    ("don't", ["don", "'", "t"]),
+    ("café", ["café"]),
+    ("naïve résumé", ["naïve", "résumé"]),
+    ("I ❤ 東京", ["I", "❤", "東", "京"]),
+    ("1,000,000.50 dollars", ["1", ",", "000", ",", "000", ".", "50", "dollars"]),
+    ("antidisestablishmentarianism", ["antidisestablishmentarianism"]),
+]
+
+
+@pytest.mark.parametrize(("text", "expected"), TRICKY)
+def test_raw_text_words_follow_offsets(tiny_encoder, text, expected):
+    wv = tiny_encoder.embed_words([text], subword="mean")[0]
+    assert list(wv.words) == expected
+    for word, (s, e) in zip(wv.words, wv.spans.tolist(), strict=True):
+        assert text[s:e] == word
+
+
+def test_pre_split_words_align_to_callers_words(tiny_encoder):
+    words = [
+        "Dr.",
+        "Smith-Jones",
+        "didn't",
+        "pay",
+        "$1,000.50",
+        "for",
+        "antidisestablishmentarianism",
+        "🙂",
+        "東京",
+    ]
+    wv = tiny_encoder.embed_words([words], subword="first")[0]
+    assert list(wv.words) == words
+    assert wv.vectors.shape == (4, len(words), 32)
+    assert wv.n_subwords[6] >= 5  # one word, many wordpieces
+    stack = tiny_encoder.extract(words=[words])[0]
+    for j in range(len(words)):
+        tokens = np.flatnonzero(stack.word_ids == j)
+        np.testing.assert_array_equal(wv.vectors[:, j], stack.hidden[:, tokens[0]])
+        s, e = wv.spans[j]
+        assert stack.text[s:e] == words[j]
+
+
+def test_pairs_keep_per_segment_words(tiny_encoder):
+    wv = tiny_encoder.embed_words(pairs=[("Is it raining?", "Yes, it is.")])[0]
+    assert wv.words == ("Is", "it", "raining", "?", "Yes", ",", "it", "is", ".")
+    assert wv.segment_ids.tolist() == [0] * 4 + [1] * 5
+    s, e = wv.spans[4]
+    assert wv.text_pair[s:e] == "Yes"
+
+
+def test_word_lost_to_truncation_is_reported_not_shifted(make_tiny_model):
+    enc = lw.Encoder(make_tiny_model("bert"), device="cpu", max_length=8)
+    words = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota"]
+    wv = enc.embed_words([words])[0]
+    kept = wv.n_words
+    assert kept < len(words) and wv.words_lost == len(words) - kept
+    assert list(wv.words) == words[:kept]  # a prefix: nothing shifted onto the wrong word
+    windowed = enc.embed_words([words], long_texts="window")[0]
+    assert list(windowed.words) == words and windowed.words_lost == 0
