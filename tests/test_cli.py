@@ -123,6 +123,59 @@ def test_cli_errors_for_bad_layers_suffix_and_model(tmp_path, make_tiny_model):
     assert not (tmp_path / "o.npz").exists()
 
 
+def test_extract_sentence_pooling_with_fusion(tmp_path, make_tiny_model):
+    model = make_tiny_model("bert")
+    source = tmp_path / "t.txt"
+    source.write_text("The bank raised rates.\nHi\n", encoding="utf-8")
+    out = tmp_path / "s.npz"
+    result = run(
+        "extract", source, "-o", out, "--model", model, "--pool", "sentence:mean", "--fuse", "sum_last4"
+    )
+    assert result.exit_code == 0, result.output
+    data = np.load(out)
+    meta = json.loads(str(data["meta"]))
+    assert meta["pool"] == "sentence:mean" and meta["fuse"] == "sum_last4" and meta["layers"] == [0, 1, 2, 3]
+    expected = lw.Encoder(model, device="cpu").embed(["The bank raised rates.", "Hi"], fuse="sum_last4")
+    np.testing.assert_allclose(data["embeddings"], expected, atol=1e-5)
+
+
+def test_extract_word_pooling_jsonl_with_windows(tmp_path, make_tiny_model):
+    model = make_tiny_model("bert")
+    source = tmp_path / "t.txt"
+    long_text = " ".join(f"word{i}" for i in range(40))
+    source.write_text(f"Pre-split? No: raw text.\n{long_text}\n", encoding="utf-8")
+    out = tmp_path / "w.jsonl"
+    args = ["--model", model, "--pool", "word:mean", "--layers", "-1", "--max-length", "16"]
+    result = run("extract", source, "-o", out, *args, "--long-texts", "window")
+    assert result.exit_code == 0, result.output
+    records = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
+    assert records[0]["words"] == ["Pre", "-", "split", "?", "No", ":", "raw", "text", "."]
+    assert np.asarray(records[0]["word_vectors"]).shape == (1, 9, 32)
+    assert records[1]["words"] == long_text.split() and records[1]["words_lost"] == 0
+    enc = lw.Encoder(model, device="cpu", max_length=16)
+    expected = enc.embed_words([long_text], subword="mean", layers=-1, long_texts="window")[0]
+    np.testing.assert_allclose(np.asarray(records[1]["word_vectors"]), expected.vectors, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (
+            ["--pool", "sentence:median"],
+            "pool 'sentence:median' is not valid; choose one of token, word:first",
+        ),
+        (["--fuse", "last"], "--fuse applies to --pool word:"),
+        (["--pool", "word:mean", "--fuse", "best"], "fuse='best' is not valid"),
+    ],
+)
+def test_pool_and_fuse_errors(tmp_path, make_tiny_model, args, fragment):
+    source = tmp_path / "t.txt"
+    source.write_text("x\n", encoding="utf-8")
+    result = run("extract", source, "-o", tmp_path / "o.npz", "--model", make_tiny_model("bert"), *args)
+    assert result.exit_code == 2
+    assert fragment in " ".join(result.output.split())
+
+
 def test_show_prints_tokens_and_layers(make_tiny_model):
     result = run("show", "The bank raised rates.", "--model", make_tiny_model("bert"))
     assert result.exit_code == 0, result.output

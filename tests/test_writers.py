@@ -14,7 +14,7 @@ def test_failure_midway_leaves_no_file(tmp_path, tiny_encoder):
 
     for name in ("out.npz", "out.jsonl"):
         with pytest.raises(RuntimeError, match="disk on fire"):
-            write_results(tmp_path / name, results(), n_texts=2, meta={"model": "m"})
+            write_results(tmp_path / name, results(), texts=["one", "two"], meta={"model": "m"})
     assert list(tmp_path.iterdir()) == []
 
 
@@ -27,20 +27,20 @@ def test_existing_file_survives_a_failed_write(tmp_path, tiny_encoder):
         yield  # pragma: no cover
 
     with pytest.raises(RuntimeError):
-        write_results(target, results(), n_texts=1, meta={})
+        write_results(target, results(), texts=["x"], meta={})
     assert target.read_bytes() == b"previous"
 
 
 def test_missing_results_are_an_error(tmp_path, tiny_encoder):
     stack = tiny_encoder.extract(["one"])[0]
     with pytest.raises(RuntimeError, match="expected 2 results, got 1"):
-        write_results(tmp_path / "o.npz", iter([(0, stack)]), n_texts=2, meta={})
+        write_results(tmp_path / "o.npz", iter([(0, stack)]), texts=["one", "two"], meta={})
     assert list(tmp_path.iterdir()) == []
 
 
 def test_npz_round_trip_without_pickle(tmp_path, tiny_encoder):
     stacks = tiny_encoder.extract(["café 東京", "x"])
-    write_results(tmp_path / "o.npz", enumerate(stacks), n_texts=2, meta={"model": "m"})
+    write_results(tmp_path / "o.npz", enumerate(stacks), texts=["café 東京", "x"], meta={"model": "m"})
     data = np.load(tmp_path / "o.npz", allow_pickle=False)
     for i, stack in enumerate(stacks):
         np.testing.assert_array_equal(data[f"hidden_{i}"], stack.hidden)
@@ -51,4 +51,4 @@ def test_npz_round_trip_without_pickle(tmp_path, tiny_encoder):
 
 def test_bad_output_folder(tmp_path, tiny_encoder):
     with pytest.raises(OptionError, match="does not exist; create it first"):
-        write_results(tmp_path / "no" / "o.npz", iter([]), n_texts=0, meta={})
+        write_results(tmp_path / "no" / "o.npz", iter([]), texts=[], meta={})

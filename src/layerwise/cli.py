@@ -17,7 +17,7 @@ import typer
 from rich.console import Console
 
 from . import __version__
-from .errors import LayerwiseError
+from .errors import InputError, LayerwiseError, OptionError
 
 app = typer.Typer(
     name="layerwise",
@@ -44,6 +44,16 @@ class ModelDtype(StrEnum):
 class MethodChoice(StrEnum):
     hidden_states = "hidden_states"
     hooks = "hooks"
+
+
+class SpecialTokensChoice(StrEnum):
+    include = "include"
+    exclude = "exclude"
+
+
+class LongTextsChoice(StrEnum):
+    truncate = "truncate"
+    window = "window"
 
 
 class EncodingErrorsChoice(StrEnum):
@@ -111,6 +121,29 @@ def extract(
     method: Annotated[MethodChoice, typer.Option(help="output_hidden_states or forward hooks")] = (
         MethodChoice.hidden_states
     ),
+    pool: Annotated[
+        str,
+        typer.Option(
+            "--pool", "-p", help="token | word:first|last|mean|first_last|max | sentence:cls|mean|max"
+        ),
+    ] = "token",
+    fuse: Annotated[
+        str | None,
+        typer.Option(
+            "--fuse",
+            help="Fuse layers (word/sentence pooling): embeddings, last, second_to_last, sum_last4, "
+            "mean_last4, concat_last4, sum_all, mean_all; or mean, sum, concat over --layers",
+        ),
+    ] = None,
+    special_tokens: Annotated[
+        SpecialTokensChoice, typer.Option(help="Sentence pooling over [CLS]/[SEP] too (include) or not")
+    ] = SpecialTokensChoice.include,
+    long_texts: Annotated[
+        LongTextsChoice, typer.Option(help="Inputs over the model maximum: truncate, or sliding windows")
+    ] = LongTextsChoice.truncate,
+    stride: Annotated[
+        int | None, typer.Option(min=1, help="Window step in tokens [default: half a window]")
+    ] = None,
     device: DeviceOption = "auto",
     encoding_errors: Annotated[
         EncodingErrorsChoice, typer.Option(help="strict: stop at invalid UTF-8; replace: use U+FFFD")
@@ -120,13 +153,17 @@ def extract(
     """Extract hidden states of every requested layer for each input and write them to a file."""
     _setup_logging(quiet)
     try:
+        from .features import iter_pooled, parse_pool, plan_layers
         from .readers import read_input_file
         from .writers import output_format, write_results
 
-        output_format(output)  # fail on a bad suffix before loading anything
+        output_format(output)  # fail on bad options before loading anything
+        level, mode = parse_pool(pool)
+        if fuse is not None and level == "token":
+            raise OptionError("--fuse applies to --pool word:… and sentence:…; for tokens choose --layers")
         data = read_input_file(input, encoding_errors=encoding_errors.value)
         if not len(data):
-            raise LayerwiseError(f"{input} holds no texts")
+            raise InputError(f"{input} holds no texts")
         from .encoder import Encoder
 
         started = time.perf_counter()
@@ -138,25 +175,40 @@ def extract(
             batch_size=batch_size,
             max_tokens=max_tokens,
         )
-        from .layers import resolve_layers
-
-        layer_ids = resolve_layers(layers, enc.n_hidden_states)
-        results = enc.iter_extract(
+        layer_ids = plan_layers(None if fuse and layers == "all" else layers, fuse, enc.n_hidden_states)
+        stream = enc.iter_extract(
             data.texts,
             text_pairs=data.text_pairs,
             layers=layer_ids,
             method=method.value,
             progress=False if quiet else None,
+            long_texts=long_texts.value,
+            stride=stride,
+        )
+        results = iter_pooled(
+            stream,
+            level=level,
+            mode=mode,
+            fusion=fuse,
+            layers=layer_ids,
+            n_hidden_states=enc.n_hidden_states,
+            special_tokens=special_tokens.value,
         )
         meta = {
             "model": enc.name,
             "layers": list(layer_ids),
             "n_hidden_states": enc.n_hidden_states,
             "layer_0": "embedding output",
+            "pool": pool,
+            "fuse": fuse,
+            "special_tokens": special_tokens.value if level == "sentence" else None,
+            "long_texts": long_texts.value,
             "source": str(input),
             "layerwise_version": __version__,
         }
-        summary = write_results(output, results, n_texts=len(data), meta=meta, dtype=dtype.value)
+        summary = write_results(
+            output, results, texts=data.texts, text_pairs=data.text_pairs, meta=meta, dtype=dtype.value
+        )
     except LayerwiseError as exc:
         raise _fail(exc) from None
     if not quiet:
@@ -165,6 +217,8 @@ def extract(
         notes = []
         if summary["n_truncated"]:
             notes.append(f"{summary['n_truncated']} truncated to {enc.max_length} tokens")
+        if summary["n_words"]:
+            notes.append(f"{summary['n_words']} words")
         if empty:
             notes.append(f"{empty} empty")
         err.print(

@@ -3,12 +3,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
 from .errors import InputError, OptionError, check_choice
+from .extract import LayerStack
 from .fuse import check_fusion, fuse_layers, fusion_layers
 from .layers import LayerSpec, resolve_layers
 from .pool import (
@@ -190,3 +192,58 @@ def embed_words(
             vectors = WordVectors(**{**vectors.__dict__, "vectors": fused})
         results[index] = vectors
     return [results[i] for i in range(len(results))]
+
+
+PoolLevel = Literal["token", "word", "sentence"]
+
+
+@dataclass(frozen=True, eq=False)
+class SentenceVector:
+    """The pooled (and possibly fused) vector of one input, with its truncation flag."""
+
+    vector: np.ndarray
+    truncated: bool = False
+
+
+def parse_pool(spec: str) -> tuple[PoolLevel, str | None]:
+    """``"token"``, ``"word:MODE"`` or ``"sentence:MODE"`` (the command line's --pool) → (level, mode)."""
+    level, _, mode = spec.partition(":")
+    if level == "token" and not mode:
+        return "token", None
+    choices = {"word": SUBWORD_POOLS, "sentence": SENTENCE_POOLS}
+    if level in choices and mode in choices[level]:
+        return level, mode  # type: ignore[return-value]
+    listed = ["token"] + [f"{lv}:{m}" for lv, modes in choices.items() for m in modes]
+    raise OptionError(f"pool {spec!r} is not valid; choose one of {', '.join(listed)}")
+
+
+def iter_pooled(
+    stream: Iterable[tuple[int, LayerStack]],
+    *,
+    level: PoolLevel,
+    mode: str | None,
+    fusion: str | None,
+    layers: tuple[int, ...],
+    n_hidden_states: int,
+    special_tokens: SpecialTokens = "include",
+) -> Iterator[tuple[int, LayerStack | WordVectors | SentenceVector]]:
+    """Map streamed LayerStacks to what ``level`` asks for: the stack itself (token), its
+    WordVectors (word) or its sentence vector; fused when ``fusion`` is given (word, sentence)."""
+    if fusion is not None and level == "token":
+        raise OptionError(
+            "fuse applies to word and sentence pooling; for token vectors choose layers instead"
+        )
+    for index, stack in stream:
+        if level == "token":
+            yield index, stack
+        elif level == "word":
+            words = pool_words(stack, mode)  # type: ignore[arg-type]
+            if fusion is not None:
+                fused = fuse_layers(words.vectors, layers, fusion, n_hidden_states=n_hidden_states, axis=0)
+                words = WordVectors(**{**words.__dict__, "vectors": fused})
+            yield index, words
+        else:
+            vector = pool_sentence(stack, mode, special_tokens)  # type: ignore[arg-type]
+            if fusion is not None:
+                vector = fuse_layers(vector, layers, fusion, n_hidden_states=n_hidden_states, axis=0)
+            yield index, SentenceVector(vector, stack.truncated)

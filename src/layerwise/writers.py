@@ -1,20 +1,27 @@
 """Write extraction results to .npz or .jsonl, streaming and atomically.
 
 Results arrive in compute order (longest inputs first) and are written as they come, so memory
-stays bounded by one batch. Files are written under a temporary name next to the target and
-renamed at the end: an error or an interrupt never leaves a half-written file behind.
+stays bounded by one batch (sentence vectors, one row per text, are gathered into one array).
+Files are written under a temporary name next to the target and renamed at the end: an error or
+an interrupt never leaves a half-written file behind.
 
 .npz layout (``numpy.load`` reads it; no pickle)::
 
-    meta                 JSON string: format, version, model, layers, dtype, n_texts, ...
-    layers               (n_layers,) int32: hidden-state indices, 0 = embedding output
-    texts, text_pairs    (n_texts,) str
-    truncated            (n_texts,) bool
-    hidden_{i}           (n_layers, n_tokens_i, hidden) float32 or float16
-    tokens_{i}           (n_tokens_i,) str, wordpieces incl. [CLS]/[SEP]
-    offsets_{i}          (n_tokens_i, 2) int32 character spans, word_ids_{i}, segment_ids_{i}
+    meta                  JSON string: format, version, model, layers, pool, fuse, dtype, n_texts, ...
+    layers                (n_layers,) int32: hidden-state indices, 0 = embedding output
+    texts, text_pairs     (n_texts,) str
+    truncated             (n_texts,) bool
+  pool = token:
+    hidden_{i}            (n_layers, n_tokens_i, hidden)
+    tokens_{i}            (n_tokens_i,) str, wordpieces incl. [CLS]/[SEP]
+    offsets_{i}           (n_tokens_i, 2) int32 character spans; word_ids_{i}; segment_ids_{i}
+  pool = word:MODE:
+    word_vectors_{i}      (n_layers, n_words_i, dim), or (n_words_i, dim) with a fusion
+    words_{i}             (n_words_i,) str; word_spans_{i} (n_words_i, 2); word_segment_ids_{i}
+  pool = sentence:MODE:
+    embeddings            (n_texts, n_layers, hidden), or (n_texts, dim) with a fusion
 
-.jsonl: one object per input, in input order, with the same fields (hidden as nested lists).
+.jsonl: one object per input, in input order, with the same fields (vectors as nested lists).
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ import json
 import os
 import tempfile
 import zipfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import IO, Literal
 
@@ -32,9 +39,12 @@ import numpy as np
 
 from .errors import OptionError, check_choice
 from .extract import LayerStack
+from .features import SentenceVector
+from .pool import WordVectors
 
 OutputDtype = Literal["float32", "float16"]
 FORMATS = (".npz", ".jsonl")
+Result = LayerStack | WordVectors | SentenceVector
 
 
 def output_format(path: str | Path) -> str:
@@ -65,110 +75,151 @@ def atomic_path(path: Path) -> Iterator[Path]:
 
 def write_results(
     path: str | Path,
-    results: Iterable[tuple[int, LayerStack]],
+    results: Iterable[tuple[int, Result]],
     *,
-    n_texts: int,
+    texts: Sequence[str],
+    text_pairs: Sequence[str] | None = None,
     meta: dict,
     dtype: OutputDtype = "float32",
 ) -> dict:
-    """Write ``(index, LayerStack)`` pairs to ``path`` (.npz or .jsonl). Returns summary counts."""
+    """Write ``(index, result)`` pairs for ``texts`` to ``path`` (.npz or .jsonl); a result is a
+    LayerStack, a WordVectors or a SentenceVector. Returns summary counts."""
     check_choice("dtype", dtype, ("float32", "float16"))
     path = Path(path)
     fmt = output_format(path)
+    writer = _NpzWriter if fmt == ".npz" else _JsonlWriter
     with atomic_path(path) as tmp:
-        if fmt == ".npz":
-            summary = _write_npz(tmp, results, n_texts, meta, dtype)
+        return writer(tmp, texts, text_pairs, meta, dtype).write(results)
+
+
+class _Writer:
+    def __init__(
+        self, tmp: Path, texts: Sequence[str], text_pairs: Sequence[str] | None, meta: dict, dtype: str
+    ) -> None:
+        self.tmp, self.texts, self.text_pairs, self.meta, self.dtype = tmp, texts, text_pairs, meta, dtype
+        self.n_texts = len(texts)
+        self.truncated = np.zeros(self.n_texts, dtype=bool)
+        self.seen: set[int] = set()
+        self.n_tokens = 0
+        self.n_words = 0
+
+    def note(self, index: int, result: Result) -> None:
+        self.seen.add(index)
+        if isinstance(result, LayerStack):
+            self.truncated[index] = result.truncated
+            self.n_tokens += result.n_tokens
+        elif isinstance(result, WordVectors):
+            self.truncated[index] = result.words_lost > 0
+            self.n_words += result.n_words
         else:
-            summary = _write_jsonl(tmp, results, n_texts, meta, dtype)
-    return summary
+            self.truncated[index] = result.truncated
 
-
-def _put(zf: zipfile.ZipFile, name: str, array: np.ndarray) -> None:
-    with zf.open(f"{name}.npy", "w", force_zip64=True) as handle:
-        np.lib.format.write_array(handle, np.asanyarray(array), allow_pickle=False)
-
-
-def _check_complete(seen: set[int], n_texts: int) -> None:
-    if len(seen) != n_texts:
-        raise RuntimeError(f"expected {n_texts} results, got {len(seen)}")
-
-
-def _write_npz(
-    tmp: Path, results: Iterable[tuple[int, LayerStack]], n_texts: int, meta: dict, dtype: str
-) -> dict:
-    texts: list[str] = [""] * n_texts
-    pairs: list[str | None] = [None] * n_texts
-    truncated = np.zeros(n_texts, dtype=bool)
-    seen: set[int] = set()
-    layers: tuple[int, ...] = ()
-    n_tokens = 0
-    with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
-        for i, stack in results:
-            _put(zf, f"hidden_{i}", stack.hidden.astype(dtype, copy=False))
-            _put(zf, f"tokens_{i}", np.asarray(stack.tokens, dtype=str))
-            _put(zf, f"offsets_{i}", stack.offsets)
-            _put(zf, f"word_ids_{i}", stack.word_ids)
-            _put(zf, f"segment_ids_{i}", stack.segment_ids)
-            texts[i], pairs[i], truncated[i] = stack.text, stack.text_pair, stack.truncated
-            layers = stack.layers
-            n_tokens += stack.n_tokens
-            seen.add(i)
-        _check_complete(seen, n_texts)
-        _put(zf, "layers", np.asarray(meta.get("layers", layers), dtype=np.int32))
-        _put(zf, "texts", np.asarray(texts, dtype=str))
-        if any(p is not None for p in pairs):
-            _put(zf, "text_pairs", np.asarray([p or "" for p in pairs], dtype=str))
-        _put(zf, "truncated", truncated)
-        full_meta = {
-            **meta,
-            "format": "layerwise-npz",
-            "format_version": 1,
-            "dtype": dtype,
-            "n_texts": n_texts,
+    def finish(self) -> dict:
+        if len(self.seen) != self.n_texts:
+            raise RuntimeError(f"expected {self.n_texts} results, got {len(self.seen)}")
+        return {
+            "n_texts": self.n_texts,
+            "n_tokens": self.n_tokens,
+            "n_words": self.n_words,
+            "n_truncated": int(self.truncated.sum()),
         }
-        _put(zf, "meta", np.asarray(json.dumps(full_meta)))
-    return {"n_texts": n_texts, "n_tokens": n_tokens, "n_truncated": int(truncated.sum())}
+
+    def write(self, results: Iterable[tuple[int, Result]]) -> dict:
+        raise NotImplementedError
 
 
-def _record(index: int, stack: LayerStack, dtype: str, model: str | None) -> dict:
-    record = {"id": index, "model": model, "text": stack.text}
-    if stack.text_pair is not None:
-        record["text_pair"] = stack.text_pair
-    if stack.words is not None:
-        record["words"] = list(stack.words)
-    record.update(
-        layers=list(stack.layers),
-        tokens=list(stack.tokens),
-        offsets=stack.offsets.tolist(),
-        word_ids=stack.word_ids.tolist(),
-        segment_ids=stack.segment_ids.tolist(),
-        truncated=stack.truncated,
+class _NpzWriter(_Writer):
+    def write(self, results: Iterable[tuple[int, Result]]) -> dict:
+        sentences: np.ndarray | None = None
+        with zipfile.ZipFile(self.tmp, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
+            for i, result in results:
+                self.note(i, result)
+                if isinstance(result, LayerStack):
+                    self._put(zf, f"hidden_{i}", result.hidden.astype(self.dtype, copy=False))
+                    self._put(zf, f"tokens_{i}", np.asarray(result.tokens, dtype=str))
+                    self._put(zf, f"offsets_{i}", result.offsets)
+                    self._put(zf, f"word_ids_{i}", result.word_ids)
+                    self._put(zf, f"segment_ids_{i}", result.segment_ids)
+                elif isinstance(result, WordVectors):
+                    self._put(zf, f"word_vectors_{i}", result.vectors.astype(self.dtype, copy=False))
+                    self._put(zf, f"words_{i}", np.asarray(result.words, dtype=str))
+                    self._put(zf, f"word_spans_{i}", result.spans)
+                    self._put(zf, f"word_segment_ids_{i}", result.segment_ids)
+                else:
+                    if sentences is None:
+                        sentences = np.zeros((self.n_texts, *result.vector.shape), dtype=self.dtype)
+                    sentences[i] = result.vector
+            summary = self.finish()
+            if sentences is not None:
+                self._put(zf, "embeddings", sentences)
+            self._put(zf, "layers", np.asarray(self.meta.get("layers", ()), dtype=np.int32))
+            self._put(zf, "texts", np.asarray(list(self.texts), dtype=str))
+            if self.text_pairs is not None:
+                self._put(zf, "text_pairs", np.asarray(list(self.text_pairs), dtype=str))
+            self._put(zf, "truncated", self.truncated)
+            meta = {
+                **self.meta,
+                "format": "layerwise-npz",
+                "format_version": 1,
+                "dtype": self.dtype,
+                "n_texts": self.n_texts,
+            }
+            self._put(zf, "meta", np.asarray(json.dumps(meta)))
+        return summary
+
+    @staticmethod
+    def _put(zf: zipfile.ZipFile, name: str, array: np.ndarray) -> None:
+        with zf.open(f"{name}.npy", "w", force_zip64=True) as handle:
+            np.lib.format.write_array(handle, np.asanyarray(array), allow_pickle=False)
+
+
+class _JsonlWriter(_Writer):
+    def write(self, results: Iterable[tuple[int, Result]]) -> dict:
+        # Results come longest first; spool them, then copy the lines out in input order.
+        spans: dict[int, tuple[int, int]] = {}
+        with tempfile.TemporaryFile(dir=self.tmp.parent) as spool:
+            for i, result in results:
+                self.note(i, result)
+                line = (json.dumps(self._record(i, result), ensure_ascii=False) + "\n").encode("utf-8")
+                spans[i] = (spool.tell(), len(line))
+                spool.write(line)
+            summary = self.finish()
+            with open(self.tmp, "wb") as out:
+                for i in range(self.n_texts):
+                    _copy_span(spool, out, *spans[i])
+        return summary
+
+    def _vectors(self, array: np.ndarray) -> list:
         # float32 -> Python float is exact, so reading the numbers back gives the same float32.
-        hidden=stack.hidden.astype(dtype, copy=False).tolist(),
-    )
-    return record
+        return array.astype(self.dtype, copy=False).tolist()
 
-
-def _write_jsonl(
-    tmp: Path, results: Iterable[tuple[int, LayerStack]], n_texts: int, meta: dict, dtype: str
-) -> dict:
-    # Results come longest first; spool them, then copy the lines out in input order.
-    spans: dict[int, tuple[int, int]] = {}
-    n_tokens = n_truncated = 0
-    with tempfile.TemporaryFile(dir=tmp.parent) as spool:
-        for i, stack in results:
-            line = (
-                json.dumps(_record(i, stack, dtype, meta.get("model")), ensure_ascii=False) + "\n"
-            ).encode("utf-8")
-            spans[i] = (spool.tell(), len(line))
-            spool.write(line)
-            n_tokens += stack.n_tokens
-            n_truncated += stack.truncated
-        _check_complete(set(spans), n_texts)
-        with open(tmp, "wb") as out:
-            for i in range(n_texts):
-                _copy_span(spool, out, *spans[i])
-    return {"n_texts": n_texts, "n_tokens": n_tokens, "n_truncated": n_truncated}
+    def _record(self, index: int, result: Result) -> dict:
+        record: dict = {"id": index, "model": self.meta.get("model"), "text": self.texts[index]}
+        if self.text_pairs is not None:
+            record["text_pair"] = self.text_pairs[index]
+        record["layers"] = list(self.meta.get("layers", ()))
+        if isinstance(result, LayerStack):
+            if result.words is not None:
+                record["words"] = list(result.words)
+            record.update(
+                tokens=list(result.tokens),
+                offsets=result.offsets.tolist(),
+                word_ids=result.word_ids.tolist(),
+                segment_ids=result.segment_ids.tolist(),
+                truncated=result.truncated,
+                hidden=self._vectors(result.hidden),
+            )
+        elif isinstance(result, WordVectors):
+            record.update(
+                words=list(result.words),
+                word_spans=result.spans.tolist(),
+                word_segment_ids=result.segment_ids.tolist(),
+                words_lost=result.words_lost,
+                word_vectors=self._vectors(result.vectors),
+            )
+        else:
+            record.update(truncated=result.truncated, embedding=self._vectors(result.vector))
+        return record
 
 
 def _copy_span(src: IO[bytes], dst: IO[bytes], start: int, length: int) -> None:
