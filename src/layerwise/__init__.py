@@ -31,8 +31,12 @@ _EXPORTS = {
     "OptionError": "errors",
     "ScalarMix": "scalar_mix",
     "TAPS": "hooks",
+    "Store": "store",
+    "StoreError": "store",
     "WordVectors": "pool",
     "default_model_path": "encoder",
+    "extract_to_store": "store",
+    "open_store": "store",
     "fuse_layers": "fuse",
     "layer_deltas": "fuse",
     "layer_drift": "fuse",
@@ -60,6 +64,7 @@ if TYPE_CHECKING:
     from .layers import resolve_layers
     from .pool import WordVectors, pool_sentence, pool_words
     from .scalar_mix import ScalarMix
+    from .store import Store, StoreError, extract_to_store, open_store
 
 
 def __getattr__(name: str) -> object:

@@ -114,8 +114,11 @@ def extract(
         typer.Option(min=1, help="Most padded tokens per forward pass [default: 2048 on CPU, 32768 on GPU]"),
     ] = None,
     dtype: Annotated[
-        OutDtype, typer.Option("--dtype", help="Dtype of the written vectors")
-    ] = OutDtype.float32,
+        OutDtype | None,
+        typer.Option(
+            "--dtype", help="Dtype of the written vectors [default: float16 in a store, else float32]"
+        ),
+    ] = None,
     model_dtype: Annotated[ModelDtype, typer.Option(help="Compute dtype of the model")] = ModelDtype.float32,
     max_length: Annotated[int | None, typer.Option(help="Tokens per input [default: model maximum]")] = None,
     method: Annotated[MethodChoice, typer.Option(help="output_hidden_states or forward hooks")] = (
@@ -148,16 +151,22 @@ def extract(
     encoding_errors: Annotated[
         EncodingErrorsChoice, typer.Option(help="strict: stop at invalid UTF-8; replace: use U+FFFD")
     ] = EncodingErrorsChoice.strict,
+    overwrite: Annotated[
+        bool, typer.Option(help="Start an existing store again instead of resuming it")
+    ] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar or summary")] = False,
 ) -> None:
-    """Extract hidden states of every requested layer for each input and write them to a file."""
+    """Extract hidden states of every requested layer for each input and write them to a file
+    (.npz, .jsonl) or to a resumable store (a folder ending in .lw)."""
     _setup_logging(quiet)
     try:
         from .features import iter_pooled, parse_pool, plan_layers
         from .readers import read_input_file
         from .writers import output_format, write_results
 
-        output_format(output)  # fail on bad options before loading anything
+        to_store = output.suffix.lower() == ".lw" or output.is_dir()
+        if not to_store:
+            output_format(output)  # fail on bad options before loading anything
         level, mode = parse_pool(pool)
         if fuse is not None and level == "token":
             raise OptionError("--fuse applies to --pool word:… and sentence:…; for tokens choose --layers")
@@ -175,6 +184,29 @@ def extract(
             batch_size=batch_size,
             max_tokens=max_tokens,
         )
+        _use_available_cores()
+        if to_store:
+            from .store import extract_to_store
+
+            summary = extract_to_store(
+                enc,
+                data.texts,
+                output,
+                text_pairs=data.text_pairs,
+                layers=None if fuse and layers == "all" else layers,
+                pool=pool,
+                fuse=fuse,
+                special_tokens=special_tokens.value,
+                long_texts=long_texts.value,
+                stride=stride,
+                dtype=(dtype or OutDtype.float16).value,
+                overwrite=overwrite,
+                source=str(input),
+                progress=False if quiet else None,
+            )
+            if not quiet:
+                _report_store(summary, enc.name)
+            return
         layer_ids = plan_layers(None if fuse and layers == "all" else layers, fuse, enc.n_hidden_states)
         stream = enc.iter_extract(
             data.texts,
@@ -206,8 +238,9 @@ def extract(
             "source": str(input),
             "layerwise_version": __version__,
         }
+        out_dtype = (dtype or OutDtype.float32).value
         summary = write_results(
-            output, results, texts=data.texts, text_pairs=data.text_pairs, meta=meta, dtype=dtype.value
+            output, results, texts=data.texts, text_pairs=data.text_pairs, meta=meta, dtype=out_dtype
         )
     except LayerwiseError as exc:
         raise _fail(exc) from None
@@ -250,6 +283,32 @@ def show(
     except LayerwiseError as exc:
         raise _fail(exc) from None
     Console().print(layer_table(stack, model=enc.name))
+
+
+def _use_available_cores() -> None:
+    """torch counts the machine's cores; a container or taskset may allow fewer."""
+    import os
+
+    import torch
+
+    available = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    if torch.get_num_threads() > available:
+        torch.set_num_threads(available)
+
+
+def _report_store(summary, model: str) -> None:
+    if summary.n_written == 0 and summary.n_already_committed == summary.n_texts:
+        err.print(
+            f"{summary.path} is complete: {summary.n_texts} texts of {model}; nothing to do", highlight=False
+        )
+        return
+    resumed = f" (resumed after {summary.n_already_committed} committed texts)" if summary.resumed else ""
+    err.print(
+        f"stored {summary.n_written} texts{resumed}, {summary.n_rows} rows of {model} in {summary.path} "
+        f"in {summary.seconds:.1f} s" + (f"; {summary.n_truncated} truncated" if summary.n_truncated else ""),
+        highlight=False,
+        soft_wrap=True,
+    )
 
 
 def main() -> None:

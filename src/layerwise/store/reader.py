@@ -1,0 +1,245 @@
+"""Reading a layerwise store: ``open_store(path)``.
+
+Only committed texts are visible: those covered by the valid prefix of the offsets array (see
+``format.py``). A store being written can be read at the same time.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import InputError, LayerSpecError, OptionError
+from ..extract import LayerStack
+from ..pool import WordVectors
+from .format import ATTRIBUTE, DATA, FORMAT, MANIFEST, OFFSETS, require_store_dependencies
+
+
+def committed_offsets(offsets_array) -> np.ndarray:
+    """The valid prefix of the offsets array: entries before the first fill value (-1)."""
+    values = offsets_array[:]
+    invalid = np.flatnonzero(values < 0)
+    return values[: invalid[0]] if invalid.size else values
+
+
+def read_manifest(path: Path, n_committed: int):
+    """The manifest rows of committed texts (a pyarrow Table sorted by position)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    folder = path / MANIFEST
+    parts = sorted(p for p in folder.glob("part-*.parquet")) if folder.is_dir() else []
+    if not parts:
+        return None
+    table = pa.concat_tables([pq.read_table(p) for p in parts], promote_options="default")
+    table = table.filter(pc.less(table["position"], n_committed))
+    return table.sort_by("position")
+
+
+class LayerView:
+    """A lazy ``(n_rows, dim)`` view of one layer over every committed row of a store."""
+
+    def __init__(self, data, layer_position: int | None, n_rows: int) -> None:
+        self._data, self._layer, self._n = data, layer_position, n_rows
+        width = data.shape[-1]
+        self.shape = (n_rows, width)
+        self.dtype = data.dtype
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __getitem__(self, rows) -> np.ndarray:
+        if isinstance(rows, slice):
+            start, stop, step = rows.indices(self._n)
+            rows = slice(start, stop, step)
+        elif isinstance(rows, int | np.integer):
+            if not -self._n <= rows < self._n:
+                raise IndexError(f"row {rows} out of range for {self._n} rows")
+            rows = int(rows) % self._n
+        else:
+            rows = np.asarray(rows)
+            if rows.size and (rows.min() < 0 or rows.max() >= self._n):
+                raise IndexError(f"rows out of range for {self._n} rows")
+        if self._layer is None:
+            return np.asarray(self._data[rows])
+        if isinstance(rows, np.ndarray):
+            return np.asarray(self._data.get_orthogonal_selection((rows, self._layer, slice(None))))
+        return np.asarray(self._data[rows, self._layer])
+
+    def iter_chunks(self, rows: int = 8192) -> Iterator[np.ndarray]:
+        """Consecutive blocks of rows, for statistics over corpora larger than memory."""
+        for start in range(0, self._n, rows):
+            yield self[start : min(start + rows, self._n)]
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        array = self[0 : self._n]
+        return array.astype(dtype) if dtype is not None else array
+
+
+class Store:
+    """A layerwise store opened for reading. ``store[text_id]`` gives the result for one input
+    text (a LayerStack, WordVectors or sentence vector, by the store's level)."""
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        require_store_dependencies()
+        import zarr
+
+        self.path = Path(path)
+        if not (self.path / "zarr.json").is_file():
+            raise InputError(f"{str(self.path)!r} is not a layerwise store (no zarr.json); write one with "
+                             "layerwise extract INPUT -o corpus.lw")  # fmt: skip
+        self._group = zarr.open_group(str(self.path), mode="r")
+        self.meta: dict = dict(self._group.attrs.get(ATTRIBUTE, {}))
+        if self.meta.get("format") != FORMAT:
+            raise InputError(f"{str(self.path)!r} is a Zarr group but not a layerwise store")
+        self.refresh()
+
+    def refresh(self) -> None:
+        """Re-read the commit marker and manifest (to follow a store that is being written)."""
+        self._offsets = committed_offsets(self._group[OFFSETS])
+        n = max(len(self._offsets) - 1, 0)
+        self._manifest = read_manifest(self.path, n)
+        self._by_id: dict[int, int] = {}
+        if self._manifest is not None:
+            ids = self._manifest["text_id"].to_numpy()
+            self._by_id = {int(t): p for p, t in enumerate(ids)}
+
+    # --------------------------------------------------------------------------- description
+    @property
+    def model(self) -> str:
+        return self.meta["model"]
+
+    @property
+    def layers(self) -> tuple[int, ...]:
+        return tuple(self.meta["layers"])
+
+    @property
+    def level(self) -> str:
+        return self.meta["level"]
+
+    @property
+    def n_texts_total(self) -> int:
+        return int(self.meta.get("n_texts", 0))
+
+    @property
+    def complete(self) -> bool:
+        return len(self) == self.n_texts_total
+
+    @property
+    def manifest(self):
+        """Committed manifest rows as a pyarrow Table (``.to_pandas()`` for pandas)."""
+        return self._manifest
+
+    @property
+    def data(self):
+        """The raw Zarr array of rows (includes rows past the commit marker after a crash)."""
+        return self._group[DATA]
+
+    @property
+    def n_rows(self) -> int:
+        return int(self._offsets[-1]) if len(self._offsets) else 0
+
+    def __len__(self) -> int:
+        return len(self._by_id)
+
+    def __contains__(self, text_id: object) -> bool:
+        return text_id in self._by_id
+
+    def text_ids(self) -> list[int]:
+        return sorted(self._by_id)
+
+    def __repr__(self) -> str:
+        return (
+            f"Store({str(self.path)!r}, model={self.model!r}, level={self.level!r}, layers={self.layers}, "
+            f"texts={len(self)}/{self.n_texts_total}, rows={self.n_rows})"
+        )
+
+    # --------------------------------------------------------------------------- access
+    def rows(self, text_id: int) -> tuple[int, int]:
+        """``(start, stop)`` rows of ``text_id`` in :attr:`data`."""
+        position = self._position(text_id)
+        return int(self._offsets[position]), int(self._offsets[position + 1])
+
+    def _position(self, text_id: int) -> int:
+        try:
+            return self._by_id[int(text_id)]
+        except (KeyError, TypeError, ValueError):
+            raise KeyError(
+                f"text {text_id!r} is not in the store: {len(self)} of {self.n_texts_total} texts are "
+                "committed (ids are 0-based input lines)"
+            ) from None
+
+    def __getitem__(self, text_id: int):
+        position = self._position(text_id)
+        start, stop = int(self._offsets[position]), int(self._offsets[position + 1])
+        rows = np.asarray(self.data[start:stop]).astype(np.float32)
+        record = {name: self._manifest[name][position].as_py() for name in self._manifest.column_names}
+        return self._result(record, rows)
+
+    def __iter__(self) -> Iterator:
+        for _, result in self.items():
+            yield result
+
+    def items(self) -> Iterator[tuple[int, object]]:
+        """``(text_id, result)`` in input order, reading one text at a time."""
+        for text_id in self.text_ids():
+            yield text_id, self[text_id]
+
+    def array(self, layer: int | None = -1) -> LayerView:
+        """A lazy view of one hidden state (a model index, -1 = last held) over all committed rows.
+        For a fused store, ``layer`` must be None."""
+        data = self.data
+        if data.ndim == 2:
+            if layer not in (None, -1):
+                raise OptionError("this store holds fused vectors (one per row); use store.array(None)")
+            return LayerView(data, None, self.n_rows)
+        layers = self.layers
+        if layer is None:
+            raise OptionError(f"pass one of the store's layers {layers}")
+        resolved = layers[layer] if layer < 0 and -len(layers) <= layer else layer
+        if resolved not in layers:
+            raise LayerSpecError(f"layer {layer} is not in this store; it holds hidden states {layers}")
+        return LayerView(data, layers.index(resolved), self.n_rows)
+
+    def _result(self, record: dict, rows: np.ndarray):
+        level = self.level
+        if level == "sentence":
+            return rows[0]
+        spans = np.stack([np.asarray(record["char_start"]), np.asarray(record["char_end"])], axis=1).astype(
+            np.int32
+        )
+        if level == "word":
+            vectors = rows if rows.ndim == 2 else np.ascontiguousarray(rows.transpose(1, 0, 2))
+            return WordVectors(
+                vectors=vectors,
+                layers=self.layers,
+                words=tuple(record["words"]),
+                spans=spans.reshape(-1, 2),
+                segment_ids=np.asarray(record["segment_ids"], dtype=np.int8),
+                n_subwords=np.asarray(record["n_subwords"], dtype=np.int32),
+                text=record["text"],
+                text_pair=record["text_pair"],
+                words_lost=record["words_lost"],
+            )
+        hidden = np.ascontiguousarray(rows.transpose(1, 0, 2))  # token-major -> (layers, tokens, hidden)
+        return LayerStack(
+            hidden=hidden,
+            layers=self.layers,
+            tokens=tuple(record["tokens"]),
+            offsets=spans.reshape(-1, 2),
+            word_ids=np.asarray(record["word_ids"], dtype=np.int32),
+            segment_ids=np.asarray(record["segment_ids"], dtype=np.int8),
+            text=record["text"],
+            text_pair=record["text_pair"],
+            truncated=record["truncated"],
+            n_windows=record["n_windows"],
+        )
+
+
+def open_store(path: str | os.PathLike) -> Store:
+    """Open a layerwise store for reading."""
+    return Store(path)

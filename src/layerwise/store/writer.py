@@ -1,0 +1,568 @@
+"""Writing a layerwise store: streaming, resumable, crash-safe.
+
+The input is cut into blocks of ``block_size`` texts in input order. Each block is extracted like
+``Encoder.iter_extract`` does (sorted by length, token-budget batches) and its results are appended
+row by row to an in-memory buffer. Whole shards (``chunk_rows * shard_chunks`` rows) are written
+as soon as they fill, by a background thread so that disk writes overlap compute; after the rows,
+the thread writes a manifest part for the texts they complete, then extends the offsets array:
+the commit marker. The order of the work is a pure function of the input and the settings, so a
+run that is killed and started again recomputes the block it was in and skips the texts already
+committed, writing byte-for-byte what an uninterrupted run writes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import hashlib
+import logging
+import os
+import queue
+import shutil
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from .. import __version__
+from ..errors import InputError, LayerwiseError, OptionError, check_choice
+from ..extract import LayerStack
+from ..features import parse_pool, plan_layers
+from ..fuse import fuse_layers
+from ..layers import LayerSpec
+from ..pool import SPECIAL_TOKENS, SpecialTokens, pool_sentence, pool_words
+from .format import (
+    ATTRIBUTE,
+    BLOCK_SIZE,
+    CHUNK_ROWS,
+    DATA,
+    FORMAT,
+    FORMAT_VERSION,
+    LOCK,
+    MANIFEST,
+    OFFSETS,
+    OFFSETS_CHUNK,
+    SHARD_CHUNKS,
+    require_store_dependencies,
+)
+from .reader import committed_offsets, read_manifest
+
+if TYPE_CHECKING:
+    from ..encoder import Encoder
+
+logger = logging.getLogger("layerwise")
+
+# Settings that must match for a run to resume an existing store.
+_RESUME_KEYS = (
+    "model", "weights_sha256", "layers", "level", "pool", "fuse", "special_tokens", "dtype",
+    "long_texts", "stride", "max_length", "n_texts", "block_size", "chunk_rows", "shard_chunks",
+)  # fmt: skip
+
+
+class StoreError(LayerwiseError, OSError):
+    """The store cannot be written: locked by another writer, incompatible, or the disk failed."""
+
+
+@dataclass(frozen=True)
+class StoreSummary:
+    path: Path
+    n_texts: int
+    n_already_committed: int
+    n_written: int
+    n_rows: int
+    n_truncated: int
+    seconds: float
+
+    @property
+    def resumed(self) -> bool:
+        return self.n_already_committed > 0
+
+
+def text_sha1(text: str, pair: str | None) -> str:
+    data = text if pair is None else f"{text}\x1f{pair}"
+    return hashlib.sha1(data.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def weights_sha256(model) -> str:
+    """A hash of every parameter and buffer of ``model`` (names and bytes), to tell models apart."""
+    import torch
+
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        digest.update(name.encode())
+        flat = tensor.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8)
+        digest.update(memoryview(flat.numpy()))
+    return digest.hexdigest()
+
+
+@contextlib.contextmanager
+def writer_lock(path: Path) -> Iterator[None]:
+    """Hold an exclusive flock on ``path/.lock``; the OS releases it if the process dies."""
+    lock_path = path / LOCK
+    handle = open(lock_path, "a+")  # noqa: SIM115 - held for the whole block
+    try:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "unknown"
+            raise StoreError(
+                f"store {str(path)!r} is being written by another process ({holder}); wait for it to "
+                "finish, or write to another path"
+            ) from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"pid {os.getpid()}")
+        handle.flush()
+        yield
+    finally:
+        handle.close()
+
+
+def _disk_error(path: Path, exc: OSError, committed: int, total: int) -> StoreError:
+    reason = {
+        errno.ENOSPC: "the disk is full",
+        errno.EACCES: "permission denied",
+        errno.EROFS: "read-only",
+    }.get(exc.errno or 0, exc.strerror or str(exc))
+    return StoreError(
+        f"writing store {str(path)!r} failed: {reason}. {committed} of {total} texts are committed and "
+        "readable; fix the cause and run the same command again to resume"
+    )
+
+
+class _Committer(threading.Thread):
+    """Writes flushed shards, manifest parts and offsets, in order, off the compute thread."""
+
+    def __init__(self, group, path: Path) -> None:
+        super().__init__(daemon=True, name="layerwise-store-writer")
+        self.group, self.path = group, path
+        self.jobs: queue.Queue = queue.Queue(maxsize=2)
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        while True:
+            job = self.jobs.get()
+            if job is None:
+                return
+            if self.error is None:
+                try:
+                    self._commit(*job)
+                except BaseException as exc:  # reported to the main thread
+                    self.error = exc
+
+    def submit(self, job: tuple) -> None:
+        if self.error is not None:
+            raise self.error
+        self.jobs.put(job)
+
+    def close(self) -> None:
+        self.jobs.put(None)
+        self.join()
+        if self.error is not None:
+            raise self.error
+
+    def _commit(
+        self, start: int, rows: np.ndarray, records: list[dict], offsets: np.ndarray, first: int
+    ) -> None:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        data = self.group[DATA]
+        end = start + len(rows)
+        if end > data.shape[0]:
+            data.resize((end, *data.shape[1:]))
+        if len(rows):
+            data[start:end] = rows
+        if records:
+            part = self.path / MANIFEST / f"part-{first:012d}.parquet"
+            tmp = part.with_suffix(".parquet.partial")
+            pq.write_table(pa.Table.from_pylist(records), tmp)
+            os.replace(tmp, part)
+            marker = self.group[OFFSETS]
+            needed = first + len(records) + 1
+            if marker.shape[0] < needed:
+                marker.resize((needed,))
+            marker[first + 1 : needed] = offsets  # the commit
+        logger.debug("committed rows %d..%d, texts %d..%d", start, end, first, first + len(records))
+
+
+class StoreWriter:
+    """Extract ``texts`` into the store at ``path``; see :func:`extract_to_store`."""
+
+    def __init__(
+        self,
+        encoder: Encoder,
+        path: Path,
+        texts: Sequence[str],
+        text_pairs: Sequence[str] | None,
+        *,
+        layers: LayerSpec | None,
+        pool: str,
+        fuse: str | None,
+        special_tokens: SpecialTokens,
+        long_texts: str,
+        stride: int | None,
+        dtype: str,
+        block_size: int,
+        chunk_rows: int,
+        shard_chunks: int,
+        source: str | None,
+    ) -> None:
+        self.encoder, self.path = encoder, path
+        self.texts, self.text_pairs = texts, text_pairs
+        self.level, self.mode = parse_pool(pool)
+        if fuse is not None and self.level == "token":
+            raise OptionError(
+                "fuse applies to word and sentence pooling; for token vectors choose layers instead"
+            )
+        check_choice("special_tokens", special_tokens, SPECIAL_TOKENS)
+        check_choice("dtype", dtype, ("float16", "float32"))
+        if block_size < 1 or chunk_rows < 1 or shard_chunks < 1:
+            raise OptionError("block_size, chunk_rows and shard_chunks must be >= 1")
+        self.layers = plan_layers(layers, fuse, encoder.n_hidden_states)
+        self.fuse, self.special_tokens, self.long_texts, self.stride = (
+            fuse,
+            special_tokens,
+            long_texts,
+            stride,
+        )
+        self.dtype, self.block_size = dtype, block_size
+        self.chunk_rows, self.shard_rows = chunk_rows, chunk_rows * shard_chunks
+        self.source = source
+
+    # ------------------------------------------------------------------ layout
+    def _row_shape(self) -> tuple[int, ...]:
+        hidden = self.encoder.hidden_size
+        width = 2 * hidden if self.level == "word" and self.mode == "first_last" else hidden
+        if self.fuse is None:
+            return (len(self.layers), width)
+        probe = np.zeros((len(self.layers), 1, width), dtype=np.float32)
+        fused = fuse_layers(probe, self.layers, self.fuse, n_hidden_states=self.encoder.n_hidden_states)
+        return (fused.shape[-1],)
+
+    def _meta(self) -> dict:
+        return {
+            "format": FORMAT,
+            "format_version": FORMAT_VERSION,
+            "model": self.encoder.name,
+            "weights_sha256": weights_sha256(self.encoder.model),
+            "layers": list(self.layers),
+            "n_hidden_states": self.encoder.n_hidden_states,
+            "layer_0": "embedding output",
+            "hidden_size": self.encoder.hidden_size,
+            "level": self.level,
+            "pool": self.level if self.mode is None else f"{self.level}:{self.mode}",
+            "fuse": self.fuse,
+            "special_tokens": self.special_tokens if self.level == "sentence" else None,
+            "dtype": self.dtype,
+            "row_shape": list(self._row_shape()),
+            "long_texts": self.long_texts,
+            "stride": self.stride,
+            "max_length": self.encoder.max_length,
+            "n_texts": len(self.texts),
+            "pairs": self.text_pairs is not None,
+            "block_size": self.block_size,
+            "chunk_rows": self.chunk_rows,
+            "shard_chunks": self.shard_rows // self.chunk_rows,
+            "source": self.source,
+            "layerwise_version": __version__,
+        }
+
+    def _open(self):
+        import zarr
+
+        meta = self._meta()
+        if (self.path / "zarr.json").is_file():
+            group = zarr.open_group(str(self.path), mode="r+")
+            stored = dict(group.attrs.get(ATTRIBUTE, {}))
+            if stored.get("format") != FORMAT:
+                raise StoreError(
+                    f"{str(self.path)!r} is a Zarr group but not a layerwise store; choose another path"
+                )
+            different = [k for k in _RESUME_KEYS if stored.get(k) != meta.get(k)]
+            if different:
+                details = "; ".join(f"{k}: stored {stored.get(k)!r}, now {meta.get(k)!r}" for k in different)
+                raise StoreError(
+                    f"store {str(self.path)!r} was written with other settings ({details}); write to a new "
+                    "path, or pass --overwrite to start it again"
+                )
+            return group
+        group = zarr.open_group(str(self.path), mode="w", zarr_format=3)
+        shape = self._row_shape()
+        group.create_array(
+            DATA,
+            shape=(0, *shape),
+            chunks=(self.chunk_rows, *shape),
+            shards=(self.shard_rows, *shape),
+            dtype=self.dtype,
+            fill_value=0,
+            compressors=None,  # float16 activations barely compress; compression would cost compute
+        )
+        marker = group.create_array(
+            OFFSETS, shape=(1,), chunks=(OFFSETS_CHUNK,), dtype="int64", fill_value=-1
+        )
+        marker[0:1] = np.zeros(1, dtype=np.int64)
+        (self.path / MANIFEST).mkdir(exist_ok=True)
+        group.attrs[ATTRIBUTE] = meta  # last: a store without its attribute is not a store yet
+        return group
+
+    # ------------------------------------------------------------------ results to rows
+    def _rows_and_record(self, text_id: int, stack: LayerStack) -> tuple[np.ndarray, dict]:
+        pair = self.text_pairs[text_id] if self.text_pairs is not None else None
+        record: dict = {
+            "text_id": text_id,
+            "text": self.texts[text_id],
+            "text_pair": pair,
+            "text_sha1": text_sha1(self.texts[text_id], pair),
+            "truncated": bool(stack.truncated),
+            "n_windows": int(stack.n_windows),
+        }
+        n_hidden = self.encoder.n_hidden_states
+        if self.level == "token":
+            rows = stack.hidden.transpose(1, 0, 2)
+            record.update(
+                tokens=list(stack.tokens),
+                char_start=stack.offsets[:, 0].tolist(),
+                char_end=stack.offsets[:, 1].tolist(),
+                word_ids=stack.word_ids.tolist(),
+                segment_ids=stack.segment_ids.tolist(),
+            )
+        elif self.level == "word":
+            words = pool_words(stack, self.mode)  # type: ignore[arg-type]
+            vectors = words.vectors
+            if self.fuse is not None:
+                rows = fuse_layers(vectors, self.layers, self.fuse, n_hidden_states=n_hidden, axis=0)
+            else:
+                rows = vectors.transpose(1, 0, 2)
+            record.update(
+                words=list(words.words),
+                char_start=words.spans[:, 0].tolist(),
+                char_end=words.spans[:, 1].tolist(),
+                segment_ids=words.segment_ids.tolist(),
+                n_subwords=words.n_subwords.tolist(),
+                words_lost=int(words.words_lost),
+            )
+        else:
+            vector = pool_sentence(stack, self.mode, self.special_tokens)  # type: ignore[arg-type]
+            if self.fuse is not None:
+                vector = fuse_layers(vector, self.layers, self.fuse, n_hidden_states=n_hidden, axis=0)
+            rows = vector[None]
+        return np.ascontiguousarray(rows, dtype=self.dtype), record
+
+    # ------------------------------------------------------------------ the run
+    def run(self, progress: bool | None) -> StoreSummary:
+        started = time.perf_counter()
+        group = self._open()
+        offsets = committed_offsets(group[OFFSETS])
+        n_committed = len(offsets) - 1
+        manifest = read_manifest(self.path, n_committed)
+        committed_ids = manifest["text_id"].to_pylist() if manifest is not None else []
+        self._check_inputs(manifest)
+        self._clean_stale(n_committed)
+        if n_committed == len(self.texts):
+            return StoreSummary(self.path, len(self.texts), n_committed, 0, int(offsets[-1]), 0, 0.0)
+
+        done = set(committed_ids)
+        first_block = min(i for i in range(len(self.texts)) if i not in done) // self.block_size
+        committed_end = int(offsets[-1])
+        buffer_start = (committed_end // self.shard_rows) * self.shard_rows
+        # committed rows that share the last, partly committed shard are rewritten with it
+        buffer: list[np.ndarray] = []
+        if buffer_start < committed_end:
+            buffer.append(np.asarray(group[DATA][buffer_start:committed_end]))
+        state = {
+            "buffer": buffer,
+            "buffered": committed_end - buffer_start,
+            "start": buffer_start,
+            "pending": [],  # (record, n_rows) of texts not yet committed, in store order
+            "position": n_committed,
+            "end": committed_end,
+        }
+        committer = _Committer(group, self.path)
+        committer.start()
+        written = truncated = 0
+        bar = self._progress(progress)
+        try:
+            with bar if bar is not None else contextlib.nullcontext():
+                task = bar.add_task("store", total=len(self.texts), completed=n_committed) if bar else None
+                for block in range(first_block, -(-len(self.texts) // self.block_size)):
+                    lo, hi = block * self.block_size, min((block + 1) * self.block_size, len(self.texts))
+                    stream = self.encoder.iter_extract(
+                        list(self.texts[lo:hi]),
+                        text_pairs=list(self.text_pairs[lo:hi]) if self.text_pairs is not None else None,
+                        layers=self.layers,
+                        long_texts=self.long_texts,  # type: ignore[arg-type]
+                        stride=self.stride,
+                        progress=False,
+                    )
+                    for local, stack in stream:
+                        text_id = lo + local
+                        if text_id in done:
+                            continue  # committed before an interruption; recomputed only to replay batches
+                        rows, record = self._rows_and_record(text_id, stack)
+                        self._append(state, rows, record, committer)
+                        written += 1
+                        truncated += stack.truncated
+                        if bar is not None:
+                            bar.advance(task, 1)
+                self._flush(state, committer, final=True)
+                committer.close()
+            data = group[DATA]
+            if data.shape[0] != state["end"]:
+                data.resize((state["end"], *data.shape[1:]))  # drop rows a crash left past the commit
+        except OSError as exc:
+            with contextlib.suppress(BaseException):
+                committer.close()
+            committed = len(committed_offsets(group[OFFSETS])) - 1
+            raise _disk_error(self.path, exc, committed, len(self.texts)) from exc
+        except BaseException:
+            with contextlib.suppress(BaseException):
+                committer.close()
+            raise
+        return StoreSummary(
+            self.path,
+            len(self.texts),
+            n_committed,
+            written,
+            state["end"],
+            truncated,
+            time.perf_counter() - started,
+        )
+
+    def _append(self, state: dict, rows: np.ndarray, record: dict, committer: _Committer) -> None:
+        state["buffer"].append(rows)
+        state["buffered"] += len(rows)
+        state["pending"].append((record, len(rows)))
+        if state["buffered"] >= self.shard_rows:
+            self._flush(state, committer, final=False)
+
+    def _flush(self, state: dict, committer: _Committer, *, final: bool) -> None:
+        """Hand whole shards (all rows when ``final``) to the committer, with the texts they complete."""
+        count = state["buffered"] if final else (state["buffered"] // self.shard_rows) * self.shard_rows
+        if count == 0 and not (final and state["pending"]):
+            return
+        rows = np.concatenate(state["buffer"]) if state["buffer"] else np.zeros((0,), dtype=self.dtype)
+        out, keep = rows[:count], rows[count:]
+        written_end = state["start"] + count
+        records, ends = [], []
+        position, end = state["position"], state["end"]
+        while state["pending"] and end + state["pending"][0][1] <= written_end:
+            record, n_rows = state["pending"].pop(0)
+            records.append({**record, "position": position + len(records), "start": end, "n_rows": n_rows})
+            end += n_rows
+            ends.append(end)
+        committer.submit((state["start"], out, records, np.asarray(ends, dtype=np.int64), position))
+        state.update(
+            buffer=[keep] if len(keep) else [],
+            buffered=len(keep),
+            start=written_end,
+            position=position + len(records),
+            end=end,
+        )
+
+    def _check_inputs(self, manifest) -> None:
+        if manifest is None:
+            return
+        ids = manifest["text_id"].to_pylist()
+        hashes = manifest["text_sha1"].to_pylist()
+        for text_id, digest in zip(ids, hashes, strict=True):
+            pair = self.text_pairs[text_id] if self.text_pairs is not None else None
+            if text_id >= len(self.texts) or text_sha1(self.texts[text_id], pair) != digest:
+                raise StoreError(
+                    f"text {text_id} (input line {text_id + 1}) differs from the one in store "
+                    f"{str(self.path)!r}: the input changed since the store was started; write to a new "
+                    "path, or pass --overwrite"
+                )
+
+    def _clean_stale(self, n_committed: int) -> None:
+        """Remove what an interrupted run left past the commit marker: manifest parts and temp files."""
+        for part in (self.path / MANIFEST).glob("part-*.parquet"):
+            if int(part.stem.split("-")[1]) >= n_committed:
+                part.unlink()
+        for leftover in self.path.rglob("*.partial"):
+            leftover.unlink(missing_ok=True)
+
+    def _progress(self, enabled: bool | None):
+        import sys
+
+        if enabled is None:
+            enabled = sys.stderr.isatty() and logger.getEffectiveLevel() <= logging.INFO
+        if not enabled:
+            return None
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+        return Progress(
+            TextColumn("storing"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("texts"),
+            TimeRemainingColumn(),
+            console=Console(stderr=True),
+            transient=True,
+        )
+
+
+def extract_to_store(
+    encoder: Encoder,
+    texts: Sequence[str],
+    path: str | os.PathLike,
+    *,
+    text_pairs: Sequence[str] | None = None,
+    layers: LayerSpec | None = None,
+    pool: str = "token",
+    fuse: str | None = None,
+    special_tokens: SpecialTokens = "include",
+    long_texts: str = "truncate",
+    stride: int | None = None,
+    dtype: str = "float16",
+    block_size: int = BLOCK_SIZE,
+    chunk_rows: int = CHUNK_ROWS,
+    shard_chunks: int = SHARD_CHUNKS,
+    overwrite: bool = False,
+    source: str | None = None,
+    progress: bool | None = None,
+) -> StoreSummary:
+    """Extract ``texts`` into a store at ``path`` (a folder, conventionally ``*.lw``).
+
+    ``pool`` is ``"token"``, ``"word:MODE"`` or ``"sentence:MODE"``; ``fuse`` a fusion name for
+    word and sentence pooling. Running the same call again after an interruption resumes where
+    the last commit left off; a finished store is left as it is."""
+    require_store_dependencies()
+    if isinstance(texts, str):
+        raise InputError("texts must be a list of strings; wrap a single text in a list")
+    if text_pairs is not None and len(text_pairs) != len(texts):
+        raise InputError(f"texts has {len(texts)} items but text_pairs has {len(text_pairs)}")
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise StoreError(f"{str(path)!r} exists and is a file; a store is a folder: choose another path")
+    if (
+        path.is_dir()
+        and any(path.iterdir())
+        and not (path / "zarr.json").is_file()
+        and not (path / LOCK).is_file()
+    ):
+        raise StoreError(f"{str(path)!r} is a folder that is not a layerwise store; choose another path")
+    writer = StoreWriter(
+        encoder, path, texts, text_pairs, layers=layers, pool=pool, fuse=fuse, special_tokens=special_tokens,
+        long_texts=long_texts, stride=stride, dtype=dtype, block_size=block_size, chunk_rows=chunk_rows,
+        shard_chunks=shard_chunks, source=source,
+    )  # fmt: skip
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise StoreError(
+            f"cannot create store {str(path)!r}: {exc.strerror}; choose a writable path"
+        ) from exc
+    with writer_lock(path):
+        if overwrite and (path / "zarr.json").is_file():
+            for child in path.iterdir():
+                if child.name != LOCK:
+                    shutil.rmtree(child) if child.is_dir() else child.unlink()
+        return writer.run(progress)
