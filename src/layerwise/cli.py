@@ -154,6 +154,18 @@ def extract(
     overwrite: Annotated[
         bool, typer.Option(help="Start an existing store again instead of resuming it")
     ] = False,
+    block_size: Annotated[
+        int,
+        typer.Option(
+            min=1, help="Store: texts sorted and committed together", rich_help_panel="Store layout"
+        ),
+    ] = 2048,
+    chunk_rows: Annotated[
+        int, typer.Option(min=1, help="Store: rows per chunk", rich_help_panel="Store layout")
+    ] = 128,
+    shard_chunks: Annotated[
+        int, typer.Option(min=1, help="Store: chunks per shard (one file)", rich_help_panel="Store layout")
+    ] = 64,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar or summary")] = False,
 ) -> None:
     """Extract hidden states of every requested layer for each input and write them to a file
@@ -201,6 +213,9 @@ def extract(
                 stride=stride,
                 dtype=(dtype or OutDtype.float16).value,
                 overwrite=overwrite,
+                block_size=block_size,
+                chunk_rows=chunk_rows,
+                shard_chunks=shard_chunks,
                 source=str(input),
                 progress=False if quiet else None,
             )

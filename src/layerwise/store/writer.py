@@ -124,6 +124,20 @@ def writer_lock(path: Path) -> Iterator[None]:
         handle.close()
 
 
+@contextlib.contextmanager
+def _block_truncation_notes() -> Iterator[None]:
+    """Per-block truncation warnings would name block-local inputs; the writer reports once instead."""
+
+    def keep(record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("%d of %d inputs were longer")
+
+    logger.addFilter(keep)
+    try:
+        yield
+    finally:
+        logger.removeFilter(keep)
+
+
 def _disk_error(path: Path, exc: OSError, committed: int, total: int) -> StoreError:
     reason = {
         errno.ENOSPC: "the disk is full",
@@ -357,6 +371,19 @@ class StoreWriter:
 
     # ------------------------------------------------------------------ the run
     def run(self, progress: bool | None) -> StoreSummary:
+        with _block_truncation_notes():
+            summary = self._run(progress)
+        if summary.n_truncated:
+            logger.warning(
+                "%d of %d texts were longer than %d tokens and were truncated; the manifest's 'truncated' "
+                "column marks them. Pass long_texts='window' (CLI: --long-texts window) to keep every token.",
+                summary.n_truncated,
+                summary.n_written,
+                self.encoder.max_length,
+            )
+        return summary
+
+    def _run(self, progress: bool | None) -> StoreSummary:
         started = time.perf_counter()
         group = self._open()
         offsets = committed_offsets(group[OFFSETS])
