@@ -1,0 +1,264 @@
+"""The store: round trips, crash safety (SIGKILL + resume), locking, disk errors, plain-zarr reading."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import layerwise as lw
+from layerwise.store.writer import StoreError, _Committer, writer_lock
+
+WORDS = "the bank raised rates we sat on river and watched boats go by for long while crane lifted".split(" ")
+
+
+def corpus(n: int, seed: int = 0) -> list[str]:
+    rng = random.Random(seed)
+    return [" ".join(rng.choices(WORDS, k=rng.randint(1, 40))) for _ in range(n)]
+
+
+def assert_close_fp16(stored: np.ndarray, exact: np.ndarray) -> None:
+    np.testing.assert_array_equal(stored, exact.astype(np.float16).astype(np.float32))
+
+
+@pytest.fixture(scope="module")
+def tiny(make_tiny_model):
+    return lw.Encoder(make_tiny_model("bert"), device="cpu")
+
+
+def test_token_store_round_trip(tmp_path, tiny):
+    texts = [*corpus(40), "", "Is it raining?"]
+    summary = lw.extract_to_store(tiny, texts, tmp_path / "c.lw", chunk_rows=8, shard_chunks=2, block_size=16)
+    assert (summary.n_texts, summary.n_written, summary.resumed) == (42, 42, False)
+    store = lw.open_store(tmp_path / "c.lw")
+    assert len(store) == 42 and store.complete and store.layers == (0, 1, 2, 3)
+    assert (
+        store.model == str(tiny.name)
+        and store.meta["dtype"] == "float16"
+        and store.meta["layer_0"] == "embedding output"
+    )
+    expected = tiny.extract(texts)
+    for i, exact in enumerate(expected):
+        got = store[i]
+        assert isinstance(got, lw.LayerStack)
+        assert got.tokens == exact.tokens and got.text == texts[i]
+        np.testing.assert_array_equal(got.offsets, exact.offsets)
+        np.testing.assert_array_equal(got.word_ids, exact.word_ids)
+        assert_close_fp16(got.hidden, exact.hidden)
+    assert [s.text for s in store] == texts  # iteration streams in input order
+    last = store.array(-1)
+    assert last.shape == (sum(s.n_tokens for s in expected), 32)
+    start, stop = store.rows(5)
+    np.testing.assert_array_equal(last[start:stop], store[5].layer(3))
+    assert np.concatenate(list(last.iter_chunks(50))).shape == last.shape
+    with pytest.raises(KeyError, match="text 99 is not in the store: 42 of 42 texts are committed"):
+        store[99]
+
+
+def test_pooled_stores_round_trip(tmp_path, tiny):
+    texts = corpus(30, seed=1)
+    lw.extract_to_store(tiny, texts, tmp_path / "w.lw", pool="word:mean", chunk_rows=8, shard_chunks=2)
+    words = lw.open_store(tmp_path / "w.lw")
+    expected = tiny.embed_words(texts, subword="mean")
+    for i in range(len(texts)):
+        assert words[i].words == expected[i].words
+        assert_close_fp16(words[i].vectors, expected[i].vectors)
+    lw.extract_to_store(
+        tiny, texts, tmp_path / "s.lw", pool="sentence:cls", fuse="concat_last4", dtype="float32"
+    )
+    sentences = lw.open_store(tmp_path / "s.lw")
+    np.testing.assert_array_equal(
+        np.stack([sentences[i] for i in range(30)]), tiny.embed(texts, pool="cls", fuse="concat_last4")
+    )
+    assert sentences.array(None).shape == (30, 4 * 32)
+
+
+def test_pairs_and_windows_in_store(tmp_path, make_tiny_model):
+    enc = lw.Encoder(make_tiny_model("bert"), device="cpu", max_length=16)
+    firsts, seconds = ["q one", "q two"], ["a " * 30, "short"]
+    lw.extract_to_store(enc, firsts, tmp_path / "p.lw", text_pairs=seconds, long_texts="window", stride=4)
+    store = lw.open_store(tmp_path / "p.lw")
+    exact = enc.extract(firsts, text_pairs=seconds, long_texts="window", stride=4)
+    assert store[0].n_windows == exact[0].n_windows > 1 and store[0].text_pair == seconds[0]
+    assert_close_fp16(store[0].hidden, exact[0].hidden)
+
+
+def test_readable_with_zarr_and_pyarrow_alone(tmp_path, tiny):
+    """Follow the README's recipe: no layerwise needed to read a store."""
+    texts = corpus(20, seed=2)
+    lw.extract_to_store(tiny, texts, tmp_path / "c.lw", chunk_rows=8, shard_chunks=2)
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+    import zarr
+
+    root = zarr.open_group(str(tmp_path / "c.lw"), mode="r")
+    meta = root.attrs["layerwise"]
+    offsets = root["offsets"][:]
+    n = int(np.argmax(offsets < 0)) - 1 if (offsets < 0).any() else len(offsets) - 1
+    manifest = pq.read_table(tmp_path / "c.lw" / "manifest")
+    manifest = manifest.filter(pc.less(manifest["position"], n)).sort_by("position")
+    row = manifest.filter(pc.equal(manifest["text_id"], 7)).to_pylist()[0]
+    hidden = root["data"][offsets[row["position"]] : offsets[row["position"] + 1]]  # (tokens, layers, hidden)
+    assert meta["layers"] == [0, 1, 2, 3] and hidden.shape == (len(row["tokens"]), 4, 32)
+    exact = tiny.extract([texts[7]])[0]
+    assert row["tokens"] == list(exact.tokens)
+    assert_close_fp16(hidden.transpose(1, 0, 2).astype(np.float32), exact.hidden)
+
+
+def test_second_writer_is_refused(tmp_path, tiny):
+    path = tmp_path / "c.lw"
+    path.mkdir()
+    with writer_lock(path), pytest.raises(StoreError, match="is being written by another process"):
+        lw.extract_to_store(tiny, corpus(5), path)
+
+
+def test_changed_settings_or_input_are_refused(tmp_path, tiny):
+    texts = corpus(10)
+    lw.extract_to_store(tiny, texts, tmp_path / "c.lw")
+    with pytest.raises(StoreError, match=r"other settings \(layers: stored \[0, 1, 2, 3\], now \[3\]"):
+        lw.extract_to_store(tiny, texts, tmp_path / "c.lw", layers=-1)
+    changed = [*texts[:3], "something else", *texts[4:]]
+    with pytest.raises(StoreError, match=r"text 3 \(input line 4\) differs"):
+        lw.extract_to_store(tiny, changed, tmp_path / "c.lw")
+    again = lw.extract_to_store(tiny, changed, tmp_path / "c.lw", overwrite=True)
+    assert again.n_written == 10 and lw.open_store(tmp_path / "c.lw")[3].text == "something else"
+
+
+def test_disk_full_keeps_committed_texts_and_resumes(tmp_path, tiny, monkeypatch):
+    texts = corpus(60, seed=3)
+    original = _Committer._commit
+    calls = {"n": 0}
+
+    def failing(self, *args):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return original(self, *args)
+
+    monkeypatch.setattr(_Committer, "_commit", failing)
+    path = tmp_path / "c.lw"
+    with pytest.raises(StoreError, match=r"the disk is full\. \d+ of 60 texts are committed and readable"):
+        lw.extract_to_store(tiny, texts, path, chunk_rows=8, shard_chunks=2, block_size=16)
+    partial = lw.open_store(path)
+    assert 0 < len(partial) < 60
+    exact = tiny.extract(texts)
+    for i in partial.text_ids():
+        assert_close_fp16(partial[i].hidden, exact[i].hidden)
+    monkeypatch.setattr(_Committer, "_commit", original)
+    resumed = lw.extract_to_store(tiny, texts, path, chunk_rows=8, shard_chunks=2, block_size=16)
+    assert resumed.resumed and resumed.n_already_committed + resumed.n_written == 60
+    store = lw.open_store(path)
+    assert store.complete and sorted(store.manifest["text_id"].to_pylist()) == list(range(60))
+
+
+def test_unwritable_path(tmp_path, tiny):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    with pytest.raises(StoreError, match="cannot create store"):
+        lw.extract_to_store(tiny, corpus(3), blocker / "c.lw")
+    with pytest.raises(StoreError, match="exists and is a file"):
+        lw.extract_to_store(tiny, corpus(3), blocker)
+
+
+# ---------------------------------------------------------------------------- kill and resume
+def _command(model: Path, source: Path, out: Path) -> list[str]:
+    layout = ["--chunk-rows", "64", "--shard-chunks", "4", "--block-size", "300"]
+    command = [sys.executable, "-m", "layerwise.cli", "extract", str(source), "-o", str(out)]
+    return [*command, "--model", str(model), "-q", *layout]
+
+
+def _committed(path: Path) -> int:
+    try:
+        return len(lw.open_store(path))
+    except Exception:  # not created yet
+        return 0
+
+
+def _same_store(a: Path, b: Path) -> None:
+    import zarr
+
+    za, zb = zarr.open_group(str(a), mode="r"), zarr.open_group(str(b), mode="r")
+    np.testing.assert_array_equal(za["offsets"][:], zb["offsets"][:])
+    np.testing.assert_array_equal(za["data"][:], zb["data"][:])
+    ma, mb = lw.open_store(a).manifest, lw.open_store(b).manifest
+    assert ma.to_pylist() == mb.to_pylist()
+
+
+def test_sigkill_at_random_moments_then_resume_equals_uninterrupted(tmp_path, make_tiny_model):
+    model = make_tiny_model("bert")
+    texts = corpus(2500, seed=4)
+    source = tmp_path / "corpus.txt"
+    source.write_text("\n".join(texts) + "\n", encoding="utf-8")
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    reference = tmp_path / "reference.lw"  # uninterrupted, in-process: the same plan as the command line
+    layout = {"chunk_rows": 64, "shard_chunks": 4, "block_size": 300}
+    lw.extract_to_store(lw.Encoder(model, device="cpu"), texts, reference, source=str(source), **layout)
+
+    target = tmp_path / "killed.lw"
+    rng = random.Random(7)
+    kills, seen = 0, {}
+    for _attempt in range(6):
+        process = subprocess.Popen(_command(model, source, target), env=env)
+        deadline = time.time() + 120
+        before = _committed(target)
+        while process.poll() is None and _committed(target) <= before and time.time() < deadline:
+            time.sleep(0.05)
+        time.sleep(rng.uniform(0, 0.4))
+        if process.poll() is None:
+            process.send_signal(signal.SIGKILL)
+            process.wait()
+            kills += 1
+        # a reader sees only whole texts, and they never change afterwards
+        store = lw.open_store(target) if (target / "zarr.json").exists() else None
+        if store is not None:
+            for text_id in store.text_ids()[-5:]:
+                item = store[text_id]
+                assert item.hidden.shape[1] == len(item.tokens) and np.isfinite(item.hidden).all()
+                seen[text_id] = item.hidden
+        if process.returncode == 0:
+            break
+        if kills >= 2:
+            break
+    assert kills >= 2, "the run finished before it could be killed; make the corpus larger"
+    subprocess.run(_command(model, source, target), check=True, env=env, timeout=300)
+    final = lw.open_store(target)
+    assert final.complete and sorted(final.manifest["text_id"].to_pylist()) == list(range(len(texts)))
+    _same_store(target, reference)
+    for text_id, hidden in seen.items():
+        np.testing.assert_array_equal(final[text_id].hidden, hidden)
+    assert not list(target.rglob("*.partial"))
+
+
+def test_cli_store_reports_resume_and_completion(tmp_path, make_tiny_model):
+    from typer.testing import CliRunner
+
+    from layerwise.cli import app
+
+    source = tmp_path / "t.txt"
+    source.write_text("\n".join(corpus(12)) + "\n", encoding="utf-8")
+    out = tmp_path / "c.lw"
+    runner = CliRunner()
+    first = runner.invoke(
+        app, ["extract", str(source), "-o", str(out), "--model", str(make_tiny_model("bert"))]
+    )
+    assert first.exit_code == 0, first.output
+    assert "stored 12 texts" in " ".join(first.output.split())
+    again = runner.invoke(
+        app, ["extract", str(source), "-o", str(out), "--model", str(make_tiny_model("bert"))]
+    )
+    assert again.exit_code == 0 and "is complete: 12 texts" in " ".join(again.output.split())
+    meta = json.loads(json.dumps(lw.open_store(out).meta))
+    assert (
+        meta["format"] == "layerwise-store"
+        and meta["format_version"] == 1
+        and len(meta["weights_sha256"]) == 64
+    )
