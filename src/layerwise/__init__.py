@@ -29,6 +29,7 @@ _EXPORTS = {
     "MissingDependencyError": "errors",
     "ModelLoadError": "errors",
     "OptionError": "errors",
+    "ProbeResult": "probing",
     "ScalarMix": "scalar_mix",
     "TAPS": "hooks",
     "Store": "store",
@@ -41,6 +42,7 @@ _EXPORTS = {
     "layer_deltas": "fuse",
     "layer_drift": "fuse",
     "pool_sentence": "pool",
+    "probe": "probing",
     "pool_words": "pool",
     "resolve_layers": "layers",
 }
@@ -63,6 +65,7 @@ if TYPE_CHECKING:
     from .inputs import EncodedInput
     from .layers import resolve_layers
     from .pool import WordVectors, pool_sentence, pool_words
+    from .probing import ProbeResult, probe
     from .scalar_mix import ScalarMix
     from .store import Store, StoreError, extract_to_store, open_store
 

@@ -32,7 +32,9 @@ def read_conllu(path: str | Path, column: str = "upos") -> TaggedSentences:
     """Words and one column of a CoNLL-U file; multi-word token lines (1-2) and empty nodes (1.1)
     are skipped so that words match the syntactic words the labels belong to."""
     if column not in CONLLU_COLUMNS:
-        raise InputError(f"column {column!r} is not a CoNLL-U column; choose one of {', '.join(CONLLU_COLUMNS)}")
+        raise InputError(
+            f"column {column!r} is not a CoNLL-U column; choose one of {', '.join(CONLLU_COLUMNS)}"
+        )
     index = CONLLU_COLUMNS[column]
     words: list[list[str]] = []
     labels: list[list[str]] = []
@@ -54,7 +56,9 @@ def read_conllu(path: str | Path, column: str = "upos") -> TaggedSentences:
                 continue
             fields = line.split("\t")
             if len(fields) != 10:
-                raise InputError(f"{path}: line {number} has {len(fields)} columns; CoNLL-U has 10", line=number)
+                raise InputError(
+                    f"{path}: line {number} has {len(fields)} columns; CoNLL-U has 10", line=number
+                )
             if "-" in fields[0] or "." in fields[0]:
                 continue
             current_words.append(fields[1])

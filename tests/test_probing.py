@@ -1,0 +1,224 @@
+"""Probing on tiny tasks with known answers."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import numpy as np
+import pytest
+
+import layerwise as lw
+from layerwise.errors import InputError, OptionError
+from layerwise.probing import control_labels, fit_predict
+from layerwise.tasks import bio_spans, entity_f1, read_conll2003, read_conllu
+
+NOUNS = ["cat", "dog", "tree", "house", "river", "car"]
+VERBS = ["runs", "sleeps", "eats", "falls", "sings", "waits"]
+
+
+def write_conllu(path, sentences):
+    lines = []
+    for s, sentence in enumerate(sentences):
+        lines.append(f"# sent_id = {s}")
+        for i, (word, tag) in enumerate(sentence, start=1):
+            lines.append(f"{i}\t{word}\t{word}\t{tag}\t_\t_\t0\troot\t_\t_")
+        lines.append("")
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def pos_sentences(n, seed):
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        words = [(rng.choice(NOUNS), "NOUN"), (rng.choice(VERBS), "VERB")]
+        if rng.random() < 0.5:
+            words = [("the", "DET"), *words]
+        out.append(words)
+    return out
+
+
+@pytest.fixture
+def pos_files(tmp_path):
+    write_conllu(tmp_path / "train.conllu", pos_sentences(120, 0))
+    write_conllu(tmp_path / "dev.conllu", pos_sentences(40, 1))
+    return tmp_path / "train.conllu", tmp_path / "dev.conllu"
+
+
+def test_probe_that_must_reach_100_percent(pos_files, tiny_encoder, tmp_path):
+    """Tags are a function of the word, and every dev word occurs in training: the embedding layer
+    of any model identifies the word, so the probe on L0 must be perfect."""
+    train, dev = pos_files
+    result = lw.probe("conllu", train=train, dev=dev, encoder=tiny_encoder, controls=("control_task",))
+    rows = {r.name: r for r in result.rows}
+    assert rows["L0"].score == 1.0
+    assert [r.name for r in result.rows] == [
+        "L0", "L1", "L2", "L3", "embeddings", "last", "second_to_last", "sum_last4", "mean_last4",
+        "concat_last4", "sum_all", "mean_all", "scalar_mix",
+    ]  # fmt: skip
+    assert rows["embeddings"].score == rows["L0"].score and rows["last"].layers == (3,)
+    assert result.best.score == 1.0
+    assert len(result.scalar_mix_weights) == 4 and sum(result.scalar_mix_weights) == pytest.approx(1.0)
+    assert 0 <= result.center_of_gravity <= 3
+    assert result.n_train == sum(len(s) for s in pos_sentences(120, 0))
+    # controls are filled in and selectivity is accuracy minus control
+    assert rows["L0"].control_task is not None
+    assert rows["L0"].selectivity == pytest.approx(rows["L0"].accuracy - rows["L0"].control_task)
+    result.to_json(tmp_path / "r.json")
+    saved = json.loads((tmp_path / "r.json").read_text())
+    assert saved["metric"] == "accuracy" and sum(r["best"] for r in saved["rows"]) == 1
+    result.plot(tmp_path / "curve.png")
+    assert (tmp_path / "curve.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_control_task_sits_near_chance_on_unseen_types():
+    """Random labels per word type cannot be predicted for types the probe never saw."""
+    rng = np.random.default_rng(0)
+    train_words = [[f"w{i}" for i in range(j, j + 10)] for j in range(0, 2000, 10)]
+    dev_words = [[f"u{i}" for i in range(j, j + 10)] for j in range(0, 1000, 10)]
+    labels = [["A", "B", "C", "D"][i % 4] for i in range(2000)]
+    labels = [labels[j : j + 10] for j in range(0, 2000, 10)]
+    mapping = control_labels(train_words, labels, train_words + dev_words, seed=0)
+    assert set(mapping.values()) == {"A", "B", "C", "D"}
+    assert mapping == control_labels(train_words, labels, train_words + dev_words, seed=0)  # deterministic
+    # features that carry no information about the (unseen) type
+    x_train, x_dev = rng.normal(size=(2000, 16)), rng.normal(size=(1000, 16))
+    y_train = np.array([mapping[w] for s in train_words for w in s])
+    y_dev = np.array([mapping[w] for s in dev_words for w in s])
+    accuracy = (fit_predict(x_train, y_train, x_dev, seed=0) == y_dev).mean()
+    assert abs(accuracy - 0.25) < 0.06
+
+
+def test_linear_probe_separates_a_linear_task():
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(600, 8))
+    y = (x[:, 0] + 0.5 * x[:, 1] > 0).astype(int)
+    assert (fit_predict(x[:400], y[:400], x[400:], seed=0) == y[400:]).mean() > 0.97
+
+
+@pytest.mark.parametrize(
+    ("tags", "spans"),
+    [
+        (["B-PER", "I-PER", "O", "B-LOC"], {("PER", 0, 2), ("LOC", 3, 4)}),
+        (["I-PER", "I-PER", "O"], {("PER", 0, 2)}),  # IOB1: I- starts an entity after O
+        (["B-PER", "B-PER"], {("PER", 0, 1), ("PER", 1, 2)}),
+        (["I-ORG", "I-LOC"], {("ORG", 0, 1), ("LOC", 1, 2)}),  # a type change starts a new entity
+        (["O", "O"], set()),
+        (["B-MISC", "I-MISC", "I-MISC"], {("MISC", 0, 3)}),
+    ],
+)
+def test_bio_spans(tags, spans):
+    assert bio_spans(tags) == spans
+
+
+def test_entity_f1_known_answers():
+    gold = [["B-PER", "I-PER", "O", "B-LOC"], ["B-ORG", "O"]]
+    assert entity_f1(gold, gold) == 1.0
+    predicted = [["B-PER", "I-PER", "O", "O"], ["B-ORG", "B-LOC"]]
+    # tp = 2 (PER, ORG); gold 3; predicted 3 -> P = R = 2/3
+    assert entity_f1(gold, predicted) == pytest.approx(2 / 3)
+    wrong_boundary = [["B-PER", "O", "O", "B-LOC"], ["B-ORG", "O"]]  # PER cut short: not a match
+    assert entity_f1(gold, wrong_boundary) == pytest.approx(2 / 3)
+    assert entity_f1(gold, [["O"] * 4, ["O"] * 2]) == 0.0
+
+
+def test_conll2003_probe_reports_entity_f1(tmp_path, tiny_encoder):
+    def write(path, n, seed):
+        rng = random.Random(seed)
+        lines = ["-DOCSTART- -X- -X- O", ""]
+        for _ in range(n):
+            name = rng.choice(["John", "Mary", "Paris", "Berlin"])
+            tag = "B-PER" if name in ("John", "Mary") else "B-LOC"
+            lines += [f"{name} NNP B-NP {tag}", f"{rng.choice(VERBS)} VBZ B-VP O", ". . O O", ""]
+        path.write_text("\n".join(lines), encoding="utf-8")
+
+    write(tmp_path / "train.txt", 80, 0)
+    write(tmp_path / "dev.txt", 30, 1)
+    data = read_conll2003(tmp_path / "train.txt")
+    assert data.words[0][1] in VERBS and data.labels[0][0] in ("B-PER", "B-LOC")
+    result = lw.probe("conll", train=tmp_path / "train.txt", dev=tmp_path / "dev.txt", encoder=tiny_encoder,
+                      controls=(), scalar_mix=False)  # fmt: skip
+    assert result.metric == "entity F1"
+    assert {r.name: r for r in result.rows}["L0"].score == 1.0
+
+
+def test_sentence_classification_tsv(tmp_path, tiny_encoder):
+    rng = random.Random(0)
+
+    def write(path, n):
+        rows = ["sentence\tlabel"]
+        for _ in range(n):
+            good = rng.random() < 0.5
+            rows.append(f"the {rng.choice(NOUNS)} is {'good' if good else 'bad'}\t{'pos' if good else 'neg'}")
+        path.write_text("\n".join(rows) + "\n", encoding="utf-8")
+
+    write(tmp_path / "train.tsv", 100)
+    write(tmp_path / "dev.tsv", 40)
+    result = lw.probe("tsv", train=tmp_path / "train.tsv", dev=tmp_path / "dev.tsv", encoder=tiny_encoder,
+                      controls=("random_model",))  # fmt: skip
+    rows = {r.name: r for r in result.rows}
+    assert rows["L0"].score == 1.0 and rows["L0"].random_model is not None
+
+
+def test_pairs_spearman_with_default_model(tmp_path, default_encoder):
+    pairs = [
+        ("A man is playing a guitar.", "A person plays the guitar.", 5.0),
+        ("A man is playing a guitar.", "A man is playing a piano.", 3.0),
+        ("A man is playing a guitar.", "Stocks fell sharply today.", 0.0),
+        ("The cat sleeps on the sofa.", "A kitten naps on the couch.", 4.5),
+        ("The cat sleeps on the sofa.", "The dog sleeps on the floor.", 2.5),
+        ("The cat sleeps on the sofa.", "Parliament passed the budget.", 0.2),
+    ]
+    path = tmp_path / "pairs.tsv"
+    path.write_text("sentence1\tsentence2\tscore\n" + "\n".join(f"{a}\t{b}\t{s}" for a, b, s in pairs) + "\n")
+    result = lw.probe("pairs", data=path, encoder=default_encoder, controls=(), scalar_mix=False)
+    assert result.metric == "Spearman"
+    assert {r.name: r for r in result.rows}["last"].score > 0.9
+
+
+def test_store_fallback_equals_in_memory(pos_files, tiny_encoder):
+    train, dev = pos_files
+    options = {"train": train, "dev": dev, "encoder": tiny_encoder, "controls": (), "scalar_mix": False}
+    in_memory = lw.probe("conllu", **options)
+    on_disk = lw.probe("conllu", memory_budget=1, **options)
+    for a, b in zip(in_memory.rows, on_disk.rows, strict=True):
+        assert a.name == b.name and a.score == pytest.approx(b.score, abs=1e-9)
+
+
+def test_probe_errors(tmp_path, tiny_encoder):
+    with pytest.raises(OptionError, match="task='ner' is not valid"):
+        lw.probe("ner", encoder=tiny_encoder)
+    with pytest.raises(OptionError, match="needs train= and dev="):
+        lw.probe("conllu", train=tmp_path / "x", encoder=tiny_encoder)
+    with pytest.raises(InputError, match="does not exist"):
+        read_conllu(tmp_path / "missing.conllu")
+    with pytest.raises(InputError, match="column 'pos' is not a CoNLL-U column"):
+        read_conllu(tmp_path / "missing.conllu", "pos")
+
+
+def test_cli_probe_conllu(pos_files, make_tiny_model, tmp_path):
+    from typer.testing import CliRunner
+
+    from layerwise.cli import app
+
+    train, dev = pos_files
+    outputs = ["--json", str(tmp_path / "p.json"), "--plot", str(tmp_path / "p.png")]
+    model = str(make_tiny_model("bert"))
+    args = [
+        "probe",
+        "conllu",
+        "--train",
+        str(train),
+        "--dev",
+        str(dev),
+        "--model",
+        model,
+        "--controls",
+        "none",
+    ]
+    args += outputs
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "◀ best" in result.output and "concat_last4" in result.output
+    assert json.loads((tmp_path / "p.json").read_text())["task"] == "conllu:upos"
+    assert (tmp_path / "p.png").exists()
