@@ -300,6 +300,52 @@ def show(
     Console().print(layer_table(stack, model=enc.name))
 
 
+@app.command()
+def pretrain(
+    corpus: Annotated[Path, typer.Argument(help="One sentence per line, a blank line between documents")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="New folder for the model and tokenizer")],
+    layers: Annotated[int, typer.Option(min=1, help="Encoder layers")] = 4,
+    hidden: Annotated[int, typer.Option(min=8, help="Hidden size")] = 256,
+    heads: Annotated[int, typer.Option(min=1, help="Attention heads (must divide --hidden)")] = 4,
+    steps: Annotated[int, typer.Option(min=1, help="Training steps")] = 2000,
+    vocab_size: Annotated[int, typer.Option(min=100, help="WordPiece vocabulary size")] = 8000,
+    max_length: Annotated[int, typer.Option(min=16, help="Tokens per example")] = 128,
+    batch_size: Annotated[int, typer.Option(min=1, help="Examples per step")] = 32,
+    learning_rate: Annotated[float, typer.Option(help="Peak AdamW learning rate")] = 5e-4,
+    seed: Annotated[int, typer.Option(help="Seed of data, masking and initialisation")] = 0,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar")] = False,
+) -> None:
+    """Pretrain a small BERT from scratch (WordPiece + masked LM + next-sentence prediction) on CPU."""
+    _setup_logging(quiet=True)
+    try:
+        from .reference.pretrain import PretrainSettings
+        from .reference.pretrain import pretrain as run_pretraining
+
+        _use_available_cores()
+        settings = PretrainSettings(
+            layers=layers,
+            hidden=hidden,
+            heads=heads,
+            steps=steps,
+            vocab_size=vocab_size,
+            max_length=max_length,
+            batch_size=batch_size,
+            learning_rate=learning_rate,
+            seed=seed,
+        )
+        result = run_pretraining(corpus, output, settings, progress=False if quiet else None)
+    except LayerwiseError as exc:
+        raise _fail(exc) from None
+    held_out = result["held_out"]
+    err.print(
+        f"saved to {output} after {steps} steps in {result['seconds']:.0f} s. Held out: MLM accuracy "
+        f"{held_out['mlm_accuracy']:.1%} (most frequent token: {held_out['mlm_baseline']:.1%}), "
+        f"NSP accuracy {held_out['nsp_accuracy']:.1%}. Use it: layerwise extract texts.txt --model {output}",
+        highlight=False,
+        soft_wrap=True,
+    )
+
+
 probe_app = typer.Typer(
     help="Layer-wise probes: one row per layer and per fusion, with controls. Which layer, which fusion?",
     no_args_is_help=True,

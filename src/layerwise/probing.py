@@ -338,6 +338,22 @@ def _fused(source: LayerSource, encoder: Encoder, name: str, rows: np.ndarray | 
     return fuse_layers(picked, wanted, name, n_hidden_states=encoder.n_hidden_states, axis=0)
 
 
+def _distinct_fusions(fusions: Sequence[str], n_hidden: int) -> list[tuple[str, int | str]]:
+    """Each fusion with what its probe equals: a layer index (single-layer fusions), the name of an
+    earlier fusion over the same layers (a mean equals a sum after standardisation), or itself."""
+    out: list[tuple[str, int | str]] = []
+    seen: dict[tuple, str] = {}
+    for name in fusions:
+        layers = fusion_layers(name, n_hidden)
+        operation = NAMED_FUSIONS[name][1] if name in NAMED_FUSIONS else name
+        if operation == "select":
+            out.append((name, layers[0]))
+            continue
+        key = (tuple(layers), "concat" if operation == "concat" else "sum")
+        out.append((name, seen.setdefault(key, name)))
+    return out
+
+
 def random_twin(encoder: Encoder, seed: int, folder: Path) -> Encoder:
     """A randomly initialised model with the same architecture and tokenizer."""
     import torch
@@ -383,11 +399,14 @@ def _probe_tokens(encoder, train, dev, *, metric_fn, metric, fusions, controls, 
         for k in range(n_hidden):
             value, accuracy = score(fit_predict(f_train.layer(k), y_train, f_dev.layer(k), seed=seed))
             rows.append(ProbeRow(f"L{k}", "layer", (k,), value, accuracy))
-        for name in fusions:
-            pred = fit_predict(
-                _fused(f_train, encoder, name), y_train, _fused(f_dev, encoder, name), seed=seed
-            )
-            value, accuracy = score(pred)
+        for name, source in _distinct_fusions(fusions, n_hidden):
+            if isinstance(source, int):  # a single layer: the same probe as that layer's row
+                value, accuracy = rows[source].score, rows[source].accuracy
+            elif source != name:  # mean of the same layers as a sum: identical once standardised
+                value, accuracy = next((r.score, r.accuracy) for r in rows if r.name == source)
+            else:
+                train_x, dev_x = _fused(f_train, encoder, name), _fused(f_dev, encoder, name)
+                value, accuracy = score(fit_predict(train_x, y_train, dev_x, seed=seed))
             rows.append(ProbeRow(name, "fusion", fusion_layers(name, n_hidden), value, accuracy))
         mix_weights = None
         if scalar_mix:

@@ -1,0 +1,375 @@
+"""Pretraining a small BERT from scratch: WordPiece vocabulary, masked LM and next-sentence
+prediction as in the BERT paper (Devlin et al. 2019, section 3.1), on CPU.
+
+Corpus format (as google-research/bert's create_pretraining_data.py): one sentence per line, a
+blank line between documents.
+
+    masked LM   15 % of the tokens of each example are chosen (at least one); of those 80 % become
+                [MASK], 10 % a random token, 10 % stay unchanged; the model predicts the originals.
+                The output layer is tied to the token embeddings (plus a bias).
+    NSP         50 % of the examples pair a segment with the text that follows it in the document,
+                50 % with text from another document; a classifier on the pooled [CLS] tells which.
+
+The result is a Hugging Face folder (config.json, model.safetensors, tokenizer) that
+``layerwise.Encoder`` and ``transformers.AutoModel`` load.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..errors import InputError, OptionError
+from .model import Bert, BertConfig, reference_to_hf, save_config
+
+logger = logging.getLogger("layerwise")
+SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+
+
+class PreTrainingHeads(nn.Module):
+    def __init__(self, config: BertConfig, word_embeddings: nn.Embedding) -> None:
+        super().__init__()
+        self.transform = nn.Linear(config.hidden_size, config.hidden_size)
+        self.transform_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.decoder_bias = nn.Parameter(torch.zeros(config.vocab_size))
+        self.word_embeddings = word_embeddings  # tied decoder: logits = t E^T + b
+        self.pooler = nn.Linear(config.hidden_size, config.hidden_size)
+        self.next_sentence = nn.Linear(config.hidden_size, 2)
+
+    def masked_lm(self, h: torch.Tensor) -> torch.Tensor:
+        t = self.transform_norm(F.gelu(self.transform(h)))  # (M, H)
+        return t @ self.word_embeddings.weight.T + self.decoder_bias  # (M, vocab)
+
+    def nsp(self, h_cls: torch.Tensor) -> torch.Tensor:
+        return self.next_sentence(torch.tanh(self.pooler(h_cls)))  # (B, 2)
+
+
+class BertForPreTraining(nn.Module):
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.bert = Bert(config)
+        self.heads = PreTrainingHeads(config, self.bert.embeddings.word_embeddings)
+
+    def forward(self, input_ids, token_type_ids, attention_mask, mlm_positions):
+        """MLM logits at ``mlm_positions`` (a boolean (B, T) mask) and NSP logits."""
+        h = self.bert(input_ids, token_type_ids, attention_mask)[-1]  # (B, T, H)
+        return self.heads.masked_lm(h[mlm_positions]), self.heads.nsp(h[:, 0])
+
+    def hf_state_dict(self) -> dict[str, torch.Tensor]:
+        """Parameters under Hugging Face BertForPreTraining names (decoder weight tied, not saved)."""
+        state = {f"bert.{k}": v for k, v in reference_to_hf(self.bert.state_dict()).items()}
+        heads = self.heads
+        state.update({
+            "bert.pooler.dense.weight": heads.pooler.weight, "bert.pooler.dense.bias": heads.pooler.bias,
+            "cls.predictions.transform.dense.weight": heads.transform.weight,
+            "cls.predictions.transform.dense.bias": heads.transform.bias,
+            "cls.predictions.transform.LayerNorm.weight": heads.transform_norm.weight,
+            "cls.predictions.transform.LayerNorm.bias": heads.transform_norm.bias,
+            "cls.predictions.bias": heads.decoder_bias,
+            "cls.seq_relationship.weight": heads.next_sentence.weight,
+            "cls.seq_relationship.bias": heads.next_sentence.bias,
+        })  # fmt: skip
+        return {k: v.detach().contiguous().clone() for k, v in state.items()}
+
+
+# ---------------------------------------------------------------------------------------------- data
+def read_documents(path: str | Path) -> list[list[str]]:
+    """Documents as lists of sentences: one sentence per line, blank lines between documents."""
+    documents: list[list[str]] = [[]]
+    for line in Path(path).read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            documents[-1].append(line.strip())
+        elif documents[-1]:
+            documents.append([])
+    documents = [d for d in documents if d]
+    if len(documents) < 2:
+        raise InputError(
+            f"{path} holds {len(documents)} document(s); next-sentence prediction needs at least two. "
+            "Write one sentence per line and a blank line between documents."
+        )
+    return documents
+
+
+def train_wordpiece(documents: list[list[str]], vocab_size: int, lowercase: bool = True):
+    """A BERT WordPiece tokenizer trained on the corpus (tokenizers library)."""
+    from tokenizers import BertWordPieceTokenizer
+
+    tokenizer = BertWordPieceTokenizer(lowercase=lowercase, strip_accents=lowercase)
+    tokenizer.train_from_iterator(
+        (s for d in documents for s in d),
+        vocab_size=vocab_size,
+        min_frequency=2,
+        special_tokens=SPECIAL_TOKENS,
+    )
+    from tokenizers.processors import TemplateProcessing
+
+    cls, sep = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
+    # [CLS] A [SEP] B [SEP] with segment ids 0 then 1, as BERT's tokenizer.json has it
+    tokenizer.post_processor = TemplateProcessing(
+        single="[CLS] $A [SEP]",
+        pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", cls), ("[SEP]", sep)],
+    )
+    return tokenizer
+
+
+@dataclass(frozen=True)
+class Example:
+    first: list[int]
+    second: list[int]
+    is_next: int
+
+
+def build_examples(encoded: list[list[list[int]]], max_tokens: int, rng: random.Random) -> list[Example]:
+    """Sentence-pair examples: segment A = one or more consecutive sentences, B = what follows
+    (is_next=1) or text from a random other document (is_next=0), each half of the time."""
+    examples = []
+    budget = max_tokens - 3  # [CLS] A [SEP] B [SEP]
+    for d, document in enumerate(encoded):
+        i = 0
+        while i < len(document) - 1:
+            split = rng.randint(i + 1, min(i + 3, len(document) - 1))
+            first = [t for s in document[i:split] for t in s]
+            if rng.random() < 0.5:
+                second, is_next = [t for s in document[split : split + 2] for t in s], 1
+            else:
+                other = rng.choice([k for k in range(len(encoded)) if k != d])
+                start = rng.randrange(len(encoded[other]))
+                second, is_next = [t for s in encoded[other][start : start + 2] for t in s], 0
+            while len(first) + len(second) > budget:  # truncate the longer segment, as BERT does
+                (first if len(first) > len(second) else second).pop()
+            if first and second:
+                examples.append(Example(first, second, is_next))
+            i = split
+    return examples
+
+
+def mask_tokens(ids: torch.Tensor, special: torch.Tensor, mask_id: int, vocab_size: int, n_special: int,
+                generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """BERT's masking: 15 % of real tokens chosen; 80 % -> [MASK], 10 % -> random, 10 % kept.
+    Returns (masked ids, chosen positions)."""
+    candidates = ~special
+    chosen = (torch.rand(ids.shape, generator=generator) < 0.15) & candidates
+    # every example gets at least one prediction
+    empty = ~chosen.any(1)
+    if empty.any():
+        scores = torch.rand(ids.shape, generator=generator).masked_fill(~candidates, -1)
+        first = scores.argmax(1)
+        chosen[empty, first[empty]] = True
+    roll = torch.rand(ids.shape, generator=generator)
+    masked = ids.clone()
+    masked[chosen & (roll < 0.8)] = mask_id
+    random_tokens = torch.randint(n_special, vocab_size, ids.shape, generator=generator)
+    swap = chosen & (roll >= 0.8) & (roll < 0.9)
+    masked[swap] = random_tokens[swap]
+    return masked, chosen
+
+
+def collate(examples: list[Example], cls_id: int, sep_id: int, pad_id: int):
+    width = max(len(e.first) + len(e.second) + 3 for e in examples)
+    ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
+    types = torch.zeros_like(ids)
+    special = torch.ones_like(ids, dtype=torch.bool)
+    for row, e in enumerate(examples):
+        seq = [cls_id, *e.first, sep_id, *e.second, sep_id]
+        ids[row, : len(seq)] = torch.tensor(seq)
+        types[row, len(e.first) + 2 : len(seq)] = 1
+        special[row, 1 : len(e.first) + 1] = False
+        special[row, len(e.first) + 2 : len(seq) - 1] = False
+    mask = (ids != pad_id).long()
+    labels = torch.tensor([e.is_next for e in examples])
+    return ids, types, mask, special, labels
+
+
+# ---------------------------------------------------------------------------------------------- training
+@dataclass
+class PretrainSettings:
+    layers: int = 4
+    hidden: int = 256
+    heads: int = 4
+    intermediate: int | None = None
+    vocab_size: int = 8000
+    max_length: int = 128
+    batch_size: int = 32
+    steps: int = 2000
+    learning_rate: float = 5e-4
+    warmup: float = 0.05
+    eval_fraction: float = 0.05
+    seed: int = 0
+
+
+def evaluate(
+    model: BertForPreTraining, examples: list[Example], ids_of: dict, settings: PretrainSettings, seed: int
+):
+    """Held-out MLM accuracy, the most-frequent-token baseline on the same positions, NSP accuracy."""
+    model.eval()
+    generator = torch.Generator().manual_seed(seed)
+    correct = total = nsp_correct = 0
+    gold_counts: Counter = Counter()
+    with torch.no_grad():
+        for start in range(0, len(examples), 64):
+            batch = examples[start : start + 64]
+            ids, types, mask, special, labels = collate(batch, ids_of["cls"], ids_of["sep"], ids_of["pad"])
+            masked, chosen = mask_tokens(
+                ids, special, ids_of["mask"], settings.vocab_size, len(SPECIAL_TOKENS), generator
+            )
+            mlm, nsp = model(masked, types, mask, chosen)
+            gold = ids[chosen]
+            correct += int((mlm.argmax(-1) == gold).sum())
+            total += len(gold)
+            gold_counts.update(gold.tolist())
+            nsp_correct += int((nsp.argmax(-1) == labels).sum())
+    model.train()
+    baseline = gold_counts.most_common(1)[0][1] / max(total, 1)
+    return {
+        "mlm_accuracy": correct / max(total, 1),
+        "mlm_baseline": baseline,
+        "nsp_accuracy": nsp_correct / len(examples),
+    }
+
+
+def pretrain(corpus: str | Path, output: str | Path, settings: PretrainSettings | None = None, *,
+             progress: bool | None = None) -> dict:  # fmt: skip
+    """Train a WordPiece vocabulary and a BERT with MLM + NSP on ``corpus``; save to ``output``.
+    Returns the training log (final held-out metrics included)."""
+    from safetensors.torch import save_file
+    from transformers import PreTrainedTokenizerFast
+
+    settings = settings or PretrainSettings()
+    if settings.hidden % settings.heads:
+        raise OptionError(f"--hidden {settings.hidden} must be divisible by --heads {settings.heads}")
+    output = Path(output)
+    if output.exists() and any(output.iterdir()):
+        raise OptionError(f"output folder {str(output)!r} is not empty; choose a new folder")
+    rng = random.Random(settings.seed)
+    torch.manual_seed(settings.seed)
+    started = time.perf_counter()
+    documents = read_documents(corpus)
+    rng.shuffle(documents)
+    n_eval = max(2, int(len(documents) * settings.eval_fraction))
+    tokenizer = train_wordpiece(documents[n_eval:], settings.vocab_size)
+    vocab = tokenizer.get_vocab()
+    ids_of = {name: vocab[f"[{name.upper()}]"] for name in ("pad", "unk", "cls", "sep", "mask")}
+
+    def encode(docs):
+        return [[e.ids for e in tokenizer.encode_batch(d, add_special_tokens=False)] for d in docs]
+
+    train_examples = build_examples(encode(documents[n_eval:]), settings.max_length, rng)
+    eval_examples = build_examples(
+        encode(documents[:n_eval]), settings.max_length, random.Random(settings.seed + 1)
+    )
+    config = BertConfig(
+        vocab_size=len(vocab), hidden_size=settings.hidden, num_hidden_layers=settings.layers,
+        num_attention_heads=settings.heads, intermediate_size=settings.intermediate or 4 * settings.hidden,
+        max_position_embeddings=max(settings.max_length, 128), pad_token_id=ids_of["pad"],
+    )  # fmt: skip
+    settings.vocab_size = len(vocab)
+    model = BertForPreTraining(config)
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=settings.learning_rate, weight_decay=0.01)
+    warmup = max(1, int(settings.steps * settings.warmup))
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer,
+        lambda s: min((s + 1) / warmup, max(0.0, (settings.steps - s) / max(1, settings.steps - warmup))),
+    )
+    generator = torch.Generator().manual_seed(settings.seed)
+    log: list[dict] = []
+    bar = _progress(progress)
+    order: list[int] = []
+    with bar if bar is not None else _null():
+        task = bar.add_task("pretraining", total=settings.steps, info="") if bar else None
+        window = {"loss": 0.0, "mlm": 0, "mlm_n": 0, "nsp": 0, "n": 0}
+        for step in range(settings.steps):
+            if len(order) < settings.batch_size:
+                order += rng.sample(range(len(train_examples)), len(train_examples))
+            batch = [train_examples[i] for i in order[: settings.batch_size]]
+            del order[: settings.batch_size]
+            ids, types, mask, special, labels = collate(batch, ids_of["cls"], ids_of["sep"], ids_of["pad"])
+            masked, chosen = mask_tokens(
+                ids, special, ids_of["mask"], len(vocab), len(SPECIAL_TOKENS), generator
+            )
+            mlm, nsp = model(masked, types, mask, chosen)
+            gold = ids[chosen]
+            loss = F.cross_entropy(mlm, gold) + F.cross_entropy(nsp, labels)
+            optimizer.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            schedule.step()
+            window["loss"] += float(loss.detach())
+            window["mlm"] += int((mlm.argmax(-1) == gold).sum())
+            window["mlm_n"] += len(gold)
+            window["nsp"] += int((nsp.argmax(-1) == labels).sum())
+            window["n"] += len(batch)
+            if (step + 1) % 50 == 0 or step + 1 == settings.steps:
+                entry = {
+                    "step": step + 1,
+                    "loss": window["loss"] / max(1, (step % 50) + 1),
+                    "mlm_accuracy": window["mlm"] / max(1, window["mlm_n"]),
+                    "nsp_accuracy": window["nsp"] / max(1, window["n"]),
+                }
+                log.append(entry)
+                logger.info(
+                    "step %(step)d loss %(loss).3f mlm acc %(mlm_accuracy).3f nsp acc %(nsp_accuracy).3f",
+                    entry,
+                )
+                window = {"loss": 0.0, "mlm": 0, "mlm_n": 0, "nsp": 0, "n": 0}
+                if bar is not None:
+                    bar.update(
+                        task,
+                        info=f"loss {entry['loss']:.2f} · MLM {entry['mlm_accuracy']:.1%} "
+                        f"· NSP {entry['nsp_accuracy']:.1%}",
+                    )
+            if bar is not None:
+                bar.advance(task)
+    final = evaluate(model, eval_examples, ids_of, settings, settings.seed + 2)
+    output.mkdir(parents=True, exist_ok=True)
+    save_config(config, output, ["BertForPreTraining"])
+    save_file(model.hf_state_dict(), str(output / "model.safetensors"), metadata={"format": "pt"})
+    PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer._tokenizer, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]",
+        sep_token="[SEP]", mask_token="[MASK]", model_max_length=config.max_position_embeddings,
+    ).save_pretrained(output)  # fmt: skip
+    result = {
+        "settings": asdict(settings),
+        "documents": {"train": len(documents) - n_eval, "held_out": n_eval},
+        "examples": {"train": len(train_examples), "held_out": len(eval_examples)},
+        "held_out": final,
+        "log": log,
+        "seconds": time.perf_counter() - started,
+    }
+    (output / "pretraining_log.json").write_text(json.dumps(result, indent=2) + "\n")
+    return result
+
+
+class _null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _progress(enabled: bool | None):
+    import sys
+
+    if enabled is None:
+        enabled = sys.stderr.isatty()
+    if not enabled:
+        return None
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    return Progress(
+        TextColumn("pretraining"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+        TextColumn("{task.fields[info]}"), console=Console(stderr=True),
+    )  # fmt: skip
