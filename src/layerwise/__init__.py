@@ -47,9 +47,13 @@ _EXPORTS = {
     "resolve_layers": "layers",
 }
 
-__all__ = sorted([*_EXPORTS, "__version__"])
+# submodules exposed as namespaces: lw.analyze.layer_similarity(...)
+_SUBMODULES = ("analyze",)
+
+__all__ = sorted([*_EXPORTS, *_SUBMODULES, "__version__"])
 
 if TYPE_CHECKING:
+    from . import analyze
     from .encoder import DEFAULT_MODEL, Encoder, default_model_path
     from .errors import (
         InputError,
@@ -71,6 +75,8 @@ if TYPE_CHECKING:
 
 
 def __getattr__(name: str) -> object:
+    if name in _SUBMODULES:
+        return importlib.import_module(f".{name}", __name__)
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'layerwise' has no attribute {name!r}")

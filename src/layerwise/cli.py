@@ -346,6 +346,77 @@ def pretrain(
     )
 
 
+@app.command()
+def analyze(
+    input: Annotated[Path, typer.Argument(help="One text per line (.txt) or JSONL with 'text'")],
+    output: Annotated[
+        Path, typer.Option("--output", "-o", help="Folder for report.html, figures, stats.json")
+    ],
+    model: ModelOption = None,
+    words: Annotated[
+        str | None,
+        typer.Option(help="Comma-separated words for self-similarity [default: the most frequent]"),
+    ] = None,
+    method: Annotated[str, typer.Option(help="Projection: pca | tsne | umap")] = "pca",
+    max_texts: Annotated[int | None, typer.Option(min=2, help="Use the first N texts")] = None,
+    device: DeviceOption = "auto",
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar")] = False,
+) -> None:
+    """Layer analysis of your texts as one self-contained HTML report (CKA, drift, anisotropy, ...)."""
+    _setup_logging(quiet)
+    try:
+        from .encoder import Encoder
+        from .plot import PROJECTIONS
+        from .readers import read_input_file
+        from .report import write_report
+
+        if method not in PROJECTIONS:
+            raise OptionError(f"--method {method!r} is not valid; choose one of {', '.join(PROJECTIONS)}")
+        data = read_input_file(input)
+        texts = data.texts[:max_texts]
+        _use_available_cores()
+        enc = Encoder(model, device=device)
+        chosen = [w.strip() for w in words.split(",") if w.strip()] if words else None
+        report = write_report(
+            enc,
+            texts,
+            output,
+            words=chosen,
+            method=method,
+            source=str(input),
+            progress=False if quiet else None,
+        )
+    except LayerwiseError as exc:
+        raise _fail(exc) from None
+    err.print(f"report written to {report}", highlight=False)
+
+
+@app.command()
+def plot(
+    input: Annotated[Path, typer.Argument(help="One text per line (.txt) or JSONL with 'text'")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="Image file (.png, .svg, .pdf)")],
+    words: Annotated[str, typer.Option(help="Comma-separated words to show, e.g. bank,crane")],
+    method: Annotated[str, typer.Option(help="pca | tsne | umap")] = "pca",
+    model: ModelOption = None,
+    layers: LayersOption = "all",
+    device: DeviceOption = "auto",
+) -> None:
+    """One panel per layer: every occurrence of the given words, projected to 2-D and coloured by word."""
+    _setup_logging(quiet=True)
+    try:
+        from .encoder import Encoder
+        from .plot import plot_word_projections
+        from .readers import read_input_file
+
+        data = read_input_file(input)
+        chosen = [w.strip() for w in words.split(",") if w.strip()]
+        enc = Encoder(model, device=device)
+        path = plot_word_projections(enc, data.texts, chosen, output, method=method, layers=layers)
+    except LayerwiseError as exc:
+        raise _fail(exc) from None
+    err.print(f"figure written to {path}", highlight=False)
+
+
 probe_app = typer.Typer(
     help="Layer-wise probes: one row per layer and per fusion, with controls. Which layer, which fusion?",
     no_args_is_help=True,

@@ -143,3 +143,42 @@ def plot_lines(
     fig.savefig(path)
     plt.close(fig)
     return Path(path)
+
+
+def plot_word_projections(
+    encoder,
+    texts: Sequence[str],
+    words: Sequence[str],
+    path: str | os.PathLike,
+    *,
+    method: Projection = "pca",
+    layers="all",
+    seed: int = 0,
+) -> Path:
+    """Every occurrence of ``words`` in ``texts`` (mean of its wordpieces), one panel per layer."""
+    from .pool import pool_words
+
+    check_choice("method", method, PROJECTIONS)
+    wanted = {w.lower() for w in words}
+    if not wanted:
+        raise InputError("pass at least one word, e.g. --words bank,crane")
+    points, labels, held = [], [], None
+    for _, stack in encoder.iter_extract(list(texts), layers=layers, long_texts="window", progress=False):
+        vectors = pool_words(stack, "mean")
+        held = vectors.layers
+        for j, word in enumerate(vectors.words):
+            if word.lower() in wanted:
+                points.append(vectors.vectors[:, j])
+                labels.append(word.lower())
+    missing = sorted(wanted - set(labels))
+    if len(points) < 3:
+        raise InputError(
+            f"found {len(points)} occurrences of {sorted(wanted)} in the texts; a projection needs 3 or more"
+        )
+    shown = ", ".join(sorted(set(labels)))
+    title = f"{method.upper()} per layer of {shown} ({len(points)} occurrences; {encoder.name})"
+    if missing:
+        title += f"; not found: {', '.join(missing)}"
+    return plot_projections(
+        np.stack(points, axis=1), labels, held, path, method=method, title=title, seed=seed
+    )

@@ -1,0 +1,142 @@
+"""Known answers for the layer statistics, the report, and a look at it in headless Chromium."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+import layerwise as lw
+from layerwise.analyze import linear_cka
+
+RNG = np.random.default_rng(0)
+
+
+def test_cka_known_answers():
+    x = RNG.normal(size=(500, 20))
+    assert linear_cka(x, x) == pytest.approx(1.0)
+    q, _ = np.linalg.qr(RNG.normal(size=(20, 20)))
+    assert linear_cka(x, 3.7 * x @ q) == pytest.approx(1.0)  # orthogonal transform and isotropic scaling
+    assert linear_cka(x, x + 5.0) == pytest.approx(1.0)  # centring removes offsets
+    independent = RNG.normal(size=(2000, 20))
+    assert linear_cka(RNG.normal(size=(2000, 20)), independent) < 0.05
+    assert linear_cka(x, x[:, :10]) < 1.0  # losing dimensions is not invariant
+
+
+def test_anisotropy_of_isotropic_gaussian_is_near_zero():
+    vectors = RNG.normal(size=(5000, 3, 64))  # (rows, layers, dim)
+    assert np.abs(lw.analyze.anisotropy(vectors)).max() < 0.02
+    shifted = vectors + 3.0  # a common direction makes every pair similar
+    assert lw.analyze.anisotropy(shifted).min() > 0.8
+
+
+def test_layer_similarity_and_drift_on_stacks(tiny_encoder):
+    stacks = tiny_encoder.extract(["The bank raised rates.", "We sat on the river bank.", "Hi there"])
+    for method in ("cka", "cosine"):
+        sim = lw.analyze.layer_similarity(stacks, method=method)
+        assert sim.shape == (4, 4)
+        np.testing.assert_allclose(np.diag(sim), 1.0)
+        np.testing.assert_allclose(sim, sim.T)
+    moves = lw.analyze.drift(stacks)
+    tokens = np.concatenate([s.hidden for s in stacks], axis=1).astype(np.float64)
+    np.testing.assert_allclose(moves["distance"][0], np.linalg.norm(tokens[1] - tokens[0], axis=-1).mean())
+    assert moves["layers"].tolist() == [1, 2, 3]
+
+
+def test_self_similarity_is_one_for_identical_contexts(tiny_encoder):
+    stacks = tiny_encoder.extract(["the bank raised rates"] * 3 + ["a river bank", "bank"])
+    same = lw.analyze.self_similarity(stacks[:3], ["bank", "rates", "absent"], adjust=False)
+    np.testing.assert_allclose(same["bank"], 1.0, atol=1e-6)
+    np.testing.assert_allclose(same["rates"], 1.0, atol=1e-6)
+    assert np.isnan(same["absent"]).all()
+    varied = lw.analyze.self_similarity(stacks, ["bank"], adjust=False)["bank"]
+    assert (varied < 1 - 1e-6).all()  # other contexts (and positions) move the vectors apart
+    adjusted = lw.analyze.self_similarity(stacks, ["bank"])["bank"]
+    words = [lw.pool_words(s, "mean") for s in stacks]  # the baseline: random pairs of words
+    np.testing.assert_allclose(adjusted, varied - lw.analyze.anisotropy(words), atol=1e-9)
+
+
+def test_intra_sentence_similarity(tiny_encoder):
+    stacks = tiny_encoder.extract(["one two three four", "five six seven"])
+    raw = lw.analyze.intra_sentence_similarity(stacks, adjust=False)
+    assert raw.shape == (4,) and ((raw > 0) & (raw <= 1)).all()
+
+
+def test_statistics_on_a_store_match_memory(tmp_path, tiny_encoder):
+    texts = ["The bank raised rates.", "We sat on the river bank.", "Hi there, friend."]
+    lw.extract_to_store(tiny_encoder, texts, tmp_path / "c.lw", dtype="float32")
+    store = lw.open_store(tmp_path / "c.lw")
+    from_store = lw.analyze.layer_similarity(store)
+    from_memory = lw.analyze.layer_similarity(tiny_encoder.extract(texts))
+    np.testing.assert_allclose(from_store, from_memory, atol=1e-9)
+
+
+REPORT_TEXTS = [
+    "The bank raised interest rates again.",
+    "We sat on the river bank all afternoon.",
+    "The bank approved the loan quickly.",
+    "A crane lifted the steel beam.",
+    "The crane stood still in the water.",
+    "Birds like the crane live near the bank of the river.",
+]
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory, make_tiny_model):
+    enc = lw.Encoder(make_tiny_model("bert"), device="cpu")
+    folder = tmp_path_factory.mktemp("report")
+    from layerwise.report import write_report
+
+    return write_report(enc, REPORT_TEXTS, folder, words=["bank", "crane"], progress=False)
+
+
+def test_report_embeds_figures_and_tables(report):
+    html = report.read_text(encoding="utf-8")
+    assert html.count("data:image/png;base64,") >= 6
+    for heading in ("Linear CKA", "Anisotropy", "Self-similarity", "Settings"):
+        assert heading in html
+    assert html.count("<table>") >= 3 and "<td>bank</td>" in html
+    assert (report.parent / "stats.json").exists() and (report.parent / "projection.png").exists()
+    assert 'src="http' not in html  # self-contained
+
+
+def test_report_renders_in_headless_chromium(report, tmp_path):
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    if browser is None:
+        pytest.skip("Chromium is not installed (apt-get install chromium); .ci/run installs it")
+    shot = tmp_path / "report.png"
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync",
+             "--hide-scrollbars", "--window-size=1100,2400"]  # fmt: skip
+    flags.append(f"--user-data-dir={tmp_path / 'profile'}")
+    subprocess.run([browser, *flags, f"--screenshot={shot}", report.as_uri()], check=True, timeout=120,
+                   capture_output=True)  # fmt: skip
+    from PIL import Image
+
+    image = np.asarray(Image.open(shot).convert("L"), dtype=np.float64)
+    assert image.shape[0] >= 2000
+    # a rendered page with figures: plenty of non-white pixels, not a blank or error page
+    assert (image < 200).mean() > 0.01
+
+
+def test_cli_analyze_and_plot(tmp_path, make_tiny_model):
+    from typer.testing import CliRunner
+
+    from layerwise.cli import app
+
+    source = tmp_path / "t.txt"
+    source.write_text("\n".join(REPORT_TEXTS) + "\n", encoding="utf-8")
+    model = str(make_tiny_model("bert"))
+    runner = CliRunner()
+    result = runner.invoke(app, ["analyze", str(source), "-o", str(tmp_path / "r"), "--model", model, "-q"])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "r" / "report.html").exists()
+    result = runner.invoke(app, ["plot", str(source), "--words", "bank,crane", "-o", str(tmp_path / "p.png"),
+                                 "--model", model])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
+    result = runner.invoke(app, ["plot", str(source), "--words", "zebra", "-o", str(tmp_path / "z.png"),
+                                 "--model", model])  # fmt: skip
+    assert result.exit_code == 2 and "found 0 occurrences" in " ".join(result.output.split())
