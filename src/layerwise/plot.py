@@ -128,13 +128,14 @@ def plot_lines(
     *,
     title: str,
     ylabel: str,
+    xlabel: str = "layer (0 = embeddings)",
 ) -> Path:
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6, 3.6), dpi=110)
     for name, values in series.items():
         ax.plot(list(layers), values, "o-", label=name)
     ax.set_xticks(list(layers))
-    ax.set_xlabel("layer (0 = embeddings)")
+    ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)

@@ -110,6 +110,7 @@ def write_report(
             folder / "drift.png",
             title="How much each layer changes a token",
             ylabel="cosine to previous layer",
+            xlabel="layer l (compared with layer l-1)",
         ),
         "isotropy": plot_lines(
             {"anisotropy (random pairs)": aniso, "intra-sentence (adjusted)": intra},
