@@ -121,6 +121,24 @@ class SelfAttention(nn.Module):
         return self.LayerNorm(h + self.dropout(self.dense(context)))
 
 
+def fused_attention(
+    attention: SelfAttention, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor
+) -> torch.Tensor:
+    """The same softmax(q k^T / sqrt(hs) + M) v as ``SelfAttention.attend``, in PyTorch's fused
+    scaled_dot_product_attention kernel (no (B, nh, T, T) score tensor in memory)."""
+    B, T, H = q.shape
+    nh, hs = attention.n_heads, attention.head_size
+
+    def heads(x: torch.Tensor) -> torch.Tensor:
+        return x.view(B, T, nh, hs).transpose(1, 2)  # (B, nh, T, hs)
+
+    dropout = attention.attention_dropout.p if attention.training else 0.0
+    out = F.scaled_dot_product_attention(
+        heads(q), heads(k), heads(v), attn_mask=key_mask[:, None, None, :].bool(), dropout_p=dropout
+    )
+    return out.transpose(1, 2).reshape(B, T, H)
+
+
 class FeedForward(nn.Module):
     """Position-wise GELU feed-forward, residual, LayerNorm."""
 
@@ -209,7 +227,7 @@ class Bert(nn.Module):
                 padded[row, col] = x
                 return padded  # (B, T, H)
 
-            context = attention.attend(grid(q), grid(k), grid(v), key_mask)[row, col]  # (N, H)
+            context = fused_attention(attention, grid(q), grid(k), grid(v), key_mask)[row, col]  # (N, H)
             a = attention.LayerNorm(h + attention.dropout(attention.dense(context)))
             h = layer.feed_forward(a)
             states.append(h)
