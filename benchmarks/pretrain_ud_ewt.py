@@ -1,6 +1,6 @@
 """Pretraining a small BERT from scratch on UD English EWT documents (train split), on CPU.
 
-    python benchmarks/pretrain_ud_ewt.py [--steps 600] [--layers 2] [--hidden 128]
+    python benchmarks/pretrain_ud_ewt.py [--steps 1500] [--layers 2] [--hidden 128]
 
 Writes the corpus (one sentence per line, blank line between documents), runs
 ``layerwise pretrain`` as a user would, then loads the saved folder with ``layerwise.Encoder``
@@ -31,11 +31,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--steps", type=int, default=600)
+    parser.add_argument("--steps", type=int, default=1500)
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--hidden", type=int, default=128)
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--max-length", type=int, default=64)
+    parser.add_argument("--learning-rate", type=float, default=1e-3)
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="lw-pretrain-"))
     try:
@@ -46,7 +47,8 @@ def main() -> None:
         out = work / "tiny-bert"
         command = ["layerwise", "pretrain", str(corpus), "-o", str(out), "--layers", str(args.layers),
                    "--hidden", str(args.hidden), "--heads", str(args.heads), "--steps", str(args.steps),
-                   "--max-length", str(args.max_length), "--vocab-size", "8000", "-q"]  # fmt: skip
+                   "--max-length", str(args.max_length), "--vocab-size", "8000",
+                   "--learning-rate", str(args.learning_rate), "-q"]  # fmt: skip
         started = time.perf_counter()
         subprocess.run(command, check=True)
         seconds = time.perf_counter() - started
