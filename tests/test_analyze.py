@@ -140,3 +140,31 @@ def test_cli_analyze_and_plot(tmp_path, make_tiny_model):
     result = runner.invoke(app, ["plot", str(source), "--words", "zebra", "-o", str(tmp_path / "z.png"),
                                  "--model", model])  # fmt: skip
     assert result.exit_code == 2 and "found 0 occurrences" in " ".join(result.output.split())
+
+
+@pytest.mark.parametrize("method", ["pca", "tsne"])
+def test_projection_grid(tmp_path, method):
+    from layerwise.plot import plot_projections, project
+
+    vectors = np.concatenate([RNG.normal(size=(3, 10, 8)), RNG.normal(size=(3, 10, 8)) + 6], axis=1)
+    labels = ["a"] * 10 + ["b"] * 10
+    xy = project(vectors[0], method)
+    assert xy.shape == (20, 2)
+    # two well-separated clouds stay apart in 2-D: nearest neighbours share the label
+    d = np.linalg.norm(xy[:, None] - xy[None], axis=-1) + np.eye(20) * 1e9
+    assert (np.array(labels)[d.argmin(1)] == np.array(labels)).all()
+    path = plot_projections(vectors, labels, (0, 1, 2), tmp_path / "p.png", method=method)
+    assert path.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_umap_without_the_package_says_how_to_install():
+    from layerwise.errors import MissingDependencyError
+    from layerwise.plot import project
+
+    try:
+        import umap  # noqa: F401
+    except ImportError:
+        with pytest.raises(MissingDependencyError, match="pip install umap-learn"):
+            project(RNG.normal(size=(10, 4)), "umap")
+    else:
+        assert project(RNG.normal(size=(10, 4)), "umap").shape == (10, 2)

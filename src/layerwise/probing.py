@@ -18,6 +18,7 @@ cosine of sentence vectors against gold scores, Spearman; nothing is trained).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -369,6 +370,41 @@ def random_twin(encoder: Encoder, seed: int, folder: Path) -> Encoder:
 
 
 # ---------------------------------------------------------------------------------------------- tasks
+class Stages:
+    """One progress bar over the stages of a probe run (feature extraction, each probe, controls);
+    shown on a terminal, silent otherwise; every stage is also logged with its time."""
+
+    def __init__(self, enabled: bool | None, total: int) -> None:
+        import sys
+
+        if enabled is None:
+            enabled = sys.stderr.isatty() and logger.getEffectiveLevel() <= logging.INFO
+        self._bar = None
+        self._started = time.perf_counter()
+        if enabled:
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            columns = (
+                TextColumn("{task.description:<34}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+            )
+            self._bar = Progress(*columns, console=Console(stderr=True), transient=True)
+            self._bar.start()
+            self._task = self._bar.add_task("probing", total=total)
+
+    def step(self, description: str) -> None:
+        logger.debug("probe stage: %s (%.0f s)", description, time.perf_counter() - self._started)
+        if self._bar is not None:
+            self._bar.update(self._task, description=description, advance=1)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+
+
 def _probe_tokens(encoder, train, dev, *, metric_fn, metric, fusions, controls, scalar_mix, subword, seed,
                   progress, budget):  # fmt: skip
     classes = sorted({label for sentence in train.labels for label in sentence})
@@ -391,20 +427,28 @@ def _probe_tokens(encoder, train, dev, *, metric_fn, metric, fusions, controls, 
             start += n
         return metric_fn(dev.labels, tags), accuracy
 
-    with tempfile.TemporaryDirectory(prefix="layerwise-probe-") as scratch:
+    distinct = _distinct_fusions(fusions, n_hidden)
+    total = 2 + n_hidden + sum(source == name for name, source in distinct) + int(scalar_mix)
+    total += n_hidden * ("control_task" in controls) + (2 + n_hidden) * ("random_model" in controls)
+    stages = Stages(progress, total)
+    with tempfile.TemporaryDirectory(prefix="layerwise-probe-") as scratch, contextlib.closing(stages):
         folder = Path(scratch)
-        f_train = word_sources(encoder, train, subword, progress, budget=budget, folder=folder)
-        f_dev = word_sources(encoder, dev, subword, progress, budget=budget, folder=folder)
+        stages.step("extracting train features")
+        f_train = word_sources(encoder, train, subword, False, budget=budget, folder=folder)
+        stages.step("extracting dev features")
+        f_dev = word_sources(encoder, dev, subword, False, budget=budget, folder=folder)
         rows: list[ProbeRow] = []
         for k in range(n_hidden):
+            stages.step(f"probe L{k}")
             value, accuracy = score(fit_predict(f_train.layer(k), y_train, f_dev.layer(k), seed=seed))
             rows.append(ProbeRow(f"L{k}", "layer", (k,), value, accuracy))
-        for name, source in _distinct_fusions(fusions, n_hidden):
+        for name, source in distinct:
             if isinstance(source, int):  # a single layer: the same probe as that layer's row
                 value, accuracy = rows[source].score, rows[source].accuracy
             elif source != name:  # mean of the same layers as a sum: identical once standardised
                 value, accuracy = next((r.score, r.accuracy) for r in rows if r.name == source)
             else:
+                stages.step(f"probe {name}")
                 train_x, dev_x = _fused(f_train, encoder, name), _fused(f_dev, encoder, name)
                 value, accuracy = score(fit_predict(train_x, y_train, dev_x, seed=seed))
             rows.append(ProbeRow(name, "fusion", fusion_layers(name, n_hidden), value, accuracy))
@@ -418,6 +462,7 @@ def _probe_tokens(encoder, train, dev, *, metric_fn, metric, fusions, controls, 
                     np.random.default_rng(seed).choice(f_train.n_rows, budget // per_row, replace=False)
                 )
             all_layers = list(range(n_hidden))
+            stages.step("scalar-mix probe")
             pred, mix_weights = scalar_mix_probe(
                 f_train.layers(all_layers, keep), y_train if keep is None else y_train[keep],
                 f_dev.layers(all_layers), n_classes=len(classes), seed=seed,
@@ -432,16 +477,20 @@ def _probe_tokens(encoder, train, dev, *, metric_fn, metric, fusions, controls, 
             for row in rows:
                 if row.kind == "layer":
                     k = row.layers[0]
+                    stages.step(f"control task L{k}")
                     predicted = fit_predict(f_train.layer(k), c_train, f_dev.layer(k), seed=seed)
                     row.control_task = float((predicted == c_dev).mean())
         del f_train, f_dev
         if "random_model" in controls:
             twin = random_twin(encoder, seed, folder / "random-model")
-            r_train = word_sources(twin, train, subword, progress, budget=budget, folder=folder)
-            r_dev = word_sources(twin, dev, subword, progress, budget=budget, folder=folder)
+            stages.step("random model: train features")
+            r_train = word_sources(twin, train, subword, False, budget=budget, folder=folder)
+            stages.step("random model: dev features")
+            r_dev = word_sources(twin, dev, subword, False, budget=budget, folder=folder)
             for row in rows:
                 if row.kind == "layer":
                     k = row.layers[0]
+                    stages.step(f"random model L{k}")
                     row.random_model = score(
                         fit_predict(r_train.layer(k), y_train, r_dev.layer(k), seed=seed)
                     )[0]
