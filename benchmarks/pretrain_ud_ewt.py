@@ -1,6 +1,6 @@
 """Pretraining a small BERT from scratch on UD English EWT documents (train split), on CPU.
 
-    python benchmarks/pretrain_ud_ewt.py [--steps 1500] [--layers 2] [--hidden 128]
+    python benchmarks/pretrain_ud_ewt.py [--steps 2500] [--layers 2] [--hidden 128]
 
 Writes the corpus (one sentence per line, blank line between documents), runs
 ``layerwise pretrain`` as a user would, then loads the saved folder with ``layerwise.Encoder``
@@ -31,7 +31,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--steps", type=int, default=1500)
+    parser.add_argument("--steps", type=int, default=2500)
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--hidden", type=int, default=128)
     parser.add_argument("--heads", type=int, default=4)
@@ -48,7 +48,7 @@ def main() -> None:
         command = ["layerwise", "pretrain", str(corpus), "-o", str(out), "--layers", str(args.layers),
                    "--hidden", str(args.hidden), "--heads", str(args.heads), "--steps", str(args.steps),
                    "--max-length", str(args.max_length), "--vocab-size", "8000",
-                   "--learning-rate", str(args.learning_rate), "-q"]  # fmt: skip
+                   "--learning-rate", str(args.learning_rate), "--eval-fraction", "0.1", "-q"]  # fmt: skip
         started = time.perf_counter()
         subprocess.run(command, check=True)
         seconds = time.perf_counter() - started

@@ -313,6 +313,9 @@ def pretrain(
     batch_size: Annotated[int, typer.Option(min=1, help="Examples per step")] = 32,
     learning_rate: Annotated[float, typer.Option(help="Peak AdamW learning rate")] = 5e-4,
     seed: Annotated[int, typer.Option(help="Seed of data, masking and initialisation")] = 0,
+    eval_fraction: Annotated[
+        float, typer.Option(min=0.01, max=0.5, help="Share of documents held out for evaluation")
+    ] = 0.05,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar")] = False,
 ) -> None:
     """Pretrain a small BERT from scratch (WordPiece + masked LM + next-sentence prediction) on CPU."""
@@ -332,6 +335,7 @@ def pretrain(
             batch_size=batch_size,
             learning_rate=learning_rate,
             seed=seed,
+            eval_fraction=eval_fraction,
         )
         result = run_pretraining(corpus, output, settings, progress=False if quiet else None)
     except LayerwiseError as exc:

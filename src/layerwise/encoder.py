@@ -14,7 +14,6 @@ from __future__ import annotations
 import inspect
 import logging
 import os
-import sys
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, nullcontext
@@ -30,6 +29,7 @@ from .hooks import TAPS, find_layer_list
 from .inputs import EncodedInput, InputEncoder, length_sorted_batches, normalize_inputs
 from .layers import LayerSpec, resolve_layers
 from .pool import SentencePool, SpecialTokens, SubwordPool, WordVectors
+from .progress import progress_bar
 from .windows import Window, plan_windows, stitch
 
 logger = logging.getLogger("layerwise")
@@ -392,22 +392,9 @@ class Encoder:
             )
 
     def _progress(self, enabled: bool | None, total: int):
-        if enabled is None:
-            enabled = sys.stderr.isatty() and logger.getEffectiveLevel() <= logging.INFO and total > 1
-        if not enabled:
-            return None
-        from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-        return Progress(
-            TextColumn("extracting"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("inputs"),
-            TimeRemainingColumn(),
-            console=Console(stderr=True),
-            transient=True,
-        )
+        if enabled is None and total <= 1:
+            return None  # one batch: nothing to watch
+        return progress_bar("extracting", "inputs", enabled)
 
     def _run(
         self,

@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import InputError, OptionError
+from ..progress import progress_bar
 from .model import Bert, BertConfig, reference_to_hf, save_config
 
 logger = logging.getLogger("layerwise")
@@ -360,16 +361,4 @@ class _null:
 
 
 def _progress(enabled: bool | None):
-    import sys
-
-    if enabled is None:
-        enabled = sys.stderr.isatty()
-    if not enabled:
-        return None
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-    return Progress(
-        TextColumn("pretraining"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-        TextColumn("{task.fields[info]}"), console=Console(stderr=True),
-    )  # fmt: skip
+    return progress_bar("pretraining", "steps", enabled, extra="info")

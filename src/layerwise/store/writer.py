@@ -36,6 +36,7 @@ from ..features import parse_pool, plan_layers
 from ..fuse import fuse_layers
 from ..layers import LayerSpec
 from ..pool import SPECIAL_TOKENS, SpecialTokens, pool_sentence, pool_words
+from ..progress import progress_bar
 from .format import (
     ATTRIBUTE,
     BLOCK_SIZE,
@@ -516,24 +517,7 @@ class StoreWriter:
             leftover.unlink(missing_ok=True)
 
     def _progress(self, enabled: bool | None):
-        import sys
-
-        if enabled is None:
-            enabled = sys.stderr.isatty() and logger.getEffectiveLevel() <= logging.INFO
-        if not enabled:
-            return None
-        from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-        return Progress(
-            TextColumn("storing"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("texts"),
-            TimeRemainingColumn(),
-            console=Console(stderr=True),
-            transient=True,
-        )
+        return progress_bar("storing", "texts", enabled)
 
 
 def extract_to_store(
