@@ -297,7 +297,11 @@ def show(
         stack = enc.extract([text], text_pairs=[pair] if pair is not None else None, layers=layers)[0]
     except LayerwiseError as exc:
         raise _fail(exc) from None
-    Console().print(layer_table(stack, model=enc.name))
+    table = layer_table(stack, model=enc.name)
+    console = Console()
+    needed = Console(width=10_000).measure(table).maximum
+    # a pipe or a narrow terminal would squeeze the token column away; print at the table's width
+    Console(width=max(console.width, needed)).print(table)
 
 
 @app.command()

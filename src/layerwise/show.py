@@ -33,10 +33,11 @@ def layer_table(stack: LayerStack, *, model: str) -> Table:
         "L0 = embedding output, Li = output of layer i.",
         caption_justify="left",
     )
-    table.add_column("#", justify="right", style="dim")
-    table.add_column("token", style="bold")
+    # no column may shrink to nothing on a narrow console: the caller widens the console instead
+    table.add_column("#", justify="right", style="dim", no_wrap=True)
+    table.add_column("token", style="bold", no_wrap=True, min_width=max(len(t) for t in stack.tokens))
     if stack.text_pair is not None:
-        table.add_column("seg", justify="right", style="dim")
+        table.add_column("seg", justify="right", style="dim", no_wrap=True)
     for layer in stack.layers:
         table.add_column(f"L{layer}", justify="right", no_wrap=True)
     for t, token in enumerate(stack.tokens):
