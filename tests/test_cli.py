@@ -187,3 +187,13 @@ def test_show_prints_tokens_and_layers(make_tiny_model):
 def test_version():
     result = run("--version")
     assert result.exit_code == 0 and result.output.strip() == f"layerwise {lw.__version__}"
+
+
+def test_show_keeps_tokens_visible_when_piped_at_80_columns(make_tiny_model):
+    env = {**__import__("os").environ, "COLUMNS": "80"}
+    command = [sys.executable, "-m", "layerwise.cli", "show", "The bank raised interest rates again.",
+               "--model", str(make_tiny_model("bert"))]  # fmt: skip
+    out = subprocess.run(command, capture_output=True, text=True, env=env, check=True).stdout
+    for token in ("[CLS]", "bank", "raised", "interest", "rates", "again", "[SEP]"):
+        assert f" {token} " in out
+    assert "…" not in out  # no cell was cut short
