@@ -262,3 +262,21 @@ def test_cli_store_reports_resume_and_completion(tmp_path, make_tiny_model):
         and meta["format_version"] == 1
         and len(meta["weights_sha256"]) == 64
     )
+
+
+def test_truncation_is_reported_once_per_store_run(tmp_path, make_tiny_model, caplog):
+    import logging
+
+    enc = lw.Encoder(make_tiny_model("bert"), device="cpu", max_length=16)
+    long_text = " ".join(["word"] * 40)
+    texts = [long_text, "short", "short too", long_text]  # the long ones fall in different blocks
+    with caplog.at_level(logging.WARNING, logger="layerwise"):
+        lw.extract_to_store(enc, texts, tmp_path / "c.lw", block_size=2)
+    notes = [r.getMessage() for r in caplog.records if "longer than" in r.getMessage()]
+    assert notes == [
+        "2 of 4 texts were longer than 16 tokens and were truncated; the manifest's 'truncated' column marks "
+        "them. Pass long_texts='window' (CLI: --long-texts window) to keep every token."
+    ]
+    manifest = lw.open_store(tmp_path / "c.lw").manifest
+    flags = dict(zip(manifest["text_id"].to_pylist(), manifest["truncated"].to_pylist(), strict=True))
+    assert flags == {0: True, 1: False, 2: False, 3: True}

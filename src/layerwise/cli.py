@@ -197,6 +197,8 @@ def extract(
             max_tokens=max_tokens,
         )
         _use_available_cores()
+        # a named fusion picks its own layers: the default --layers all then means "not given"
+        layer_spec = None if fuse and layers == "all" else layers
         if to_store:
             from .store import extract_to_store
 
@@ -205,7 +207,7 @@ def extract(
                 data.texts,
                 output,
                 text_pairs=data.text_pairs,
-                layers=None if fuse and layers == "all" else layers,
+                layers=layer_spec,
                 pool=pool,
                 fuse=fuse,
                 special_tokens=special_tokens.value,
@@ -222,7 +224,7 @@ def extract(
             if not quiet:
                 _report_store(summary, enc.name)
             return
-        layer_ids = plan_layers(None if fuse and layers == "all" else layers, fuse, enc.n_hidden_states)
+        layer_ids = plan_layers(layer_spec, fuse, enc.n_hidden_states)
         stream = enc.iter_extract(
             data.texts,
             text_pairs=data.text_pairs,

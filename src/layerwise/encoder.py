@@ -263,6 +263,31 @@ class Encoder:
 
         Memory stays bounded by one batch; use :meth:`extract` for results in input order.
         Arguments are checked and inputs tokenised before this returns, so bad input fails here."""
+        return self._stream(
+            texts, text_pairs=text_pairs, pairs=pairs, words=words, layers=layers, batch_size=batch_size,
+            max_tokens=max_tokens, method=method, taps=taps, progress=progress, long_texts=long_texts,
+            stride=stride, report_truncation=True,
+        )  # fmt: skip
+
+    def _stream(
+        self,
+        texts: Sequence[str] | None,
+        *,
+        text_pairs: Sequence[str] | None = None,
+        pairs: Sequence[tuple[str, str]] | None = None,
+        words: Sequence[Sequence[str]] | None = None,
+        layers: LayerSpec = "all",
+        batch_size: int | None = None,
+        max_tokens: int | None = None,
+        method: Method = "hidden_states",
+        taps: Sequence[str] = (),
+        progress: bool | None = None,
+        long_texts: LongTexts = "truncate",
+        stride: int | None = None,
+        report_truncation: bool,
+    ) -> Iterator[tuple[int, LayerStack]]:
+        """:meth:`iter_extract`; callers that run it block by block (the store writer) report
+        truncation once for the whole corpus instead, with corpus-wide input numbers."""
         layer_ids = resolve_layers(layers, self.n_hidden_states)
         check_choice("method", method, METHODS)
         taps = tuple(taps)
@@ -273,7 +298,8 @@ class Encoder:
         check_choice("long_texts", long_texts, LONG_TEXTS)
         raw = normalize_inputs(texts, text_pairs=text_pairs, pairs=pairs, words=words)
         encoded = self._inputs.encode(raw, truncate=long_texts == "truncate")
-        self._report_truncation(encoded)
+        if report_truncation:
+            self._report_truncation(encoded)
         units: list[EncodedInput | Window] = []
         owners: list[tuple[int, int]] = []  # per unit: (input index, window number or -1)
         n_windows: dict[int, int] = {}

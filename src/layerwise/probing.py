@@ -300,7 +300,7 @@ def word_sources(
     n_words = sum(len(w) for w in sentences.words)
     need = n_words * encoder.n_hidden_states * encoder.hidden_size * 4
     if need <= budget:
-        return LayerSource(word_features(encoder, sentences, subword, progress)[0])
+        return LayerSource(word_features(encoder, sentences, subword, progress))
     from .store import extract_to_store, open_store
 
     logger.info(
@@ -321,8 +321,8 @@ def word_sources(
 
 def word_features(
     encoder: Encoder, sentences: TaggedSentences, subword: str, progress: bool | None
-) -> tuple[np.ndarray, list[int]]:
-    """``(n_layers, n_words, hidden)`` word vectors of every sentence, and the words kept per sentence."""
+) -> np.ndarray:
+    """``(n_layers, n_words, hidden)`` word vectors of every word of every sentence."""
     vectors = encoder.embed_words(
         sentences.words, subword=subword, layers="all", long_texts="window", progress=progress
     )  # type: ignore[arg-type]
@@ -330,7 +330,7 @@ def word_features(
     lost = sum(len(w) - k for w, k in zip(sentences.words, kept, strict=True))
     if lost:
         raise InputError(f"{lost} words produced no wordpieces; remove empty words from the data")
-    return np.concatenate([v.vectors for v in vectors], axis=1), kept
+    return np.concatenate([v.vectors for v in vectors], axis=1)
 
 
 def _fused(source: LayerSource, encoder: Encoder, name: str, rows: np.ndarray | None = None) -> np.ndarray:
@@ -352,6 +352,27 @@ def _distinct_fusions(fusions: Sequence[str], n_hidden: int) -> list[tuple[str, 
             continue
         key = (tuple(layers), "concat" if operation == "concat" else "sum")
         out.append((name, seen.setdefault(key, name)))
+    return out
+
+
+def _fusion_rows(
+    layer_rows: Sequence[ProbeRow],
+    distinct: Sequence[tuple[str, int | str]],
+    n_hidden: int,
+    fit_fusion,
+) -> list[ProbeRow]:
+    """Rows for the fusions in ``distinct`` (see :func:`_distinct_fusions`): a single-layer fusion
+    repeats that layer's row, a mean repeats the sum over the same layers, and only the rest are
+    trained, with ``fit_fusion(name) -> (score, accuracy)``."""
+    out: list[ProbeRow] = []
+    for name, source in distinct:
+        if isinstance(source, int):
+            value, accuracy = layer_rows[source].score, layer_rows[source].accuracy
+        elif source != name:
+            value, accuracy = next((r.score, r.accuracy) for r in out if r.name == source)
+        else:
+            value, accuracy = fit_fusion(name)
+        out.append(ProbeRow(name, "fusion", fusion_layers(name, n_hidden), value, accuracy))
     return out
 
 
@@ -442,16 +463,13 @@ def _probe_tokens(encoder, train, dev, *, metric_fn, metric, fusions, controls, 
             stages.step(f"probe L{k}")
             value, accuracy = score(fit_predict(f_train.layer(k), y_train, f_dev.layer(k), seed=seed))
             rows.append(ProbeRow(f"L{k}", "layer", (k,), value, accuracy))
-        for name, source in distinct:
-            if isinstance(source, int):  # a single layer: the same probe as that layer's row
-                value, accuracy = rows[source].score, rows[source].accuracy
-            elif source != name:  # mean of the same layers as a sum: identical once standardised
-                value, accuracy = next((r.score, r.accuracy) for r in rows if r.name == source)
-            else:
-                stages.step(f"probe {name}")
-                train_x, dev_x = _fused(f_train, encoder, name), _fused(f_dev, encoder, name)
-                value, accuracy = score(fit_predict(train_x, y_train, dev_x, seed=seed))
-            rows.append(ProbeRow(name, "fusion", fusion_layers(name, n_hidden), value, accuracy))
+
+        def fit_fusion(name: str) -> tuple[float, float]:
+            stages.step(f"probe {name}")
+            train_x, dev_x = _fused(f_train, encoder, name), _fused(f_dev, encoder, name)
+            return score(fit_predict(train_x, y_train, dev_x, seed=seed))
+
+        rows += _fusion_rows(rows, distinct, n_hidden, fit_fusion)
         mix_weights = None
         if scalar_mix:
             # the mix sees every layer at once: subsample training words if they would not fit
@@ -480,7 +498,7 @@ def _probe_tokens(encoder, train, dev, *, metric_fn, metric, fusions, controls, 
                     stages.step(f"control task L{k}")
                     predicted = fit_predict(f_train.layer(k), c_train, f_dev.layer(k), seed=seed)
                     row.control_task = float((predicted == c_dev).mean())
-        del f_train, f_dev
+        f_train = f_dev = None  # free the features before the random model's are extracted
         if "random_model" in controls:
             twin = random_twin(encoder, seed, folder / "random-model")
             stages.step("random model: train features")
@@ -497,10 +515,8 @@ def _probe_tokens(encoder, train, dev, *, metric_fn, metric, fusions, controls, 
     return rows, mix_weights, len(y_train), len(y_dev)
 
 
-def _sentence_features(encoder, texts, progress, pairs=None):
-    return encoder.embed(
-        texts, pairs=pairs, layers="all", pool="mean", long_texts="window", progress=progress
-    )
+def _sentence_features(encoder, texts, progress):
+    return encoder.embed(texts, layers="all", pool="mean", long_texts="window", progress=progress)
 
 
 def _probe_sentences(
@@ -532,10 +548,14 @@ def _probe_sentences(
         acc = float((fit_predict(f_train[k], y_train, f_dev[k], seed=seed) == y_dev).mean())
         rows.append(ProbeRow(f"L{k}", "layer", (k,), acc, acc))
     train_source, dev_source = LayerSource(f_train), LayerSource(f_dev)
-    for name in fusions:
+
+    def fit_fusion(name: str) -> tuple[float, float]:
         a, b = _fused(train_source, encoder, name), _fused(dev_source, encoder, name)
         acc = float((fit_predict(a, y_train, b, seed=seed) == y_dev).mean())
-        rows.append(ProbeRow(name, "fusion", fusion_layers(name, encoder.n_hidden_states), acc, acc))
+        return acc, acc
+
+    n_hidden = encoder.n_hidden_states
+    rows += _fusion_rows(rows, _distinct_fusions(fusions, n_hidden), n_hidden, fit_fusion)
     mix_weights = None
     if scalar_mix:
         pred, mix_weights = scalar_mix_probe(f_train, y_train, f_dev, n_classes=len(classes), seed=seed)

@@ -16,6 +16,7 @@ The result is a Hugging Face folder (config.json, model.safetensors, tokenizer) 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import random
@@ -286,7 +287,7 @@ def pretrain(corpus: str | Path, output: str | Path, settings: PretrainSettings 
     log: list[dict] = []
     bar = _progress(progress)
     order: list[int] = []
-    with bar if bar is not None else _null():
+    with bar if bar is not None else contextlib.nullcontext():
         task = bar.add_task("pretraining", total=settings.steps, info="") if bar else None
         window = {"loss": 0.0, "mlm": 0, "mlm_n": 0, "nsp": 0, "n": 0}
         for step in range(settings.steps):
@@ -350,14 +351,6 @@ def pretrain(corpus: str | Path, output: str | Path, settings: PretrainSettings 
     }
     (output / "pretraining_log.json").write_text(json.dumps(result, indent=2) + "\n")
     return result
-
-
-class _null:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 def _progress(enabled: bool | None):

@@ -125,20 +125,6 @@ def writer_lock(path: Path) -> Iterator[None]:
         handle.close()
 
 
-@contextlib.contextmanager
-def _block_truncation_notes() -> Iterator[None]:
-    """Per-block truncation warnings would name block-local inputs; the writer reports once instead."""
-
-    def keep(record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith("%d of %d inputs were longer")
-
-    logger.addFilter(keep)
-    try:
-        yield
-    finally:
-        logger.removeFilter(keep)
-
-
 def _disk_error(path: Path, exc: OSError, committed: int, total: int) -> StoreError:
     reason = {
         errno.ENOSPC: "the disk is full",
@@ -372,8 +358,7 @@ class StoreWriter:
 
     # ------------------------------------------------------------------ the run
     def run(self, progress: bool | None) -> StoreSummary:
-        with _block_truncation_notes():
-            summary = self._run(progress)
+        summary = self._run(progress)
         if summary.n_truncated:
             logger.warning(
                 "%d of %d texts were longer than %d tokens and were truncated; the manifest's 'truncated' "
@@ -421,13 +406,14 @@ class StoreWriter:
                 task = bar.add_task("store", total=len(self.texts), completed=n_committed) if bar else None
                 for block in range(first_block, -(-len(self.texts) // self.block_size)):
                     lo, hi = block * self.block_size, min((block + 1) * self.block_size, len(self.texts))
-                    stream = self.encoder.iter_extract(
+                    stream = self.encoder._stream(
                         list(self.texts[lo:hi]),
                         text_pairs=list(self.text_pairs[lo:hi]) if self.text_pairs is not None else None,
                         layers=self.layers,
                         long_texts=self.long_texts,  # type: ignore[arg-type]
                         stride=self.stride,
                         progress=False,
+                        report_truncation=False,  # reported once below, with corpus-wide numbers
                     )
                     for local, stack in stream:
                         text_id = lo + local
