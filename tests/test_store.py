@@ -16,7 +16,9 @@ import numpy as np
 import pytest
 
 import layerwise as lw
-from layerwise.store.writer import StoreError, _Committer, writer_lock
+from layerwise.errors import StoreError
+from layerwise.store.commit import Committer as _Committer
+from layerwise.store.lock import writer_lock
 
 WORDS = "the bank raised rates we sat on river and watched boats go by for long while crane lifted".split(" ")
 
@@ -135,7 +137,7 @@ def test_changed_settings_or_input_are_refused(tmp_path, tiny):
 
 def test_disk_full_keeps_committed_texts_and_resumes(tmp_path, tiny, monkeypatch):
     texts = corpus(60, seed=3)
-    original = _Committer._commit
+    original = _Committer.commit
     calls = {"n": 0}
 
     def failing(self, *args):
@@ -144,7 +146,7 @@ def test_disk_full_keeps_committed_texts_and_resumes(tmp_path, tiny, monkeypatch
             raise OSError(errno.ENOSPC, "No space left on device")
         return original(self, *args)
 
-    monkeypatch.setattr(_Committer, "_commit", failing)
+    monkeypatch.setattr(_Committer, "commit", failing)
     path = tmp_path / "c.lw"
     with pytest.raises(StoreError, match=r"the disk is full\. \d+ of 60 texts are committed and readable"):
         lw.extract_to_store(tiny, texts, path, chunk_rows=8, shard_chunks=2, block_size=16)
@@ -153,7 +155,7 @@ def test_disk_full_keeps_committed_texts_and_resumes(tmp_path, tiny, monkeypatch
     exact = tiny.extract(texts)
     for i in partial.text_ids():
         assert_close_fp16(partial[i].hidden, exact[i].hidden)
-    monkeypatch.setattr(_Committer, "_commit", original)
+    monkeypatch.setattr(_Committer, "commit", original)
     resumed = lw.extract_to_store(tiny, texts, path, chunk_rows=8, shard_chunks=2, block_size=16)
     assert resumed.resumed and resumed.n_already_committed + resumed.n_written == 60
     store = lw.open_store(path)

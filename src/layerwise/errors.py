@@ -5,6 +5,9 @@
     ├── InputError (ValueError)         a text, pair, word list or input file line that cannot be used
     ├── OptionError (ValueError)        an argument outside its valid choices (batch size, dtype, tap name…)
     ├── ModelLoadError (OSError)        a model or tokenizer that cannot be found or loaded
+    ├── StoreError (OSError)            a store that cannot be written: locked, incompatible, disk failed
+    │   ├── NotAStoreError              the path is not a layerwise store (on read and on write)
+    │   └── StoreDamagedError           a store whose files contradict each other; says what and where
     └── MissingDependencyError (ImportError)
                                         an optional extra is not installed; the message says which
 
@@ -38,6 +41,25 @@ class OptionError(LayerwiseError, ValueError):
 
 class ModelLoadError(LayerwiseError, OSError):
     """A model or tokenizer that cannot be found or loaded."""
+
+
+class StoreError(LayerwiseError, OSError):
+    """A store cannot be written or read: locked by another writer, incompatible, or the disk failed."""
+
+
+class NotAStoreError(StoreError):
+    """The path is not a layerwise store (and will not be written over)."""
+
+
+class StoreDamagedError(StoreError):
+    """A store whose parts contradict each other (a missing shard, a manifest that does not match the
+    offsets, a checksum that differs). ``problems`` lists what is wrong; ``text_ids`` the texts hit,
+    when they are known."""
+
+    def __init__(self, message: str, *, problems: list[str] | None = None, text_ids: list[int] | None = None):
+        super().__init__(message)
+        self.problems = problems or [message]
+        self.text_ids = text_ids or []
 
 
 class MissingDependencyError(LayerwiseError, ImportError):

@@ -28,6 +28,25 @@ from .errors import InputError, OptionError
 from .inputs import EncodedInput
 
 
+def check_window_options(long_texts: str, stride: int | None, max_length: int) -> None:
+    """Validate ``stride`` before any work: it applies to windows only, and a window of
+    ``max_length`` tokens holds at most ``max_length - 2`` content tokens ([CLS] and [SEP] aside)."""
+    if stride is None:
+        return
+    if isinstance(stride, bool) or not isinstance(stride, int):
+        raise OptionError(f"stride={stride!r} must be a whole number of tokens")
+    if long_texts != "window":
+        raise OptionError(
+            f"stride={stride} applies to sliding windows only; pass long_texts='window' too "
+            "(CLI: --long-texts window), or drop stride"
+        )
+    room = max_length - 2
+    if not 1 <= stride <= room:
+        raise OptionError(
+            f"stride={stride} must be between 1 and {room}, the content length of a {max_length}-token window"
+        )
+
+
 @dataclass(frozen=True, slots=True)
 class Window:
     """One window of a long input: ``positions[j]`` is the position in the full input of the

@@ -1,6 +1,19 @@
 """The on-disk store: Zarr v3 rows + Parquet manifest + an offsets commit marker (see format.py)."""
 
+from ..errors import NotAStoreError, StoreDamagedError, StoreError
 from .reader import LayerView, Store, open_store
-from .writer import StoreError, StoreSummary, extract_to_store
+from .verify import VerifyReport, verify_store
+from .writer import StoreSummary, extract_to_store
 
-__all__ = ["LayerView", "Store", "StoreError", "StoreSummary", "extract_to_store", "open_store"]
+__all__ = [
+    "LayerView",
+    "NotAStoreError",
+    "Store",
+    "StoreDamagedError",
+    "StoreError",
+    "StoreSummary",
+    "VerifyReport",
+    "extract_to_store",
+    "open_store",
+    "verify_store",
+]

@@ -13,16 +13,31 @@
                                 the rows it covers: it is the commit marker. A reader trusts the
                                 prefix up to the first -1.
       manifest/part-*.parquet   one row per stored text: text_id (input line order), position
-                                (store order), text, text_pair, text_sha1, start, n_rows, truncated,
-                                and per level: tokens, char_start, char_end, word_ids, segment_ids |
-                                words, char_start, char_end, segment_ids, words_lost
-      .lock                     held (flock) by the one process that writes
+                                (store order), text, text_pair, text_sha1, start, n_rows, crc32 (of
+                                the text's rows, as stored), truncated, and per level: tokens,
+                                char_start, char_end, word_ids, segment_ids | words, char_start,
+                                char_end, segment_ids, words_lost
+      .lock                     held (flock) by the one process that writes; never removed
+
+A folder is a layerwise store when its ``zarr.json`` carries the "layerwise" attribute with
+``format == "layerwise-store"``; the attribute is written with the group, before anything else.
+Only such a folder is ever written into, and ``overwrite`` removes only the entries above (other
+files beside them are left alone).
 
 Texts are stored block by block (``block_size`` input texts), longest first within a block, the
 order extraction runs in; ``text_id`` maps back to input order.
 """
 
 from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Literal
+
+from ..errors import NotAStoreError, StoreError
 
 FORMAT = "layerwise-store"
 FORMAT_VERSION = 1
@@ -35,6 +50,60 @@ CHUNK_ROWS = 128
 SHARD_CHUNKS = 64
 OFFSETS_CHUNK = 4096
 BLOCK_SIZE = 2048
+# The store's own entries, in the order overwrite removes them: the commit marker first (so that a
+# crash half way leaves a store with nothing committed), the group metadata last.
+OWN_ENTRIES = (OFFSETS, MANIFEST, DATA, "zarr.json")
+
+StoreKind = Literal["missing", "empty", "store", "other"]
+
+
+def read_store_meta(path: Path) -> dict | None:
+    """The "layerwise" attribute of ``path/zarr.json`` when that is a layerwise store, else None."""
+    try:
+        with open(path / "zarr.json", encoding="utf-8") as handle:
+            document = json.load(handle)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(document, dict):
+        return None
+    meta = (document.get("attributes") or {}).get(ATTRIBUTE)
+    if isinstance(meta, dict) and meta.get("format") == FORMAT:
+        return meta
+    return None
+
+
+def classify(path: Path) -> StoreKind:
+    """What is at ``path``: nothing, an empty folder (or one holding only a lock file), a layerwise
+    store, or something else (which layerwise never writes into)."""
+    if not path.exists() and not path.is_symlink():
+        return "missing"
+    if not path.is_dir():
+        raise NotAStoreError(f"{str(path)!r} exists and is a file; a store is a folder: choose another path")
+    entries = set(os.listdir(path))
+    if entries <= {LOCK}:
+        return "empty"
+    return "store" if read_store_meta(path) is not None else "other"
+
+
+def not_a_store(path: Path) -> NotAStoreError:
+    return NotAStoreError(
+        f"{str(path)!r} is a folder that is not a layerwise store (no zarr.json with layerwise metadata); "
+        "layerwise will not write into it or remove anything from it: choose another path"
+    )
+
+
+def remove_store_entries(path: Path) -> None:
+    """Delete the store's own entries (never the lock, never anything else in the folder)."""
+    for name in OWN_ENTRIES:
+        entry = path / name
+        try:
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry)
+            else:
+                with contextlib.suppress(FileNotFoundError):
+                    entry.unlink()
+        except OSError as exc:
+            raise StoreError(f"cannot remove {str(entry)!r}: {exc.strerror}") from exc
 
 
 def require_store_dependencies() -> None:

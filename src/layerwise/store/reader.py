@@ -12,10 +12,11 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import InputError, LayerSpecError, OptionError
+from ..errors import LayerSpecError, OptionError
 from ..extract import LayerStack
 from ..pool import WordVectors
-from .format import ATTRIBUTE, DATA, FORMAT, MANIFEST, OFFSETS, require_store_dependencies
+from .format import DATA, MANIFEST, OFFSETS, classify, not_a_store, read_store_meta, require_store_dependencies
+from .verify import VerifyReport, check_structure, damaged, verify_store
 
 
 def committed_offsets(offsets_array) -> np.ndarray:
@@ -35,9 +36,44 @@ def read_manifest(path: Path, n_committed: int):
     parts = sorted(p for p in folder.glob("part-*.parquet")) if folder.is_dir() else []
     if not parts:
         return None
-    table = pa.concat_tables([pq.read_table(p) for p in parts], promote_options="default")
+    try:
+        table = pa.concat_tables([pq.read_table(p) for p in parts], promote_options="default")
+    except (OSError, pa.ArrowException) as exc:
+        raise damaged(path, [f"a manifest part cannot be read ({exc})"], []) from exc
     table = table.filter(pc.less(table["position"], n_committed))
     return table.sort_by("position")
+
+
+def read_parts(path: Path):
+    """``(group, meta, committed offsets, manifest, problems)`` of the store at ``path``, without
+    judging whether they agree (see verify.py). Raises NotAStoreError for anything else."""
+    import zarr
+
+    if classify(path) != "store":
+        raise not_a_store(path) if path.is_dir() else _missing(path)
+    meta = read_store_meta(path) or {}
+    group = zarr.open_group(str(path), mode="r")
+    problems: list[str] = []
+    try:
+        offsets = committed_offsets(group[OFFSETS])
+    except KeyError:
+        problems.append(f"the commit marker ({OFFSETS}/) is missing")
+        offsets = np.zeros(1, dtype=np.int64)
+    try:
+        manifest = read_manifest(path, max(len(offsets) - 1, 0))
+    except Exception as exc:  # a damaged part; reported, not raised, by verify
+        problems.append(str(exc))
+        manifest = None
+    return group, meta, offsets, manifest, problems
+
+
+def _missing(path: Path):
+    from ..errors import NotAStoreError
+
+    return NotAStoreError(
+        f"{str(path)!r} is not a layerwise store (it does not exist); write one with "
+        "layerwise extract INPUT -o corpus.lw"
+    )
 
 
 class LayerView:
@@ -86,27 +122,26 @@ class Store:
 
     def __init__(self, path: str | os.PathLike) -> None:
         require_store_dependencies()
-        import zarr
-
         self.path = Path(path)
-        if not (self.path / "zarr.json").is_file():
-            raise InputError(f"{str(self.path)!r} is not a layerwise store (no zarr.json); write one with "
-                             "layerwise extract INPUT -o corpus.lw")  # fmt: skip
-        self._group = zarr.open_group(str(self.path), mode="r")
-        self.meta: dict = dict(self._group.attrs.get(ATTRIBUTE, {}))
-        if self.meta.get("format") != FORMAT:
-            raise InputError(f"{str(self.path)!r} is a Zarr group but not a layerwise store")
         self.refresh()
 
     def refresh(self) -> None:
-        """Re-read the commit marker and manifest (to follow a store that is being written)."""
-        self._offsets = committed_offsets(self._group[OFFSETS])
-        n = max(len(self._offsets) - 1, 0)
-        self._manifest = read_manifest(self.path, n)
+        """Re-read the commit marker and manifest (to follow a store that is being written).
+        Raises StoreDamagedError when they contradict each other or a committed shard is missing."""
+        group, meta, offsets, manifest, problems = read_parts(self.path)
+        if problems:
+            raise damaged(self.path, problems, [])
+        check_structure(self.path, group, meta, offsets, manifest)
+        self._group, self.meta, self._offsets, self._manifest = group, dict(meta), offsets, manifest
         self._by_id: dict[int, int] = {}
-        if self._manifest is not None:
-            ids = self._manifest["text_id"].to_numpy()
+        if manifest is not None:
+            # row p of the sorted manifest is position p (check_structure made sure of it)
+            ids = manifest["text_id"].to_numpy()
             self._by_id = {int(t): p for p, t in enumerate(ids)}
+
+    def verify(self) -> VerifyReport:
+        """Check everything, including each text's checksum; the report names the texts affected."""
+        return verify_store(self.path)
 
     # --------------------------------------------------------------------------- description
     @property
@@ -165,9 +200,13 @@ class Store:
         return int(self._offsets[position]), int(self._offsets[position + 1])
 
     def _position(self, text_id: int) -> int:
+        if isinstance(text_id, bool) or not isinstance(text_id, int | np.integer):
+            raise TypeError(
+                f"store[{text_id!r}]: a text id is an int (the 0-based input line), not {type(text_id).__name__}"
+            )
         try:
             return self._by_id[int(text_id)]
-        except (KeyError, TypeError, ValueError):
+        except KeyError:
             raise KeyError(
                 f"text {text_id!r} is not in the store: {len(self)} of {self.n_texts_total} texts are "
                 "committed (ids are 0-based input lines)"

@@ -14,15 +14,11 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import hashlib
 import logging
 import os
-import queue
-import shutil
-import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -30,13 +26,16 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .. import __version__
-from ..errors import InputError, LayerwiseError, OptionError, check_choice
+from ..errors import OptionError, StoreError, check_choice
 from ..extract import LayerStack
 from ..features import parse_pool, plan_layers
 from ..fuse import fuse_layers
+from ..inputs import normalize_inputs
 from ..layers import LayerSpec
 from ..pool import SPECIAL_TOKENS, SpecialTokens, pool_sentence, pool_words
 from ..progress import progress_bar
+from ..windows import check_window_options
+from .commit import Committer, ShardBuffer
 from .format import (
     ATTRIBUTE,
     BLOCK_SIZE,
@@ -44,30 +43,31 @@ from .format import (
     DATA,
     FORMAT,
     FORMAT_VERSION,
-    LOCK,
     MANIFEST,
     OFFSETS,
     OFFSETS_CHUNK,
     SHARD_CHUNKS,
+    classify,
+    not_a_store,
+    read_store_meta,
+    remove_store_entries,
     require_store_dependencies,
 )
+from .lock import writer_lock
 from .reader import committed_offsets, read_manifest
+from .verify import check_structure, rows_checksum
 
 if TYPE_CHECKING:
     from ..encoder import Encoder
 
 logger = logging.getLogger("layerwise")
 
-# Settings that must match for a run to resume an existing store.
+# Settings that must match for a run to resume an existing store. The model is compared by its
+# weights, not by how its folder was spelled.
 _RESUME_KEYS = (
-    "model", "weights_sha256", "layers", "level", "pool", "fuse", "special_tokens", "dtype",
-    "long_texts", "stride", "max_length", "n_texts", "block_size", "chunk_rows", "shard_chunks",
+    "weights_sha256", "layers", "level", "pool", "fuse", "special_tokens", "dtype", "row_shape",
+    "long_texts", "stride", "max_length", "n_texts", "pairs", "block_size", "chunk_rows", "shard_chunks",
 )  # fmt: skip
-
-
-class StoreError(LayerwiseError, OSError):
-    """The store cannot be written: locked by another writer, incompatible, or the disk failed."""
-
 
 @dataclass(frozen=True)
 class StoreSummary:
@@ -101,30 +101,6 @@ def weights_sha256(model) -> str:
     return digest.hexdigest()
 
 
-@contextlib.contextmanager
-def writer_lock(path: Path) -> Iterator[None]:
-    """Hold an exclusive flock on ``path/.lock``; the OS releases it if the process dies."""
-    lock_path = path / LOCK
-    handle = open(lock_path, "a+")  # noqa: SIM115 - held for the whole block
-    try:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            handle.seek(0)
-            holder = handle.read().strip() or "unknown"
-            raise StoreError(
-                f"store {str(path)!r} is being written by another process ({holder}); wait for it to "
-                "finish, or write to another path"
-            ) from None
-        handle.seek(0)
-        handle.truncate()
-        handle.write(f"pid {os.getpid()}")
-        handle.flush()
-        yield
-    finally:
-        handle.close()
-
-
 def _disk_error(path: Path, exc: OSError, committed: int, total: int) -> StoreError:
     reason = {
         errno.ENOSPC: "the disk is full",
@@ -137,64 +113,10 @@ def _disk_error(path: Path, exc: OSError, committed: int, total: int) -> StoreEr
     )
 
 
-class _Committer(threading.Thread):
-    """Writes flushed shards, manifest parts and offsets, in order, off the compute thread."""
-
-    def __init__(self, group, path: Path) -> None:
-        super().__init__(daemon=True, name="layerwise-store-writer")
-        self.group, self.path = group, path
-        self.jobs: queue.Queue = queue.Queue(maxsize=2)
-        self.error: BaseException | None = None
-
-    def run(self) -> None:
-        while True:
-            job = self.jobs.get()
-            if job is None:
-                return
-            if self.error is None:
-                try:
-                    self._commit(*job)
-                except BaseException as exc:  # reported to the main thread
-                    self.error = exc
-
-    def submit(self, job: tuple) -> None:
-        if self.error is not None:
-            raise self.error
-        self.jobs.put(job)
-
-    def close(self) -> None:
-        self.jobs.put(None)
-        self.join()
-        if self.error is not None:
-            raise self.error
-
-    def _commit(
-        self, start: int, rows: np.ndarray, records: list[dict], offsets: np.ndarray, first: int
-    ) -> None:
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
-        data = self.group[DATA]
-        end = start + len(rows)
-        if end > data.shape[0]:
-            data.resize((end, *data.shape[1:]))
-        if len(rows):
-            data[start:end] = rows
-        if records:
-            part = self.path / MANIFEST / f"part-{first:012d}.parquet"
-            tmp = part.with_suffix(".parquet.partial")
-            pq.write_table(pa.Table.from_pylist(records), tmp)
-            os.replace(tmp, part)
-            marker = self.group[OFFSETS]
-            needed = first + len(records) + 1
-            if marker.shape[0] < needed:
-                marker.resize((needed,))
-            marker[first + 1 : needed] = offsets  # the commit
-        logger.debug("committed rows %d..%d, texts %d..%d", start, end, first, first + len(records))
-
-
 class StoreWriter:
-    """Extract ``texts`` into the store at ``path``; see :func:`extract_to_store`."""
+    """Extract ``texts`` into the store at ``path``; see :func:`extract_to_store`.
+
+    Every setting is checked here, before the store is created or touched."""
 
     def __init__(
         self,
@@ -224,8 +146,11 @@ class StoreWriter:
             )
         check_choice("special_tokens", special_tokens, SPECIAL_TOKENS)
         check_choice("dtype", dtype, ("float16", "float32"))
-        if block_size < 1 or chunk_rows < 1 or shard_chunks < 1:
-            raise OptionError("block_size, chunk_rows and shard_chunks must be >= 1")
+        check_choice("long_texts", long_texts, ("truncate", "window"))
+        check_window_options(long_texts, stride, encoder.max_length)
+        for name, value in (("block_size", block_size), ("chunk_rows", chunk_rows), ("shard_chunks", shard_chunks)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise OptionError(f"{name}={value!r} must be a whole number >= 1")
         self.layers = plan_layers(layers, fuse, encoder.n_hidden_states)
         self.fuse, self.special_tokens, self.long_texts, self.stride = (
             fuse,
@@ -236,6 +161,7 @@ class StoreWriter:
         self.dtype, self.block_size = dtype, block_size
         self.chunk_rows, self.shard_rows = chunk_rows, chunk_rows * shard_chunks
         self.source = source
+        self.meta = self._meta()
 
     # ------------------------------------------------------------------ layout
     def _row_shape(self) -> tuple[int, ...]:
@@ -276,25 +202,36 @@ class StoreWriter:
         }
 
     def _open(self):
+        """Open the store to resume it, or create it. Called with the writer lock held."""
         import zarr
 
-        meta = self._meta()
-        if (self.path / "zarr.json").is_file():
-            group = zarr.open_group(str(self.path), mode="r+")
-            stored = dict(group.attrs.get(ATTRIBUTE, {}))
-            if stored.get("format") != FORMAT:
-                raise StoreError(
-                    f"{str(self.path)!r} is a Zarr group but not a layerwise store; choose another path"
-                )
-            different = [k for k in _RESUME_KEYS if stored.get(k) != meta.get(k)]
-            if different:
-                details = "; ".join(f"{k}: stored {stored.get(k)!r}, now {meta.get(k)!r}" for k in different)
-                raise StoreError(
-                    f"store {str(self.path)!r} was written with other settings ({details}); write to a new "
-                    "path, or pass --overwrite to start it again"
-                )
-            return group
-        group = zarr.open_group(str(self.path), mode="w", zarr_format=3)
+        stored = read_store_meta(self.path)
+        if stored is None:
+            return self._create()
+        group = zarr.open_group(str(self.path), mode="r+")
+        try:
+            n_committed = len(committed_offsets(group[OFFSETS])) - 1
+            complete_layout = DATA in group
+        except KeyError:  # a crash while the store was being created
+            n_committed, complete_layout = 0, False
+        different = [k for k in _RESUME_KEYS if stored.get(k) != self.meta.get(k)]
+        if n_committed <= 0 and (different or not complete_layout):
+            # nothing committed yet: the new settings simply replace the old ones
+            remove_store_entries(self.path)
+            return self._create()
+        if different:
+            details = "; ".join(f"{k}: stored {stored.get(k)!r}, now {self.meta.get(k)!r}" for k in different)
+            raise StoreError(
+                f"store {str(self.path)!r} was written with other settings ({details}); write to a new "
+                "path, or pass --overwrite (Python: overwrite=True) to start it again"
+            )
+        return group
+
+    def _create(self):
+        import zarr
+
+        # the metadata goes in with the group: from its first byte the folder says it is a store
+        group = zarr.create_group(str(self.path), zarr_format=3, attributes={ATTRIBUTE: self.meta})
         shape = self._row_shape()
         group.create_array(
             DATA,
@@ -304,13 +241,13 @@ class StoreWriter:
             dtype=self.dtype,
             fill_value=0,
             compressors=None,  # float16 activations barely compress; compression would cost compute
+            config={"write_empty_chunks": True},  # every committed shard is a file: a missing one is damage
         )
         marker = group.create_array(
             OFFSETS, shape=(1,), chunks=(OFFSETS_CHUNK,), dtype="int64", fill_value=-1
         )
         marker[0:1] = np.zeros(1, dtype=np.int64)
         (self.path / MANIFEST).mkdir(exist_ok=True)
-        group.attrs[ATTRIBUTE] = meta  # last: a store without its attribute is not a store yet
         return group
 
     # ------------------------------------------------------------------ results to rows
@@ -354,7 +291,9 @@ class StoreWriter:
             if self.fuse is not None:
                 vector = fuse_layers(vector, self.layers, self.fuse, n_hidden_states=n_hidden, axis=0)
             rows = vector[None]
-        return np.ascontiguousarray(rows, dtype=self.dtype), record
+        rows = np.ascontiguousarray(rows, dtype=self.dtype)
+        record["crc32"] = rows_checksum(rows)
+        return rows, record
 
     # ------------------------------------------------------------------ the run
     def run(self, progress: bool | None) -> StoreSummary:
@@ -374,10 +313,11 @@ class StoreWriter:
         group = self._open()
         offsets = committed_offsets(group[OFFSETS])
         n_committed = len(offsets) - 1
+        self._clean_stale(n_committed)
         manifest = read_manifest(self.path, n_committed)
+        check_structure(self.path, group, self.meta, offsets, manifest)  # never resume onto damage
         committed_ids = manifest["text_id"].to_pylist() if manifest is not None else []
         self._check_inputs(manifest)
-        self._clean_stale(n_committed)
         if n_committed == len(self.texts):
             return StoreSummary(self.path, len(self.texts), n_committed, 0, int(offsets[-1]), 0, 0.0)
 
@@ -385,22 +325,18 @@ class StoreWriter:
         first_block = min(i for i in range(len(self.texts)) if i not in done) // self.block_size
         committed_end = int(offsets[-1])
         buffer_start = (committed_end // self.shard_rows) * self.shard_rows
-        # committed rows that share the last, partly committed shard are rewritten with it
-        buffer: list[np.ndarray] = []
+        buffer = ShardBuffer(
+            self.shard_rows, self.dtype, start=buffer_start, position=n_committed, end=committed_end
+        )
         if buffer_start < committed_end:
-            buffer.append(np.asarray(group[DATA][buffer_start:committed_end]))
-        state = {
-            "buffer": buffer,
-            "buffered": committed_end - buffer_start,
-            "start": buffer_start,
-            "pending": [],  # (record, n_rows) of texts not yet committed, in store order
-            "position": n_committed,
-            "end": committed_end,
-        }
-        committer = _Committer(group, self.path)
+            # committed rows that share the last, partly committed shard are rewritten with it
+            kept = np.asarray(group[DATA][buffer_start:committed_end])
+            buffer.rows.append(kept)
+            buffer.n_buffered = len(kept)
+        committer = Committer(group, self.path)
         committer.start()
         written = truncated = 0
-        bar = self._progress(progress)
+        bar = progress_bar("storing", "texts", progress)
         try:
             with bar if bar is not None else contextlib.nullcontext():
                 task = bar.add_task("store", total=len(self.texts), completed=n_committed) if bar else None
@@ -420,19 +356,21 @@ class StoreWriter:
                         if text_id in done:
                             continue  # committed before an interruption; recomputed only to replay batches
                         rows, record = self._rows_and_record(text_id, stack)
-                        self._append(state, rows, record, committer)
+                        committer.submit(buffer.append(rows, record))
                         written += 1
                         truncated += stack.truncated
                         if bar is not None:
                             bar.advance(task, 1)
-                self._flush(state, committer, final=True)
+                committer.submit(buffer.flush(final=True))
                 committer.close()
             data = group[DATA]
-            if data.shape[0] != state["end"]:
-                data.resize((state["end"], *data.shape[1:]))  # drop rows a crash left past the commit
+            if data.shape[0] != buffer.end:
+                data.resize((buffer.end, *data.shape[1:]))  # drop rows a crash left past the commit
         except OSError as exc:
             with contextlib.suppress(BaseException):
                 committer.close()
+            if isinstance(exc, StoreError):
+                raise
             committed = len(committed_offsets(group[OFFSETS])) - 1
             raise _disk_error(self.path, exc, committed, len(self.texts)) from exc
         except BaseException:
@@ -444,40 +382,9 @@ class StoreWriter:
             len(self.texts),
             n_committed,
             written,
-            state["end"],
+            buffer.end,
             truncated,
             time.perf_counter() - started,
-        )
-
-    def _append(self, state: dict, rows: np.ndarray, record: dict, committer: _Committer) -> None:
-        state["buffer"].append(rows)
-        state["buffered"] += len(rows)
-        state["pending"].append((record, len(rows)))
-        if state["buffered"] >= self.shard_rows:
-            self._flush(state, committer, final=False)
-
-    def _flush(self, state: dict, committer: _Committer, *, final: bool) -> None:
-        """Hand whole shards (all rows when ``final``) to the committer, with the texts they complete."""
-        count = state["buffered"] if final else (state["buffered"] // self.shard_rows) * self.shard_rows
-        if count == 0 and not (final and state["pending"]):
-            return
-        rows = np.concatenate(state["buffer"]) if state["buffer"] else np.zeros((0,), dtype=self.dtype)
-        out, keep = rows[:count], rows[count:]
-        written_end = state["start"] + count
-        records, ends = [], []
-        position, end = state["position"], state["end"]
-        while state["pending"] and end + state["pending"][0][1] <= written_end:
-            record, n_rows = state["pending"].pop(0)
-            records.append({**record, "position": position + len(records), "start": end, "n_rows": n_rows})
-            end += n_rows
-            ends.append(end)
-        committer.submit((state["start"], out, records, np.asarray(ends, dtype=np.int64), position))
-        state.update(
-            buffer=[keep] if len(keep) else [],
-            buffered=len(keep),
-            start=written_end,
-            position=position + len(records),
-            end=end,
         )
 
     def _check_inputs(self, manifest) -> None:
@@ -491,19 +398,19 @@ class StoreWriter:
                 raise StoreError(
                     f"text {text_id} (input line {text_id + 1}) differs from the one in store "
                     f"{str(self.path)!r}: the input changed since the store was started; write to a new "
-                    "path, or pass --overwrite"
+                    "path, or pass --overwrite (Python: overwrite=True)"
                 )
 
     def _clean_stale(self, n_committed: int) -> None:
         """Remove what an interrupted run left past the commit marker: manifest parts and temp files."""
         for part in (self.path / MANIFEST).glob("part-*.parquet"):
-            if int(part.stem.split("-")[1]) >= n_committed:
-                part.unlink()
-        for leftover in self.path.rglob("*.partial"):
+            with contextlib.suppress(ValueError):
+                if int(part.stem.split("-")[1]) >= n_committed:
+                    part.unlink()
+        for leftover in (self.path / MANIFEST).glob(".*.partial"):
             leftover.unlink(missing_ok=True)
-
-    def _progress(self, enabled: bool | None):
-        return progress_bar("storing", "texts", enabled)
+        for leftover in (self.path / MANIFEST).glob("*.partial"):  # 0.1 named them visibly
+            leftover.unlink(missing_ok=True)
 
 
 def extract_to_store(
@@ -530,27 +437,19 @@ def extract_to_store(
 
     ``pool`` is ``"token"``, ``"word:MODE"`` or ``"sentence:MODE"``; ``fuse`` a fusion name for
     word and sentence pooling. Running the same call again after an interruption resumes where
-    the last commit left off; a finished store is left as it is."""
+    the last commit left off; a finished store is left as it is. Every argument and every text is
+    checked before anything is created; only an empty folder or a layerwise store is written into,
+    and ``overwrite`` removes only the store's own entries."""
     require_store_dependencies()
-    if isinstance(texts, str):
-        raise InputError("texts must be a list of strings; wrap a single text in a list")
-    if text_pairs is not None and len(text_pairs) != len(texts):
-        raise InputError(f"texts has {len(texts)} items but text_pairs has {len(text_pairs)}")
+    raw = normalize_inputs(texts, text_pairs=text_pairs)  # bad input fails before anything exists
     path = Path(path)
-    if path.exists() and not path.is_dir():
-        raise StoreError(f"{str(path)!r} exists and is a file; a store is a folder: choose another path")
-    if (
-        path.is_dir()
-        and any(path.iterdir())
-        and not (path / "zarr.json").is_file()
-        and not (path / LOCK).is_file()
-    ):
-        raise StoreError(f"{str(path)!r} is a folder that is not a layerwise store; choose another path")
     writer = StoreWriter(
-        encoder, path, texts, text_pairs, layers=layers, pool=pool, fuse=fuse, special_tokens=special_tokens,
-        long_texts=long_texts, stride=stride, dtype=dtype, block_size=block_size, chunk_rows=chunk_rows,
-        shard_chunks=shard_chunks, source=source,
+        encoder, path, raw.texts, raw.text_pairs, layers=layers, pool=pool, fuse=fuse,
+        special_tokens=special_tokens, long_texts=long_texts, stride=stride, dtype=dtype,
+        block_size=block_size, chunk_rows=chunk_rows, shard_chunks=shard_chunks, source=source,
     )  # fmt: skip
+    if classify(path) == "other":
+        raise not_a_store(path)
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -558,8 +457,9 @@ def extract_to_store(
             f"cannot create store {str(path)!r}: {exc.strerror}; choose a writable path"
         ) from exc
     with writer_lock(path):
-        if overwrite and (path / "zarr.json").is_file():
-            for child in path.iterdir():
-                if child.name != LOCK:
-                    shutil.rmtree(child) if child.is_dir() else child.unlink()
+        kind = classify(path)  # again, now that no other writer can change it
+        if kind == "other":
+            raise not_a_store(path)
+        if overwrite and kind == "store":
+            remove_store_entries(path)
         return writer.run(progress)
