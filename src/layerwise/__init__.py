@@ -33,11 +33,14 @@ _EXPORTS = {
     "ScalarMix": "scalar_mix",
     "TAPS": "hooks",
     "Store": "store",
-    "StoreError": "store",
+    "StoreError": "errors",
     "WordVectors": "pool",
     "default_model_path": "encoder",
     "extract_to_store": "store",
     "open_store": "store",
+    "verify_store": "store",
+    "NotAStoreError": "errors",
+    "StoreDamagedError": "errors",
     "fuse_layers": "fuse",
     "layer_deltas": "fuse",
     "layer_drift": "fuse",
@@ -61,7 +64,10 @@ if TYPE_CHECKING:
         LayerwiseError,
         MissingDependencyError,
         ModelLoadError,
+        NotAStoreError,
         OptionError,
+        StoreDamagedError,
+        StoreError,
     )
     from .extract import LayerStack
     from .fuse import FUSIONS, fuse_layers, layer_deltas, layer_drift
@@ -71,7 +77,7 @@ if TYPE_CHECKING:
     from .pool import WordVectors, pool_sentence, pool_words
     from .probing import ProbeResult, probe
     from .scalar_mix import ScalarMix
-    from .store import Store, StoreError, extract_to_store, open_store
+    from .store import Store, extract_to_store, open_store, verify_store
 
 
 def __getattr__(name: str) -> object:

@@ -427,6 +427,22 @@ def plot(
     err.print(f"figure written to {path}", highlight=False)
 
 
+@app.command()
+def verify(
+    store: Annotated[Path, typer.Argument(help="A store folder (*.lw)")],
+) -> None:
+    """Check a store: offsets, manifest, shards and every text's checksum. Exit 1 if it is damaged."""
+    try:
+        from .store import verify_store
+
+        report = verify_store(store)
+    except LayerwiseError as exc:
+        raise _fail(exc) from None
+    (Console() if report.ok else err).print(str(report), highlight=False, markup=False, soft_wrap=True)
+    if not report.ok:
+        raise typer.Exit(code=1)
+
+
 probe_app = typer.Typer(
     help="Layer-wise probes: one row per layer and per fusion, with controls. Which layer, which fusion?",
     no_args_is_help=True,
