@@ -125,3 +125,80 @@ def ud_sentences(split: str = "dev", limit: int | None = None) -> list[str]:
                 if limit and len(texts) >= limit:
                     break
     return texts
+
+
+@pytest.fixture(scope="session")
+def make_pair_convention_model(tmp_path_factory, default_model_dir) -> Callable[[str], Path]:
+    """Random models whose tokenizers use each family's real sentence-pair convention.
+
+    * ``roberta``: a byte-level BPE tokenizer trained here with ``tokenizers`` and RoBERTa's own
+      post-processor: ``<s> A </s></s> B </s>``, type id 0 everywhere.
+    * ``mpnet``: MPNet's layout on the WordPiece vocabulary: ``[CLS] A [SEP][SEP] B [SEP]``, type 0.
+    * ``distilbert``: BERT's layout ``[CLS] A [SEP] B [SEP]`` (types 0/1) on a model without token types.
+    """
+    import json
+
+    import torch
+    import transformers as tf
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers
+    from tokenizers import decoders as tk_decoders
+
+    made: dict[str, Path] = {}
+
+    def make(arch: str) -> Path:
+        if arch in made:
+            return made[arch]
+        folder = tmp_path_factory.mktemp(f"pairs-{arch}")
+        torch.manual_seed(0)
+        if arch == "roberta":
+            specials = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
+            tokenizer = Tokenizer(models.BPE(unk_token=None))
+            tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+            tokenizer.decoder = tk_decoders.ByteLevel()
+            corpus = [line for line in ud_sentences("dev", 400)] or ["the bank raised rates"] * 10
+            trainer = trainers.BpeTrainer(
+                vocab_size=600, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+            )
+            tokenizer.train_from_iterator(corpus, trainer)
+            tokenizer.post_processor = processors.RobertaProcessing(("</s>", 2), ("<s>", 0), trim_offsets=True)
+            tokenizer.save(str(folder / "tokenizer.json"))
+            (folder / "tokenizer_config.json").write_text(
+                json.dumps(
+                    {
+                        "tokenizer_class": "RobertaTokenizer",
+                        "bos_token": "<s>",
+                        "eos_token": "</s>",
+                        "sep_token": "</s>",
+                        "cls_token": "<s>",
+                        "pad_token": "<pad>",
+                        "unk_token": "<unk>",
+                        "mask_token": "<mask>",
+                        "model_max_length": 512,
+                    }
+                )
+            )
+            config = tf.RobertaConfig(
+                vocab_size=tokenizer.get_vocab_size(), hidden_size=32, num_hidden_layers=2,
+                num_attention_heads=4, intermediate_size=64, max_position_embeddings=130,
+                pad_token_id=1, bos_token_id=0, eos_token_id=2,
+            )  # fmt: skip
+        else:
+            for name in TOKENIZER_FILES:
+                shutil.copy(default_model_dir / name, folder / name)
+            if arch == "mpnet":
+                tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+                tokenizer.post_processor = processors.TemplateProcessing(
+                    single="[CLS] $A [SEP]",
+                    pair="[CLS] $A [SEP] [SEP] $B [SEP]",
+                    special_tokens=[("[CLS]", 101), ("[SEP]", 102)],
+                )
+                tokenizer.save(str(folder / "tokenizer.json"))
+                settings = json.loads((folder / "tokenizer_config.json").read_text())
+                settings["tokenizer_class"] = "MPNetTokenizer"  # else transformers re-applies BERT's template
+                (folder / "tokenizer_config.json").write_text(json.dumps(settings))
+            config = tiny_config(arch, 2)
+        tf.AutoModel.from_config(config).save_pretrained(folder)
+        made[arch] = folder
+        return folder
+
+    return make

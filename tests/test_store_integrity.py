@@ -10,12 +10,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from test_store import assert_close_fp16, corpus
 
 import layerwise as lw
 from layerwise.errors import NotAStoreError, OptionError, StoreDamagedError, StoreError
 from layerwise.store.commit import Committer
-
-from test_store import assert_close_fp16, corpus
 
 LAYOUT = {"chunk_rows": 8, "shard_chunks": 2, "block_size": 16}
 
@@ -225,7 +224,7 @@ def test_changed_bytes_are_found_by_checksum_and_named(tmp_path, good_store):
     path = _copy(good_store, tmp_path)
     store = lw.open_store(path)
     assert store.verify().ok
-    start, stop = store.rows(17)
+    start, _ = store.rows(17)
     import zarr
 
     data = zarr.open_group(str(path), mode="r+")["data"]

@@ -18,7 +18,7 @@ __version__ = "0.1.0"
 
 # public name -> module that defines it
 _EXPORTS = {
-    "DEFAULT_MODEL": "encoder",
+    "DEFAULT_MODEL": "model_source",
     "EncodedInput": "inputs",
     "FUSIONS": "fuse",
     "Encoder": "encoder",
@@ -35,7 +35,7 @@ _EXPORTS = {
     "Store": "store",
     "StoreError": "errors",
     "WordVectors": "pool",
-    "default_model_path": "encoder",
+    "default_model_path": "model_source",
     "extract_to_store": "store",
     "open_store": "store",
     "verify_store": "store",
@@ -57,7 +57,7 @@ __all__ = sorted([*_EXPORTS, *_SUBMODULES, "__version__"])
 
 if TYPE_CHECKING:
     from . import analyze
-    from .encoder import DEFAULT_MODEL, Encoder, default_model_path
+    from .encoder import Encoder
     from .errors import (
         InputError,
         LayerSpecError,
@@ -74,6 +74,7 @@ if TYPE_CHECKING:
     from .hooks import TAPS
     from .inputs import EncodedInput
     from .layers import resolve_layers
+    from .model_source import DEFAULT_MODEL, default_model_path
     from .pool import WordVectors, pool_sentence, pool_words
     from .probing import ProbeResult, probe
     from .scalar_mix import ScalarMix

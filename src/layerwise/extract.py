@@ -170,6 +170,21 @@ def split_rows(hidden: torch.Tensor, tapped: Mapping[str, torch.Tensor], lengths
     return rows
 
 
+def segment_ids(sequence_ids: Sequence[int | None]) -> np.ndarray:
+    """Segment (0 = first text, 1 = second) of every token, from the tokenizer's sequence ids.
+
+    Not from ``type_ids``: RoBERTa-style tokenizers give both segments type id 0. Special tokens
+    belong to the segment of the content token before them ([CLS] to 0, the [SEP] after A to 0,
+    the final [SEP] to 1), which is BERT's token-type layout."""
+    out = np.zeros(len(sequence_ids), dtype=np.int8)
+    current = 0
+    for position, sequence in enumerate(sequence_ids):
+        if sequence is not None:
+            current = sequence
+        out[position] = current
+    return out
+
+
 def make_stack(
     item: EncodedInput,
     hidden: np.ndarray,
@@ -185,7 +200,7 @@ def make_stack(
         tokens=item.tokens,
         offsets=np.asarray(item.offsets, dtype=np.int32).reshape(n, 2),
         word_ids=np.asarray([-1 if w is None else w for w in item.word_ids], dtype=np.int32),
-        segment_ids=np.asarray(item.type_ids, dtype=np.int8),
+        segment_ids=segment_ids(item.sequence_ids),
         text=item.text,
         text_pair=item.text_pair,
         words=item.words,

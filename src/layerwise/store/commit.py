@@ -77,7 +77,9 @@ class ShardBuffer:
         end = self.end
         while self.pending and end + self.pending[0][1] <= written_end:
             record, n_rows = self.pending.pop(0)
-            records.append({**record, "position": self.position + len(records), "start": end, "n_rows": n_rows})
+            records.append(
+                {**record, "position": self.position + len(records), "start": end, "n_rows": n_rows}
+            )
             end += n_rows
             ends.append(end)
         flush = Flush(self.start, out, records, np.asarray(ends, dtype=np.int64), self.position)

@@ -15,7 +15,15 @@ import numpy as np
 from ..errors import LayerSpecError, OptionError
 from ..extract import LayerStack
 from ..pool import WordVectors
-from .format import DATA, MANIFEST, OFFSETS, classify, not_a_store, read_store_meta, require_store_dependencies
+from .format import (
+    DATA,
+    MANIFEST,
+    OFFSETS,
+    classify,
+    not_a_store,
+    read_store_meta,
+    require_store_dependencies,
+)
 from .verify import VerifyReport, check_structure, damaged, verify_store
 
 
@@ -202,7 +210,8 @@ class Store:
     def _position(self, text_id: int) -> int:
         if isinstance(text_id, bool) or not isinstance(text_id, int | np.integer):
             raise TypeError(
-                f"store[{text_id!r}]: a text id is an int (the 0-based input line), not {type(text_id).__name__}"
+                f"store[{text_id!r}]: a text id is an int (the 0-based input line), "
+                f"not {type(text_id).__name__}"
             )
         try:
             return self._by_id[int(text_id)]

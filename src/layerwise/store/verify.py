@@ -115,7 +115,9 @@ def structure_problems(path: Path, group, meta: dict, offsets: np.ndarray, manif
             unique, counts = np.unique(text_ids, return_counts=True)
             if (counts > 1).any():
                 twice = unique[counts > 1]
-                problems.append(f"{len(twice)} text ids appear more than once in the manifest (first {twice[0]})")
+                problems.append(
+                    f"{len(twice)} text ids appear more than once in the manifest (first {twice[0]})"
+                )
                 affected.update(int(t) for t in twice)
             out_of_range = text_ids[(text_ids < 0) | (text_ids >= n_texts)]
             if out_of_range.size:
@@ -161,7 +163,11 @@ def check_structure(path: Path, group, meta: dict, offsets: np.ndarray, manifest
 
 
 def damaged(path: Path, problems: list[str], text_ids: list[int]) -> StoreDamagedError:
-    hit = f" Texts affected: {', '.join(map(str, text_ids[:10]))}{' …' if len(text_ids) > 10 else ''}." if text_ids else ""
+    hit = (
+        f" Texts affected: {', '.join(map(str, text_ids[:10]))}{' …' if len(text_ids) > 10 else ''}."
+        if text_ids
+        else ""
+    )
     return StoreDamagedError(
         f"store {str(path)!r} is damaged: {'; '.join(problems)}.{hit} Its numbers cannot be trusted: "
         f"run 'layerwise verify {path}' for the full list, then rewrite it with --overwrite "
@@ -200,12 +206,16 @@ def verify_store(path: Path, *, block_rows: int = 65536) -> VerifyReport:
                 if not block_lo <= row < block_lo + len(block):
                     block_lo, block = row, np.asarray(data[row : min(row + block_rows, end)])
                 take = min(stop, block_lo + len(block)) - row
-                running = zlib.crc32(np.ascontiguousarray(block[row - block_lo : row - block_lo + take]), running)
+                running = zlib.crc32(
+                    np.ascontiguousarray(block[row - block_lo : row - block_lo + take]), running
+                )
                 row += take
             if running != int(expected[position]):
                 affected.add(int(ids[position]))
         if affected:
-            problems.append(f"{len(affected)} texts' rows differ from the checksum written when they were committed")
+            problems.append(
+                f"{len(affected)} texts' rows differ from the checksum written when they were committed"
+            )
     report.problems = problems
     report.text_ids = sorted(affected)
     return report

