@@ -41,7 +41,7 @@ def test_extract_txt_to_npz(tmp_path, make_tiny_model):
     meta = json.loads(str(data["meta"]))
     assert meta["model"] == str(model) and meta["layers"] == [0, 3] and meta["n_texts"] == 3
     assert data["layers"].tolist() == [0, 3]
-    assert data["texts"].tolist() == ["The bank raised rates.", "", "We sat on the river bank."]
+    assert lw.read_npz_texts(data) == ["The bank raised rates.", "", "We sat on the river bank."]
     assert data["tokens_1"].tolist() == ["[CLS]", "[SEP]"]
     expected = lw.Encoder(model, device="cpu").extract(["We sat on the river bank."], layers=[0, -1])[0]
     np.testing.assert_allclose(data["hidden_2"], expected.hidden, atol=1e-5)
@@ -75,7 +75,7 @@ def test_extract_jsonl_input(tmp_path, make_tiny_model):
     out = tmp_path / "out.npz"
     result = run("extract", source, "-o", out, "--model", make_tiny_model("bert"), "-q")
     assert result.exit_code == 0, result.output
-    assert np.load(out)["texts"].tolist() == ["first", "second one"]
+    assert lw.read_npz_texts(np.load(out)) == ["first", "second one"]
 
 
 @pytest.mark.parametrize(
@@ -106,7 +106,7 @@ def test_invalid_utf8_can_be_replaced(tmp_path, make_tiny_model):
         "extract", source, "-o", out, "--model", make_tiny_model("bert"), "--encoding-errors", "replace"
     )
     assert result.exit_code == 0, result.output
-    assert np.load(out)["texts"].tolist() == ["caf\ufffd"]
+    assert lw.read_npz_texts(np.load(out)) == ["caf\ufffd"]
 
 
 def test_cli_errors_for_bad_layers_suffix_and_model(tmp_path, make_tiny_model):
@@ -197,3 +197,33 @@ def test_show_keeps_tokens_visible_when_piped_at_80_columns(make_tiny_model):
     for token in ("[CLS]", "bank", "raised", "interest", "rates", "again", "[SEP]"):
         assert f" {token} " in out
     assert "…" not in out  # no cell was cut short
+
+
+def test_output_that_is_the_input_is_refused(tmp_path):
+    data = tmp_path / "data.jsonl"
+    data.write_text('{"text": "a", "label": 1}\n', encoding="utf-8")
+    result = CliRunner().invoke(app, ["extract", str(data), "-o", str(tmp_path / "." / "data.jsonl")])
+    assert result.exit_code == 2 and "is the input file" in " ".join(result.output.split())
+    assert data.read_text(encoding="utf-8") == '{"text": "a", "label": 1}\n'
+
+
+def test_sigterm_leaves_no_temp_files(tmp_path, make_tiny_model):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    source = tmp_path / "t.txt"
+    source.write_text("\n".join(f"sentence number {i} about the bank " * 3 for i in range(20000)) + "\n")
+    out = tmp_path / "out.npz"
+    command = [sys.executable, "-m", "layerwise.cli", "extract", str(source), "-o", str(out), "-q",
+               "--model", str(make_tiny_model("bert"))]  # fmt: skip
+    process = subprocess.Popen(command, stderr=subprocess.PIPE)
+    deadline = time.time() + 120
+    while not list(tmp_path.glob(".out.npz.*.tmp")) and time.time() < deadline and process.poll() is None:
+        time.sleep(0.05)
+    assert process.poll() is None, process.stderr.read().decode() if process.stderr else ""
+    time.sleep(0.3)
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(60) == 128 + signal.SIGTERM
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.txt"]

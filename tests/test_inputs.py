@@ -174,3 +174,26 @@ def test_tokenizer_padding_of_packaged_model_is_off(default_encoder):
     assert len(encoded[0]) == 4
     # and the caller's tokenizer is left untouched
     assert default_encoder.tokenizer("hello")["input_ids"] == [101, 7592, 102]
+
+
+def test_very_long_text_is_truncated_without_tokenising_all_of_it(default_encoder):
+    import time
+
+    from tokenizers import Tokenizer
+
+    text = " ".join(f"word{i % 97} bank rates" for i in range(60_000))  # ~900k characters
+    started = time.perf_counter()
+    item = default_encoder.tokenize([text])[0]
+    seconds = time.perf_counter() - started
+    reference = Tokenizer.from_str(default_encoder.tokenizer.backend_tokenizer.to_str())
+    reference.no_padding()
+    reference.enable_truncation(default_encoder.max_length)
+    whole = reference.encode(text)
+    assert list(item.ids) == whole.ids and [tuple(o) for o in item.offsets] == whole.offsets
+    assert item.truncated and not item.counts_exact and item.words_lost > 0
+    assert seconds < 1.0, seconds  # whole-text tokenisation of this line takes several seconds
+
+
+def test_window_mode_refuses_a_text_too_large_to_hold(default_encoder):
+    with pytest.raises(InputError, match=r"input 1 has 10,000,000 characters: with long_texts='window'"):
+        default_encoder.extract(["ok", "x" * 10_000_000], long_texts="window")

@@ -52,3 +52,33 @@ def test_npz_round_trip_without_pickle(tmp_path, tiny_encoder):
 def test_bad_output_folder(tmp_path, tiny_encoder):
     with pytest.raises(OptionError, match="does not exist; create it first"):
         write_results(tmp_path / "no" / "o.npz", iter([]), texts=[], meta={})
+
+
+def test_texts_are_stored_compactly(tmp_path, tiny_encoder):
+    """0.1 stored texts as a fixed-width <U array: one long line made every text as wide as it."""
+    import layerwise as lw
+
+    texts = ["x " * 50_000, *(["short"] * 300), "café \ud800 東京"]
+    from layerwise.features import SentenceVector
+
+    sentence = SentenceVector(np.zeros(4, dtype=np.float32))
+    write_results(tmp_path / "o.npz", ((i, sentence) for i in range(len(texts))), texts=texts, meta={})
+    assert (tmp_path / "o.npz").stat().st_size < 200_000  # 0.1: 302 x 400 KB = 120 MB
+    assert lw.read_npz_texts(np.load(tmp_path / "o.npz")) == texts
+
+
+def test_output_mode_follows_the_umask_and_stale_temp_files_go(tmp_path, tiny_encoder):
+    import os
+
+    stale = tmp_path / ".o.npz.999999999.abcd1234.tmp"  # a writer that was SIGKILLed
+    stale.write_bytes(b"x" * 100)
+    old_style = tmp_path / ".o.npz.k2j3h4.tmp"  # 0.1's name
+    old_style.write_bytes(b"x")
+    stacks = tiny_encoder.extract(["one"])
+    previous = os.umask(0o022)
+    try:
+        write_results(tmp_path / "o.npz", enumerate(stacks), texts=["one"], meta={})
+    finally:
+        os.umask(previous)
+    assert (tmp_path / "o.npz").stat().st_mode & 0o777 == 0o644
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["o.npz"]

@@ -46,6 +46,7 @@ _EXPORTS = {
     "layer_drift": "fuse",
     "pool_sentence": "pool",
     "probe": "probing",
+    "read_npz_texts": "writers",
     "pool_words": "pool",
     "resolve_layers": "layers",
 }
@@ -78,6 +79,7 @@ if TYPE_CHECKING:
     from .pool import WordVectors, pool_sentence, pool_words
     from .probing import ProbeResult, probe
     from .scalar_mix import ScalarMix
+    from .writers import read_npz_texts
     from .store import Store, extract_to_store, open_store, verify_store
 
 

@@ -7,6 +7,8 @@ imported inside the commands.
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import sys
 import time
 from enum import StrEnum
@@ -179,6 +181,11 @@ def extract(
         to_store = output.suffix.lower() == ".lw" or output.is_dir()
         if not to_store:
             output_format(output)  # fail on bad options before loading anything
+        if output.exists() and input.exists() and os.path.samefile(output, input):
+            raise OptionError(
+                f"the output {str(output)!r} is the input file; writing it would replace your data: "
+                "choose another output path"
+            )
         level, mode = parse_pool(pool)
         if fuse is not None and level == "token":
             raise OptionError("--fuse applies to --pool word:… and sentence:…; for tokens choose --layers")
@@ -559,7 +566,6 @@ def probe_pairs(
 
 def _use_available_cores() -> None:
     """torch counts the machine's cores; a container or taskset may allow fewer."""
-    import os
 
     import torch
 
@@ -583,7 +589,14 @@ def _report_store(summary, model: str) -> None:
     )
 
 
+def _terminate(signum: int, frame: object) -> None:
+    """SIGTERM (kill, systemd, a batch scheduler) unwinds like Ctrl-C: temp files are removed and
+    a store's background writer stops after its current commit."""
+    raise SystemExit(128 + signum)
+
+
 def main() -> None:
+    signal.signal(signal.SIGTERM, _terminate)
     try:
         app()
     except KeyboardInterrupt:

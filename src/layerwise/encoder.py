@@ -30,7 +30,7 @@ from .layers import LayerSpec, resolve_layers
 from .model_source import load_model, pick_device, resolve_model_source, usable_max_length
 from .pool import SentencePool, SpecialTokens, SubwordPool, WordVectors
 from .progress import progress_bar
-from .windows import Window, plan_windows, stitch
+from .windows import Window, check_window_options, plan_windows, stitch
 
 logger = logging.getLogger("layerwise")
 
@@ -39,6 +39,7 @@ DTYPES: tuple[str, ...] = ("float32", "float16", "bfloat16")
 LongTexts = Literal["truncate", "window"]
 LONG_TEXTS: tuple[str, ...] = ("truncate", "window")
 CPU_MAX_TOKENS = 2048
+WINDOW_MEMORY = 2 * 2**30  # bytes of hidden states one windowed input may hold (see _check_window_memory)
 GPU_MAX_TOKENS = 32768
 _TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -196,7 +197,10 @@ class Encoder:
         if len(set(taps)) != len(taps):
             raise OptionError(f"taps={taps!r} names a tap more than once")
         check_choice("long_texts", long_texts, LONG_TEXTS)
+        check_window_options(long_texts, stride, self.max_length)
         raw = normalize_inputs(texts, text_pairs=text_pairs, pairs=pairs, words=words)
+        if long_texts == "window":
+            self._check_window_memory(raw, len(layer_ids))
         encoded = self._inputs.encode(raw, truncate=long_texts == "truncate")
         if report_truncation:
             self._report_truncation(encoded)
@@ -301,19 +305,40 @@ class Encoder:
         ordered = [results[i] for i in range(len(results))]
         return ordered[0] if single else ordered
 
+    def _check_window_memory(self, raw, n_layers: int) -> None:
+        """Window mode holds every hidden state of an input until its windows are stitched; refuse,
+        before tokenising, an input that would need more than WINDOW_MEMORY bytes for that (counted
+        at one token per 4 characters, a low estimate for English WordPiece)."""
+        bytes_per_token = n_layers * self.hidden_size * 4
+        max_chars = 4 * WINDOW_MEMORY // bytes_per_token
+        for i, text in enumerate(raw.texts):
+            size = len(text) + (len(raw.text_pairs[i]) if raw.text_pairs is not None else 0)
+            if size > max_chars:
+                raise InputError(
+                    f"input {i} has {size:,} characters: with long_texts='window' its {n_layers} hidden states "
+                    f"would take about {size // 4 * bytes_per_token / 2**30:.1f} GiB until its windows are "
+                    f"stitched, and layerwise stops at {max_chars:,} characters per input for this model and "
+                    "these layers. Split such documents (e.g. into paragraphs), ask for fewer layers, or use "
+                    "long_texts='truncate'",
+                    index=i,
+                )
+
     def _report_truncation(self, encoded: Sequence[EncodedInput]) -> None:
         truncated = [e for e in encoded if e.truncated]
         if truncated:
             first = truncated[0]
+            bound = "" if all(e.counts_exact for e in truncated) else "at least "
             logger.warning(
                 "%d of %d inputs were longer than %d tokens and were truncated (first: input %d, "
-                "%d tokens; %d words lost in all); their results have truncated=True. Pass "
+                "%s%d tokens; %s%d words lost in all); their results have truncated=True. Pass "
                 "long_texts='window' (CLI: --long-texts window) to keep every token with sliding windows.",
                 len(truncated),
                 len(encoded),
                 self.max_length,
                 first.index,
+                "" if first.counts_exact else "at least ",
                 first.n_tokens_untruncated,
+                bound,
                 sum(e.words_lost for e in truncated),
             )
 

@@ -9,8 +9,13 @@ an interrupt never leaves a half-written file behind.
 
     meta                  JSON string: format, version, model, layers, pool, fuse, dtype, n_texts, ...
     layers                (n_layers,) int32: hidden-state indices, 0 = embedding output
-    texts, text_pairs     (n_texts,) str
+    texts_utf8            (total bytes,) uint8: every text's UTF-8 bytes, one after another
+    texts_offsets         (n_texts + 1,) int64: text i is texts_utf8[offsets[i]:offsets[i + 1]]
+    text_pairs_utf8, text_pairs_offsets   the same for the second segments, when there are pairs
     truncated             (n_texts,) bool
+
+(``read_npz_texts(npz)`` decodes them. Version 1 kept ``texts`` as a fixed-width ``<U`` array, so
+one 100,000-character line made every text 400 KB wide.)
   pool = token:
     hidden_{i}            (n_layers, n_tokens_i, hidden)
     tokens_{i}            (n_tokens_i,) str, wordpieces incl. [CLS]/[SEP]
@@ -29,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 import tempfile
 import zipfile
 from collections.abc import Iterable, Iterator, Sequence
@@ -56,13 +62,50 @@ def output_format(path: str | Path) -> str:
     return suffix
 
 
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _remove_stale_temp_files(path: Path) -> None:
+    """Temp files of ``path`` left by a process that was killed (SIGKILL cannot be cleaned up after).
+    Names are ``.NAME.PID.RANDOM.tmp``; a file whose writer still runs is left alone."""
+    for leftover in path.parent.glob(f".{path.name}.*.tmp"):
+        parts = leftover.name[len(path.name) + 2 :].split(".")
+        pid = int(parts[0]) if len(parts) == 3 and parts[0].isdigit() else None
+        if pid is None or (pid != os.getpid() and not _pid_alive(pid)):
+            with contextlib.suppress(OSError):
+                leftover.unlink()
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 @contextlib.contextmanager
 def atomic_path(path: Path) -> Iterator[Path]:
-    """A temporary path next to ``path`` that replaces it only if the block succeeds."""
+    """A temporary path next to ``path`` that replaces it only if the block succeeds.
+
+    The file gets the mode a plain ``open()`` would give it (0666 minus the umask), not
+    mkstemp's 0600."""
     directory = path.parent if str(path.parent) else Path(".")
     if not directory.is_dir():
         raise OptionError(f"output folder {str(directory)!r} does not exist; create it first")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
+    _remove_stale_temp_files(path)
+    tmp = directory / f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666 & ~_umask())
+    except OSError as exc:
+        raise OptionError(
+            f"cannot write to {str(directory)!r}: {exc.strerror}; choose a writable output folder"
+        ) from exc
     os.close(fd)
     try:
         yield Path(tmp)
@@ -153,19 +196,26 @@ class _NpzWriter(_Writer):
             if sentences is not None:
                 self._put(zf, "embeddings", sentences)
             self._put(zf, "layers", np.asarray(self.meta.get("layers", ()), dtype=np.int32))
-            self._put(zf, "texts", np.asarray(list(self.texts), dtype=str))
+            self._put_texts(zf, "texts", self.texts)
             if self.text_pairs is not None:
-                self._put(zf, "text_pairs", np.asarray(list(self.text_pairs), dtype=str))
+                self._put_texts(zf, "text_pairs", self.text_pairs)
             self._put(zf, "truncated", self.truncated)
             meta = {
                 **self.meta,
                 "format": "layerwise-npz",
-                "format_version": 1,
+                "format_version": 2,
                 "dtype": self.dtype,
                 "n_texts": self.n_texts,
             }
             self._put(zf, "meta", np.asarray(json.dumps(meta)))
         return summary
+
+    def _put_texts(self, zf: zipfile.ZipFile, name: str, texts: Sequence[str]) -> None:
+        encoded = [t.encode("utf-8", "surrogatepass") for t in texts]
+        offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
+        np.cumsum([len(b) for b in encoded], out=offsets[1:])
+        self._put(zf, f"{name}_utf8", np.frombuffer(b"".join(encoded), dtype=np.uint8))
+        self._put(zf, f"{name}_offsets", offsets)
 
     @staticmethod
     def _put(zf: zipfile.ZipFile, name: str, array: np.ndarray) -> None:
@@ -220,6 +270,14 @@ class _JsonlWriter(_Writer):
         else:
             record.update(truncated=result.truncated, embedding=self._vectors(result.vector))
         return record
+
+
+def read_npz_texts(npz, name: str = "texts") -> list[str]:
+    """The texts (or ``name="text_pairs"``) of a layerwise ``.npz`` opened with ``numpy.load``."""
+    if f"{name}_utf8" not in npz.files:
+        return npz[name].tolist() if name in npz.files else []  # format_version 1
+    data, offsets = npz[f"{name}_utf8"].tobytes(), npz[f"{name}_offsets"]
+    return [data[a:b].decode("utf-8", "surrogatepass") for a, b in zip(offsets[:-1], offsets[1:], strict=True)]
 
 
 def _copy_span(src: IO[bytes], dst: IO[bytes], start: int, length: int) -> None:
