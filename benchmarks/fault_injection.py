@@ -32,7 +32,7 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import numpy as np  # noqa: E402
+import numpy as np
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -86,7 +86,9 @@ def kill_and_resume(source: Path, target: Path, reference: Path, kills: int, rng
         print(f"kill {k + 1:2d}: SIGKILL with {now} texts committed")
     subprocess.run(command, check=True)
     identical = same_store(target, reference)
-    print(f"after {len(rows)} kills and a final run: {'identical to' if identical else 'DIFFERENT from'} the reference")
+    print(
+        f"after {len(rows)} kills and a final run: {'identical to' if identical else 'DIFFERENT from'} the reference"
+    )
     return {"kills": rows, "identical": identical}
 
 
@@ -152,7 +154,9 @@ def try_damage(name, damage, reference: Path, work: Path, encoder, texts) -> dic
     try:
         store = lw.open_store(path)
         wrong = [i for i in exact.text_ids() if not np.array_equal(store[i].hidden, exact[i].hidden)]
-        outcome["open"] = f"opened; {len(wrong)} texts read wrong" if wrong else "opened; all texts read right"
+        outcome["open"] = (
+            f"opened; {len(wrong)} texts read wrong" if wrong else "opened; all texts read right"
+        )
         outcome["open_silent"] = bool(wrong)
     except lw.StoreDamagedError as exc:
         outcome["open"], outcome["open_silent"] = "StoreDamagedError: " + exc.problems[0], False
@@ -164,14 +168,18 @@ def try_damage(name, damage, reference: Path, work: Path, encoder, texts) -> dic
     except lw.StoreDamagedError as exc:
         outcome["resume"] = "StoreDamagedError: " + exc.problems[0]
     report = lw.verify_store(path)
-    outcome["verify"] = "OK" if report.ok else f"damaged: {report.problems[0]}; {len(report.text_ids)} texts named"
+    outcome["verify"] = (
+        "OK" if report.ok else f"damaged: {report.problems[0]}; {len(report.text_ids)} texts named"
+    )
     outcome["verify_detects"] = not report.ok
     outcome["silent"] = outcome["open_silent"] or report.ok
     return outcome
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--kills", type=int, default=20)
     parser.add_argument("--sentences", type=int, default=1500)
     parser.add_argument("--seed", type=int, default=0)
@@ -194,7 +202,9 @@ def main() -> None:
         for name, damage_fn in damage_kinds().items():
             outcome = try_damage(name, damage_fn, reference, work, encoder, texts)
             damage[name] = outcome
-            print(f"{name:28s} | open: {outcome['open'][:70]:70s} | resume: {outcome['resume'][:40]:40s} | verify: {outcome['verify'][:60]}")
+            print(
+                f"{name:28s} | open: {outcome['open'][:70]:70s} | resume: {outcome['resume'][:40]:40s} | verify: {outcome['verify'][:60]}"
+            )
         silent = [name for name, o in damage.items() if o["silent"]]
         print(f"silent wrong reads: {len(silent)} {silent if silent else ''}")
         RESULTS.mkdir(exist_ok=True)

@@ -160,7 +160,9 @@ def make_pair_convention_model(tmp_path_factory, default_model_dir) -> Callable[
                 vocab_size=600, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
             )
             tokenizer.train_from_iterator(corpus, trainer)
-            tokenizer.post_processor = processors.RobertaProcessing(("</s>", 2), ("<s>", 0), trim_offsets=True)
+            tokenizer.post_processor = processors.RobertaProcessing(
+                ("</s>", 2), ("<s>", 0), trim_offsets=True
+            )
             tokenizer.save(str(folder / "tokenizer.json"))
             (folder / "tokenizer_config.json").write_text(
                 json.dumps(

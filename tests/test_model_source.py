@@ -32,7 +32,7 @@ def test_missing_layer_weights_are_refused(model_copy):
 
 def test_wrapper_prefix_is_refused_with_a_hint(model_copy):
     _rewrite_weights(model_copy, lambda w: {f"model.encoder_model.{k}": v for k, v in w.items()})
-    with pytest.raises(lw.ModelLoadError, match=r"would be random.*'model\.encoder_model\..*wrapper's prefix"):
+    with pytest.raises(lw.ModelLoadError, match=r"random.*'model\.encoder_model\..*wrapper's prefix"):
         lw.Encoder(model_copy, device="cpu")
 
 
@@ -56,7 +56,7 @@ def test_config_that_does_not_match_the_weights(model_copy):
     config = json.loads((model_copy / "config.json").read_text())
     config["intermediate_size"] = 128
     (model_copy / "config.json").write_text(json.dumps(config))
-    with pytest.raises(lw.ModelLoadError, match="shapes do not match its config.json"):
+    with pytest.raises(lw.ModelLoadError, match=r"shapes do not match its config\.json"):
         lw.Encoder(model_copy, device="cpu")
 
 

@@ -24,17 +24,18 @@ _EXPORTS = {
     "Encoder": "encoder",
     "InputError": "errors",
     "LayerSpecError": "errors",
-    "LayerStack": "extract",
+    "LayerStack": "results",
     "LayerwiseError": "errors",
     "MissingDependencyError": "errors",
     "ModelLoadError": "errors",
     "OptionError": "errors",
     "ProbeResult": "probing",
     "ScalarMix": "scalar_mix",
+    "SentenceVector": "results",
     "TAPS": "hooks",
     "Store": "store",
     "StoreError": "errors",
-    "WordVectors": "pool",
+    "WordVectors": "results",
     "default_model_path": "model_source",
     "extract_to_store": "store",
     "open_store": "store",
@@ -70,17 +71,17 @@ if TYPE_CHECKING:
         StoreDamagedError,
         StoreError,
     )
-    from .extract import LayerStack
     from .fuse import FUSIONS, fuse_layers, layer_deltas, layer_drift
     from .hooks import TAPS
     from .inputs import EncodedInput
     from .layers import resolve_layers
     from .model_source import DEFAULT_MODEL, default_model_path
-    from .pool import WordVectors, pool_sentence, pool_words
+    from .pool import pool_sentence, pool_words
     from .probing import ProbeResult, probe
+    from .results import LayerStack, SentenceVector, WordVectors
     from .scalar_mix import ScalarMix
-    from .writers import read_npz_texts
     from .store import Store, extract_to_store, open_store, verify_store
+    from .writers import read_npz_texts
 
 
 def __getattr__(name: str) -> object:

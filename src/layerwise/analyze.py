@@ -22,8 +22,8 @@ from typing import Literal
 import numpy as np
 
 from .errors import InputError, OptionError, check_choice
-from .extract import LayerStack
-from .pool import WordVectors, pool_words
+from .pool import pool_words
+from .results import LayerStack, WordVectors
 
 Method = Literal["cka", "cosine"]
 

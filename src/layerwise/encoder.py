@@ -23,13 +23,14 @@ import numpy as np
 import torch
 
 from .errors import InputError, ModelLoadError, OptionError, check_choice
-from .extract import METHODS, LayerStack, Method, collate, forward_batch, make_stack, split_rows
+from .extract import METHODS, Method, collate, forward_batch, make_stack, split_rows
 from .hooks import TAPS, find_layer_list
 from .inputs import EncodedInput, InputEncoder, length_sorted_batches, normalize_inputs
 from .layers import LayerSpec, resolve_layers
 from .model_source import load_model, pick_device, resolve_model_source, usable_max_length
-from .pool import SentencePool, SpecialTokens, SubwordPool, WordVectors
+from .pool import SentencePool, SpecialTokens, SubwordPool
 from .progress import progress_bar
+from .results import LayerStack, WordVectors
 from .windows import Window, check_window_options, plan_windows, stitch
 
 logger = logging.getLogger("layerwise")
@@ -314,12 +315,12 @@ class Encoder:
         for i, text in enumerate(raw.texts):
             size = len(text) + (len(raw.text_pairs[i]) if raw.text_pairs is not None else 0)
             if size > max_chars:
+                gib = size // 4 * bytes_per_token / 2**30
                 raise InputError(
-                    f"input {i} has {size:,} characters: with long_texts='window' its {n_layers} hidden states "
-                    f"would take about {size // 4 * bytes_per_token / 2**30:.1f} GiB until its windows are "
-                    f"stitched, and layerwise stops at {max_chars:,} characters per input for this model and "
-                    "these layers. Split such documents (e.g. into paragraphs), ask for fewer layers, or use "
-                    "long_texts='truncate'",
+                    f"input {i} has {size:,} characters: with long_texts='window' its {n_layers} hidden "
+                    f"states would take about {gib:.1f} GiB until its windows are stitched; the limit "
+                    f"for this model and these layers is {max_chars:,} characters per input. Split such "
+                    "documents (e.g. into paragraphs), ask for fewer layers, or use long_texts='truncate'",
                     index=i,
                 )
 

@@ -12,75 +12,19 @@ sub-layer taps are recorded with hooks. Results come back as :class:`LayerStack`
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
 import torch
 from torch import nn
 
-from .errors import LayerSpecError
 from .hooks import HookRecorder, truncated_encoder
 from .inputs import EncodedInput
+from .results import LayerStack
 from .windows import Window
 
 Method = Literal["hidden_states", "hooks"]
 METHODS: tuple[str, ...] = ("hidden_states", "hooks")
-
-
-@dataclass(frozen=True, eq=False)
-class LayerStack:
-    """Every requested hidden state of one input.
-
-    ``hidden[k]`` is hidden state ``layers[k]`` (0 = embedding output, i = output of layer i),
-    shape ``(n_layers, n_tokens, hidden_size)``, float32. Token-level fields have one entry per
-    wordpiece including ``[CLS]``/``[SEP]``: ``offsets`` are character spans into ``text``
-    (into ``text_pair`` where ``segment_ids`` is 1; ``(0, 0)`` for special tokens), ``word_ids``
-    index the words of the segment (-1 for special tokens). ``taps`` holds sub-layer outputs for
-    ``tap_layers`` when they were asked for. ``truncated`` says the input was cut to the model's
-    maximum (``words_lost`` words fell off); ``n_windows`` > 1 says it was stitched from windows."""
-
-    hidden: np.ndarray
-    layers: tuple[int, ...]
-    tokens: tuple[str, ...]
-    offsets: np.ndarray
-    word_ids: np.ndarray
-    segment_ids: np.ndarray
-    text: str
-    text_pair: str | None = None
-    words: tuple[str, ...] | None = None
-    truncated: bool = False
-    words_lost: int = 0
-    n_windows: int = 1
-    taps: Mapping[str, np.ndarray] = field(default_factory=dict)
-    tap_layers: tuple[int, ...] = ()
-
-    @property
-    def n_tokens(self) -> int:
-        return self.hidden.shape[1]
-
-    @property
-    def n_layers(self) -> int:
-        return self.hidden.shape[0]
-
-    @property
-    def hidden_size(self) -> int:
-        return self.hidden.shape[2]
-
-    def layer(self, index: int) -> np.ndarray:
-        """Hidden state ``index`` (a model index, as in ``layers``) as ``(n_tokens, hidden_size)``."""
-        if index not in self.layers:
-            raise LayerSpecError(f"hidden state {index} was not extracted; this result holds {self.layers}")
-        return self.hidden[self.layers.index(index)]
-
-    def __repr__(self) -> str:
-        text = self.text if len(self.text) <= 40 else self.text[:37] + "..."
-        notes = ", truncated" if self.truncated else ""
-        notes += f", n_windows={self.n_windows}" if self.n_windows > 1 else ""
-        return (
-            f"LayerStack(text={text!r}, layers={self.layers}, n_tokens={self.n_tokens}, "
-            f"hidden_size={self.hidden_size}{notes})"
-        )
 
 
 def collate(

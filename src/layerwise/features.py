@@ -4,13 +4,11 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
 from .errors import InputError, OptionError, check_choice
-from .extract import LayerStack
 from .fuse import check_fusion, fuse_layers, fusion_layers
 from .layers import LayerSpec, resolve_layers
 from .pool import (
@@ -24,6 +22,7 @@ from .pool import (
     pool_sentence,
     pool_words,
 )
+from .results import LayerStack, SentenceVector
 
 if TYPE_CHECKING:
     from .encoder import Encoder
@@ -195,14 +194,6 @@ def embed_words(
 
 
 PoolLevel = Literal["token", "word", "sentence"]
-
-
-@dataclass(frozen=True, eq=False)
-class SentenceVector:
-    """The pooled (and possibly fused) vector of one input, with its truncation flag."""
-
-    vector: np.ndarray
-    truncated: bool = False
 
 
 def parse_pool(spec: str) -> tuple[PoolLevel, str | None]:

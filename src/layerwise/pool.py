@@ -24,13 +24,12 @@ Word pooling groups wordpieces by word (``word_ids`` within each segment) and co
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
 
 from .errors import check_choice
-from .extract import LayerStack
+from .results import LayerStack, WordVectors
 
 SentencePool = Literal["cls", "mean", "max"]
 SENTENCE_POOLS: tuple[str, ...] = ("cls", "mean", "max")
@@ -54,39 +53,6 @@ def pool_sentence(
     if pool == "mean":
         return hidden.mean(axis=1, dtype=np.float64).astype(np.float32)
     return hidden.max(axis=1)
-
-
-@dataclass(frozen=True, eq=False)
-class WordVectors:
-    """Word-level features of one input.
-
-    ``vectors`` is ``(n_layers, n_words, dim)`` (``dim`` = 2 x hidden for ``first_last``), or
-    ``(n_words, dim)`` after a fusion. ``words[j]`` is word ``j`` as it appears in the text (the
-    caller's word for pre-split input), ``spans[j]`` its character span in ``text`` (in
-    ``text_pair`` where ``segment_ids[j]`` is 1), ``n_subwords[j]`` its wordpiece count. Words
-    of a pair come segment by segment. ``words_lost`` counts words cut off by truncation: they are
-    absent, never replaced by another word's vector."""
-
-    vectors: np.ndarray
-    layers: tuple[int, ...]
-    words: tuple[str, ...]
-    spans: np.ndarray
-    segment_ids: np.ndarray
-    n_subwords: np.ndarray
-    text: str
-    text_pair: str | None = None
-    words_lost: int = 0
-
-    @property
-    def n_words(self) -> int:
-        return len(self.words)
-
-    def __repr__(self) -> str:
-        return (
-            f"WordVectors(n_words={self.n_words}, vectors={self.vectors.shape}, layers={self.layers}"
-            + (f", words_lost={self.words_lost}" if self.words_lost else "")
-            + ")"
-        )
 
 
 def word_groups(stack: LayerStack) -> tuple[np.ndarray, list[tuple[int, int]]]:

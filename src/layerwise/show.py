@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 from rich.table import Table
 
-from .extract import LayerStack
+from .results import LayerStack
 
 
 def layer_norms_and_drift(stack: LayerStack) -> tuple[np.ndarray, np.ndarray]:

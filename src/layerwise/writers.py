@@ -32,6 +32,7 @@ one 100,000-character line made every text 400 KB wide.)
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import secrets
@@ -44,9 +45,7 @@ from typing import IO, Literal
 import numpy as np
 
 from .errors import OptionError, check_choice
-from .extract import LayerStack
-from .features import SentenceVector
-from .pool import WordVectors
+from .results import LayerStack, SentenceVector, WordVectors
 
 OutputDtype = Literal["float32", "float16"]
 FORMATS = (".npz", ".jsonl")
@@ -277,7 +276,8 @@ def read_npz_texts(npz, name: str = "texts") -> list[str]:
     if f"{name}_utf8" not in npz.files:
         return npz[name].tolist() if name in npz.files else []  # format_version 1
     data, offsets = npz[f"{name}_utf8"].tobytes(), npz[f"{name}_offsets"]
-    return [data[a:b].decode("utf-8", "surrogatepass") for a, b in zip(offsets[:-1], offsets[1:], strict=True)]
+    bounds = itertools.pairwise(offsets.tolist())
+    return [data[a:b].decode("utf-8", "surrogatepass") for a, b in bounds]
 
 
 def _copy_span(src: IO[bytes], dst: IO[bytes], start: int, length: int) -> None:

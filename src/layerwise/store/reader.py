@@ -13,8 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import LayerSpecError, OptionError
-from ..extract import LayerStack
-from ..pool import WordVectors
+from ..results import LayerStack, WordVectors
 from .format import (
     DATA,
     MANIFEST,

@@ -27,13 +27,13 @@ import numpy as np
 
 from .. import __version__
 from ..errors import OptionError, StoreError, check_choice
-from ..extract import LayerStack
 from ..features import parse_pool, plan_layers
 from ..fuse import fuse_layers
 from ..inputs import normalize_inputs
 from ..layers import LayerSpec
 from ..pool import SPECIAL_TOKENS, SpecialTokens, pool_sentence, pool_words
 from ..progress import progress_bar
+from ..results import LayerStack
 from ..windows import check_window_options
 from .commit import Committer, ShardBuffer
 from .format import (

@@ -1,0 +1,113 @@
+"""What extraction returns: plain NumPy results, no torch.
+
+    LayerStack      every requested hidden state of one input, with its tokens and alignment
+    WordVectors     word-level vectors of one input (after subword pooling, maybe fused)
+    SentenceVector  the pooled (maybe fused) vector of one input, with its truncation flag
+
+Reading a store, analysing arrays and writing files import this module and NumPy only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .errors import LayerSpecError
+
+
+@dataclass(frozen=True, eq=False)
+class LayerStack:
+    """Every requested hidden state of one input.
+
+    ``hidden[k]`` is hidden state ``layers[k]`` (0 = embedding output, i = output of layer i),
+    shape ``(n_layers, n_tokens, hidden_size)``, float32. Token-level fields have one entry per
+    wordpiece including ``[CLS]``/``[SEP]``: ``offsets`` are character spans into ``text``
+    (into ``text_pair`` where ``segment_ids`` is 1; ``(0, 0)`` for special tokens), ``word_ids``
+    index the words of the segment (-1 for special tokens). ``taps`` holds sub-layer outputs for
+    ``tap_layers`` when they were asked for. ``truncated`` says the input was cut to the model's
+    maximum (``words_lost`` words fell off); ``n_windows`` > 1 says it was stitched from windows."""
+
+    hidden: np.ndarray
+    layers: tuple[int, ...]
+    tokens: tuple[str, ...]
+    offsets: np.ndarray
+    word_ids: np.ndarray
+    segment_ids: np.ndarray
+    text: str
+    text_pair: str | None = None
+    words: tuple[str, ...] | None = None
+    truncated: bool = False
+    words_lost: int = 0
+    n_windows: int = 1
+    taps: Mapping[str, np.ndarray] = field(default_factory=dict)
+    tap_layers: tuple[int, ...] = ()
+
+    @property
+    def n_tokens(self) -> int:
+        return self.hidden.shape[1]
+
+    @property
+    def n_layers(self) -> int:
+        return self.hidden.shape[0]
+
+    @property
+    def hidden_size(self) -> int:
+        return self.hidden.shape[2]
+
+    def layer(self, index: int) -> np.ndarray:
+        """Hidden state ``index`` (a model index, as in ``layers``) as ``(n_tokens, hidden_size)``."""
+        if index not in self.layers:
+            raise LayerSpecError(f"hidden state {index} was not extracted; this result holds {self.layers}")
+        return self.hidden[self.layers.index(index)]
+
+    def __repr__(self) -> str:
+        text = self.text if len(self.text) <= 40 else self.text[:37] + "..."
+        notes = ", truncated" if self.truncated else ""
+        notes += f", n_windows={self.n_windows}" if self.n_windows > 1 else ""
+        return (
+            f"LayerStack(text={text!r}, layers={self.layers}, n_tokens={self.n_tokens}, "
+            f"hidden_size={self.hidden_size}{notes})"
+        )
+
+
+@dataclass(frozen=True, eq=False)
+class WordVectors:
+    """Word-level features of one input.
+
+    ``vectors`` is ``(n_layers, n_words, dim)`` (``dim`` = 2 x hidden for ``first_last``), or
+    ``(n_words, dim)`` after a fusion. ``words[j]`` is word ``j`` as it appears in the text (the
+    caller's word for pre-split input), ``spans[j]`` its character span in ``text`` (in
+    ``text_pair`` where ``segment_ids[j]`` is 1), ``n_subwords[j]`` its wordpiece count. Words
+    of a pair come segment by segment. ``words_lost`` counts words cut off by truncation: they are
+    absent, never replaced by another word's vector."""
+
+    vectors: np.ndarray
+    layers: tuple[int, ...]
+    words: tuple[str, ...]
+    spans: np.ndarray
+    segment_ids: np.ndarray
+    n_subwords: np.ndarray
+    text: str
+    text_pair: str | None = None
+    words_lost: int = 0
+
+    @property
+    def n_words(self) -> int:
+        return len(self.words)
+
+    def __repr__(self) -> str:
+        return (
+            f"WordVectors(n_words={self.n_words}, vectors={self.vectors.shape}, layers={self.layers}"
+            + (f", words_lost={self.words_lost}" if self.words_lost else "")
+            + ")"
+        )
+
+
+@dataclass(frozen=True, eq=False)
+class SentenceVector:
+    """The pooled (and possibly fused) vector of one input, with its truncation flag."""
+
+    vector: np.ndarray
+    truncated: bool = False
