@@ -164,7 +164,7 @@ def test_extract_word_pooling_jsonl_with_windows(tmp_path, make_tiny_model):
             ["--pool", "sentence:median"],
             "pool 'sentence:median' is not valid; choose one of token, word:first",
         ),
-        (["--fuse", "last"], "--fuse applies to --pool word:"),
+        (["--fuse", "last"], "needs word or sentence pooling"),
         (["--pool", "word:mean", "--fuse", "best"], "fuse='best' is not valid"),
     ],
 )

@@ -39,6 +39,8 @@ _EXPORTS = {
     "default_model_path": "model_source",
     "extract_to_store": "store",
     "open_store": "store",
+    "OutputPlan": "plan",
+    "extract_to_file": "writers",
     "verify_store": "store",
     "NotAStoreError": "errors",
     "StoreDamagedError": "errors",
@@ -76,12 +78,13 @@ if TYPE_CHECKING:
     from .inputs import EncodedInput
     from .layers import resolve_layers
     from .model_source import DEFAULT_MODEL, default_model_path
+    from .plan import OutputPlan
     from .pool import pool_sentence, pool_words
     from .probing import ProbeResult, probe
     from .results import LayerStack, SentenceVector, WordVectors
     from .scalar_mix import ScalarMix
     from .store import Store, extract_to_store, open_store, verify_store
-    from .writers import read_npz_texts
+    from .writers import extract_to_file, read_npz_texts
 
 
 def __getattr__(name: str) -> object:

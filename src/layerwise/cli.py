@@ -174,9 +174,10 @@ def extract(
     (.npz, .jsonl) or to a resumable store (a folder ending in .lw)."""
     _setup_logging(quiet)
     try:
-        from .features import iter_pooled, parse_pool, plan_layers
+        from .encoder import Encoder
+        from .plan import OutputPlan
         from .readers import read_input_file
-        from .writers import output_format, write_results
+        from .writers import extract_to_file, output_format
 
         to_store = output.suffix.lower() == ".lw" or output.is_dir()
         if not to_store:
@@ -186,104 +187,53 @@ def extract(
                 f"the output {str(output)!r} is the input file; writing it would replace your data: "
                 "choose another output path"
             )
-        level, mode = parse_pool(pool)
-        if fuse is not None and level == "token":
-            raise OptionError("--fuse applies to --pool word:… and sentence:…; for tokens choose --layers")
+        default_dtype = OutDtype.float16 if to_store else OutDtype.float32
+        plan = OutputPlan.parse(
+            layers=layers, pool=pool, fuse=fuse, special_tokens=special_tokens.value,
+            dtype=(dtype or default_dtype).value,
+        )  # fmt: skip
         data = read_input_file(input, encoding_errors=encoding_errors.value)
         if not len(data):
             raise InputError(f"{input} holds no texts")
-        from .encoder import Encoder
-
         started = time.perf_counter()
-        enc = Encoder(
-            model,
-            device=device,
-            dtype=model_dtype.value,
-            max_length=max_length,
-            batch_size=batch_size,
-            max_tokens=max_tokens,
-        )
+        enc = Encoder(model, device=device, dtype=model_dtype.value, max_length=max_length,
+                      batch_size=batch_size, max_tokens=max_tokens)  # fmt: skip
         _use_available_cores()
-        # a named fusion picks its own layers: the default --layers all then means "not given"
-        layer_spec = None if fuse and layers == "all" else layers
+        common = {
+            "text_pairs": data.text_pairs, "long_texts": long_texts.value, "stride": stride,
+            "method": method.value, "source": str(input), "progress": False if quiet else None,
+        }  # fmt: skip
         if to_store:
             from .store import extract_to_store
 
-            summary = extract_to_store(
-                enc,
-                data.texts,
-                output,
-                text_pairs=data.text_pairs,
-                layers=layer_spec,
-                pool=pool,
-                fuse=fuse,
-                special_tokens=special_tokens.value,
-                long_texts=long_texts.value,
-                stride=stride,
-                dtype=(dtype or OutDtype.float16).value,
-                overwrite=overwrite,
-                block_size=block_size,
-                chunk_rows=chunk_rows,
-                shard_chunks=shard_chunks,
-                source=str(input),
-                progress=False if quiet else None,
-            )
+            layout = {"block_size": block_size, "chunk_rows": chunk_rows, "shard_chunks": shard_chunks}
+            stored = extract_to_store(enc, data.texts, output, plan, overwrite=overwrite, **layout, **common)
             if not quiet:
-                _report_store(summary, enc.name)
+                _report_store(stored, enc.name)
             return
-        layer_ids = plan_layers(layer_spec, fuse, enc.n_hidden_states)
-        stream = enc.iter_extract(
-            data.texts,
-            text_pairs=data.text_pairs,
-            layers=layer_ids,
-            method=method.value,
-            progress=False if quiet else None,
-            long_texts=long_texts.value,
-            stride=stride,
-        )
-        results = iter_pooled(
-            stream,
-            level=level,
-            mode=mode,
-            fusion=fuse,
-            layers=layer_ids,
-            n_hidden_states=enc.n_hidden_states,
-            special_tokens=special_tokens.value,
-        )
-        meta = {
-            "model": enc.name,
-            "layers": list(layer_ids),
-            "n_hidden_states": enc.n_hidden_states,
-            "layer_0": "embedding output",
-            "pool": pool,
-            "fuse": fuse,
-            "special_tokens": special_tokens.value if level == "sentence" else None,
-            "long_texts": long_texts.value,
-            "source": str(input),
-            "layerwise_version": __version__,
-        }
-        out_dtype = (dtype or OutDtype.float32).value
-        summary = write_results(
-            output, results, texts=data.texts, text_pairs=data.text_pairs, meta=meta, dtype=out_dtype
-        )
+        summary = extract_to_file(enc, data.texts, output, plan, **common)  # type: ignore[arg-type]
     except LayerwiseError as exc:
         raise _fail(exc) from None
     if not quiet:
-        seconds = time.perf_counter() - started
-        empty = sum(1 for t in data.texts if not t.strip())
-        notes = []
-        if summary["n_truncated"]:
-            notes.append(f"{summary['n_truncated']} truncated to {enc.max_length} tokens")
-        if summary["n_words"]:
-            notes.append(f"{summary['n_words']} words")
-        if empty:
-            notes.append(f"{empty} empty")
-        err.print(
-            f"wrote {summary['n_texts']} input(s), {summary['n_tokens']} tokens x {len(layer_ids)} layers "
-            f"of {enc.name} to {output} in {seconds:.1f} s" + (f" ({'; '.join(notes)})" if notes else ""),
-            highlight=False,
-            soft_wrap=True,
-        )
+        _report_file(summary, data.texts, plan.hidden_states(enc.n_hidden_states), enc, output, started)
+
+
+def _report_file(summary: dict, texts, layers, enc, output: Path, started: float) -> None:
+    seconds = time.perf_counter() - started
+    empty = sum(1 for t in texts if not t.strip())
+    notes = []
+    if summary["n_truncated"]:
+        notes.append(f"{summary['n_truncated']} truncated to {enc.max_length} tokens")
+    if summary["n_words"]:
+        notes.append(f"{summary['n_words']} words")
+    if empty:
+        notes.append(f"{empty} empty")
+    err.print(
+        f"wrote {summary['n_texts']} input(s), {summary['n_tokens']} tokens x {len(layers)} layers "
+        f"of {enc.name} to {output} in {seconds:.1f} s" + (f" ({'; '.join(notes)})" if notes else ""),
+        highlight=False,
+        soft_wrap=True,
+    )
 
 
 @app.command()

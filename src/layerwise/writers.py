@@ -40,12 +40,16 @@ import tempfile
 import zipfile
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import IO, Literal
+from typing import IO, TYPE_CHECKING, Literal
 
 import numpy as np
 
 from .errors import OptionError, check_choice
 from .results import LayerStack, SentenceVector, WordVectors
+
+if TYPE_CHECKING:
+    from .encoder import Encoder
+    from .plan import OutputPlan
 
 OutputDtype = Literal["float32", "float16"]
 FORMATS = (".npz", ".jsonl")
@@ -113,6 +117,50 @@ def atomic_path(path: Path) -> Iterator[Path]:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+def extract_to_file(
+    encoder: Encoder,
+    texts: Sequence[str],
+    path: str | os.PathLike,
+    plan: OutputPlan | None = None,
+    *,
+    text_pairs: Sequence[str] | None = None,
+    long_texts: str = "truncate",
+    stride: int | None = None,
+    method: str = "hidden_states",
+    source: str | None = None,
+    progress: bool | None = None,
+) -> dict:
+    """Extract ``texts`` as ``plan`` says (default: every layer of every token, float32) and write
+    them to ``path`` (.npz or .jsonl), streaming, in input order; nothing is written on error.
+    Returns counts: n_texts, n_tokens, n_words, n_truncated."""
+    from . import __version__
+    from .plan import OutputPlan
+
+    plan = plan if plan is not None else OutputPlan()
+    path = Path(path)
+    output_format(path)  # before any work
+    n = encoder.n_hidden_states
+    stream = encoder.iter_extract(
+        texts, text_pairs=text_pairs, layers=plan.hidden_states(n), method=method,  # type: ignore[arg-type]
+        long_texts=long_texts, stride=stride, progress=progress,  # type: ignore[arg-type]
+    )  # fmt: skip
+    meta = {
+        "model": encoder.name,
+        **plan.meta(n),
+        "long_texts": long_texts,
+        "stride": stride,
+        "max_length": encoder.max_length,
+        "model_dtype": encoder.dtype,
+        "method": method,
+        "source": source,
+        "layerwise_version": __version__,
+    }
+    return write_results(
+        path, plan.apply(stream, n_hidden_states=n), texts=texts, text_pairs=text_pairs, meta=meta,
+        dtype=plan.dtype,
+    )  # fmt: skip
 
 
 def write_results(

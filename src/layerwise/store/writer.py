@@ -27,13 +27,12 @@ import numpy as np
 
 from .. import __version__
 from ..errors import OptionError, StoreError, check_choice
-from ..features import parse_pool, plan_layers
-from ..fuse import fuse_layers
 from ..inputs import normalize_inputs
 from ..layers import LayerSpec
-from ..pool import SPECIAL_TOKENS, SpecialTokens, pool_sentence, pool_words
+from ..plan import OutputPlan
+from ..pool import SpecialTokens
 from ..progress import progress_bar
-from ..results import LayerStack
+from ..results import LayerStack, WordVectors
 from ..windows import check_window_options
 from .commit import Committer, ShardBuffer
 from .format import (
@@ -125,58 +124,37 @@ class StoreWriter:
         path: Path,
         texts: Sequence[str],
         text_pairs: Sequence[str] | None,
+        plan: OutputPlan,
         *,
-        layers: LayerSpec | None,
-        pool: str,
-        fuse: str | None,
-        special_tokens: SpecialTokens,
         long_texts: str,
         stride: int | None,
-        dtype: str,
+        method: str,
         block_size: int,
         chunk_rows: int,
         shard_chunks: int,
         source: str | None,
     ) -> None:
-        self.encoder, self.path = encoder, path
+        self.encoder, self.path, self.plan = encoder, path, plan
         self.texts, self.text_pairs = texts, text_pairs
-        self.level, self.mode = parse_pool(pool)
-        if fuse is not None and self.level == "token":
-            raise OptionError(
-                "fuse applies to word and sentence pooling; for token vectors choose layers instead"
-            )
-        check_choice("special_tokens", special_tokens, SPECIAL_TOKENS)
-        check_choice("dtype", dtype, ("float16", "float32"))
+        self.level, self.mode = plan.level, plan.mode
         check_choice("long_texts", long_texts, ("truncate", "window"))
+        check_choice("method", method, ("hidden_states", "hooks"))
         check_window_options(long_texts, stride, encoder.max_length)
-        for name, value in (
-            ("block_size", block_size),
-            ("chunk_rows", chunk_rows),
-            ("shard_chunks", shard_chunks),
-        ):
+        layout = {"block_size": block_size, "chunk_rows": chunk_rows, "shard_chunks": shard_chunks}
+        for name, value in layout.items():
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise OptionError(f"{name}={value!r} must be a whole number >= 1")
-        self.layers = plan_layers(layers, fuse, encoder.n_hidden_states)
-        self.fuse, self.special_tokens, self.long_texts, self.stride = (
-            fuse,
-            special_tokens,
-            long_texts,
-            stride,
-        )
-        self.dtype, self.block_size = dtype, block_size
+        self.layers = plan.hidden_states(encoder.n_hidden_states)
+        self.fuse, self.special_tokens = plan.fuse, plan.special_tokens
+        self.long_texts, self.stride, self.method = long_texts, stride, method
+        self.dtype, self.block_size = plan.dtype, block_size
         self.chunk_rows, self.shard_rows = chunk_rows, chunk_rows * shard_chunks
         self.source = source
         self.meta = self._meta()
 
     # ------------------------------------------------------------------ layout
     def _row_shape(self) -> tuple[int, ...]:
-        hidden = self.encoder.hidden_size
-        width = 2 * hidden if self.level == "word" and self.mode == "first_last" else hidden
-        if self.fuse is None:
-            return (len(self.layers), width)
-        probe = np.zeros((len(self.layers), 1, width), dtype=np.float32)
-        fused = fuse_layers(probe, self.layers, self.fuse, n_hidden_states=self.encoder.n_hidden_states)
-        return (fused.shape[-1],)
+        return self.plan.row_shape(self.encoder.hidden_size, self.encoder.n_hidden_states)
 
     def _meta(self) -> dict:
         return {
@@ -184,19 +162,14 @@ class StoreWriter:
             "format_version": FORMAT_VERSION,
             "model": self.encoder.name,
             "weights_sha256": weights_sha256(self.encoder.model),
-            "layers": list(self.layers),
-            "n_hidden_states": self.encoder.n_hidden_states,
-            "layer_0": "embedding output",
+            **self.plan.meta(self.encoder.n_hidden_states),
             "hidden_size": self.encoder.hidden_size,
-            "level": self.level,
-            "pool": self.level if self.mode is None else f"{self.level}:{self.mode}",
-            "fuse": self.fuse,
-            "special_tokens": self.special_tokens if self.level == "sentence" else None,
-            "dtype": self.dtype,
             "row_shape": list(self._row_shape()),
             "long_texts": self.long_texts,
             "stride": self.stride,
             "max_length": self.encoder.max_length,
+            "model_dtype": self.encoder.dtype,
+            "method": self.method,
             "n_texts": len(self.texts),
             "pairs": self.text_pairs is not None,
             "block_size": self.block_size,
@@ -266,36 +239,28 @@ class StoreWriter:
             "truncated": bool(stack.truncated),
             "n_windows": int(stack.n_windows),
         }
-        n_hidden = self.encoder.n_hidden_states
-        if self.level == "token":
-            rows = stack.hidden.transpose(1, 0, 2)
+        result = self.plan.result(stack, self.encoder.n_hidden_states)
+        if isinstance(result, LayerStack):
+            rows = result.hidden.transpose(1, 0, 2)  # token-major rows
             record.update(
-                tokens=list(stack.tokens),
-                char_start=stack.offsets[:, 0].tolist(),
-                char_end=stack.offsets[:, 1].tolist(),
-                word_ids=stack.word_ids.tolist(),
-                segment_ids=stack.segment_ids.tolist(),
+                tokens=list(result.tokens),
+                char_start=result.offsets[:, 0].tolist(),
+                char_end=result.offsets[:, 1].tolist(),
+                word_ids=result.word_ids.tolist(),
+                segment_ids=result.segment_ids.tolist(),
             )
-        elif self.level == "word":
-            words = pool_words(stack, self.mode)  # type: ignore[arg-type]
-            vectors = words.vectors
-            if self.fuse is not None:
-                rows = fuse_layers(vectors, self.layers, self.fuse, n_hidden_states=n_hidden, axis=0)
-            else:
-                rows = vectors.transpose(1, 0, 2)
+        elif isinstance(result, WordVectors):
+            rows = result.vectors if self.fuse is not None else result.vectors.transpose(1, 0, 2)
             record.update(
-                words=list(words.words),
-                char_start=words.spans[:, 0].tolist(),
-                char_end=words.spans[:, 1].tolist(),
-                segment_ids=words.segment_ids.tolist(),
-                n_subwords=words.n_subwords.tolist(),
-                words_lost=int(words.words_lost),
+                words=list(result.words),
+                char_start=result.spans[:, 0].tolist(),
+                char_end=result.spans[:, 1].tolist(),
+                segment_ids=result.segment_ids.tolist(),
+                n_subwords=result.n_subwords.tolist(),
+                words_lost=int(result.words_lost),
             )
         else:
-            vector = pool_sentence(stack, self.mode, self.special_tokens)  # type: ignore[arg-type]
-            if self.fuse is not None:
-                vector = fuse_layers(vector, self.layers, self.fuse, n_hidden_states=n_hidden, axis=0)
-            rows = vector[None]
+            rows = result.vector[None]
         rows = np.ascontiguousarray(rows, dtype=self.dtype)
         record["crc32"] = rows_checksum(rows)
         return rows, record
@@ -353,6 +318,7 @@ class StoreWriter:
                         layers=self.layers,
                         long_texts=self.long_texts,  # type: ignore[arg-type]
                         stride=self.stride,
+                        method=self.method,  # type: ignore[arg-type]
                         progress=False,
                         report_truncation=False,  # reported once below, with corpus-wide numbers
                     )
@@ -422,15 +388,17 @@ def extract_to_store(
     encoder: Encoder,
     texts: Sequence[str],
     path: str | os.PathLike,
+    plan: OutputPlan | None = None,
     *,
     text_pairs: Sequence[str] | None = None,
     layers: LayerSpec | None = None,
     pool: str = "token",
     fuse: str | None = None,
     special_tokens: SpecialTokens = "include",
+    dtype: str = "float16",
     long_texts: str = "truncate",
     stride: int | None = None,
-    dtype: str = "float16",
+    method: str = "hidden_states",
     block_size: int = BLOCK_SIZE,
     chunk_rows: int = CHUNK_ROWS,
     shard_chunks: int = SHARD_CHUNKS,
@@ -440,17 +408,23 @@ def extract_to_store(
 ) -> StoreSummary:
     """Extract ``texts`` into a store at ``path`` (a folder, conventionally ``*.lw``).
 
+    What is stored is an :class:`OutputPlan`, or (without one) the same settings as keywords:
     ``pool`` is ``"token"``, ``"word:MODE"`` or ``"sentence:MODE"``; ``fuse`` a fusion name for
-    word and sentence pooling. Running the same call again after an interruption resumes where
-    the last commit left off; a finished store is left as it is. Every argument and every text is
-    checked before anything is created; only an empty folder or a layerwise store is written into,
-    and ``overwrite`` removes only the store's own entries."""
+    word and sentence pooling; ``dtype`` float16 (default) or float32. Running the same call again
+    after an interruption resumes where the last commit left off; a finished store is left as it
+    is. Every argument and every text is checked before anything is created; only an empty folder
+    or a layerwise store is written into, and ``overwrite`` removes only the store's own entries."""
     require_store_dependencies()
+    if plan is None:
+        plan = OutputPlan.parse(
+            layers=layers, pool=pool, fuse=fuse, special_tokens=special_tokens, dtype=dtype
+        )
+    elif (layers, pool, fuse, special_tokens, dtype) != (None, "token", None, "include", "float16"):
+        raise OptionError("pass either plan= or layers/pool/fuse/special_tokens/dtype, not both")
     raw = normalize_inputs(texts, text_pairs=text_pairs)  # bad input fails before anything exists
     path = Path(path)
     writer = StoreWriter(
-        encoder, path, raw.texts, raw.text_pairs, layers=layers, pool=pool, fuse=fuse,
-        special_tokens=special_tokens, long_texts=long_texts, stride=stride, dtype=dtype,
+        encoder, path, raw.texts, raw.text_pairs, plan, long_texts=long_texts, stride=stride, method=method,
         block_size=block_size, chunk_rows=chunk_rows, shard_chunks=shard_chunks, source=source,
     )  # fmt: skip
     if classify(path) == "other":
