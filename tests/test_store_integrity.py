@@ -234,6 +234,18 @@ def test_changed_bytes_are_found_by_checksum_and_named(tmp_path, good_store):
     assert "texts affected (1): 17" in str(report)
 
 
+def test_truncated_shard_is_reported_not_raised(tmp_path, good_store):
+    path = _copy(good_store, tmp_path)
+    shard = _shard(path, 1)
+    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+    store = lw.open_store(path)  # the file exists: only reading it shows the damage
+    victims = [i for i in store.text_ids() if store.rows(i)[0] < 32 and store.rows(i)[1] > 16]
+    with pytest.raises(StoreDamagedError, match="cannot be read"):
+        store[victims[0]]
+    report = store.verify()
+    assert not report.ok and "cannot be read" in report.problems[0] and set(victims) <= set(report.text_ids)
+
+
 def test_lookup_is_by_position_and_values_are_right(good_store, tiny):
     store = lw.open_store(good_store)
     exact = tiny.extract(corpus(80, seed=5))

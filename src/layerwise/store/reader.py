@@ -223,7 +223,11 @@ class Store:
     def __getitem__(self, text_id: int):
         position = self._position(text_id)
         start, stop = int(self._offsets[position]), int(self._offsets[position + 1])
-        rows = np.asarray(self.data[start:stop]).astype(np.float32)
+        try:
+            rows = np.asarray(self.data[start:stop]).astype(np.float32)
+        except ValueError as exc:  # zarr cannot decode the shard: its bytes were changed
+            problem = f"rows {start}..{stop - 1} of text {text_id} cannot be read ({exc})"
+            raise damaged(self.path, [problem], [int(text_id)]) from exc
         record = {name: self._manifest[name][position].as_py() for name in self._manifest.column_names}
         return self._result(record, rows)
 

@@ -198,21 +198,37 @@ def verify_store(path: Path, *, block_rows: int = 65536) -> VerifyReport:
         ids = manifest["text_id"].to_numpy()
         expected = manifest["crc32"].to_numpy()
         end = int(offsets[-1])
-        block_lo, block = 0, np.empty((0,))
+        shard_rows = int(meta.get("chunk_rows", 0)) * int(meta.get("shard_chunks", 0))
+        step = shard_rows * max(1, block_rows // shard_rows) if shard_rows else block_rows
+        block_lo, block_len, block = 0, 0, None
+        unreadable: list[str] = []
         for position in range(n):
             row, stop = int(offsets[position]), int(offsets[position + 1])
-            running = 0
+            running, broken = 0, False
             while row < stop:
-                if not block_lo <= row < block_lo + len(block):
-                    block_lo, block = row, np.asarray(data[row : min(row + block_rows, end)])
-                take = min(stop, block_lo + len(block)) - row
-                running = zlib.crc32(
-                    np.ascontiguousarray(block[row - block_lo : row - block_lo + take]), running
-                )
+                if not block_lo <= row < block_lo + block_len:
+                    block_lo = (row // step) * step  # whole shards, so one bad shard spoils one block
+                    block_len = min(block_lo + step, end) - block_lo
+                    try:
+                        block = np.asarray(data[block_lo : block_lo + block_len])
+                    except Exception as exc:  # zarr raises ValueError for a shard it cannot decode
+                        block = None
+                        last = block_lo + block_len - 1
+                        unreadable.append(f"rows {block_lo}..{last} cannot be read ({exc})")
+                take = min(stop, block_lo + block_len) - row
+                if block is None:
+                    broken = True
+                else:
+                    part = np.ascontiguousarray(block[row - block_lo : row - block_lo + take])
+                    running = zlib.crc32(part, running)
                 row += take
+            if broken:
+                affected.add(int(ids[position]))
+                continue
             if running != int(expected[position]):
                 affected.add(int(ids[position]))
-        if affected:
+        problems.extend(unreadable)
+        if affected and not unreadable:
             problems.append(
                 f"{len(affected)} texts' rows differ from the checksum written when they were committed"
             )
