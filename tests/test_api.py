@@ -10,6 +10,30 @@ def test_all_is_sorted_and_resolves():
         assert getattr(layerwise, name) is not None
 
 
+def test_exports_match_the_type_checking_imports():
+    """The lazy export map and the TYPE_CHECKING block must name the same objects, from the same
+    modules: a name added to one and forgotten in the other fails here."""
+    import ast
+    from pathlib import Path
+
+    source = Path(layerwise.__file__).read_text(encoding="utf-8")
+    tree = ast.parse(source)
+    typed: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING":
+            for stmt in node.body:
+                if isinstance(stmt, ast.ImportFrom):
+                    for alias in stmt.names:
+                        typed[alias.asname or alias.name] = (stmt.module or alias.name).split(".")[-1]
+    lazy = {**layerwise._EXPORTS, **{m: m for m in layerwise._SUBMODULES}}
+    assert typed == lazy
+    assert set(layerwise.__all__) == set(lazy) | {"__version__"}
+    for name, module in layerwise._EXPORTS.items():
+        import importlib
+
+        assert getattr(importlib.import_module(f"layerwise.{module}"), name) is getattr(layerwise, name)
+
+
 def test_unknown_attribute():
     try:
         layerwise.nope  # noqa: B018
