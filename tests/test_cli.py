@@ -154,7 +154,7 @@ def test_extract_word_pooling_jsonl_with_windows(tmp_path, make_tiny_model):
     assert records[1]["words"] == long_text.split() and records[1]["words_lost"] == 0
     enc = lw.Encoder(model, device="cpu", max_length=16)
     expected = enc.embed_words([long_text], subword="mean", layers=-1, long_texts="window")[0]
-    np.testing.assert_allclose(np.asarray(records[1]["word_vectors"]), expected.vectors, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(records[1]["word_vectors"]), expected.vectors[None], atol=1e-5)
 
 
 @pytest.mark.parametrize(

@@ -189,13 +189,13 @@ def test_loads_local_folder_by_path_object(make_tiny_model):
 def test_bad_options(make_tiny_model):
     folder = make_tiny_model("bert")
     with pytest.raises(OptionError, match="dtype='float8' is not valid"):
-        lw.Encoder(folder, dtype="float8")
+        lw.Encoder(folder, model_dtype="float8")
     with pytest.raises(OptionError, match="device='tpu9'"):
         lw.Encoder(folder, device="tpu9")
 
 
 def test_half_precision_model_returns_float32(make_tiny_model):
-    enc = lw.Encoder(make_tiny_model("bert"), device="cpu", dtype="bfloat16")
+    enc = lw.Encoder(make_tiny_model("bert"), device="cpu", model_dtype="bfloat16")
     stack = enc.extract(["low precision"])[0]
     reference = lw.Encoder(make_tiny_model("bert"), device="cpu").extract(["low precision"])[0]
     assert stack.hidden.dtype == np.float32

@@ -28,7 +28,7 @@ def test_embed_pairs_and_layers(tiny_encoder):
 
 
 def test_named_fusion_with_layers_is_refused(tiny_encoder):
-    with pytest.raises(OptionError, match="fuse='last' uses hidden states"):
+    with pytest.raises(OptionError, match="fuse='last' uses its own hidden states; drop layers="):
         tiny_encoder.embed(TEXTS, layers=[1], fuse="last")
 
 

@@ -277,7 +277,7 @@ def test_truncation_is_reported_once_per_store_run(tmp_path, make_tiny_model, ca
     notes = [r.getMessage() for r in caplog.records if "longer than" in r.getMessage()]
     assert notes == [
         "2 of 4 texts were longer than 16 tokens and were truncated; the manifest's 'truncated' column marks "
-        "them. Pass long_texts='window' (CLI: --long-texts window) to keep every token."
+        "them. Pass long_texts='window' to keep every token."
     ]
     manifest = lw.open_store(tmp_path / "c.lw").manifest
     flags = dict(zip(manifest["text_id"].to_pylist(), manifest["truncated"].to_pylist(), strict=True))

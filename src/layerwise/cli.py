@@ -196,7 +196,7 @@ def extract(
         if not len(data):
             raise InputError(f"{input} holds no texts")
         started = time.perf_counter()
-        enc = Encoder(model, device=device, dtype=model_dtype.value, max_length=max_length,
+        enc = Encoder(model, device=device, model_dtype=model_dtype.value, max_length=max_length,
                       batch_size=batch_size, max_tokens=max_tokens)  # fmt: skip
         _use_available_cores()
         common = {

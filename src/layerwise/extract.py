@@ -1,4 +1,7 @@
-"""The forward pass: one padded batch in, every requested hidden state out.
+"""The engine: batches of encoded inputs in, a stream of LayerStacks out.
+
+:class:`Engine` cuts long inputs into windows, groups inputs into length-sorted batches under a
+padded-token budget, runs :func:`forward_batch` on each and stitches windows back together.
 
 Two ways to collect hidden states, which agree exactly (a test checks it):
 
@@ -11,17 +14,21 @@ sub-layer taps are recorded with hooks. Results come back as :class:`LayerStack`
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager, nullcontext
 from typing import Literal
 
 import numpy as np
 import torch
 from torch import nn
 
-from .hooks import HookRecorder, truncated_encoder
-from .inputs import EncodedInput
+from .errors import OptionError
+from .hooks import HookRecorder, find_layer_list, truncated_encoder
+from .inputs import EncodedInput, length_sorted_batches
+from .progress import progress_bar
 from .results import LayerStack
-from .windows import Window
+from .windows import Window, plan_windows, stitch
 
 Method = Literal["hidden_states", "hooks"]
 METHODS: tuple[str, ...] = ("hidden_states", "hooks")
@@ -154,3 +161,135 @@ def make_stack(
         taps=dict(taps),
         tap_layers=tuple(i for i in layers if i >= 1) if taps else (),
     )
+
+
+class Engine:
+    """The extraction loop: inputs (or their windows) in length-sorted batches under a token
+    budget, the forward pass cut at the deepest requested layer, windows stitched back, results
+    streamed as ``(input index, LayerStack)`` as batches finish (longest first)."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        *,
+        device: torch.device,
+        pad_id: int,
+        with_token_types: bool,
+        max_length: int,
+        batch_size: int,
+        max_tokens: int,
+    ) -> None:
+        self.model, self.device, self.pad_id = model, device, pad_id
+        self.with_token_types, self.max_length = with_token_types, max_length
+        self.batch_size, self.max_tokens = batch_size, max_tokens
+        self.model_type: str = model.config.model_type
+        self.layer_owner, self.layer_attr, self.layer_list = find_layer_list(
+            model, model.config.num_hidden_layers
+        )
+        self.lock = threading.RLock()  # one forward at a time: hooks and truncation patch the model
+
+    def stream(
+        self,
+        encoded: list[EncodedInput],
+        *,
+        layers: tuple[int, ...],
+        method: Method,
+        taps: tuple[str, ...],
+        stride: int | None,
+        batch_size: int | None,
+        max_tokens: int | None,
+        progress: bool | None,
+    ) -> Iterator[tuple[int, LayerStack]]:
+        """Plan units and batches now (so bad input fails here), run them lazily."""
+        units: list[EncodedInput | Window] = []
+        owners: list[tuple[int, int]] = []  # per unit: (input index, window number or -1)
+        n_windows: dict[int, int] = {}
+        for item in encoded:
+            if len(item) <= self.max_length:
+                units.append(item)
+                owners.append((item.index, -1))
+                continue
+            if "attention_probs" in taps:
+                raise OptionError(
+                    f"attention_probs cannot be stitched across windows (input {item.index} has "
+                    f"{len(item)} tokens > {self.max_length}); use long_texts='truncate' for attention maps"
+                )
+            windows = plan_windows(item, self.max_length, stride)
+            n_windows[item.index] = len(windows)
+            for k, window in enumerate(windows):
+                units.append(window)
+                owners.append((item.index, k))
+        batches = length_sorted_batches(
+            [len(u) for u in units], batch_size or self.batch_size, max_tokens or self.max_tokens
+        )
+        return self._run(encoded, units, owners, n_windows, batches, layers, method, taps, progress)
+
+    def _run(
+        self,
+        encoded: list[EncodedInput],
+        units: list[EncodedInput | Window],
+        owners: list[tuple[int, int]],
+        n_windows: dict[int, int],
+        batches: list[list[int]],
+        layers: tuple[int, ...],
+        method: Method,
+        taps: tuple[str, ...],
+        progress: bool | None,
+    ) -> Iterator[tuple[int, LayerStack]]:
+        bar = (
+            None if progress is None and len(batches) <= 1 else progress_bar("extracting", "inputs", progress)
+        )
+        task = bar.add_task("extract", total=len(units)) if bar is not None else None
+        pending: dict[int, dict[int, tuple]] = {}  # windows of long inputs until all are done
+        with bar if bar is not None else nullcontext():
+            for batch_ids in batches:
+                rows = self._forward_units([units[u] for u in batch_ids], layers, method, taps)
+                for u, (hidden, tapped) in zip(batch_ids, rows, strict=True):
+                    index, k = owners[u]
+                    if k < 0:
+                        yield index, make_stack(encoded[index], hidden, tapped, layers)
+                        continue
+                    pending.setdefault(index, {})[k] = (units[u], hidden, tapped)
+                    if len(pending[index]) == n_windows[index]:
+                        yield index, _stitch(encoded[index], pending.pop(index), layers)
+                if bar is not None and task is not None:
+                    bar.advance(task, len(batch_ids))
+
+    def _forward_units(
+        self,
+        units: Sequence[EncodedInput | Window],
+        layers: tuple[int, ...],
+        method: Method,
+        taps: tuple[str, ...],
+    ) -> Rows:
+        batch = collate(units, pad_id=self.pad_id, with_token_types=self.with_token_types, device=self.device)
+        with self.lock, torch.inference_mode(), self._attention_for(taps):
+            hidden, tapped = forward_batch(
+                self.model, batch, layers=layers, method=method, layer_owner=self.layer_owner,
+                layer_attr=self.layer_attr, layer_list=self.layer_list, model_type=self.model_type, taps=taps,
+            )  # fmt: skip
+        return split_rows(hidden, tapped, [len(u) for u in units])
+
+    @contextmanager
+    def _attention_for(self, taps: tuple[str, ...]) -> Iterator[None]:
+        """Attention probabilities exist only in the eager attention path (SDPA never forms them)."""
+        current = getattr(self.model.config, "_attn_implementation", None)
+        if "attention_probs" not in taps or current in (None, "eager"):
+            yield
+            return
+        self.model.set_attn_implementation("eager")
+        try:
+            yield
+        finally:
+            self.model.set_attn_implementation(current)
+
+
+def _stitch(item: EncodedInput, parts: dict[int, tuple], layers: tuple[int, ...]) -> LayerStack:
+    ordered = [parts[k] for k in range(len(parts))]
+    windows = [w for w, _, _ in ordered]
+    hidden = stitch([h for _, h, _ in ordered], windows, len(item), token_axis=1)
+    taps = {
+        name: stitch([t[name] for _, _, t in ordered], windows, len(item), token_axis=1)
+        for name in ordered[0][2]
+    }
+    return make_stack(item, hidden, taps, layers, n_windows=len(windows))

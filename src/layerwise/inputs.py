@@ -14,12 +14,15 @@ never padded beyond its longest text. Texts longer than the model's maximum are 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tokenizers import Tokenizer
 
 from .errors import InputError, OptionError
+
+logger = logging.getLogger("layerwise")
 
 
 @dataclass(frozen=True, slots=True)
@@ -287,3 +290,25 @@ def length_sorted_batches(
     if current:
         batches.append(current)
     return batches
+
+
+def report_truncation_warning(encoded: Sequence[EncodedInput], max_length: int) -> None:
+    """One warning for all truncated inputs of a call, with counts ("at least" where bounded)."""
+    truncated = [e for e in encoded if e.truncated]
+    if not truncated:
+        return
+    first = truncated[0]
+    bound = "" if all(e.counts_exact for e in truncated) else "at least "
+    logger.warning(
+        "%d of %d inputs were longer than %d tokens and were truncated (first: input %d, %s%d tokens; "
+        "%s%d words lost in all); their results have truncated=True. Pass long_texts='window' "
+        "to keep every token with sliding windows.",
+        len(truncated),
+        len(encoded),
+        max_length,
+        first.index,
+        "" if first.counts_exact else "at least ",
+        first.n_tokens_untruncated,
+        bound,
+        sum(e.words_lost for e in truncated),
+    )

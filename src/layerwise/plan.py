@@ -66,8 +66,8 @@ class OutputPlan:
                 )
             if self.layers is not None and self.fuse not in GENERIC_FUSIONS:
                 raise OptionError(
-                    f"fuse={self.fuse!r} uses its own hidden states; drop layers=, or fuse the layers you "
-                    "choose with a generic fusion: fuse='mean', 'sum' or 'concat'"
+                    f"fuse={self.fuse!r} uses its own hidden states; drop layers={self.layers!r}, or fuse "
+                    "the layers you choose with a generic fusion: fuse='mean', 'sum' or 'concat'"
                 )
 
     @classmethod

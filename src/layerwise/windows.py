@@ -37,14 +37,35 @@ def check_window_options(long_texts: str, stride: int | None, max_length: int) -
         raise OptionError(f"stride={stride!r} must be a whole number of tokens")
     if long_texts != "window":
         raise OptionError(
-            f"stride={stride} applies to sliding windows only; pass long_texts='window' too "
-            "(CLI: --long-texts window), or drop stride"
+            f"stride={stride} applies to sliding windows only; pass long_texts='window' too or drop stride"
         )
     room = max_length - 2
     if not 1 <= stride <= room:
         raise OptionError(
             f"stride={stride} must be between 1 and {room}, the content length of a {max_length}-token window"
         )
+
+
+WINDOW_MEMORY = 2 * 2**30  # bytes of hidden states one windowed input may hold
+
+
+def check_window_memory(raw, n_layers: int, hidden_size: int) -> None:
+    """Window mode holds every hidden state of an input until its windows are stitched; refuse,
+    before tokenising, an input that would need more than WINDOW_MEMORY bytes for that (counted
+    at one token per 4 characters, a low estimate for English WordPiece)."""
+    bytes_per_token = n_layers * hidden_size * 4
+    max_chars = 4 * WINDOW_MEMORY // bytes_per_token
+    for i, text in enumerate(raw.texts):
+        size = len(text) + (len(raw.text_pairs[i]) if raw.text_pairs is not None else 0)
+        if size > max_chars:
+            gib = size // 4 * bytes_per_token / 2**30
+            raise InputError(
+                f"input {i} has {size:,} characters: with long_texts='window' its {n_layers} hidden "
+                f"states would take about {gib:.1f} GiB until its windows are stitched; the limit "
+                f"for this model and these layers is {max_chars:,} characters per input. Split such "
+                "documents (e.g. into paragraphs), ask for fewer layers, or use long_texts='truncate'",
+                index=i,
+            )
 
 
 @dataclass(frozen=True, slots=True)

@@ -152,7 +152,7 @@ def extract_to_file(
         "long_texts": long_texts,
         "stride": stride,
         "max_length": encoder.max_length,
-        "model_dtype": encoder.dtype,
+        "model_dtype": encoder.model_dtype,
         "method": method,
         "source": source,
         "layerwise_version": __version__,

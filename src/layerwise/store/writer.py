@@ -168,7 +168,7 @@ class StoreWriter:
             "long_texts": self.long_texts,
             "stride": self.stride,
             "max_length": self.encoder.max_length,
-            "model_dtype": self.encoder.dtype,
+            "model_dtype": self.encoder.model_dtype,
             "method": self.method,
             "n_texts": len(self.texts),
             "pairs": self.text_pairs is not None,
@@ -271,7 +271,7 @@ class StoreWriter:
         if summary.n_truncated:
             logger.warning(
                 "%d of %d texts were longer than %d tokens and were truncated; the manifest's 'truncated' "
-                "column marks them. Pass long_texts='window' (CLI: --long-texts window) to keep every token.",
+                "column marks them. Pass long_texts='window' to keep every token.",
                 summary.n_truncated,
                 summary.n_written,
                 self.encoder.max_length,
@@ -312,7 +312,7 @@ class StoreWriter:
                 task = bar.add_task("store", total=len(self.texts), completed=n_committed) if bar else None
                 for block in range(first_block, -(-len(self.texts) // self.block_size)):
                     lo, hi = block * self.block_size, min((block + 1) * self.block_size, len(self.texts))
-                    stream = self.encoder._stream(
+                    stream = self.encoder.iter_extract(
                         list(self.texts[lo:hi]),
                         text_pairs=list(self.text_pairs[lo:hi]) if self.text_pairs is not None else None,
                         layers=self.layers,
