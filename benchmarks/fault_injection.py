@@ -1,6 +1,6 @@
 """Faults against the store: SIGKILL at random moments, and damaged files. Zero silent wrong reads.
 
-    python benchmarks/fault_injection.py [--kills 20] [--sentences 1500] [--seed 0]
+    python benchmarks/fault_injection.py [--kills 20] [--sentences 4000] [--seed 0]
 
 1. An uninterrupted reference store is written in-process (default model, UD EWT sentences,
    small shards so that a run commits often).
@@ -181,7 +181,7 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--kills", type=int, default=20)
-    parser.add_argument("--sentences", type=int, default=1500)
+    parser.add_argument("--sentences", type=int, default=4000)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
 

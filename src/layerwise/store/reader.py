@@ -23,7 +23,7 @@ from .format import (
     read_store_meta,
     require_store_dependencies,
 )
-from .verify import VerifyReport, check_structure, damaged, verify_store
+from .verify import VerifyReport, check_structure, damaged, rows_checksum, verify_store
 
 
 def committed_offsets(offsets_array) -> np.ndarray:
@@ -224,11 +224,16 @@ class Store:
         position = self._position(text_id)
         start, stop = int(self._offsets[position]), int(self._offsets[position + 1])
         try:
-            rows = np.asarray(self.data[start:stop]).astype(np.float32)
+            stored = np.asarray(self.data[start:stop])
         except ValueError as exc:  # zarr cannot decode the shard: its bytes were changed
             problem = f"rows {start}..{stop - 1} of text {text_id} cannot be read ({exc})"
             raise damaged(self.path, [problem], [int(text_id)]) from exc
         record = {name: self._manifest[name][position].as_py() for name in self._manifest.column_names}
+        # the checksum written at commit: a changed byte is an error, never a wrong number
+        if record.get("crc32") is not None and rows_checksum(stored) != record["crc32"]:
+            problem = f"the rows of text {text_id} differ from the checksum written when it was committed"
+            raise damaged(self.path, [problem], [int(text_id)])
+        rows = stored.astype(np.float32)
         return self._result(record, rows)
 
     def __iter__(self) -> Iterator:
