@@ -34,8 +34,8 @@ def test_anisotropy_of_isotropic_gaussian_is_near_zero():
 
 def test_layer_similarity_and_drift_on_stacks(tiny_encoder):
     stacks = tiny_encoder.extract(["The bank raised rates.", "We sat on the river bank.", "Hi there"])
-    for method in ("cka", "cosine"):
-        sim = lw.analyze.layer_similarity(stacks, method=method)
+    for measure in ("cka", "cosine"):
+        sim = lw.analyze.layer_similarity(stacks, measure=measure)
         assert sim.shape == (4, 4)
         np.testing.assert_allclose(np.diag(sim), 1.0)
         np.testing.assert_allclose(sim, sim.T)
@@ -89,7 +89,8 @@ def report(tmp_path_factory, make_tiny_model):
     folder = tmp_path_factory.mktemp("report")
     from layerwise.report import write_report
 
-    return write_report(enc, REPORT_TEXTS, folder, words=["bank", "crane"], progress=False)
+    stacks = enc.extract(REPORT_TEXTS, long_texts="window", progress=False)
+    return write_report(stacks, folder, model=enc.name, max_length=enc.max_length, words=["bank", "crane"])
 
 
 def test_report_embeds_figures_and_tables(report):
@@ -155,7 +156,7 @@ def test_projection_grid(tmp_path, method):
     # two well-separated clouds stay apart in 2-D: nearest neighbours share the label
     d = np.linalg.norm(xy[:, None] - xy[None], axis=-1) + np.eye(20) * 1e9
     assert (np.array(labels)[d.argmin(1)] == np.array(labels)).all()
-    path = plot_projections(vectors, labels, (0, 1, 2), tmp_path / "p.png", method=method)
+    path = plot_projections(vectors, labels, (0, 1, 2), tmp_path / "p.png", projection=method)
     assert path.read_bytes()[:4] == b"\x89PNG"
 
 
@@ -170,3 +171,44 @@ def test_umap_without_the_package_says_how_to_install():
             project(RNG.normal(size=(10, 4)), "umap")
     else:
         assert project(RNG.normal(size=(10, 4)), "umap").shape == (10, 2)
+
+
+def test_cli_checks_outputs_and_projection_before_extracting(tmp_path, make_tiny_model, monkeypatch):
+    from typer.testing import CliRunner
+
+    import layerwise.encoder
+    from layerwise.cli import app
+
+    source = tmp_path / "t.txt"
+    source.write_text("\n".join(REPORT_TEXTS) + "\n", encoding="utf-8")
+    model = str(make_tiny_model("bert"))
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("the model was loaded before the options were checked")
+
+    runner = CliRunner()
+    (tmp_path / "a-file").write_text("x")
+    with monkeypatch.context() as patch:
+        patch.setattr(layerwise.encoder.Encoder, "__init__", no_model)
+        cases = [
+            (
+                ["analyze", str(source), "-o", str(tmp_path / "a-file")],
+                "is a file; the report needs a folder",
+            ),
+            (
+                ["plot", str(source), "--words", "bank", "-o", str(tmp_path / "x.bmp")],
+                "use a .png, .svg or .pdf",
+            ),
+            (
+                ["plot", str(source), "--words", "bank", "-o", str(tmp_path / "no" / "x.png")],
+                "does not exist",
+            ),
+            (["analyze", str(source), "-o", str(tmp_path / "r"), "--projection", "umap"], "needs umap-learn"),
+        ]
+        for args, message in cases:
+            result = runner.invoke(app, [*args, "--model", model])
+            assert result.exit_code == 2 and message in " ".join(result.output.split()), result.output
+    # user text with "$" is drawn as text, not parsed as matplotlib math
+    args = ["plot", str(source), "--words", "$^$,bank,crane", "-o", str(tmp_path / "d.png"), "--model", model]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output

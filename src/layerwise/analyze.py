@@ -25,7 +25,7 @@ from .errors import InputError, OptionError, check_choice
 from .pool import pool_words
 from .results import LayerStack, WordVectors
 
-Method = Literal["cka", "cosine"]
+Measure = Literal["cka", "cosine"]
 
 
 # ---------------------------------------------------------------------------------------------- inputs
@@ -95,14 +95,14 @@ def linear_cka(x: np.ndarray, y: np.ndarray) -> float:
 
 
 def layer_similarity(
-    source, method: Method = "cka", *, max_rows: int | None = 20000, seed: int = 0
+    source, measure: Measure = "cka", *, max_rows: int | None = 20000, seed: int = 0
 ) -> np.ndarray:
     """``(n_layers, n_layers)``: linear CKA, or the mean cosine between a row's vectors in two layers."""
-    check_choice("method", method, ("cka", "cosine"))
+    check_choice("measure", measure, ("cka", "cosine"))
     matrix, _ = layer_matrix(source, max_rows=max_rows, seed=seed)
     n = matrix.shape[0]
     out = np.eye(n)
-    if method == "cosine":
+    if measure == "cosine":
         unit = _unit(matrix)
         for i in range(n):
             for j in range(i + 1, n):

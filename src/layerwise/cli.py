@@ -313,6 +313,31 @@ def pretrain(
     )
 
 
+ProjectionOption = Annotated[str, typer.Option("--projection", help="pca | tsne | umap (needs umap-learn)")]
+
+
+def _check_projection(projection: str) -> None:
+    """Fail before any extraction when the projection cannot run here."""
+    from .plot import PROJECTIONS
+
+    if projection not in PROJECTIONS:
+        raise OptionError(f"--projection {projection!r} is not valid; choose one of {', '.join(PROJECTIONS)}")
+    needs = {
+        "tsne": ("sklearn", "scikit-learn"),
+        "pca": ("sklearn", "scikit-learn"),
+        "umap": ("umap", "umap-learn"),
+    }
+    module, package = needs[projection]
+    try:
+        __import__(module)
+    except ImportError:
+        from .errors import MissingDependencyError
+
+        raise MissingDependencyError(
+            f"--projection {projection} needs {package}: pip install {package}"
+        ) from None
+
+
 @app.command()
 def analyze(
     input: Annotated[Path, typer.Argument(help="One text per line (.txt) or JSONL with 'text'")],
@@ -324,7 +349,7 @@ def analyze(
         str | None,
         typer.Option(help="Comma-separated words for self-similarity [default: the most frequent]"),
     ] = None,
-    method: Annotated[str, typer.Option(help="Projection: pca | tsne | umap")] = "pca",
+    projection: ProjectionOption = "pca",
     max_texts: Annotated[int | None, typer.Option(min=2, help="Use the first N texts")] = None,
     device: DeviceOption = "auto",
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar")] = False,
@@ -333,26 +358,20 @@ def analyze(
     _setup_logging(quiet)
     try:
         from .encoder import Encoder
-        from .plot import PROJECTIONS
         from .readers import read_input_file
         from .report import write_report
 
-        if method not in PROJECTIONS:
-            raise OptionError(f"--method {method!r} is not valid; choose one of {', '.join(PROJECTIONS)}")
+        _check_projection(projection)
+        if output.exists() and not output.is_dir():
+            raise OptionError(f"--output {str(output)!r} is a file; the report needs a folder")
         data = read_input_file(input)
         texts = data.texts[:max_texts]
         _use_available_cores()
         enc = Encoder(model, device=device)
         chosen = [w.strip() for w in words.split(",") if w.strip()] if words else None
-        report = write_report(
-            enc,
-            texts,
-            output,
-            words=chosen,
-            method=method,
-            source=str(input),
-            progress=False if quiet else None,
-        )
+        stacks = enc.extract(texts, long_texts="window", progress=False if quiet else None)
+        report = write_report(stacks, output, model=enc.name, max_length=enc.max_length, words=chosen,
+                              projection=projection, source=str(input))  # fmt: skip
     except LayerwiseError as exc:
         raise _fail(exc) from None
     err.print(f"report written to {report}", highlight=False)
@@ -363,7 +382,7 @@ def plot(
     input: Annotated[Path, typer.Argument(help="One text per line (.txt) or JSONL with 'text'")],
     output: Annotated[Path, typer.Option("--output", "-o", help="Image file (.png, .svg, .pdf)")],
     words: Annotated[str, typer.Option(help="Comma-separated words to show, e.g. bank,crane")],
-    method: Annotated[str, typer.Option(help="pca | tsne | umap")] = "pca",
+    projection: ProjectionOption = "pca",
     model: ModelOption = None,
     layers: LayersOption = "all",
     device: DeviceOption = "auto",
@@ -375,29 +394,21 @@ def plot(
         from .plot import plot_word_projections
         from .readers import read_input_file
 
+        _check_projection(projection)
+        if output.suffix.lower() not in (".png", ".svg", ".pdf"):
+            raise OptionError(f"--output {str(output)!r}: use a .png, .svg or .pdf file")
+        if not output.parent.is_dir() or not os.access(output.parent, os.W_OK):
+            raise OptionError(f"--output {str(output)!r}: the folder does not exist or is not writable")
         data = read_input_file(input)
         chosen = [w.strip() for w in words.split(",") if w.strip()]
         enc = Encoder(model, device=device)
-        path = plot_word_projections(enc, data.texts, chosen, output, method=method, layers=layers)
+        stacks = (
+            s for _, s in enc.iter_extract(data.texts, layers=layers, long_texts="window", progress=False)
+        )
+        path = plot_word_projections(stacks, chosen, output, projection=projection, model=enc.name)  # type: ignore[arg-type]
     except LayerwiseError as exc:
         raise _fail(exc) from None
     err.print(f"figure written to {path}", highlight=False)
-
-
-@app.command()
-def verify(
-    store: Annotated[Path, typer.Argument(help="A store folder (*.lw)")],
-) -> None:
-    """Check a store: offsets, manifest, shards and every text's checksum. Exit 1 if it is damaged."""
-    try:
-        from .store import verify_store
-
-        report = verify_store(store)
-    except LayerwiseError as exc:
-        raise _fail(exc) from None
-    (Console() if report.ok else err).print(str(report), highlight=False, markup=False, soft_wrap=True)
-    if not report.ok:
-        raise typer.Exit(code=1)
 
 
 probe_app = typer.Typer(

@@ -8,13 +8,14 @@ optional umap-learn package).
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Literal
 
 import numpy as np
 
 from .errors import InputError, MissingDependencyError, check_choice
+from .results import LayerStack
 
 Projection = Literal["pca", "tsne", "umap"]
 PROJECTIONS: tuple[str, ...] = ("pca", "tsne", "umap")
@@ -31,16 +32,20 @@ def _pyplot():
     return plt
 
 
-def project(points: np.ndarray, method: Projection = "pca", *, seed: int = 0) -> np.ndarray:
+def _plain(text: str) -> str:
+    return text.replace("$", r"\$")
+
+
+def project(points: np.ndarray, projection: Projection = "pca", *, seed: int = 0) -> np.ndarray:
     """``(n, dim)`` -> ``(n, 2)``."""
-    check_choice("method", method, PROJECTIONS)
+    check_choice("projection", projection, PROJECTIONS)
     if len(points) < 3:
         raise InputError(f"a projection needs at least 3 points, got {len(points)}")
-    if method == "pca":
+    if projection == "pca":
         from sklearn.decomposition import PCA
 
         return PCA(n_components=2, random_state=seed).fit_transform(points)
-    if method == "tsne":
+    if projection == "tsne":
         from sklearn.manifold import TSNE
 
         perplexity = float(min(30, max(2, (len(points) - 1) // 3)))
@@ -50,7 +55,7 @@ def project(points: np.ndarray, method: Projection = "pca", *, seed: int = 0) ->
     try:
         import umap
     except ImportError as exc:
-        raise MissingDependencyError("method='umap' needs umap-learn: pip install umap-learn") from exc
+        raise MissingDependencyError("projection='umap' needs umap-learn: pip install umap-learn") from exc
     return umap.UMAP(n_components=2, random_state=seed, n_neighbors=min(15, len(points) - 1)).fit_transform(
         points
     )
@@ -62,7 +67,7 @@ def plot_projections(
     layers: Sequence[int],
     path: str | os.PathLike,
     *,
-    method: Projection = "pca",
+    projection: Projection = "pca",
     title: str = "",
     seed: int = 0,
 ) -> Path:
@@ -73,6 +78,8 @@ def plot_projections(
     columns = min(4, n_layers)
     rows = -(-n_layers // columns)
     fig, axes = plt.subplots(rows, columns, figsize=(3.3 * columns, 3.1 * rows + 0.6), squeeze=False, dpi=110)
+    labels = [_plain(label) for label in labels]  # user text: "$" would start matplotlib math mode
+    title = _plain(title)
     names = list(dict.fromkeys(labels))
     cmap = plt.get_cmap("tab10" if len(names) <= 10 else "tab20")
     colors = {name: cmap(i % cmap.N) for i, name in enumerate(names)}
@@ -82,7 +89,7 @@ def plot_projections(
         if k >= n_layers:
             ax.axis("off")
             continue
-        xy = project(vectors[k], method, seed=seed)
+        xy = project(vectors[k], projection, seed=seed)
         for name in names:
             mine = label_array == name
             ax.scatter(
@@ -93,7 +100,7 @@ def plot_projections(
         ax.set_yticks([])
     handles = [plt.Line2D([], [], marker="o", ls="", color=colors[n], label=n) for n in names[:20]]
     fig.legend(handles=handles, loc="lower center", ncol=min(len(handles), 6), fontsize=9, frameon=False)
-    fig.suptitle(title or f"{method.upper()} of each layer's vectors", fontsize=11)
+    fig.suptitle(title or f"{projection.upper()} of each layer's vectors", fontsize=11)
     fig.tight_layout(rect=(0, 0.08, 1, 0.95))
     fig.savefig(path)
     plt.close(fig)
@@ -146,40 +153,49 @@ def plot_lines(
     return Path(path)
 
 
-def plot_word_projections(
-    encoder,
-    texts: Sequence[str],
-    words: Sequence[str],
-    path: str | os.PathLike,
-    *,
-    method: Projection = "pca",
-    layers="all",
-    seed: int = 0,
-) -> Path:
-    """Every occurrence of ``words`` in ``texts`` (mean of its wordpieces), one panel per layer."""
+def word_occurrences(
+    stacks: Iterable[LayerStack], words: Sequence[str]
+) -> tuple[np.ndarray, list[str], tuple]:
+    """Every occurrence of ``words`` (case-insensitive; mean of its wordpieces) in ``stacks``:
+    ``(vectors (n_layers, n_points, dim), labels, layers)``."""
     from .pool import pool_words
 
-    check_choice("method", method, PROJECTIONS)
     wanted = {w.lower() for w in words}
     if not wanted:
-        raise InputError("pass at least one word, e.g. --words bank,crane")
-    points, labels, held = [], [], None
-    for _, stack in encoder.iter_extract(list(texts), layers=layers, long_texts="window", progress=False):
+        raise InputError("pass at least one word, e.g. words=['bank', 'crane']")
+    points, labels, held = [], [], ()
+    for stack in stacks:
         vectors = pool_words(stack, "mean")
         held = vectors.layers
         for j, word in enumerate(vectors.words):
             if word.lower() in wanted:
                 points.append(vectors.vectors[:, j])
                 labels.append(word.lower())
-    missing = sorted(wanted - set(labels))
     if len(points) < 3:
         raise InputError(
             f"found {len(points)} occurrences of {sorted(wanted)} in the texts; a projection needs 3 or more"
         )
+    return np.stack(points, axis=1), labels, held
+
+
+def plot_word_projections(
+    stacks: Iterable[LayerStack],
+    words: Sequence[str],
+    path: str | os.PathLike,
+    *,
+    projection: Projection = "pca",
+    model: str | None = None,
+    seed: int = 0,
+) -> Path:
+    """Every occurrence of ``words`` in ``stacks`` (LayerStacks, e.g. ``enc.extract(texts)`` or a
+    token-level store), one panel per layer."""
+    check_choice("projection", projection, PROJECTIONS)
+    points, labels, held = word_occurrences(stacks, words)
+    missing = sorted({w.lower() for w in words} - set(labels))
     shown = ", ".join(sorted(set(labels)))
-    title = f"{method.upper()} per layer of {shown} ({len(points)} occurrences; {encoder.name})"
+    title = f"{projection.upper()} per layer of {shown} ({points.shape[1]} occurrences" + (
+        f"; {model})" if model else ")"
+    )
     if missing:
         title += f"; not found: {', '.join(missing)}"
-    return plot_projections(
-        np.stack(points, axis=1), labels, held, path, method=method, title=title, seed=seed
-    )
+    return plot_projections(points, labels, held, path, projection=projection, title=title, seed=seed)

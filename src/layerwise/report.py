@@ -14,18 +14,15 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from . import __version__
 from .analyze import anisotropy, drift, intra_sentence_similarity, layer_similarity, self_similarity
-from .errors import InputError
+from .errors import InputError, check_choice
 from .plot import plot_heatmap, plot_lines, plot_projections
 from .pool import pool_words
-
-if TYPE_CHECKING:
-    from .encoder import Encoder
+from .results import LayerStack
 
 STOPWORDS = set(
     "the a an and or but of to in on at for with by from as is are was were be been it its this that these those "
@@ -70,24 +67,33 @@ code{background:#f0f0f0;padding:0 .2rem;border-radius:3px}
 
 
 def write_report(
-    encoder: Encoder,
-    texts: Sequence[str],
+    stacks: Sequence[LayerStack],
     folder: str | Path,
     *,
+    model: str,
+    max_length: int | None = None,
     words: Sequence[str] | None = None,
-    method: str = "pca",
+    projection: str = "pca",
     max_rows: int = 20000,
     source: str | None = None,
-    progress: bool | None = None,
 ) -> Path:
-    """Analyse ``texts`` with ``encoder`` and write ``folder/report.html`` (plus figures and stats.json)."""
+    """Analyse ``stacks`` (every layer of each text, e.g. ``enc.extract(texts, long_texts="window")``)
+    and write ``folder/report.html`` (plus figures and stats.json). ``model`` and ``max_length``
+    are shown in the report's settings."""
+    from .plot import PROJECTIONS
+
     started = time.perf_counter()
-    texts = [t for t in texts if t.strip()]
-    if len(texts) < 2:
+    check_choice("projection", projection, PROJECTIONS)
+    stacks = [s for s in stacks if s.text.strip()]
+    if len(stacks) < 2:
         raise InputError("the analysis needs at least two non-empty texts")
     folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    stacks = encoder.extract(texts, layers="all", long_texts="window", progress=progress)
+    if folder.exists() and not folder.is_dir():
+        raise InputError(f"report folder {str(folder)!r} is a file; choose a folder")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InputError(f"cannot create the report folder {str(folder)!r}: {exc.strerror}") from exc
     word_vectors = [pool_words(s, "mean") for s in stacks]
     layers = stacks[0].layers
     chosen = list(words) if words else frequent_words([w.words for w in word_vectors])
@@ -131,14 +137,15 @@ def write_report(
                     labels.append(w.lower())
         if len(points) >= 3:
             figures["projection"] = plot_projections(
-                np.stack(points, axis=1), labels, layers, folder / "projection.png", method=method,  # type: ignore[arg-type]
-                title=f"{method.upper()} of the chosen words' vectors, one panel per layer",
+                np.stack(points, axis=1), labels, layers, folder / "projection.png",
+                projection=projection,  # type: ignore[arg-type]
+                title=f"{projection.upper()} of the chosen words' vectors, one panel per layer",
             )  # fmt: skip
 
     stats = {
-        "model": encoder.name,
+        "model": model,
         "layers": list(layers),
-        "n_texts": len(texts),
+        "n_texts": len(stacks),
         "n_tokens": n_tokens,
         "words": chosen,
         "cka": cka.tolist(),
@@ -158,8 +165,8 @@ def write_report(
         for k, layer in enumerate(layers)
     ]  # fmt: skip
     sections = [
-        f"<h1>Layer report: {html.escape(encoder.name)}</h1>",
-        f'<p class="meta">{len(texts)} texts, {n_tokens} tokens, {len(layers)} hidden states (0 = embedding output). '
+        f"<h1>Layer report: {html.escape(model)}</h1>",
+        f'<p class="meta">{len(stacks)} texts, {n_tokens} tokens, {len(layers)} hidden states (0 = embedding output). '
         f"Source: <code>{html.escape(source or 'in-memory texts')}</code>. layerwise {__version__}, "
         f"{time.strftime('%Y-%m-%d %H:%M')}, {seconds:.1f} s.</p>",
         "<h2>How similar are the layers to each other?</h2>",
@@ -196,19 +203,19 @@ def write_report(
         if "projection" in figures:
             sections += [
                 f'<p class="explain">Each point is one occurrence of a chosen word, projected to 2-D with '
-                f"{method.upper()} separately in every layer; colours are words.</p>",
+                f"{projection.upper()} separately in every layer; colours are words.</p>",
                 _figure(figures["projection"]),
             ]
     sections.append(
         '<h2>Settings</h2><p class="meta">'
         + html.escape(
-            f"model {encoder.name}; max length {encoder.max_length}; long texts: sliding windows; "
+            f"model {model}; max length {max_length}; long texts: sliding windows; "
             f"words: mean of their wordpieces; statistics on up to {max_rows} sampled rows; "
-            f"projection: {method}."
+            f"projection: {projection}."
         )
         + "</p>"
     )
-    page = f"<!doctype html><html lang=en><head><meta charset=utf-8><title>layerwise report: {html.escape(encoder.name)}</title><style>{CSS}</style></head><body>{''.join(sections)}</body></html>"
+    page = f"<!doctype html><html lang=en><head><meta charset=utf-8><title>layerwise report: {html.escape(model)}</title><style>{CSS}</style></head><body>{''.join(sections)}</body></html>"
     report = folder / "report.html"
     report.write_text(page, encoding="utf-8")
     return report
