@@ -264,265 +264,19 @@ def show(
 
 
 @app.command()
-def pretrain(
-    corpus: Annotated[Path, typer.Argument(help="One sentence per line, a blank line between documents")],
-    output: Annotated[Path, typer.Option("--output", "-o", help="New folder for the model and tokenizer")],
-    layers: Annotated[int, typer.Option(min=1, help="Encoder layers")] = 4,
-    hidden: Annotated[int, typer.Option(min=8, help="Hidden size")] = 256,
-    heads: Annotated[int, typer.Option(min=1, help="Attention heads (must divide --hidden)")] = 4,
-    steps: Annotated[int, typer.Option(min=1, help="Training steps")] = 2000,
-    vocab_size: Annotated[int, typer.Option(min=100, help="WordPiece vocabulary size")] = 8000,
-    max_length: Annotated[int, typer.Option(min=16, help="Tokens per example")] = 128,
-    batch_size: Annotated[int, typer.Option(min=1, help="Examples per step")] = 32,
-    learning_rate: Annotated[float, typer.Option(help="Peak AdamW learning rate")] = 5e-4,
-    seed: Annotated[int, typer.Option(help="Seed of data, masking and initialisation")] = 0,
-    eval_fraction: Annotated[
-        float, typer.Option(min=0.01, max=0.5, help="Share of documents held out for evaluation")
-    ] = 0.05,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar")] = False,
+def verify(
+    store: Annotated[Path, typer.Argument(help="A store folder (*.lw)")],
 ) -> None:
-    """Pretrain a small BERT from scratch (WordPiece + masked LM + next-sentence prediction) on CPU."""
-    _setup_logging(quiet=True)
+    """Check a store: offsets, manifest, shards and every text's checksum. Exit 1 if it is damaged."""
     try:
-        from .reference.pretrain import PretrainSettings
-        from .reference.pretrain import pretrain as run_pretraining
+        from .store import verify_store
 
-        _use_available_cores()
-        settings = PretrainSettings(
-            layers=layers,
-            hidden=hidden,
-            heads=heads,
-            steps=steps,
-            vocab_size=vocab_size,
-            max_length=max_length,
-            batch_size=batch_size,
-            learning_rate=learning_rate,
-            seed=seed,
-            eval_fraction=eval_fraction,
-        )
-        result = run_pretraining(corpus, output, settings, progress=False if quiet else None)
+        report = verify_store(store)
     except LayerwiseError as exc:
         raise _fail(exc) from None
-    held_out = result["held_out"]
-    err.print(
-        f"saved to {output} after {steps} steps in {result['seconds']:.0f} s. Held out: MLM accuracy "
-        f"{held_out['mlm_accuracy']:.1%} (most frequent token: {held_out['mlm_baseline']:.1%}), "
-        f"NSP accuracy {held_out['nsp_accuracy']:.1%}. Use it: layerwise extract texts.txt --model {output}",
-        highlight=False,
-        soft_wrap=True,
-    )
-
-
-ProjectionOption = Annotated[str, typer.Option("--projection", help="pca | tsne | umap (needs umap-learn)")]
-
-
-def _check_projection(projection: str) -> None:
-    """Fail before any extraction when the projection cannot run here."""
-    from .plot import PROJECTIONS
-
-    if projection not in PROJECTIONS:
-        raise OptionError(f"--projection {projection!r} is not valid; choose one of {', '.join(PROJECTIONS)}")
-    needs = {
-        "tsne": ("sklearn", "scikit-learn"),
-        "pca": ("sklearn", "scikit-learn"),
-        "umap": ("umap", "umap-learn"),
-    }
-    module, package = needs[projection]
-    try:
-        __import__(module)
-    except ImportError:
-        from .errors import MissingDependencyError
-
-        raise MissingDependencyError(
-            f"--projection {projection} needs {package}: pip install {package}"
-        ) from None
-
-
-@app.command()
-def analyze(
-    input: Annotated[Path, typer.Argument(help="One text per line (.txt) or JSONL with 'text'")],
-    output: Annotated[
-        Path, typer.Option("--output", "-o", help="Folder for report.html, figures, stats.json")
-    ],
-    model: ModelOption = None,
-    words: Annotated[
-        str | None,
-        typer.Option(help="Comma-separated words for self-similarity [default: the most frequent]"),
-    ] = None,
-    projection: ProjectionOption = "pca",
-    max_texts: Annotated[int | None, typer.Option(min=2, help="Use the first N texts")] = None,
-    device: DeviceOption = "auto",
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar")] = False,
-) -> None:
-    """Layer analysis of your texts as one self-contained HTML report (CKA, drift, anisotropy, ...)."""
-    _setup_logging(quiet)
-    try:
-        from .encoder import Encoder
-        from .readers import read_input_file
-        from .report import write_report
-
-        _check_projection(projection)
-        if output.exists() and not output.is_dir():
-            raise OptionError(f"--output {str(output)!r} is a file; the report needs a folder")
-        data = read_input_file(input)
-        texts = data.texts[:max_texts]
-        _use_available_cores()
-        enc = Encoder(model, device=device)
-        chosen = [w.strip() for w in words.split(",") if w.strip()] if words else None
-        stacks = enc.extract(texts, long_texts="window", progress=False if quiet else None)
-        report = write_report(stacks, output, model=enc.name, max_length=enc.max_length, words=chosen,
-                              projection=projection, source=str(input))  # fmt: skip
-    except LayerwiseError as exc:
-        raise _fail(exc) from None
-    err.print(f"report written to {report}", highlight=False)
-
-
-@app.command()
-def plot(
-    input: Annotated[Path, typer.Argument(help="One text per line (.txt) or JSONL with 'text'")],
-    output: Annotated[Path, typer.Option("--output", "-o", help="Image file (.png, .svg, .pdf)")],
-    words: Annotated[str, typer.Option(help="Comma-separated words to show, e.g. bank,crane")],
-    projection: ProjectionOption = "pca",
-    model: ModelOption = None,
-    layers: LayersOption = "all",
-    device: DeviceOption = "auto",
-) -> None:
-    """One panel per layer: every occurrence of the given words, projected to 2-D and coloured by word."""
-    _setup_logging(quiet=True)
-    try:
-        from .encoder import Encoder
-        from .plot import plot_word_projections
-        from .readers import read_input_file
-
-        _check_projection(projection)
-        if output.suffix.lower() not in (".png", ".svg", ".pdf"):
-            raise OptionError(f"--output {str(output)!r}: use a .png, .svg or .pdf file")
-        if not output.parent.is_dir() or not os.access(output.parent, os.W_OK):
-            raise OptionError(f"--output {str(output)!r}: the folder does not exist or is not writable")
-        data = read_input_file(input)
-        chosen = [w.strip() for w in words.split(",") if w.strip()]
-        enc = Encoder(model, device=device)
-        stacks = (
-            s for _, s in enc.iter_extract(data.texts, layers=layers, long_texts="window", progress=False)
-        )
-        path = plot_word_projections(stacks, chosen, output, projection=projection, model=enc.name)  # type: ignore[arg-type]
-    except LayerwiseError as exc:
-        raise _fail(exc) from None
-    err.print(f"figure written to {path}", highlight=False)
-
-
-probe_app = typer.Typer(
-    help="Layer-wise probes: one row per layer and per fusion, with controls. Which layer, which fusion?",
-    no_args_is_help=True,
-)
-app.add_typer(probe_app, name="probe")
-
-JsonOption = Annotated[Path | None, typer.Option("--json", help="Write the numbers to this JSON file")]
-PlotOption = Annotated[
-    Path | None, typer.Option("--plot", help="Write the per-layer curve (.png, .svg, .pdf)")
-]
-ControlsOption = Annotated[
-    str, typer.Option("--controls", help="random_model,control_task | random_model | control_task | none")
-]
-SeedOption = Annotated[int, typer.Option(help="Seed of probes, controls and the random model")]
-
-
-def _controls(value: str) -> tuple[str, ...]:
-    return () if value.strip() in ("", "none") else tuple(v.strip() for v in value.split(","))
-
-
-def _run_probe(
-    task: str, json_path: Path | None, plot_path: Path | None, model: str | None, **options
-) -> None:
-    _setup_logging(quiet=False)
-    try:
-        from .probing import probe
-
-        result = probe(task, model=model, **options)  # type: ignore[arg-type]
-        Console().print(result.table())
-        if json_path is not None:
-            result.to_json(json_path)
-            err.print(f"numbers written to {json_path}", highlight=False)
-        if plot_path is not None:
-            result.plot(plot_path)
-            err.print(f"curve written to {plot_path}", highlight=False)
-    except LayerwiseError as exc:
-        raise _fail(exc) from None
-
-
-@probe_app.command("conllu")
-def probe_conllu(
-    train: Annotated[Path, typer.Option(help="Training CoNLL-U file")],
-    dev: Annotated[Path, typer.Option(help="Dev CoNLL-U file")],
-    column: Annotated[str, typer.Option(help="upos | xpos | deprel | feats | lemma")] = "upos",
-    max_train: Annotated[int | None, typer.Option(min=1, help="Use the first N training sentences")] = None,
-    max_dev: Annotated[int | None, typer.Option(min=1, help="Use the first N dev sentences")] = None,
-    subword: Annotated[str, typer.Option(help="first | last | mean | first_last | max")] = "first",
-    controls: ControlsOption = "random_model,control_task",
-    seed: SeedOption = 0,
-    model: ModelOption = None,
-    json_path: JsonOption = None,
-    plot_path: PlotOption = None,
-) -> None:
-    """Word-level tags from CoNLL-U (Universal Dependencies): accuracy per layer and fusion."""
-    _run_probe("conllu", json_path, plot_path, model, train=train, dev=dev, column=column,
-               max_train=max_train, max_dev=max_dev, subword=subword, controls=_controls(controls),
-               seed=seed)  # fmt: skip
-
-
-@probe_app.command("conll")
-def probe_conll(
-    train: Annotated[Path, typer.Option(help="CoNLL-2003 style training file (word POS chunk NER)")],
-    dev: Annotated[Path, typer.Option(help="Dev file, e.g. eng.testa")],
-    column: Annotated[str, typer.Option(help="ner (entity F1) | pos | chunk")] = "ner",
-    max_train: Annotated[int | None, typer.Option(min=1, help="Use the first N training sentences")] = None,
-    max_dev: Annotated[int | None, typer.Option(min=1, help="Use the first N dev sentences")] = None,
-    subword: Annotated[str, typer.Option(help="first | last | mean | first_last | max")] = "first",
-    controls: ControlsOption = "random_model,control_task",
-    seed: SeedOption = 0,
-    model: ModelOption = None,
-    json_path: JsonOption = None,
-    plot_path: PlotOption = None,
-) -> None:
-    """CoNLL-2003 columns; NER is scored by entity-level F1 with BIO decoding (conlleval rules)."""
-    _run_probe("conll", json_path, plot_path, model, train=train, dev=dev, column=column, max_train=max_train,
-               max_dev=max_dev, subword=subword, controls=_controls(controls), seed=seed)  # fmt: skip
-
-
-@probe_app.command("tsv")
-def probe_tsv(
-    train: Annotated[Path, typer.Option(help="TSV/CSV with a header row")],
-    dev: Annotated[Path, typer.Option(help="TSV/CSV with the same columns")],
-    text_column: Annotated[str, typer.Option(help="Column with the sentence")] = "sentence",
-    label_column: Annotated[str, typer.Option(help="Column with the class label")] = "label",
-    max_train: Annotated[int | None, typer.Option(min=1, help="Use the first N training rows")] = None,
-    controls: ControlsOption = "random_model",
-    seed: SeedOption = 0,
-    model: ModelOption = None,
-    json_path: JsonOption = None,
-    plot_path: PlotOption = None,
-) -> None:
-    """Sentence classification from mean-pooled layers: accuracy per layer and fusion."""
-    _run_probe("tsv", json_path, plot_path, model, train=train, dev=dev, text_column=text_column,
-               label_column=label_column, max_train=max_train, controls=_controls(controls),
-               seed=seed)  # fmt: skip
-
-
-@probe_app.command("pairs")
-def probe_pairs(
-    data: Annotated[Path, typer.Option(help="TSV/CSV with two sentence columns and a similarity score")],
-    first_column: Annotated[str, typer.Option(help="First sentence column")] = "sentence1",
-    second_column: Annotated[str, typer.Option(help="Second sentence column")] = "sentence2",
-    score_column: Annotated[str, typer.Option(help="Gold similarity column")] = "score",
-    controls: ControlsOption = "random_model",
-    model: ModelOption = None,
-    json_path: JsonOption = None,
-    plot_path: PlotOption = None,
-) -> None:
-    """Sentence-pair similarity: Spearman of cosine(mean-pooled layer) with the gold scores."""
-    _run_probe("pairs", json_path, plot_path, model, data=data, first_column=first_column,
-               second_column=second_column, score_column=score_column, controls=_controls(controls),
-               scalar_mix=False)  # fmt: skip
+    (Console() if report.ok else err).print(str(report), highlight=False, markup=False, soft_wrap=True)
+    if not report.ok:
+        raise typer.Exit(code=1)
 
 
 def _use_available_cores() -> None:
@@ -565,5 +319,10 @@ def main() -> None:
         sys.exit(130)
 
 
-if __name__ == "__main__":
-    main()
+# the other commands register themselves on ``app`` (imported last: they import from this module)
+from . import cli_analysis, cli_probe  # noqa: E402, F401
+
+if __name__ == "__main__":  # python -m layerwise.cli: run the imported module, where commands registered
+    from layerwise.cli import main as _main
+
+    _main()
