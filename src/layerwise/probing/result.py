@@ -1,0 +1,140 @@
+"""Probe results: one row per layer or fusion, the table, the JSON and the per-layer curve."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ..errors import MissingDependencyError
+
+if TYPE_CHECKING:
+    pass
+
+
+@dataclass
+class ProbeRow:
+    """One row of the probe table: a hidden state, a fusion or the scalar mix."""
+
+    name: str
+    kind: str  # "layer" | "fusion" | "scalar_mix"
+    layers: tuple[int, ...]
+    score: float
+    accuracy: float | None = None
+    random_model: float | None = None
+    control_task: float | None = None
+
+    @property
+    def selectivity(self) -> float | None:
+        if self.control_task is None or self.accuracy is None:
+            return None
+        return self.accuracy - self.control_task
+
+
+@dataclass
+class ProbeResult:
+    task: str
+    metric: str
+    model: str
+    rows: list[ProbeRow]
+    n_train: int
+    n_dev: int
+    seconds: float
+    scalar_mix_weights: list[float] | None = None
+    center_of_gravity: float | None = None
+    settings: dict = field(default_factory=dict)
+
+    @property
+    def best(self) -> ProbeRow:
+        return max(self.rows, key=lambda r: r.score)
+
+    def layer_rows(self) -> list[ProbeRow]:
+        return [r for r in self.rows if r.kind == "layer"]
+
+    def to_dict(self) -> dict:
+        data = asdict(self)
+        for row, raw in zip(self.rows, data["rows"], strict=True):
+            raw["selectivity"] = row.selectivity
+            raw["best"] = row is self.best
+        return data
+
+    def to_json(self, path: str | os.PathLike) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n", encoding="utf-8")
+
+    def table(self):
+        """A rich Table: one row per layer, fusion and the scalar mix; the best marked."""
+        from rich.table import Table
+
+        table = Table(
+            title=f"{self.task} probe, {self.model}: {self.metric} on dev "
+            f"({self.n_train} train / {self.n_dev} dev)",
+            caption=self._caption(),
+            caption_justify="left",
+        )
+        table.add_column("features")
+        table.add_column(self.metric, justify="right")
+        if any(r.random_model is not None for r in self.rows):
+            table.add_column("random model", justify="right")
+        if any(r.control_task is not None for r in self.rows):
+            table.add_column("control task", justify="right")
+            table.add_column("selectivity", justify="right")
+        best = self.best
+        for i, row in enumerate(self.rows):
+            last_of_kind = i + 1 == len(self.rows) or self.rows[i + 1].kind != row.kind
+            cells = [row.name + (" ◀ best" if row is best else ""), f"{100 * row.score:.1f}"]
+            if any(r.random_model is not None for r in self.rows):
+                cells.append("" if row.random_model is None else f"{100 * row.random_model:.1f}")
+            if any(r.control_task is not None for r in self.rows):
+                cells.append("" if row.control_task is None else f"{100 * row.control_task:.1f}")
+                cells.append("" if row.selectivity is None else f"{100 * row.selectivity:.1f}")
+            table.add_row(*cells, style="bold" if row is best else None, end_section=last_of_kind)
+        return table
+
+    def _caption(self) -> str:
+        parts = ["Lk = hidden state k (L0 = embeddings)."]
+        if self.scalar_mix_weights is not None:
+            weights = ", ".join(f"{w:.2f}" for w in self.scalar_mix_weights)
+            parts.append(f"Scalar mix weights: [{weights}], centre of gravity {self.center_of_gravity:.2f}.")
+        if any(r.control_task is not None for r in self.rows):
+            parts.append("Selectivity = accuracy - control-task accuracy (Hewitt & Liang 2019).")
+        return " ".join(parts)
+
+    def plot(self, path: str | os.PathLike) -> None:
+        """The per-layer curve with the controls and the best fusion, as a PNG/SVG/PDF."""
+        try:
+            import matplotlib
+
+            matplotlib.use("Agg")
+            import matplotlib.pyplot as plt
+        except ImportError as exc:
+            raise MissingDependencyError("plots need matplotlib: pip install 'layerwise[plot]'") from exc
+        layers = self.layer_rows()
+        x = [r.layers[0] for r in layers]
+        fig, ax = plt.subplots(figsize=(7, 4.2), dpi=120)
+        ax.plot(
+            x, [100 * r.score for r in layers], "o-", color="#1f77b4", lw=2, label=f"{self.metric} (probe)"
+        )
+        if any(r.random_model is not None for r in layers):
+            ax.plot(x, [100 * (r.random_model or 0) for r in layers], "s--", color="#7f7f7f",
+                    label="random-model control")  # fmt: skip
+        if any(r.control_task is not None for r in layers):
+            ax.plot(x, [100 * (r.selectivity or 0) for r in layers], "^:", color="#2ca02c",
+                    label="selectivity (vs control task)")  # fmt: skip
+        fusions = [r for r in self.rows if r.kind != "layer"]
+        if fusions:
+            top = max(fusions, key=lambda r: r.score)
+            ax.axhline(100 * top.score, color="#d62728", lw=1, ls="-.", label=f"best fusion: {top.name}")
+        ax.set_xlabel("hidden state (0 = embeddings)")
+        ax.set_ylabel(f"{self.metric} (%)")
+        ax.set_xticks(x)
+        ax.set_title(f"{self.task} probe per layer: {self.model}", fontsize=10)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8, loc="best")
+        fig.tight_layout()
+        fig.savefig(path)
+        plt.close(fig)
+
+
+# ---------------------------------------------------------------------------------------------- probes
