@@ -195,6 +195,7 @@ def _same_store(a: Path, b: Path) -> None:
     assert ma.to_pylist() == mb.to_pylist()
 
 
+@pytest.mark.slow
 def test_sigkill_at_random_moments_then_resume_equals_uninterrupted(tmp_path, make_tiny_model):
     model = make_tiny_model("bert")
     texts = corpus(2500, seed=4)

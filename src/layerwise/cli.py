@@ -60,7 +60,7 @@ class LongTextsChoice(StrEnum):
 
 class EncodingErrorsChoice(StrEnum):
     strict = "strict"
-    replace = "replace"
+    replace_invalid = "replace"  # not "replace": that would hide str.replace
 
 
 ModelOption = Annotated[
@@ -199,19 +199,22 @@ def extract(
         enc = Encoder(model, device=device, model_dtype=model_dtype.value, max_length=max_length,
                       batch_size=batch_size, max_tokens=max_tokens)  # fmt: skip
         _use_available_cores()
-        common = {
-            "text_pairs": data.text_pairs, "long_texts": long_texts.value, "stride": stride,
-            "method": method.value, "source": str(input), "progress": False if quiet else None,
-        }  # fmt: skip
+        pairs, progress = data.text_pairs, False if quiet else None
         if to_store:
             from .store import extract_to_store
 
-            layout = {"block_size": block_size, "chunk_rows": chunk_rows, "shard_chunks": shard_chunks}
-            stored = extract_to_store(enc, data.texts, output, plan, overwrite=overwrite, **layout, **common)
+            stored = extract_to_store(
+                enc, data.texts, output, plan, text_pairs=pairs, long_texts=long_texts.value, stride=stride,
+                method=method.value, overwrite=overwrite, block_size=block_size, chunk_rows=chunk_rows,
+                shard_chunks=shard_chunks, source=str(input), progress=progress,
+            )  # fmt: skip
             if not quiet:
                 _report_store(stored, enc.name)
             return
-        summary = extract_to_file(enc, data.texts, output, plan, **common)  # type: ignore[arg-type]
+        summary = extract_to_file(
+            enc, data.texts, output, plan, text_pairs=pairs, long_texts=long_texts.value, stride=stride,
+            method=method.value, source=str(input), progress=progress,
+        )  # fmt: skip
     except LayerwiseError as exc:
         raise _fail(exc) from None
     if not quiet:

@@ -14,7 +14,6 @@ under ``torch.inference_mode``, moved to the CPU batch by batch, and returned in
 
 from __future__ import annotations
 
-import inspect
 import logging
 import os
 from collections.abc import Iterator, Sequence
@@ -26,8 +25,8 @@ import torch
 from .errors import InputError, ModelLoadError, OptionError, check_choice
 from .extract import METHODS, Engine, Method
 from .features import all_features, features_layers, sentence_matrix, word_vectors
-from .hooks import TAPS
-from .inputs import EncodedInput, InputEncoder, normalize_inputs, report_truncation_warning
+from .hooks import check_taps
+from .inputs import EncodedInput, InputEncoder, normalize_inputs, report_truncation_warning, split_word_inputs
 from .layers import LayerSpec, resolve_layers
 from .model_source import load_model, pick_device, resolve_model_source, usable_max_length
 from .plan import OutputPlan
@@ -99,47 +98,16 @@ class Encoder:
         self.hidden_size: int = config.hidden_size
         self.max_length = usable_max_length(config, self.tokenizer, max_length)
         self._inputs = InputEncoder(self.tokenizer.backend_tokenizer, self.max_length)
-        accepts_types = "token_type_ids" in inspect.signature(self.model.forward).parameters
-        pad_id = self.tokenizer.pad_token_id
-        self._engine = Engine(
-            self.model,
-            device=self.device,
-            pad_id=pad_id if pad_id is not None else (getattr(config, "pad_token_id", None) or 0),
-            with_token_types=accepts_types and getattr(config, "type_vocab_size", 0) >= 2,
-            max_length=self.max_length,
-            batch_size=batch_size,
-            max_tokens=max_tokens or (CPU_MAX_TOKENS if self.device.type == "cpu" else GPU_MAX_TOKENS),
-        )
-        self._warm_up()
-
-    def _warm_up(self) -> None:
-        """One full-depth forward with ``output_hidden_states`` before any truncated one.
-
-        transformers 5 installs its hidden-state capture hooks lazily, on the layers present at the
-        first such call; if that call ran on a truncated encoder, later full runs would miss layers.
-        This also checks that the model returns one hidden state per layer plus the embeddings."""
-        ids = [self.tokenizer.cls_token_id or 0, self.tokenizer.sep_token_id or 0]
-        batch = {"input_ids": torch.tensor([ids], device=self.device)}
-        with self._engine.lock, torch.inference_mode():
-            states = self.model(**batch, output_hidden_states=True).hidden_states
-        if len(states) != self.n_hidden_states:
-            raise ModelLoadError(
-                f"{self.name!r} returned {len(states)} hidden states, expected {self.n_hidden_states} "
-                "(embeddings + one per layer); is it a BERT-family encoder?"
-            )
+        max_tokens = max_tokens or (CPU_MAX_TOKENS if self.device.type == "cpu" else GPU_MAX_TOKENS)
+        self._engine = Engine(self.model, self.tokenizer, device=self.device, max_length=self.max_length,
+                              batch_size=batch_size, max_tokens=max_tokens)  # fmt: skip
+        self.batch_size, self.max_tokens = batch_size, max_tokens  # the defaults of every call
+        self._engine.warm_up([self.tokenizer.cls_token_id or 0, self.tokenizer.sep_token_id or 0], self.name)
 
     @property
     def n_hidden_states(self) -> int:
         """Number of hidden states: the embedding output plus one per layer."""
         return self.n_layers + 1
-
-    @property
-    def batch_size(self) -> int:
-        return self._engine.batch_size
-
-    @property
-    def max_tokens(self) -> int:
-        return self._engine.max_tokens
 
     def __repr__(self) -> str:
         return (
@@ -183,17 +151,9 @@ class Encoder:
         run a corpus in blocks pass ``report_truncation=False`` and report once themselves."""
         layer_ids = resolve_layers(layers, self.n_hidden_states)
         check_choice("method", method, METHODS)
-        if isinstance(taps, str):
-            raise OptionError(f"taps={taps!r} must be a list of tap names, e.g. taps=[{taps!r}]")
-        taps = tuple(taps)
-        for tap in taps:
-            check_choice("taps item", tap, TAPS)
-        if len(set(taps)) != len(taps):
-            raise OptionError(f"taps={taps!r} names a tap more than once")
+        taps = check_taps(taps)
         check_choice("long_texts", long_texts, LONG_TEXTS)
         check_window_options(long_texts, stride, self.max_length)
-        _positive("batch_size", batch_size, optional=True)
-        _positive("max_tokens", max_tokens, optional=True)
         raw = normalize_inputs(texts, text_pairs=text_pairs, pairs=pairs, words=words)
         if long_texts == "window":
             check_window_memory(raw, len(layer_ids), self.hidden_size)
@@ -206,11 +166,11 @@ class Encoder:
         )  # fmt: skip
 
     @overload
-    def extract(self, texts: str, **options: object) -> LayerStack: ...
+    def extract(self, texts: str, **options: object) -> LayerStack: ...  # type: ignore[overload-overlap]
     @overload
     def extract(self, texts: Sequence[str] | None = None, **options: object) -> list[LayerStack]: ...
 
-    def extract(self, texts=None, *, text_pairs=None, pairs=None, words=None, layers="all",  # type: ignore[no-untyped-def]
+    def extract(self, texts=None, *, text_pairs=None, pairs=None, words=None, layers="all",
                 method="hidden_states", taps=(), long_texts="truncate", stride=None, batch_size=None,
                 max_tokens=None, progress=None):  # fmt: skip
         """Hidden states of every requested layer, one :class:`LayerStack` per input, in input order.
@@ -291,23 +251,9 @@ class Encoder:
         words); or pass ``words=`` / ``texts`` with ``text_pairs=`` as in :meth:`extract`.
         ``subword``: first (default, as in the BERT paper), last, mean, first_last or max."""
         plan = OutputPlan(layers, "word", subword, fuse=fuse)
-        texts = None
-        if isinstance(inputs, str):
-            raise InputError(
-                "embed_words() takes a list of texts or of word lists; wrap a single text in a list"
-            )
-        if inputs is not None:
-            kinds = {isinstance(item, str) for item in inputs}
-            if len(kinds) > 1:
-                raise InputError("embed_words() got a mix of texts and word lists; pass one kind per call")
-            if kinds == {False}:
-                if words is not None:
-                    raise InputError("pass word lists either as the first argument or as words=, not both")
-                words = inputs  # type: ignore[assignment]
-            else:
-                texts = inputs
+        texts, words = split_word_inputs(inputs, words)
         stream = self.iter_extract(
-            texts, text_pairs=text_pairs, pairs=pairs, words=words,  # type: ignore[arg-type]
+            texts, text_pairs=text_pairs, pairs=pairs, words=words,
             layers=plan.hidden_states(self.n_hidden_states), long_texts=long_texts, stride=stride,
             progress=progress,
         )  # fmt: skip

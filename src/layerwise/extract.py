@@ -14,16 +14,17 @@ sub-layer taps are recorded with hooks. Results come back as :class:`LayerStack`
 
 from __future__ import annotations
 
+import inspect
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import torch
 from torch import nn
 
-from .errors import OptionError
+from .errors import ModelLoadError, OptionError
 from .hooks import HookRecorder, find_layer_list, truncated_encoder
 from .inputs import EncodedInput, length_sorted_batches
 from .progress import progress_bar
@@ -170,23 +171,42 @@ class Engine:
 
     def __init__(
         self,
-        model: nn.Module,
+        model: Any,  # a transformers PreTrainedModel
+        tokenizer: Any,  # its fast tokenizer
         *,
         device: torch.device,
-        pad_id: int,
-        with_token_types: bool,
         max_length: int,
         batch_size: int,
         max_tokens: int,
     ) -> None:
-        self.model, self.device, self.pad_id = model, device, pad_id
-        self.with_token_types, self.max_length = with_token_types, max_length
+        config = model.config
+        pad_id = tokenizer.pad_token_id
+        self.model, self.device, self.max_length = model, device, max_length
+        self.pad_id: int = pad_id if pad_id is not None else (getattr(config, "pad_token_id", None) or 0)
+        accepts_types = "token_type_ids" in inspect.signature(model.forward).parameters
+        self.with_token_types = accepts_types and getattr(config, "type_vocab_size", 0) >= 2
         self.batch_size, self.max_tokens = batch_size, max_tokens
         self.model_type: str = model.config.model_type
         self.layer_owner, self.layer_attr, self.layer_list = find_layer_list(
             model, model.config.num_hidden_layers
         )
         self.lock = threading.RLock()  # one forward at a time: hooks and truncation patch the model
+
+    def warm_up(self, ids: list[int], name: str) -> None:
+        """One full-depth forward with ``output_hidden_states`` before any truncated one.
+
+        transformers 5 installs its hidden-state capture hooks lazily, on the layers present at the
+        first such call; if that call ran on a truncated encoder, later full runs would miss layers.
+        This also checks that the model returns one hidden state per layer plus the embeddings."""
+        expected = self.model.config.num_hidden_layers + 1
+        with self.lock, torch.inference_mode():
+            batch = torch.tensor([ids], device=self.device)
+            states = self.model(input_ids=batch, output_hidden_states=True).hidden_states
+        if len(states) != expected:
+            raise ModelLoadError(
+                f"{name!r} returned {len(states)} hidden states, expected {expected} "
+                "(embeddings + one per layer); is it a BERT-family encoder?"
+            )
 
     def stream(
         self,
@@ -201,6 +221,9 @@ class Engine:
         progress: bool | None,
     ) -> Iterator[tuple[int, LayerStack]]:
         """Plan units and batches now (so bad input fails here), run them lazily."""
+        for name, value in (("batch_size", batch_size), ("max_tokens", max_tokens)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise OptionError(f"{name}={value!r} must be a whole number >= 1 (or None)")
         units: list[EncodedInput | Window] = []
         owners: list[tuple[int, int]] = []  # per unit: (input index, window number or -1)
         n_windows: dict[int, int] = {}

@@ -49,6 +49,19 @@ _TAP_PATHS: dict[str, dict[str, str]] = {
 _TAP_INDEX = {"attention_probs": 1, "attention_output": 0, "intermediate": 0}
 
 
+def check_taps(taps: Sequence[str]) -> tuple[str, ...]:
+    """Validate sub-layer tap names (a list, each known, none twice)."""
+    if isinstance(taps, str):
+        raise OptionError(f"taps={taps!r} must be a list of tap names, e.g. taps=[{taps!r}]")
+    checked = tuple(taps)
+    for tap in checked:
+        if tap not in TAPS:
+            raise OptionError(f"taps item={tap!r} is not valid; choose one of {', '.join(map(repr, TAPS))}")
+    if len(set(checked)) != len(checked):
+        raise OptionError(f"taps={checked!r} names a tap more than once")
+    return checked
+
+
 def find_layer_list(model: nn.Module, n_layers: int) -> tuple[nn.Module, str, nn.ModuleList]:
     """The ``nn.ModuleList`` holding the encoder layers, with its owner and attribute name.
 

@@ -208,7 +208,7 @@ class InputEncoder:
                     ids=tuple(enc.ids),
                     type_ids=tuple(enc.type_ids),
                     tokens=tuple(enc.tokens),
-                    offsets=tuple(tuple(o) for o in offsets),
+                    offsets=tuple((int(a), int(b)) for a, b in offsets),
                     word_ids=tuple(enc.word_ids),
                     sequence_ids=tuple(enc.sequence_ids),
                     truncated=i in too_long_set,
@@ -290,6 +290,24 @@ def length_sorted_batches(
     if current:
         batches.append(current)
     return batches
+
+
+def split_word_inputs(
+    inputs: Sequence[str] | Sequence[Sequence[str]] | None, words: Sequence[Sequence[str]] | None
+) -> tuple[Sequence[str] | None, Sequence[Sequence[str]] | None]:
+    """``embed_words``' first argument holds texts or word lists: ``(texts, words)``."""
+    if isinstance(inputs, str):
+        raise InputError("embed_words() takes a list of texts or of word lists; wrap a single text in a list")
+    if inputs is None:
+        return None, words
+    kinds = {isinstance(item, str) for item in inputs}
+    if len(kinds) > 1:
+        raise InputError("embed_words() got a mix of texts and word lists; pass one kind per call")
+    if kinds == {False}:
+        if words is not None:
+            raise InputError("pass word lists either as the first argument or as words=, not both")
+        return None, inputs
+    return inputs, words  # type: ignore[return-value]
 
 
 def report_truncation_warning(encoded: Sequence[EncodedInput], max_length: int) -> None:

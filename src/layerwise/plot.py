@@ -163,7 +163,9 @@ def word_occurrences(
     wanted = {w.lower() for w in words}
     if not wanted:
         raise InputError("pass at least one word, e.g. words=['bank', 'crane']")
-    points, labels, held = [], [], ()
+    points: list[np.ndarray] = []
+    labels: list[str] = []
+    held: tuple[int, ...] = ()
     for stack in stacks:
         vectors = pool_words(stack, "mean")
         held = vectors.layers

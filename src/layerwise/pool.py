@@ -91,11 +91,11 @@ def pool_words(stack: LayerStack, subword: SubwordPool = "first") -> WordVectors
         vectors = np.concatenate([hidden[:, first], hidden[:, last]], axis=-1)
     elif subword == "mean":
         sums = np.zeros((hidden.shape[0], n_words, hidden.shape[2]), dtype=np.float64)
-        np.add.at(sums, (slice(None), owner), hidden[:, tokens])
+        np.add.at(sums, (slice(None), owner), hidden[:, tokens])  # type: ignore[arg-type]
         vectors = (sums / np.maximum(counts, 1)[None, :, None]).astype(np.float32)
     else:
         vectors = np.full((hidden.shape[0], n_words, hidden.shape[2]), -np.inf, dtype=np.float32)
-        np.maximum.at(vectors, (slice(None), owner), hidden[:, tokens])
+        np.maximum.at(vectors, (slice(None), owner), hidden[:, tokens])  # type: ignore[arg-type]
     spans = np.zeros((n_words, 2), dtype=np.int32)
     if n_words:
         spans[:, 0] = stack.offsets[first, 0]

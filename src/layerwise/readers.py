@@ -121,4 +121,5 @@ def _read_jsonl(path: Path, lines: list[str]) -> InputFile:
             f"(line {numbers[0]} {'has' if with_pair[0] else 'has not'}); split the file in two",
             line=odd,
         )
-    return InputFile(path, texts, pairs if pairs and all(with_pair) else None, numbers)
+    seconds = [p or "" for p in pairs] if pairs and all(with_pair) else None
+    return InputFile(path, texts, seconds, numbers)

@@ -6,6 +6,7 @@ Each reader returns plain lists so that probing can be tested on hand-made data.
 from __future__ import annotations
 
 import csv
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,7 +29,7 @@ class TaggedSentences:
         return self if n is None else TaggedSentences(self.words[:n], self.labels[:n])
 
 
-def read_conllu(path: str | Path, column: str = "upos") -> TaggedSentences:
+def read_conllu(path: str | os.PathLike, column: str = "upos") -> TaggedSentences:
     """Words and one column of a CoNLL-U file; multi-word token lines (1-2) and empty nodes (1.1)
     are skipped so that words match the syntactic words the labels belong to."""
     if column not in CONLLU_COLUMNS:
@@ -69,7 +70,7 @@ def read_conllu(path: str | Path, column: str = "upos") -> TaggedSentences:
     return TaggedSentences(words, labels)
 
 
-def read_conll2003(path: str | Path, column: str = "ner") -> TaggedSentences:
+def read_conll2003(path: str | os.PathLike, column: str = "ner") -> TaggedSentences:
     """CoNLL-2003 style: 'word POS chunk NER' per line, blank lines between sentences,
     -DOCSTART- lines skipped. ``column``: ner (last), pos (2nd) or chunk (3rd)."""
     positions = {"pos": 1, "chunk": 2, "ner": -1}
@@ -105,7 +106,7 @@ def _dialect(path: Path) -> str:
     return "excel-tab" if path.suffix.lower() in (".tsv", ".tab") else "excel"
 
 
-def read_table(path: str | Path, columns: list[str]) -> dict[str, list[str]]:
+def read_table(path: str | os.PathLike, columns: list[str]) -> dict[str, list[str]]:
     """Named columns of a TSV (.tsv) or CSV file with a header row."""
     path = Path(path)
     if not path.is_file():

@@ -169,7 +169,7 @@ def stitch(
         mine = np.flatnonzero(source == k)
         if mine.size:
             taken = np.take(part, row[mine], axis=token_axis)
-            index = [slice(None)] * out.ndim
+            index: list[slice | np.ndarray] = [slice(None)] * out.ndim
             index[token_axis] = mine
             out[tuple(index)] = taken
     return out

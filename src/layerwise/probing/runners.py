@@ -15,6 +15,7 @@ import numpy as np
 
 from ..errors import InputError, OptionError, check_choice
 from ..fuse import NAMED_FUSIONS, fusion_layers
+from ..pool import SUBWORD_POOLS, SubwordPool
 from ..tasks import entity_f1, read_conll2003, read_conllu, read_table
 from .linear import _require_sklearn, control_labels, fit_predict, scalar_mix_probe
 from .result import ProbeResult, ProbeRow
@@ -266,7 +267,7 @@ def probe(
     score_column: str = "score",
     max_train: int | None = None,
     max_dev: int | None = None,
-    subword: str = "first",
+    subword: SubwordPool = "first",
     fusions: Sequence[str] = TABLE7_FUSIONS,
     controls: Sequence[str] = ("random_model", "control_task"),
     scalar_mix: bool = True,
@@ -281,6 +282,7 @@ def probe(
     than ``memory_budget`` bytes (default: half the available memory) go through a store on disk."""
     _require_sklearn()
     check_choice("task", task, TASKS)
+    check_choice("subword", subword, SUBWORD_POOLS)
     for control in controls:
         check_choice("controls item", control, ("random_model", "control_task"))
     started = time.perf_counter()

@@ -12,6 +12,7 @@ import numpy as np
 
 from ..errors import InputError
 from ..fuse import NAMED_FUSIONS, fuse_layers, fusion_layers
+from ..pool import SubwordPool
 from ..tasks import TaggedSentences
 from .result import ProbeRow
 
@@ -62,7 +63,7 @@ def available_memory() -> int:
 def word_sources(
     encoder: Encoder,
     sentences: TaggedSentences,
-    subword: str,
+    subword: SubwordPool,
     progress: bool | None,
     *,
     budget: int,
@@ -93,12 +94,16 @@ def word_sources(
 
 
 def word_features(
-    encoder: Encoder, sentences: TaggedSentences, subword: str, progress: bool | None
+    encoder: Encoder, sentences: TaggedSentences, subword: SubwordPool, progress: bool | None
 ) -> np.ndarray:
     """``(n_layers, n_words, hidden)`` word vectors of every word of every sentence."""
     vectors = encoder.embed_words(
-        sentences.words, subword=subword, layers="all", long_texts="window", progress=progress
-    )  # type: ignore[arg-type]
+        sentences.words,
+        subword=subword,
+        layers="all",
+        long_texts="window",
+        progress=progress,
+    )
     kept = [v.n_words for v in vectors]
     lost = sum(len(w) - k for w, k in zip(sentences.words, kept, strict=True))
     if lost:
@@ -108,6 +113,7 @@ def word_features(
 
 def _fused(source: LayerSource, encoder: Encoder, name: str, rows: np.ndarray | None = None) -> np.ndarray:
     wanted = fusion_layers(name, encoder.n_hidden_states)
+    assert wanted is not None, f"{name} is a named fusion"
     picked = source.layers(wanted, rows)
     return fuse_layers(picked, wanted, name, n_hidden_states=encoder.n_hidden_states, axis=0)
 
@@ -119,6 +125,7 @@ def _distinct_fusions(fusions: Sequence[str], n_hidden: int) -> list[tuple[str, 
     seen: dict[tuple, str] = {}
     for name in fusions:
         layers = fusion_layers(name, n_hidden)
+        assert layers is not None, f"{name} is a named fusion"
         operation = NAMED_FUSIONS[name][1] if name in NAMED_FUSIONS else name
         if operation == "select":
             out.append((name, layers[0]))
@@ -145,7 +152,7 @@ def _fusion_rows(
             value, accuracy = next((r.score, r.accuracy) for r in out if r.name == source)
         else:
             value, accuracy = fit_fusion(name)
-        out.append(ProbeRow(name, "fusion", fusion_layers(name, n_hidden), value, accuracy))
+        out.append(ProbeRow(name, "fusion", fusion_layers(name, n_hidden) or (), value, accuracy))
     return out
 
 

@@ -22,6 +22,7 @@ import math
 import os
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -219,7 +220,7 @@ class Bert(nn.Module):
         h = self.embeddings(input_ids, token_type_ids, col)  # (N, H)
         states = [h]
         for layer in self.layers:
-            attention = layer.attention
+            attention: Any = layer.attention  # (typed SelfAttention; nn.Module.__getattr__ hides it)
             q, k, v = attention.query(h), attention.key(h), attention.value(h)  # (N, H) each
 
             def grid(x: torch.Tensor) -> torch.Tensor:
@@ -229,7 +230,7 @@ class Bert(nn.Module):
 
             context = fused_attention(attention, grid(q), grid(k), grid(v), key_mask)[row, col]  # (N, H)
             a = attention.LayerNorm(h + attention.dropout(attention.dense(context)))
-            h = layer.feed_forward(a)
+            h = cast(Layer, layer).feed_forward(a)
             states.append(h)
         return torch.stack(states)
 
@@ -247,14 +248,15 @@ class Bert(nn.Module):
             from transformers import AutoModel
 
             source = AutoModel.from_pretrained(path)
-        hf_config = source.config
+        hf_model: Any = source
+        hf_config = hf_model.config
         if getattr(hf_config, "model_type", None) != "bert":
             raise ModelLoadError(f"Bert.from_hf copies BERT weights; got model type {hf_config.model_type!r}")
         if getattr(hf_config, "position_embedding_type", "absolute") != "absolute":
             raise ModelLoadError("only absolute position embeddings are implemented")
         config = BertConfig.from_dict(hf_config.to_dict())
         model = cls(config)
-        model.load_state_dict(_hf_to_reference(source.state_dict(), model.state_dict()))
+        model.load_state_dict(_hf_to_reference(hf_model.state_dict(), model.state_dict()))
         return model.eval()
 
 

@@ -73,7 +73,8 @@ class ShardBuffer:
         rows = np.concatenate(self.rows) if self.rows else np.zeros((0,), dtype=self.dtype)
         out, keep = rows[:count], rows[count:]
         written_end = self.start + count
-        records, ends = [], []
+        records: list[dict] = []
+        ends: list[int] = []
         end = self.end
         while self.pending and end + self.pending[0][1] <= written_end:
             record, n_rows = self.pending.pop(0)

@@ -283,11 +283,11 @@ class StoreWriter:
         group = self._open()
         offsets = committed_offsets(group[OFFSETS])
         n_committed = len(offsets) - 1
-        self._clean_stale(n_committed)
+        clean_stale(self.path, n_committed)
         manifest = read_manifest(self.path, n_committed)
         check_structure(self.path, group, self.meta, offsets, manifest)  # never resume onto damage
         committed_ids = manifest["text_id"].to_pylist() if manifest is not None else []
-        self._check_inputs(manifest)
+        check_inputs(self.path, manifest, self.texts, self.text_pairs)
         if n_committed == len(self.texts):
             return StoreSummary(self.path, len(self.texts), n_committed, 0, int(offsets[-1]), 0, 0.0)
 
@@ -358,30 +358,33 @@ class StoreWriter:
             time.perf_counter() - started,
         )
 
-    def _check_inputs(self, manifest) -> None:
-        if manifest is None:
-            return
-        ids = manifest["text_id"].to_pylist()
-        hashes = manifest["text_sha1"].to_pylist()
-        for text_id, digest in zip(ids, hashes, strict=True):
-            pair = self.text_pairs[text_id] if self.text_pairs is not None else None
-            if text_id >= len(self.texts) or text_sha1(self.texts[text_id], pair) != digest:
-                raise StoreError(
-                    f"text {text_id} (input line {text_id + 1}) differs from the one in store "
-                    f"{str(self.path)!r}: the input changed since the store was started; write to a new "
-                    "path, or pass --overwrite (Python: overwrite=True)"
-                )
 
-    def _clean_stale(self, n_committed: int) -> None:
-        """Remove what an interrupted run left past the commit marker: manifest parts and temp files."""
-        for part in (self.path / MANIFEST).glob("part-*.parquet"):
-            with contextlib.suppress(ValueError):
-                if int(part.stem.split("-")[1]) >= n_committed:
-                    part.unlink()
-        for leftover in (self.path / MANIFEST).glob(".*.partial"):
-            leftover.unlink(missing_ok=True)
-        for leftover in (self.path / MANIFEST).glob("*.partial"):  # 0.1 named them visibly
-            leftover.unlink(missing_ok=True)
+def check_inputs(path: Path, manifest, texts: Sequence[str], text_pairs: Sequence[str] | None) -> None:
+    """Every committed text must be the same input text as now (by SHA-1), or resuming would mix corpora."""
+    if manifest is None:
+        return
+    ids = manifest["text_id"].to_pylist()
+    hashes = manifest["text_sha1"].to_pylist()
+    for text_id, digest in zip(ids, hashes, strict=True):
+        pair = text_pairs[text_id] if text_pairs is not None and text_id < len(text_pairs) else None
+        if text_id >= len(texts) or text_sha1(texts[text_id], pair) != digest:
+            raise StoreError(
+                f"text {text_id} (input line {text_id + 1}) differs from the one in store "
+                f"{str(path)!r}: the input changed since the store was started; write to a new "
+                "path, or pass --overwrite (Python: overwrite=True)"
+            )
+
+
+def clean_stale(path: Path, n_committed: int) -> None:
+    """Remove what an interrupted run left past the commit marker: manifest parts and temp files."""
+    for part in (path / MANIFEST).glob("part-*.parquet"):
+        with contextlib.suppress(ValueError):
+            if int(part.stem.split("-")[1]) >= n_committed:
+                part.unlink()
+    for leftover in (path / MANIFEST).glob("*.partial"):  # hidden ones, and 0.1's visible ones
+        leftover.unlink(missing_ok=True)
+    for leftover in (path / MANIFEST).glob(".*.partial"):
+        leftover.unlink(missing_ok=True)
 
 
 def extract_to_store(
