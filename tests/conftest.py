@@ -204,3 +204,28 @@ def make_pair_convention_model(tmp_path_factory, default_model_dir) -> Callable[
         return folder
 
     return make
+
+
+# ---------------------------------------------------------------------------- shared by the store tests
+WORDS = "the bank raised rates we sat on river and watched boats go by for long while crane lifted".split(" ")
+
+
+def corpus(n: int, seed: int = 0) -> list[str]:
+    """``n`` random sentences of 1-40 words from a small vocabulary (mixed lengths, repeated words)."""
+    import random
+
+    rng = random.Random(seed)
+    return [" ".join(rng.choices(WORDS, k=rng.randint(1, 40))) for _ in range(n)]
+
+
+def assert_close_fp16(stored, exact) -> None:
+    """A float16 store holds exactly the float32 result rounded to float16."""
+    import numpy as np
+
+    np.testing.assert_array_equal(stored, exact.astype(np.float16).astype(np.float32))
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_encoder):
+    """The tiny random BERT encoder (3 layers x 32), as the store tests call it."""
+    return tiny_encoder

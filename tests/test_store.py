@@ -14,27 +14,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import assert_close_fp16, corpus
 
 import layerwise as lw
 from layerwise.errors import StoreError
 from layerwise.store.commit import Committer as _Committer
 from layerwise.store.lock import writer_lock
-
-WORDS = "the bank raised rates we sat on river and watched boats go by for long while crane lifted".split(" ")
-
-
-def corpus(n: int, seed: int = 0) -> list[str]:
-    rng = random.Random(seed)
-    return [" ".join(rng.choices(WORDS, k=rng.randint(1, 40))) for _ in range(n)]
-
-
-def assert_close_fp16(stored: np.ndarray, exact: np.ndarray) -> None:
-    np.testing.assert_array_equal(stored, exact.astype(np.float16).astype(np.float32))
-
-
-@pytest.fixture(scope="module")
-def tiny(make_tiny_model):
-    return lw.Encoder(make_tiny_model("bert"), device="cpu")
 
 
 def test_token_store_round_trip(tmp_path, tiny):

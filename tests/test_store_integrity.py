@@ -10,18 +10,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_store import assert_close_fp16, corpus
+from conftest import assert_close_fp16, corpus
 
 import layerwise as lw
 from layerwise.errors import NotAStoreError, OptionError, StoreDamagedError, StoreError
 from layerwise.store.commit import Committer
 
 LAYOUT = {"chunk_rows": 8, "shard_chunks": 2, "block_size": 16}
-
-
-@pytest.fixture(scope="module")
-def tiny(make_tiny_model):
-    return lw.Encoder(make_tiny_model("bert"), device="cpu")
 
 
 # ---------------------------------------------------------------------------- one writer

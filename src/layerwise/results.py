@@ -49,7 +49,9 @@ class LayerStack:
         return self.hidden.shape[1]
 
     @property
-    def n_layers(self) -> int:
+    def n_held(self) -> int:
+        """How many hidden states this result holds (``len(layers)``); the model's own counts are
+        ``Encoder.n_layers`` (encoder layers) and ``Encoder.n_hidden_states`` (layers + embeddings)."""
         return self.hidden.shape[0]
 
     @property

@@ -28,7 +28,7 @@ def _short(cosine: float) -> str:
 def layer_table(stack: LayerStack, *, model: str) -> Table:
     norms, cosine = layer_norms_and_drift(stack)
     table = Table(
-        title=f"{model}: {stack.n_tokens} tokens x {stack.n_layers} hidden states",
+        title=f"{model}: {stack.n_tokens} tokens x {stack.n_held} hidden states",
         caption="cell: L2 norm, then cosine to the previous column's vector of the same token. "
         "L0 = embedding output, Li = output of layer i.",
         caption_justify="left",
@@ -44,7 +44,7 @@ def layer_table(stack: LayerStack, *, model: str) -> Table:
         cells = [str(t), token]
         if stack.text_pair is not None:
             cells.append(str(int(stack.segment_ids[t])))
-        for k in range(stack.n_layers):
+        for k in range(stack.n_held):
             cos = cosine[k, t]
             cells.append(f"{norms[k, t]:.1f}" + ("" if np.isnan(cos) else f" {_short(cos)}"))
         table.add_row(*cells)

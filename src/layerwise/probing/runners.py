@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 
 from ..errors import InputError, OptionError, check_choice
-from ..fuse import NAMED_FUSIONS, fusion_layers
+from ..fuse import NAMED_FUSIONS, check_fusion, fusion_layers
 from ..pool import SUBWORD_POOLS, SubwordPool
 from ..tasks import entity_f1, read_conll2003, read_conllu, read_table
 from .linear import _require_sklearn, control_labels, fit_predict, scalar_mix_probe
@@ -268,7 +268,7 @@ def probe(
     max_train: int | None = None,
     max_dev: int | None = None,
     subword: SubwordPool = "first",
-    fusions: Sequence[str] = TABLE7_FUSIONS,
+    fuses: Sequence[str] = TABLE7_FUSIONS,
     controls: Sequence[str] = ("random_model", "control_task"),
     scalar_mix: bool = True,
     seed: int = 0,
@@ -279,7 +279,8 @@ def probe(
 
     ``train``/``dev`` files for conllu, conll and tsv; ``data`` for pairs. ``column`` picks the
     label column (conllu: upos, xpos, deprel…; conll: ner, pos, chunk). Word features larger
-    than ``memory_budget`` bytes (default: half the available memory) go through a store on disk."""
+    than ``memory_budget`` bytes (default: half the available memory) go through a store on disk.
+    ``fuses`` names the fusions probed besides every single layer (default: the BERT paper's Table 7)."""
     _require_sklearn()
     check_choice("task", task, TASKS)
     check_choice("subword", subword, SUBWORD_POOLS)
@@ -290,7 +291,9 @@ def probe(
         from ..encoder import Encoder
 
         encoder = Encoder(model)
-    fusions = tuple(fusions)
+    fusions = tuple(fuses)
+    for fuse in fusions:
+        check_fusion(fuse)
     if task in ("conllu", "conll"):
         if train is None or dev is None:
             raise OptionError(f"task {task!r} needs train= and dev= files")
