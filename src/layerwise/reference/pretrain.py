@@ -248,7 +248,7 @@ def pretrain(corpus: str | Path, output: str | Path, settings: PretrainSettings 
 
     settings = settings or PretrainSettings()
     if settings.hidden % settings.heads:
-        raise OptionError(f"--hidden {settings.hidden} must be divisible by --heads {settings.heads}")
+        raise OptionError(f"hidden={settings.hidden} must be divisible by heads={settings.heads}")
     output = Path(output)
     if output.exists() and any(output.iterdir()):
         raise OptionError(f"output folder {str(output)!r} is not empty; choose a new folder")
