@@ -143,6 +143,12 @@ def extract(
     special_tokens: Annotated[
         SpecialTokensChoice, typer.Option(help="Sentence pooling over [CLS]/[SEP] too (include) or not")
     ] = SpecialTokensChoice.include,
+    normalize: Annotated[
+        bool,
+        typer.Option(
+            "--normalize", help="L2-normalise sentence vectors (as sentence-transformers' Normalize)"
+        ),
+    ] = False,
     long_texts: Annotated[
         LongTextsChoice, typer.Option(help="Inputs over the model maximum: truncate, or sliding windows")
     ] = LongTextsChoice.truncate,
@@ -190,7 +196,7 @@ def extract(
         default_dtype = OutDtype.float16 if to_store else OutDtype.float32
         plan = OutputPlan.parse(
             layers=layers, pool=pool, fuse=fuse, special_tokens=special_tokens.value,
-            dtype=(dtype or default_dtype).value,
+            dtype=(dtype or default_dtype).value, normalize=normalize,
         )  # fmt: skip
         data = read_input_file(input, encoding_errors=encoding_errors.value)
         if not len(data):

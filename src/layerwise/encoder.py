@@ -28,7 +28,13 @@ from .features import all_features, features_layers, sentence_matrix, word_vecto
 from .hooks import check_taps
 from .inputs import EncodedInput, InputEncoder, normalize_inputs, report_truncation_warning, split_word_inputs
 from .layers import LayerSpec, resolve_layers
-from .model_source import load_model, pick_device, resolve_model_source, usable_max_length
+from .model_source import (
+    load_model,
+    pick_device,
+    read_sentence_transformers,
+    resolve_model_source,
+    usable_max_length,
+)
 from .plan import OutputPlan
 from .pool import SentencePool, SpecialTokens, SubwordPool
 from .results import LayerStack, WordVectors
@@ -62,11 +68,11 @@ class Encoder:
             (``sentence-transformers/all-MiniLM-L6-v2``).
         device: ``"auto"`` (CUDA when available), ``"cpu"``, ``"cuda"``, ``"cuda:1"``…
         model_dtype: the model's weights and compute dtype; results are always float32.
-        max_length: tokens per input including special tokens; defaults to the model's maximum.
+        max_length: tokens per input including special tokens; defaults to the model's maximum
+            (a sentence-transformers model's max_seq_length).
         batch_size: at most this many inputs per forward pass.
         max_tokens: at most this many padded tokens (inputs x longest input) per forward pass;
-            defaults to 2048 on CPU, where small working sets stay in cache (see
-            benchmarks/extract_speed.py), and 32768 on GPU.
+            2048 on CPU (small working sets stay in cache; benchmarks/extract_speed.py), 32768 on GPU.
     """
 
     def __init__(
@@ -96,7 +102,9 @@ class Encoder:
         self.model_type: str = config.model_type
         self.n_layers: int = config.num_hidden_layers
         self.hidden_size: int = config.hidden_size
-        self.max_length = usable_max_length(config, self.tokenizer, max_length)
+        self.sentence_transformers = read_sentence_transformers(self.source)
+        convention = self.sentence_transformers.max_seq_length if self.sentence_transformers else None
+        self.max_length = usable_max_length(config, self.tokenizer, max_length, convention)
         self._inputs = InputEncoder(self.tokenizer.backend_tokenizer, self.max_length)
         max_tokens = max_tokens or (CPU_MAX_TOKENS if self.device.type == "cpu" else GPU_MAX_TOKENS)
         self._engine = Engine(self.model, self.tokenizer, device=self.device, max_length=self.max_length,
@@ -105,8 +113,7 @@ class Encoder:
         self._engine.warm_up([self.tokenizer.cls_token_id or 0, self.tokenizer.sep_token_id or 0], self.name)
 
     @property
-    def n_hidden_states(self) -> int:
-        """Number of hidden states: the embedding output plus one per layer."""
+    def n_hidden_states(self) -> int:  # the embedding output plus one per layer
         return self.n_layers + 1
 
     def __repr__(self) -> str:
@@ -205,6 +212,7 @@ class Encoder:
         pool: SentencePool = "mean",
         fuse: str | None = None,
         special_tokens: SpecialTokens = "include",
+        normalize: bool = False,
         long_texts: LongTexts = "truncate",
         stride: int | None = None,
         progress: bool | None = None,
@@ -215,8 +223,8 @@ class Encoder:
         ``pool``: cls, mean or max over the input's tokens; ``special_tokens``: include (default,
         as sentence-transformers) or exclude [CLS]/[SEP]. ``fuse``: a named fusion (last,
         concat_last4, mean_all, …) that picks its own layers, or mean/sum/concat over ``layers``.
-        A single string gives a single row."""
-        plan = OutputPlan(layers, "sentence", pool, special_tokens, fuse)
+        ``normalize``: L2-normalise each vector. A single string gives a single row."""
+        plan = OutputPlan(layers, "sentence", pool, special_tokens, fuse, normalize=normalize)
         single = isinstance(texts, str)
         batch = [texts] if single else texts
         stream = self.iter_extract(
@@ -230,6 +238,15 @@ class Encoder:
         if _drops_axis(layers, fuse):
             array = array[:, 0]
         return array[0] if single else array
+
+    def encode(self, texts: str | Sequence[str], *, progress: bool | None = None) -> np.ndarray:
+        """sentence-transformers' ``encode()``: the last layer, pooled and normalised as modules.json
+        says, truncated at max_seq_length (else mean pooling, no normalisation)."""
+        st = self.sentence_transformers
+        pool, normalize = (st.pool, st.normalize) if st else ("mean", False)
+        if pool not in ("cls", "mean", "max"):
+            raise OptionError(f"this model pools with {pool!r}; layerwise implements cls, mean and max")
+        return self.embed(texts, layers=-1, pool=pool, normalize=normalize, progress=progress)  # type: ignore[arg-type]
 
     def embed_words(
         self,

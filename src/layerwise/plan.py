@@ -49,6 +49,7 @@ class OutputPlan:
     special_tokens: str = "include"
     fuse: str | None = None
     dtype: OutputDtype = "float32"
+    normalize: bool = False
 
     def __post_init__(self) -> None:
         check_choice("level", self.level, ("token", "word", "sentence"))
@@ -57,6 +58,15 @@ class OutputPlan:
             raise OptionError(f"pool {self.pool!r} is not valid; choose one of {', '.join(_pool_choices())}")
         check_choice("special_tokens", self.special_tokens, SPECIAL_TOKENS)
         check_choice("dtype", self.dtype, OUTPUT_DTYPES)
+        if self.special_tokens != "include" and self.level != "sentence":
+            raise OptionError(
+                f"special_tokens={self.special_tokens!r} applies to sentence pooling only; "
+                f"pool={self.pool!r} keeps every token"
+            )
+        if not isinstance(self.normalize, bool):
+            raise OptionError(f"normalize={self.normalize!r} must be True or False")
+        if self.normalize and self.level != "sentence":
+            raise OptionError("normalize=True applies to sentence vectors; use pool='sentence:MODE'")
         if self.fuse is not None:
             check_fusion(self.fuse)
             if self.level == "token":
@@ -79,6 +89,7 @@ class OutputPlan:
         fuse: str | None = None,
         special_tokens: str = "include",
         dtype: str = "float32",
+        normalize: bool = False,
     ) -> OutputPlan:
         """The plan for string options as the CLI and the HTTP service take them:
         ``pool`` is ``"token"``, ``"word:MODE"`` or ``"sentence:MODE"``."""
@@ -92,7 +103,7 @@ class OutputPlan:
         # a named fusion picks its own layers: the CLI's default "all" then means "not given"
         if fuse is not None and layers == "all" and fuse not in GENERIC_FUSIONS:
             layers = None
-        return cls(layers, level, mode or None, special_tokens, fuse, dtype)  # type: ignore[arg-type]
+        return cls(layers, level, mode or None, special_tokens, fuse, dtype, normalize)  # type: ignore[arg-type]
 
     @property
     def pool(self) -> str:
@@ -129,6 +140,9 @@ class OutputPlan:
         vector = pool_sentence(stack, self.mode, self.special_tokens)  # type: ignore[arg-type]
         if self.fuse is not None:
             vector = fuse_layers(vector, layers, self.fuse, n_hidden_states=n_hidden_states, axis=0)
+        if self.normalize:  # as sentence-transformers' Normalize: x / max(||x||, 1e-12), per layer
+            norms = np.linalg.norm(vector, axis=-1, keepdims=True)
+            vector = (vector / np.maximum(norms, 1e-12)).astype(np.float32)
         return SentenceVector(vector, stack.truncated)
 
     def apply(
@@ -148,5 +162,6 @@ class OutputPlan:
             "pool": self.pool,
             "fuse": self.fuse,
             "special_tokens": self.special_tokens if self.level == "sentence" else None,
+            "normalize": self.normalize,
             "dtype": self.dtype,
         }

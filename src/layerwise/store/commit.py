@@ -14,6 +14,7 @@ next run rewrites.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import queue
@@ -149,3 +150,15 @@ class Committer(threading.Thread):
             job.first_position,
             job.first_position + len(job.records),
         )
+
+
+def clean_stale(path: Path, n_committed: int) -> None:
+    """Remove what an interrupted run left past the commit marker: manifest parts and temp files."""
+    for part in (path / MANIFEST).glob("part-*.parquet"):
+        with contextlib.suppress(ValueError):
+            if int(part.stem.split("-")[1]) >= n_committed:
+                part.unlink()
+    for leftover in (path / MANIFEST).glob("*.partial"):  # hidden ones, and 0.1's visible ones
+        leftover.unlink(missing_ok=True)
+    for leftover in (path / MANIFEST).glob(".*.partial"):
+        leftover.unlink(missing_ok=True)

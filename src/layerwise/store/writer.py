@@ -34,7 +34,7 @@ from ..pool import SpecialTokens
 from ..progress import progress_bar
 from ..results import LayerStack, WordVectors
 from ..windows import check_window_options
-from .commit import Committer, ShardBuffer
+from .commit import Committer, ShardBuffer, clean_stale
 from .format import (
     ATTRIBUTE,
     BLOCK_SIZE,
@@ -64,7 +64,7 @@ logger = logging.getLogger("layerwise")
 # Settings that must match for a run to resume an existing store. The model is compared by its
 # weights, not by how its folder was spelled.
 _RESUME_KEYS = (
-    "weights_sha256", "layers", "level", "pool", "fuse", "special_tokens", "dtype", "row_shape",
+    "weights_sha256", "layers", "level", "pool", "fuse", "special_tokens", "normalize", "dtype", "row_shape",
     "long_texts", "stride", "max_length", "n_texts", "pairs", "block_size", "chunk_rows", "shard_chunks",
 )  # fmt: skip
 
@@ -375,18 +375,6 @@ def check_inputs(path: Path, manifest, texts: Sequence[str], text_pairs: Sequenc
             )
 
 
-def clean_stale(path: Path, n_committed: int) -> None:
-    """Remove what an interrupted run left past the commit marker: manifest parts and temp files."""
-    for part in (path / MANIFEST).glob("part-*.parquet"):
-        with contextlib.suppress(ValueError):
-            if int(part.stem.split("-")[1]) >= n_committed:
-                part.unlink()
-    for leftover in (path / MANIFEST).glob("*.partial"):  # hidden ones, and 0.1's visible ones
-        leftover.unlink(missing_ok=True)
-    for leftover in (path / MANIFEST).glob(".*.partial"):
-        leftover.unlink(missing_ok=True)
-
-
 def extract_to_store(
     encoder: Encoder,
     texts: Sequence[str],
@@ -398,6 +386,7 @@ def extract_to_store(
     pool: str = "token",
     fuse: str | None = None,
     special_tokens: SpecialTokens = "include",
+    normalize: bool = False,
     dtype: str = "float16",
     long_texts: str = "truncate",
     stride: int | None = None,
@@ -420,10 +409,22 @@ def extract_to_store(
     require_store_dependencies()
     if plan is None:
         plan = OutputPlan.parse(
-            layers=layers, pool=pool, fuse=fuse, special_tokens=special_tokens, dtype=dtype
+            layers=layers,
+            pool=pool,
+            fuse=fuse,
+            special_tokens=special_tokens,
+            dtype=dtype,
+            normalize=normalize,
         )
-    elif (layers, pool, fuse, special_tokens, dtype) != (None, "token", None, "include", "float16"):
-        raise OptionError("pass either plan= or layers/pool/fuse/special_tokens/dtype, not both")
+    elif (layers, pool, fuse, special_tokens, normalize, dtype) != (
+        None,
+        "token",
+        None,
+        "include",
+        False,
+        "float16",
+    ):
+        raise OptionError("pass either plan= or layers/pool/fuse/special_tokens/normalize/dtype, not both")
     raw = normalize_inputs(texts, text_pairs=text_pairs)  # bad input fails before anything exists
     path = Path(path)
     writer = StoreWriter(
