@@ -109,7 +109,7 @@ def main() -> None:
     logging.getLogger("layerwise").setLevel(logging.ERROR)  # truncation is reported below
 
     texts = mixed_corpus(args.sentences, args.documents)
-    enc = lw.Encoder(device="cpu")
+    enc = lw.Encoder(device="cpu", max_length=512)  # the loops truncate at 512 too
     encoded = enc.tokenize(texts)
     lengths = [len(e) for e in encoded]
     n_tokens = sum(lengths)

@@ -38,7 +38,7 @@ def main() -> None:
     parser.add_argument("--documents", type=int, default=40)
     parser.add_argument("--repeats", type=int, default=2)
     args = parser.parse_args()
-    enc = lw.Encoder(device="cpu")
+    enc = lw.Encoder(device="cpu", max_length=512)
     ref = Bert.from_hf(enc.model)
     texts = mixed_corpus(args.sentences, args.documents)
     encoded = enc.tokenize(texts)
