@@ -127,3 +127,29 @@ def test_word_lost_to_truncation_is_reported_not_shifted(make_tiny_model):
     assert list(wv.words) == words[:kept]  # a prefix: nothing shifted onto the wrong word
     windowed = enc.embed_words([words], long_texts="window")[0]
     assert list(windowed.words) == words and windowed.words_lost == 0
+
+
+def test_words_without_wordpieces_keep_their_slot(default_encoder, caplog):
+    """0.1 returned 3 vectors for these 5 words, silently shifting every later label."""
+    import logging
+
+    import layerwise as lw
+
+    words = ["a", "\u200b", "b", "\u00ad", "c"]
+    with caplog.at_level(logging.WARNING, logger="layerwise"):
+        result = default_encoder.embed_words([words, ["plain", "words"]], subword="mean")
+    first = result[0]
+    assert first.words == tuple(words) and first.vectors.shape == (7, 5, 384)
+    assert first.words_empty == (1, 3) and first.n_subwords.tolist() == [1, 0, 1, 0, 1]
+    assert not first.vectors[:, [1, 3]].any()
+    exact = default_encoder.embed_words([["a", "b", "c"]], subword="mean")[0]
+    np.testing.assert_allclose(first.vectors[:, [0, 2, 4]], exact.vectors, atol=1e-5)
+    assert first.spans.tolist() == [[0, 1], [2, 3], [4, 5], [6, 7], [8, 9]]
+    assert result[1].words_empty == ()
+    notes = [r.getMessage() for r in caplog.records if "produced no wordpiece" in r.getMessage()]
+    assert len(notes) == 1 and notes[0].startswith("2 words in 1 inputs produced no wordpiece")
+    fused = default_encoder.embed_words([words], fuse="concat_last4")[0]
+    assert (
+        fused.vectors.shape == (5, 4 * 384) and fused.fuse == "concat_last4" and fused.layers == (3, 4, 5, 6)
+    )
+    assert isinstance(first, lw.WordVectors)

@@ -26,7 +26,14 @@ from .errors import InputError, ModelLoadError, OptionError, check_choice
 from .extract import METHODS, Engine, Method
 from .features import all_features, features_layers, sentence_matrix, word_vectors
 from .hooks import check_taps
-from .inputs import EncodedInput, InputEncoder, normalize_inputs, report_truncation_warning, split_word_inputs
+from .inputs import (
+    EncodedInput,
+    InputEncoder,
+    normalize_inputs,
+    report_empty_words,
+    report_truncation_warning,
+    split_word_inputs,
+)
 from .layers import LayerSpec, resolve_layers
 from .model_source import (
     load_model,
@@ -167,6 +174,7 @@ class Encoder:
         encoded = self._inputs.encode(raw, truncate=long_texts == "truncate")
         if report_truncation:
             report_truncation_warning(encoded, self.max_length)
+        report_empty_words(encoded)
         return self._engine.stream(
             encoded, layers=layer_ids, method=method, taps=taps, stride=stride, batch_size=batch_size,
             max_tokens=max_tokens, progress=progress,
@@ -181,7 +189,6 @@ class Encoder:
                 method="hidden_states", taps=(), long_texts="truncate", stride=None, batch_size=None,
                 max_tokens=None, progress=None):  # fmt: skip
         """Hidden states of every requested layer, one :class:`LayerStack` per input, in input order.
-
         Pass ``texts`` (optionally with ``text_pairs``), ``pairs`` or pre-split ``words``; the
         keywords are those of :meth:`iter_extract`. A single string gives a single LayerStack.
         ``layers`` takes any layer spec ("all", -1, [0, 4, -1], "0:4", "last4"); ``method`` picks

@@ -158,6 +158,7 @@ def make_stack(
         words=item.words,
         truncated=item.truncated,
         words_lost=item.words_lost,
+        words_empty=item.words_empty,
         n_windows=n_windows,
         taps=dict(taps),
         tap_layers=tuple(i for i in layers if i >= 1) if taps else (),

@@ -46,6 +46,7 @@ class EncodedInput:
     # False when a very long input was tokenised only as far as truncation needs: then
     # n_tokens_untruncated and words_lost are lower bounds ("at least")
     counts_exact: bool = True
+    words_empty: tuple[int, ...] = ()  # pre-split words with no token (they keep their slot downstream)
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -215,6 +216,7 @@ class InputEncoder:
                     n_tokens_untruncated=lengths[i],
                     words_lost=lost.get(i, 0),
                     counts_exact=i not in bounded,
+                    words_empty=_empty_words(enc, raw.words[i], i in too_long_set) if raw.words else (),
                 )
             )
         return out
@@ -239,6 +241,13 @@ class InputEncoder:
                     return capped, len(free.ids), len(_word_keys(free) - _word_keys(capped))
             limit *= 4
         return None
+
+
+def _empty_words(encoding, words: Sequence[str], truncated: bool) -> tuple[int, ...]:
+    """Words of a pre-split input that produced no token (those cut off by truncation aside)."""
+    present = {w for w in encoding.word_ids if w is not None}
+    limit = (max(present) + 1 if present else 0) if truncated else len(words)
+    return tuple(j for j in range(limit) if j not in present)
 
 
 def _word_keys(encoding) -> set[tuple[int | None, int]]:
@@ -308,6 +317,19 @@ def split_word_inputs(
             raise InputError("pass word lists either as the first argument or as words=, not both")
         return None, inputs
     return inputs, words  # type: ignore[return-value]
+
+
+def report_empty_words(encoded: Sequence[EncodedInput]) -> None:
+    """One warning for all pre-split words of a call that produced no wordpiece."""
+    hit = [e for e in encoded if e.words_empty]
+    if hit:
+        first = hit[0]
+        word = first.words[first.words_empty[0]] if first.words else ""
+        logger.warning(
+            "%d words in %d inputs produced no wordpiece (first: input %d, word %d, %r); they keep their "
+            "slot with a zero vector and are listed in words_empty",
+            sum(len(e.words_empty) for e in hit), len(hit), first.index, first.words_empty[0], word,
+        )  # fmt: skip
 
 
 def report_truncation_warning(encoded: Sequence[EncodedInput], max_length: int) -> None:

@@ -136,7 +136,7 @@ class OutputPlan:
             if self.fuse is None:
                 return words
             fused = fuse_layers(words.vectors, layers, self.fuse, n_hidden_states=n_hidden_states, axis=0)
-            return WordVectors(**{**words.__dict__, "vectors": fused})
+            return WordVectors(**{**words.__dict__, "vectors": fused, "fuse": self.fuse})
         vector = pool_sentence(stack, self.mode, self.special_tokens)  # type: ignore[arg-type]
         if self.fuse is not None:
             vector = fuse_layers(vector, layers, self.fuse, n_hidden_states=n_hidden_states, axis=0)

@@ -107,14 +107,46 @@ def pool_words(stack: LayerStack, subword: SubwordPool = "first") -> WordVectors
         else:
             source = stack.text_pair if segment == 1 and stack.text_pair is not None else stack.text
             words.append(source[start:end])
+    segments = np.asarray([k[0] for k in keys], dtype=np.int8)
+    if stack.words_empty and stack.words is not None:
+        vectors, spans, words, segments, counts = _keep_empty_words(
+            stack, keys, vectors, spans, words, counts
+        )
     return WordVectors(
         vectors=np.ascontiguousarray(vectors),
         layers=stack.layers,
         words=tuple(words),
         spans=spans,
-        segment_ids=np.asarray([k[0] for k in keys], dtype=np.int8),
+        segment_ids=segments,
         n_subwords=counts.astype(np.int32),
         text=stack.text,
         text_pair=stack.text_pair,
         words_lost=stack.words_lost,
+        words_empty=stack.words_empty,
+    )
+
+
+def _keep_empty_words(stack: LayerStack, keys, vectors, spans, words, counts) -> tuple:
+    """Pre-split words that produced no wordpiece (a zero-width space, a soft hyphen) keep their
+    slot with a zero vector (flair's choice) and ``n_subwords`` 0, so vector j is word j."""
+    assert stack.words is not None
+    starts, position = [], 0
+    for word in stack.words:
+        starts.append(position)
+        position += len(word) + 1
+    ids = sorted({k[1] for k in keys} | set(stack.words_empty))
+    slot = {word_id: j for j, word_id in enumerate(ids)}
+    present = [slot[k[1]] for k in keys]
+    full = np.zeros((vectors.shape[0], len(ids), vectors.shape[2]), dtype=vectors.dtype)
+    full[:, present] = vectors
+    full_spans = np.asarray([(starts[w], starts[w] + len(stack.words[w])) for w in ids], dtype=np.int32)
+    full_spans.reshape(-1, 2)[present] = spans
+    full_counts = np.zeros(len(ids), dtype=np.int64)
+    full_counts[present] = counts
+    return (
+        full,
+        full_spans.reshape(-1, 2),
+        [stack.words[w] for w in ids],
+        np.zeros(len(ids), np.int8),
+        full_counts,
     )
