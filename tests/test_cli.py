@@ -227,3 +227,39 @@ def test_sigterm_leaves_no_temp_files(tmp_path, make_tiny_model):
     process.send_signal(signal.SIGTERM)
     assert process.wait(60) == 128 + signal.SIGTERM
     assert sorted(p.name for p in tmp_path.iterdir()) == ["t.txt"]
+
+
+@pytest.mark.parametrize(
+    ("name", "fragment"),
+    [
+        ("data.json", ".json files are not read as one JSON document"),
+        ("data.csv", "use .tsv for pairs"),
+        ("data.txt.gz", "decompress it first"),
+        ("-", "standard input is not supported"),
+    ],
+)
+def test_unsupported_inputs_are_refused_before_reading(tmp_path, name, fragment):
+    result = run("extract", name, "-o", tmp_path / "o.npz")
+    assert result.exit_code == 2 and fragment in result.output, result.output
+    assert not (tmp_path / "o.npz").exists()
+
+
+def test_jsonl_lone_surrogate_names_the_line(tmp_path):
+    source = tmp_path / "t.jsonl"
+    source.write_text('{"text": "fine"}\n{"text": "bad \\ud800 escape"}\n', encoding="utf-8")
+    result = run("extract", source, "-o", tmp_path / "o.npz")
+    assert result.exit_code == 2
+    assert 'line 2: "text" holds the lone surrogate U+D800' in result.output
+
+
+def test_error_messages_print_user_values_verbatim(tmp_path, make_tiny_model):
+    # rich markup in a user value must be printed, not interpreted (or crash the error printer)
+    source = tmp_path / "corpus [draft].txt"
+    source.write_text("x\n", encoding="utf-8")
+    result = run(
+        "extract", source, "-o", tmp_path / "o.npz", "--model", make_tiny_model("bert"), "--layers", "[/bold]"
+    )
+    assert result.exit_code == 2
+    assert "layer spec '[/bold]' is not understood" in result.output
+    result = run("extract", tmp_path / "missing [draft].txt", "-o", tmp_path / "o.npz")
+    assert result.exit_code == 2 and "missing [draft].txt" in result.output

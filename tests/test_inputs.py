@@ -197,3 +197,26 @@ def test_very_long_text_is_truncated_without_tokenising_all_of_it(default_encode
 def test_window_mode_refuses_a_text_too_large_to_hold(default_encoder):
     with pytest.raises(InputError, match=r"input 1 has 10,000,000 characters: with long_texts='window'"):
         default_encoder.extract(["ok", "x" * 10_000_000], long_texts="window")
+
+
+def test_lone_surrogate_is_refused_with_its_position():
+    with pytest.raises(InputError, match=r"lone surrogate U\+D800 at character 2") as info:
+        normalize_inputs(["fine", "ab\ud800c"])
+    assert info.value.index == 1
+
+
+def test_literal_special_token_text_is_split_as_text(tiny_encoder):
+    # "[SEP]" typed by a user is five characters, not a segment boundary
+    stack = tiny_encoder.extract(["a [SEP] b"])[0]
+    assert stack.tokens.count("[SEP]") == 1 and stack.tokens[-1] == "[SEP]"
+    assert stack.tokens.count("[CLS]") == 1
+    assert set(stack.segment_ids.tolist()) == {0}
+    assert "[" in stack.tokens and "]" in stack.tokens
+
+
+def test_window_too_small_for_special_tokens_names_the_fix(make_tiny_model):
+    import layerwise as lw
+
+    encoder = lw.Encoder(make_tiny_model("bert"), max_length=2)
+    with pytest.raises(InputError, match="no room besides its special tokens; use a larger max_length"):
+        encoder.extract(["a b c d"], long_texts="window")

@@ -59,6 +59,9 @@ def test_out_of_range_message_states_convention():
         (True, "bool"),
         (1.5, "not understood"),
         ([1.0], "not an integer"),
+        ("\u0663", "not understood"),  # Arabic-Indic 3: int() would take it, a layer spec must not
+        ("last\u0663", "not understood"),
+        ("\u0663:", "not understood"),
     ],
 )
 def test_bad_specs(spec, fragment):

@@ -91,7 +91,10 @@ def _root(
 
 
 def _fail(exc: Exception) -> typer.Exit:
-    err.print(f"[bold red]error:[/] {exc}", highlight=False, markup=True, soft_wrap=True)
+    from rich.markup import escape
+
+    # the message quotes user values ("[/bold]", "corpus [draft].txt"): never read them as markup
+    err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
     return typer.Exit(code=2)
 
 

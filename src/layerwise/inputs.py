@@ -59,6 +59,14 @@ def _check_str(value: object, what: str, index: int) -> str:
             "convert it with str() or drop it",
             index=index,
         )
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:  # a lone surrogate: not text (a broken "\ud800" escape, often)
+        raise InputError(
+            f"{what} holds the lone surrogate U+{ord(value[exc.start]):04X} at character {exc.start}, which "
+            "is not valid Unicode; repair it, e.g. text.encode('utf-8', 'replace').decode()",
+            index=index,
+        ) from None
     return value
 
 
@@ -157,6 +165,10 @@ class InputEncoder:
         self._capped = Tokenizer.from_str(backend.to_str())
         self._capped.no_padding()
         self._capped.enable_truncation(max_length, strategy="longest_first")
+        # "[SEP]" typed in a text is text, not a segment boundary: user text never becomes a
+        # special token (the template still adds the real [CLS]/[SEP])
+        self._free.encode_special_tokens = True
+        self._capped.encode_special_tokens = True
 
     def encode(self, raw: RawInputs, *, truncate: bool = True) -> list[EncodedInput]:
         """Tokenise. With ``truncate=False`` inputs longer than ``max_length`` are kept whole

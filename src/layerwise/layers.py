@@ -23,9 +23,9 @@ from .errors import LayerSpecError
 
 LayerSpec = str | int | Sequence[int] | Sequence[str]
 
-_RANGE = re.compile(r"^\s*(-?\d+)?\s*:\s*(-?\d+)?\s*$")
-_LAST = re.compile(r"^\s*last\s*(\d+)\s*$", re.IGNORECASE)
-_INT = re.compile(r"^\s*-?\d+\s*$")
+_RANGE = re.compile(r"^\s*(-?\d+)?\s*:\s*(-?\d+)?\s*$", re.ASCII)
+_LAST = re.compile(r"^\s*last\s*(\d+)\s*$", re.IGNORECASE | re.ASCII)
+_INT = re.compile(r"^\s*-?\d+\s*$", re.ASCII)
 
 
 def _convention(n_hidden_states: int) -> str:

@@ -61,12 +61,28 @@ def _decode_lines(path: Path, errors: EncodingErrors) -> list[str]:
     return decoded
 
 
+_UNSUPPORTED = {
+    ".json": "one JSON document",
+    ".csv": "a table (use .tsv for pairs)",
+    ".gz": "compressed text (decompress it first)",
+    ".zip": "an archive",
+    ".parquet": "a table",
+}
+
+
 def read_input_file(path: str | Path, *, encoding_errors: EncodingErrors = "strict") -> InputFile:
     """Read texts (and pairs) from ``path``; the format follows the suffix."""
     check_choice("encoding_errors", encoding_errors, ("strict", "replace"))
     path = Path(path)
-    lines = _decode_lines(path, encoding_errors)
     suffix = path.suffix.lower()
+    if str(path) == "-":
+        raise InputError("reading from standard input is not supported; save the texts to a .txt file")
+    if suffix in _UNSUPPORTED:
+        raise InputError(
+            f"{str(path)!r}: {suffix} files are not read as {_UNSUPPORTED[suffix]}; layerwise reads "
+            '.txt (one text per line), .tsv (two columns: a pair) and .jsonl ({"text": ...} per line)'
+        )
+    lines = _decode_lines(path, encoding_errors)
     if suffix in (".jsonl", ".ndjson"):
         return _read_jsonl(path, lines)
     if suffix == ".tsv":
@@ -101,6 +117,10 @@ def _read_jsonl(path: Path, lines: list[str]) -> InputFile:
             record = json.loads(line)
         except json.JSONDecodeError as exc:
             raise InputError(f"{path}: line {number} is not valid JSON ({exc.msg})", line=number) from None
+        except RecursionError:
+            raise InputError(
+                f"{path}: line {number} is nested too deeply to be a text record", line=number
+            ) from None
         if not isinstance(record, dict) or not isinstance(record.get("text"), str):
             raise InputError(
                 f'{path}: line {number} needs an object with a string "text" field, e.g. '
@@ -110,6 +130,17 @@ def _read_jsonl(path: Path, lines: list[str]) -> InputFile:
         pair = record.get("text_pair")
         if pair is not None and not isinstance(pair, str):
             raise InputError(f'{path}: line {number}: "text_pair" must be a string', line=number)
+        for field_name, value in (("text", record["text"]), ("text_pair", pair)):
+            if isinstance(value, str):
+                try:
+                    value.encode("utf-8")
+                except UnicodeEncodeError as exc:
+                    raise InputError(
+                        f'{path}: line {number}: "{field_name}" holds the lone surrogate '
+                        f"U+{ord(value[exc.start]):04X} (an escape such as \\ud800 without its pair); "
+                        "repair the file",
+                        line=number,
+                    ) from None
         texts.append(record["text"])
         pairs.append(pair)
         numbers.append(number)

@@ -99,6 +99,12 @@ def plan_windows(item: EncodedInput, max_length: int, stride: int | None = None)
     fixed_head = list(range(0, start))  # [CLS] (+ first segment + [SEP] for pairs)
     fixed_tail = list(range(end, n))  # final [SEP]
     room = max_length - len(fixed_head) - len(fixed_tail)
+    if room < 1 and not is_pair:
+        raise InputError(
+            f"input {item.index}: a window of {max_length} tokens has no room besides its special tokens; "
+            "use a larger max_length",
+            index=item.index,
+        )
     if room < 1:
         raise InputError(
             f"input {item.index}: the first segment of this pair takes {len(fixed_head) + len(fixed_tail)} "
