@@ -263,3 +263,27 @@ def test_error_messages_print_user_values_verbatim(tmp_path, make_tiny_model):
     assert "layer spec '[/bold]' is not understood" in result.output
     result = run("extract", tmp_path / "missing [draft].txt", "-o", tmp_path / "o.npz")
     assert result.exit_code == 2 and "missing [draft].txt" in result.output
+
+
+def test_analyze_and_plot_refuse_pairs_and_take_encoding_errors(tmp_path, make_tiny_model):
+    pairs = tmp_path / "p.tsv"
+    pairs.write_text("a bank\tthe river\nthe bank\ta loan\n", encoding="utf-8")
+    result = run("analyze", pairs, "-o", tmp_path / "rep", "--model", make_tiny_model("bert"))
+    assert result.exit_code == 2 and "holds text pairs" in result.output and not (tmp_path / "rep").exists()
+    latin1 = tmp_path / "l.txt"
+    latin1.write_bytes("caf\xe9 bank\nthe bank\nbank bank\n".encode("latin-1"))
+    args = ["plot", latin1, "--words", "bank", "-o", tmp_path / "f.png", "--model", make_tiny_model("bert")]
+    result = run(*args)
+    assert result.exit_code == 2 and "pass --encoding-errors replace" in result.output
+    result = run(*args, "--encoding-errors", "replace")
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "f.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.parametrize("rate", ["-1", "nan", "0"])
+def test_pretrain_refuses_a_learning_rate_that_cannot_train(tmp_path, rate):
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("one.\ntwo.\n\nthree.\nfour.\n", encoding="utf-8")
+    result = run("pretrain", corpus, "-o", tmp_path / "m", "--learning-rate", rate)
+    assert result.exit_code == 2 and "must be a positive number" in result.output
+    assert not (tmp_path / "m").exists()

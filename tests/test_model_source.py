@@ -63,3 +63,31 @@ def test_config_that_does_not_match_the_weights(model_copy):
 def test_device_that_cannot_run_a_model(make_tiny_model):
     with pytest.raises(lw.OptionError, match="device='meta' cannot run a model"):
         lw.Encoder(make_tiny_model("bert"), device="meta")
+
+
+def test_pickle_checkpoint_torch_refuses_is_a_clean_error(model_copy):
+    import argparse
+
+    import torch
+    from safetensors.torch import load_file
+
+    weights = load_file(model_copy / "model.safetensors")
+    weights["training_args"] = argparse.Namespace(lr=1e-4)  # what a careless trainer pickles in
+    torch.save(weights, model_copy / "pytorch_model.bin")
+    (model_copy / "model.safetensors").unlink()
+    with pytest.raises(
+        lw.ModelLoadError, match=r"pickle checkpoint \(pytorch_model.bin\) holds argparse.Namespace"
+    ):
+        lw.Encoder(model_copy, device="cpu")
+
+
+def test_plain_pickle_state_dict_still_loads(model_copy, make_tiny_model):
+    import numpy as np
+    import torch
+    from safetensors.torch import load_file
+
+    torch.save(load_file(model_copy / "model.safetensors"), model_copy / "pytorch_model.bin")
+    (model_copy / "model.safetensors").unlink()
+    got = lw.Encoder(model_copy, device="cpu").extract(["a bank"])[0].hidden
+    want = lw.Encoder(make_tiny_model("bert"), device="cpu").extract(["a bank"])[0].hidden
+    np.testing.assert_array_equal(got, want)

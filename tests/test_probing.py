@@ -222,3 +222,106 @@ def test_cli_probe_conllu(pos_files, make_tiny_model, tmp_path):
     assert "◀ best" in result.output and "concat_last4" in result.output
     assert json.loads((tmp_path / "p.json").read_text())["task"] == "conllu:upos"
     assert (tmp_path / "p.png").exists()
+
+
+def test_reader_faults_are_clean_errors(tmp_path):
+    from layerwise.tasks import read_table
+
+    empty = tmp_path / "empty.conllu"
+    empty.write_text("", encoding="utf-8")
+    with pytest.raises(InputError, match="no CoNLL-U sentences found"):
+        read_conllu(empty)
+    latin1 = tmp_path / "latin1.conllu"
+    latin1.write_bytes("# c\n1\tcafé\tx\tNOUN\t_\t_\t0\troot\t_\t_\n".encode("latin-1"))
+    with pytest.raises(InputError, match=r"line 2 is not valid UTF-8 .*iconv -f latin1") as info:
+        read_conllu(latin1)
+    assert "--encoding-errors" not in str(info.value)  # probes have no such option
+    bom = tmp_path / "bom.conllu"
+    bom.write_text("\ufeff# sent_id = 1\n1\tThe\tthe\tDET\t_\t_\t0\troot\t_\t_\n", encoding="utf-8")
+    assert read_conllu(bom).words == [["The"]]
+    table = tmp_path / "t.tsv"
+    table.write_text("\ufeffsentence\tlabel\ngood one\tpos\nno label here\n", encoding="utf-8")
+    with pytest.raises(InputError, match="line 3 has no value for column 'label'"):
+        read_table(table, ["sentence", "label"])
+    conll = tmp_path / "only-docstart.txt"
+    conll.write_text("-DOCSTART- -X- -X- O\n\n", encoding="utf-8")
+    with pytest.raises(InputError, match="no CoNLL sentences found"):
+        read_conll2003(conll)
+
+
+@pytest.mark.parametrize(
+    ("scores", "fragment"),
+    [
+        (["1", "1", "1"], "every gold score in column 'score' is 1.0"),
+        (["1", "nan", "2"], "row 2 has the gold score 'nan'"),
+        (["1", "2", "inf"], "row 3 has the gold score 'inf'"),
+    ],
+)
+def test_pairs_gold_scores_must_rank(tmp_path, tiny_encoder, scores, fragment):
+    path = tmp_path / "pairs.tsv"
+    rows = [f"a {i}\tb {i}\t{s}" for i, s in enumerate(scores)]
+    path.write_text("sentence1\tsentence2\tscore\n" + "\n".join(rows) + "\n", encoding="utf-8")
+    with pytest.raises(InputError, match=fragment):
+        lw.probe("pairs", data=path, encoder=tiny_encoder, controls=(), scalar_mix=False)
+
+
+def test_nan_score_is_never_best_and_json_stays_strict(tmp_path):
+    from layerwise.probing.result import ProbeResult, ProbeRow
+
+    rows = [ProbeRow("L0", "layer", (0,), float("nan")), ProbeRow("L1", "layer", (1,), 0.4),
+            ProbeRow("L2", "layer", (2,), 0.7), ProbeRow("L3", "layer", (3,), float("nan"))]  # fmt: skip
+    result = ProbeResult("pairs", "Spearman", "m", rows, 0, 4, 0.1)
+    assert result.best.name == "L2"
+    result.to_json(tmp_path / "r.json")
+    text = (tmp_path / "r.json").read_text()
+    assert "NaN" not in text
+    saved = json.loads(text)
+    assert saved["rows"][0]["score"] is None and saved["rows"][2]["best"] is True
+    from rich.console import Console
+
+    console = Console(record=True, width=120)
+    console.print(result.table())
+    text = console.export_text()
+    assert "n/a" in text and "L2 ◀ best" in text
+
+
+def test_ner_table_shows_token_accuracy_and_names_the_selectivity_metric():
+    from rich.console import Console
+
+    from layerwise.probing.result import ProbeResult, ProbeRow
+
+    row = ProbeRow("L0", "layer", (0,), score=0.515, accuracy=0.91, control_task=0.901)
+    result = ProbeResult("conll:ner", "entity F1", "m", [row], 10, 5, 0.1)
+    console = Console(record=True, width=160)
+    console.print(result.table())
+    text = console.export_text()
+    assert "token accuracy" in text and "91.0" in text and "51.5" in text
+    assert "selectivity (accuracy)" in text and "0.9" in text  # 91.0 - 90.1, not 51.5 - 90.1
+    assert "not entity F1" in text
+    assert result.to_dict()["selectivity_metric"] == "accuracy"
+
+
+def test_cli_probe_refuses_unwritable_outputs_before_work(tmp_path, pos_files):
+    from typer.testing import CliRunner
+
+    from layerwise.cli import app
+
+    train, dev = pos_files
+    base = [
+        "probe",
+        "conllu",
+        "--train",
+        str(train),
+        "--dev",
+        str(dev),
+        "--model",
+        str(tmp_path / "no-model"),
+    ]
+    result = CliRunner().invoke(app, [*base, "--json", str(tmp_path / "missing" / "p.json")])
+    assert (
+        result.exit_code == 2
+        and "folder" in result.output
+        and "does not exist; create it first" in result.output
+    )
+    result = CliRunner().invoke(app, [*base, "--plot", str(tmp_path / "p.bmp")])
+    assert result.exit_code == 2 and "use a .png, .svg or .pdf file" in result.output

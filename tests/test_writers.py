@@ -82,3 +82,32 @@ def test_output_mode_follows_the_umask_and_stale_temp_files_go(tmp_path, tiny_en
         os.umask(previous)
     assert (tmp_path / "o.npz").stat().st_mode & 0o777 == 0o644
     assert sorted(p.name for p in tmp_path.iterdir()) == ["o.npz"]
+
+
+def test_model_that_outputs_nan_is_reported_and_jsonl_stays_json(tmp_path, make_tiny_model, caplog):
+    import json
+    import logging
+    import shutil
+
+    import torch
+    from transformers import AutoModel
+
+    import layerwise as lw
+
+    folder = tmp_path / "nan-model"
+    shutil.copytree(make_tiny_model("bert"), folder)
+    model = AutoModel.from_pretrained(folder)
+    with torch.no_grad():
+        model.encoder.layer[1].output.LayerNorm.weight[0] = float("nan")  # feature 0 from L2 on
+    model.save_pretrained(folder)
+    encoder = lw.Encoder(folder, device="cpu")
+    with caplog.at_level(logging.WARNING, logger="layerwise"):
+        stacks = encoder.extract(["first text", "second"])
+    assert np.isnan(stacks[0].hidden[2:, :, 0]).all() and np.isfinite(stacks[0].hidden[:2]).all()
+    assert "2 input(s) have NaN or inf in their hidden states (first: input 0)" in caplog.text
+    out = tmp_path / "nan.jsonl"
+    lw.extract_to_file(encoder, ["first text", "second"], out)
+    records = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]  # strict JSON
+    assert "NaN" not in out.read_text(encoding="utf-8")
+    hidden = records[0]["hidden"]
+    assert hidden[2][0][0] is None and hidden[1][0][0] == pytest.approx(float(stacks[0].hidden[1, 0, 0]))

@@ -63,6 +63,9 @@ class EncodingErrorsChoice(StrEnum):
     replace_invalid = "replace"  # not "replace": that would hide str.replace
 
 
+EncodingErrorsOption = Annotated[
+    EncodingErrorsChoice, typer.Option(help="strict: stop at invalid UTF-8; replace: use U+FFFD")
+]
 ModelOption = Annotated[
     str | None,
     typer.Option(
@@ -88,6 +91,23 @@ def _root(
     ] = False,
 ) -> None:
     """Contextual embeddings from every encoder layer of BERT-family models."""
+
+
+def _check_output_file(path: Path, option: str, suffixes: tuple[str, ...] | None = None) -> None:
+    """Refuse an output file that cannot be written, before any work is done."""
+    from .errors import OptionError
+
+    if suffixes is not None and path.suffix.lower() not in suffixes:
+        raise OptionError(f"{option} {str(path)!r}: use a {', '.join(suffixes[:-1])} or {suffixes[-1]} file")
+    if path.is_dir():
+        raise OptionError(f"{option} {str(path)!r} is a folder; give a file name")
+    folder = path.parent
+    if not folder.is_dir():
+        raise OptionError(
+            f"{option} {str(path)!r}: the folder {str(folder)!r} does not exist; create it first"
+        )
+    if not os.access(folder, os.W_OK):
+        raise OptionError(f"{option} {str(path)!r}: the folder {str(folder)!r} is not writable")
 
 
 def _fail(exc: Exception) -> typer.Exit:
@@ -159,9 +179,7 @@ def extract(
         int | None, typer.Option(min=1, help="Window step in tokens [default: half a window]")
     ] = None,
     device: DeviceOption = "auto",
-    encoding_errors: Annotated[
-        EncodingErrorsChoice, typer.Option(help="strict: stop at invalid UTF-8; replace: use U+FFFD")
-    ] = EncodingErrorsChoice.strict,
+    encoding_errors: EncodingErrorsOption = EncodingErrorsChoice.strict,
     overwrite: Annotated[
         bool, typer.Option(help="Start an existing store again instead of resuming it")
     ] = False,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Annotated
 
@@ -10,8 +9,11 @@ import typer
 
 from .cli import (
     DeviceOption,
+    EncodingErrorsChoice,
+    EncodingErrorsOption,
     LayersOption,
     ModelOption,
+    _check_output_file,
     _fail,
     _setup_logging,
     _use_available_cores,
@@ -96,6 +98,19 @@ def _check_projection(projection: str) -> None:
         ) from None
 
 
+def _read_single_texts(input: Path, encoding_errors: EncodingErrorsChoice, command: str) -> list[str]:
+    """Texts of a .txt/.jsonl file; pairs are refused, as their second segment would be dropped."""
+    from .readers import read_input_file
+
+    data = read_input_file(input, encoding_errors=encoding_errors.value)
+    if data.text_pairs is not None and any(pair is not None for pair in data.text_pairs):
+        raise OptionError(
+            f"{str(input)!r} holds text pairs; `layerwise {command}` looks at single texts and would drop "
+            "the second segment: pass a .txt file (one text per line) or a .jsonl without text_pair"
+        )
+    return data.texts
+
+
 @app.command()
 def analyze(
     input: Annotated[Path, typer.Argument(help="One text per line (.txt) or JSONL with 'text'")],
@@ -110,20 +125,19 @@ def analyze(
     projection: ProjectionOption = "pca",
     max_texts: Annotated[int | None, typer.Option(min=2, help="Use the first N texts")] = None,
     device: DeviceOption = "auto",
+    encoding_errors: EncodingErrorsOption = EncodingErrorsChoice.strict,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar")] = False,
 ) -> None:
     """Layer analysis of your texts as one self-contained HTML report (CKA, drift, anisotropy, ...)."""
     _setup_logging(quiet)
     try:
         from .encoder import Encoder
-        from .readers import read_input_file
         from .report import write_report
 
         _check_projection(projection)
         if output.exists() and not output.is_dir():
             raise OptionError(f"--output {str(output)!r} is a file; the report needs a folder")
-        data = read_input_file(input)
-        texts = data.texts[:max_texts]
+        texts = _read_single_texts(input, encoding_errors, "analyze")[:max_texts]
         _use_available_cores()
         enc = Encoder(model, device=device)
         chosen = [w.strip() for w in words.split(",") if w.strip()] if words else None
@@ -144,25 +158,20 @@ def plot(
     model: ModelOption = None,
     layers: LayersOption = "all",
     device: DeviceOption = "auto",
+    encoding_errors: EncodingErrorsOption = EncodingErrorsChoice.strict,
 ) -> None:
     """One panel per layer: every occurrence of the given words, projected to 2-D and coloured by word."""
     _setup_logging(quiet=True)
     try:
         from .encoder import Encoder
         from .plot import plot_word_projections
-        from .readers import read_input_file
 
         _check_projection(projection)
-        if output.suffix.lower() not in (".png", ".svg", ".pdf"):
-            raise OptionError(f"--output {str(output)!r}: use a .png, .svg or .pdf file")
-        if not output.parent.is_dir() or not os.access(output.parent, os.W_OK):
-            raise OptionError(f"--output {str(output)!r}: the folder does not exist or is not writable")
-        data = read_input_file(input)
+        _check_output_file(output, "--output", (".png", ".svg", ".pdf"))
+        texts = _read_single_texts(input, encoding_errors, "plot")
         chosen = [w.strip() for w in words.split(",") if w.strip()]
         enc = Encoder(model, device=device)
-        stacks = (
-            s for _, s in enc.iter_extract(data.texts, layers=layers, long_texts="window", progress=False)
-        )
+        stacks = (s for _, s in enc.iter_extract(texts, layers=layers, long_texts="window", progress=False))
         path = plot_word_projections(stacks, chosen, output, projection=projection, model=enc.name)  # type: ignore[arg-type]
     except LayerwiseError as exc:
         raise _fail(exc) from None

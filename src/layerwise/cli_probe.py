@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from .cli import ModelOption, _fail, _setup_logging, app, err
+from .cli import ModelOption, _check_output_file, _fail, _setup_logging, app, err
 from .errors import LayerwiseError
 
 probe_app = typer.Typer(
@@ -38,6 +38,11 @@ def _run_probe(
     try:
         from .probing import probe
 
+        # a probe runs for minutes: refuse an unwritable --json/--plot before it starts
+        if json_path is not None:
+            _check_output_file(json_path, "--json")
+        if plot_path is not None:
+            _check_output_file(plot_path, "--plot", (".png", ".svg", ".pdf"))
         result = probe(task, model=model, **options)  # type: ignore[arg-type]
         Console().print(result.table())
         if json_path is not None:

@@ -15,6 +15,7 @@ sub-layer taps are recorded with hooks. Results come back as :class:`LayerStack`
 from __future__ import annotations
 
 import inspect
+import logging
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
@@ -30,6 +31,8 @@ from .inputs import EncodedInput, length_sorted_batches
 from .progress import progress_bar
 from .results import LayerStack
 from .windows import Window, plan_windows, stitch
+
+logger = logging.getLogger("layerwise")
 
 Method = Literal["hidden_states", "hooks"]
 METHODS: tuple[str, ...] = ("hidden_states", "hooks")
@@ -103,14 +106,17 @@ def _to_numpy(tensor: torch.Tensor) -> np.ndarray:
     return tensor.detach().to("cpu", dtype=torch.float32).numpy()
 
 
-Rows = list[tuple[np.ndarray, dict[str, np.ndarray]]]
+class Rows(list[tuple[np.ndarray, dict[str, np.ndarray]]]):
+    """Per-row ``(hidden (L, n, H), taps)`` of one batch; ``nonfinite``: the batch held NaN/inf."""
+
+    nonfinite: bool = False
 
 
 def split_rows(hidden: torch.Tensor, tapped: Mapping[str, torch.Tensor], lengths: Sequence[int]) -> Rows:
     """Cut a padded batch into per-row arrays without padding: ``(hidden (L, n, H), taps)``."""
     hidden_np = _to_numpy(hidden)
     taps_np = {name: _to_numpy(t) for name, t in tapped.items()}
-    rows = []
+    rows = Rows()
     for row, n in enumerate(lengths):
         taps = {}
         for name, array in taps_np.items():
@@ -265,11 +271,14 @@ class Engine:
         )
         task = bar.add_task("extract", total=len(units)) if bar is not None else None
         pending: dict[int, dict[int, tuple]] = {}  # windows of long inputs until all are done
+        nonfinite: set[int] = set()  # inputs whose vectors hold NaN or inf
         with bar if bar is not None else nullcontext():
             for batch_ids in batches:
                 rows = self._forward_units([units[u] for u in batch_ids], layers, method, taps)
                 for u, (hidden, tapped) in zip(batch_ids, rows, strict=True):
                     index, k = owners[u]
+                    if rows.nonfinite and not np.isfinite(hidden).all():
+                        nonfinite.add(index)
                     if k < 0:
                         yield index, make_stack(encoded[index], hidden, tapped, layers)
                         continue
@@ -278,6 +287,14 @@ class Engine:
                         yield index, _stitch(encoded[index], pending.pop(index), layers)
                 if bar is not None and task is not None:
                     bar.advance(task, len(batch_ids))
+        if nonfinite:
+            # a silent NaN is a wrong number: say so (float16 overflow, or broken weights)
+            logger.warning(
+                "%d input(s) have NaN or inf in their hidden states (first: input %d); the model produced "
+                "them: with model_dtype='float16' try float32, else check the weights",
+                len(nonfinite),
+                min(nonfinite),
+            )
 
     def _forward_units(
         self,
@@ -292,7 +309,10 @@ class Engine:
                 self.model, batch, layers=layers, method=method, layer_owner=self.layer_owner,
                 layer_attr=self.layer_attr, layer_list=self.layer_list, model_type=self.model_type, taps=taps,
             )  # fmt: skip
-        return split_rows(hidden, tapped, [len(u) for u in units])
+        rows = split_rows(hidden, tapped, [len(u) for u in units])
+        # one cheap whole-batch test; rows are only looked at one by one when it fails
+        rows.nonfinite = not bool(torch.isfinite(hidden).all())
+        return rows
 
     @contextmanager
     def _attention_for(self, taps: tuple[str, ...]) -> Iterator[None]:

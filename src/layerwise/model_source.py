@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -143,14 +144,23 @@ def load_model(source: str, name: str, dtype):
             raise _not_found(name, exc, local) from exc
         try:
             model, info = AutoModel.from_pretrained(source, dtype=dtype, output_loading_info=True)
-        except RuntimeError as exc:
+        except Exception as exc:
+            if "Weights only load failed" in str(exc):
+                found = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(exc))
+                raise ModelLoadError(
+                    f"model {name!r}: its pickle checkpoint (pytorch_model.bin) holds "
+                    f"{found.group(1) if found else 'objects other than tensors'}, and torch refuses to "
+                    "unpickle it safely (unpickling can run code). If you trust the file, convert it once "
+                    "to safetensors: load it with torch.load(..., weights_only=False) and save the model "
+                    "with save_pretrained(folder)"
+                ) from None
+            if not isinstance(exc, RuntimeError):
+                raise _not_found(name, exc, local) from exc
             if "mismatched" in str(exc) or "size mismatch" in str(exc):
                 raise ModelLoadError(
                     f"model {name!r}: the weights' shapes do not match its config.json (hidden size, "
                     "layers, vocabulary…); use the config the weights were saved with"
                 ) from exc
-            raise _not_found(name, exc, local) from exc
-        except Exception as exc:
             raise _not_found(name, exc, local) from exc
     missing = sorted(k for k in info.get("missing_keys", ()) if not k.startswith(_OPTIONAL_PREFIXES))
     if missing:

@@ -34,11 +34,16 @@ class InputFile:
         return len(self.texts)
 
 
-def _decode_lines(path: Path, errors: EncodingErrors) -> list[str]:
+def read_lines(
+    path: Path, errors: EncodingErrors = "strict", *, what: str = "input file", option_hint: bool = True
+) -> list[str]:
+    """The lines of a UTF-8 file, without line ends and a leading byte-order mark; invalid UTF-8 is
+    an error naming the line (``option_hint``: suggest ``--encoding-errors replace``, for commands
+    that have it)."""
     try:
         data = path.read_bytes()
     except FileNotFoundError:
-        raise InputError(f"input file {str(path)!r} does not exist") from None
+        raise InputError(f"{what} {str(path)!r} does not exist") from None
     except IsADirectoryError:
         raise InputError(f"input {str(path)!r} is a folder; pass a .txt, .tsv or .jsonl file") from None
     lines = data.split(b"\n")
@@ -55,7 +60,8 @@ def _decode_lines(path: Path, errors: EncodingErrors) -> list[str]:
             raise InputError(
                 f"{path}: line {number} is not valid UTF-8 (byte 0x{raw[exc.start]:02x} at byte "
                 f"{exc.start + 1} of the line); re-encode the file, e.g. "
-                f"'iconv -f latin1 -t utf-8 {path.name} > fixed.txt', or pass --encoding-errors replace",
+                f"'iconv -f latin1 -t utf-8 {path.name} > fixed.txt'"
+                + (", or pass --encoding-errors replace" if option_hint else ""),
                 line=number,
             ) from None
     return decoded
@@ -82,7 +88,7 @@ def read_input_file(path: str | Path, *, encoding_errors: EncodingErrors = "stri
             f"{str(path)!r}: {suffix} files are not read as {_UNSUPPORTED[suffix]}; layerwise reads "
             '.txt (one text per line), .tsv (two columns: a pair) and .jsonl ({"text": ...} per line)'
         )
-    lines = _decode_lines(path, encoding_errors)
+    lines = read_lines(path, encoding_errors)
     if suffix in (".jsonl", ".ndjson"):
         return _read_jsonl(path, lines)
     if suffix == ".tsv":

@@ -29,6 +29,19 @@ class TaggedSentences:
         return self if n is None else TaggedSentences(self.words[:n], self.labels[:n])
 
 
+def _text_lines(path: Path, what: str) -> list[str]:
+    """The lines of a UTF-8 file (a leading byte-order mark dropped); invalid UTF-8 names its line."""
+    from .readers import read_lines
+
+    if path.is_dir():
+        raise InputError(f"{what} {str(path)!r} is a folder")
+    return read_lines(path, what=what, option_hint=False)
+
+
+def _none_found(path: Path, what: str) -> InputError:
+    return InputError(f"{path}: no {what} found; is the file empty or in another format?")
+
+
 def read_conllu(path: str | os.PathLike, column: str = "upos") -> TaggedSentences:
     """Words and one column of a CoNLL-U file; multi-word token lines (1-2) and empty nodes (1.1)
     are skipped so that words match the syntactic words the labels belong to."""
@@ -42,31 +55,27 @@ def read_conllu(path: str | os.PathLike, column: str = "upos") -> TaggedSentence
     current_words: list[str] = []
     current_labels: list[str] = []
     path = Path(path)
-    if not path.is_file():
-        raise InputError(f"CoNLL-U file {str(path)!r} does not exist")
-    with path.open(encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            line = line.rstrip("\n")
-            if not line:
-                if current_words:
-                    words.append(current_words)
-                    labels.append(current_labels)
-                current_words, current_labels = [], []
-                continue
-            if line.startswith("#"):
-                continue
-            fields = line.split("\t")
-            if len(fields) != 10:
-                raise InputError(
-                    f"{path}: line {number} has {len(fields)} columns; CoNLL-U has 10", line=number
-                )
-            if "-" in fields[0] or "." in fields[0]:
-                continue
-            current_words.append(fields[1])
-            current_labels.append(fields[index])
+    for number, line in enumerate(_text_lines(path, "CoNLL-U file"), start=1):
+        if not line.strip():
+            if current_words:
+                words.append(current_words)
+                labels.append(current_labels)
+            current_words, current_labels = [], []
+            continue
+        if line.startswith("#"):
+            continue
+        fields = line.split("\t")
+        if len(fields) != 10:
+            raise InputError(f"{path}: line {number} has {len(fields)} columns; CoNLL-U has 10", line=number)
+        if "-" in fields[0] or "." in fields[0]:
+            continue
+        current_words.append(fields[1])
+        current_labels.append(fields[index])
     if current_words:
         words.append(current_words)
         labels.append(current_labels)
+    if not words:
+        raise _none_found(path, "CoNLL-U sentences")
     return TaggedSentences(words, labels)
 
 
@@ -81,24 +90,23 @@ def read_conll2003(path: str | os.PathLike, column: str = "ner") -> TaggedSenten
     cw: list[str] = []
     cl: list[str] = []
     path = Path(path)
-    if not path.is_file():
-        raise InputError(f"CoNLL file {str(path)!r} does not exist")
-    with path.open(encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            fields = line.split()
-            if not fields or fields[0] == "-DOCSTART-":
-                if cw:
-                    words.append(cw)
-                    labels.append(cl)
-                cw, cl = [], []
-                continue
-            if len(fields) < 2:
-                raise InputError(f"{path}: line {number} needs a word and a label", line=number)
-            cw.append(fields[0])
-            cl.append(fields[positions[column]])
+    for number, line in enumerate(_text_lines(path, "CoNLL file"), start=1):
+        fields = line.split()
+        if not fields or fields[0] == "-DOCSTART-":
+            if cw:
+                words.append(cw)
+                labels.append(cl)
+            cw, cl = [], []
+            continue
+        if len(fields) < 2:
+            raise InputError(f"{path}: line {number} needs a word and a label", line=number)
+        cw.append(fields[0])
+        cl.append(fields[positions[column]])
     if cw:
         words.append(cw)
         labels.append(cl)
+    if not words:
+        raise _none_found(path, "CoNLL sentences")
     return TaggedSentences(words, labels)
 
 
@@ -109,18 +117,26 @@ def _dialect(path: Path) -> str:
 def read_table(path: str | os.PathLike, columns: list[str]) -> dict[str, list[str]]:
     """Named columns of a TSV (.tsv) or CSV file with a header row."""
     path = Path(path)
-    if not path.is_file():
-        raise InputError(f"file {str(path)!r} does not exist")
-    with path.open(encoding="utf-8", newline="") as handle:
-        reader = csv.DictReader(handle, dialect=_dialect(path))
-        header = reader.fieldnames or []
-        missing = [c for c in columns if c not in header]
-        if missing:
-            raise InputError(f"{path}: no column(s) {missing}; the header has {header}")
-        out: dict[str, list[str]] = {c: [] for c in columns}
-        for row in reader:
-            for c in columns:
-                out[c].append(row[c])
+    lines = _text_lines(path, "file")
+    reader = csv.DictReader(lines, dialect=_dialect(path))
+    header = reader.fieldnames or []
+    missing = [c for c in columns if c not in header]
+    if missing:
+        raise InputError(f"{path}: no column(s) {missing}; the header has {header}")
+    out: dict[str, list[str]] = {c: [] for c in columns}
+    for row in reader:
+        for c in columns:
+            value = row[c]
+            if value is None:  # the row has fewer fields than the header
+                number = reader.line_num
+                raise InputError(
+                    f"{path}: line {number} has no value for column {c!r} (it has {len(header)} columns "
+                    f"in the header, fewer on this line)",
+                    line=number,
+                )
+            out[c].append(value)
+    if not out[columns[0]]:
+        raise _none_found(path, "rows below the header")
     return out
 
 

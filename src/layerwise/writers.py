@@ -277,7 +277,9 @@ class _JsonlWriter(_Writer):
         with tempfile.TemporaryFile(dir=self.tmp.parent) as spool:
             for i, result in results:
                 self.note(i, result)
-                line = (json.dumps(self._record(i, result), ensure_ascii=False) + "\n").encode("utf-8")
+                # allow_nan=False: bare NaN is not JSON; _vectors has turned non-finite values into null
+                record = self._record(i, result)
+                line = (json.dumps(record, ensure_ascii=False, allow_nan=False) + "\n").encode("utf-8")
                 spans[i] = (spool.tell(), len(line))
                 spool.write(line)
             summary = self.finish()
@@ -288,7 +290,13 @@ class _JsonlWriter(_Writer):
 
     def _vectors(self, array: np.ndarray) -> list:
         # float32 -> Python float is exact, so reading the numbers back gives the same float32.
-        return array.astype(self.dtype, copy=False).tolist()
+        array = array.astype(self.dtype, copy=False)
+        finite = np.isfinite(array)
+        if finite.all():
+            return array.tolist()
+        as_objects = array.astype(object)
+        as_objects[~finite] = None  # NaN/inf are not JSON: null (as pandas writes them)
+        return as_objects.tolist()
 
     def _record(self, index: int, result: Result) -> dict:
         record: dict = {"id": index, "model": self.meta.get("model"), "text": self.texts[index]}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -48,7 +49,14 @@ class ProbeResult:
 
     @property
     def best(self) -> ProbeRow:
-        return max(self.rows, key=lambda r: r.score)
+        """The row with the highest score; a NaN score (e.g. constant features) is never best."""
+        return max(self.rows, key=lambda r: -math.inf if math.isnan(r.score) else r.score)
+
+    @property
+    def selectivity_metric(self) -> str | None:
+        """What selectivity is computed on: control tasks predict per-token classes, so always
+        token accuracy, even when the main metric is entity F1."""
+        return "accuracy" if any(r.control_task is not None for r in self.rows) else None
 
     def layer_rows(self) -> list[ProbeRow]:
         return [r for r in self.rows if r.kind == "layer"]
@@ -58,10 +66,12 @@ class ProbeResult:
         for row, raw in zip(self.rows, data["rows"], strict=True):
             raw["selectivity"] = row.selectivity
             raw["best"] = row is self.best
-        return data
+        data["selectivity_metric"] = self.selectivity_metric
+        return _json_safe(data)
 
     def to_json(self, path: str | os.PathLike) -> None:
-        Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n", encoding="utf-8")
+        """The numbers as strict JSON: an undefined score (NaN) is written as null."""
+        Path(path).write_text(json.dumps(self.to_dict(), indent=2, allow_nan=False) + "\n", encoding="utf-8")
 
     def table(self):
         """A rich Table: one row per layer, fusion and the scalar mix; the best marked."""
@@ -75,20 +85,27 @@ class ProbeResult:
         )
         table.add_column("features")
         table.add_column(self.metric, justify="right")
+        # entity F1 beside the token accuracy that the controls and selectivity are measured on
+        token_accuracy = self.metric != "accuracy" and any(r.accuracy is not None for r in self.rows)
+        if token_accuracy:
+            table.add_column("token accuracy", justify="right")
         if any(r.random_model is not None for r in self.rows):
             table.add_column("random model", justify="right")
         if any(r.control_task is not None for r in self.rows):
             table.add_column("control task", justify="right")
-            table.add_column("selectivity", justify="right")
+            header = "selectivity (accuracy)" if token_accuracy else "selectivity"
+            table.add_column(header, justify="right")
         best = self.best
         for i, row in enumerate(self.rows):
             last_of_kind = i + 1 == len(self.rows) or self.rows[i + 1].kind != row.kind
-            cells = [row.name + (" ◀ best" if row is best else ""), f"{100 * row.score:.1f}"]
+            cells = [row.name + (" ◀ best" if row is best else ""), _percent(row.score)]
+            if token_accuracy:
+                cells.append(_percent(row.accuracy))
             if any(r.random_model is not None for r in self.rows):
-                cells.append("" if row.random_model is None else f"{100 * row.random_model:.1f}")
+                cells.append(_percent(row.random_model))
             if any(r.control_task is not None for r in self.rows):
-                cells.append("" if row.control_task is None else f"{100 * row.control_task:.1f}")
-                cells.append("" if row.selectivity is None else f"{100 * row.selectivity:.1f}")
+                cells.append(_percent(row.control_task))
+                cells.append(_percent(row.selectivity))
             table.add_row(*cells, style="bold" if row is best else None, end_section=last_of_kind)
         return table
 
@@ -98,7 +115,12 @@ class ProbeResult:
             weights = ", ".join(f"{w:.2f}" for w in self.scalar_mix_weights)
             parts.append(f"Scalar mix weights: [{weights}], centre of gravity {self.center_of_gravity:.2f}.")
         if any(r.control_task is not None for r in self.rows):
-            parts.append("Selectivity = accuracy - control-task accuracy (Hewitt & Liang 2019).")
+            parts.append(
+                "Selectivity = token accuracy - control-task token accuracy (Hewitt & Liang 2019)"
+                + (f", not {self.metric}." if self.metric != "accuracy" else ".")
+            )
+        if any(math.isnan(r.score) for r in self.rows):
+            parts.append("n/a: the score is undefined (e.g. features that do not vary).")
         return " ".join(parts)
 
     def plot(self, path: str | os.PathLike) -> None:
@@ -138,3 +160,20 @@ class ProbeResult:
 
 
 # ---------------------------------------------------------------------------------------------- probes
+
+
+def _percent(value: float | None) -> str:
+    if value is None:
+        return ""
+    return "n/a" if math.isnan(value) else f"{100 * value:.1f}"
+
+
+def _json_safe(value):
+    """NaN/inf become None so the JSON is strict (bare NaN is not JSON)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json_safe(v) for v in value]
+    return value

@@ -221,6 +221,26 @@ def _probe_sentences(
     return rows, mix_weights, len(y_train), len(y_dev)
 
 
+def _gold_scores(source, values: list[str], column: str) -> list[float]:
+    """Gold similarity scores: finite numbers that are not all equal (Spearman needs a ranking)."""
+    try:
+        scores = [float(v) for v in values]
+    except ValueError as exc:
+        raise InputError(f"{source}: column {column!r} must hold numbers ({exc})") from None
+    for row, score in enumerate(scores):
+        if not np.isfinite(score):
+            raise InputError(
+                f"{source}: data row {row + 1} has the gold score {values[row]!r} in column {column!r}; "
+                "every score must be a finite number: drop or fix the row"
+            )
+    if len(set(scores)) < 2:
+        raise InputError(
+            f"{source}: every gold score in column {column!r} is {scores[0] if scores else 'missing'}; "
+            "a rank correlation needs at least two different scores"
+        )
+    return scores
+
+
 def _probe_pairs(encoder, firsts, seconds, scores, *, fusions, controls, progress):
     from scipy.stats import spearmanr
 
@@ -327,10 +347,7 @@ def probe(
         if source is None:
             raise OptionError("task 'pairs' needs data= (a TSV/CSV with two sentence columns and a score)")
         table = read_table(source, [first_column, second_column, score_column])
-        try:
-            scores = [float(s) for s in table[score_column]]
-        except ValueError as exc:
-            raise InputError(f"{source}: column {score_column!r} must hold numbers ({exc})") from None
+        scores = _gold_scores(source, table[score_column], score_column)
         metric = "Spearman"
         rows, weights, n_train, n_dev = _probe_pairs(
             encoder, table[first_column], table[second_column], scores, fusions=fusions, controls=controls,

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import random
 import time
 from collections import Counter
@@ -86,8 +87,11 @@ class BertForPreTraining(nn.Module):
 # ---------------------------------------------------------------------------------------------- data
 def read_documents(path: str | Path) -> list[list[str]]:
     """Documents as lists of sentences: one sentence per line, blank lines between documents."""
+    from ..readers import read_lines
+
+    lines = read_lines(Path(path), what="corpus", option_hint=False)
     documents: list[list[str]] = [[]]
-    for line in Path(path).read_text(encoding="utf-8").splitlines():
+    for line in lines:
         if line.strip():
             documents[-1].append(line.strip())
         elif documents[-1]:
@@ -249,6 +253,14 @@ def pretrain(corpus: str | Path, output: str | Path, settings: PretrainSettings 
     settings = settings or PretrainSettings()
     if settings.hidden % settings.heads:
         raise OptionError(f"hidden={settings.hidden} must be divisible by heads={settings.heads}")
+    if not (math.isfinite(settings.learning_rate) and settings.learning_rate > 0):
+        raise OptionError(
+            f"learning_rate={settings.learning_rate!r} must be a positive number, e.g. 5e-4 (the default)"
+        )
+    if not (math.isfinite(settings.warmup) and 0 <= settings.warmup < 1):
+        raise OptionError(
+            f"warmup={settings.warmup!r} is the share of steps spent warming up: use 0 <= warmup < 1"
+        )
     output = Path(output)
     if output.exists() and any(output.iterdir()):
         raise OptionError(f"output folder {str(output)!r} is not empty; choose a new folder")
