@@ -80,10 +80,10 @@ def _check_words(value: object, index: int) -> tuple[str, ...]:
     words = tuple(value)
     for j, word in enumerate(words):
         _check_str(word, f"words[{index}][{j}]", index)
-        if not word.strip():
+        if not word:  # (a whitespace-only word is kept: it gets a zero vector, like "\u200b")
             raise InputError(
-                f"words[{index}][{j}] is {word!r}: an empty or whitespace-only word produces no "
-                "tokens and would shift every later word; remove it",
+                f"words[{index}][{j}] is {word!r}: an empty word is most often a parsing slip (a doubled "
+                "separator); remove it, or pass a placeholder such as '_'",
                 index=index,
             )
     return words
@@ -207,6 +207,12 @@ class InputEncoder:
         for i, (enc, n_tokens, n_lost) in bounded.items():
             encodings[i], lengths[i], lost[i] = enc, n_tokens, n_lost
         too_long_set = set(too_long) | set(bounded)
+        if raw.words is not None:
+            # pre-split words: every word after the last one that kept a token is lost, including
+            # words that would have had no token anyway (a trailing " " or "\u200b")
+            for i in too_long_set:
+                present = [w for w in encodings[i].word_ids if w is not None]
+                lost[i] = len(raw.words[i]) - (max(present) + 1 if present else 0)
         out = []
         for i, enc in enumerate(encodings):
             offsets = enc.offsets

@@ -1,0 +1,48 @@
+"""Property-based alignment tests over random Unicode (see alignment_invariants.py); CI runs a
+few hundred examples, derandomised; benchmarks/fuzz_alignment.py runs 10,000 random ones."""
+
+from __future__ import annotations
+
+import pytest
+from alignment_invariants import check_text, check_words, texts, words
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+FUZZ = settings(
+    max_examples=150,
+    deadline=None,
+    derandomize=True,  # the same examples on every run: CI never flakes on a new draw
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+
+
+@pytest.fixture(scope="module")
+def short_encoder(make_tiny_model):
+    """A tiny model with a 24-token maximum, so that fuzzed texts often need truncation or windows."""
+    import layerwise as lw
+
+    return lw.Encoder(make_tiny_model("bert"), device="cpu", max_length=24)
+
+
+@FUZZ
+@given(text=texts)
+def test_texts(short_encoder, text):
+    check_text(short_encoder, text)
+
+
+@FUZZ
+@given(text=texts, text_pair=texts)
+def test_pairs(short_encoder, text, text_pair):
+    check_text(short_encoder, text, text_pair)
+
+
+@FUZZ
+@given(word_list=words)
+def test_pre_split_words(short_encoder, word_list):
+    check_words(short_encoder, word_list)
+
+
+@settings(max_examples=50, deadline=None, derandomize=True)
+@given(word_list=st.lists(st.sampled_from(["\u200b", "\u00ad", "a", "bank", "\ufeff"]), min_size=1))
+def test_words_that_vanish_keep_their_slots(tiny_encoder, word_list):
+    check_words(tiny_encoder, word_list)
