@@ -102,3 +102,11 @@ def test_store_reads_with_torch_unimportable(tmp_path, tiny_encoder):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split("\n")[0] == "3 (4, 7, 32) True"
+
+
+def test_layers_that_name_a_fusions_own_hidden_states_are_redundant_not_refused():
+    plan = lw.OutputPlan.parse(pool="sentence:mean", fuse="concat_last4", layers="last4")
+    assert plan.hidden_states(7) == (3, 4, 5, 6) and plan.hidden_states(13) == (9, 10, 11, 12)
+    assert lw.OutputPlan.parse(pool="sentence:mean", fuse="last", layers=-1).hidden_states(7) == (6,)
+    with pytest.raises(OptionError, match="uses its own hidden states"):
+        lw.OutputPlan.parse(pool="sentence:mean", fuse="concat_last4", layers="3:7")  # last4 only at depth 7

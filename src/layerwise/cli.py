@@ -350,7 +350,7 @@ def main() -> None:
 
 
 # the other commands register themselves on ``app`` (imported last: they import from this module)
-from . import cli_analysis, cli_probe  # noqa: E402, F401
+from . import cli_analysis, cli_probe, cli_serve  # noqa: E402, F401
 
 if __name__ == "__main__":  # python -m layerwise.cli: run the imported module, where commands registered
     from layerwise.cli import main as _main

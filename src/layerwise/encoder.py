@@ -80,7 +80,7 @@ class Encoder:
         batch_size: at most this many inputs per forward pass.
         max_tokens: at most this many padded tokens (inputs x longest input) per forward pass;
             2048 on CPU (small working sets stay in cache; benchmarks/extract_speed.py), 32768 on GPU.
-    """
+    Front ends batching across callers use ``inputs.encode`` and ``engine.stream`` directly."""
 
     def __init__(
         self,
@@ -112,12 +112,12 @@ class Encoder:
         self.sentence_transformers = read_sentence_transformers(self.source)
         convention = self.sentence_transformers.max_seq_length if self.sentence_transformers else None
         self.max_length = usable_max_length(config, self.tokenizer, max_length, convention)
-        self._inputs = InputEncoder(self.tokenizer.backend_tokenizer, self.max_length)
+        self.inputs = InputEncoder(self.tokenizer.backend_tokenizer, self.max_length)
         max_tokens = max_tokens or (CPU_MAX_TOKENS if self.device.type == "cpu" else GPU_MAX_TOKENS)
-        self._engine = Engine(self.model, self.tokenizer, device=self.device, max_length=self.max_length,
+        self.engine = Engine(self.model, self.tokenizer, device=self.device, max_length=self.max_length,
                               batch_size=batch_size, max_tokens=max_tokens)  # fmt: skip
         self.batch_size, self.max_tokens = batch_size, max_tokens  # the defaults of every call
-        self._engine.warm_up([self.tokenizer.cls_token_id or 0, self.tokenizer.sep_token_id or 0], self.name)
+        self.engine.warm_up([self.tokenizer.cls_token_id or 0, self.tokenizer.sep_token_id or 0], self.name)
 
     @property
     def n_hidden_states(self) -> int:  # the embedding output plus one per layer
@@ -138,7 +138,7 @@ class Encoder:
         words: Sequence[Sequence[str]] | None = None,
     ) -> list[EncodedInput]:
         """Tokenise without running the model: ids, tokens, offsets, word ids, truncation flags."""
-        return self._inputs.encode(normalize_inputs(texts, text_pairs=text_pairs, pairs=pairs, words=words))
+        return self.inputs.encode(normalize_inputs(texts, text_pairs=text_pairs, pairs=pairs, words=words))
 
     # ------------------------------------------------------------------ extraction
     def iter_extract(
@@ -171,11 +171,11 @@ class Encoder:
         raw = normalize_inputs(texts, text_pairs=text_pairs, pairs=pairs, words=words)
         if long_texts == "window":
             check_window_memory(raw, len(layer_ids), self.hidden_size)
-        encoded = self._inputs.encode(raw, truncate=long_texts == "truncate")
+        encoded = self.inputs.encode(raw, truncate=long_texts == "truncate")
         if report_truncation:
             report_truncation_warning(encoded, self.max_length)
         report_empty_words(encoded)
-        return self._engine.stream(
+        return self.engine.stream(
             encoded, layers=layer_ids, method=method, taps=taps, stride=stride, batch_size=batch_size,
             max_tokens=max_tokens, progress=progress,
         )  # fmt: skip

@@ -20,7 +20,7 @@ from typing import Literal
 
 import numpy as np
 
-from .errors import OptionError, check_choice
+from .errors import LayerwiseError, OptionError, check_choice
 from .fuse import GENERIC_FUSIONS, check_fusion, fuse_layers, fusion_layers
 from .layers import LayerSpec, resolve_layers
 from .pool import SENTENCE_POOLS, SPECIAL_TOKENS, SUBWORD_POOLS, pool_sentence, pool_words
@@ -30,6 +30,15 @@ Level = Literal["token", "word", "sentence"]
 OutputDtype = Literal["float32", "float16"]
 OUTPUT_DTYPES: tuple[str, ...] = ("float32", "float16")
 Result = LayerStack | WordVectors | SentenceVector
+
+
+def _names_fusion_layers(layers: LayerSpec, fuse: str) -> bool:
+    """Whether ``layers`` names exactly the named fusion's own hidden states for any depth
+    ("last4" with concat_last4, -1 with last): then giving both is redundant, not a conflict."""
+    try:
+        return all(resolve_layers(layers, n) == fusion_layers(fuse, n) for n in (13, 25))
+    except LayerwiseError:
+        return False
 
 
 def _pool_choices() -> list[str]:
@@ -74,7 +83,11 @@ class OutputPlan:
                     f"fuse={self.fuse!r} needs word or sentence pooling (pool='word:first', "
                     "'sentence:mean', …); for token vectors choose layers instead"
                 )
-            if self.layers is not None and self.fuse not in GENERIC_FUSIONS:
+            if (
+                self.layers is not None
+                and self.fuse not in GENERIC_FUSIONS
+                and not _names_fusion_layers(self.layers, self.fuse)
+            ):
                 raise OptionError(
                     f"fuse={self.fuse!r} uses its own hidden states; drop layers={self.layers!r}, or fuse "
                     "the layers you choose with a generic fusion: fuse='mean', 'sum' or 'concat'"

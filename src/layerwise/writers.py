@@ -182,9 +182,31 @@ def write_results(
         return writer(tmp, texts, text_pairs, meta, dtype).write(results)
 
 
+def npz_bytes(
+    results: Iterable[tuple[int, Result]],
+    *,
+    texts: Sequence[str],
+    text_pairs: Sequence[str] | None = None,
+    meta: dict,
+    dtype: OutputDtype = "float32",
+) -> bytes:
+    """The ``.npz`` layout of :func:`write_results`, in memory (an HTTP response body)."""
+    import io
+
+    check_choice("dtype", dtype, ("float32", "float16"))
+    buffer = io.BytesIO()
+    _NpzWriter(buffer, texts, text_pairs, meta, dtype).write(results)
+    return buffer.getvalue()
+
+
 class _Writer:
     def __init__(
-        self, tmp: Path, texts: Sequence[str], text_pairs: Sequence[str] | None, meta: dict, dtype: str
+        self,
+        tmp: Path | IO[bytes],
+        texts: Sequence[str],
+        text_pairs: Sequence[str] | None,
+        meta: dict,
+        dtype: str,
     ) -> None:
         self.tmp, self.texts, self.text_pairs, self.meta, self.dtype = tmp, texts, text_pairs, meta, dtype
         self.n_texts = len(texts)
@@ -274,6 +296,7 @@ class _JsonlWriter(_Writer):
     def write(self, results: Iterable[tuple[int, Result]]) -> dict:
         # Results come longest first; spool them, then copy the lines out in input order.
         spans: dict[int, tuple[int, int]] = {}
+        assert isinstance(self.tmp, Path)  # .jsonl is written to a file only
         with tempfile.TemporaryFile(dir=self.tmp.parent) as spool:
             for i, result in results:
                 self.note(i, result)

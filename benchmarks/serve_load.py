@@ -1,0 +1,183 @@
+"""Load test of `layerwise serve` against offline embedding and a plain sentence-transformers server.
+
+    python benchmarks/serve_load.py [--clients 1,8,32,64] [--seconds 10] [--texts 2000]
+
+Everything on 127.0.0.1. Texts: UD EWT train sentences plus a few whole documents (mixed lengths),
+one text per request as an application embeds a query or a document. For each concurrency level,
+that many clients send requests back to back for ``--seconds`` (then finish their last request);
+the script prints requests/s, tokens/s, p50/p99 latency, errors, and the server's RSS before and
+after the level and its peak (VmHWM). Offline throughput is ``Encoder().encode`` over the same
+texts in this process, measured first; the ratio served/offline at 32 clients shows whether
+dynamic batching works. The baseline is sentence-transformers behind the simplest FastAPI
+endpoint a user would write (benchmarks/st_server.py: one request = one ``encode`` call),
+loaded the same way and measured the same way. Results: benchmarks/results/serve_load.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from corpus import mixed_corpus  # noqa: E402
+
+RESULTS = HERE / "results"
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def rss_kib(pid: int, field: str = "VmRSS") -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    return 0
+
+
+def start(command: list[str], port: int) -> subprocess.Popen:
+    import httpx
+
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        if process.poll() is not None:
+            raise SystemExit(f"server exited: {process.stderr.read() if process.stderr else ''}")
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                return process
+        except httpx.TransportError:
+            time.sleep(0.25)
+    process.kill()
+    raise SystemExit("server did not start in 120 s")
+
+
+async def load(url: str, texts: list[str], tokens: dict[str, int], clients: int, seconds: float) -> dict:
+    import httpx
+
+    latencies: list[float] = []
+    errors = 0
+    n_tokens = 0
+    rng = random.Random(clients)
+    stop_at = time.perf_counter() + seconds
+    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=120) as client:
+
+        async def one_client() -> None:
+            nonlocal errors, n_tokens
+            while time.perf_counter() < stop_at:
+                text = rng.choice(texts)
+                started = time.perf_counter()
+                response = await client.post(
+                    "/v1/embeddings", json={"input": [text], "encoding_format": "float"}
+                )
+                latencies.append(time.perf_counter() - started)
+                if response.status_code != 200 or len(response.json()["data"]) != 1:
+                    errors += 1
+                else:
+                    n_tokens += tokens[text]
+
+        began = time.perf_counter()
+        await asyncio.gather(*(one_client() for _ in range(clients)))
+        elapsed = time.perf_counter() - began
+    latencies.sort()
+    return {
+        "clients": clients,
+        "requests": len(latencies),
+        "errors": errors,
+        "seconds": round(elapsed, 2),
+        "requests_per_s": round(len(latencies) / elapsed, 1),
+        "tokens_per_s": round(n_tokens / elapsed),
+        "p50_ms": round(1000 * statistics.median(latencies), 1),
+        "p99_ms": round(1000 * latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))], 1),
+    }
+
+
+def measure_server(name: str, command: list[str], port: int, texts, tokens, levels, seconds) -> dict:
+    process = start(command, port)
+    rows = []
+    try:
+        for clients in levels:
+            before = rss_kib(process.pid)
+            row = asyncio.run(load(f"http://127.0.0.1:{port}", texts, tokens, clients, seconds))
+            row.update(rss_before_mib=round(before / 1024), rss_after_mib=round(rss_kib(process.pid) / 1024))
+            rows.append(row)
+            print(f"{name:12s} {json.dumps(row)}", flush=True)
+        peak = rss_kib(process.pid, "VmHWM")
+    finally:
+        process.terminate()
+        process.wait(60)
+    return {"levels": rows, "peak_rss_mib": round(peak / 1024)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--clients", default="1,8,32,64")
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--texts", type=int, default=2000)
+    parser.add_argument("--skip-baseline", action="store_true")
+    args = parser.parse_args()
+    levels = [int(c) for c in args.clients.split(",")]
+
+    import layerwise as lw
+
+    texts = mixed_corpus(args.texts, max(1, args.texts // 100), seed=1)
+    encoder = lw.Encoder(device="cpu")
+    # tokens as both servers count them: truncated at the model's max_seq_length, specials included
+    tokens = {t: len(s) for t, s in zip(texts, encoder.tokenize(texts), strict=True)}
+    encoder.encode(texts[:64])  # warm up
+    started = time.perf_counter()
+    encoder.encode(texts)
+    offline_s = time.perf_counter() - started
+    offline = sum(tokens.values()) / offline_s
+    print(
+        f"offline Encoder().encode: {offline:,.0f} tokens/s ({len(texts)} texts, {offline_s:.1f} s)",
+        flush=True,
+    )
+    del encoder
+
+    report: dict = {
+        "offline_tokens_per_s": round(offline),
+        "n_texts": len(texts),
+        "seconds_per_level": args.seconds,
+    }
+    port = free_port()
+    serve = [sys.executable, "-m", "layerwise.cli", "serve", "--port", str(port), "--device", "cpu"]
+    report["layerwise"] = measure_server("layerwise", serve, port, texts, tokens, levels, args.seconds)
+    if not args.skip_baseline:
+        port = free_port()
+        baseline = [sys.executable, str(HERE / "st_server.py"), "--port", str(port)]
+        report["sentence_transformers"] = measure_server(
+            "st+fastapi", baseline, port, texts, tokens, levels, args.seconds
+        )
+    at = {row["clients"]: row for row in report["layerwise"]["levels"]}
+    if 32 in at:
+        report["served_over_offline_at_32"] = round(at[32]["tokens_per_s"] / offline, 2)
+        print(f"layerwise at 32 clients: {report['served_over_offline_at_32']:.2f}x offline throughput")
+        if "sentence_transformers" in report:
+            base = {row["clients"]: row for row in report["sentence_transformers"]["levels"]}
+            report["layerwise_over_baseline_at_32"] = round(
+                at[32]["tokens_per_s"] / base[32]["tokens_per_s"], 2
+            )
+            print(
+                f"layerwise / sentence-transformers+FastAPI at 32 clients: {report['layerwise_over_baseline_at_32']:.2f}x"
+            )
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "serve_load.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,106 @@
+"""``layerwise serve``: load the models once, then serve them over HTTP (see layerwise.serve)."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from .cli import DeviceOption, LongTextsChoice, _fail, _setup_logging, _use_available_cores, app, err
+from .errors import LayerwiseError, MissingDependencyError, OptionError
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+@app.command()
+def serve(
+    model: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--model", "-m", help="A model to serve (repeat for several) [default: packaged all-MiniLM-L6-v2]"
+        ),
+    ] = None,
+    host: Annotated[
+        str, typer.Option(help="Address to bind; anything but loopback is reachable by others")
+    ] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=0, max=65535, help="Port (0: any free port)")] = 8000,
+    api_key_file: Annotated[
+        Path | None, typer.Option(help="File whose first line is the API key [default: $LAYERWISE_API_KEY]")
+    ] = None,
+    max_batch_tokens: Annotated[int, typer.Option(min=1, help="Tokens gathered for one model run")] = 16_384,
+    max_wait_ms: Annotated[float, typer.Option(min=0, max=1000, help="Longest wait for a run to fill")] = 5.0,
+    max_inputs: Annotated[int, typer.Option(min=1, help="Inputs per request (else 413)")] = 2048,
+    max_request_tokens: Annotated[int, typer.Option(min=1, help="Tokens per request (else 413)")] = 131_072,
+    max_queue_tokens: Annotated[int, typer.Option(min=1, help="Tokens waiting (else 429)")] = 1_048_576,
+    max_body_mb: Annotated[float, typer.Option(min=0.001, help="Request body size (else 413)")] = 8.0,
+    long_texts: Annotated[
+        LongTextsChoice, typer.Option(help="Inputs over the model maximum: truncate, or sliding windows")
+    ] = LongTextsChoice.truncate,
+    max_length: Annotated[
+        int | None, typer.Option(min=2, help="Tokens per input [default: the model's]")
+    ] = None,
+    device: DeviceOption = "auto",
+) -> None:
+    """Serve every layer over HTTP: OpenAI-compatible /v1/embeddings, /v1/layers, /metrics."""
+    _setup_logging(quiet=False)
+    try:
+        try:
+            import uvicorn
+        except ImportError:
+            raise MissingDependencyError(
+                "serve needs uvicorn and FastAPI: pip install 'layerwise[serve]'"
+            ) from None
+        from .encoder import Encoder
+        from .serve import ServeSettings, create_app, read_api_key
+
+        settings = ServeSettings(
+            api_key=read_api_key(api_key_file),
+            max_body_bytes=int(max_body_mb * 2**20),
+            max_inputs=max_inputs,
+            max_request_tokens=max_request_tokens,
+            max_batch_tokens=max_batch_tokens,
+            max_wait_ms=max_wait_ms,
+            max_queue_tokens=max_queue_tokens,
+            long_texts=long_texts.value,
+        )
+        if not _is_loopback(host) and settings.api_key is None:
+            err.print(
+                f"[yellow]warning:[/] binding {host}, which other machines can reach, without an API key; "
+                "pass --api-key-file or set LAYERWISE_API_KEY",
+                highlight=False,
+            )
+        _use_available_cores()
+        encoders = {}
+        names: list[str | None] = list(model) if model else [None]
+        for name in names:
+            encoder = Encoder(name, device=device, max_length=max_length)
+            if encoder.name in encoders:
+                raise OptionError(f"--model {encoder.name!r} is given twice")
+            encoders[encoder.name] = encoder
+        application = create_app(encoders, settings)
+    except LayerwiseError as exc:
+        raise _fail(exc) from None
+    err.print(
+        f"serving {', '.join(encoders)} on http://{host}:{port} (docs: /docs, OpenAI base_url: "
+        f"http://{host}:{port}/v1){'' if settings.api_key else '; no API key'}",
+        highlight=False,
+        soft_wrap=True,
+    )
+    import sys
+
+    # the model thread gives the GIL up in every torch op and must win it back from the event loop:
+    # a 1 ms switch interval (Python's default is 5) cuts that wait (benchmarks/serve_load.py)
+    sys.setswitchinterval(float(os.environ.get("LW_SWITCH", "0.001")))
+    # uvicorn handles SIGTERM/SIGINT: it stops accepting, finishes in-flight requests, then the
+    # app's shutdown drains the batcher's queue
+    uvicorn.run(application, host=host, port=port, log_level="warning", timeout_graceful_shutdown=30)

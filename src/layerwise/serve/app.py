@@ -1,0 +1,398 @@
+"""The FastAPI application: OpenAI-compatible embeddings, per-layer vectors, health, models, metrics.
+
+Every request is: validate (422) -> tokenise and check its size (413) -> queue (429) -> one shared
+model run (batcher.py) -> apply the request's OutputPlan -> encode the response. Only the models
+given to :func:`create_app` are served; a request names one of them and nothing else: it cannot
+load a model, read a path or write a file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hmac
+import logging
+import time
+from collections.abc import Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from fastapi import FastAPI, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.concurrency import run_in_threadpool
+
+from ..errors import InputError, LayerwiseError, OptionError
+from ..plan import OutputPlan
+from .batcher import Batcher, Job, QueueFullError
+from .limits import LimitBody, ServeSettings
+from .metrics import Metrics, ObserveRequests
+from .responses import ApiError, describe_validation_error, json_response, layer_item
+from .schemas import EmbeddingsRequest, LayersRequest
+
+if TYPE_CHECKING:
+    from ..encoder import Encoder
+    from ..inputs import RawInputs
+
+logger = logging.getLogger("layerwise")
+NPZ = "application/x-npz"
+
+
+@dataclass
+class Served:
+    name: str
+    encoder: Encoder
+
+
+def served_names(encoders: Mapping[str, Encoder]) -> dict[str, Served]:
+    """Model ids a request may name: each model's full name, and its last path component
+    ("all-MiniLM-L6-v2") when no other model shares it."""
+    table = {name: Served(name, enc) for name, enc in encoders.items()}
+    short: dict[str, list[str]] = {}
+    for name in encoders:
+        short.setdefault(name.rstrip("/").rsplit("/", 1)[-1], []).append(name)
+    for alias, names in short.items():
+        if len(names) == 1 and alias not in table:
+            table[alias] = table[names[0]]
+    return table
+
+
+def create_app(encoders: Mapping[str, Encoder], settings: ServeSettings | None = None):
+    """The ASGI app serving ``encoders`` (name -> Encoder, each loaded once, before this call)."""
+    if not encoders:
+        raise OptionError("create_app needs at least one model")
+    settings = settings or ServeSettings()
+    models = served_names(encoders)
+    default_model = next(iter(encoders))
+    metrics = Metrics()
+    batcher = Batcher(
+        encoders,
+        max_batch_tokens=settings.max_batch_tokens,
+        max_wait=settings.max_wait_ms / 1000,
+        max_queue_tokens=settings.max_queue_tokens,
+        metrics=metrics,
+    )
+    started_at = int(time.time())
+
+    @asynccontextmanager
+    async def lifespan(app):
+        batcher.start()
+        yield
+        await run_in_threadpool(batcher.close)  # finish what is queued (SIGTERM drains)
+
+    app = FastAPI(
+        title="layerwise",
+        version=_version(),
+        lifespan=lifespan,
+        description="Every encoder layer of BERT-family models over HTTP. OpenAI-compatible "
+        "/v1/embeddings; /v1/layers for tokens, words and sentences at any layer.",
+    )
+    app.state.batcher, app.state.metrics, app.state.settings = batcher, metrics, settings
+
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, exc: ApiError):
+        return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(request: Request, exc: RequestValidationError):
+        errors = exc.errors()
+        messages = list(dict.fromkeys(describe_validation_error(e) for e in errors[:5]))
+        param = ".".join(str(p) for p in errors[0]["loc"][1:2]) or None if errors else None
+        return JSONResponse(ApiError(422, "; ".join(messages), param=param).body(), status_code=422)
+
+    def check_key(request: Request) -> None:
+        if settings.api_key is None:
+            return
+        header = request.headers.get("authorization", "")
+        scheme, _, given = header.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(
+            given.strip().encode(), settings.api_key.encode()
+        ):
+            raise ApiError(
+                401,
+                "missing or wrong API key: send 'Authorization: Bearer <key>'",
+                code="invalid_api_key",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+
+    def pick(model: str | None) -> Served:
+        if model is None:
+            return models[default_model]
+        if model not in models:
+            raise ApiError(
+                404,
+                f"model {model!r} is not served here; served: {', '.join(sorted(models))}",
+                param="model",
+                code="model_not_found",
+            )
+        return models[model]
+
+    async def run(served: Served, raw: RawInputs, plan: OutputPlan) -> tuple[list, int, list[bool]]:
+        """Queue the inputs, wait for their rows, apply the plan: (results, tokens, truncated)."""
+        enc = served.encoder
+        n_hidden = enc.n_hidden_states
+        try:
+            layers = plan.hidden_states(n_hidden)
+        except LayerwiseError as exc:
+            raise ApiError(422, str(exc), param="layers") from None
+        encoded = await _off_loop(_size(raw), _tokenise, enc, raw, settings, len(layers))
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future = loop.create_future()
+
+        def done(results, error) -> None:
+            loop.call_soon_threadsafe(_settle, future, results, error)
+
+        job = Job(served.name, encoded, layers, done, stride=settings.stride)
+        try:
+            batcher.submit(job)
+        except QueueFullError as exc:
+            raise ApiError(
+                429, str(exc), code="queue_full", headers={"Retry-After": str(exc.retry_after)}
+            ) from None
+        stacks = await future
+        results = await _off_loop(
+            job.n_tokens * len(layers),
+            lambda: [plan.result(stacks[i], n_hidden) for i in range(len(encoded))],
+        )
+        return results, job.n_tokens, [item.truncated for item in encoded]
+
+    @app.post("/v1/embeddings", summary="OpenAI-compatible embeddings: one vector per input")
+    async def embeddings(body: EmbeddingsRequest, request: Request):
+        check_key(request)
+        served = pick(body.model)
+        texts = [body.input] if isinstance(body.input, str) else body.input
+        if not texts:
+            raise ApiError(422, "input is an empty list; send at least one text", param="input")
+        plan = _embeddings_plan(served.encoder, body)
+        width = plan.row_shape(served.encoder.hidden_size, served.encoder.n_hidden_states)
+        if len(width) == 2 and width[0] != 1:
+            raise ApiError(
+                422,
+                f"layers={body.layers!r} gives {width[0]} vectors per input and /v1/embeddings "
+                "returns one: add fuse (e.g. concat_last4, mean_all), or use /v1/layers",
+                param="layers",
+            )
+        if body.dimensions is not None and body.dimensions != width[-1]:
+            raise ApiError(
+                422,
+                f"dimensions={body.dimensions} is not supported: these vectors have "
+                f"{width[-1]} dimensions and layerwise does not cut or project them; leave "
+                "dimensions out",
+                param="dimensions",
+            )
+        results, n_tokens, truncated = await run(served, _raw(texts=texts), plan)
+        data = []
+        for i, result in enumerate(results):
+            vector = result.vector.reshape(-1).astype(np.float32)
+            value: Any = (
+                vector.tolist()
+                if body.encoding_format == "float"
+                else base64.b64encode(vector.astype("<f4").tobytes()).decode()
+            )
+            data.append({"object": "embedding", "index": i, "embedding": value, "truncated": truncated[i]})
+        return json_response(
+            {
+                "object": "list",
+                "data": data,
+                "model": served.name,
+                "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens},
+            }
+        )
+
+    @app.post("/v1/layers", summary="Tokens, offsets, word ids and vectors of the requested layers")
+    async def layers_endpoint(body: LayersRequest, request: Request):
+        check_key(request)
+        served = pick(body.model)
+        raw = _raw(texts=body.texts, text_pairs=body.text_pairs, pairs=body.pairs, words=body.words)
+        try:
+            plan = OutputPlan.parse(
+                layers=body.layers,
+                pool=body.pool,
+                fuse=body.fuse,
+                special_tokens=body.special_tokens,
+                dtype=body.dtype,
+                normalize=body.normalize,
+            )
+        except LayerwiseError as exc:
+            raise ApiError(422, str(exc), param=_param_of(str(exc))) from None
+        results, n_tokens, _ = await run(served, raw, plan)
+        n_hidden = served.encoder.n_hidden_states
+        meta = {
+            "model": served.name,
+            **plan.meta(n_hidden),
+            "long_texts": settings.long_texts,
+            "max_length": served.encoder.max_length,
+        }
+        if NPZ in request.headers.get("accept", ""):
+            from ..writers import npz_bytes
+
+            content = await run_in_threadpool(
+                npz_bytes,
+                enumerate(results),
+                texts=raw.texts,
+                text_pairs=raw.text_pairs,
+                meta=meta,
+                dtype=plan.dtype,
+            )
+            return Response(content, media_type=NPZ)
+        items = await _off_loop(
+            n_tokens * len(plan.hidden_states(n_hidden)),
+            lambda: [layer_item(i, r, plan.dtype) for i, r in enumerate(results)],
+        )
+        response_body = {
+            "object": "layers",
+            **meta,
+            "results": items,
+            "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens},
+        }
+        return await _off_loop(n_tokens * len(plan.hidden_states(n_hidden)), json_response, response_body)
+
+    @app.get("/v1/models", summary="The models this server serves")
+    async def list_models(request: Request):
+        check_key(request)
+        data = [
+            {
+                "id": name,
+                "object": "model",
+                "created": started_at,
+                "owned_by": "layerwise",
+                "n_hidden_states": enc.n_hidden_states,
+                "hidden_size": enc.hidden_size,
+                "max_length": enc.max_length,
+            }
+            for name, enc in encoders.items()
+        ]
+        return {"object": "list", "data": data}
+
+    @app.get("/health", summary="Liveness: the worker runs and the models are loaded")
+    async def health():
+        jobs, tokens = batcher.queued
+        alive = batcher.alive
+        body = {
+            "status": "ok" if alive else "stopped",
+            "models": list(encoders),
+            "queue": {"requests": jobs, "tokens": tokens},
+        }
+        return JSONResponse(body, status_code=200 if alive else 503)
+
+    @app.get("/metrics", summary="Prometheus metrics")
+    async def prometheus(request: Request):
+        check_key(request)
+        content, media_type = metrics.exposition()
+        return Response(content, media_type=media_type)
+
+    app.add_middleware(LimitBody, max_bytes=settings.max_body_bytes)
+    app.add_middleware(ObserveRequests, metrics=metrics)  # added last = outermost: counts the 413s too
+    return app
+
+
+# ---------------------------------------------------------------------------------------------- helpers
+def _version() -> str:
+    from .. import __version__
+
+    return __version__
+
+
+# Work below this size runs on the event loop: a hop to the thread pool costs more than it, and
+# every extra thread contending for the GIL slows the model thread (each torch op gives the GIL up
+# and must win it back).
+_INLINE_WORK = 20_000
+
+
+def _size(raw: RawInputs) -> int:
+    return sum(len(t) for t in raw.texts) + sum(len(t) for t in raw.text_pairs or ())
+
+
+async def _off_loop(work: int, function, *args):
+    """``function(*args)`` inline when ``work`` is small, else in the thread pool."""
+    if work <= _INLINE_WORK:
+        return function(*args)
+    return await run_in_threadpool(function, *args)
+
+
+def _settle(future, results, error) -> None:
+    if future.done():  # the client went away
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(results)
+
+
+def _raw(**inputs) -> RawInputs:
+    from ..inputs import normalize_inputs
+
+    try:
+        return normalize_inputs(**inputs)
+    except InputError as exc:
+        raise ApiError(422, str(exc), param=_param_of(str(exc))) from None
+
+
+def _param_of(message: str) -> str | None:
+    for field in (
+        "texts",
+        "text_pairs",
+        "pairs",
+        "words",
+        "layers",
+        "pool",
+        "fuse",
+        "special_tokens",
+        "normalize",
+    ):
+        if message.startswith(field) or f" {field}" in message[:40]:
+            return field
+    return None
+
+
+def _tokenise(encoder: Encoder, raw: RawInputs, settings: ServeSettings, n_layers: int) -> list:
+    """Tokenise in a worker thread, with the request limits (413)."""
+    from ..windows import check_window_memory
+
+    if len(raw) > settings.max_inputs:
+        raise ApiError(
+            413,
+            f"{len(raw):,} inputs in one request; this server takes at most {settings.max_inputs:,} "
+            "(--max-inputs): split them over several requests",
+            code="too_many_inputs",
+        )
+    window = settings.long_texts == "window"
+    try:
+        if window:
+            check_window_memory(raw, n_layers, encoder.hidden_size)
+        encoded = encoder.inputs.encode(raw, truncate=not window)
+    except InputError as exc:
+        raise ApiError(413 if "characters" in str(exc) else 422, str(exc)) from None
+    n_tokens = sum(len(item) for item in encoded)
+    if n_tokens > settings.max_request_tokens:
+        raise ApiError(
+            413,
+            f"the inputs have {n_tokens:,} tokens; this server takes at most "
+            f"{settings.max_request_tokens:,} per request (--max-request-tokens): split them",
+            code="too_many_tokens",
+        )
+    return encoded
+
+
+def _embeddings_plan(encoder: Encoder, body: EmbeddingsRequest) -> OutputPlan:
+    """Defaults follow the model's sentence-transformers convention (Encoder.encode): last layer,
+    its pooling, its normalisation; every field the request sets overrides them."""
+    st = encoder.sentence_transformers
+    pool = body.pool or f"sentence:{st.pool if st and st.pool in ('cls', 'mean', 'max') else 'mean'}"
+    normalize = body.normalize if body.normalize is not None else bool(st and st.normalize)
+    if not pool.startswith("sentence:"):
+        raise ApiError(
+            422,
+            f"pool={pool!r}: /v1/embeddings returns one vector per input; use sentence:mean, "
+            "sentence:cls or sentence:max, or /v1/layers for token and word vectors",
+            param="pool",
+        )
+    layers = body.layers if body.layers is not None or body.fuse is not None else -1
+    try:
+        return OutputPlan.parse(
+            layers=layers, pool=pool, fuse=body.fuse, special_tokens=body.special_tokens, normalize=normalize
+        )
+    except LayerwiseError as exc:
+        raise ApiError(422, str(exc), param=_param_of(str(exc))) from None

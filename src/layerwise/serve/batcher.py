@@ -1,0 +1,204 @@
+"""Dynamic batching: requests from many clients share the model's forward passes.
+
+Request handlers tokenise their inputs and submit a :class:`Job`. One worker thread owns the
+models: it takes the oldest job, waits at most ``max_wait`` seconds (from that job's arrival) for
+more jobs of the same model until ``max_batch_tokens`` tokens are gathered, and runs them as one
+stream through the engine, which sorts the inputs by length and batches them under its padded-token
+budget. Each job gets exactly its own rows back (only the hidden states it asked for), through its
+``on_done`` callback. The queue is bounded in tokens: a job that does not fit is refused with an
+estimate of when to retry (HTTP 429 + Retry-After).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..encoder import Encoder
+    from ..inputs import EncodedInput
+    from ..results import LayerStack
+
+Done = Callable[["dict[int, LayerStack] | None", "BaseException | None"], None]
+
+
+class QueueFullError(Exception):
+    """The batcher's queue holds too many tokens; retry after ``retry_after`` seconds."""
+
+    def __init__(self, queued_tokens: int, retry_after: int) -> None:
+        super().__init__(
+            f"the server's queue is full ({queued_tokens:,} tokens waiting); retry in {retry_after} s"
+        )
+        self.retry_after = retry_after
+
+
+@dataclass(eq=False)
+class Job:
+    """One request's inputs for one model; ``layers`` are the hidden states it needs."""
+
+    model: str
+    encoded: Sequence[EncodedInput]
+    layers: tuple[int, ...]
+    on_done: Done
+    stride: int | None = None
+    n_tokens: int = 0
+    submitted: float = field(default_factory=time.perf_counter)
+    results: dict[int, LayerStack] = field(default_factory=dict)
+    finished: bool = False
+
+    def __post_init__(self) -> None:
+        self.n_tokens = sum(len(item) for item in self.encoded)
+
+
+class Batcher:
+    """Merges jobs into model runs on one worker thread; see the module docstring."""
+
+    def __init__(
+        self,
+        encoders: Mapping[str, Encoder],
+        *,
+        max_batch_tokens: int = 8192,
+        max_wait: float = 0.005,
+        max_queue_tokens: int = 262_144,
+        metrics: Any = None,
+    ) -> None:
+        self.encoders = dict(encoders)
+        self.max_batch_tokens, self.max_wait, self.max_queue_tokens = (
+            max_batch_tokens,
+            max_wait,
+            max_queue_tokens,
+        )
+        self.metrics = metrics
+        self._jobs: deque[Job] = deque()
+        self._queued_tokens = 0
+        self._cond = threading.Condition()
+        self._closed = False
+        self._last_group = 0  # jobs in the previous run
+        self._tokens_per_second = 5000.0  # updated after every run; used for Retry-After
+        self._thread = threading.Thread(target=self._loop, name="layerwise-model", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def close(self, timeout: float | None = None) -> None:
+        """Finish every queued job, then stop the worker."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    @property
+    def queued(self) -> tuple[int, int]:
+        """(jobs, tokens) waiting."""
+        with self._cond:
+            return len(self._jobs), self._queued_tokens
+
+    def submit(self, job: Job) -> None:
+        with self._cond:
+            if self._closed:
+                raise QueueFullError(self._queued_tokens, 1)
+            if self._jobs and self._queued_tokens + job.n_tokens > self.max_queue_tokens:
+                wait = math.ceil((self._queued_tokens + job.n_tokens) / max(self._tokens_per_second, 1.0))
+                raise QueueFullError(self._queued_tokens, max(1, wait))
+            self._jobs.append(job)
+            self._queued_tokens += job.n_tokens
+            self._observe_queue()
+            self._cond.notify_all()
+
+    # ------------------------------------------------------------------ worker
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._jobs and not self._closed:
+                    self._cond.wait()
+                if not self._jobs:
+                    return  # closed and drained
+                group = self._gather()
+            self._run(group)
+
+    def _gather(self) -> list[Job]:
+        """Jobs for one run (called with the lock held): the oldest job's model, until the token
+        budget is reached or the oldest job has waited ``max_wait`` (no wait for a lone job after a
+        lone job: one client at a time has nobody to wait for)."""
+        model = self._jobs[0].model
+        deadline = self._jobs[0].submitted + self.max_wait
+        if self._last_group <= 1 and len(self._jobs) == 1:
+            deadline = 0.0  # a lone client: waiting for company only adds latency
+        while not self._closed:
+            tokens = sum(j.n_tokens for j in self._jobs if j.model == model)
+            remaining = deadline - time.perf_counter()
+            if tokens >= self.max_batch_tokens or remaining <= 0:
+                break
+            self._cond.wait(remaining)
+        group: list[Job] = []
+        tokens = 0
+        for job in list(self._jobs):
+            if job.model != model or (group and tokens + job.n_tokens > self.max_batch_tokens):
+                continue
+            group.append(job)
+            tokens += job.n_tokens
+        for job in group:
+            self._jobs.remove(job)
+        self._last_group = len(group)
+        self._queued_tokens -= tokens
+        self._observe_queue()
+        return group
+
+    def _run(self, group: list[Job]) -> None:
+        encoder = self.encoders[group[0].model]
+        merged: list[EncodedInput] = []
+        owners: list[tuple[Job, int]] = []
+        for job in group:
+            for item in job.encoded:
+                owners.append((job, item.index))
+                merged.append(dataclasses.replace(item, index=len(merged)))
+        layers = tuple(sorted(set().union(*(job.layers for job in group))))
+        started = time.perf_counter()
+        try:
+            stream = encoder.engine.stream(
+                merged,
+                layers=layers,
+                method="hidden_states",
+                taps=(),
+                stride=group[0].stride,
+                batch_size=None,
+                max_tokens=None,
+                progress=False,
+            )
+            for index, stack in stream:
+                job, local = owners[index]
+                if job.layers != layers:  # only the rows this request asked for
+                    pick = [layers.index(k) for k in job.layers]
+                    stack = dataclasses.replace(stack, hidden=stack.hidden[pick], layers=job.layers)
+                job.results[local] = stack
+                if len(job.results) == len(job.encoded):
+                    job.finished = True
+                    job.on_done(job.results, None)
+        except BaseException as exc:  # every waiting request learns of it; the worker goes on
+            for job in group:
+                if not job.finished:
+                    job.finished = True
+                    job.on_done(None, exc)
+            if not isinstance(exc, Exception):
+                raise
+        seconds = time.perf_counter() - started
+        n_tokens = sum(job.n_tokens for job in group)
+        if seconds > 0:
+            self._tokens_per_second = 0.8 * self._tokens_per_second + 0.2 * n_tokens / seconds
+        if self.metrics is not None:
+            self.metrics.observe_run(group[0].model, len(group), len(merged), n_tokens, seconds)
+
+    def _observe_queue(self) -> None:
+        if self.metrics is not None:
+            self.metrics.observe_queue(len(self._jobs), self._queued_tokens)

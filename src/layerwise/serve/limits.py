@@ -1,0 +1,134 @@
+"""The service's settings and limits: sizes, queue, API key, long-text policy."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import OptionError
+
+API_KEY_ENV = "LAYERWISE_API_KEY"
+
+
+@dataclass(frozen=True)
+class ServeSettings:
+    """Limits of one server. A request over a size limit gets 413, a full queue 429."""
+
+    api_key: str | None = None
+    max_body_bytes: int = 8 * 2**20  # a request body
+    max_inputs: int = 2048  # texts, pairs or word lists per request
+    max_request_tokens: int = 131_072  # tokens per request, after tokenisation
+    max_batch_tokens: int = 16_384  # tokens gathered for one model run
+    max_wait_ms: float = 5.0  # how long the oldest request waits for others to join its run
+    max_queue_tokens: int = 1_048_576  # tokens waiting before 429
+    long_texts: str = "truncate"  # inputs over the model maximum: truncate | window
+    stride: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in (
+            "max_body_bytes",
+            "max_inputs",
+            "max_request_tokens",
+            "max_batch_tokens",
+            "max_queue_tokens",
+        ):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise OptionError(f"{name}={value!r} must be a whole number >= 1")
+        if self.max_request_tokens > self.max_queue_tokens:
+            raise OptionError(
+                f"max_request_tokens={self.max_request_tokens} is larger than max_queue_tokens="
+                f"{self.max_queue_tokens}: such a request could never be queued; raise the queue limit"
+            )
+        if not 0 <= self.max_wait_ms <= 1000:
+            raise OptionError(f"max_wait_ms={self.max_wait_ms!r}: use 0 to 1000 (a few ms is typical)")
+        if self.long_texts not in ("truncate", "window"):
+            raise OptionError(f"long_texts={self.long_texts!r}: choose truncate or window")
+        if self.api_key is not None and len(self.api_key) < 8:
+            raise OptionError("the API key is shorter than 8 characters; use a long random one")
+
+
+def read_api_key(path: str | os.PathLike | None) -> str | None:
+    """The API key from a file (first line), else from $LAYERWISE_API_KEY, else None. Never from the
+    command line, where ``ps`` shows it to every user of the machine."""
+    if path is not None:
+        path = Path(path)
+        try:
+            lines = path.read_text(encoding="utf-8").splitlines()
+        except OSError as exc:
+            raise OptionError(f"--api-key-file {str(path)!r} cannot be read: {exc.strerror}") from None
+        key = lines[0].strip() if lines else ""
+        if not key:
+            raise OptionError(f"--api-key-file {str(path)!r} is empty; write the key on its first line")
+        return key
+    key = os.environ.get(API_KEY_ENV, "").strip()
+    return key or None
+
+
+class BodyTooLarge(Exception):
+    pass
+
+
+class LimitBody:
+    """ASGI middleware: refuse a request body over ``max_bytes`` with 413, by its Content-Length
+    or, for chunked uploads, as soon as the bytes received pass the limit."""
+
+    def __init__(self, app, max_bytes: int) -> None:
+        self.app, self.max_bytes = app, max_bytes
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope.get("headers") or []).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+            await self._refuse(send, int(declared))
+            return
+        received = 0
+        started = False
+
+        async def counted_receive():
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_bytes:
+                    raise BodyTooLarge
+            return message
+
+        async def tracked_send(message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, counted_receive, tracked_send)
+        except BodyTooLarge:
+            if not started:
+                await self._refuse(send, received)
+
+    async def _refuse(self, send, size: int) -> None:
+        body = json.dumps(
+            {
+                "error": {
+                    "message": f"the request body has {size:,} bytes or more; this server takes at most "
+                    f"{self.max_bytes:,} (--max-body-mb): split the inputs over several requests",
+                    "type": "invalid_request_error",
+                    "param": None,
+                    "code": "request_too_large",
+                }
+            }
+        ).encode()
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 413,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                ],
+            }
+        )
+        await send({"type": "http.response.body", "body": body})

@@ -1,0 +1,90 @@
+"""The service's response bodies: OpenAI-shaped errors, base64 arrays, per-layer items, JSON."""
+
+from __future__ import annotations
+
+import base64
+import json
+from typing import Any
+
+import numpy as np
+from fastapi import Response
+
+from ..results import LayerStack, SentenceVector, WordVectors
+
+
+class ApiError(Exception):
+    """An error answered in OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.code, self.headers = status, message, param, code, headers
+
+    def body(self) -> dict:
+        kind = "invalid_request_error" if self.status < 500 else "server_error"
+        return {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}}
+
+
+def b64_array(array: np.ndarray, dtype: str) -> dict:
+    """An array as base64 of its little-endian bytes, with dtype and shape (numpy:
+    ``np.frombuffer(base64.b64decode(data), dtype).reshape(shape)``)."""
+    little = np.ascontiguousarray(array, dtype=np.dtype(dtype).newbyteorder("<"))
+    return {"dtype": dtype, "shape": list(little.shape), "data": base64.b64encode(little.tobytes()).decode()}
+
+
+def json_response(body: dict) -> Response:
+    """JSON without FastAPI's jsonable_encoder, which walks every float of every vector in Python."""
+    content = json.dumps(body, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode("utf-8")
+    return Response(content, media_type="application/json")
+
+
+def layer_item(index: int, result: Any, dtype: str) -> dict:
+    if isinstance(result, LayerStack):
+        return {
+            "index": index,
+            "tokens": list(result.tokens),
+            "offsets": result.offsets.tolist(),
+            "word_ids": result.word_ids.tolist(),
+            "segment_ids": result.segment_ids.tolist(),
+            "truncated": result.truncated,
+            "n_windows": result.n_windows,
+            "words_empty": list(result.words_empty),
+            "hidden": b64_array(result.hidden, dtype),
+        }
+    if isinstance(result, WordVectors):
+        return {
+            "index": index,
+            "words": list(result.words),
+            "word_spans": result.spans.tolist(),
+            "word_segment_ids": result.segment_ids.tolist(),
+            "n_subwords": result.n_subwords.tolist(),
+            "words_lost": result.words_lost,
+            "words_empty": list(result.words_empty),
+            "word_vectors": b64_array(result.vectors, dtype),
+        }
+    assert isinstance(result, SentenceVector)
+    return {"index": index, "truncated": result.truncated, "embedding": b64_array(result.vector, dtype)}
+
+
+def describe_validation_error(error: dict) -> str:
+    """One pydantic error as a sentence naming the field and what it takes."""
+    path = error.get("loc", ())[1:]
+    loc = ".".join(str(p) for p in path) or "body"
+    if path[:1] == ("input",):
+        return "input must be a string or a list of strings (token-id arrays are not supported)"
+    if not path and error.get("type") in ("model_attributes_type", "dict_type"):
+        return "the body must be a JSON object; send Content-Type: application/json"
+    if error.get("type") == "extra_forbidden":
+        return f"unknown field {loc!r}; see the request schema at /openapi.json"
+    if error.get("type") == "json_invalid":
+        return f"the body is not valid JSON ({error.get('ctx', {}).get('error', 'parse error')})"
+    if error.get("type") == "missing":
+        return f"{loc} is required"
+    return f"{loc}: {error.get('msg')}"

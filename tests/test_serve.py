@@ -1,0 +1,338 @@
+"""`layerwise serve`: OpenAI client parity, per-layer endpoint, limits, batching, shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+pytest.importorskip("fastapi")
+httpx = pytest.importorskip("httpx")
+
+import layerwise as lw  # noqa: E402
+from layerwise.serve import ServeSettings, create_app  # noqa: E402
+
+TEXTS = ["The bank raised rates.", "She sat on the river bank.", "ok", "A much longer sentence " * 6]
+KEY = "test-key-0123456789"
+
+
+@pytest.fixture(scope="module")
+def served(default_encoder, make_tiny_model):
+    """A real uvicorn on 127.0.0.1 (ephemeral port) serving the default and a tiny model."""
+    import uvicorn
+
+    tiny = lw.Encoder(make_tiny_model("bert"), device="cpu")
+    app = create_app({default_encoder.name: default_encoder, "tiny": tiny}, ServeSettings(api_key=KEY))
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="error"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.time() + 30
+    while not server.started and time.time() < deadline:
+        time.sleep(0.05)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    yield f"http://127.0.0.1:{port}", tiny
+    server.should_exit = True
+    thread.join(10)
+
+
+def asgi_client(app, **kwargs):
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test", **kwargs)
+
+
+def run_app(app, scenario):
+    """Run ``scenario(client)`` against ``app`` with its lifespan (the batcher) started."""
+
+    async def main():
+        async with app.router.lifespan_context(app), asgi_client(app) as client:
+            return await scenario(client)
+
+    return asyncio.run(main())
+
+
+def decode(array: dict) -> np.ndarray:
+    return np.frombuffer(base64.b64decode(array["data"]), dtype=array["dtype"]).reshape(array["shape"])
+
+
+def test_openai_client_gets_sentence_transformers_vectors(served, default_encoder, default_model_dir):
+    openai = pytest.importorskip("openai")
+    st = pytest.importorskip("sentence_transformers")
+    url, _ = served
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0)
+    response = client.embeddings.create(model="all-MiniLM-L6-v2", input=TEXTS)  # the client asks for base64
+    got = np.asarray([d.embedding for d in response.data])
+    reference = st.SentenceTransformer(str(default_model_dir), device="cpu").encode(TEXTS)
+    np.testing.assert_allclose(got, reference, atol=1e-5)
+    np.testing.assert_allclose(got, default_encoder.encode(TEXTS), atol=1e-5)
+    assert response.usage.prompt_tokens == sum(len(s.tokens) for s in default_encoder.extract(TEXTS))
+    as_floats = client.embeddings.create(model="all-MiniLM-L6-v2", input="ok", encoding_format="float")
+    np.testing.assert_allclose(as_floats.data[0].embedding, got[2], atol=1e-6)
+    raw = client.embeddings.create(model="all-MiniLM-L6-v2", input="ok", encoding_format="base64")
+    decoded = np.frombuffer(base64.b64decode(raw.data[0].embedding), dtype="<f4")
+    np.testing.assert_array_equal(decoded, np.asarray(as_floats.data[0].embedding, dtype=np.float32))
+    fused = client.embeddings.create(
+        model="all-MiniLM-L6-v2",
+        input=TEXTS[:2],
+        extra_body={"layers": "last4", "pool": "sentence:mean", "fuse": "concat_last4", "normalize": False},
+    )
+    want = default_encoder.embed(TEXTS[:2], pool="mean", fuse="concat_last4")
+    np.testing.assert_allclose([d.embedding for d in fused.data], want, atol=1e-5)
+    with pytest.raises(openai.NotFoundError, match="not served here"):
+        client.embeddings.create(model="bert-base-uncased", input="x")
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=f"{url}/v1", api_key="wrong-key-123", max_retries=0).embeddings.create(
+            model="tiny", input="x"
+        )
+    assert [m.id for m in client.models.list().data] == [default_encoder.name, "tiny"]
+
+
+def test_layers_endpoint_equals_extract_as_json_and_npz(served):
+    url, tiny = served
+    headers = {"Authorization": f"Bearer {KEY}"}
+    body = {"model": "tiny", "texts": TEXTS, "layers": "0,-1"}
+    response = httpx.post(f"{url}/v1/layers", json=body, headers=headers, timeout=30)
+    assert response.status_code == 200, response.text
+    data = response.json()
+    want = tiny.extract(TEXTS, layers=[0, -1])
+    assert data["layers"] == [0, 3] and data["pool"] == "token"
+    for item, stack in zip(data["results"], want, strict=True):
+        assert tuple(item["tokens"]) == stack.tokens and item["offsets"] == stack.offsets.tolist()
+        assert item["word_ids"] == stack.word_ids.tolist()
+        np.testing.assert_allclose(decode(item["hidden"]), stack.hidden, atol=1e-5)
+    npz = httpx.post(
+        f"{url}/v1/layers", json=body, headers={**headers, "Accept": "application/x-npz"}, timeout=30
+    )
+    assert npz.headers["content-type"] == "application/x-npz"
+    z = np.load(io.BytesIO(npz.content))
+    assert lw.read_npz_texts(z) == TEXTS
+    for i, stack in enumerate(want):
+        np.testing.assert_allclose(z[f"hidden_{i}"], stack.hidden, atol=1e-5)
+    words = {
+        "model": "tiny",
+        "words": [["New", "York", "\u200b", "banks"]],
+        "pool": "word:first",
+        "dtype": "float16",
+    }
+    item = httpx.post(f"{url}/v1/layers", json=words, headers=headers, timeout=30).json()["results"][0]
+    expected = tiny.embed_words(words=words["words"], subword="first")[0]
+    assert item["words"] == words["words"][0] and item["words_empty"] == [2]
+    vectors = decode(item["word_vectors"])
+    assert vectors.dtype == np.float16 and vectors.shape == expected.vectors.shape
+    np.testing.assert_allclose(vectors, expected.vectors, atol=2e-3)
+
+
+def test_limits_answer_with_the_status_clients_expect(tiny_encoder):
+    settings = ServeSettings(max_body_bytes=2000, max_inputs=3, max_request_tokens=40, max_queue_tokens=60)
+    app = create_app({"tiny": tiny_encoder}, settings)
+
+    async def scenario(client):
+        out = {}
+        out["body"] = await client.post("/v1/embeddings", json={"input": ["x" * 3000]})
+        out["inputs"] = await client.post("/v1/embeddings", json={"input": ["a"] * 4})
+        out["tokens"] = await client.post("/v1/embeddings", json={"input": ["word " * 50]})
+        out["json"] = await client.post(
+            "/v1/embeddings", content=b'{"input": [', headers={"content-type": "application/json"}
+        )
+        out["type"] = await client.post("/v1/embeddings", json={"input": "a", "encoding_format": "hex"})
+        out["unknown"] = await client.post("/v1/layers", json={"texts": ["a"], "layer": "last4"})
+        out["spec"] = await client.post("/v1/layers", json={"texts": ["a"], "pool": "word:median"})
+        out["fuse"] = await client.post("/v1/layers", json={"texts": ["a"], "fuse": "concat_last4"})
+        out["dims"] = await client.post("/v1/embeddings", json={"input": "a", "dimensions": 8})
+        out["model"] = await client.post("/v1/embeddings", json={"input": "a", "model": "../../etc/passwd"})
+        out["pairs"] = await client.post("/v1/layers", json={"pairs": [["a", "b", "c"]]})
+        return out
+
+    out = run_app(app, scenario)
+    expect = {
+        "body": (413, "takes at most 2,000"),
+        "inputs": (413, "at most 3 (--max-inputs)"),
+        "tokens": (413, "at most 40 per request"),
+        "json": (422, "not valid JSON"),
+        "type": (422, "encoding_format: Input should be 'float' or 'base64'"),
+        "unknown": (422, "unknown field 'layer'"),
+        "spec": (422, "pool 'word:median' is not valid; choose one of token, word:first"),
+        "fuse": (422, "needs word or sentence pooling"),
+        "dims": (422, "dimensions=8 is not supported: these vectors have 32 dimensions"),
+        "model": (404, "not served here"),
+        "pairs": (422, "must be a (first, second) tuple"),
+    }
+    for name, (status, fragment) in expect.items():
+        response = out[name]
+        assert response.status_code == status, (name, response.text)
+        assert fragment in response.json()["error"]["message"], (name, response.text)
+
+
+def test_full_queue_is_429_with_retry_after(tiny_encoder):
+    settings = ServeSettings(max_request_tokens=25, max_queue_tokens=25)
+    app = create_app({"tiny": tiny_encoder}, settings)
+    batcher = app.state.batcher
+    original = batcher._run
+
+    def slow_run(group):  # the model is busy long enough for the queue to fill
+        time.sleep(0.8)
+        original(group)
+
+    batcher._run = slow_run
+    text = "one two three four five six seven eight nine ten eleven twelve"  # 14 tokens
+
+    async def scenario(client):
+        running = asyncio.create_task(client.post("/v1/embeddings", json={"input": [text]}))
+        await asyncio.sleep(0.3)
+        queued = asyncio.create_task(client.post("/v1/embeddings", json={"input": [text]}))
+        await asyncio.sleep(0.2)
+        refused = await client.post("/v1/embeddings", json={"input": [text]})
+        return await running, await queued, refused
+
+    running, queued, refused = run_app(app, scenario)
+    assert running.status_code == 200 and queued.status_code == 200
+    assert refused.status_code == 429 and int(refused.headers["retry-after"]) >= 1
+    assert "queue is full (14 tokens waiting)" in refused.json()["error"]["message"]
+
+
+def test_api_key_is_required_and_compared(tiny_encoder, tmp_path, monkeypatch):
+    from layerwise.errors import OptionError
+    from layerwise.serve import read_api_key
+
+    key_file = tmp_path / "key"
+    key_file.write_text("s3cret-key-value\n", encoding="utf-8")
+    assert read_api_key(key_file) == "s3cret-key-value"
+    monkeypatch.setenv("LAYERWISE_API_KEY", "from-environment")
+    assert read_api_key(None) == "from-environment"
+    (tmp_path / "empty").write_text("", encoding="utf-8")
+    with pytest.raises(OptionError, match="is empty"):
+        read_api_key(tmp_path / "empty")
+    app = create_app({"tiny": tiny_encoder}, ServeSettings(api_key="s3cret-key-value"))
+
+    async def scenario(client):
+        body = {"input": "a"}
+        return (
+            await client.post("/v1/embeddings", json=body),
+            await client.post(
+                "/v1/embeddings", json=body, headers={"Authorization": "Bearer s3cret-key-valuX"}
+            ),
+            await client.post(
+                "/v1/embeddings", json=body, headers={"Authorization": "Bearer s3cret-key-value"}
+            ),
+            await client.get("/health"),
+        )
+
+    missing, wrong, right, health = run_app(app, scenario)
+    assert (
+        missing.status_code == 401
+        and wrong.status_code == 401
+        and missing.headers["www-authenticate"] == "Bearer"
+    )
+    assert right.status_code == 200 and health.status_code == 200
+
+
+def test_concurrent_clients_get_exactly_their_own_results(tiny_encoder):
+    app = create_app({"tiny": tiny_encoder}, ServeSettings(max_wait_ms=50))
+    rng = np.random.default_rng(0)
+    words = ["bank", "river", "rates", "the", "raised", "money", "water", "a", "crane", "flew"]
+    settings = [
+        ("all", "token", None),
+        ("last2", "word:mean", None),
+        (None, "sentence:mean", "concat_last4"),
+        ("-1", "sentence:cls", None),
+        ("0,2", "word:first_last", None),
+        ("1", "sentence:max", None),
+    ]
+    requests = []
+    for i in range(32):
+        texts = [" ".join(rng.choice(words, size=rng.integers(1, 30))) for _ in range(rng.integers(1, 4))]
+        requests.append((texts, *settings[i % len(settings)]))
+
+    async def scenario(client):
+        async def one(texts, layers, pool, fuse):
+            body = {"model": "tiny", "texts": texts, "pool": pool, "fuse": fuse}
+            if layers is not None:
+                body["layers"] = layers
+            return await client.post("/v1/layers", json=body)
+
+        responses = await asyncio.gather(*(one(*r) for r in requests))
+        return responses, await client.get("/metrics")
+
+    responses, metrics = run_app(app, scenario)
+    for (texts, layers, pool, fuse), response in zip(requests, responses, strict=True):
+        assert response.status_code == 200, response.text
+        results = response.json()["results"]
+        assert len(results) == len(texts)
+        level, _, mode = pool.partition(":")
+        if level == "token":
+            for item, stack in zip(results, tiny_encoder.extract(texts, layers=layers), strict=True):
+                np.testing.assert_allclose(decode(item["hidden"]), stack.hidden, atol=1e-5)
+        elif level == "word":
+            for item, wv in zip(
+                results, tiny_encoder.embed_words(texts, subword=mode, layers=layers), strict=True
+            ):
+                np.testing.assert_allclose(decode(item["word_vectors"]), wv.vectors, atol=1e-5)
+        else:
+            layer_spec = None if layers is None else layers
+            want = tiny_encoder.embed(texts, pool=mode, fuse=fuse, layers=layer_spec)
+            got = np.stack([decode(item["embedding"]) for item in results])
+            np.testing.assert_allclose(got.reshape(want.shape), want, atol=1e-5)
+    text = metrics.text
+    assert 'layerwise_requests_total{endpoint="/v1/layers",status="200"} 32.0' in text
+    runs = float(text.split("layerwise_batch_requests_count ")[1].split()[0])
+    assert runs < 32  # requests were merged into shared model runs
+
+
+def test_serve_cli_warns_on_public_address_and_sigterm_drains(tmp_path, make_tiny_model):
+    from typer.testing import CliRunner
+
+    from layerwise.cli import app
+    from layerwise.cli_serve import _is_loopback
+
+    assert _is_loopback("127.0.0.1") and _is_loopback("::1") and _is_loopback("localhost")
+    assert not _is_loopback("0.0.0.0") and not _is_loopback("192.168.1.4")
+    monkey = {k: v for k, v in os.environ.items() if k != "LAYERWISE_API_KEY"}
+    result = CliRunner(env=monkey).invoke(
+        app, ["serve", "--host", "0.0.0.0", "--model", str(tmp_path / "none")]
+    )
+    assert result.exit_code == 2 and "without an API key" in result.output  # warned, then failed to load
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    model = str(make_tiny_model("bert", 6))
+    server = subprocess.Popen(
+        [sys.executable, "-m", "layerwise.cli", "serve", "--model", model, "--port", str(port)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=monkey,
+    )  # fmt: skip
+    try:
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.2)
+        texts = [f"sentence number {i} about the bank of the river " * 8 for i in range(1500)]
+        outcome = {}
+
+        def request():
+            outcome["response"] = httpx.post(
+                f"http://127.0.0.1:{port}/v1/embeddings", json={"input": texts}, timeout=120
+            )
+
+        thread = threading.Thread(target=request)
+        thread.start()
+        time.sleep(1.0)
+        assert thread.is_alive()  # the request is in flight (it takes about 3 s)
+        server.send_signal(signal.SIGTERM)
+        thread.join(120)
+        response = outcome["response"]
+        assert response.status_code == 200 and len(response.json()["data"]) == len(texts)
+        assert server.wait(30) in (0, 143)
+    finally:
+        if server.poll() is None:
+            server.kill()
