@@ -91,3 +91,16 @@ def test_plain_pickle_state_dict_still_loads(model_copy, make_tiny_model):
     got = lw.Encoder(model_copy, device="cpu").extract(["a bank"])[0].hidden
     want = lw.Encoder(make_tiny_model("bert"), device="cpu").extract(["a bank"])[0].hidden
     np.testing.assert_array_equal(got, want)
+
+
+def test_weights_hash_is_remembered_until_a_weight_changes(model_copy):
+    import torch
+
+    from layerwise.model_source import weights_sha256
+
+    model = lw.Encoder(model_copy, device="cpu").model
+    first = weights_sha256(model)
+    assert weights_sha256(model) == first  # remembered: a Ray actor writing many shards hashes once
+    with torch.no_grad():
+        model.embeddings.word_embeddings.weight[0, 0] += 1.0  # an in-place edit bumps the tensor's version
+    assert weights_sha256(model) != first

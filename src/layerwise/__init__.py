@@ -55,12 +55,12 @@ _EXPORTS = {
 }
 
 # submodules exposed as namespaces: lw.analyze.layer_similarity(...)
-_SUBMODULES = ("analyze",)
+_SUBMODULES = ("analyze", "ray")
 
 __all__ = sorted([*_EXPORTS, *_SUBMODULES, "__version__"])
 
 if TYPE_CHECKING:
-    from . import analyze
+    from . import analyze, ray
     from .encoder import Encoder
     from .errors import (
         InputError,

@@ -195,6 +195,26 @@ def extract(
     shard_chunks: Annotated[
         int, typer.Option(min=1, help="Store: chunks per shard (one file)", rich_help_panel="Store layout")
     ] = 64,
+    ray: Annotated[
+        str | None,
+        typer.Option(
+            "--ray",
+            help="Run on Ray: local (start one here) or auto (join a cluster); writes a sharded store",
+            rich_help_panel="Ray",
+        ),
+    ] = None,
+    workers: Annotated[
+        int, typer.Option(min=1, help="Ray actors, each with its model", rich_help_panel="Ray")
+    ] = 2,
+    threads_per_worker: Annotated[
+        int, typer.Option(min=1, help="torch threads (CPUs) per actor", rich_help_panel="Ray")
+    ] = 1,
+    shard_size: Annotated[
+        int | None,
+        typer.Option(
+            min=1, help="Texts per shard [default: ~32 shards of 1024..4096]", rich_help_panel="Ray"
+        ),
+    ] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar or summary")] = False,
 ) -> None:
     """Extract hidden states of every requested layer for each input and write them to a file
@@ -222,6 +242,12 @@ def extract(
         data = read_input_file(input, encoding_errors=encoding_errors.value)
         if not len(data):
             raise InputError(f"{input} holds no texts")
+        if ray is not None:
+            if not to_store:
+                raise OptionError("--ray writes a sharded store: give -o a folder ending in .lw")
+            _extract_on_ray(ray, data, output, plan, model, workers, threads_per_worker, shard_size, device,
+                            max_length, long_texts.value, stride, overwrite, quiet)  # fmt: skip
+            return
         started = time.perf_counter()
         enc = Encoder(model, device=device, model_dtype=model_dtype.value, max_length=max_length,
                       batch_size=batch_size, max_tokens=max_tokens)  # fmt: skip
@@ -246,6 +272,28 @@ def extract(
         raise _fail(exc) from None
     if not quiet:
         _report_file(summary, data.texts, plan.hidden_states(enc.n_hidden_states), enc, output, started)
+
+
+def _extract_on_ray(mode, data, output, plan, model, workers, threads, shard_size, device, max_length,
+                    long_texts, stride, overwrite, quiet) -> None:  # fmt: skip
+    from . import ray as lw_ray
+
+    if device == "auto":
+        device = "cpu"  # each actor gets CPUs from Ray; pass --device cuda for GPU actors
+    lw_ray.init(mode, workers=workers, threads_per_worker=threads)
+    summary = lw_ray.extract_to_store(
+        data.texts, output, plan, text_pairs=data.text_pairs, model=model, workers=workers,
+        threads_per_worker=threads, shard_size=shard_size, device=device, max_length=max_length,
+        long_texts=long_texts, stride=stride, overwrite=overwrite,
+    )  # fmt: skip
+    if not quiet:
+        resumed = f" ({summary.n_shards_skipped} already complete)" if summary.n_shards_skipped else ""
+        err.print(
+            f"stored {summary.n_texts} texts in {summary.n_shards} shards{resumed}, {summary.n_rows} rows, "
+            f"in {summary.path} in {summary.seconds:.1f} s with {workers} Ray actors",
+            highlight=False,
+            soft_wrap=True,
+        )
 
 
 def _report_file(summary: dict, texts, layers, enc, output: Path, started: float) -> None:

@@ -9,6 +9,7 @@ is a :class:`ModelLoadError` naming the keys. Only a missing pooler (never used 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -261,3 +262,23 @@ def read_sentence_transformers(source: str) -> SentenceTransformersConfig | None
         pool=pool,
         normalize=any(t.endswith("Normalize") for t in types),
     )
+
+
+def weights_sha256(model) -> str:
+    """A hash of every parameter and buffer of ``model`` (names and bytes), to tell models apart.
+    Remembered on the model while no tensor has changed (torch counts in-place writes in each
+    tensor's ``_version``): an actor writing many shards hashes its weights once."""
+    import torch
+
+    state = sorted(model.state_dict().items())
+    fingerprint = tuple((name, t.data_ptr(), t._version) for name, t in state)
+    cached = getattr(model, "_layerwise_weights_sha256", None)
+    if cached is not None and cached[0] == fingerprint:
+        return cached[1]
+    digest = hashlib.sha256()
+    for name, tensor in state:
+        digest.update(name.encode())
+        flat = tensor.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8)
+        digest.update(memoryview(flat.numpy()))
+    model._layerwise_weights_sha256 = (fingerprint, digest.hexdigest())
+    return digest.hexdigest()

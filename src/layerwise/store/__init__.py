@@ -2,12 +2,14 @@
 
 from ..errors import NotAStoreError, StoreDamagedError, StoreError
 from .reader import LayerView, Store, open_store
+from .sharded import ShardedStore
 from .verify import VerifyReport, verify_store
 from .writer import StoreSummary, extract_to_store
 
 __all__ = [
     "LayerView",
     "NotAStoreError",
+    "ShardedStore",
     "Store",
     "StoreDamagedError",
     "StoreError",

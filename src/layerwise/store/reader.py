@@ -297,5 +297,9 @@ class Store:
 
 
 def open_store(path: str | os.PathLike) -> Store:
-    """Open a layerwise store for reading."""
+    """Open a layerwise store for reading; a sharded store (written by ``lw.ray``) reads as one."""
+    from .sharded import ShardedStore, is_sharded
+
+    if is_sharded(path):
+        return ShardedStore(path)  # type: ignore[return-value]
     return Store(path)

@@ -183,8 +183,13 @@ def rows_checksum(rows: np.ndarray) -> int:
 
 
 def verify_store(path: Path, *, block_rows: int = 65536) -> VerifyReport:
-    """Check structure and every text's checksum; never raises for damage, reports it."""
+    """Check structure and every text's checksum; never raises for damage, reports it. A sharded
+    store is checked shard by shard."""
     from .reader import read_parts
+    from .sharded import ShardedStore, is_sharded
+
+    if is_sharded(path):
+        return ShardedStore(path).verify()
 
     group, meta, offsets, manifest, part_problems = read_parts(path)
     problems, affected = structure_problems(path, group, meta, offsets, manifest)

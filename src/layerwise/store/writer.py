@@ -29,6 +29,7 @@ from .. import __version__
 from ..errors import OptionError, StoreError, check_choice
 from ..inputs import normalize_inputs
 from ..layers import LayerSpec
+from ..model_source import weights_sha256
 from ..plan import OutputPlan
 from ..pool import SpecialTokens
 from ..progress import progress_bar
@@ -87,18 +88,6 @@ class StoreSummary:
 def text_sha1(text: str, pair: str | None) -> str:
     data = text if pair is None else f"{text}\x1f{pair}"
     return hashlib.sha1(data.encode("utf-8", "surrogatepass")).hexdigest()
-
-
-def weights_sha256(model) -> str:
-    """A hash of every parameter and buffer of ``model`` (names and bytes), to tell models apart."""
-    import torch
-
-    digest = hashlib.sha256()
-    for name, tensor in sorted(model.state_dict().items()):
-        digest.update(name.encode())
-        flat = tensor.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8)
-        digest.update(memoryview(flat.numpy()))
-    return digest.hexdigest()
 
 
 def _disk_error(path: Path, exc: OSError, committed: int, total: int) -> StoreError:

@@ -1,0 +1,67 @@
+"""The Ray runs of tests/test_ray.py, executed in a network namespace that has only loopback
+(Ray listens on all interfaces and probes the network for its address):
+
+    unshare -n sh -c 'ip link set lo up && python tests/ray_checks.py TEXTS.txt OUT_DIR'
+
+1. ``layerwise extract TEXTS.txt -o OUT/cli.lw --ray local --workers 2`` (the CLI, in a subprocess);
+2. the Python API with an actor that dies in the middle of its first shard (os._exit);
+3. ``lw.ray.embed`` over a Ray Dataset, saved for comparison with ``Encoder().embed``.
+The test compares the results with single-process runs outside the namespace.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+
+import layerwise as lw
+from layerwise.ray import ShardWriter
+
+
+class DyingWriter(ShardWriter):
+    """Kills its own process half a second into the first shard it writes (once per run)."""
+
+    def write_shard(self, name, texts, text_pairs):
+        marker = self.path.parent / "died-once"
+        if not marker.exists():
+            marker.write_text(name)
+            threading.Timer(0.5, os._exit, [1]).start()
+        return super().write_shard(name, texts, text_pairs)
+
+
+def main() -> None:
+    source, out = Path(sys.argv[1]), Path(sys.argv[2])
+    texts = source.read_text(encoding="utf-8").splitlines()
+    report: dict = {}
+    cli = [sys.executable, "-m", "layerwise.cli", "extract", str(source), "-o", str(out / "cli.lw"),
+           "--ray", "local", "--workers", "2", "--shard-size", "128", "--quiet"]  # fmt: skip
+    report["cli_returncode"] = subprocess.run(cli, capture_output=True, text=True).returncode
+
+    lw.ray.init("local", workers=2)
+    summary = lw.ray.extract_to_store(
+        texts, out / "killed.lw", lw.OutputPlan.parse(layers="0,-1", pool="word:mean", dtype="float16"),
+        workers=2, shard_size=100, writer=DyingWriter,
+    )  # fmt: skip
+    report["killed_marker"] = (out / "died-once").exists()
+    report["killed_n_texts"] = summary.n_texts
+
+    import ray
+
+    ds = ray.data.from_items([{"text": t} for t in texts[:200]])
+    embedded = lw.ray.embed(
+        ds, layers="last4", pool="sentence:mean", fuse="concat_last4", workers=2, batch_size=64
+    )
+    rows = embedded.take_all()
+    np.save(out / "embed.npy", np.stack([r["embedding"] for r in rows]))
+    report["embed_texts"] = [r["text"] for r in rows]
+    (out / "report.json").write_text(json.dumps(report), encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()

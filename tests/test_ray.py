@@ -1,0 +1,132 @@
+"""Ray: sharded stores read as one; the CLI on Ray equals a single process, also after an actor
+dies mid-shard; lw.ray.embed equals Encoder().embed. Ray runs in a network namespace with only
+loopback (tests/ray_checks.py), so it can listen on no other address."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import ud_sentences
+
+import layerwise as lw
+from layerwise.store.sharded import ShardedStore, shard_ranges, write_shards_meta
+
+HERE = Path(__file__).resolve().parent
+
+
+def _sharded_by_hand(encoder, texts, path, shard_size, plan):
+    """A sharded store written without Ray: one ordinary store per range, then the description."""
+    ranges = shard_ranges(len(texts), shard_size)
+    shards = [{"name": f"shard-{k:05d}.lw", "start": a, "stop": b} for k, (a, b) in enumerate(ranges)]
+    meta = {
+        "model": encoder.name,
+        "n_texts": len(texts),
+        **plan.meta(encoder.n_hidden_states),
+        "shards": shards,
+    }
+    for shard in shards:
+        lw.extract_to_store(encoder, texts[shard["start"] : shard["stop"]], path / shard["name"], plan)
+    write_shards_meta(path, meta)
+
+
+def test_sharded_store_reads_as_one(tmp_path, tiny_encoder):
+    texts = [f"text number {i} about a bank" + " and a river" * (i % 5) for i in range(23)]
+    plan = lw.OutputPlan.parse(layers="0,-1", dtype="float16")
+    _sharded_by_hand(tiny_encoder, texts, tmp_path / "s.lw", 10, plan)
+    whole = tmp_path / "whole.lw"
+    lw.extract_to_store(tiny_encoder, texts, whole, plan)
+    sharded, single = lw.open_store(tmp_path / "s.lw"), lw.open_store(whole)
+    assert isinstance(sharded, ShardedStore) and sharded.n_shards == 3
+    assert len(sharded) == 23 and sharded.complete and sharded.text_ids() == list(range(23))
+    for i in (0, 9, 10, 19, 20, 22):
+        a, b = sharded[i], single[i]
+        assert a.text == texts[i] and a.tokens == b.tokens
+        np.testing.assert_array_equal(a.hidden, b.hidden)
+    assert [r.text for r in sharded] == texts  # input order
+    # rows lie shard after shard, each shard in its own commit order
+    parts = [lw.open_store(tmp_path / "s.lw" / f"shard-0000{k}.lw") for k in range(3)]
+    for layer in (0, -1):
+        joined = np.concatenate([np.asarray(p.array(layer)) for p in parts])
+        np.testing.assert_array_equal(np.asarray(sharded.array(layer)), joined)
+        np.testing.assert_array_equal(sharded.array(layer)[5:300], joined[5:300])  # across shard boundaries
+    assert len(sharded.array(-1)) == sharded.n_rows == single.n_rows
+    assert sorted(sharded.manifest["text_id"].to_pylist()) == list(range(23))  # global ids, commit order
+    assert sharded.verify().ok and lw.verify_store(tmp_path / "s.lw").ok
+    with pytest.raises(KeyError, match=r"holds ids 0\.\.22"):
+        sharded[23]
+    shutil.rmtree(tmp_path / "s.lw" / "shard-00001.lw")  # a shard not written yet
+    partial = lw.open_store(tmp_path / "s.lw")
+    assert len(partial) == 13 and not partial.complete and 12 not in partial
+    report = partial.verify()
+    assert not report.ok and "shard-00001.lw (texts 10..19) has not been written" in str(report)
+
+
+def _netns_available() -> str | None:
+    if shutil.which("unshare") is None or shutil.which("ip") is None:
+        return "unshare or ip is not installed"
+    probe = subprocess.run(["unshare", "-n", "true"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        why = probe.stderr.strip() or "unshare -n failed"
+        return f"cannot create a network namespace here ({why}); CI runs as root"
+    return None
+
+
+@pytest.mark.slow
+def test_ray_runs_equal_single_process(tmp_path, default_encoder):
+    pytest.importorskip("ray")
+    reason = _netns_available()
+    if reason:
+        pytest.skip(reason)
+    texts = ud_sentences("dev", 500)
+    source = tmp_path / "texts.txt"
+    source.write_text("\n".join(texts) + "\n", encoding="utf-8")
+    script = f"ip link set lo up && {sys.executable} {HERE / 'ray_checks.py'} {source} {tmp_path}"
+    run = subprocess.run(["unshare", "-n", "sh", "-c", script], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["cli_returncode"] == 0
+
+    # 1. the CLI on Ray equals the single-process store, text for text
+    reference = lw.extract_to_store(default_encoder, texts, tmp_path / "single.lw").path
+    ray_store, single = lw.open_store(tmp_path / "cli.lw"), lw.open_store(reference)
+    assert ray_store.n_shards == 4 and len(ray_store) == len(single) == 500
+    for (i, got), (j, want) in zip(ray_store.items(), single.items(), strict=True):
+        assert i == j and got.tokens == want.tokens
+        np.testing.assert_array_equal(got.offsets, want.offsets)
+        np.testing.assert_allclose(
+            got.hidden, want.hidden, atol=2e-2, rtol=2e-3
+        )  # fp16 rounding of one batch vs another
+
+    # 2. an actor died in its first shard: Ray restarted it, the shard resumed, nothing differs
+    assert report["killed_marker"]
+    killed = lw.open_store(tmp_path / "killed.lw")
+    assert killed.complete and killed.verify().ok
+    words = default_encoder.embed_words(texts, subword="mean", layers=[0, -1])
+    for i, result in killed.items():
+        assert result.words == words[i].words
+        np.testing.assert_allclose(result.vectors, words[i].vectors, atol=2e-2, rtol=2e-3)
+
+    # 3. lw.ray.embed equals Encoder().embed
+    got = np.load(tmp_path / "embed.npy")
+    want = default_encoder.embed(report["embed_texts"], pool="mean", fuse="concat_last4")
+    np.testing.assert_allclose(got, want, atol=1e-5)
+    assert sorted(report["embed_texts"]) == sorted(texts[:200])
+
+
+def test_ray_options_are_checked_before_ray_starts(tmp_path):
+    from typer.testing import CliRunner
+
+    from layerwise.cli import app
+
+    source = tmp_path / "t.txt"
+    source.write_text("a\n", encoding="utf-8")
+    result = CliRunner().invoke(
+        app, ["extract", str(source), "-o", str(tmp_path / "o.npz"), "--ray", "local"]
+    )
+    assert result.exit_code == 2 and "--ray writes a sharded store" in result.output
