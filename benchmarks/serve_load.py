@@ -48,6 +48,27 @@ def rss_kib(pid: int, field: str = "VmRSS") -> int:
     return 0
 
 
+def process_tree(pid: int) -> list[int]:
+    """The server and the processes any of its threads started (the model process)."""
+    children = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        children += [int(c) for c in (task / "children").read_text().split()]
+    return [pid, *children]
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process and its children (the model process)."""
+    total = 0.0
+    for p in process_tree(pid):
+        fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
+def rss_tree_kib(pid: int, field: str = "VmRSS") -> int:
+    return sum(rss_kib(p, field) for p in process_tree(pid))
+
+
 def start(command: list[str], port: int) -> subprocess.Popen:
     import httpx
 
@@ -111,12 +132,18 @@ def measure_server(name: str, command: list[str], port: int, texts, tokens, leve
     rows = []
     try:
         for clients in levels:
-            before = rss_kib(process.pid)
+            before = rss_tree_kib(process.pid)
+            server_cpu, client_cpu = cpu_seconds(process.pid), time.process_time()
             row = asyncio.run(load(f"http://127.0.0.1:{port}", texts, tokens, clients, seconds))
-            row.update(rss_before_mib=round(before / 1024), rss_after_mib=round(rss_kib(process.pid) / 1024))
+            row.update(
+                rss_before_mib=round(before / 1024),
+                rss_after_mib=round(rss_tree_kib(process.pid) / 1024),
+                server_cores=round((cpu_seconds(process.pid) - server_cpu) / row["seconds"], 2),
+                client_cores=round((time.process_time() - client_cpu) / row["seconds"], 2),
+            )
             rows.append(row)
             print(f"{name:12s} {json.dumps(row)}", flush=True)
-        peak = rss_kib(process.pid, "VmHWM")
+        peak = rss_tree_kib(process.pid, "VmHWM")
     finally:
         process.terminate()
         process.wait(60)

@@ -219,10 +219,16 @@ def corpus(n: int, seed: int = 0) -> list[str]:
 
 
 def assert_close_fp16(stored, exact) -> None:
-    """A float16 store holds exactly the float32 result rounded to float16."""
+    """A float16 store holds the float32 result rounded to float16: equal, or one float16 step
+    away where the float32 result sat on a rounding boundary (a store computes in blocks, so its
+    batches have other shapes than ``extract``'s, which moves float32 results in their last bits)."""
     import numpy as np
 
-    np.testing.assert_array_equal(stored, exact.astype(np.float16).astype(np.float32))
+    rounded = exact.astype(np.float16)
+    step = np.spacing(np.abs(rounded)).astype(np.float32)
+    difference = np.abs(stored - rounded.astype(np.float32))
+    assert (difference <= step).all(), f"max difference {difference.max()} exceeds one float16 step"
+    assert (difference == 0).mean() > 0.99  # almost everything is exactly the rounded value
 
 
 @pytest.fixture(scope="module")

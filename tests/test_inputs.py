@@ -220,3 +220,11 @@ def test_window_too_small_for_special_tokens_names_the_fix(make_tiny_model):
     encoder = lw.Encoder(make_tiny_model("bert"), max_length=2)
     with pytest.raises(InputError, match="no room besides its special tokens; use a larger max_length"):
         encoder.extract(["a b c d"], long_texts="window")
+
+
+def test_a_much_shorter_input_starts_a_new_batch():
+    # one document and short sentences: the sentences are not padded to the document's width
+    batches = length_sorted_batches([250, 30, 28, 25, 240, 26], batch_size=32, max_tokens=4096)
+    assert batches == [[0, 4], [1, 2, 5, 3]]
+    # lengths within a quarter of the width (or 16 tokens) share a batch
+    assert length_sorted_batches([100, 80, 76, 20, 10], batch_size=32) == [[0, 1, 2], [3, 4]]

@@ -287,6 +287,10 @@ def _word_offsets_to_text(
     ]
 
 
+PAD_SLACK = 0.25  # an item may be padded by up to a quarter of its batch's width…
+PAD_SLACK_TOKENS = 16  # …or 16 tokens, whichever is more
+
+
 def length_sorted_batches(
     lengths: Sequence[int], batch_size: int, max_tokens: int | None = None
 ) -> list[list[int]]:
@@ -294,8 +298,10 @@ def length_sorted_batches(
 
     A batch holds at most ``batch_size`` items and, when ``max_tokens`` is set, at most
     ``max_tokens`` padded tokens (items x its longest item); an item longer than the budget gets a
-    batch of its own. Sorting keeps padding small; longest first makes an out-of-memory error show
-    up in the first batch rather than after an hour (sentence-transformers' ``encode`` does the same).
+    batch of its own, and an item that would be padded by more than PAD_SLACK of the batch's width
+    (and PAD_SLACK_TOKENS) starts a new one. Sorting keeps padding small; longest first makes an
+    out-of-memory error show up in the first batch rather than after an hour (sentence-transformers'
+    ``encode`` does the same).
     """
     if batch_size < 1:
         raise OptionError(f"batch_size={batch_size} must be >= 1")
@@ -306,8 +312,13 @@ def length_sorted_batches(
     current: list[int] = []
     width = 0
     for i in order:
+        # a much shorter item starts a new batch rather than be padded to this one's width: padding
+        # costs as much as real tokens, a new forward pass only its fixed overhead (a few tokens' worth)
+        too_short = width - lengths[i] > max(PAD_SLACK_TOKENS, width * PAD_SLACK)
         if current and (
-            len(current) >= batch_size or (max_tokens is not None and width * (len(current) + 1) > max_tokens)
+            len(current) >= batch_size
+            or (max_tokens is not None and width * (len(current) + 1) > max_tokens)
+            or too_short
         ):
             batches.append(current)
             current = []
