@@ -63,6 +63,9 @@ class EncodingErrorsChoice(StrEnum):
     replace_invalid = "replace"  # not "replace": that would hide str.replace
 
 
+LongTextsOption = Annotated[
+    LongTextsChoice, typer.Option(help="Inputs over the model maximum: truncate, or sliding windows")
+]
 EncodingErrorsOption = Annotated[
     EncodingErrorsChoice, typer.Option(help="strict: stop at invalid UTF-8; replace: use U+FFFD")
 ]
@@ -172,9 +175,7 @@ def extract(
             "--normalize", help="L2-normalise sentence vectors (as sentence-transformers' Normalize)"
         ),
     ] = False,
-    long_texts: Annotated[
-        LongTextsChoice, typer.Option(help="Inputs over the model maximum: truncate, or sliding windows")
-    ] = LongTextsChoice.truncate,
+    long_texts: LongTextsOption = LongTextsChoice.truncate,
     stride: Annotated[
         int | None, typer.Option(min=1, help="Window step in tokens [default: half a window]")
     ] = None,

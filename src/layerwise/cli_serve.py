@@ -9,7 +9,16 @@ from typing import Annotated
 
 import typer
 
-from .cli import DeviceOption, LongTextsChoice, _fail, _setup_logging, _use_available_cores, app, err
+from .cli import (
+    DeviceOption,
+    LongTextsChoice,
+    LongTextsOption,
+    _fail,
+    _setup_logging,
+    _use_available_cores,
+    app,
+    err,
+)
 from .errors import LayerwiseError, MissingDependencyError, OptionError
 
 
@@ -43,9 +52,7 @@ def serve(
     max_request_tokens: Annotated[int, typer.Option(min=1, help="Tokens per request (else 413)")] = 131_072,
     max_queue_tokens: Annotated[int, typer.Option(min=1, help="Tokens waiting (else 429)")] = 1_048_576,
     max_body_mb: Annotated[float, typer.Option(min=0.001, help="Request body size (else 413)")] = 8.0,
-    long_texts: Annotated[
-        LongTextsChoice, typer.Option(help="Inputs over the model maximum: truncate, or sliding windows")
-    ] = LongTextsChoice.truncate,
+    long_texts: LongTextsOption = LongTextsChoice.truncate,
     max_length: Annotated[
         int | None, typer.Option(min=2, help="Tokens per input [default: the model's]")
     ] = None,

@@ -123,7 +123,33 @@ class LayerView:
         return array.astype(dtype) if dtype is not None else array
 
 
-class Store:
+class StoreDescription:
+    """What a store (or a sharded one) says of itself, from its metadata ``meta``."""
+
+    meta: dict
+
+    @property
+    def model(self) -> str:
+        return self.meta["model"]
+
+    @property
+    def layers(self) -> tuple[int, ...]:
+        return tuple(self.meta["layers"])
+
+    @property
+    def level(self) -> str:
+        return self.meta["level"]
+
+    @property
+    def n_texts_total(self) -> int:
+        return int(self.meta.get("n_texts", 0))
+
+    @property
+    def complete(self) -> bool:
+        return len(self) == self.n_texts_total  # type: ignore[arg-type]
+
+
+class Store(StoreDescription):
     """A layerwise store opened for reading. ``store[text_id]`` gives the result for one input
     text (a LayerStack, WordVectors or sentence vector, by the store's level)."""
 
@@ -149,27 +175,6 @@ class Store:
     def verify(self) -> VerifyReport:
         """Check everything, including each text's checksum; the report names the texts affected."""
         return verify_store(self.path)
-
-    # --------------------------------------------------------------------------- description
-    @property
-    def model(self) -> str:
-        return self.meta["model"]
-
-    @property
-    def layers(self) -> tuple[int, ...]:
-        return tuple(self.meta["layers"])
-
-    @property
-    def level(self) -> str:
-        return self.meta["level"]
-
-    @property
-    def n_texts_total(self) -> int:
-        return int(self.meta.get("n_texts", 0))
-
-    @property
-    def complete(self) -> bool:
-        return len(self) == self.n_texts_total
 
     @property
     def manifest(self):

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import NotAStoreError, OptionError, StoreDamagedError
-from .reader import LayerView, Store
+from .reader import LayerView, Store, StoreDescription
 from .verify import VerifyReport
 
 SHARDS_FILE = "layerwise-shards.json"
@@ -99,7 +99,7 @@ class ShardedLayerView:
         return array if dtype is None else array.astype(dtype)
 
 
-class ShardedStore:
+class ShardedStore(StoreDescription):
     """Shards read as one store; text ids are global (0-based input lines)."""
 
     def __init__(self, path: str | os.PathLike) -> None:
@@ -114,30 +114,9 @@ class ShardedStore:
             folder = self.path / shard["name"]
             self._shards.append(Store(folder) if folder.exists() else None)
 
-    # --------------------------------------------------------------------------- description
-    @property
-    def model(self) -> str:
-        return self.meta["model"]
-
-    @property
-    def layers(self) -> tuple[int, ...]:
-        return tuple(self.meta["layers"])
-
-    @property
-    def level(self) -> str:
-        return self.meta["level"]
-
-    @property
-    def n_texts_total(self) -> int:
-        return int(self.meta["n_texts"])
-
     @property
     def n_shards(self) -> int:
         return len(self._starts)
-
-    @property
-    def complete(self) -> bool:
-        return len(self) == self.n_texts_total
 
     @property
     def n_rows(self) -> int:
