@@ -111,3 +111,20 @@ def test_model_that_outputs_nan_is_reported_and_jsonl_stays_json(tmp_path, make_
     assert "NaN" not in out.read_text(encoding="utf-8")
     hidden = records[0]["hidden"]
     assert hidden[2][0][0] is None and hidden[1][0][0] == pytest.approx(float(stacks[0].hidden[1, 0, 0]))
+
+
+@pytest.mark.parametrize("name", ["out.npz", "out.jsonl"])
+def test_disk_full_is_a_clean_error_and_leaves_nothing(tmp_path, tiny_encoder, monkeypatch, name):
+    import errno
+
+    import layerwise as lw
+    from layerwise import writers
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    target = "_put" if name.endswith(".npz") else "_copy_span"
+    monkeypatch.setattr(writers._NpzWriter if target == "_put" else writers, target, full)
+    with pytest.raises(lw.OutputError, match="No space left on device; nothing was written. Free some space"):
+        lw.extract_to_file(tiny_encoder, ["one", "two"], tmp_path / name)
+    assert list(tmp_path.iterdir()) == []

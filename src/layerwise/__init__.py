@@ -29,6 +29,7 @@ _EXPORTS = {
     "MissingDependencyError": "errors",
     "ModelLoadError": "errors",
     "OptionError": "errors",
+    "OutputError": "errors",
     "ProbeResult": "probing",
     "ScalarMix": "scalar_mix",
     "SentenceVector": "results",
@@ -70,6 +71,7 @@ if TYPE_CHECKING:
         ModelLoadError,
         NotAStoreError,
         OptionError,
+        OutputError,
         StoreDamagedError,
         StoreError,
     )

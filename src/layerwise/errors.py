@@ -43,6 +43,10 @@ class ModelLoadError(LayerwiseError, OSError):
     """A model or tokenizer that cannot be found or loaded."""
 
 
+class OutputError(LayerwiseError, OSError):
+    """An output file cannot be written (disk full, quota, I/O error); nothing was left behind."""
+
+
 class StoreError(LayerwiseError, OSError):
     """A store cannot be written or read: locked by another writer, incompatible, or the disk failed."""
 

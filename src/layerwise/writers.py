@@ -44,7 +44,7 @@ from typing import IO, TYPE_CHECKING, Literal
 
 import numpy as np
 
-from .errors import OptionError, check_choice
+from .errors import LayerwiseError, OptionError, OutputError, check_choice
 from .results import LayerStack, SentenceVector, WordVectors
 
 if TYPE_CHECKING:
@@ -178,8 +178,17 @@ def write_results(
     path = Path(path)
     fmt = output_format(path)
     writer = _NpzWriter if fmt == ".npz" else _JsonlWriter
-    with atomic_path(path) as tmp:
-        return writer(tmp, texts, text_pairs, meta, dtype).write(results)
+    try:
+        with atomic_path(path) as tmp:
+            return writer(tmp, texts, text_pairs, meta, dtype).write(results)
+    except OSError as exc:
+        if isinstance(exc, LayerwiseError):
+            raise
+        raise OutputError(
+            f"writing {str(path)!r} failed: {exc.strerror or exc}; nothing was written. Free some space "
+            "(an .npz of every layer takes hidden x layers x 4 bytes per token) or choose another folder, "
+            "then rerun"
+        ) from exc
 
 
 def npz_bytes(
