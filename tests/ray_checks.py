@@ -4,6 +4,7 @@
     unshare -n sh -c 'ip link set lo up && python tests/ray_checks.py TEXTS.txt OUT_DIR'
 
 1. ``layerwise extract TEXTS.txt -o OUT/cli.lw --ray local --workers 2`` (the CLI, in a subprocess);
+   then the same command SIGKILLed mid-run and run again (resume);
 2. the Python API with an actor that dies in the middle of its first shard (os._exit);
 3. ``lw.ray.embed`` over a Ray Dataset, saved for comparison with ``Encoder().embed``.
 The test compares the results with single-process runs outside the namespace.
@@ -13,9 +14,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -42,6 +45,24 @@ def main() -> None:
     cli = [sys.executable, "-m", "layerwise.cli", "extract", str(source), "-o", str(out / "cli.lw"),
            "--ray", "local", "--workers", "2", "--shard-size", "128", "--quiet"]  # fmt: skip
     report["cli_returncode"] = subprocess.run(cli, capture_output=True, text=True).returncode
+
+    # the driver is SIGKILLed once its first shard is on disk; the same command then finishes the rest
+    resume = [*cli[:6], str(out / "resume.lw"), *cli[7:]]
+    driver = subprocess.Popen(
+        resume, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
+    deadline = time.time() + 240
+    while (
+        time.time() < deadline
+        and driver.poll() is None
+        and not list((out / "resume.lw").glob("shard-*.lw/offsets"))
+    ):
+        time.sleep(0.2)
+    time.sleep(1.0)
+    os.killpg(driver.pid, signal.SIGKILL)  # the driver and the local Ray it started
+    driver.wait()
+    report["shards_before_resume"] = len(list((out / "resume.lw").glob("shard-*.lw")))
+    report["resume_returncode"] = subprocess.run(resume, capture_output=True, text=True).returncode
 
     lw.ray.init("local", workers=2)
     summary = lw.ray.extract_to_store(

@@ -103,6 +103,14 @@ def test_ray_runs_equal_single_process(tmp_path, default_encoder):
             got.hidden, want.hidden, atol=2e-2, rtol=2e-3
         )  # fp16 rounding of one batch vs another
 
+    # 1b. the driver was killed mid-run; the rerun finished only what was missing, with equal results
+    assert report["resume_returncode"] == 0 and report["shards_before_resume"] >= 1
+    resumed = lw.open_store(tmp_path / "resume.lw")
+    assert resumed.complete and resumed.verify().ok
+    for (_, got), (_, want) in zip(resumed.items(), ray_store.items(), strict=True):
+        assert got.tokens == want.tokens
+        np.testing.assert_array_equal(got.hidden, want.hidden)  # same shards, same batches: identical
+
     # 2. an actor died in its first shard: Ray restarted it, the shard resumed, nothing differs
     assert report["killed_marker"]
     killed = lw.open_store(tmp_path / "killed.lw")
