@@ -156,6 +156,9 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--texts", type=int, default=2000)
     parser.add_argument("--skip-baseline", action="store_true")
+    parser.add_argument(
+        "--serve-args", default="", help="Extra `layerwise serve` options, e.g. '--max-wait-ms 2'"
+    )
     args = parser.parse_args()
     levels = [int(c) for c in args.clients.split(",")]
 
@@ -183,6 +186,7 @@ def main() -> None:
     }
     port = free_port()
     serve = [sys.executable, "-m", "layerwise.cli", "serve", "--port", str(port), "--device", "cpu"]
+    serve += args.serve_args.split()
     report["layerwise"] = measure_server("layerwise", serve, port, texts, tokens, levels, args.seconds)
     if not args.skip_baseline:
         port = free_port()
