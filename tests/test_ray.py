@@ -63,6 +63,12 @@ def test_sharded_store_reads_as_one(tmp_path, tiny_encoder):
     shutil.rmtree(tmp_path / "s.lw" / "shard-00001.lw")  # a shard not written yet
     partial = lw.open_store(tmp_path / "s.lw")
     assert len(partial) == 13 and not partial.complete and 12 not in partial
+    assert partial.pending_shards() == [1]
+    # a writer killed after taking the shard's lock but before creating its store: still pending
+    (tmp_path / "s.lw" / "shard-00001.lw").mkdir()
+    (tmp_path / "s.lw" / "shard-00001.lw" / ".lock").touch()
+    partial = lw.open_store(tmp_path / "s.lw")
+    assert len(partial) == 13 and partial.pending_shards() == [1]
     report = partial.verify()
     assert not report.ok and "shard-00001.lw (texts 10..19) has not been written" in str(report)
 

@@ -319,8 +319,7 @@ def extract_to_store(
 
     from ..store.sharded import ShardedStore
 
-    done = ShardedStore(path)
-    todo = [k for k, shard in enumerate(done._shards) if shard is None or not shard.complete]
+    todo = set(ShardedStore(path).pending_shards())
     rows = [
         {
             "shard": k,
@@ -329,7 +328,7 @@ def extract_to_store(
             "text_pairs": list(text_pairs[a:b]) if text_pairs is not None else [],
         }
         for k, (a, b) in enumerate(ranges)
-        if k in set(todo)
+        if k in todo
     ]
     written = []
     if rows:

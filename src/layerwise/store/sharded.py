@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import NotAStoreError, OptionError, StoreDamagedError
+from .format import classify
 from .reader import LayerView, Store, StoreDescription
 from .verify import VerifyReport
 
@@ -109,10 +110,17 @@ class ShardedStore(StoreDescription):
     def refresh(self) -> None:
         self.meta = read_shards_meta(self.path)
         self._starts = [int(s["start"]) for s in self.meta["shards"]]
-        self._shards: list[Store | None] = []
-        for shard in self.meta["shards"]:
-            folder = self.path / shard["name"]
-            self._shards.append(Store(folder) if folder.exists() else None)
+        # a shard not begun, or begun but killed before its store existed (only its lock), is None
+        self._shards: list[Store | None] = [
+            Store(self.path / shard["name"]) if self._begun(shard) else None for shard in self.meta["shards"]
+        ]
+
+    def _begun(self, shard: dict) -> bool:
+        return classify(self.path / shard["name"]) not in ("missing", "empty")
+
+    def pending_shards(self) -> list[int]:
+        """Indices of the shards not yet written completely (what a resumed run must still do)."""
+        return [k for k, shard in enumerate(self._shards) if shard is None or not shard.complete]
 
     @property
     def n_shards(self) -> int:
@@ -204,7 +212,7 @@ class ShardedStore(StoreDescription):
         n_texts = n_rows = 0
         for start, shard in zip(self._starts, self.meta["shards"], strict=True):
             folder = self.path / shard["name"]
-            if not folder.exists():
+            if not self._begun(shard):
                 problems.append(
                     f"shard {shard['name']} (texts {start}..{shard['stop'] - 1}) has not been written"
                 )
