@@ -59,15 +59,24 @@ def _check_str(value: object, what: str, index: int) -> str:
             "convert it with str() or drop it",
             index=index,
         )
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError as exc:  # a lone surrogate: not text (a broken "\ud800" escape, often)
+    position = lone_surrogate(value)
+    if position is not None:
         raise InputError(
-            f"{what} holds the lone surrogate U+{ord(value[exc.start]):04X} at character {exc.start}, which "
+            f"{what} holds the lone surrogate U+{ord(value[position]):04X} at character {position}, which "
             "is not valid Unicode; repair it, e.g. text.encode('utf-8', 'replace').decode()",
             index=index,
-        ) from None
+        )
     return value
+
+
+def lone_surrogate(text: str) -> int | None:
+    """Position of the first lone surrogate in ``text`` (not text: a broken "\ud800" escape,
+    often), or None."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return exc.start
+    return None
 
 
 def _check_words(value: object, index: int) -> tuple[str, ...]:

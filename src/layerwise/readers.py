@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Literal
 
 from .errors import InputError, check_choice
+from .inputs import lone_surrogate
 
 EncodingErrors = Literal["strict", "replace"]
 
@@ -137,16 +138,13 @@ def _read_jsonl(path: Path, lines: list[str]) -> InputFile:
         if pair is not None and not isinstance(pair, str):
             raise InputError(f'{path}: line {number}: "text_pair" must be a string', line=number)
         for field_name, value in (("text", record["text"]), ("text_pair", pair)):
-            if isinstance(value, str):
-                try:
-                    value.encode("utf-8")
-                except UnicodeEncodeError as exc:
-                    raise InputError(
-                        f'{path}: line {number}: "{field_name}" holds the lone surrogate '
-                        f"U+{ord(value[exc.start]):04X} (an escape such as \\ud800 without its pair); "
-                        "repair the file",
-                        line=number,
-                    ) from None
+            if value is not None and (position := lone_surrogate(value)) is not None:
+                raise InputError(
+                    f'{path}: line {number}: "{field_name}" holds the lone surrogate '
+                    f"U+{ord(value[position]):04X} (an escape such as \\ud800 without its pair); "
+                    "repair the file",
+                    line=number,
+                )
         texts.append(record["text"])
         pairs.append(pair)
         numbers.append(number)
