@@ -144,3 +144,17 @@ def test_ray_options_are_checked_before_ray_starts(tmp_path):
         app, ["extract", str(source), "-o", str(tmp_path / "o.npz"), "--ray", "local"]
     )
     assert result.exit_code == 2 and "--ray writes a sharded store" in result.output
+
+
+def test_ray_store_never_writes_into_a_foreign_path(tmp_path, make_tiny_model):
+    pytest.importorskip("ray")
+    mine = tmp_path / "notes"
+    mine.mkdir()
+    (mine / "thesis.txt").write_text("keep me", encoding="utf-8")
+    (tmp_path / "file.lw").write_text("a file", encoding="utf-8")
+    for target in (mine, tmp_path / "file.lw"):
+        with pytest.raises(lw.OptionError, match="exists and is not a sharded layerwise store"):
+            lw.ray.extract_to_store(["a", "b"], target, model=str(make_tiny_model("bert")))
+    assert (mine / "thesis.txt").read_text(encoding="utf-8") == "keep me" and sorted(mine.iterdir()) == [
+        mine / "thesis.txt"
+    ]

@@ -308,7 +308,7 @@ def extract_to_store(
                 f"{path} was written with other settings or texts ({', '.join(differing)}); pass the same "
                 "ones to resume, or overwrite=True (--overwrite) to start again"
             )
-    elif path.exists() and any(path.iterdir()) and not (overwrite and is_sharded(path)):
+    elif not is_sharded(path) and path.exists() and (not path.is_dir() or any(path.iterdir())):
         raise OptionError(f"{path} exists and is not a sharded layerwise store; choose a new folder")
     if overwrite and is_sharded(path):
         import shutil
