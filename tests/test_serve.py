@@ -336,3 +336,30 @@ def test_serve_cli_warns_on_public_address_and_sigterm_drains(tmp_path, make_tin
     finally:
         if server.poll() is None:
             server.kill()
+
+
+def test_a_pooling_layerwise_lacks_is_a_422_not_a_silent_mean(tmp_path, default_model_dir):
+    import json
+    import shutil
+
+    folder = tmp_path / "weighted"
+    shutil.copytree(default_model_dir, folder)
+    pooling = json.loads((folder / "1_Pooling" / "config.json").read_text())
+    pooling.update(pooling_mode_mean_tokens=False, pooling_mode_weightedmean_tokens=True)
+    (folder / "1_Pooling" / "config.json").write_text(json.dumps(pooling))
+    encoder = lw.Encoder(folder, device="cpu")
+    with pytest.raises(lw.OptionError, match="pools with 'weightedmean'"):
+        encoder.encode(["a"])  # the library refuses: so must the service
+    app = create_app({"weighted": encoder})
+
+    async def scenario(client):
+        return (
+            await client.post("/v1/embeddings", json={"input": ["a bank"]}),
+            await client.post("/v1/embeddings", json={"input": ["a bank"], "pool": "sentence:mean"}),
+        )
+
+    default, explicit = run_app(app, scenario)
+    assert default.status_code == 422 and "pools with 'weightedmean'" in default.json()["error"]["message"]
+    assert explicit.status_code == 200
+    want = encoder.embed(["a bank"], layers=-1, pool="mean", normalize=True)  # the model's Normalize module
+    np.testing.assert_allclose([explicit.json()["data"][0]["embedding"]], want, atol=1e-5)

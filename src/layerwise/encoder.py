@@ -40,6 +40,7 @@ from .model_source import (
     pick_device,
     read_sentence_transformers,
     resolve_model_source,
+    sentence_convention,
     usable_max_length,
 )
 from .plan import OutputPlan
@@ -249,10 +250,7 @@ class Encoder:
     def encode(self, texts: str | Sequence[str], *, progress: bool | None = None) -> np.ndarray:
         """sentence-transformers' ``encode()``: the last layer, pooled and normalised as modules.json
         says, truncated at max_seq_length (else mean pooling, no normalisation)."""
-        st = self.sentence_transformers
-        pool, normalize = (st.pool, st.normalize) if st else ("mean", False)
-        if pool not in ("cls", "mean", "max"):
-            raise OptionError(f"this model pools with {pool!r}; layerwise implements cls, mean and max")
+        pool, normalize = sentence_convention(self.sentence_transformers)
         return self.embed(texts, layers=-1, pool=pool, normalize=normalize, progress=progress)  # type: ignore[arg-type]
 
     def embed_words(

@@ -213,6 +213,16 @@ class SentenceTransformersConfig:
     normalize: bool
 
 
+def sentence_convention(st: SentenceTransformersConfig | None) -> tuple[str, bool]:
+    """``(pool, normalize)`` of sentence-transformers' ``encode()`` for this model (mean, no
+    normalisation when it has no sentence-transformers config); a pooling layerwise does not
+    implement is an error, never a silent fallback to another pooling."""
+    pool, normalize = (st.pool, st.normalize) if st else ("mean", False)
+    if pool not in ("cls", "mean", "max"):
+        raise OptionError(f"this model pools with {pool!r}; layerwise implements cls, mean and max")
+    return pool, normalize
+
+
 _ST_POOL_KEYS = (
     ("pooling_mode_cls_token", "cls"),
     ("pooling_mode_mean_tokens", "mean"),

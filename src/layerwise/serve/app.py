@@ -237,17 +237,15 @@ def create_app(encoders: Mapping[str, Encoder], settings: ServeSettings | None =
                 dtype=plan.dtype,
             )
             return Response(content, media_type=NPZ)
-        items = await _off_loop(
-            n_tokens * len(plan.hidden_states(n_hidden)),
-            lambda: [layer_item(i, r, plan.dtype) for i, r in enumerate(results)],
-        )
+        work = n_tokens * len(meta["layers"])
+        items = await _off_loop(work, lambda: [layer_item(i, r, plan.dtype) for i, r in enumerate(results)])
         response_body = {
             "object": "layers",
             **meta,
             "results": items,
             "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens},
         }
-        return await _off_loop(n_tokens * len(plan.hidden_states(n_hidden)), json_response, response_body)
+        return await _off_loop(work, json_response, response_body)
 
     @app.get("/v1/models", summary="The models this server serves")
     async def list_models(request: Request):
@@ -379,8 +377,15 @@ def _tokenise(encoder: Encoder, raw: RawInputs, settings: ServeSettings, n_layer
 def _embeddings_plan(encoder: Encoder, body: EmbeddingsRequest) -> OutputPlan:
     """Defaults follow the model's sentence-transformers convention (Encoder.encode): last layer,
     its pooling, its normalisation; every field the request sets overrides them."""
+    from ..model_source import sentence_convention
+
     st = encoder.sentence_transformers
-    pool = body.pool or f"sentence:{st.pool if st and st.pool in ('cls', 'mean', 'max') else 'mean'}"
+    pool = body.pool
+    if pool is None:  # the model's own pooling; one layerwise does not implement is an error
+        try:
+            pool = f"sentence:{sentence_convention(st)[0]}"
+        except OptionError as exc:
+            raise ApiError(422, f"{exc}: pass pool (e.g. sentence:mean)", param="pool") from None
     normalize = body.normalize if body.normalize is not None else bool(st and st.normalize)
     if not pool.startswith("sentence:"):
         raise ApiError(
