@@ -278,3 +278,21 @@ def test_cli_verify(tmp_path, good_store):
     _delete_shard(path)
     bad = CliRunner().invoke(app, ["verify", str(path)])
     assert bad.exit_code == 1 and "DAMAGED" in bad.output and "texts affected" in bad.output
+
+
+def test_rerun_removes_zarr_temp_files_a_kill_left(tmp_path, tiny):
+    # zarr writes "<key>.<uuid>.partial" then renames it: a SIGKILL in between leaves the temp file
+    texts = [f"text {i} about the river bank" for i in range(6)]
+    path = tmp_path / "s.lw"
+    lw.extract_to_store(tiny, texts, path)
+    before = lw.open_store(path)[3].hidden
+    planted = [
+        path / "offsets" / "c" / "0.1cce03f491724fdfb9e79aa9ec9a4d37.partial",
+        path / "data" / "c" / "0" / "0" / "0.0123456789abcdef0123456789abcdef.partial",
+    ]
+    for leftover in planted:
+        leftover.parent.mkdir(parents=True, exist_ok=True)
+        leftover.write_bytes(b"half a chunk")
+    summary = lw.extract_to_store(tiny, texts, path)
+    assert summary.n_written == 0 and not list(path.rglob("*.partial"))
+    np.testing.assert_array_equal(lw.open_store(path)[3].hidden, before)

@@ -153,7 +153,8 @@ class Committer(threading.Thread):
 
 
 def clean_stale(path: Path, n_committed: int) -> None:
-    """Remove what an interrupted run left past the commit marker: manifest parts and temp files."""
+    """Remove what an interrupted run left past the commit marker: manifest parts and the temp
+    files of the manifest's and zarr's atomic writes."""
     for part in (path / MANIFEST).glob("part-*.parquet"):
         with contextlib.suppress(ValueError):
             if int(part.stem.split("-")[1]) >= n_committed:
@@ -162,3 +163,8 @@ def clean_stale(path: Path, n_committed: int) -> None:
         leftover.unlink(missing_ok=True)
     for leftover in (path / MANIFEST).glob(".*.partial"):
         leftover.unlink(missing_ok=True)
+    # zarr writes each chunk/shard file as "<key>.<uuid>.partial" and renames it; a SIGKILL between
+    # the two leaves the temp file, which zarr never reads (the writer lock is held: none is live)
+    for folder in (DATA, OFFSETS):
+        for leftover in (path / folder).rglob("*.partial"):
+            leftover.unlink(missing_ok=True)
