@@ -108,9 +108,14 @@ def layer_similarity(
             for j in range(i + 1, n):
                 out[i, j] = out[j, i] = float(np.mean(np.sum(unit[i] * unit[j], axis=-1)))
         return out
+    # linear_cka's formula with each layer's centring and ||X^T X||_F computed once, not per pair
+    centred = matrix - matrix.mean(axis=1, keepdims=True)
+    self_norms = [np.linalg.norm(x.T @ x) for x in centred]
     for i in range(n):
         for j in range(i + 1, n):
-            out[i, j] = out[j, i] = linear_cka(matrix[i], matrix[j])
+            norm = self_norms[i] * self_norms[j]
+            cross = np.linalg.norm(centred[j].T @ centred[i]) ** 2
+            out[i, j] = out[j, i] = float(cross / norm) if norm > 0 else 0.0
     return out
 
 

@@ -31,6 +31,15 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
+StoreOption = Annotated[
+    Path | None,
+    typer.Option(
+        help="A token-level store (of one served model) for the explorer's neighbours, projections and "
+        "CKA [default: a built-in sample of UD English EWT]"
+    ),
+]
+
+
 @app.command()
 def serve(
     model: Annotated[
@@ -57,12 +66,14 @@ def serve(
         int | None, typer.Option(min=2, help="Tokens per input [default: the model's]")
     ] = None,
     device: DeviceOption = "auto",
+    store: StoreOption = None,
 ) -> None:
-    """Serve every layer over HTTP: OpenAI-compatible /v1/embeddings, /v1/layers, /metrics."""
+    """Serve every layer over HTTP: OpenAI-compatible /v1/embeddings, /v1/layers, /metrics, and the
+    layer explorer page at /."""
     _setup_logging(quiet=False)
     try:
         try:
-            import uvicorn
+            import uvicorn  # noqa: F401
         except ImportError:
             raise MissingDependencyError(
                 "serve needs uvicorn and FastAPI: pip install 'layerwise[serve]'"
@@ -94,20 +105,128 @@ def serve(
             if encoder.name in encoders:
                 raise OptionError(f"--model {encoder.name!r} is given twice")
             encoders[encoder.name] = encoder
-        application = create_app(encoders, settings)
+        application = create_app(encoders, settings, reference_store=_checked_store(store, encoders))
     except LayerwiseError as exc:
         raise _fail(exc) from None
     err.print(
-        f"serving {', '.join(encoders)} on http://{host}:{port} (docs: /docs, OpenAI base_url: "
-        f"http://{host}:{port}/v1){'' if settings.api_key else '; no API key'}",
+        f"serving {', '.join(encoders)} on http://{host}:{port} (explorer: /, docs: /docs, OpenAI "
+        f"base_url: http://{host}:{port}/v1){'' if settings.api_key else '; no API key'}",
         highlight=False,
         soft_wrap=True,
     )
+    _run_server(application, host, port)
+
+
+def _run_server(application, host: str, port: int, sock=None) -> None:
     import sys
+
+    import uvicorn
 
     # the model thread gives the GIL up in every torch op and must win it back from the event loop:
     # a 1 ms switch interval (Python's default is 5) cuts that wait (benchmarks/serve_load.py)
     sys.setswitchinterval(float(os.environ.get("LW_SWITCH", "0.001")))
     # uvicorn handles SIGTERM/SIGINT: it stops accepting, finishes in-flight requests, then the
     # app's shutdown drains the batcher's queue
-    uvicorn.run(application, host=host, port=port, log_level="warning", timeout_graceful_shutdown=30)
+    config = uvicorn.Config(
+        application, host=host, port=port, log_level="warning", timeout_graceful_shutdown=30
+    )
+    uvicorn.Server(config).run(sockets=[sock] if sock is not None else None)
+
+
+def _checked_store(store: Path | None, encoders: dict) -> Path | None:
+    """The --store, once checked: a token-level store at several layers, written by a served model."""
+    if store is None:
+        return None
+    from .explore import ReferenceSet
+
+    model = ReferenceSet.from_store(store, max_tokens=1).model
+    if model not in encoders:
+        raise OptionError(
+            f"--store {str(store)!r} was written by {model!r}, which is not served here "
+            f"(serving {', '.join(encoders)}): add --model {model}"
+        )
+    return store
+
+
+@app.command()
+def explore(
+    text: Annotated[str | None, typer.Argument(help="A text to open the explorer on")] = None,
+    model: Annotated[
+        list[str] | None,
+        typer.Option("--model", "-m", help="A model to explore (repeat for several) [default: packaged]"),
+    ] = None,
+    store: StoreOption = None,
+    host: Annotated[str, typer.Option(help="Address to bind")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=0, max=65535, help="Port (0: any free port)")] = 8000,
+    open_browser: Annotated[
+        bool, typer.Option("--open/--no-open", help="Open a browser when this machine has a display")
+    ] = True,
+    device: DeviceOption = "auto",
+) -> None:
+    """Open the layer explorer on a text: starts the server (as `layerwise serve`) and prints the URL."""
+    from urllib.parse import urlencode
+
+    _setup_logging(quiet=False)
+    try:
+        try:
+            import uvicorn  # noqa: F401
+        except ImportError:
+            raise MissingDependencyError(
+                "explore needs uvicorn and FastAPI: pip install 'layerwise[serve]'"
+            ) from None
+        if not _is_loopback(host):
+            raise OptionError(
+                f"--host {host!r}: explore binds loopback only; use layerwise serve --host with an API key"
+            )
+        from .encoder import Encoder
+        from .serve import ServeSettings, create_app
+
+        _use_available_cores()
+        encoders = {}
+        for name in list(model) if model else [None]:
+            encoder = Encoder(name, device=device)
+            encoders[encoder.name] = encoder
+        application = create_app(encoders, ServeSettings(), reference_store=_checked_store(store, encoders))
+        sock = _bind(host, port)
+    except LayerwiseError as exc:
+        raise _fail(exc) from None
+    bound = sock.getsockname()[1]
+    query = {k: v for k, v in (("text", text), ("model", next(iter(encoders)))) if v}
+    url = f"http://{host}:{bound}/?{urlencode(query)}"
+    err.print(f"layer explorer: {url}  (Ctrl-C stops it)", highlight=False, soft_wrap=True)
+    if open_browser and _has_display():
+        import threading
+        import webbrowser
+
+        threading.Timer(1.0, webbrowser.open, args=(url,)).start()
+    _run_server(application, host, bound, sock)
+
+
+def _bind(host: str, port: int):
+    """A listening socket on host:port, else (port taken) on a free port, so the URL is known
+    before the server starts."""
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    for candidate in (port, 0) if port else (0,):
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, candidate))
+        except OSError:
+            sock.close()
+            if candidate == 0:
+                raise
+            err.print(f"port {port} is taken; using a free one", highlight=False)
+            continue
+        return sock
+    raise OptionError(f"cannot bind {host}")
+
+
+def _has_display() -> bool:
+    """A graphical session to open a browser in (a text-mode browser in a terminal is no help)."""
+    import sys
+
+    return sys.platform in ("darwin", "win32") or bool(
+        os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")
+    )

@@ -162,7 +162,7 @@ def normalize_inputs(
 class InputEncoder:
     """Tokenises :class:`RawInputs` with a fast tokenizer, truncating to ``max_length``."""
 
-    def __init__(self, backend: Tokenizer, max_length: int) -> None:
+    def __init__(self, backend: Tokenizer, max_length: int, *, special_tokens_in_text: bool = False) -> None:
         if max_length < 2:
             raise OptionError(f"max_length={max_length} leaves no room for [CLS] and [SEP]; use >= 2")
         self.max_length = max_length
@@ -175,9 +175,10 @@ class InputEncoder:
         self._capped.no_padding()
         self._capped.enable_truncation(max_length, strategy="longest_first")
         # "[SEP]" typed in a text is text, not a segment boundary: user text never becomes a
-        # special token (the template still adds the real [CLS]/[SEP])
-        self._free.encode_special_tokens = True
-        self._capped.encode_special_tokens = True
+        # special token (the template still adds the real [CLS]/[SEP]). The logit lens alone asks
+        # for "[MASK]" in a text to be the mask token (special_tokens_in_text=True).
+        self._free.encode_special_tokens = not special_tokens_in_text
+        self._capped.encode_special_tokens = not special_tokens_in_text
 
     def encode(self, raw: RawInputs, *, truncate: bool = True) -> list[EncodedInput]:
         """Tokenise. With ``truncate=False`` inputs longer than ``max_length`` are kept whole

@@ -41,6 +41,12 @@ def project(points: np.ndarray, projection: Projection = "pca", *, seed: int = 0
     check_choice("projection", projection, PROJECTIONS)
     if len(points) < 3:
         raise InputError(f"a projection needs at least 3 points, got {len(points)}")
+    try:
+        import sklearn  # noqa: F401
+    except ImportError as exc:
+        raise MissingDependencyError(
+            f"projection={projection!r} needs scikit-learn: pip install scikit-learn"
+        ) from exc
     if projection == "pca":
         from sklearn.decomposition import PCA
 

@@ -12,6 +12,7 @@ import asyncio
 import base64
 import hmac
 import logging
+import os
 import time
 from collections.abc import Mapping
 from contextlib import asynccontextmanager
@@ -59,8 +60,16 @@ def served_names(encoders: Mapping[str, Encoder]) -> dict[str, Served]:
     return table
 
 
-def create_app(encoders: Mapping[str, Encoder], settings: ServeSettings | None = None):
-    """The ASGI app serving ``encoders`` (name -> Encoder, each loaded once, before this call)."""
+def create_app(
+    encoders: Mapping[str, Encoder],
+    settings: ServeSettings | None = None,
+    *,
+    explorer: bool = True,
+    reference_store: str | os.PathLike | None = None,
+):
+    """The ASGI app serving ``encoders`` (name -> Encoder, each loaded once, before this call).
+    ``explorer``: serve the layer explorer page at ``/`` (its neighbours, projections and CKA use
+    ``reference_store``, a token-level store of one of the models, else the built-in sample)."""
     if not encoders:
         raise OptionError("create_app needs at least one model")
     settings = settings or ServeSettings()
@@ -281,6 +290,11 @@ def create_app(encoders: Mapping[str, Encoder], settings: ServeSettings | None =
         content, media_type = metrics.exposition()
         return Response(content, media_type=media_type)
 
+    if explorer:
+        from .explorer import add_explorer
+
+        add_explorer(app, models=models, pick=pick, check_key=check_key,
+                     max_tokens=settings.max_request_tokens, store=reference_store)  # fmt: skip
     app.add_middleware(LimitBody, max_bytes=settings.max_body_bytes)
     app.add_middleware(ObserveRequests, metrics=metrics)  # added last = outermost: counts the 413s too
     return app

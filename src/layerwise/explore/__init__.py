@@ -1,0 +1,27 @@
+"""The layer explorer's numbers: what the web page at ``layerwise serve``'s ``/`` shows, as functions.
+
+token_statistics(stack)           norm, cosine to previous/last layer, drift per token and layer
+ReferenceSet.sample(encoder)      the built-in UD EWT sample (or .from_store(path)) at every layer
+ReferenceSet.neighbours(vecs)     nearest reference tokens per layer
+attention_maps(encoder, text)     every head's attention at every layer
+word_projection(stacks, words)    layerwise plot's per-layer PCA/t-SNE/UMAP, as data
+logit_lens(encoder, text)         each layer's top predictions for [MASK] through the MLM head
+"""
+
+from .lens import MaskedLMHead, logit_lens
+from .reference import Neighbour, ReferenceSet, sample_license, sample_sentences
+from .views import STATISTICS, attention_maps, token_statistics, word_projection, word_sites
+
+__all__ = [
+    "STATISTICS",
+    "MaskedLMHead",
+    "Neighbour",
+    "ReferenceSet",
+    "attention_maps",
+    "logit_lens",
+    "sample_license",
+    "sample_sentences",
+    "token_statistics",
+    "word_projection",
+    "word_sites",
+]

@@ -1,0 +1,137 @@
+"""A logit lens for BERT: each layer's hidden state at a ``[MASK]`` read through the model's own
+masked-LM head, as if that layer were the last.
+
+The head is the checkpoint's (``cls.predictions`` for BERT and ``layerwise pretrain`` models,
+``lm_head`` for RoBERTa/MPNet, ``vocab_*`` for DistilBERT, ``generator_*`` for ELECTRA
+generators). A checkpoint without one (sentence-transformers models such as all-MiniLM-L6-v2) has
+no lens: :meth:`MaskedLMHead.load` returns None rather than a randomly initialised head.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..errors import InputError
+
+if TYPE_CHECKING:
+    from ..encoder import Encoder
+    from ..results import LayerStack
+
+logger = logging.getLogger("layerwise")
+
+
+@dataclass(eq=False)
+class MaskedLMHead:
+    """The masked-LM head of ``encoder``'s checkpoint: hidden states -> vocabulary logits."""
+
+    apply: Callable  # torch (n, hidden) -> (n, vocab)
+    mask_token: str
+    vocabulary: list[str]
+    device: Any = "cpu"
+    inputs: Any = None  # an InputEncoder that reads "[MASK]" in a text as the mask token
+
+    @classmethod
+    def load(cls, encoder: Encoder) -> MaskedLMHead | None:
+        """The head saved with ``encoder``'s checkpoint, or None when it has none (or the tokenizer
+        has no mask token)."""
+        import torch
+        from transformers import AutoModelForMaskedLM
+
+        from ..model_source import quiet_transformers
+
+        tokenizer = encoder.tokenizer
+        if tokenizer.mask_token is None:
+            return None
+        try:
+            with quiet_transformers():
+                mlm, info = AutoModelForMaskedLM.from_pretrained(
+                    encoder.source, dtype=torch.float32, output_loading_info=True
+                )
+        except Exception as exc:  # no masked-LM class for this config, or no weights for it
+            logger.debug("no masked-LM head for %s: %s", encoder.name, exc)
+            return None
+        head = _head_function(mlm)
+        missing = [k for k in info.get("missing_keys", ()) if not k.endswith("decoder.bias")]
+        if head is None or any(_is_head_key(k) for k in missing):
+            return None  # the head would be random weights: no lens rather than a wrong one
+        mlm.to(encoder.device).eval()
+        vocabulary = tokenizer.convert_ids_to_tokens(list(range(mlm.config.vocab_size)))
+        from ..inputs import InputEncoder
+
+        inputs = InputEncoder(tokenizer.backend_tokenizer, encoder.max_length, special_tokens_in_text=True)
+        return cls(head, tokenizer.mask_token, [str(t) for t in vocabulary], encoder.device, inputs)
+
+    def logits(self, hidden: np.ndarray) -> np.ndarray:
+        """``(n, hidden_size)`` -> ``(n, vocab_size)`` float32."""
+        import torch
+
+        with torch.inference_mode():
+            x = torch.as_tensor(np.ascontiguousarray(hidden, dtype=np.float32)).to(self.device)
+            return self.apply(x).float().cpu().numpy()
+
+
+def logit_lens(encoder: Encoder, text: str, *, k: int = 5, head: MaskedLMHead | None = None) -> dict:
+    """Per ``[MASK]`` in ``text`` and per hidden state, the ``k`` most likely tokens through the
+    masked-LM head: ``{"tokens", "layers", "masks": [{"position", "predictions": [[(token, p)…]
+    per layer]}]}``. Raises InputError when the text has no mask token."""
+    head = head if head is not None else MaskedLMHead.load(encoder)
+    if head is None:
+        raise InputError(f"model {encoder.name!r} has no masked-LM head in its checkpoint: no logit lens")
+    stack = _extract_with_masks(encoder, head, text)
+    positions = [t for t, token in enumerate(stack.tokens) if token == head.mask_token]
+    if not positions:
+        raise InputError(f"put {head.mask_token} in the text to see each layer's predictions for it")
+    k = max(1, min(int(k), len(head.vocabulary)))
+    masks = []
+    for position in positions:
+        logits = head.logits(stack.hidden[:, position])  # (n_layers, vocab)
+        shifted = logits - logits.max(axis=-1, keepdims=True)
+        probs = np.exp(shifted) / np.exp(shifted).sum(axis=-1, keepdims=True)
+        per_layer = []
+        for row in probs:
+            top = np.argsort(-row, kind="stable")[:k]
+            per_layer.append([(head.vocabulary[i], float(row[i])) for i in top])
+        masks.append({"position": position, "predictions": per_layer})
+    return {"tokens": list(stack.tokens), "layers": list(stack.layers), "masks": masks}
+
+
+def _extract_with_masks(encoder: Encoder, head: MaskedLMHead, text: str) -> LayerStack:
+    """``encoder.extract(text, layers="all")``, except that "[MASK]" in the text is the mask
+    token (extract reads special-token strings typed in a text as plain text)."""
+    from ..inputs import normalize_inputs, report_truncation_warning
+
+    encoded = head.inputs.encode(normalize_inputs([text]))
+    report_truncation_warning(encoded, encoder.max_length)
+    layers = tuple(range(encoder.n_hidden_states))
+    stream = encoder.engine.stream(
+        encoded, layers=layers, method="hidden_states", taps=(), stride=None, batch_size=None,
+        max_tokens=None, progress=False,
+    )  # fmt: skip
+    return dict(stream)[0]
+
+
+# ---------------------------------------------------------------------------------------------- heads
+_HEAD_PREFIXES = ("cls.predictions.", "lm_head.", "vocab_", "generator_predictions.", "generator_lm_head.")
+
+
+def _is_head_key(key: str) -> bool:
+    return key.startswith(_HEAD_PREFIXES)
+
+
+def _head_function(mlm) -> Callable | None:
+    """The part of a *ForMaskedLM model that maps the last hidden state to logits."""
+    kind = mlm.config.model_type
+    if kind == "bert":
+        return mlm.cls
+    if kind in ("roberta", "xlm-roberta", "camembert", "mpnet"):
+        return mlm.lm_head
+    if kind == "distilbert":
+        return lambda h: mlm.vocab_projector(mlm.vocab_layer_norm(mlm.activation(mlm.vocab_transform(h))))
+    if kind == "electra":
+        return lambda h: mlm.generator_lm_head(mlm.generator_predictions(h))
+    return None

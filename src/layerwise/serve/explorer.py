@@ -1,0 +1,324 @@
+"""The layer explorer: a static page at ``/`` and the ``/v1/explore/*`` endpoints it calls.
+
+Each endpoint returns what a function of :mod:`layerwise.explore` returns for the same input, so the
+page and a Python session show the same numbers. Model work runs in the thread pool; the engine's
+lock serialises it with the batcher's runs. Reference sets (the built-in UD EWT sample, or the
+``--store`` given at start) and masked-LM heads are built once per model, on first use.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+from importlib import resources
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+from fastapi import FastAPI, Request
+from fastapi.responses import FileResponse
+from pydantic import Field
+from starlette.concurrency import run_in_threadpool
+from starlette.staticfiles import StaticFiles
+
+from ..errors import LayerwiseError
+from .responses import ApiError, b64_array, json_response
+from .schemas import _Strict
+
+if TYPE_CHECKING:
+    from ..encoder import Encoder
+    from ..explore import MaskedLMHead, ReferenceSet
+
+STATIC = Path(str(resources.files("layerwise.explore").joinpath("static")))
+# The page runs only its own script and talks only to this server: an injected tag or handler
+# would not run even if escaping failed somewhere (the page itself never parses user text as HTML).
+CSP = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+    "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+)
+
+
+class TextRequest(_Strict):
+    model: str | None = None
+    text: str = Field(min_length=1, max_length=100_000)
+    text_pair: str | None = Field(None, max_length=100_000)
+
+
+class NeighboursRequest(TextRequest):
+    token: int = Field(ge=0, description="Index of the token in the text's tokens ([CLS] = 0)")
+    k: int = Field(5, ge=1, le=50)
+
+
+class AttentionRequest(TextRequest):
+    layer: int = Field(ge=1, description="Encoder layer 1..n_layers")
+
+
+class LensRequest(TextRequest):
+    k: int = Field(5, ge=1, le=50)
+
+
+class ProjectionRequest(_Strict):
+    model: str | None = None
+    words: list[str] = Field(min_length=1, max_length=20)
+    projection: Literal["pca", "tsne", "umap"] = "pca"
+
+
+class Explorer:
+    """Per served model: its reference set and masked-LM head, built once on first use."""
+
+    def __init__(self, store: str | os.PathLike | None = None, store_model: str | None = None) -> None:
+        self.store, self.store_model = store, store_model
+        self._references: dict[str, ReferenceSet] = {}
+        self._heads: dict[str, MaskedLMHead | None] = {}
+        self._lock = threading.Lock()
+
+    def reference(self, name: str, encoder: Encoder) -> ReferenceSet:
+        from ..explore import ReferenceSet
+
+        with self._lock:
+            if name not in self._references:
+                if self.store is not None and self.store_model == encoder.name:
+                    self._references[name] = ReferenceSet.from_store(self.store)
+                else:
+                    self._references[name] = ReferenceSet.sample(encoder)
+            return self._references[name]
+
+    def head(self, name: str, encoder: Encoder) -> MaskedLMHead | None:
+        from ..explore import MaskedLMHead
+
+        with self._lock:
+            if name not in self._heads:
+                self._heads[name] = MaskedLMHead.load(encoder)
+            return self._heads[name]
+
+
+def add_explorer(
+    app: FastAPI,
+    *,
+    models: dict,
+    pick: Callable[[str | None], Any],
+    check_key: Callable[[Request], None],
+    max_tokens: int,
+    store: str | os.PathLike | None = None,
+) -> None:
+    """Mount the page and its endpoints on ``app`` (see the module docstring)."""
+    store_model = _store_model(store) if store is not None else None
+    explorer = Explorer(store, store_model)
+
+    @app.get("/", include_in_schema=False)
+    async def page():
+        return FileResponse(STATIC / "index.html", headers={"Content-Security-Policy": CSP})
+
+    app.mount("/explore", StaticFiles(directory=STATIC), name="explore-static")
+
+    async def compute(function: Callable, *args):
+        try:
+            return await run_in_threadpool(function, *args)
+        except LayerwiseError as exc:
+            raise ApiError(422, str(exc)) from None
+
+    def windowed(encoder: Encoder, body: TextRequest):
+        _check_size(encoder, body, max_tokens)
+        pairs = None if body.text_pair is None else [body.text_pair]
+        return encoder.extract([body.text], text_pairs=pairs, long_texts="window", progress=False)[0]
+
+    @app.get("/v1/explore/info", summary="Explorer: served models, what each view can show")
+    async def info(request: Request):
+        check_key(request)
+        from ..plot import PROJECTIONS
+
+        entries = []
+        for name, served in models.items():
+            if name != served.name:
+                continue  # aliases
+            enc = served.encoder
+            head = await compute(explorer.head, name, enc)
+            entries.append(
+                {
+                    "id": name,
+                    "n_hidden_states": enc.n_hidden_states,
+                    "n_heads": int(enc.model.config.num_attention_heads),
+                    "hidden_size": enc.hidden_size,
+                    "max_length": enc.max_length,
+                    "lens": head is not None,
+                    "mask_token": enc.tokenizer.mask_token,
+                    "reference": "store" if store_model == enc.name else "sample",
+                }
+            )
+        return {"models": entries, "projections": [p for p in PROJECTIONS if _installed(p)]}
+
+    @app.post("/v1/explore/tokens", summary="Explorer grid: per token and layer, the token_statistics")
+    async def tokens(body: TextRequest, request: Request):
+        check_key(request)
+        from ..explore import token_statistics
+
+        served = pick(body.model)
+
+        def work():
+            stack = windowed(served.encoder, body)
+            stats = token_statistics(stack)
+            return {
+                "model": served.name,
+                **_token_fields(stack),
+                "statistics": {name: _nullable(values) for name, values in stats.items()},
+            }
+
+        return json_response(await compute(work))
+
+    @app.post("/v1/explore/neighbours", summary="Explorer: a token's nearest reference tokens per layer")
+    async def neighbours(body: NeighboursRequest, request: Request):
+        check_key(request)
+        served = pick(body.model)
+
+        def work():
+            stack = windowed(served.encoder, body)
+            if body.token >= stack.n_tokens:
+                raise ApiError(
+                    422, f"token {body.token} is past the text's {stack.n_tokens} tokens", param="token"
+                )
+            reference = explorer.reference(served.name, served.encoder)
+            rows = [stack.layers.index(layer) for layer in reference.layers]
+            found = reference.neighbours(stack.hidden[rows, body.token], k=body.k)
+            return {
+                "model": served.name,
+                "token": body.token,
+                "token_text": stack.tokens[body.token],
+                "reference": reference.name,
+                "layers": list(reference.layers),
+                "neighbours": [[_neighbour(n) for n in row] for row in found],
+            }
+
+        return json_response(await compute(work))
+
+    @app.post("/v1/explore/attention", summary="Explorer: every head's attention at one layer")
+    async def attention(body: AttentionRequest, request: Request):
+        check_key(request)
+        from ..explore import attention_maps
+
+        served = pick(body.model)
+        n_layers = served.encoder.n_layers
+        if body.layer > n_layers:
+            raise ApiError(
+                422, f"layer {body.layer} out of range: this model has layers 1 … {n_layers}", param="layer"
+            )
+
+        def work():
+            _check_size(served.encoder, body, max_tokens)
+            stack, maps = attention_maps(served.encoder, body.text, body.text_pair)
+            return {
+                "model": served.name,
+                **_token_fields(stack),
+                "layer": body.layer,
+                "attention": b64_array(maps[body.layer - 1], "float32"),
+            }
+
+        return json_response(await compute(work))
+
+    @app.post("/v1/explore/lens", summary="Explorer: each layer's top predictions for [MASK] (logit lens)")
+    async def lens(body: LensRequest, request: Request):
+        check_key(request)
+        from ..explore import logit_lens
+
+        served = pick(body.model)
+
+        def work():
+            head = explorer.head(served.name, served.encoder)
+            if head is None:
+                raise ApiError(
+                    422, f"model {served.name!r} has no masked-LM head in its checkpoint: no logit lens"
+                )
+            _check_size(served.encoder, body, max_tokens)
+            return {"model": served.name, **logit_lens(served.encoder, body.text, k=body.k, head=head)}
+
+        return json_response(await compute(work))
+
+    @app.post("/v1/explore/projection", summary="Explorer: layerwise plot's per-layer projection, as data")
+    async def projection(body: ProjectionRequest, request: Request):
+        check_key(request)
+        from ..explore import word_projection
+
+        served = pick(body.model)
+
+        def work():
+            reference = explorer.reference(served.name, served.encoder)
+            found = word_projection(reference.stacks, body.words, body.projection)
+            return {
+                "model": served.name,
+                "reference": reference.name,
+                "projection": body.projection,
+                "layers": list(found["layers"]),
+                "labels": found["labels"],
+                "missing": found["missing"],
+                "points": np.round(found["points"], 5).tolist(),
+                "sites": [_site(reference, *site) for site in found["sites"]],
+            }
+
+        return json_response(await compute(work))
+
+    @app.get("/v1/explore/similarity", summary="Explorer: linear CKA between layers over the reference set")
+    async def similarity(request: Request, model: str | None = None):
+        check_key(request)
+        served = pick(model)
+
+        def work():
+            reference = explorer.reference(served.name, served.encoder)
+            return {
+                "model": served.name,
+                "reference": reference.name,
+                "layers": list(reference.layers),
+                "cka": np.round(reference.similarity, 6).tolist(),
+            }
+
+        return json_response(await compute(work))
+
+
+# ---------------------------------------------------------------------------------------------- helpers
+def _store_model(store: str | os.PathLike) -> str:
+    from ..explore import ReferenceSet
+
+    return ReferenceSet.from_store(store, max_tokens=1).model  # checks level and layers up front
+
+
+def _installed(projection: str) -> bool:
+    import importlib.util
+
+    module = {"pca": "sklearn", "tsne": "sklearn", "umap": "umap"}[projection]
+    return importlib.util.find_spec(module) is not None
+
+
+def _check_size(encoder: Encoder, body: TextRequest, max_tokens: int) -> None:
+    pairs = None if body.text_pair is None else [body.text_pair]
+    n_tokens = len(encoder.tokenize([body.text], text_pairs=pairs)[0])
+    if n_tokens > max_tokens:
+        raise ApiError(
+            413, f"the text has {n_tokens:,} tokens; this server takes at most {max_tokens:,} per request"
+        )
+
+
+def _token_fields(stack) -> dict:
+    return {
+        "text": stack.text,
+        "text_pair": stack.text_pair,
+        "tokens": list(stack.tokens),
+        "offsets": stack.offsets.tolist(),
+        "segment_ids": stack.segment_ids.tolist(),
+        "layers": list(stack.layers),
+        "truncated": stack.truncated,
+        "n_windows": stack.n_windows,
+    }
+
+
+def _nullable(values: np.ndarray) -> list:
+    """Nested lists with NaN as None (JSON has no NaN)."""
+    return [[None if np.isnan(v) else float(v) for v in row] for row in values]
+
+
+def _neighbour(n) -> dict:
+    return {"cosine": n.cosine, "text": n.text, "token": n.token_text, "start": n.start, "end": n.end}
+
+
+def _site(reference: ReferenceSet, s: int, segment: int, start: int, end: int) -> dict:
+    stack = reference.stacks[s]
+    text = stack.text if segment == 0 or stack.text_pair is None else stack.text_pair
+    return {"text": text, "start": start, "end": end}
