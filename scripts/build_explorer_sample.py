@@ -36,7 +36,9 @@ def sentences(folder: Path):
 
 
 def main() -> None:
-    folder = Path(sys.argv[1] if len(sys.argv) > 1 else Path(__file__).resolve().parents[2] / "shared/data/ud_ewt")
+    folder = Path(
+        sys.argv[1] if len(sys.argv) > 1 else Path(__file__).resolve().parents[2] / "shared/data/ud_ewt"
+    )
     pool = [(i, t) for i, t in sentences(folder) if 5 <= len(t.split()) <= 40 and "\t" not in t]
     rng = random.Random(SEED)
     rng.shuffle(pool)

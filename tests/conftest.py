@@ -107,6 +107,27 @@ def make_tiny_model(tmp_path_factory, default_model_dir) -> Callable[..., Path]:
 
 
 @pytest.fixture(scope="session")
+def make_tiny_mlm(tmp_path_factory, default_model_dir) -> Callable[..., Path]:
+    """Like make_tiny_model, with a masked-LM head saved in the checkpoint (AutoModelForMaskedLM)."""
+    import torch
+    from transformers import AutoModelForMaskedLM
+
+    made: dict[str, Path] = {}
+
+    def make(arch: str = "bert") -> Path:
+        if arch not in made:
+            folder = tmp_path_factory.mktemp(f"tiny-mlm-{arch}")
+            torch.manual_seed(0)
+            AutoModelForMaskedLM.from_config(tiny_config(arch, 2)).save_pretrained(folder)
+            for name in TOKENIZER_FILES:
+                shutil.copy(default_model_dir / name, folder / name)
+            made[arch] = folder
+        return made[arch]
+
+    return make
+
+
+@pytest.fixture(scope="session")
 def tiny_encoder(make_tiny_model):
     import layerwise as lw
 

@@ -100,6 +100,7 @@ function extractCall() {
 // ------------------------------------------------------------------------------------------ grid
 async function runText() {
   showError("");
+  $("grid").removeAttribute("data-ms"); // set again when this text's grid is drawn
   const t0 = performance.now();
   const body = textBody();
   let data;
@@ -239,7 +240,7 @@ function drawAttention() {
   const a = state.attention;
   if (!a) return;
   const m = attentionMatrix(), n = a.n;
-  const cell = Math.max(4, Math.min(22, Math.floor(520 / n)));
+  const cell = Math.max(8, Math.min(22, Math.floor(520 / n))); // >= 8 px: room for labels (the view scrolls)
   const ctx0 = document.createElement("canvas").getContext("2d");
   ctx0.font = "11px ui-monospace, monospace";
   const margin = Math.min(120, 8 + Math.max(...a.tokens.map((t) => ctx0.measureText(t).width)));
@@ -257,7 +258,8 @@ function drawAttention() {
   }
   ctx.fillStyle = "#1f2328";
   ctx.font = "11px ui-monospace, monospace";
-  if (cell >= 8) {
+  {
+    ctx.font = `${Math.min(11, cell)}px ui-monospace, monospace`;
     ctx.textAlign = "right";
     ctx.textBaseline = "middle";
     a.tokens.forEach((t, i) => ctx.fillText(t, margin - 4, margin + i * cell + cell / 2, margin - 6));
@@ -321,6 +323,8 @@ async function loadProjection() {
   } catch (e) {
     $("proj-info").textContent = e.message;
     $("projection").replaceChildren();
+    $("proj-legend").replaceChildren();
+    $("proj-layer-label").textContent = "";
     state.projection = null;
     return;
   }
