@@ -81,6 +81,9 @@ class Encoder:
         batch_size: at most this many inputs per forward pass.
         max_tokens: at most this many padded tokens (inputs x longest input) per forward pass;
             2048 on CPU (small working sets stay in cache; benchmarks/extract_speed.py), 32768 on GPU.
+        packed: run the unpadded forward (packed.py: real tokens only, attention per sequence) where
+            the architecture allows it (BERT, RoBERTa, ELECTRA, MiniLM); False, or taps, or
+            ``method="hooks"``: the Hugging Face padded forward. Both give the same numbers.
     Front ends batching across callers use ``inputs.encode`` and ``engine.stream`` directly."""
 
     def __init__(
@@ -92,6 +95,7 @@ class Encoder:
         max_length: int | None = None,
         batch_size: int = 128,
         max_tokens: int | None = None,
+        packed: bool = True,
     ) -> None:
         check_choice("model_dtype", model_dtype, MODEL_DTYPES)
         _positive("batch_size", batch_size, optional=False)
@@ -112,11 +116,12 @@ class Encoder:
         self.hidden_size: int = config.hidden_size
         self.sentence_transformers = read_sentence_transformers(self.source)
         convention = self.sentence_transformers.max_seq_length if self.sentence_transformers else None
-        self.max_length = usable_max_length(config, self.tokenizer, max_length, convention)
+        padding_idx = getattr(getattr(self.model, "embeddings", None), "padding_idx", None)
+        self.max_length = usable_max_length(config, self.tokenizer, max_length, convention, padding_idx)
         self.inputs = InputEncoder(self.tokenizer.backend_tokenizer, self.max_length)
         max_tokens = max_tokens or (CPU_MAX_TOKENS if self.device.type == "cpu" else GPU_MAX_TOKENS)
         self.engine = Engine(self.model, self.tokenizer, device=self.device, max_length=self.max_length,
-                              batch_size=batch_size, max_tokens=max_tokens)  # fmt: skip
+                              batch_size=batch_size, max_tokens=max_tokens, packed=packed)  # fmt: skip
         self.batch_size, self.max_tokens = batch_size, max_tokens  # the defaults of every call
         self.engine.warm_up([self.tokenizer.cls_token_id or 0, self.tokenizer.sep_token_id or 0], self.name)
 

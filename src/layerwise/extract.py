@@ -28,6 +28,7 @@ from torch import nn
 from .errors import ModelLoadError, OptionError
 from .hooks import HookRecorder, find_layer_list, truncated_encoder
 from .inputs import EncodedInput, length_sorted_batches
+from .packed import PackedEncoder
 from .progress import progress_bar
 from .results import LayerStack
 from .windows import Window, plan_windows, stitch
@@ -185,6 +186,7 @@ class Engine:
         max_length: int,
         batch_size: int,
         max_tokens: int,
+        packed: bool = True,
     ) -> None:
         config = model.config
         pad_id = tokenizer.pad_token_id
@@ -198,6 +200,8 @@ class Engine:
             model, model.config.num_hidden_layers
         )
         self.lock = threading.RLock()  # one forward at a time: hooks and truncation patch the model
+        # the unpadded forward where the architecture allows it (packed.py); None: Hugging Face's
+        self.packed = PackedEncoder.build(model) if packed else None
 
     def warm_up(self, ids: list[int], name: str) -> None:
         """One full-depth forward with ``output_hidden_states`` before any truncated one.
@@ -303,6 +307,8 @@ class Engine:
         method: Method,
         taps: tuple[str, ...],
     ) -> Rows:
+        if self.packed is not None and method == "hidden_states" and not taps:
+            return self._forward_packed(units, layers)
         batch = collate(units, pad_id=self.pad_id, with_token_types=self.with_token_types, device=self.device)
         with self.lock, torch.inference_mode(), self._attention_for(taps):
             hidden, tapped = forward_batch(
@@ -313,6 +319,20 @@ class Engine:
         # one cheap whole-batch test (a sum is NaN/inf when any term is, or overflows: then the rows
         # are looked at one by one; isfinite().all() costs 30x more, 2% of a run); padding is summed too
         rows.nonfinite = not bool(torch.isfinite(hidden.sum()))
+        return rows
+
+    def _forward_packed(self, units: Sequence[EncodedInput | Window], layers: tuple[int, ...]) -> Rows:
+        assert self.packed is not None
+        batch = self.packed.prepare(units, with_token_types=self.with_token_types, device=self.device)
+        with self.lock, torch.inference_mode():
+            hidden = self.packed.forward(batch, layers)  # (L, N, H): real tokens only
+        array = _to_numpy(hidden)
+        rows = Rows()
+        start = 0
+        for n in batch.lengths:
+            rows.append((np.ascontiguousarray(array[:, start : start + n]), {}))
+            start += n
+        rows.nonfinite = not bool(torch.isfinite(hidden.sum()))  # see _forward_units
         return rows
 
     @contextmanager

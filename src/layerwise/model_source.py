@@ -186,13 +186,17 @@ def load_model(source: str, name: str, dtype):
     return tokenizer, model
 
 
-def usable_max_length(config, tokenizer, requested: int | None, convention: int | None = None) -> int:
+def usable_max_length(
+    config, tokenizer, requested: int | None, convention: int | None = None, padding_idx: int | None = None
+) -> int:
     """The longest input in tokens: the model's positions, capped by the tokenizer's limit; by
     default also by ``convention`` (a sentence-transformers model's ``max_seq_length``, so that its
-    vectors are the ones it was trained and evaluated with)."""
+    vectors are the ones it was trained and evaluated with). ``padding_idx``: the embeddings' own
+    (MPNet fixes it at 1 whatever the config's pad_token_id says)."""
     limit = int(getattr(config, "max_position_embeddings", 512))
     if config.model_type in _OFFSET_POSITIONS:
-        limit -= int(getattr(config, "pad_token_id", 1) or 0) + 1
+        offset = padding_idx if padding_idx is not None else getattr(config, "pad_token_id", 1)
+        limit -= int(offset or 0) + 1
     tokenizer_limit = getattr(tokenizer, "model_max_length", None)
     if isinstance(tokenizer_limit, int) and 2 <= tokenizer_limit < 1_000_000:
         limit = min(limit, tokenizer_limit)

@@ -1,0 +1,154 @@
+"""All-layer extraction speed: packed (unpadded) forward vs the padded Hugging Face forward vs the
+loops a user would write, and the machine's matmul ceiling — in one run.
+
+    python benchmarks/packed_speed.py [--sentences 1000] [--documents 40] [--repeats 3] [--base-texts 300]
+
+For the default model (all-MiniLM-L6-v2) and a randomly initialised 12-layer ``BertConfig()``
+(BERT-base shapes), on a mixed-length UD EWT corpus (sentences + whole documents, truncated at
+512), tokens/s of:
+
+  tutorial     one text at a time, output_hidden_states, torch.no_grad, stacked to NumPy
+  best loop    texts sorted by length, batches of 32, padding=True, inference_mode, every hidden
+               state to NumPy (the best a user writes by hand)
+  st tokens    sentence-transformers ``encode(output_value="token_embeddings")`` (last layer only)
+  layerwise hf ``Encoder(packed=False).extract(texts, layers="all")``: padded HF forward
+  layerwise    ``Encoder().extract(texts, layers="all")``: the packed forward (the default)
+
+Every method produces every token's vectors (all hidden states except st); each is timed
+``--repeats`` times, interleaved, and the median is reported. The ceiling is the measured fp32
+matmul rate (2048^2, torch's threads) divided by the model's matmul FLOPs per token of this corpus.
+Results go to benchmarks/results/packed_speed.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from corpus import mixed_corpus
+from extract_speed import matmul_gflops, model_gflop, tutorial_loop
+
+import layerwise as lw
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def best_loop(tokenizer, model, texts: list[str]) -> int:
+    order = sorted(range(len(texts)), key=lambda i: len(texts[i]), reverse=True)
+    n_tokens = 0
+    with torch.inference_mode():
+        for start in range(0, len(order), 32):
+            batch = tokenizer(
+                [texts[i] for i in order[start : start + 32]], padding=True, truncation=True, max_length=512,
+                return_tensors="pt",
+            )  # fmt: skip
+            states = torch.stack(model(**batch, output_hidden_states=True).hidden_states, dim=1)
+            lengths = batch["attention_mask"].sum(1).tolist()
+            array = states.numpy()
+            for row, n in enumerate(lengths):
+                _ = array[row, :, :n].copy()  # (layers, tokens, hidden) of one text
+                n_tokens += n
+    return n_tokens
+
+
+def measure(name: str, folder: str, texts: list[str], repeats: int, skip_tutorial: bool) -> dict:
+    packed = lw.Encoder(folder, device="cpu", max_length=512)
+    padded = lw.Encoder(folder, device="cpu", max_length=512, packed=False)
+    assert packed.engine.packed is not None and padded.engine.packed is None
+    tokenizer, model = padded.tokenizer, padded.model
+    lengths = [len(e) for e in packed.tokenize(texts)]
+    n_tokens = sum(lengths)
+    methods = {
+        "best_loop": lambda: best_loop(tokenizer, model, texts),
+        "layerwise_hf": lambda: sum(s.n_tokens for s in padded.extract(texts, layers="all", progress=False)),
+        "layerwise_packed": lambda: sum(s.n_tokens for s in packed.extract(texts, layers="all", progress=False)),
+    }
+    if not skip_tutorial:
+        methods["tutorial"] = lambda: tutorial_loop(tokenizer, model, texts)
+    try:
+        from sentence_transformers import SentenceTransformer
+
+        st = SentenceTransformer(folder, device="cpu")
+        st.max_seq_length = 512
+
+        def st_tokens() -> int:
+            out = st.encode(texts, output_value="token_embeddings", batch_size=32)
+            return sum(len(x) for x in out)
+
+        methods["st_tokens"] = st_tokens
+    except Exception as exc:  # no sentence-transformers: the rest still runs
+        print(f"sentence-transformers skipped: {exc}")
+    packed.extract(texts[:16], progress=False)
+    padded.extract(texts[:16], progress=False)
+    times: dict[str, list[float]] = {k: [] for k in methods}
+    for _ in range(repeats):
+        for key, fn in methods.items():
+            start = time.perf_counter()
+            counted = fn()
+            times[key].append(time.perf_counter() - start)
+            assert counted == n_tokens, (key, counted, n_tokens)
+    peak = matmul_gflops()
+    per_token = model_gflop(model.config, lengths) / n_tokens  # GFLOP per token (incl. attention)
+    ceiling = peak / per_token
+    rates = {k: n_tokens / statistics.median(v) for k, v in times.items()}
+    print(f"\n{name}: {len(texts)} texts, {n_tokens} tokens; matmul {peak:.0f} GFLOP/s -> ceiling {ceiling:,.0f} tok/s")
+    for key, rate in sorted(rates.items(), key=lambda kv: kv[1]):
+        print(f"  {key:17s} {rate:9,.0f} tok/s  {rate / ceiling:5.0%} of ceiling  (runs: {[round(t, 2) for t in times[key]]})")
+    p = rates["layerwise_packed"]
+    ratios = {f"packed_over_{k}": round(p / r, 2) for k, r in rates.items() if k != "layerwise_packed"}
+    print("  " + ", ".join(f"{k} {v}x" for k, v in ratios.items()))
+    return {
+        "texts": len(texts),
+        "tokens": n_tokens,
+        "matmul_gflops": round(peak, 1),
+        "ceiling_tokens_per_s": round(ceiling),
+        "tokens_per_s": {k: round(v) for k, v in rates.items()},
+        "fraction_of_ceiling": {k: round(v / ceiling, 3) for k, v in rates.items()},
+        "ratios": ratios,
+        "seconds": {k: [round(t, 3) for t in v] for k, v in times.items()},
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sentences", type=int, default=1000)
+    parser.add_argument("--documents", type=int, default=40)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--base-texts", type=int, default=300, help="texts for the 12-layer model")
+    args = parser.parse_args()
+    logging.getLogger("layerwise").setLevel(logging.ERROR)
+    texts = mixed_corpus(args.sentences, args.documents)
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
+    results = {"default": measure("all-MiniLM-L6-v2", str(lw.default_model_path()), texts, args.repeats, False)}
+
+    from transformers import BertConfig, BertModel
+
+    folder = Path(tempfile.mkdtemp(prefix="lw-bert-base-"))
+    try:
+        torch.manual_seed(0)
+        BertModel(BertConfig()).save_pretrained(folder)
+        for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
+            shutil.copy(lw.default_model_path() / name, folder / name)
+        subset = texts[:: max(1, len(texts) // args.base_texts)][: args.base_texts]
+        results["bert_base"] = measure("BertConfig() 12 layers", str(folder), subset, args.repeats, True)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "packed_speed.json").write_text(json.dumps(results, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

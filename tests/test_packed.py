@@ -1,0 +1,90 @@
+"""The packed (unpadded) forward equals the padded Hugging Face forward at every layer."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import ARCHITECTURES, ud_sentences
+
+import layerwise as lw
+from layerwise.packed import PACKED_MODEL_TYPES, PackedEncoder
+
+TEXTS = ud_sentences("dev", 40)
+
+
+def pair_of_encoders(folder, **options):
+    return lw.Encoder(folder, device="cpu", **options), lw.Encoder(folder, device="cpu", packed=False, **options)
+
+
+def assert_same(packed_results, padded_results, atol=1e-5):
+    assert len(packed_results) == len(padded_results)
+    for a, b in zip(packed_results, padded_results, strict=True):
+        assert a.tokens == b.tokens and a.layers == b.layers and a.n_windows == b.n_windows
+        np.testing.assert_allclose(a.hidden, b.hidden, atol=atol, rtol=0)
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_packed_equals_padded_at_every_layer(make_tiny_model, arch):
+    packed, padded = pair_of_encoders(make_tiny_model(arch, 3))
+    assert (packed.engine.packed is not None) == (arch in PACKED_MODEL_TYPES)
+    assert padded.engine.packed is None
+    long_text = " ".join(ud_sentences("test", 12))  # over the tiny models' 127-128 tokens
+    texts = [*TEXTS, long_text, "a", "[SEP] typed as text"]
+    assert_same(packed.extract(texts), padded.extract(texts))  # mixed lengths, one truncated
+    firsts, seconds = TEXTS[:12], TEXTS[12:24]
+    assert_same(packed.extract(firsts, text_pairs=seconds), padded.extract(firsts, text_pairs=seconds))
+    windowed = {"long_texts": "window", "stride": 40}
+    assert_same(packed.extract([long_text, "short"], **windowed), padded.extract([long_text, "short"], **windowed))
+    words = [t.split() for t in TEXTS[:8]]
+    assert_same(packed.extract(words=words), padded.extract(words=words))
+    # a subset of layers, in any order, stops at the deepest one
+    assert_same(packed.extract(TEXTS[:6], layers=[2, 0]), padded.extract(TEXTS[:6], layers=[2, 0]))
+
+
+def test_default_model_packed_equals_padded(default_encoder, default_model_dir):
+    padded = lw.Encoder(default_model_dir, device="cpu", packed=False)
+    assert default_encoder.engine.packed is not None
+    texts = ud_sentences("dev", 200)
+    assert_same(default_encoder.extract(texts), padded.extract(texts))
+
+
+def test_packed_runs_only_the_layers_needed(make_tiny_model):
+    packed, _ = pair_of_encoders(make_tiny_model("bert", 4))
+    calls: list[int] = []
+    layers = packed.engine.packed.layers
+    handles = [layer.output.register_forward_hook(lambda *a, i=i: calls.append(i)) for i, layer in enumerate(layers)]
+    try:
+        packed.extract(["one text", "and another one"], layers=[2])
+    finally:
+        for handle in handles:
+            handle.remove()
+    assert calls == [0, 1]  # one packed batch, layers 1 and 2 only
+
+
+def test_taps_and_hooks_use_the_hugging_face_forward(make_tiny_model, monkeypatch):
+    packed, padded = pair_of_encoders(make_tiny_model("bert"))
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the packed forward ran")
+
+    monkeypatch.setattr(packed.engine.packed, "forward", refuse)
+    tapped = packed.extract(TEXTS[:4], taps=["attention_probs", "intermediate"])
+    want = padded.extract(TEXTS[:4], taps=["attention_probs", "intermediate"])
+    for a, b in zip(tapped, want, strict=True):
+        np.testing.assert_array_equal(a.taps["attention_probs"], b.taps["attention_probs"])
+    assert_same(packed.extract(TEXTS[:4], method="hooks"), padded.extract(TEXTS[:4]))
+
+
+def test_half_precision_packed_close_to_padded(make_tiny_model):
+    packed, padded = pair_of_encoders(make_tiny_model("bert"), model_dtype="bfloat16")
+    assert_same(packed.extract(TEXTS[:10]), padded.extract(TEXTS[:10]), atol=0.05)
+
+
+def test_unsupported_configs_fall_back():
+    from transformers import BertConfig, BertModel
+
+    relative = BertModel(BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+                                    intermediate_size=64, position_embedding_type="relative_key"))  # fmt: skip
+    assert PackedEncoder.build(relative) is None
+    plain = BertModel(BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64))
+    assert PackedEncoder.build(plain) is not None
