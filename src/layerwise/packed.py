@@ -51,6 +51,7 @@ class PackedEncoder:
         self.layers = list(model.encoder.layer)
         self.n_heads: int = model.config.num_attention_heads
         self.padding_idx: int = getattr(model.embeddings, "padding_idx", 0) or 0
+        self._qkv: dict[int, tuple] = {}  # id(self-attention module) -> (versions, weight, bias)
 
     @classmethod
     def build(cls, model: Any) -> PackedEncoder | None:
@@ -68,6 +69,9 @@ class PackedEncoder:
         first = encoder.layer[0]
         needed = ("attention", "intermediate", "output")
         if not all(hasattr(first, name) for name in needed) or not hasattr(first.attention, "self"):
+            return None
+        projections = [getattr(first.attention.self, n, None) for n in ("query", "key", "value")]
+        if any(p is None or getattr(p, "bias", None) is None for p in projections):
             return None
         return cls(model)
 
@@ -116,16 +120,32 @@ class PackedEncoder:
         a = attention.output(context, h)  # dense, dropout, LayerNorm(. + h)
         return layer.output(layer.intermediate(a), a)  # dense+act, then dense, dropout, LayerNorm(. + a)
 
+    def _fused_qkv(self, module: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """Query, key and value projections as one matrix (one larger matmul instead of three), cached
+        per layer and rebuilt whenever any of the six tensors has changed (their version counters):
+        weights edited in place after loading are never served stale."""
+        parts = (module.query.weight, module.key.weight, module.value.weight,
+                 module.query.bias, module.key.bias, module.value.bias)  # fmt: skip
+        stamp = tuple((id(t), t._version) for t in parts)
+        cached = self._qkv.get(id(module))
+        if cached is None or cached[0] != stamp:
+            cached = (stamp, torch.cat(parts[:3]), torch.cat(parts[3:]))
+            self._qkv[id(module)] = cached
+        return cached[1], cached[2]
+
     def _attend(self, module: Any, h: torch.Tensor, batch: PackedBatch) -> torch.Tensor:
         n, hidden = h.shape
         b, t, heads = len(batch.lengths), batch.width, self.n_heads
         d = hidden // heads
-
-        def grid(x: torch.Tensor) -> torch.Tensor:  # (N, H) -> (B, heads, T, d), zeros at padding
-            padded = x.new_zeros(b * t, hidden)
-            padded.index_copy_(0, batch.flat, x)
-            return padded.view(b, t, heads, d).transpose(1, 2)
-
-        q, k, v = grid(module.query(h)), grid(module.key(h)), grid(module.value(h))
-        context = F.scaled_dot_product_attention(q, k, v, attn_mask=batch.key_mask, scale=module.scaling)
-        return context.transpose(1, 2).reshape(b * t, hidden).index_select(0, batch.flat)
+        weight, bias = self._fused_qkv(module)
+        qkv = F.linear(h, weight, bias)  # (N, 3H)
+        dense = n == b * t  # every sequence as long as the longest: the packed rows are the grid
+        if not dense:  # one scatter of q, k and v together into the (B, T) grid, zeros at padding
+            grid = qkv.new_zeros(b * t, 3 * hidden)
+            grid.index_copy_(0, batch.flat, qkv)
+            qkv = grid
+        q, k, v = qkv.view(b, t, 3, heads, d).permute(2, 0, 3, 1, 4).unbind(0)  # (B, heads, T, d) each
+        mask = None if dense else batch.key_mask
+        context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=module.scaling)
+        context = context.transpose(1, 2).reshape(b * t, hidden)
+        return context if dense else context.index_select(0, batch.flat)
