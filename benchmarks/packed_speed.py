@@ -75,7 +75,9 @@ def measure(name: str, folder: str, texts: list[str], repeats: int, skip_tutoria
     methods = {
         "best_loop": lambda: best_loop(tokenizer, model, texts),
         "layerwise_hf": lambda: sum(s.n_tokens for s in padded.extract(texts, layers="all", progress=False)),
-        "layerwise_packed": lambda: sum(s.n_tokens for s in packed.extract(texts, layers="all", progress=False)),
+        "layerwise_packed": lambda: sum(
+            s.n_tokens for s in packed.extract(texts, layers="all", progress=False)
+        ),
     }
     if not skip_tutorial:
         methods["tutorial"] = lambda: tutorial_loop(tokenizer, model, texts)
@@ -107,9 +109,13 @@ def measure(name: str, folder: str, texts: list[str], repeats: int, skip_tutoria
     per_token = model_gflop(model.config, lengths) / n_tokens  # GFLOP per token (incl. attention)
     ceiling = peak / per_token
     rates = {k: n_tokens / statistics.median(v) for k, v in times.items()}
-    print(f"\n{name}: {len(texts)} texts, {n_tokens} tokens; matmul {peak:.0f} GFLOP/s -> ceiling {ceiling:,.0f} tok/s")
+    print(
+        f"\n{name}: {len(texts)} texts, {n_tokens} tokens; matmul {peak:.0f} GFLOP/s -> ceiling {ceiling:,.0f} tok/s"
+    )
     for key, rate in sorted(rates.items(), key=lambda kv: kv[1]):
-        print(f"  {key:17s} {rate:9,.0f} tok/s  {rate / ceiling:5.0%} of ceiling  (runs: {[round(t, 2) for t in times[key]]})")
+        print(
+            f"  {key:17s} {rate:9,.0f} tok/s  {rate / ceiling:5.0%} of ceiling  (runs: {[round(t, 2) for t in times[key]]})"
+        )
     p = rates["layerwise_packed"]
     ratios = {f"packed_over_{k}": round(p / r, 2) for k, r in rates.items() if k != "layerwise_packed"}
     print("  " + ", ".join(f"{k} {v}x" for k, v in ratios.items()))
@@ -127,7 +133,9 @@ def measure(name: str, folder: str, texts: list[str], repeats: int, skip_tutoria
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--sentences", type=int, default=1000)
     parser.add_argument("--documents", type=int, default=40)
     parser.add_argument("--repeats", type=int, default=3)
@@ -136,7 +144,9 @@ def main() -> None:
     logging.getLogger("layerwise").setLevel(logging.ERROR)
     texts = mixed_corpus(args.sentences, args.documents)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
-    results = {"default": measure("all-MiniLM-L6-v2", str(lw.default_model_path()), texts, args.repeats, False)}
+    results = {
+        "default": measure("all-MiniLM-L6-v2", str(lw.default_model_path()), texts, args.repeats, False)
+    }
 
     from transformers import BertConfig, BertModel
 

@@ -49,7 +49,9 @@ def sweep(folder: str, texts: list[str], budgets: list[int], repeats: int) -> di
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--sentences", type=int, default=1000)
     parser.add_argument("--documents", type=int, default=40)
     parser.add_argument("--repeats", type=int, default=3)
@@ -59,7 +61,9 @@ def main() -> None:
     logging.getLogger("layerwise").setLevel(logging.ERROR)
     budgets = [int(b) for b in args.budgets.split(",")]
     texts = mixed_corpus(args.sentences, args.documents)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; all-MiniLM-L6-v2, {len(texts)} texts")
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads; all-MiniLM-L6-v2, {len(texts)} texts"
+    )
     results = {"default": sweep(str(lw.default_model_path()), texts, budgets, args.repeats)}
     if args.base:
         from transformers import BertConfig, BertModel

@@ -13,7 +13,8 @@ TEXTS = ud_sentences("dev", 40)
 
 
 def pair_of_encoders(folder, **options):
-    return lw.Encoder(folder, device="cpu", **options), lw.Encoder(folder, device="cpu", packed=False, **options)
+    packed = lw.Encoder(folder, device="cpu", **options)
+    return packed, lw.Encoder(folder, device="cpu", packed=False, **options)
 
 
 def assert_same(packed_results, padded_results, atol=1e-5):
@@ -34,7 +35,8 @@ def test_packed_equals_padded_at_every_layer(make_tiny_model, arch):
     firsts, seconds = TEXTS[:12], TEXTS[12:24]
     assert_same(packed.extract(firsts, text_pairs=seconds), padded.extract(firsts, text_pairs=seconds))
     windowed = {"long_texts": "window", "stride": 40}
-    assert_same(packed.extract([long_text, "short"], **windowed), padded.extract([long_text, "short"], **windowed))
+    both = [long_text, "short"]
+    assert_same(packed.extract(both, **windowed), padded.extract(both, **windowed))
     words = [t.split() for t in TEXTS[:8]]
     assert_same(packed.extract(words=words), padded.extract(words=words))
     # a subset of layers, in any order, stops at the deepest one
@@ -52,7 +54,9 @@ def test_packed_runs_only_the_layers_needed(make_tiny_model):
     packed, _ = pair_of_encoders(make_tiny_model("bert", 4))
     calls: list[int] = []
     layers = packed.engine.packed.layers
-    handles = [layer.output.register_forward_hook(lambda *a, i=i: calls.append(i)) for i, layer in enumerate(layers)]
+    handles = [
+        layer.output.register_forward_hook(lambda *a, i=i: calls.append(i)) for i, layer in enumerate(layers)
+    ]
     try:
         packed.extract(["one text", "and another one"], layers=[2])
     finally:
@@ -83,8 +87,8 @@ def test_half_precision_packed_close_to_padded(make_tiny_model):
 def test_unsupported_configs_fall_back():
     from transformers import BertConfig, BertModel
 
-    relative = BertModel(BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
-                                    intermediate_size=64, position_embedding_type="relative_key"))  # fmt: skip
+    small = {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 4, "intermediate_size": 64}
+    relative = BertModel(BertConfig(**small, position_embedding_type="relative_key"))
     assert PackedEncoder.build(relative) is None
-    plain = BertModel(BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64))
+    plain = BertModel(BertConfig(**small))
     assert PackedEncoder.build(plain) is not None

@@ -95,8 +95,11 @@ class PackedEncoder:
         column = torch.arange(len(ids)) - starts[row]
         positions = column + (self.padding_idx + 1 if self.model_type in _OFFSET_POSITIONS else 0)
         key_mask = (torch.arange(width)[None, :] < lengths_t[:, None])[:, None, None, :]
-        tensors = [t.to(device, non_blocking=True) for t in (ids, types, positions, row * width + column, key_mask)]
-        return PackedBatch(*tensors, lengths=lengths, width=width)
+        flat = row * width + column
+        ids, types, positions, flat, key_mask = (
+            t.to(device, non_blocking=True) for t in (ids, types, positions, flat, key_mask)
+        )
+        return PackedBatch(ids, types, positions, flat, key_mask, lengths=lengths, width=width)
 
     def forward(self, batch: PackedBatch, layers: Sequence[int]) -> torch.Tensor:
         """Hidden states ``layers`` (0 = embeddings) of the packed batch: ``(len(layers), N, H)``."""
