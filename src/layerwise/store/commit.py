@@ -38,7 +38,8 @@ class Flush:
     """One piece of work for the committer: rows from ``start`` and the texts they complete."""
 
     start: int
-    rows: np.ndarray
+    pieces: list[np.ndarray]  # the rows, concatenated by the committer (off the compute thread)
+    n_rows: int
     records: list[dict]
     ends: np.ndarray  # offsets[first + 1 : first + 1 + len(records)]
     first_position: int
@@ -71,8 +72,19 @@ class ShardBuffer:
         count = self.n_buffered if final else (self.n_buffered // self.shard_rows) * self.shard_rows
         if count == 0 and not (final and self.pending):
             return None
-        rows = np.concatenate(self.rows) if self.rows else np.zeros((0,), dtype=self.dtype)
-        out, keep = rows[:count], rows[count:]
+        out: list[np.ndarray] = []  # the first ``count`` rows, as pieces (views, no copy here)
+        keep: list[np.ndarray] = []
+        taken = 0
+        for piece in self.rows:
+            room = count - taken
+            if room >= len(piece):
+                out.append(piece)
+            elif room > 0:
+                out.append(piece[:room])
+                keep.append(piece[room:])
+            else:
+                keep.append(piece)
+            taken += min(max(room, 0), len(piece))
         written_end = self.start + count
         records: list[dict] = []
         ends: list[int] = []
@@ -84,9 +96,9 @@ class ShardBuffer:
             )
             end += n_rows
             ends.append(end)
-        flush = Flush(self.start, out, records, np.asarray(ends, dtype=np.int64), self.position)
-        self.rows = [keep] if len(keep) else []
-        self.n_buffered = len(keep)
+        flush = Flush(self.start, out, count, records, np.asarray(ends, dtype=np.int64), self.position)
+        self.rows = keep
+        self.n_buffered -= count
         self.start, self.position, self.end = written_end, self.position + len(records), end
         return flush
 
@@ -128,11 +140,11 @@ class Committer(threading.Thread):
         import pyarrow.parquet as pq
 
         data = self.group[DATA]
-        end = job.start + len(job.rows)
+        end = job.start + job.n_rows
         if end > data.shape[0]:
             data.resize((end, *data.shape[1:]))
-        if len(job.rows):
-            data[job.start : end] = job.rows
+        if job.n_rows:
+            data[job.start : end] = job.pieces[0] if len(job.pieces) == 1 else np.concatenate(job.pieces)
         if job.records:
             part = self.path / MANIFEST / part_name(job.first_position)
             tmp = part.with_name(f".{part.name}.partial")
