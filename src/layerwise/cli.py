@@ -152,6 +152,10 @@ def extract(
     method: Annotated[MethodChoice, typer.Option(help="output_hidden_states or forward hooks")] = (
         MethodChoice.hidden_states
     ),
+    packed: Annotated[
+        bool,
+        typer.Option(help="Unpadded forward where the architecture allows it (same numbers; see README)"),
+    ] = True,
     pool: Annotated[
         str,
         typer.Option(
@@ -251,7 +255,7 @@ def extract(
             return
         started = time.perf_counter()
         enc = Encoder(model, device=device, model_dtype=model_dtype.value, max_length=max_length,
-                      batch_size=batch_size, max_tokens=max_tokens)  # fmt: skip
+                      batch_size=batch_size, max_tokens=max_tokens, packed=packed)  # fmt: skip
         _use_available_cores()
         pairs, progress = data.text_pairs, False if quiet else None
         if to_store:
