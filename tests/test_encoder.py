@@ -130,7 +130,8 @@ def test_bad_tap_and_method(tiny_encoder):
 
 
 def test_forward_stops_at_deepest_requested_layer(make_tiny_model):
-    enc = lw.Encoder(make_tiny_model("bert", n_layers=6), device="cpu")
+    # the Hugging Face forward (the packed one: test_packed.py)
+    enc = lw.Encoder(make_tiny_model("bert", n_layers=6), device="cpu", packed=False)
     calls = [0] * 6
     handles = [
         layer.register_forward_hook(lambda m, a, o, i=i: calls.__setitem__(i, calls[i] + 1))

@@ -59,10 +59,14 @@ def test_packed_runs_only_the_layers_needed(make_tiny_model):
     ]
     try:
         packed.extract(["one text", "and another one"], layers=[2])
+        assert calls == [0, 1]  # one packed batch, layers 1 and 2 only
+        packed.extract(["one text"], layers=[0])  # the embeddings: no layer runs at all
+        assert calls == [0, 1]
+        packed.extract(["one text"])
+        assert calls == [0, 1, 0, 1, 2, 3]
     finally:
         for handle in handles:
             handle.remove()
-    assert calls == [0, 1]  # one packed batch, layers 1 and 2 only
 
 
 def test_taps_and_hooks_use_the_hugging_face_forward(make_tiny_model, monkeypatch):

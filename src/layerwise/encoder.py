@@ -81,9 +81,8 @@ class Encoder:
         batch_size: at most this many inputs per forward pass.
         max_tokens: at most this many padded tokens (inputs x longest input) per forward pass;
             2048 on CPU (small working sets stay in cache; benchmarks/extract_speed.py), 32768 on GPU.
-        packed: run the unpadded forward (packed.py: real tokens only, attention per sequence) where
-            the architecture allows it (BERT, RoBERTa, ELECTRA, MiniLM); False, or taps, or
-            ``method="hooks"``: the Hugging Face padded forward. Both give the same numbers.
+        packed: the unpadded forward (packed.py) where the architecture allows it; False, taps or
+            ``method="hooks"``: the Hugging Face padded forward (the same numbers).
     Front ends batching across callers use ``inputs.encode`` and ``engine.stream`` directly."""
 
     def __init__(
@@ -116,7 +115,7 @@ class Encoder:
         self.hidden_size: int = config.hidden_size
         self.sentence_transformers = read_sentence_transformers(self.source)
         convention = self.sentence_transformers.max_seq_length if self.sentence_transformers else None
-        padding_idx = getattr(getattr(self.model, "embeddings", None), "padding_idx", None)
+        padding_idx = getattr(getattr(self.model, "embeddings", None), "padding_idx", None)  # MPNet: 1
         self.max_length = usable_max_length(config, self.tokenizer, max_length, convention, padding_idx)
         self.inputs = InputEncoder(self.tokenizer.backend_tokenizer, self.max_length)
         max_tokens = max_tokens or (CPU_MAX_TOKENS if self.device.type == "cpu" else GPU_MAX_TOKENS)
@@ -146,7 +145,6 @@ class Encoder:
         """Tokenise without running the model: ids, tokens, offsets, word ids, truncation flags."""
         return self.inputs.encode(normalize_inputs(texts, text_pairs=text_pairs, pairs=pairs, words=words))
 
-    # ------------------------------------------------------------------ extraction
     def iter_extract(
         self,
         texts: Sequence[str] | None = None,
