@@ -6,7 +6,9 @@ A *mixed-length* corpus holds single sentences and whole documents (all sentence
 
 from __future__ import annotations
 
+import contextlib
 import random
+from collections.abc import Iterator
 from pathlib import Path
 
 UD_EWT = Path(__file__).resolve().parents[2] / "shared" / "data" / "ud_ewt"
@@ -38,3 +40,28 @@ def mixed_corpus(n_sentences: int, n_documents: int, *, split: str = "train", se
     corpus = rng.sample(sentences, n_sentences) + rng.sample(long_docs, n_documents)
     rng.shuffle(corpus)
     return corpus
+
+
+@contextlib.contextmanager
+def bert_base_folder() -> Iterator[Path]:
+    """A randomly initialised 12-layer ``BertConfig()`` model (BERT-base shapes, seed 0) with the
+    default model's WordPiece tokenizer, in a temporary folder removed afterwards."""
+    import shutil
+    import tempfile
+
+    import torch
+    from transformers import BertConfig, BertModel
+    from transformers.utils import logging as hf_logging
+
+    import layerwise as lw
+
+    hf_logging.disable_progress_bar()
+    folder = Path(tempfile.mkdtemp(prefix="lw-bert-base-"))
+    try:
+        torch.manual_seed(0)
+        BertModel(BertConfig()).save_pretrained(folder)
+        for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
+            shutil.copy(lw.default_model_path() / name, folder / name)
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)

@@ -23,9 +23,7 @@ import json
 import logging
 import os
 import platform
-import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -34,7 +32,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from corpus import mixed_corpus
+from corpus import bert_base_folder, mixed_corpus
 
 import layerwise as lw
 
@@ -79,22 +77,11 @@ def tutorial_loop(tokenizer, model, texts: list[str]) -> int:
 
 
 def early_stopping(texts: list[str], repeats: int) -> tuple[float, float, int]:
-    from transformers import BertConfig, BertModel
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
-    folder = Path(tempfile.mkdtemp(prefix="lw-bert-base-"))
-    try:
-        torch.manual_seed(0)
-        BertModel(BertConfig()).save_pretrained(folder)
-        for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
-            shutil.copy(lw.default_model_path() / name, folder / name)
+    with bert_base_folder() as folder:
         base = lw.Encoder(folder, device="cpu")
         base.extract(texts[:8])  # warm-up
         t_all = best_of(repeats, lambda: base.extract(texts, layers="all", progress=False))
         t_two = best_of(repeats, lambda: base.extract(texts, layers=[2], progress=False))
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
     return t_all, t_two, base.n_layers
 
 

@@ -27,10 +27,8 @@ import argparse
 import json
 import logging
 import os
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -39,7 +37,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from corpus import mixed_corpus
+from corpus import bert_base_folder, mixed_corpus
 from extract_speed import matmul_gflops, model_gflop, tutorial_loop
 
 import layerwise as lw
@@ -148,18 +146,9 @@ def main() -> None:
         "default": measure("all-MiniLM-L6-v2", str(lw.default_model_path()), texts, args.repeats, False)
     }
 
-    from transformers import BertConfig, BertModel
-
-    folder = Path(tempfile.mkdtemp(prefix="lw-bert-base-"))
-    try:
-        torch.manual_seed(0)
-        BertModel(BertConfig()).save_pretrained(folder)
-        for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
-            shutil.copy(lw.default_model_path() / name, folder / name)
+    with bert_base_folder() as folder:
         subset = texts[:: max(1, len(texts) // args.base_texts)][: args.base_texts]
         results["bert_base"] = measure("BertConfig() 12 layers", str(folder), subset, args.repeats, True)
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "packed_speed.json").write_text(json.dumps(results, indent=2) + "\n")
 

@@ -13,10 +13,8 @@ import argparse
 import json
 import logging
 import os
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -25,7 +23,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from corpus import mixed_corpus
+from corpus import bert_base_folder, mixed_corpus
 
 import layerwise as lw
 
@@ -66,19 +64,10 @@ def main() -> None:
     )
     results = {"default": sweep(str(lw.default_model_path()), texts, budgets, args.repeats)}
     if args.base:
-        from transformers import BertConfig, BertModel
-
-        folder = Path(tempfile.mkdtemp(prefix="lw-bert-base-"))
-        try:
-            torch.manual_seed(0)
-            BertModel(BertConfig()).save_pretrained(folder)
-            for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
-                shutil.copy(lw.default_model_path() / name, folder / name)
+        with bert_base_folder() as folder:
             print("BertConfig() 12 layers, 300 texts")
             subset = texts[:: max(1, len(texts) // 300)][:300]
             results["bert_base"] = sweep(str(folder), subset, budgets, args.repeats)
-        finally:
-            shutil.rmtree(folder, ignore_errors=True)
     RESULTS.mkdir(exist_ok=True)
     out = {k: {str(b): round(r) for b, r in v.items()} for k, v in results.items()}
     (RESULTS / "token_budget.json").write_text(json.dumps(out, indent=2) + "\n")

@@ -5,6 +5,7 @@ No test touches the network: the hub is switched to offline mode before transfor
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 os.environ["HF_HUB_OFFLINE"] = "1"
@@ -256,3 +257,25 @@ def assert_close_fp16(stored, exact) -> None:
 def tiny(tiny_encoder):
     """The tiny random BERT encoder (3 layers x 32), as the store tests call it."""
     return tiny_encoder
+
+
+@contextlib.contextmanager
+def running_server(app):
+    """A real uvicorn serving ``app`` on 127.0.0.1 (an ephemeral port), in a thread: yields its URL."""
+    import threading
+    import time
+
+    import uvicorn
+
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="error"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.time() + 30
+    while not server.started and time.time() < deadline:
+        time.sleep(0.05)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(10)

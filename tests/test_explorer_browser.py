@@ -10,8 +10,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import threading
-import time
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +17,8 @@ import pytest
 
 pytest.importorskip("fastapi")
 sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright (in the [test] extra)")
+
+from conftest import running_server  # noqa: E402
 
 import layerwise as lw  # noqa: E402
 from layerwise.explore import ReferenceSet, token_statistics, word_projection  # noqa: E402
@@ -34,20 +34,10 @@ XSS = '<script>window.__xss = 1</script> "><img src=x onerror="window.__xss = 2"
 
 @pytest.fixture(scope="module")
 def server(default_encoder, make_tiny_mlm):
-    import uvicorn
-
     mlm = lw.Encoder(make_tiny_mlm("bert"), device="cpu")
     app = create_app({default_encoder.name: default_encoder, "tiny-mlm": mlm})
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="error"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.time() + 30
-    while not server.started and time.time() < deadline:
-        time.sleep(0.05)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(10)
+    with running_server(app) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")

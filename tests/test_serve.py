@@ -19,6 +19,8 @@ import pytest
 pytest.importorskip("fastapi")
 httpx = pytest.importorskip("httpx")
 
+from conftest import running_server  # noqa: E402
+
 import layerwise as lw  # noqa: E402
 from layerwise.serve import ServeSettings, create_app  # noqa: E402
 
@@ -29,20 +31,10 @@ KEY = "test-key-0123456789"
 @pytest.fixture(scope="module")
 def served(default_encoder, make_tiny_model):
     """A real uvicorn on 127.0.0.1 (ephemeral port) serving the default and a tiny model."""
-    import uvicorn
-
     tiny = lw.Encoder(make_tiny_model("bert"), device="cpu")
     app = create_app({default_encoder.name: default_encoder, "tiny": tiny}, ServeSettings(api_key=KEY))
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="error"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.time() + 30
-    while not server.started and time.time() < deadline:
-        time.sleep(0.05)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    yield f"http://127.0.0.1:{port}", tiny
-    server.should_exit = True
-    thread.join(10)
+    with running_server(app) as url:
+        yield url, tiny
 
 
 def asgi_client(app, **kwargs):

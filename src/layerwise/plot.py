@@ -163,27 +163,11 @@ def word_occurrences(
     stacks: Iterable[LayerStack], words: Sequence[str]
 ) -> tuple[np.ndarray, list[str], tuple]:
     """Every occurrence of ``words`` (case-insensitive; mean of its wordpieces) in ``stacks``:
-    ``(vectors (n_layers, n_points, dim), labels, layers)``."""
-    from .pool import pool_words
+    ``(vectors (n_layers, n_points, dim), labels, layers)`` (see layerwise.explore.word_sites)."""
+    from .explore.views import word_sites
 
-    wanted = {w.lower() for w in words}
-    if not wanted:
-        raise InputError("pass at least one word, e.g. words=['bank', 'crane']")
-    points: list[np.ndarray] = []
-    labels: list[str] = []
-    held: tuple[int, ...] = ()
-    for stack in stacks:
-        vectors = pool_words(stack, "mean")
-        held = vectors.layers
-        for j, word in enumerate(vectors.words):
-            if word.lower() in wanted:
-                points.append(vectors.vectors[:, j])
-                labels.append(word.lower())
-    if len(points) < 3:
-        raise InputError(
-            f"found {len(points)} occurrences of {sorted(wanted)} in the texts; a projection needs 3 or more"
-        )
-    return np.stack(points, axis=1), labels, held
+    points, labels, held, _ = word_sites(stacks, words)
+    return points, labels, held
 
 
 def plot_word_projections(

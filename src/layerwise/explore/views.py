@@ -54,7 +54,7 @@ def word_sites(
 
     wanted = {w.strip().lower() for w in words if w.strip()}
     if not wanted:
-        raise InputError("words is empty: give at least one word, e.g. bank,play,right")
+        raise InputError("pass at least one word, e.g. words=['bank', 'crane']")
     points: list[np.ndarray] = []
     labels: list[str] = []
     sites: list[tuple[int, int, int, int]] = []
@@ -70,7 +70,7 @@ def word_sites(
                 sites.append((s, int(vectors.segment_ids[j]), start, end))
     if len(points) < 3:
         raise InputError(
-            f"found {len(points)} occurrences of {', '.join(sorted(wanted))} in the reference set; "
+            f"found {len(points)} occurrences of {', '.join(sorted(wanted))} in the texts; "
             "a projection needs 3 or more: try other words"
         )
     return np.stack(points, axis=1), labels, held, sites
