@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import assert_close_fp16, corpus
+from conftest import assert_close_fp16, corpus, ud_sentences
 
 import layerwise as lw
 from layerwise.errors import StoreError
@@ -268,3 +268,51 @@ def test_truncation_is_reported_once_per_store_run(tmp_path, make_tiny_model, ca
     manifest = lw.open_store(tmp_path / "c.lw").manifest
     flags = dict(zip(manifest["text_id"].to_pylist(), manifest["truncated"].to_pylist(), strict=True))
     assert flags == {0: True, 1: False, 2: False, 3: True}
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"pool": "word:mean"}, {"pool": "sentence:mean", "fuse": "concat_last4"}, {"pairs": True}],
+)
+def test_manifest_table_is_the_same_as_from_pylist(tiny, tmp_path, options):
+    """The writer builds manifest parts column by column (records_table): the same table, value for
+    value and type for type, as pyarrow's row-wise from_pylist, for every level and with pairs."""
+    import pyarrow as pa
+
+    from layerwise.store.commit import records_table
+
+    texts = [*ud_sentences("dev", 30), "", "a"]
+    pairs = [t[::-1] for t in texts] if options.pop("pairs", False) else None
+    lw.extract_to_store(tiny, texts, tmp_path / "m.lw", text_pairs=pairs, **options)
+    records = lw.open_store(tmp_path / "m.lw").manifest.to_pylist()
+    fast, slow = records_table(records), pa.Table.from_pylist(records)
+    assert fast.schema == slow.schema and fast.equals(slow)
+
+
+@pytest.mark.parametrize(
+    "options", [{}, {"fuse": "concat_last4", "pool": "sentence:mean"}, {"dtype": "float32"}]
+)
+def test_direct_shard_files_are_the_bytes_zarr_writes(tiny, tmp_path, monkeypatch, options):
+    """Whole shards are written as files directly (commit.ShardFiles); every file of the store must be
+    byte for byte what zarr's own sharding codec writes, and read back through plain zarr."""
+    import zarr
+
+    from layerwise.store import commit
+
+    texts = corpus(120, seed=3)
+    settings = {"chunk_rows": 8, "shard_chunks": 4, **options}
+    lw.extract_to_store(tiny, texts, tmp_path / "direct.lw", **settings)
+    monkeypatch.setattr(commit.ShardFiles, "for_array", classmethod(lambda cls, folder: None))
+    lw.extract_to_store(tiny, texts, tmp_path / "zarr.lw", **settings)
+    direct = sorted(
+        p.relative_to(tmp_path / "direct.lw") for p in (tmp_path / "direct.lw" / "data").rglob("*")
+    )
+    written = sorted(p.relative_to(tmp_path / "zarr.lw") for p in (tmp_path / "zarr.lw" / "data").rglob("*"))
+    assert direct == written and len(direct) > 4
+    for name in direct:
+        a, b = tmp_path / "direct.lw" / name, tmp_path / "zarr.lw" / name
+        if a.is_file():
+            assert a.read_bytes() == b.read_bytes(), name
+    plain = zarr.open_array(str(tmp_path / "direct.lw" / "data"), mode="r")
+    np.testing.assert_array_equal(plain[:], zarr.open_array(str(tmp_path / "zarr.lw" / "data"), mode="r")[:])
+    assert lw.open_store(tmp_path / "direct.lw").verify().ok

@@ -330,7 +330,9 @@ class Engine:
         rows = Rows()
         start = 0
         for n in batch.lengths:
-            rows.append((np.ascontiguousarray(array[:, start : start + n]), {}))
+            # a view of the batch's array, not a copy: the rows are contiguous per layer, and every
+            # consumer (the store's transposing cast, pooling, npz) reads them once anyway
+            rows.append((array[:, start : start + n], {}))
             start += n
         rows.nonfinite = not bool(torch.isfinite(hidden.sum()))  # see _forward_units
         return rows

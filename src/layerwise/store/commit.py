@@ -15,6 +15,7 @@ next run rewrites.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import os
 import queue
@@ -110,6 +111,7 @@ class Committer(threading.Thread):
         super().__init__(daemon=True, name="layerwise-store-writer")
         self.group, self.path = group, path
         self.jobs: queue.Queue[Flush | None] = queue.Queue(maxsize=2)
+        self.shards = ShardFiles.for_array(path / DATA)
         self.error: BaseException | None = None
 
     def run(self) -> None:
@@ -136,7 +138,6 @@ class Committer(threading.Thread):
             raise self.error
 
     def commit(self, job: Flush) -> None:
-        import pyarrow as pa
         import pyarrow.parquet as pq
 
         data = self.group[DATA]
@@ -144,11 +145,15 @@ class Committer(threading.Thread):
         if end > data.shape[0]:
             data.resize((end, *data.shape[1:]))
         if job.n_rows:
-            data[job.start : end] = job.pieces[0] if len(job.pieces) == 1 else np.concatenate(job.pieces)
+            rows = job.pieces[0] if len(job.pieces) == 1 else np.concatenate(job.pieces)
+            if self.shards is not None and len(rows) % self.shards.shard_rows == 0:
+                self.shards.write(job.start, rows)  # whole shards: the bytes zarr would write
+            else:
+                data[job.start : end] = rows  # the last, partial shard: zarr pads it
         if job.records:
             part = self.path / MANIFEST / part_name(job.first_position)
             tmp = part.with_name(f".{part.name}.partial")
-            pq.write_table(pa.Table.from_pylist(job.records), tmp)
+            pq.write_table(records_table(job.records), tmp)
             os.replace(tmp, part)
             marker = self.group[OFFSETS]
             needed = job.first_position + len(job.records) + 1
@@ -162,6 +167,93 @@ class Committer(threading.Thread):
             job.first_position,
             job.first_position + len(job.records),
         )
+
+
+@dataclass(frozen=True)
+class ShardFiles:
+    """Whole shards written as files directly, byte for byte what zarr's sharding codec writes for
+    this store's layout (inner chunks: plain little-endian bytes, in order; then the index of
+    (offset, nbytes) uint64 pairs and its CRC32C, at the end), atomically (temp file + rename, as
+    zarr does). Zarr's codec pipeline encodes every inner chunk in Python, holding the GIL that the
+    model thread needs; this is one write of the rows' buffer. Used only when the array's metadata
+    is exactly that layout (:meth:`for_array`), else zarr writes; a test compares the files."""
+
+    folder: Path
+    shard_rows: int
+    chunk_rows: int
+    dtype: np.dtype
+    ndim: int
+
+    @classmethod
+    def for_array(cls, folder: Path) -> ShardFiles | None:
+        import json
+
+        try:
+            meta = json.loads((folder / "zarr.json").read_text(encoding="utf-8"))
+            (codec,) = meta["codecs"]
+            config = codec["configuration"]
+            inner, index = config["codecs"], config["index_codecs"]
+            layout_ok = (
+                codec["name"] == "sharding_indexed"
+                and config["index_location"] == "end"
+                and inner == [{"name": "bytes", "configuration": {"endian": "little"}}]
+                and index == [{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "crc32c"}]
+                and meta["chunk_key_encoding"] == {"name": "default", "configuration": {"separator": "/"}}
+                and meta["data_type"] in ("float16", "float32")
+                and not meta.get("storage_transformers")
+            )
+            shard, chunk = meta["chunk_grid"]["configuration"]["chunk_shape"], config["chunk_shape"]
+            import google_crc32c  # noqa: F401  (what zarr's crc32c codec uses)
+        except (OSError, ValueError, KeyError, TypeError, ImportError):
+            return None
+        if not layout_ok or shard[1:] != chunk[1:] or shard[0] % chunk[0]:
+            return None
+        dtype = np.dtype(meta["data_type"]).newbyteorder("<")
+        return cls(folder, int(shard[0]), int(chunk[0]), dtype, len(shard))
+
+    def write(self, start: int, rows: np.ndarray) -> None:
+        import uuid
+
+        import google_crc32c
+
+        rows = np.ascontiguousarray(rows, dtype=self.dtype)
+        n_chunks = self.shard_rows // self.chunk_rows
+        chunk_bytes = rows[: self.chunk_rows].nbytes
+        index = np.empty((n_chunks, 2), dtype="<u8")
+        index[:, 0] = np.arange(n_chunks, dtype=np.uint64) * chunk_bytes
+        index[:, 1] = chunk_bytes
+        index_bytes = index.tobytes()
+        checksum = np.uint32(google_crc32c.value(index_bytes)).astype("<u4").tobytes()
+        for k in range(len(rows) // self.shard_rows):
+            shard = rows[k * self.shard_rows : (k + 1) * self.shard_rows]
+            key = self.folder.joinpath("c", str(start // self.shard_rows + k), *["0"] * (self.ndim - 1))
+            key.parent.mkdir(parents=True, exist_ok=True)
+            tmp = key.with_name(f"{key.name}.{uuid.uuid4().hex}.partial")  # clean_stale removes these
+            with open(tmp, "wb") as handle:
+                handle.write(shard.data)
+                handle.write(index_bytes)
+                handle.write(checksum)
+            os.replace(tmp, key)
+
+
+def records_table(records: list[dict]):
+    """The manifest rows as a pyarrow Table, column by column: the same table as
+    ``pa.Table.from_pylist(records)`` (tested), 20x faster. from_pylist walks every token of every
+    record in Python while holding the GIL, which on 2 cores stalled the model thread (0.37 s per
+    1,000 sentences)."""
+    import pyarrow as pa
+
+    columns = {}
+    for name in records[0]:
+        values = [record[name] for record in records]
+        flat = list(itertools.chain.from_iterable(values)) if isinstance(values[0], list) else None
+        if flat:  # a list column: one flat array and the offsets of each record's list
+            offsets = np.zeros(len(values) + 1, dtype=np.int32)
+            np.cumsum([len(v) for v in values], out=offsets[1:])
+            columns[name] = pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat))
+        else:
+            columns[name] = pa.array(values)
+    return pa.table(columns)
 
 
 def clean_stale(path: Path, n_committed: int) -> None:
