@@ -6,12 +6,10 @@ imported inside the commands.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import signal
 import sys
-import threading
 import time
 from enum import StrEnum
 from pathlib import Path
@@ -121,12 +119,6 @@ def _fail(exc: Exception) -> typer.Exit:
     # the message quotes user values ("[/bold]", "corpus [draft].txt"): never read them as markup
     err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
     return typer.Exit(code=2)
-
-
-def _import_store_libraries() -> None:
-    with contextlib.suppress(ImportError):
-        import pyarrow.parquet  # noqa: F401
-        import zarr.codecs  # noqa: F401
 
 
 def _setup_logging(quiet: bool) -> None:
@@ -262,8 +254,6 @@ def extract(
                             max_length, long_texts.value, stride, overwrite, quiet)  # fmt: skip
             return
         started = time.perf_counter()
-        if to_store:  # the store's libraries load while the model does (start-up, benchmarks/store_speed.py)
-            threading.Thread(target=_import_store_libraries, daemon=True).start()
         enc = Encoder(model, device=device, model_dtype=model_dtype.value, max_length=max_length,
                       batch_size=batch_size, max_tokens=max_tokens, packed=packed)  # fmt: skip
         _use_available_cores()
