@@ -72,13 +72,7 @@ def serve(
     layer explorer page at /."""
     _setup_logging(quiet=False)
     try:
-        try:
-            import uvicorn  # noqa: F401
-        except ImportError:
-            raise MissingDependencyError(
-                "serve needs uvicorn and FastAPI: pip install 'layerwise[serve]'"
-            ) from None
-        from .encoder import Encoder
+        _require_uvicorn("serve")
         from .serve import ServeSettings, create_app, read_api_key
 
         settings = ServeSettings(
@@ -97,15 +91,8 @@ def serve(
                 "pass --api-key-file or set LAYERWISE_API_KEY",
                 highlight=False,
             )
-        _use_available_cores()
-        encoders = {}
-        names: list[str | None] = list(model) if model else [None]
-        for name in names:
-            encoder = Encoder(name, device=device, max_length=max_length)
-            if encoder.name in encoders:
-                raise OptionError(f"--model {encoder.name!r} is given twice")
-            encoders[encoder.name] = encoder
-        application = create_app(encoders, settings, reference_store=_checked_store(store, encoders))
+        encoders = _load_encoders(model, device, max_length)
+        application = create_app(encoders, settings, reference_store=store)
     except LayerwiseError as exc:
         raise _fail(exc) from None
     err.print(
@@ -115,6 +102,29 @@ def serve(
         soft_wrap=True,
     )
     _run_server(application, host, port)
+
+
+def _require_uvicorn(command: str) -> None:
+    try:
+        import uvicorn  # noqa: F401
+    except ImportError:
+        raise MissingDependencyError(
+            f"{command} needs uvicorn and FastAPI: pip install 'layerwise[serve]'"
+        ) from None
+
+
+def _load_encoders(model: list[str] | None, device: str, max_length: int | None) -> dict:
+    """Each --model loaded once (default: the packaged model), by its resolved name."""
+    from .encoder import Encoder
+
+    _use_available_cores()
+    encoders = {}
+    for name in list(model) if model else [None]:
+        encoder = Encoder(name, device=device, max_length=max_length)
+        if encoder.name in encoders:
+            raise OptionError(f"--model {encoder.name!r} is given twice")
+        encoders[encoder.name] = encoder
+    return encoders
 
 
 def _run_server(application, host: str, port: int, sock=None) -> None:
@@ -131,21 +141,6 @@ def _run_server(application, host: str, port: int, sock=None) -> None:
         application, host=host, port=port, log_level="warning", timeout_graceful_shutdown=30
     )
     uvicorn.Server(config).run(sockets=[sock] if sock is not None else None)
-
-
-def _checked_store(store: Path | None, encoders: dict) -> Path | None:
-    """The --store, once checked: a token-level store at several layers, written by a served model."""
-    if store is None:
-        return None
-    from .explore import ReferenceSet
-
-    model = ReferenceSet.from_store(store, max_tokens=1).model
-    if model not in encoders:
-        raise OptionError(
-            f"--store {str(store)!r} was written by {model!r}, which is not served here "
-            f"(serving {', '.join(encoders)}): add --model {model}"
-        )
-    return store
 
 
 @app.command()
@@ -168,25 +163,15 @@ def explore(
 
     _setup_logging(quiet=False)
     try:
-        try:
-            import uvicorn  # noqa: F401
-        except ImportError:
-            raise MissingDependencyError(
-                "explore needs uvicorn and FastAPI: pip install 'layerwise[serve]'"
-            ) from None
+        _require_uvicorn("explore")
         if not _is_loopback(host):
             raise OptionError(
                 f"--host {host!r}: explore binds loopback only; use layerwise serve --host with an API key"
             )
-        from .encoder import Encoder
         from .serve import ServeSettings, create_app
 
-        _use_available_cores()
-        encoders = {}
-        for name in list(model) if model else [None]:
-            encoder = Encoder(name, device=device)
-            encoders[encoder.name] = encoder
-        application = create_app(encoders, ServeSettings(), reference_store=_checked_store(store, encoders))
+        encoders = _load_encoders(model, device, None)
+        application = create_app(encoders, ServeSettings(), reference_store=store)
         sock = _bind(host, port)
     except LayerwiseError as exc:
         raise _fail(exc) from None

@@ -105,8 +105,7 @@ def pool_words(stack: LayerStack, subword: SubwordPool = "first") -> WordVectors
         if stack.words is not None and segment == 0:
             words.append(stack.words[word_id])
         else:
-            source = stack.text_pair if segment == 1 and stack.text_pair is not None else stack.text
-            words.append(source[start:end])
+            words.append(stack.segment_text(segment)[start:end])
     segments = np.asarray([k[0] for k in keys], dtype=np.int8)
     if stack.words_empty and stack.words is not None:
         vectors, spans, words, segments, counts = _keep_empty_words(

@@ -65,6 +65,11 @@ class LayerStack:
             raise LayerSpecError(f"hidden state {index} was not extracted; this result holds {self.layers}")
         return self.hidden[self.layers.index(index)]
 
+    def segment_text(self, segment: int) -> str:
+        """The text that ``offsets`` of tokens in ``segment`` point into: ``text_pair`` for segment 1
+        of a pair, else ``text``."""
+        return self.text_pair if segment == 1 and self.text_pair is not None else self.text
+
     def __repr__(self) -> str:
         text = self.text if len(self.text) <= 40 else self.text[:37] + "..."
         notes = ", truncated" if self.truncated else ""

@@ -137,8 +137,8 @@ class ReferenceSet:
     def _neighbour(self, cosine: float, s: int, t: int) -> Neighbour:
         stack = self.stacks[s]
         segment = int(stack.segment_ids[t])
-        text = stack.text if segment == 0 or stack.text_pair is None else stack.text_pair
         start, end = (int(x) for x in stack.offsets[t])
+        text = stack.segment_text(segment)
         return Neighbour(cosine, int(s), int(t), text, stack.tokens[t], start, end, segment)
 
     @cached_property

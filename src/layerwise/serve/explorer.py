@@ -22,7 +22,7 @@ from pydantic import Field
 from starlette.concurrency import run_in_threadpool
 from starlette.staticfiles import StaticFiles
 
-from ..errors import LayerwiseError
+from ..errors import LayerwiseError, OptionError
 from .responses import ApiError, b64_array, json_response
 from .schemas import _Strict
 
@@ -102,8 +102,9 @@ def add_explorer(
     max_tokens: int,
     store: str | os.PathLike | None = None,
 ) -> None:
-    """Mount the page and its endpoints on ``app`` (see the module docstring)."""
-    store_model = _store_model(store) if store is not None else None
+    """Mount the page and its endpoints on ``app`` (see the module docstring). ``store`` must be a
+    token-level store written by one of the served models (checked here, before serving)."""
+    store_model = _store_model(store, {served.name for served in models.values()}) if store else None
     explorer = Explorer(store, store_model)
 
     @app.get("/", include_in_schema=False)
@@ -274,10 +275,17 @@ def add_explorer(
 
 
 # ---------------------------------------------------------------------------------------------- helpers
-def _store_model(store: str | os.PathLike) -> str:
+def _store_model(store: str | os.PathLike, served: set[str]) -> str:
+    """The model that wrote ``store``, once the store is known to be usable as a reference set."""
     from ..explore import ReferenceSet
 
-    return ReferenceSet.from_store(store, max_tokens=1).model  # checks level and layers up front
+    model = ReferenceSet.from_store(store, max_tokens=1).model  # checks level and layers up front
+    if model not in served:
+        raise OptionError(
+            f"--store {str(store)!r} was written by {model!r}, which is not served here "
+            f"(serving {', '.join(sorted(served))}): add --model {model}"
+        )
+    return model
 
 
 def _installed(projection: str) -> bool:
@@ -319,6 +327,4 @@ def _neighbour(n) -> dict:
 
 
 def _site(reference: ReferenceSet, s: int, segment: int, start: int, end: int) -> dict:
-    stack = reference.stacks[s]
-    text = stack.text if segment == 0 or stack.text_pair is None else stack.text_pair
-    return {"text": text, "start": start, "end": end}
+    return {"text": reference.stacks[s].segment_text(segment), "start": start, "end": end}
