@@ -145,11 +145,10 @@ class Committer(threading.Thread):
         if end > data.shape[0]:
             data.resize((end, *data.shape[1:]))
         if job.n_rows:
-            rows = job.pieces[0] if len(job.pieces) == 1 else np.concatenate(job.pieces)
-            if self.shards is not None and len(rows) % self.shards.shard_rows == 0:
-                self.shards.write(job.start, rows)  # whole shards: the bytes zarr would write
-            else:
-                data[job.start : end] = rows  # the last, partial shard: zarr pads it
+            if self.shards is not None and job.n_rows % self.shards.shard_rows == 0:
+                self.shards.write(job.start, job.pieces)  # whole shards: the bytes zarr would write
+            else:  # the last, partial shard: zarr pads it
+                data[job.start : end] = job.pieces[0] if len(job.pieces) == 1 else np.concatenate(job.pieces)
         if job.records:
             part = self.path / MANIFEST / part_name(job.first_position)
             tmp = part.with_name(f".{part.name}.partial")
@@ -211,29 +210,45 @@ class ShardFiles:
         dtype = np.dtype(meta["data_type"]).newbyteorder("<")
         return cls(folder, int(shard[0]), int(chunk[0]), dtype, len(shard))
 
-    def write(self, start: int, rows: np.ndarray) -> None:
+    def write(self, start: int, pieces: list[np.ndarray]) -> None:
+        """Whole shards from ``start`` (a shard boundary): ``pieces`` hold a multiple of
+        ``shard_rows`` rows, written piece by piece without joining them first."""
         import uuid
 
         import google_crc32c
 
-        rows = np.ascontiguousarray(rows, dtype=self.dtype)
         n_chunks = self.shard_rows // self.chunk_rows
-        chunk_bytes = rows[: self.chunk_rows].nbytes
+        row_values = int(np.prod(pieces[0].shape[1:]))  # per row; a piece may hold no rows
+        chunk_bytes = self.chunk_rows * row_values * self.dtype.itemsize
         index = np.empty((n_chunks, 2), dtype="<u8")
         index[:, 0] = np.arange(n_chunks, dtype=np.uint64) * chunk_bytes
         index[:, 1] = chunk_bytes
         index_bytes = index.tobytes()
         checksum = np.uint32(google_crc32c.value(index_bytes)).astype("<u4").tobytes()
-        for k in range(len(rows) // self.shard_rows):
-            shard = rows[k * self.shard_rows : (k + 1) * self.shard_rows]
+        for k, shard in enumerate(_whole_shards(pieces, self.shard_rows)):
             key = self.folder.joinpath("c", str(start // self.shard_rows + k), *["0"] * (self.ndim - 1))
             key.parent.mkdir(parents=True, exist_ok=True)
             tmp = key.with_name(f"{key.name}.{uuid.uuid4().hex}.partial")  # clean_stale removes these
             with open(tmp, "wb") as handle:
-                handle.write(shard.data)
+                for piece in shard:
+                    handle.write(np.ascontiguousarray(piece, dtype=self.dtype).data)
                 handle.write(index_bytes)
                 handle.write(checksum)
             os.replace(tmp, key)
+
+
+def _whole_shards(pieces: list[np.ndarray], shard_rows: int):
+    """The pieces regrouped shard by shard: lists of row slices (views) of ``shard_rows`` rows each."""
+    shard: list[np.ndarray] = []
+    n = 0
+    for piece in pieces:
+        while len(piece):
+            take = min(shard_rows - n, len(piece))
+            shard.append(piece[:take])
+            piece, n = piece[take:], n + take
+            if n == shard_rows:
+                yield shard
+                shard, n = [], 0
 
 
 def records_table(records: list[dict]):
