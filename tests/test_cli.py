@@ -287,3 +287,23 @@ def test_pretrain_refuses_a_learning_rate_that_cannot_train(tmp_path, rate):
     result = run("pretrain", corpus, "-o", tmp_path / "m", "--learning-rate", rate)
     assert result.exit_code == 2 and "must be a positive number" in result.output
     assert not (tmp_path / "m").exists()
+
+
+def test_extract_no_packed_uses_the_hugging_face_forward(tmp_path, make_tiny_model, monkeypatch):
+    """--no-packed must reach the engine (no packed forward at all) and give the same numbers."""
+    from layerwise.packed import PackedEncoder
+
+    model = make_tiny_model("bert")
+    source = tmp_path / "texts.txt"
+    source.write_text("The bank raised rates.\nWe sat on the river bank.\n", encoding="utf-8")
+    assert run("extract", source, "-o", tmp_path / "packed.npz", "--model", model).exit_code == 0
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the packed forward ran")
+
+    monkeypatch.setattr(PackedEncoder, "forward", refuse)
+    result = run("extract", source, "-o", tmp_path / "hf.npz", "--model", model, "--no-packed")
+    assert result.exit_code == 0, result.output
+    packed, hf = np.load(tmp_path / "packed.npz"), np.load(tmp_path / "hf.npz")
+    for i in range(2):
+        np.testing.assert_allclose(packed[f"hidden_{i}"], hf[f"hidden_{i}"], atol=1e-5)
