@@ -87,33 +87,52 @@ def start(command: list[str], port: int) -> subprocess.Popen:
 
 
 async def load(url: str, texts: list[str], tokens: dict[str, int], clients: int, seconds: float) -> dict:
-    import httpx
+    """``clients`` keep-alive connections, each sending one request after another.
 
+    The client is plain asyncio on sockets with the request bytes built before the clock starts
+    (httpx costs about 1.5 ms of CPU per request: 0.3 of the 2 cores at 32 clients, taken from the
+    server it measures). Every response is still checked: status 200 and one embedding in the JSON.
+    """
+    host, port = url.removeprefix("http://").split(":")
+    rng = random.Random(clients)
+    requests = {}
+    for text in texts:
+        body = json.dumps({"input": [text], "encoding_format": "float"}).encode()
+        head = (
+            f"POST /v1/embeddings HTTP/1.1\r\nHost: {host}:{port}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+        )
+        requests[text] = head.encode() + body
     latencies: list[float] = []
     errors = 0
     n_tokens = 0
-    rng = random.Random(clients)
     stop_at = time.perf_counter() + seconds
-    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
-    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=120) as client:
 
-        async def one_client() -> None:
-            nonlocal errors, n_tokens
+    async def one_client() -> None:
+        nonlocal errors, n_tokens
+        reader, writer = await asyncio.open_connection(host, int(port))
+        try:
             while time.perf_counter() < stop_at:
                 text = rng.choice(texts)
                 started = time.perf_counter()
-                response = await client.post(
-                    "/v1/embeddings", json={"input": [text], "encoding_format": "float"}
-                )
+                writer.write(requests[text])
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = 0
+                for line in head.split(b"\r\n"):
+                    if line[:15].lower() == b"content-length:":
+                        length = int(line[15:])
+                body = await reader.readexactly(length)
                 latencies.append(time.perf_counter() - started)
-                if response.status_code != 200 or len(response.json()["data"]) != 1:
+                if not head.startswith(b"HTTP/1.1 200") or len(json.loads(body)["data"]) != 1:
                     errors += 1
                 else:
                     n_tokens += tokens[text]
+        finally:
+            writer.close()
 
-        began = time.perf_counter()
-        await asyncio.gather(*(one_client() for _ in range(clients)))
-        elapsed = time.perf_counter() - began
+    began = time.perf_counter()
+    await asyncio.gather(*(one_client() for _ in range(clients)))
+    elapsed = time.perf_counter() - began
     latencies.sort()
     return {
         "clients": clients,

@@ -121,3 +121,43 @@ def test_packed_roberta_family_models(tmp_path, default_model_dir, kind):
     assert_same(
         packed.extract(TEXTS[:6], text_pairs=TEXTS[6:12]), padded.extract(TEXTS[:6], text_pairs=TEXTS[6:12])
     )
+
+
+def test_attention_groups_minimise_padded_attention():
+    from layerwise.packed import GROUP_COST, attention_groups
+
+    assert attention_groups([30, 29, 28]) == [(0, 3)]  # similar lengths: one grid
+    assert attention_groups([7]) == [(0, 1)]
+    # one long text among short ones: its own grid (31 x 256^2 of padding saved)
+    assert attention_groups([256] + [20] * 31) == [(0, 1), (1, 32)]
+
+    def cost(lengths, groups):
+        return sum((b - a) * max(lengths[a:b]) ** 2 + GROUP_COST for a, b in groups)
+
+    # exact over every split of these short batches (runs of similar length are never split apart)
+    import itertools
+
+    for lengths in ([120, 100, 60, 58, 20, 3], [64, 64, 40, 8, 8, 8, 2]):
+        b = len(lengths)
+        best = min(
+            cost(lengths, list(zip((0, *cuts), (*cuts, b), strict=True)))
+            for k in range(b)
+            for cuts in itertools.combinations(range(1, b), k)
+        )
+        assert cost(lengths, attention_groups(lengths)) == best
+    assert attention_groups([5, 256, 7]) == [(0, 1), (1, 2), (2, 3)]  # unsorted input still splits
+
+
+def test_mixed_lengths_in_one_packed_batch_equal_padded(make_tiny_model, monkeypatch):
+    """A server's merged requests: one batch of very different lengths runs attention in several
+    grids (and the real-token budget keeps it one batch); the numbers stay the padded forward's."""
+    import layerwise.packed as packed_module
+
+    packed, padded = pair_of_encoders(make_tiny_model("bert", 3))
+    seen: list[list[tuple[int, int]]] = []
+    real = packed_module.attention_groups
+    monkeypatch.setattr(packed_module, "attention_groups", lambda lengths: seen.append(real(lengths)) or seen[-1])
+    long_text = " ".join(ud_sentences("test", 6))
+    texts = [TEXTS[0], long_text, "a", *TEXTS[1:9], "b c", TEXTS[20][:40]]
+    assert_same(packed.extract(texts), padded.extract(texts))
+    assert len(seen) == 1 and len(seen[0]) >= 3  # one batch, attention in 3+ grids

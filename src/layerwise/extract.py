@@ -253,8 +253,12 @@ class Engine:
             for k, window in enumerate(windows):
                 units.append(window)
                 owners.append((item.index, k))
+        packed = self.packed is not None and method == "hidden_states" and not taps
         batches = length_sorted_batches(
-            [len(u) for u in units], batch_size or self.batch_size, max_tokens or self.max_tokens
+            [len(u) for u in units],
+            batch_size or self.batch_size,
+            max_tokens or self.max_tokens,
+            padded=not packed,
         )
         return self._run(encoded, units, owners, n_windows, batches, layers, method, taps, progress)
 

@@ -34,10 +34,67 @@ class PackedBatch:
     ids: torch.Tensor  # (N,) token ids back to back
     types: torch.Tensor  # (N,) token type ids
     positions: torch.Tensor  # (N,) position ids (the model's convention)
-    flat: torch.Tensor  # (N,) row * T + column: where each token sits in the (B, T) grid
-    key_mask: torch.Tensor  # (B, 1, 1, T) True for real keys
     lengths: list[int]
-    width: int  # T
+    groups: list[AttentionGroup]  # consecutive sequences that share one attention grid
+
+
+@dataclass
+class AttentionGroup:
+    """Consecutive sequences of a packed batch whose attention runs as one ``(B_g, heads, T_g, d)``
+    grid: their tokens are rows ``start:stop`` of the packed batch."""
+
+    start: int
+    stop: int
+    count: int  # B_g sequences
+    width: int  # T_g, the longest of them
+    flat: torch.Tensor | None  # (stop - start,) row * T_g + column in the grid; None: no padding
+    key_mask: torch.Tensor | None  # (B_g, 1, 1, T_g) True for real keys; None: no padding
+
+
+# Attention of a padded grid costs B x T^2; splitting a batch of mixed lengths into groups of similar
+# length saves most of it (one 256-token text among 31 sentences: the sentences' attention padded to
+# 256 costs 2.4x the whole batch's linear layers), but each group costs a few kernel launches. The
+# split (attention_groups) minimises B_g * T_g^2 + GROUP_COST over groups of consecutive sequences;
+# GROUP_COST is that overhead in query-key pairs, measured (benchmarks/packed_speed.py, mixed batches).
+GROUP_COST = 4096
+_RUN_RATIO = 0.85  # sequences within this length ratio of a run's first are never split apart
+_MAX_RUNS = 64  # more runs than this (an unsorted batch): one group
+
+
+def attention_groups(lengths: Sequence[int]) -> list[tuple[int, int]]:
+    """Split sequences ``0..B-1`` into groups of consecutive ones, ``[(first, stop), ...]``, that
+    minimise the padded attention cost ``sum B_g * max(L)^2 + GROUP_COST`` per group (exact over
+    runs of similar length; the engine passes length-sorted batches, longest first)."""
+    b = len(lengths)
+    width = max(lengths)
+    padded = b * width * width
+    if padded - sum(n * n for n in lengths) <= GROUP_COST:
+        return [(0, b)]
+    runs = [0]  # starts of runs of similar length
+    for i in range(1, b):
+        if lengths[i] < _RUN_RATIO * lengths[runs[-1]] or lengths[i] > lengths[runs[-1]]:
+            runs.append(i)
+    if len(runs) > _MAX_RUNS:
+        return [(0, b)]
+    runs.append(b)
+    r = len(runs) - 1
+    longest = [max(lengths[runs[i] : runs[i + 1]]) for i in range(r)]
+    # best[j]: the cheapest split of runs 0..j-1; groups are spans of whole runs
+    best = [0.0] + [float("inf")] * r
+    cut = [0] * (r + 1)
+    for j in range(1, r + 1):
+        top = 0
+        for i in range(j - 1, -1, -1):  # the group = runs i..j-1
+            top = max(top, longest[i])
+            cost = best[i] + (runs[j] - runs[i]) * top * top + GROUP_COST
+            if cost < best[j]:
+                best[j], cut[j] = cost, i
+    bounds = []
+    j = r
+    while j > 0:
+        bounds.append((runs[cut[j]], runs[j]))
+        j = cut[j]
+    return bounds[::-1]
 
 
 class PackedEncoder:
@@ -83,7 +140,6 @@ class PackedEncoder:
         device: torch.device,
     ) -> PackedBatch:
         lengths = [len(item) for item in items]
-        width = max(lengths)
         ids = torch.tensor([i for item in items for i in item.ids], dtype=torch.long)
         if with_token_types:
             types = torch.tensor([t for item in items for t in item.type_ids], dtype=torch.long)
@@ -94,12 +150,18 @@ class PackedEncoder:
         starts = torch.cumsum(lengths_t, 0) - lengths_t
         column = torch.arange(len(ids)) - starts[row]
         positions = column + (self.padding_idx + 1 if self.model_type in _OFFSET_POSITIONS else 0)
-        key_mask = (torch.arange(width)[None, :] < lengths_t[:, None])[:, None, None, :]
-        flat = row * width + column
-        ids, types, positions, flat, key_mask = (
-            t.to(device, non_blocking=True) for t in (ids, types, positions, flat, key_mask)
-        )
-        return PackedBatch(ids, types, positions, flat, key_mask, lengths=lengths, width=width)
+        groups = []
+        for first, stop in attention_groups(lengths):
+            part = lengths[first:stop]
+            width, start, end = max(part), int(starts[first]), int(starts[stop - 1]) + part[-1]
+            flat = key_mask = None
+            if min(part) < width:  # padding in this group's grid: where each token sits, which keys are real
+                flat = ((row[start:end] - first) * width + column[start:end]).to(device, non_blocking=True)
+                key_mask = (torch.arange(width)[None, :] < lengths_t[first:stop, None])[:, None, None, :]
+                key_mask = key_mask.to(device, non_blocking=True)
+            groups.append(AttentionGroup(start, end, stop - first, width, flat, key_mask))
+        ids, types, positions = (t.to(device, non_blocking=True) for t in (ids, types, positions))
+        return PackedBatch(ids, types, positions, lengths=lengths, groups=groups)
 
     def forward(self, batch: PackedBatch, layers: Sequence[int]) -> torch.Tensor:
         """Hidden states ``layers`` (0 = embeddings) of the packed batch: ``(len(layers), N, H)``."""
@@ -137,18 +199,27 @@ class PackedEncoder:
         return cached[1], cached[2]
 
     def _attend(self, module: Any, h: torch.Tensor, batch: PackedBatch) -> torch.Tensor:
-        n, hidden = h.shape
-        b, t, heads = len(batch.lengths), batch.width, self.n_heads
-        d = hidden // heads
         weight, bias = self._fused_qkv(module)
         qkv = F.linear(h, weight, bias)  # (N, 3H)
-        dense = n == b * t  # every sequence as long as the longest: the packed rows are the grid
-        if not dense:  # one scatter of q, k and v together into the (B, T) grid, zeros at padding
+        if len(batch.groups) == 1:
+            return self._attend_group(module, qkv, batch.groups[0])
+        context = h.new_empty(h.shape)
+        for group in batch.groups:
+            context[group.start : group.stop] = self._attend_group(
+                module, qkv[group.start : group.stop], group
+            )
+        return context
+
+    def _attend_group(self, module: Any, qkv: torch.Tensor, group: AttentionGroup) -> torch.Tensor:
+        """Attention of one group's tokens ``(N_g, 3H)`` -> context ``(N_g, H)``."""
+        b, t, heads = group.count, group.width, self.n_heads
+        hidden = qkv.shape[1] // 3
+        d = hidden // heads
+        if group.flat is not None:  # one scatter of q, k and v together into the grid, zeros at padding
             grid = qkv.new_zeros(b * t, 3 * hidden)
-            grid.index_copy_(0, batch.flat, qkv)
+            grid.index_copy_(0, group.flat, qkv)
             qkv = grid
         q, k, v = qkv.view(b, t, 3, heads, d).permute(2, 0, 3, 1, 4).unbind(0)  # (B, heads, T, d) each
-        mask = None if dense else batch.key_mask
-        context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=module.scaling)
+        context = F.scaled_dot_product_attention(q, k, v, attn_mask=group.key_mask, scale=module.scaling)
         context = context.transpose(1, 2).reshape(b * t, hidden)
-        return context if dense else context.index_select(0, batch.flat)
+        return context if group.flat is None else context.index_select(0, group.flat)
