@@ -156,7 +156,12 @@ def test_mixed_lengths_in_one_packed_batch_equal_padded(make_tiny_model, monkeyp
     packed, padded = pair_of_encoders(make_tiny_model("bert", 3))
     seen: list[list[tuple[int, int]]] = []
     real = packed_module.attention_groups
-    monkeypatch.setattr(packed_module, "attention_groups", lambda lengths: seen.append(real(lengths)) or seen[-1])
+
+    def spy(lengths):
+        seen.append(real(lengths))
+        return seen[-1]
+
+    monkeypatch.setattr(packed_module, "attention_groups", spy)
     long_text = " ".join(ud_sentences("test", 6))
     texts = [TEXTS[0], long_text, "a", *TEXTS[1:9], "b c", TEXTS[20][:40]]
     assert_same(packed.extract(texts), padded.extract(texts))

@@ -139,7 +139,11 @@ def extract(
     ] = 128,
     max_tokens: Annotated[
         int | None,
-        typer.Option(min=1, help="Most tokens per forward pass (padded ones with --no-packed) [default: 2048 on CPU, 32768 on GPU]"),
+        typer.Option(
+            min=1,
+            help="Most tokens per forward pass (padded ones with --no-packed) "
+            "[default: 2048 on CPU, 32768 on GPU]",
+        ),
     ] = None,
     dtype: Annotated[
         OutDtype | None,

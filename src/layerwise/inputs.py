@@ -331,7 +331,8 @@ def length_sorted_batches(
         # costs as much as real tokens, a new forward pass only its fixed overhead (a few tokens' worth)
         too_short = padded and width - lengths[i] > max(PAD_SLACK_TOKENS, width * PAD_SLACK)
         cost = width * (len(current) + 1) if padded else tokens + lengths[i]
-        if current and (len(current) >= batch_size or (max_tokens is not None and cost > max_tokens) or too_short):
+        over_budget = max_tokens is not None and cost > max_tokens
+        if current and (len(current) >= batch_size or over_budget or too_short):
             batches.append(current)
             current = []
             tokens = 0
