@@ -6,8 +6,9 @@ Everything on 127.0.0.1. Texts: UD EWT train sentences plus a few whole document
 one text per request as an application embeds a query or a document. For each concurrency level,
 that many clients send requests back to back for ``--seconds`` (then finish their last request);
 the script prints requests/s, tokens/s, p50/p99 latency, errors, and the server's RSS before and
-after the level and its peak (VmHWM). Offline throughput is ``Encoder().encode`` over the same
-texts in this process, measured first; the ratio served/offline at 32 clients shows whether
+after the level and its peak (VmHWM); then a soak (``--soak`` seconds at 32 clients, in four
+parts) shows whether RSS stays flat once the server has seen every batch shape. Offline
+throughput is ``Encoder().encode`` over the same texts in this process, measured first; the ratio served/offline at 32 clients shows whether
 dynamic batching works. The baseline is sentence-transformers behind the simplest FastAPI
 endpoint a user would write (benchmarks/st_server.py: one request = one ``encode`` call),
 loaded the same way and measured the same way. Results: benchmarks/results/serve_load.json.
@@ -146,7 +147,12 @@ async def load(url: str, texts: list[str], tokens: dict[str, int], clients: int,
     }
 
 
-def measure_server(name: str, command: list[str], port: int, texts, tokens, levels, seconds) -> dict:
+SOAK_PARTS = 4
+
+
+def measure_server(
+    name: str, command: list[str], port: int, texts, tokens, levels, seconds, soak_seconds
+) -> dict:
     process = start(command, port)
     rows = []
     try:
@@ -162,11 +168,18 @@ def measure_server(name: str, command: list[str], port: int, texts, tokens, leve
             )
             rows.append(row)
             print(f"{name:12s} {json.dumps(row)}", flush=True)
+        # soak: does memory stay flat once every batch shape has been seen? RSS after each part
+        soak = [round(rss_tree_kib(process.pid) / 1024)]
+        for _ in range(SOAK_PARTS if soak_seconds > 0 else 0):
+            asyncio.run(load(f"http://127.0.0.1:{port}", texts, tokens, 32, soak_seconds / SOAK_PARTS))
+            soak.append(round(rss_tree_kib(process.pid) / 1024))
+        if len(soak) > 1:
+            print(f"{name:12s} soak at 32 clients, RSS MiB after each part: {soak}", flush=True)
         peak = rss_tree_kib(process.pid, "VmHWM")
     finally:
         process.terminate()
         process.wait(60)
-    return {"levels": rows, "peak_rss_mib": round(peak / 1024)}
+    return {"levels": rows, "soak_rss_mib": soak, "peak_rss_mib": round(peak / 1024)}
 
 
 def main() -> None:
@@ -175,6 +188,9 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--texts", type=int, default=2000)
     parser.add_argument("--skip-baseline", action="store_true")
+    parser.add_argument(
+        "--soak", type=float, default=40.0, help="Seconds at 32 clients after the levels (RSS in 4 parts)"
+    )
     parser.add_argument(
         "--serve-args", default="", help="Extra `layerwise serve` options, e.g. '--max-wait-ms 2'"
     )
@@ -206,12 +222,14 @@ def main() -> None:
     port = free_port()
     serve = [sys.executable, "-m", "layerwise.cli", "serve", "--port", str(port), "--device", "cpu"]
     serve += args.serve_args.split()
-    report["layerwise"] = measure_server("layerwise", serve, port, texts, tokens, levels, args.seconds)
+    report["layerwise"] = measure_server(
+        "layerwise", serve, port, texts, tokens, levels, args.seconds, args.soak
+    )
     if not args.skip_baseline:
         port = free_port()
         baseline = [sys.executable, str(HERE / "st_server.py"), "--port", str(port)]
         report["sentence_transformers"] = measure_server(
-            "st+fastapi", baseline, port, texts, tokens, levels, args.seconds
+            "st+fastapi", baseline, port, texts, tokens, levels, args.seconds, args.soak
         )
     at = {row["clients"]: row for row in report["layerwise"]["levels"]}
     if 32 in at:

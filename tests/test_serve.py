@@ -355,3 +355,25 @@ def test_a_pooling_layerwise_lacks_is_a_422_not_a_silent_mean(tmp_path, default_
     assert explicit.status_code == 200
     want = encoder.embed(["a bank"], layers=-1, pool="mean", normalize=True)  # the model's Normalize module
     np.testing.assert_allclose([explicit.json()["data"][0]["embedding"]], want, atol=1e-5)
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_json_bodies_keep_every_float_and_write_nan_as_null(monkeypatch, fast):
+    """orjson (serve extra) and the standard-library fallback write the same numbers; a NaN from a
+    broken model is null (strict JSON has no NaN), as in layerwise's JSON Lines files."""
+    import json
+
+    from layerwise.serve import responses
+
+    if not fast:
+        monkeypatch.setattr(responses, "_orjson", None)
+    vector = np.random.default_rng(0).standard_normal(384).astype(np.float32)
+    body = {"data": [{"embedding": vector.tolist(), "index": 0}], "model": "m ü"}
+    decoded = json.loads(responses.json_response(body).body)
+    assert decoded["model"] == "m ü"
+    assert np.array_equal(np.array(decoded["data"][0]["embedding"], dtype=np.float32), vector)  # exact
+    broken = {"embedding": [1.5, float("nan"), float("inf")], "nested": {"x": [float("-inf")]}}
+    assert json.loads(responses.json_response(broken).body) == {
+        "embedding": [1.5, None, None],
+        "nested": {"x": [None]},
+    }

@@ -4,12 +4,18 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 from typing import Any
 
 import numpy as np
 from fastapi import Response
 
 from ..results import LayerStack, SentenceVector, WordVectors
+
+try:
+    import orjson as _orjson
+except ImportError:  # fastapi installed without the serve extra: the standard library, slower
+    _orjson = None  # type: ignore[assignment]
 
 
 class ApiError(Exception):
@@ -40,9 +46,32 @@ def b64_array(array: np.ndarray, dtype: str) -> dict:
 
 
 def json_response(body: dict) -> Response:
-    """JSON without FastAPI's jsonable_encoder, which walks every float of every vector in Python."""
-    content = json.dumps(body, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode("utf-8")
-    return Response(content, media_type="application/json")
+    """JSON without FastAPI's jsonable_encoder, which walks every float of every vector in Python.
+
+    orjson (the ``serve`` extra) writes floats about 10x faster than the standard library, which
+    matters on the event loop: 384 floats per embedding at hundreds of requests/s. Both write the
+    shortest text that reads back as the same float64, so the numbers are the same; a NaN or inf
+    (a broken model: the engine has logged it) becomes null, as in layerwise's JSON Lines files."""
+    if _orjson is not None:
+        return Response(
+            _orjson.dumps(body, option=_orjson.OPT_SERIALIZE_NUMPY), media_type="application/json"
+        )
+    try:
+        text = json.dumps(body, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    except ValueError:  # a NaN or inf somewhere: walk the body once more
+        text = json.dumps(_finite(body), ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    return Response(text.encode("utf-8"), media_type="application/json")
+
+
+def _finite(value: Any) -> Any:
+    """``value`` with NaN and inf floats replaced by None (strict JSON has no NaN), as orjson does."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
 
 
 def layer_item(index: int, result: Any, dtype: str) -> dict:
