@@ -113,28 +113,6 @@ def _require_uvicorn(command: str) -> None:
         ) from None
 
 
-def _fix_mmap_threshold(threshold: int = 4 << 20) -> None:
-    """Allocations of 4 MiB and more (activations of a model run) get their own mmap, returned to
-    the system when freed. glibc's default raises this threshold after each large free (up to
-    32 MiB), so batches of new shapes were carved out of the heap and kept: a server's RSS grew by
-    300 MiB over a load test and stayed there; with the threshold fixed it rises about 190 MiB to a
-    plateau (benchmarks/serve_load.py, soak). 256 KiB would cost 25 % of throughput in page faults;
-    4 MiB costs none measurable. Not glibc (musl, macOS): nothing to do."""
-    import ctypes
-    import ctypes.util
-
-    name = ctypes.util.find_library("c")
-    if not name:
-        return
-    try:
-        libc = ctypes.CDLL(name)
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):
-        return
-    m_mmap_threshold = -3  # from <malloc.h>
-    mallopt(m_mmap_threshold, threshold)
-
-
 def _load_encoders(model: list[str] | None, device: str, max_length: int | None) -> dict:
     """Each --model loaded once (default: the packaged model), by its resolved name."""
     # Before torch loads OpenMP: its idle threads sleep instead of spinning between ops. In a server
@@ -142,7 +120,6 @@ def _load_encoders(model: list[str] | None, device: str, max_length: int | None)
     # tokens/s at 32 clients, benchmarks/serve_load.py, A/B on this 2-core machine). A user's own
     # setting wins; offline extraction keeps OpenMP's default (active), where nothing else runs.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    _fix_mmap_threshold()
     from .encoder import Encoder
 
     _use_available_cores()
