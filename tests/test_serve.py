@@ -377,3 +377,28 @@ def test_json_bodies_keep_every_float_and_write_nan_as_null(monkeypatch, fast):
         "embedding": [1.5, None, None],
         "nested": {"x": [None]},
     }
+
+
+def test_the_model_worker_returns_freed_heap_memory_between_runs(tiny_encoder, monkeypatch):
+    """glibc keeps freed heap mapped (RSS crept up under load): the worker trims it every
+    TRIM_EVERY seconds of runs, and the results are unaffected."""
+    import ctypes.util
+
+    from layerwise.serve import batcher as batcher_module
+
+    if ctypes.util.find_library("c") is None or batcher_module._malloc_trim() is None:
+        pytest.skip("not glibc: malloc_trim does not exist here")
+    trims: list[int] = []
+    real = batcher_module._malloc_trim()
+    monkeypatch.setattr(batcher_module, "_TRIM", lambda pad: trims.append(pad) or real(pad))
+    monkeypatch.setattr(batcher_module, "TRIM_EVERY", 0.0)
+    app = create_app({"tiny": tiny_encoder})
+
+    async def scenario(client):
+        return [await client.post("/v1/embeddings", json={"input": [f"text {i}"]}) for i in range(3)]
+
+    responses = run_app(app, scenario)
+    assert [r.status_code for r in responses] == [200, 200, 200]
+    want = tiny_encoder.embed(["text 2"], layers=-1)[0]
+    np.testing.assert_allclose(responses[2].json()["data"][0]["embedding"], want.reshape(-1), atol=1e-6)
+    assert trims == [0, 0, 0]  # once per run: every run is TRIM_EVERY = 0 s after the last trim

@@ -25,6 +25,8 @@ if TYPE_CHECKING:
     from ..inputs import EncodedInput
     from ..results import LayerStack
 
+TRIM_EVERY = 10.0  # seconds between returns of freed heap memory to the system (see _release_free_heap)
+
 Done = Callable[["dict[int, LayerStack] | None", "BaseException | None"], None]
 
 
@@ -81,6 +83,7 @@ class Batcher:
         self._closed = False
         self._last_group = 0  # jobs in the previous run
         self._tokens_per_second = 5000.0  # updated after every run; used for Retry-After
+        self._last_trim = time.perf_counter()
         self._thread = threading.Thread(target=self._loop, name="layerwise-model", daemon=True)
 
     def start(self) -> None:
@@ -198,7 +201,43 @@ class Batcher:
             self._tokens_per_second = 0.8 * self._tokens_per_second + 0.2 * n_tokens / seconds
         if self.metrics is not None:
             self.metrics.observe_run(group[0].model, len(group), len(merged), n_tokens, seconds)
+        if started - self._last_trim > TRIM_EVERY:
+            self._last_trim = started
+            _release_free_heap()
 
     def _observe_queue(self) -> None:
         if self.metrics is not None:
             self.metrics.observe_queue(len(self._jobs), self._queued_tokens)
+
+
+def _release_free_heap() -> None:
+    """Give freed heap memory back to the system (glibc ``malloc_trim``; elsewhere nothing).
+
+    Runs of ever-new batch shapes leave glibc's heaps fragmented: freed memory stays mapped, and a
+    server's RSS crept up without end under steady load (709 -> 849 MiB over 4 minutes at 32
+    clients, still rising; Python's own allocations were flat under tracemalloc, and
+    ``malloc_trim`` gave all but about 20 MiB of the growth back). Trimmed every TRIM_EVERY seconds
+    it moves within a band (560-790 MiB over the same 4 minutes, no trend) at no measurable cost in
+    tokens/s: the call takes well under a millisecond."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+def _malloc_trim() -> Any:
+    global _TRIM
+    if _TRIM is False:
+        import ctypes
+        import ctypes.util
+
+        _TRIM = None
+        name = ctypes.util.find_library("c")
+        if name:
+            try:
+                _TRIM = ctypes.CDLL(name).malloc_trim
+            except (OSError, AttributeError):  # not glibc (musl, macOS)
+                _TRIM = None
+    return _TRIM
+
+
+_TRIM: Any = False  # not looked up yet
