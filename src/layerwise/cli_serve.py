@@ -56,7 +56,9 @@ def serve(
         Path | None, typer.Option(help="File whose first line is the API key [default: $LAYERWISE_API_KEY]")
     ] = None,
     max_batch_tokens: Annotated[int, typer.Option(min=1, help="Tokens gathered for one model run")] = 16_384,
-    max_wait_ms: Annotated[float, typer.Option(min=0, max=1000, help="Longest wait for a run to fill")] = 5.0,
+    max_wait_ms: Annotated[
+        float, typer.Option(min=0, max=1000, help="Longest wait for a run to fill (ms)")
+    ] = 10,
     max_inputs: Annotated[int, typer.Option(min=1, help="Inputs per request (else 413)")] = 2048,
     max_request_tokens: Annotated[int, typer.Option(min=1, help="Tokens per request (else 413)")] = 131_072,
     max_queue_tokens: Annotated[int, typer.Option(min=1, help="Tokens waiting (else 429)")] = 1_048_576,

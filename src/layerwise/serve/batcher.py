@@ -66,7 +66,7 @@ class Batcher:
         encoders: Mapping[str, Encoder],
         *,
         max_batch_tokens: int = 8192,
-        max_wait: float = 0.005,
+        max_wait: float = 0.010,
         max_queue_tokens: int = 262_144,
         metrics: Any = None,
     ) -> None:
