@@ -79,9 +79,8 @@ class Encoder:
         max_length: tokens per input including special tokens; defaults to the model's maximum
             (a sentence-transformers model's max_seq_length).
         batch_size: at most this many inputs per forward pass.
-        max_tokens: at most this many tokens per forward pass: real tokens with the packed forward,
-            padded ones (inputs x longest input) with the Hugging Face forward; 2048 on CPU (small
-            working sets stay in cache; benchmarks/token_budget.py), 32768 on GPU.
+        max_tokens: tokens per forward pass (real ones when packed, else inputs x longest input);
+            2048 on CPU (benchmarks/token_budget.py), 32768 on GPU.
         packed: the unpadded forward (packed.py) where the architecture allows it; False, taps or
             ``method="hooks"``: the Hugging Face padded forward (the same numbers).
     Front ends batching across callers use ``inputs.encode`` and ``engine.stream`` directly."""
