@@ -253,12 +253,11 @@ class Engine:
             for k, window in enumerate(windows):
                 units.append(window)
                 owners.append((item.index, k))
-        packed = self.packed is not None and method == "hidden_states" and not taps
         batches = length_sorted_batches(
             [len(u) for u in units],
             batch_size or self.batch_size,
             max_tokens or self.max_tokens,
-            padded=not packed,
+            padded=not self._runs_packed(method, taps),
         )
         return self._run(encoded, units, owners, n_windows, batches, layers, method, taps, progress)
 
@@ -311,7 +310,7 @@ class Engine:
         method: Method,
         taps: tuple[str, ...],
     ) -> Rows:
-        if self.packed is not None and method == "hidden_states" and not taps:
+        if self._runs_packed(method, taps):
             return self._forward_packed(units, layers)
         batch = collate(units, pad_id=self.pad_id, with_token_types=self.with_token_types, device=self.device)
         with self.lock, torch.inference_mode(), self._attention_for(taps):
@@ -324,6 +323,11 @@ class Engine:
         # are looked at one by one; isfinite().all() costs 30x more, 2% of a run); padding is summed too
         rows.nonfinite = not bool(torch.isfinite(hidden.sum()))
         return rows
+
+    def _runs_packed(self, method: Method, taps: tuple[str, ...]) -> bool:
+        """The packed forward gives hidden states only: taps and hooks need the Hugging Face modules'
+        own forward. The batching (real or padded token budget) follows the same choice."""
+        return self.packed is not None and method == "hidden_states" and not taps
 
     def _forward_packed(self, units: Sequence[EncodedInput | Window], layers: tuple[int, ...]) -> Rows:
         assert self.packed is not None
