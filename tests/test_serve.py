@@ -402,3 +402,25 @@ def test_the_model_worker_returns_freed_heap_memory_between_runs(tiny_encoder, m
     want = tiny_encoder.embed(["text 2"], layers=-1)[0]
     np.testing.assert_allclose(responses[2].json()["data"][0]["embedding"], want.reshape(-1), atol=1e-6)
     assert trims == [0, 0, 0]  # once per run: every run is TRIM_EVERY = 0 s after the last trim
+
+
+@pytest.mark.parametrize("preset", [None, "ACTIVE"])
+def test_serve_lets_idle_openmp_threads_sleep_unless_the_user_chose(monkeypatch, preset):
+    """Before torch loads OpenMP, serve and explore ask for OMP_WAIT_POLICY=PASSIVE (a spinning
+    OpenMP thread took the event loop's core); a policy the user set is kept."""
+    import layerwise.encoder
+    from layerwise import cli_serve
+
+    if preset is None:
+        monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    else:
+        monkeypatch.setenv("OMP_WAIT_POLICY", preset)
+
+    class Loaded:
+        def __init__(self, name, **options):
+            self.name = name or "default"
+
+    monkeypatch.setattr(layerwise.encoder, "Encoder", Loaded)
+    encoders = cli_serve._load_encoders(["a", "b"], "cpu", None)
+    assert list(encoders) == ["a", "b"]
+    assert os.environ["OMP_WAIT_POLICY"] == (preset or "PASSIVE")
