@@ -48,7 +48,12 @@ def test_default_model_matches_numpy_forward(default_encoder, default_model_dir)
 
 
 def test_hooks_equal_output_hidden_states_on_default_model(default_encoder):
-    a = default_encoder.extract(SENTENCES, method="hidden_states")
-    b = default_encoder.extract(SENTENCES, method="hooks")
-    for x, y in zip(a, b, strict=True):
+    import layerwise as lw
+
+    hugging_face = lw.Encoder(device="cpu", packed=False)  # both methods on its forward: exactly equal
+    a = hugging_face.extract(SENTENCES, method="hidden_states")
+    b = hugging_face.extract(SENTENCES, method="hooks")
+    packed = default_encoder.extract(SENTENCES)
+    for x, y, z in zip(a, b, packed, strict=True):
         np.testing.assert_array_equal(x.hidden, y.hidden)
+        np.testing.assert_allclose(z.hidden, x.hidden, atol=1e-5, rtol=0)

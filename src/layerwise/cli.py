@@ -79,6 +79,10 @@ LayersOption = Annotated[
     str, typer.Option("--layers", "-l", help="all | -1 | 0,4,-1 | 0:4 (end excluded) | last4; 0 = embeddings")
 ]
 DeviceOption = Annotated[str, typer.Option("--device", help="auto | cpu | cuda | cuda:N")]
+StreamsOption = Annotated[
+    int | None,
+    typer.Option(min=1, help="Packed batches run at once on the CPU [default: 2 with 2+ cores, else 1]"),
+]
 
 
 def _version(value: bool) -> None:
@@ -188,6 +192,7 @@ def extract(
         int | None, typer.Option(min=1, help="Window step in tokens [default: half a window]")
     ] = None,
     device: DeviceOption = "auto",
+    streams: StreamsOption = None,
     encoding_errors: EncodingErrorsOption = EncodingErrorsChoice.strict,
     overwrite: Annotated[
         bool, typer.Option(help="Start an existing store again instead of resuming it")
@@ -258,9 +263,10 @@ def extract(
                             max_length, long_texts.value, stride, overwrite, quiet)  # fmt: skip
             return
         started = time.perf_counter()
+        _use_available_cores()  # before the Encoder: its default streams follow the thread count
         enc = Encoder(model, device=device, model_dtype=model_dtype.value, max_length=max_length,
-                      batch_size=batch_size, max_tokens=max_tokens, packed=packed)  # fmt: skip
-        _use_available_cores()
+                      batch_size=batch_size, max_tokens=max_tokens, packed=packed,
+                      streams=streams)  # fmt: skip
         pairs, progress = data.text_pairs, False if quiet else None
         if to_store:
             from .store import extract_to_store

@@ -72,17 +72,17 @@ class Encoder:
     """A BERT-family encoder that returns every hidden state.
 
     Args:
-        model: a Hugging Face model name, a local folder, or None for the packaged default
-            (``sentence-transformers/all-MiniLM-L6-v2``).
+        model: a Hugging Face name, a local folder, or None for the packaged all-MiniLM-L6-v2.
         device: ``"auto"`` (CUDA when available), ``"cpu"``, ``"cuda"``, ``"cuda:1"``…
         model_dtype: the model's weights and compute dtype; results are always float32.
-        max_length: tokens per input including special tokens; defaults to the model's maximum
-            (a sentence-transformers model's max_seq_length).
+        max_length: tokens per input with special tokens; default: the model's (ST max_seq_length)
         batch_size: at most this many inputs per forward pass.
         max_tokens: tokens per forward pass (real ones when packed, else inputs x longest input);
             2048 on CPU (benchmarks/token_budget.py), 32768 on GPU.
         packed: the unpadded forward (packed.py) where the architecture allows it; False, taps or
             ``method="hooks"``: the Hugging Face padded forward (the same numbers).
+        streams: packed batches run at once on the CPU, each on its share of torch's threads
+            (streams.py); default 2 on a CPU with 2+ threads, else 1.
     Front ends batching across callers use ``inputs.encode`` and ``engine.stream`` directly."""
 
     def __init__(
@@ -95,6 +95,7 @@ class Encoder:
         batch_size: int = 128,
         max_tokens: int | None = None,
         packed: bool = True,
+        streams: int | None = None,
     ) -> None:
         check_choice("model_dtype", model_dtype, MODEL_DTYPES)
         _positive("batch_size", batch_size, optional=False)
@@ -120,7 +121,8 @@ class Encoder:
         self.inputs = InputEncoder(self.tokenizer.backend_tokenizer, self.max_length)
         max_tokens = max_tokens or (CPU_MAX_TOKENS if self.device.type == "cpu" else GPU_MAX_TOKENS)
         self.engine = Engine(self.model, self.tokenizer, device=self.device, max_length=self.max_length,
-                              batch_size=batch_size, max_tokens=max_tokens, packed=packed)  # fmt: skip
+                             batch_size=batch_size, max_tokens=max_tokens, packed=packed,
+                             streams=streams)  # fmt: skip
         self.batch_size, self.max_tokens = batch_size, max_tokens  # the defaults of every call
         self.engine.warm_up([self.tokenizer.cls_token_id or 0, self.tokenizer.sep_token_id or 0], self.name)
 
@@ -129,10 +131,8 @@ class Encoder:
         return self.n_layers + 1
 
     def __repr__(self) -> str:
-        return (
-            f"Encoder({self.name!r}, n_layers={self.n_layers}, hidden_size={self.hidden_size}, "
-            f"device='{self.device}', model_dtype='{self.model_dtype}')"
-        )
+        return (f"Encoder({self.name!r}, n_layers={self.n_layers}, hidden_size={self.hidden_size}, "
+                f"device='{self.device}', model_dtype='{self.model_dtype}')")  # fmt: skip
 
     def tokenize(
         self,

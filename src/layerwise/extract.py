@@ -9,15 +9,18 @@ Two ways to collect hidden states, which agree exactly (a test checks it):
 * ``"hooks"``: forward hooks on each encoder layer, the way many tutorials do it.
 
 Either way the encoder is cut after the deepest requested layer (:func:`truncated_encoder`), and
-sub-layer taps are recorded with hooks. Results come back as :class:`LayerStack`, one per input.
+sub-layer taps are recorded with hooks. The packed forward (packed.py) gives the same hidden states
+without padding; on a CPU its batches run on concurrent streams (streams.py). Results come back
+as :class:`LayerStack`, one per input.
 """
 
 from __future__ import annotations
 
 import inspect
 import logging
-import threading
+from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import Future
 from contextlib import contextmanager, nullcontext
 from typing import Any, Literal
 
@@ -31,6 +34,7 @@ from .inputs import EncodedInput, length_sorted_batches
 from .packed import PackedEncoder
 from .progress import progress_bar
 from .results import LayerStack
+from .streams import ForwardLock, ForwardPool, check_streams
 from .windows import Window, plan_windows, stitch
 
 logger = logging.getLogger("layerwise")
@@ -187,6 +191,7 @@ class Engine:
         batch_size: int,
         max_tokens: int,
         packed: bool = True,
+        streams: int | None = 1,  # None: the device's default (streams.py)
     ) -> None:
         config = model.config
         pad_id = tokenizer.pad_token_id
@@ -199,9 +204,12 @@ class Engine:
         self.layer_owner, self.layer_attr, self.layer_list = find_layer_list(
             model, model.config.num_hidden_layers
         )
-        self.lock = threading.RLock()  # one forward at a time: hooks and truncation patch the model
+        # packed forwards share the model; a Hugging Face one (hooks, truncation patch it) runs alone
+        self.lock = ForwardLock()
         # the unpadded forward where the architecture allows it (packed.py); None: Hugging Face's
         self.packed = PackedEncoder.build(model) if packed else None
+        streams = check_streams(streams, device)
+        self.pool = ForwardPool(streams) if streams > 1 and self.packed is not None else None
 
     def warm_up(self, ids: list[int], name: str) -> None:
         """One full-depth forward with ``output_hidden_states`` before any truncated one.
@@ -210,7 +218,7 @@ class Engine:
         first such call; if that call ran on a truncated encoder, later full runs would miss layers.
         This also checks that the model returns one hidden state per layer plus the embeddings."""
         expected = self.model.config.num_hidden_layers + 1
-        with self.lock, torch.inference_mode():
+        with self.lock.exclusive(), torch.inference_mode():
             batch = torch.tensor([ids], device=self.device)
             states = self.model(input_ids=batch, output_hidden_states=True).hidden_states
         if len(states) != expected:
@@ -253,12 +261,14 @@ class Engine:
             for k, window in enumerate(windows):
                 units.append(window)
                 owners.append((item.index, k))
-        batches = length_sorted_batches(
-            [len(u) for u in units],
-            batch_size or self.batch_size,
-            max_tokens or self.max_tokens,
-            padded=not self._runs_packed(method, taps),
-        )
+        packed = self._runs_packed(method, taps)
+        lengths = [len(u) for u in units]
+        budget = max_tokens or self.max_tokens
+        if packed and self.pool is not None and lengths:
+            # fewer batches than streams would leave a stream idle (a server's run of a few short
+            # requests fits one batch): split the tokens evenly, in at most that many batches
+            budget = min(budget, -(-sum(lengths) // self.pool.streams) + max(lengths))
+        batches = length_sorted_batches(lengths, batch_size or self.batch_size, budget, padded=not packed)
         return self._run(encoded, units, owners, n_windows, batches, layers, method, taps, progress)
 
     def _run(
@@ -280,8 +290,7 @@ class Engine:
         pending: dict[int, dict[int, tuple]] = {}  # windows of long inputs until all are done
         nonfinite: set[int] = set()  # inputs whose vectors hold NaN or inf
         with bar if bar is not None else nullcontext():
-            for batch_ids in batches:
-                rows = self._forward_units([units[u] for u in batch_ids], layers, method, taps)
+            for batch_ids, rows in self._batch_rows(units, batches, layers, method, taps):
                 for u, (hidden, tapped) in zip(batch_ids, rows, strict=True):
                     index, k = owners[u]
                     if rows.nonfinite and not np.isfinite(hidden).all():
@@ -303,6 +312,37 @@ class Engine:
                 min(nonfinite),
             )
 
+    def _batch_rows(
+        self,
+        units: list[EncodedInput | Window],
+        batches: list[list[int]],
+        layers: tuple[int, ...],
+        method: Method,
+        taps: tuple[str, ...],
+    ) -> Iterator[tuple[list[int], Rows]]:
+        """Each batch with its rows, in order; on the forward pool's streams when it has one (a few
+        batches ahead of the caller, who consumes the rows meanwhile)."""
+        if self.pool is None or not self._runs_packed(method, taps) or len(batches) == 0:
+            for batch_ids in batches:
+                yield batch_ids, self._forward_units([units[u] for u in batch_ids], layers, method, taps)
+            return
+        ahead: deque[tuple[list[int], Future]] = deque()
+        pending = iter(batches)
+        try:
+            for batch_ids in pending:
+                ahead.append(
+                    (batch_ids, self.pool.submit(self._forward_packed, [units[u] for u in batch_ids], layers))
+                )
+                if len(ahead) > self.pool.streams:
+                    batch_ids, future = ahead.popleft()
+                    yield batch_ids, future.result()
+            while ahead:
+                batch_ids, future = ahead.popleft()
+                yield batch_ids, future.result()
+        finally:  # the caller stopped early or a batch failed: drop the batches not started
+            for _, future in ahead:
+                future.cancel()
+
     def _forward_units(
         self,
         units: Sequence[EncodedInput | Window],
@@ -313,7 +353,7 @@ class Engine:
         if self._runs_packed(method, taps):
             return self._forward_packed(units, layers)
         batch = collate(units, pad_id=self.pad_id, with_token_types=self.with_token_types, device=self.device)
-        with self.lock, torch.inference_mode(), self._attention_for(taps):
+        with self.lock.exclusive(), torch.inference_mode(), self._attention_for(taps):
             hidden, tapped = forward_batch(
                 self.model, batch, layers=layers, method=method, layer_owner=self.layer_owner,
                 layer_attr=self.layer_attr, layer_list=self.layer_list, model_type=self.model_type, taps=taps,
@@ -332,7 +372,7 @@ class Engine:
     def _forward_packed(self, units: Sequence[EncodedInput | Window], layers: tuple[int, ...]) -> Rows:
         assert self.packed is not None
         batch = self.packed.prepare(units, with_token_types=self.with_token_types, device=self.device)
-        with self.lock, torch.inference_mode():
+        with self.lock.shared(), torch.inference_mode():
             hidden = self.packed.forward(batch, layers)  # (L, N, H): real tokens only
         array = _to_numpy(hidden)
         rows = Rows()

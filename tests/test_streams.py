@@ -1,0 +1,182 @@
+"""Concurrent forward streams on the CPU: same numbers, their own thread counts, a lock that keeps
+the Hugging Face forward alone."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+from conftest import ud_sentences
+
+import layerwise as lw
+from layerwise.errors import OptionError
+from layerwise.streams import ForwardLock, check_streams
+
+TEXTS = ud_sentences("dev", 120)
+
+
+@pytest.fixture(scope="module")
+def two_threads():
+    """The tests need two torch threads to split (CI's machine has two cores)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def encoders(make_tiny_model, two_threads):
+    folder = make_tiny_model("bert", 3)
+    return (
+        lw.Encoder(folder, device="cpu", streams=2, max_tokens=512),
+        lw.Encoder(folder, device="cpu", streams=1, max_tokens=512),
+    )
+
+
+def test_streams_give_the_numbers_of_one_stream_at_every_layer(encoders):
+    concurrent, single = encoders
+    assert concurrent.engine.pool is not None and single.engine.pool is None
+    a, b = concurrent.extract(TEXTS, layers="all"), single.extract(TEXTS, layers="all")
+    assert [s.tokens for s in a] == [s.tokens for s in b]
+    for x, y in zip(a, b, strict=True):
+        np.testing.assert_allclose(x.hidden, y.hidden, atol=1e-5, rtol=0)
+
+
+def test_batches_run_on_the_stream_threads_each_with_its_share_of_threads(encoders, monkeypatch):
+    concurrent, _ = encoders
+    engine = concurrent.engine
+    seen: list[tuple[str, int]] = []
+    forward = engine.packed.forward
+
+    def spy(batch, layers):
+        seen.append((threading.current_thread().name, torch.get_num_threads()))
+        return forward(batch, layers)
+
+    monkeypatch.setattr(engine.packed, "forward", spy)
+    concurrent.extract(TEXTS, layers=-1)
+    assert len(seen) >= 4  # 120 sentences under a 512-token budget
+    assert {name.rsplit("_", 1)[0] for name, _ in seen} == {"layerwise-forward"}
+    assert len({name for name, _ in seen}) == 2
+    assert {threads for _, threads in seen} == {1}  # 2 torch threads split over 2 streams
+    assert torch.get_num_threads() == 2  # the caller's own setting is untouched
+
+
+def test_a_small_call_is_split_so_that_no_stream_idles(encoders, monkeypatch):
+    concurrent, single = encoders
+    sizes: list[int] = []
+    forward = concurrent.engine.packed.forward
+
+    def spy(batch, layers):
+        sizes.append(len(batch.lengths))
+        return forward(batch, layers)
+
+    monkeypatch.setattr(concurrent.engine.packed, "forward", spy)
+    texts = TEXTS[:8]  # one batch's worth
+    result = concurrent.extract(texts)
+    assert len(sizes) == 2 and sum(sizes) == 8
+    for x, y in zip(result, single.extract(texts), strict=True):
+        np.testing.assert_allclose(x.hidden, y.hidden, atol=1e-5, rtol=0)
+
+
+def test_an_error_in_a_stream_reaches_the_caller_and_the_pool_goes_on(encoders, monkeypatch):
+    concurrent, single = encoders
+    forward = concurrent.engine.packed.forward
+    calls = 0
+
+    def failing(batch, layers):
+        nonlocal calls
+        calls += 1
+        if calls == 2:
+            raise RuntimeError("batch two broke")
+        return forward(batch, layers)
+
+    monkeypatch.setattr(concurrent.engine.packed, "forward", failing)
+    with pytest.raises(RuntimeError, match="batch two broke"):
+        concurrent.extract(TEXTS)
+    monkeypatch.undo()
+    result = concurrent.extract(TEXTS[:5])
+    np.testing.assert_allclose(result[0].hidden, single.extract(TEXTS[:1])[0].hidden, atol=1e-5, rtol=0)
+
+
+def test_a_caller_that_stops_early_leaves_the_streams_usable(encoders):
+    concurrent, _ = encoders
+    stream = concurrent.iter_extract(TEXTS, layers=-1)
+    first = next(stream)
+    stream.close()  # the batches not yet started are dropped
+    index, stack = first
+    assert stack.hidden.shape[0] == 1 and 0 <= index < len(TEXTS)
+    assert len(concurrent.extract(TEXTS[:3])) == 3
+
+
+def test_hugging_face_forwards_wait_for_packed_ones_and_run_alone():
+    lock = ForwardLock()
+    events: list[str] = []
+    shared_in = threading.Event()
+
+    def packed() -> None:
+        with lock.shared():
+            shared_in.set()
+            time.sleep(0.2)
+            events.append("packed done")
+
+    def padded() -> None:
+        with lock.exclusive():
+            events.append("padded in")
+            with lock.exclusive():  # reentrant for its owner
+                events.append("padded again")
+
+    reader = threading.Thread(target=packed)
+    reader.start()
+    shared_in.wait(5)
+    writer = threading.Thread(target=padded)
+    writer.start()
+    writer.join(5)
+    reader.join(5)
+    assert events == ["packed done", "padded in", "padded again"]
+
+
+def test_a_waiting_hugging_face_forward_is_not_starved_by_new_packed_ones():
+    lock = ForwardLock()
+    order: list[str] = []
+    first_in = threading.Event()
+
+    def packed(name: str, hold: float) -> None:
+        with lock.shared():
+            first_in.set()
+            time.sleep(hold)
+            order.append(name)
+
+    first = threading.Thread(target=packed, args=("first", 0.3))
+    first.start()
+    first_in.wait(5)
+
+    def padded() -> None:
+        with lock.exclusive():
+            order.append("padded")
+            time.sleep(0.1)
+
+    writer = threading.Thread(target=padded)
+    writer.start()
+    time.sleep(0.05)  # the writer is waiting now
+    late = threading.Thread(target=packed, args=("late", 0.0))
+    late.start()
+    for thread in (first, writer, late):
+        thread.join(5)
+    assert order == ["first", "padded", "late"]  # the late reader waited behind the writer
+
+
+def test_streams_option_names_the_bad_value():
+    with pytest.raises(OptionError, match=r"streams=0 must be a whole number >= 1"):
+        check_streams(0, torch.device("cpu"))
+    with pytest.raises(OptionError, match=r"streams=2 runs concurrent forwards on the CPU only"):
+        check_streams(2, torch.device("cuda"))
+    assert check_streams(None, torch.device("cuda")) == 1
+    assert check_streams(3, torch.device("cpu")) == 3
+
+
+def test_the_padded_forward_has_no_streams(make_tiny_model, two_threads):
+    encoder = lw.Encoder(make_tiny_model("bert", 2), device="cpu", packed=False, streams=2)
+    assert encoder.engine.pool is None
