@@ -12,7 +12,9 @@ For the default model (all-MiniLM-L6-v2) and a randomly initialised 12-layer ``B
                state to NumPy (the best a user writes by hand)
   st tokens    sentence-transformers ``encode(output_value="token_embeddings")`` (last layer only)
   layerwise hf ``Encoder(packed=False).extract(texts, layers="all")``: padded HF forward
-  layerwise    ``Encoder().extract(texts, layers="all")``: the packed forward (the default)
+  layerwise    ``Encoder().extract(texts, layers="all")``: the packed forward (the default), its
+               batches on two concurrent streams of one thread each (streams.py)
+  1 stream     the same with ``Encoder(streams=1)``: one batch at a time on both threads
 
 Every method produces every token's vectors (all hidden states except st); each is timed
 ``--repeats`` times, interleaved, and the median is reported. The ceiling is the measured fp32
@@ -65,6 +67,7 @@ def best_loop(tokenizer, model, texts: list[str]) -> int:
 
 def measure(name: str, folder: str, texts: list[str], repeats: int, skip_tutorial: bool) -> dict:
     packed = lw.Encoder(folder, device="cpu", max_length=512)
+    one_stream = lw.Encoder(folder, device="cpu", max_length=512, streams=1)
     padded = lw.Encoder(folder, device="cpu", max_length=512, packed=False)
     assert packed.engine.packed is not None and padded.engine.packed is None
     tokenizer, model = padded.tokenizer, padded.model
@@ -75,6 +78,9 @@ def measure(name: str, folder: str, texts: list[str], repeats: int, skip_tutoria
         "layerwise_hf": lambda: sum(s.n_tokens for s in padded.extract(texts, layers="all", progress=False)),
         "layerwise_packed": lambda: sum(
             s.n_tokens for s in packed.extract(texts, layers="all", progress=False)
+        ),
+        "packed_1_stream": lambda: sum(
+            s.n_tokens for s in one_stream.extract(texts, layers="all", progress=False)
         ),
     }
     if not skip_tutorial:
@@ -93,6 +99,7 @@ def measure(name: str, folder: str, texts: list[str], repeats: int, skip_tutoria
     except Exception as exc:  # no sentence-transformers: the rest still runs
         print(f"sentence-transformers skipped: {exc}")
     packed.extract(texts[:16], progress=False)
+    one_stream.extract(texts[:16], progress=False)
     padded.extract(texts[:16], progress=False)
     times: dict[str, list[float]] = {k: [] for k in methods}
     peaks = [matmul_gflops()]

@@ -170,11 +170,17 @@ def test_a_waiting_hugging_face_forward_is_not_starved_by_new_packed_ones():
 
 def test_streams_option_names_the_bad_value():
     with pytest.raises(OptionError, match=r"streams=0 must be a whole number >= 1"):
-        check_streams(0, torch.device("cpu"))
+        check_streams(0, torch.device("cpu"), 384)
     with pytest.raises(OptionError, match=r"streams=2 runs concurrent forwards on the CPU only"):
-        check_streams(2, torch.device("cuda"))
-    assert check_streams(None, torch.device("cuda")) == 1
-    assert check_streams(3, torch.device("cpu")) == 3
+        check_streams(2, torch.device("cuda"), 384)
+    assert check_streams(None, torch.device("cuda"), 384) == 1
+    assert check_streams(None, torch.device("cpu"), 768) == 1  # BERT-base: one stream is faster
+    assert check_streams(3, torch.device("cpu"), 768) == 3
+
+
+def test_small_models_get_two_streams_by_default(make_tiny_model, two_threads):
+    assert check_streams(None, torch.device("cpu"), 384) == 2
+    assert lw.Encoder(make_tiny_model("bert", 2), device="cpu").engine.pool is not None  # 32 wide
 
 
 def test_the_padded_forward_has_no_streams(make_tiny_model, two_threads):

@@ -81,7 +81,9 @@ LayersOption = Annotated[
 DeviceOption = Annotated[str, typer.Option("--device", help="auto | cpu | cuda | cuda:N")]
 StreamsOption = Annotated[
     int | None,
-    typer.Option(min=1, help="Packed batches run at once on the CPU [default: 2 with 2+ cores, else 1]"),
+    typer.Option(
+        min=1, help="Packed batches run at once on the CPU [default: 2 for models up to 512 wide, 2+ cores]"
+    ),
 ]
 
 

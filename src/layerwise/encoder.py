@@ -82,7 +82,7 @@ class Encoder:
         packed: the unpadded forward (packed.py) where the architecture allows it; False, taps or
             ``method="hooks"``: the Hugging Face padded forward (the same numbers).
         streams: packed batches run at once on the CPU, each on its share of torch's threads
-            (streams.py); default 2 on a CPU with 2+ threads, else 1.
+            (streams.py); default 2 for a model up to 512 wide on 2+ threads, else 1.
     Front ends batching across callers use ``inputs.encode`` and ``engine.stream`` directly."""
 
     def __init__(

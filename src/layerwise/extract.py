@@ -208,7 +208,7 @@ class Engine:
         self.lock = ForwardLock()
         # the unpadded forward where the architecture allows it (packed.py); None: Hugging Face's
         self.packed = PackedEncoder.build(model) if packed else None
-        streams = check_streams(streams, device)
+        streams = check_streams(streams, device, config.hidden_size)
         self.pool = ForwardPool(streams) if streams > 1 and self.packed is not None else None
 
     def warm_up(self, ids: list[int], name: str) -> None:

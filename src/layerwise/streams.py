@@ -3,10 +3,10 @@
 On a CPU, one forward pass spread over every core by torch's intra-op threads is not the fastest
 use of them: the matrices of a 2,048-token batch are small enough that the threads spend a good
 part of each op waiting for one another. Two batches at once, each on half of the threads, keep
-every core busy (benchmarks/packed_speed.py: +15-20 % on 2 cores; runs of a few short requests, as
-a server merges them, gain more). :class:`ForwardPool` runs batches on ``streams`` threads, each
-with ``torch threads // streams`` intra-op threads of its own (PyTorch keeps the OpenMP and MKL
-thread count per thread); the caller's own setting is left as it was.
+every core busy (benchmarks/packed_speed.py, 2 cores: +9 % on all-MiniLM-L6-v2; bigger models keep
+two threads busy on their own, see STREAMS_UP_TO_HIDDEN). :class:`ForwardPool` runs batches on
+``streams`` threads, each with ``torch threads // streams`` intra-op threads of its own (PyTorch
+keeps the OpenMP and MKL thread count per thread); the caller's own setting is left as it was.
 
 Only the packed forward runs concurrently: it reads the model's modules and patches nothing. The
 Hugging Face forward may patch the model for its call (a truncated layer list, forward hooks, the
@@ -26,17 +26,23 @@ import torch
 
 from .errors import OptionError
 
+# Up to this hidden size, two streams of one thread beat one stream of two (all-MiniLM-L6-v2, 384:
+# +9 %); at BERT-base's 768 they lose (-16 %): its matmuls already keep two threads busy, and two
+# streams at once read two layers' weights, twice the cache (benchmarks/packed_speed.py, 2 cores).
+STREAMS_UP_TO_HIDDEN = 512
 
-def default_streams(device: torch.device) -> int:
-    """Two streams on a CPU with two or more torch threads; one on a GPU (one queue of kernels)."""
-    if device.type != "cpu":
+
+def default_streams(device: torch.device, hidden_size: int) -> int:
+    """Two streams on a CPU with two or more torch threads for a small model; else one (a GPU runs
+    one queue of kernels)."""
+    if device.type != "cpu" or hidden_size > STREAMS_UP_TO_HIDDEN:
         return 1
     return 2 if torch.get_num_threads() >= 2 else 1
 
 
-def check_streams(streams: int | None, device: torch.device) -> int:
+def check_streams(streams: int | None, device: torch.device, hidden_size: int) -> int:
     if streams is None:
-        return default_streams(device)
+        return default_streams(device, hidden_size)
     if isinstance(streams, bool) or not isinstance(streams, int) or streams < 1:
         raise OptionError(f"streams={streams!r} must be a whole number >= 1 (or None for the default)")
     if streams > 1 and device.type != "cpu":
