@@ -36,7 +36,6 @@ def committed_offsets(offsets_array) -> np.ndarray:
 def read_manifest(path: Path, n_committed: int):
     """The manifest rows of committed texts (a pyarrow Table sorted by position)."""
     import pyarrow as pa
-    import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
     folder = path / MANIFEST
@@ -44,11 +43,15 @@ def read_manifest(path: Path, n_committed: int):
     if not parts:
         return None
     try:
-        table = pa.concat_tables([pq.read_table(p) for p in parts], promote_options="default")
+        # ParquetFile, not read_table: that one goes through pyarrow.dataset, which imports pandas
+        table = pa.concat_tables([pq.ParquetFile(p).read() for p in parts], promote_options="default")
     except (OSError, pa.ArrowException) as exc:
         raise damaged(path, [f"a manifest part cannot be read ({exc})"], []) from exc
-    table = table.filter(pc.less(table["position"], n_committed))
-    return table.sort_by("position")
+    table = table.sort_by("position")
+    # the committed rows are a prefix once sorted (without pyarrow.compute, whose import cost 0.06 s
+    # of every `layerwise extract`: this function runs, and returns early, for a new store too)
+    committed = int(np.searchsorted(table["position"].to_numpy(), n_committed, side="left"))
+    return table.slice(0, committed)
 
 
 def read_parts(path: Path):
