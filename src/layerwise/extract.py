@@ -327,9 +327,8 @@ class Engine:
                 yield batch_ids, self._forward_units([units[u] for u in batch_ids], layers, method, taps)
             return
         ahead: deque[tuple[list[int], Future]] = deque()
-        pending = iter(batches)
         try:
-            for batch_ids in pending:
+            for batch_ids in batches:
                 ahead.append(
                     (batch_ids, self.pool.submit(self._forward_packed, [units[u] for u in batch_ids], layers))
                 )
