@@ -424,3 +424,22 @@ def test_serve_lets_idle_openmp_threads_sleep_unless_the_user_chose(monkeypatch,
     encoders = cli_serve._load_encoders(["a", "b"], "cpu", None)
     assert list(encoders) == ["a", "b"]
     assert os.environ["OMP_WAIT_POLICY"] == (preset or "PASSIVE")
+
+
+def test_serve_runs_one_forward_stream_unless_told(monkeypatch):
+    """Concurrent streams contend with the event loop for the GIL (cli_serve.SERVE_STREAMS): the
+    server asks for one stream per model; --streams N is passed through."""
+    import layerwise.encoder
+    from layerwise import cli_serve
+
+    asked: list[int | None] = []
+
+    class Loaded:
+        def __init__(self, name, **options):
+            self.name = name or "default"
+            asked.append(options.get("streams"))
+
+    monkeypatch.setattr(layerwise.encoder, "Encoder", Loaded)
+    cli_serve._load_encoders(None, "cpu", None)
+    cli_serve._load_encoders(None, "cpu", None, streams=2)
+    assert asked == [1, 2]
