@@ -23,7 +23,8 @@ from .errors import LayerwiseError, MissingDependencyError, OptionError
 
 # One forward stream per model, not the Encoder's two: concurrent streams extract 6-16 % faster
 # offline, but in a server their worker threads contend with the event loop for the GIL between
-# ops (ad-hoc A/B at 32 clients with serve_load.load, interleaved: 3,850 tok/s with 2 streams, 4,560 with 1)
+# ops (ad-hoc A/B at 32 clients with serve_load.load, interleaved: 3,850 tok/s with 2 streams, 4,560
+# with 1; rerun: benchmarks/serve_load.py --serve-args "--streams 2", against a default run)
 SERVE_STREAMS = 1
 
 

@@ -322,7 +322,7 @@ class Engine:
     ) -> Iterator[tuple[list[int], Rows]]:
         """Each batch with its rows, in order; on the forward pool's streams when it has one (a few
         batches ahead of the caller, who consumes the rows meanwhile)."""
-        if self.pool is None or not self._runs_packed(method, taps) or len(batches) == 0:
+        if self.pool is None or not self._runs_packed(method, taps):
             for batch_ids in batches:
                 yield batch_ids, self._forward_units([units[u] for u in batch_ids], layers, method, taps)
             return

@@ -3,7 +3,7 @@
 On a CPU, one forward pass spread over every core by torch's intra-op threads is not the fastest
 use of them: the matrices of a 2,048-token batch are small enough that the threads spend a good
 part of each op waiting for one another. Two batches at once, each on half of the threads, keep
-every core busy (benchmarks/packed_speed.py, 2 cores: +9 % on all-MiniLM-L6-v2; bigger models keep
+every core busy (benchmarks/packed_speed.py, 2 cores: +6 % on all-MiniLM-L6-v2; bigger models keep
 two threads busy on their own, see STREAMS_UP_TO_HIDDEN). :class:`ForwardPool` runs batches on
 ``streams`` threads, each with ``torch threads // streams`` intra-op threads of its own (PyTorch
 keeps the OpenMP and MKL thread count per thread); the caller's own setting is left as it was.
@@ -27,8 +27,9 @@ import torch
 from .errors import OptionError
 
 # Up to this hidden size, two streams of one thread beat one stream of two (all-MiniLM-L6-v2, 384:
-# +9 %); at BERT-base's 768 they lose (-16 %): its matmuls already keep two threads busy, and two
-# streams at once read two layers' weights, twice the cache (benchmarks/packed_speed.py, 2 cores).
+# 6,782 vs 6,419 tok/s, +6 %); at BERT-base's 768 they lose (777 vs 918, -15 %): its matmuls already
+# keep two threads busy, and two streams at once read two layers' weights, twice the cache
+# (benchmarks/packed_speed.py on 2 cores, results/packed_speed.json).
 STREAMS_UP_TO_HIDDEN = 512
 
 
@@ -136,11 +137,6 @@ class ForwardPool:
                 torch.set_num_threads(threads)
                 self._executor, self._pid = executor, os.getpid()
             return self._executor
-
-    def close(self) -> None:
-        if self._executor is not None and self._pid == os.getpid():
-            self._executor.shutdown(wait=False, cancel_futures=True)
-        self._executor = None
 
 
 def _init_stream(threads: int, ready: threading.Barrier) -> None:
