@@ -22,7 +22,7 @@ from typing import Literal, overload
 import numpy as np
 import torch
 
-from .errors import InputError, ModelLoadError, OptionError, check_choice
+from .errors import InputError, OptionError, check_choice
 from .extract import METHODS, Engine, Method
 from .features import all_features, features_layers, sentence_matrix, word_vectors
 from .hooks import check_taps
@@ -35,8 +35,9 @@ from .inputs import (
     split_word_inputs,
 )
 from .layers import LayerSpec, resolve_layers
+from .model_handle import ModelHandle
 from .model_source import (
-    load_model,
+    load_config_and_tokenizer,
     pick_device,
     read_sentence_transformers,
     resolve_model_source,
@@ -103,28 +104,27 @@ class Encoder:
         self.source, self.name = resolve_model_source(model)
         self.device = pick_device(device)
         self.model_dtype: ModelDtype = model_dtype
-        self.tokenizer, self.model = load_model(self.source, self.name, _TORCH_DTYPES[model_dtype])
-        if not getattr(self.tokenizer, "is_fast", False):
-            raise ModelLoadError(
-                f"model {self.name!r} has no fast (Rust) tokenizer; layerwise needs one for word "
-                "ids and character offsets. Save a tokenizer.json next to the model."
-            )
-        self.model.to(self.device).eval()
-        config = self.model.config
-        self.model_type: str = config.model_type
-        self.n_layers: int = config.num_hidden_layers
-        self.hidden_size: int = config.hidden_size
+        self.config, self.tokenizer = load_config_and_tokenizer(self.source, self.name)  # fast tokenizer
+        # the packed forward needs no transformers model class (model_handle.py: 1.5-2 s less start-up)
+        dtype = _TORCH_DTYPES[model_dtype]
+        self.models = ModelHandle(self.source, self.name, self.config, dtype, self.device, light=packed)
+        self.model_type: str = self.config.model_type
+        self.n_layers: int = self.config.num_hidden_layers
+        self.hidden_size: int = self.config.hidden_size
         self.sentence_transformers = read_sentence_transformers(self.source)
         convention = self.sentence_transformers.max_seq_length if self.sentence_transformers else None
-        padding_idx = getattr(getattr(self.model, "embeddings", None), "padding_idx", None)  # MPNet: 1
-        self.max_length = usable_max_length(config, self.tokenizer, max_length, convention, padding_idx)
+        padding_idx = getattr(self.models.current.embeddings, "padding_idx", None)  # MPNet: 1
+        self.max_length = usable_max_length(self.config, self.tokenizer, max_length, convention, padding_idx)
         self.inputs = InputEncoder(self.tokenizer.backend_tokenizer, self.max_length)
         max_tokens = max_tokens or (CPU_MAX_TOKENS if self.device.type == "cpu" else GPU_MAX_TOKENS)
-        self.engine = Engine(self.model, self.tokenizer, device=self.device, max_length=self.max_length,
+        self.engine = Engine(self.models, self.tokenizer, device=self.device, max_length=self.max_length,
                              batch_size=batch_size, max_tokens=max_tokens, packed=packed,
                              streams=streams)  # fmt: skip
         self.batch_size, self.max_tokens = batch_size, max_tokens  # the defaults of every call
-        self.engine.warm_up([self.tokenizer.cls_token_id or 0, self.tokenizer.sep_token_id or 0], self.name)
+
+    @property
+    def model(self):  # the transformers model, built on first use (the packed forward needs none)
+        return self.models.transformers()
 
     @property
     def n_hidden_states(self) -> int:  # the embedding output plus one per layer

@@ -31,6 +31,7 @@ from torch import nn
 from .errors import ModelLoadError, OptionError
 from .hooks import HookRecorder, find_layer_list, truncated_encoder
 from .inputs import EncodedInput, length_sorted_batches
+from .model_handle import ModelHandle
 from .packed import PackedEncoder
 from .progress import progress_bar
 from .results import LayerStack
@@ -183,7 +184,7 @@ class Engine:
 
     def __init__(
         self,
-        model: Any,  # a transformers PreTrainedModel
+        models: ModelHandle,
         tokenizer: Any,  # its fast tokenizer
         *,
         device: torch.device,
@@ -193,37 +194,57 @@ class Engine:
         packed: bool = True,
         streams: int | None = 1,  # None: the device's default (streams.py)
     ) -> None:
-        config = model.config
+        config = models.config
         pad_id = tokenizer.pad_token_id
-        self.model, self.device, self.max_length = model, device, max_length
+        self.models, self.device, self.max_length = models, device, max_length
         self.pad_id: int = pad_id if pad_id is not None else (getattr(config, "pad_token_id", None) or 0)
-        accepts_types = "token_type_ids" in inspect.signature(model.forward).parameters
+        # a light model stands only for types whose transformers forward takes token_type_ids
+        forward = models.current.forward if models.built else None
+        accepts_types = forward is None or "token_type_ids" in inspect.signature(forward).parameters
         self.with_token_types = accepts_types and getattr(config, "type_vocab_size", 0) >= 2
         self.batch_size, self.max_tokens = batch_size, max_tokens
-        self.model_type: str = model.config.model_type
-        self.layer_owner, self.layer_attr, self.layer_list = find_layer_list(
-            model, model.config.num_hidden_layers
-        )
+        self.model_type: str = config.model_type
+        self._warm_up_ids = [tokenizer.cls_token_id or 0, tokenizer.sep_token_id or 0]
         # packed forwards share the model; a Hugging Face one (hooks, truncation patch it) runs alone
         self.lock = ForwardLock()
         # the unpadded forward where the architecture allows it (packed.py); None: Hugging Face's
-        self.packed = PackedEncoder.build(model) if packed else None
+        self.packed = PackedEncoder.build(models.current) if packed else None
         streams = check_streams(streams, device, config.hidden_size)
         self.pool = ForwardPool(streams) if streams > 1 and self.packed is not None else None
+        if models.built:
+            self._adopt(models.current)
+        else:
+            models.on_transformers(self._adopt)
 
-    def warm_up(self, ids: list[int], name: str) -> None:
+    @property
+    def model(self) -> Any:
+        """The transformers model (built on first use: see model_handle.py)."""
+        return self.models.transformers()
+
+    def _adopt(self, model: Any) -> None:
+        """The transformers model exists: find its layers, warm it up, and run the packed forward on
+        its own modules from now on (weights edited through it are then the weights of every path)."""
+        with self.lock.exclusive():
+            self.layer_owner, self.layer_attr, self.layer_list = find_layer_list(
+                model, model.config.num_hidden_layers
+            )
+            self._warm_up(model)
+            if self.packed is not None:
+                self.packed = PackedEncoder.build(model)
+
+    def _warm_up(self, model: Any) -> None:
         """One full-depth forward with ``output_hidden_states`` before any truncated one.
 
         transformers 5 installs its hidden-state capture hooks lazily, on the layers present at the
         first such call; if that call ran on a truncated encoder, later full runs would miss layers.
         This also checks that the model returns one hidden state per layer plus the embeddings."""
-        expected = self.model.config.num_hidden_layers + 1
-        with self.lock.exclusive(), torch.inference_mode():
-            batch = torch.tensor([ids], device=self.device)
-            states = self.model(input_ids=batch, output_hidden_states=True).hidden_states
+        expected = model.config.num_hidden_layers + 1
+        with torch.inference_mode():
+            batch = torch.tensor([self._warm_up_ids], device=self.device)
+            states = model(input_ids=batch, output_hidden_states=True).hidden_states
         if len(states) != expected:
             raise ModelLoadError(
-                f"{name!r} returned {len(states)} hidden states, expected {expected} "
+                f"{self.models.name!r} returned {len(states)} hidden states, expected {expected} "
                 "(embeddings + one per layer); is it a BERT-family encoder?"
             )
 
@@ -351,10 +372,11 @@ class Engine:
     ) -> Rows:
         if self._runs_packed(method, taps):
             return self._forward_packed(units, layers)
+        model = self.model  # built (and adopted) before the lock is taken
         batch = collate(units, pad_id=self.pad_id, with_token_types=self.with_token_types, device=self.device)
-        with self.lock.exclusive(), torch.inference_mode(), self._attention_for(taps):
+        with self.lock.exclusive(), torch.inference_mode(), self._attention_for(model, taps):
             hidden, tapped = forward_batch(
-                self.model, batch, layers=layers, method=method, layer_owner=self.layer_owner,
+                model, batch, layers=layers, method=method, layer_owner=self.layer_owner,
                 layer_attr=self.layer_attr, layer_list=self.layer_list, model_type=self.model_type, taps=taps,
             )  # fmt: skip
         rows = split_rows(hidden, tapped, [len(u) for u in units])
@@ -369,10 +391,11 @@ class Engine:
         return self.packed is not None and method == "hidden_states" and not taps
 
     def _forward_packed(self, units: Sequence[EncodedInput | Window], layers: tuple[int, ...]) -> Rows:
-        assert self.packed is not None
-        batch = self.packed.prepare(units, with_token_types=self.with_token_types, device=self.device)
+        packed = self.packed  # one PackedEncoder for the whole batch (_adopt may replace it)
+        assert packed is not None
+        batch = packed.prepare(units, with_token_types=self.with_token_types, device=self.device)
         with self.lock.shared(), torch.inference_mode():
-            hidden = self.packed.forward(batch, layers)  # (L, N, H): real tokens only
+            hidden = packed.forward(batch, layers)  # (L, N, H): real tokens only
         array = _to_numpy(hidden)
         rows = Rows()
         start = 0
@@ -385,17 +408,17 @@ class Engine:
         return rows
 
     @contextmanager
-    def _attention_for(self, taps: tuple[str, ...]) -> Iterator[None]:
+    def _attention_for(self, model: Any, taps: tuple[str, ...]) -> Iterator[None]:
         """Attention probabilities exist only in the eager attention path (SDPA never forms them)."""
-        current = getattr(self.model.config, "_attn_implementation", None)
+        current = getattr(model.config, "_attn_implementation", None)
         if "attention_probs" not in taps or current in (None, "eager"):
             yield
             return
-        self.model.set_attn_implementation("eager")
+        model.set_attn_implementation("eager")
         try:
             yield
         finally:
-            self.model.set_attn_implementation(current)
+            model.set_attn_implementation(current)
 
 
 def _stitch(item: EncodedInput, parts: dict[int, tuple], layers: tuple[int, ...]) -> LayerStack:

@@ -124,9 +124,10 @@ def _listed(keys: list[str], limit: int = 6) -> str:
     return shown + (f" … ({len(keys)} in all)" if len(keys) > limit else "")
 
 
-def load_model(source: str, name: str, dtype):
-    """``(tokenizer, model)`` for ``source``, strictly: see the module docstring."""
-    from transformers import AutoConfig, AutoModel, AutoTokenizer
+def load_config_and_tokenizer(source: str, name: str):
+    """``(config, fast tokenizer)`` of ``source``; an architecture layerwise does not know, or a
+    tokenizer without the Rust backend (no word ids, no offsets), is an error."""
+    from transformers import AutoConfig, AutoTokenizer
 
     local = Path(source).is_dir()
     with quiet_transformers():
@@ -143,6 +144,20 @@ def load_model(source: str, name: str, dtype):
             tokenizer = AutoTokenizer.from_pretrained(source)
         except Exception as exc:
             raise _not_found(name, exc, local) from exc
+    if not getattr(tokenizer, "is_fast", False):
+        raise ModelLoadError(
+            f"model {name!r} has no fast (Rust) tokenizer; layerwise needs one for word "
+            "ids and character offsets. Save a tokenizer.json next to the model."
+        )
+    return config, tokenizer
+
+
+def load_model(source: str, name: str, dtype):
+    """The transformers model of ``source``, strictly: see the module docstring."""
+    from transformers import AutoModel
+
+    local = Path(source).is_dir()
+    with quiet_transformers():
         try:
             model, info = AutoModel.from_pretrained(source, dtype=dtype, output_loading_info=True)
         except Exception as exc:
@@ -183,7 +198,9 @@ def load_model(source: str, name: str, dtype):
         )
     if any(k.startswith(_OPTIONAL_PREFIXES) for k in info.get("missing_keys", ())):
         logger.debug("model %s has no pooler weights; layerwise does not use the pooler", name)
-    return tokenizer, model
+        # transformers filled them with random numbers: not part of what identifies the weights
+        model._layerwise_not_loaded = _OPTIONAL_PREFIXES
+    return model
 
 
 def usable_max_length(
@@ -279,12 +296,15 @@ def read_sentence_transformers(source: str) -> SentenceTransformersConfig | None
 
 
 def weights_sha256(model) -> str:
-    """A hash of every parameter and buffer of ``model`` (names and bytes), to tell models apart.
-    Remembered on the model while no tensor has changed (torch counts in-place writes in each
-    tensor's ``_version``): an actor writing many shards hashes its weights once."""
+    """A hash of every parameter and buffer of ``model`` (names and bytes), to tell models apart;
+    but not of a pooler that the checkpoint lacked (transformers fills it with new random numbers
+    at every load, and a store's resume compares this hash). Remembered on the model while no
+    tensor has changed (torch counts in-place writes in each tensor's ``_version``): an actor
+    writing many shards hashes its weights once."""
     import torch
 
-    state = sorted(model.state_dict().items())
+    skipped = getattr(model, "_layerwise_not_loaded", ())
+    state = sorted((k, v) for k, v in model.state_dict().items() if not k.startswith(skipped))
     fingerprint = tuple((name, t.data_ptr(), t._version) for name, t in state)
     cached = getattr(model, "_layerwise_weights_sha256", None)
     if cached is not None and cached[0] == fingerprint:

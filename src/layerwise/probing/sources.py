@@ -166,7 +166,7 @@ def random_twin(encoder: Encoder, seed: int, folder: Path) -> Encoder:
 
     torch.manual_seed(seed)
     with quiet_transformers():  # no "Writing model shards" bar in the middle of the probe's output
-        model = AutoModel.from_config(encoder.model.config)
+        model = AutoModel.from_config(encoder.config)
         model.save_pretrained(folder)
         encoder.tokenizer.save_pretrained(folder)
     return Encoder(folder, device=encoder.device, max_length=encoder.max_length)

@@ -139,7 +139,7 @@ def add_explorer(
                 {
                     "id": name,
                     "n_hidden_states": enc.n_hidden_states,
-                    "n_heads": int(enc.model.config.num_attention_heads),
+                    "n_heads": int(enc.config.num_attention_heads),
                     "hidden_size": enc.hidden_size,
                     "max_length": enc.max_length,
                     "lens": head is not None,

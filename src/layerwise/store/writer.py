@@ -151,7 +151,7 @@ class StoreWriter:
             "format": FORMAT,
             "format_version": FORMAT_VERSION,
             "model": self.encoder.name,
-            "weights_sha256": weights_sha256(self.encoder.model),
+            "weights_sha256": weights_sha256(self.encoder.models.current),
             **self.plan.meta(self.encoder.n_hidden_states),
             "hidden_size": self.encoder.hidden_size,
             "row_shape": list(self._row_shape()),
@@ -398,7 +398,7 @@ def extract_to_store(
     or a layerwise store is written into, and ``overwrite`` removes only the store's own entries."""
     # the weights' hash for the metadata (remembered on the model) while zarr and pyarrow import:
     # hashlib lets go of the GIL, so on a fresh process this hides most of its 0.06 s
-    hashing = threading.Thread(target=weights_sha256, args=(encoder.model,), name="layerwise-hash")
+    hashing = threading.Thread(target=weights_sha256, args=(encoder.models.current,), name="layerwise-hash")
     hashing.start()
     try:
         require_store_dependencies()
