@@ -351,3 +351,27 @@ def test_writing_a_store_does_not_import_pandas(tmp_path, make_tiny_model):
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "False"
     assert len(lw.open_store(tmp_path / "s.lw")) == 2  # (reading may import it: to_numpy does)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+def test_stored_rows_cast_equals_numpy_bit_for_bit(dtype, monkeypatch):
+    """The writer's torch-backed cast (store/rows.py) gives NumPy's numbers to the bit: rounding to
+    nearest even, float16 subnormals, overflow to inf, signed zeros, NaN."""
+    import torch  # noqa: F401  (loaded, as whenever a store is written: the fast path)
+
+    from layerwise.store.rows import stored_rows
+
+    rng = np.random.default_rng(0)
+    hidden = (rng.standard_normal((7, 33, 24)) * 10.0 ** rng.integers(-9, 6, (7, 33, 24))).astype(np.float32)
+    special = [0.0, -0.0, 65504.0, 65519.99, 65520.0, -1e6, 6e-8, 3e-8, 2.98e-8, 1.0 + 2**-11, np.inf, np.nan]
+    hidden[0, 0, : len(special)] = special
+    view = hidden.transpose(1, 0, 2)  # the writer's token-major view
+    with np.errstate(over="ignore"):  # NumPy warns of the overflow to inf that both do
+        want = np.ascontiguousarray(view, dtype=dtype)
+    monkeypatch.setattr(np, "ascontiguousarray", None)  # the torch path, not NumPy's
+    got = stored_rows(view, dtype)
+    monkeypatch.undo()
+    assert got.flags.c_contiguous and got.dtype == want.dtype and got.shape == want.shape
+    bits = np.uint16 if dtype == "float16" else np.uint32
+    assert ((got.view(bits) == want.view(bits)) | (np.isnan(got) & np.isnan(want))).all()
+    assert stored_rows(want, dtype) is want  # already stored form: nothing to do

@@ -56,6 +56,7 @@ from .format import (
 )
 from .lock import writer_lock
 from .reader import committed_offsets, read_manifest
+from .rows import stored_rows
 from .verify import check_structure, rows_checksum
 
 if TYPE_CHECKING:
@@ -251,7 +252,7 @@ class StoreWriter:
             )
         else:
             rows = result.vector[None]
-        rows = np.ascontiguousarray(rows, dtype=self.dtype)
+        rows = stored_rows(rows, self.dtype)
         record["crc32"] = rows_checksum(rows)
         return rows, record
 

@@ -1,0 +1,30 @@
+"""A text's rows in the store's dtype and order, cast as fast as this process can.
+
+The writer turns each text's hidden states ``(layers, tokens, hidden)`` float32 into token-major
+rows ``(tokens, layers, hidden)`` of the store's dtype. NumPy's float32 -> float16 cast of a
+transposed view runs element by element: 9.1 ms for a 2,048-token batch of all-MiniLM-L6-v2's 7
+layers, on the thread that feeds the writer while the forward streams need both cores. torch's copy
+into a float16 array does the same cast with vector instructions in 0.54 ms (17x), bit for bit the
+same numbers (round to nearest even, overflow to inf; tests/test_store.py). torch is always loaded
+when a store is written (the Encoder needs it); this module never imports it, so reading a store
+stays torch-free.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+
+
+def stored_rows(rows: np.ndarray, dtype: str | np.dtype) -> np.ndarray:
+    """``rows`` as a new C-contiguous array of ``dtype`` (or ``rows`` itself when it already is)."""
+    dtype = np.dtype(dtype)
+    if rows.dtype == dtype and rows.flags.c_contiguous:
+        return rows
+    torch = sys.modules.get("torch")
+    if torch is None or not rows.flags.writeable or rows.dtype != np.float32 or min(rows.strides) < 0:
+        return np.ascontiguousarray(rows, dtype=dtype)  # torch.from_numpy takes none of these
+    out = np.empty(rows.shape, dtype=dtype)
+    torch.from_numpy(out).copy_(torch.from_numpy(rows))
+    return out
