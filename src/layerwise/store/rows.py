@@ -7,9 +7,9 @@ layers, on the thread that feeds the writer while the forward streams need both 
 into a float16 array does the same cast with vector instructions in 0.54 ms (17x), bit for bit the
 same numbers (round to nearest even, overflow to inf; tests/test_store.py). On one thread: for the
 2,050 texts of benchmarks/store_speed.py, 0.17 s in all, against 0.55-0.76 s for NumPy's cast and
-0.95-1.65 s for torch's on two threads, whose second thread waits for a core the streams hold. torch is always loaded
-when a store is written (the Encoder needs it); this module never imports it, so reading a store
-stays torch-free.
+0.95-1.65 s for torch's on two threads, whose second thread waits for a core the streams hold.
+torch is always loaded when a store is written (the Encoder needs it); this module never imports
+it, so reading a store stays torch-free.
 """
 
 from __future__ import annotations
