@@ -10,9 +10,10 @@ every token of the default model, float16, written to disk:
   (c) layerwise extract corpus.txt -o corpus.lw
 
 Each is timed as a whole process (start-up and model loading included, the same for all three),
-and tokens/s, the ratios and the share of the machine's fp32 matmul rate (measured before and after each run, the best
+``--repeats`` times (default 3) in interleaved rounds, and the median is reported, with each run's time
+in the json; tokens/s, the ratios and the share of the machine's fp32 matmul rate (measured before and after each run, the best
 of them) are
-printed; each contender's start-up is its time on a one-line corpus. In this process, the store's
+printed; each contender's start-up is its time on a one-line corpus (median of the same rounds). In this process, the store's
 own cost: ``extract_to_store`` against in-memory ``extract`` of the same texts (best of 3,
 alternating), as a ratio (target <= 1.10). Then peak RSS of ``layerwise extract`` for a small and a large corpus shows that memory
 stays flat as the corpus grows (``--layers 0`` keeps that run short: the pipeline, tokenisation,
@@ -25,6 +26,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -62,6 +64,7 @@ def main() -> None:
     parser.add_argument("--documents", type=int, default=50)
     parser.add_argument("--rss-small", type=int, default=10_000)
     parser.add_argument("--rss-large", type=int, default=100_000)
+    parser.add_argument("--repeats", type=int, default=3, help="interleaved rounds of the whole-process runs")
     parser.add_argument("--no-rss", action="store_true", help="skip the peak-RSS runs")
     args = parser.parse_args()
 
@@ -97,28 +100,40 @@ def main() -> None:
                 "-q",
             ],
         }
-        times, rss_of = {}, {}
-        for name, command in runs.items():
-            times[name], rss_of[name] = timed(command)
-            peaks.append(matmul_gflops())
+        all_times: dict[str, list[float]] = {name: [] for name in runs}
+        rss_of: dict[str, int] = {}
+        for _ in range(args.repeats):  # interleaved: a slow spell of this shared machine hits every contender
+            for name, command in runs.items():
+                shutil.rmtree(work / "c.lw", ignore_errors=True)  # a fresh store each round, not a resume
+                seconds, rss = timed(command)
+                all_times[name].append(seconds)
+                rss_of[name] = max(rss, rss_of.get(name, 0))
+                peaks.append(matmul_gflops())
+        times = {name: statistics.median(values) for name, values in all_times.items()}
         peak = max(peaks)
         print(f"fp32 matmul {peak:.0f} GFLOP/s (best of {[round(p) for p in peaks]})")
+        print(f"whole processes, median of {args.repeats} interleaved rounds:")
         for name, seconds in times.items():
-            print(f"{name:28s} {seconds:7.1f} s {n_tokens / seconds:7.0f} tokens/s  "
+            print(f"{name:28s} {seconds:7.1f} s (runs {', '.join(f'{t:.1f}' for t in all_times[name])})"
+                  f" {n_tokens / seconds:7.0f} tokens/s  "
                   f"{flops / seconds / peak:5.1%} of matmul peak  peak RSS {rss_of[name] / 1024:5.0f} MiB")  # fmt: skip
         one_line = work / "one.txt"
         one_line.write_text(texts[0] + "\n", encoding="utf-8")
-        startup = {}
-        for name, command in runs.items():
-            short = [one_line if part == str(corpus) else part for part in command]
-            short = [str(work / "one-out") if part == str(work / "a") or part == str(work / "b") else str(part)
-                     for part in short]  # fmt: skip
-            if "-o" in short:
-                short[short.index("-o") + 1] = str(work / "one.lw")
-            startup[name] = timed(short)[0]
-            shutil.rmtree(work / "one.lw", ignore_errors=True)
-            shutil.rmtree(work / "one-out", ignore_errors=True)
-            print(f"start-up (one-line corpus) {name:28s} {startup[name]:5.2f} s")
+        startup_runs: dict[str, list[float]] = {name: [] for name in runs}
+        for _ in range(args.repeats):
+            for name, command in runs.items():
+                short = [one_line if part == str(corpus) else part for part in command]
+                short = [str(work / "one-out") if part == str(work / "a") or part == str(work / "b") else str(part)
+                         for part in short]  # fmt: skip
+                if "-o" in short:
+                    short[short.index("-o") + 1] = str(work / "one.lw")
+                startup_runs[name].append(timed(short)[0])
+                shutil.rmtree(work / "one.lw", ignore_errors=True)
+                shutil.rmtree(work / "one-out", ignore_errors=True)
+        startup = {name: statistics.median(values) for name, values in startup_runs.items()}
+        for name, seconds in startup.items():
+            print(f"start-up (one-line corpus) {name:28s} {seconds:5.2f} s "
+                  f"(runs {', '.join(f'{t:.2f}' for t in startup_runs[name])})")  # fmt: skip
 
         # the store's own cost, in one process: extract_to_store vs in-memory extract
         import logging
@@ -139,7 +154,7 @@ def main() -> None:
         print(f"in one process: extract {min(in_memory):.2f} s, extract_to_store {min(to_store):.2f} s -> "
               f"store/in-memory {store_ratio:.2f} (target <= 1.10)")  # fmt: skip
 
-        store = lw.open_store(work / "c.lw")
+        store = lw.open_store(work / "c.lw")  # what the last round's command wrote
         assert store.complete and store.n_rows == n_tokens, store
         ours = times["layerwise extract -> store"]
         vs_best = times["best hand-written loop"] / ours
@@ -176,11 +191,13 @@ def main() -> None:
         "fp32_matmul_gflops": round(peak, 1),
         "fp32_matmul_gflops_measured": [round(p, 1) for p in peaks],
         "seconds": {k: round(v, 2) for k, v in times.items()},
+        "seconds_each_round": {k: [round(t, 2) for t in v] for k, v in all_times.items()},
         "tokens_per_s": {k: round(n_tokens / v) for k, v in times.items()},
         "share_of_matmul_peak": {k: round(flops / v / peak, 3) for k, v in times.items()},
         "speedup_vs_best_loop": round(vs_best, 2),
         "speedup_vs_tutorial": round(vs_tutorial, 2),
         "startup_s": {k: round(v, 2) for k, v in startup.items()},
+        "startup_s_each_round": {k: [round(t, 2) for t in v] for k, v in startup_runs.items()},
         "in_process_s": {"extract": [round(t, 3) for t in in_memory], "extract_to_store": [round(t, 3) for t in to_store]},
         "store_over_in_memory": round(store_ratio, 3),
         "store_bytes_per_token": round(disk / n_tokens),
