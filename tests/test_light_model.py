@@ -83,9 +83,13 @@ def test_default_encoder_runs_without_transformers_model_code():
 def test_light_model_equals_hugging_face_forward_on_default_model(default_model_dir):
     light = lw.Encoder(default_model_dir, device="cpu", streams=1)
     padded = lw.Encoder(default_model_dir, device="cpu", packed=False)
+    on_hf_modules = lw.Encoder(default_model_dir, device="cpu", streams=1)
+    assert on_hf_modules.model is on_hf_modules.engine.packed.model  # packed, on transformers' modules
     assert not light.models.built and padded.models.built
-    for a, b in zip(light.extract(TEXTS), padded.extract(TEXTS), strict=True):
+    ours = light.extract(TEXTS)
+    for a, b, c in zip(ours, padded.extract(TEXTS), on_hf_modules.extract(TEXTS), strict=True):
         np.testing.assert_allclose(a.hidden, b.hidden, atol=1e-5, rtol=0)
+        np.testing.assert_array_equal(a.hidden, c.hidden)  # the same torch ops: the same bits
     assert not light.models.built  # extraction never needed the transformers model
 
 

@@ -417,6 +417,8 @@ def test_serve_lets_idle_openmp_threads_sleep_unless_the_user_chose(monkeypatch,
         monkeypatch.setenv("OMP_WAIT_POLICY", preset)
 
     class Loaded:
+        model = None  # the transformers model, which the server builds at start
+
         def __init__(self, name, **options):
             self.name = name or "default"
 
@@ -435,6 +437,8 @@ def test_serve_runs_one_forward_stream_unless_told(monkeypatch):
     asked: list[int | None] = []
 
     class Loaded:
+        model = None  # the transformers model, which the server builds at start
+
         def __init__(self, name, **options):
             self.name = name or "default"
             asked.append(options.get("streams"))
@@ -443,3 +447,13 @@ def test_serve_runs_one_forward_stream_unless_told(monkeypatch):
     cli_serve._load_encoders(None, "cpu", None)
     cli_serve._load_encoders(None, "cpu", None, streams=2)
     assert asked == [1, 2]
+
+
+def test_serve_builds_the_transformers_model_at_start(monkeypatch, default_model_dir):
+    """The explorer's attention maps need it; a request must not wait 1.5-2 s while it is built."""
+    from layerwise import cli_serve
+
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")  # torch is loaded already; keep the env as it was
+    encoders = cli_serve._load_encoders([str(default_model_dir)], "cpu", None)
+    (encoder,) = encoders.values()
+    assert encoder.models.built and encoder.engine.packed.model is encoder.model

@@ -140,6 +140,9 @@ def _load_encoders(
     encoders = {}
     for name in list(model) if model else [None]:
         encoder = Encoder(name, device=device, max_length=max_length, streams=streams)
+        # the explorer's attention maps (taps) need the transformers model: built at start (1.5-2 s,
+        # model_handle.py), not in the middle of somebody's request
+        _ = encoder.model
         if encoder.name in encoders:
             raise OptionError(f"--model {encoder.name!r} is given twice")
         encoders[encoder.name] = encoder

@@ -3,8 +3,9 @@ inside attention.
 
 A padded batch ``(B, T)`` spends every linear layer, LayerNorm, GELU and residual on ``B x T``
 rows, padding included. Here the hidden state is ``(N, H)`` with ``N`` = the real tokens only: the
-model's own embedding, attention-output, intermediate and output modules run on those rows
-unchanged (same weights, same code), and only the score/softmax/context step scatters queries, keys
+model's embedding, attention-output, intermediate and output modules run on those rows unchanged
+(the transformers model's own, or light_model.py's, which hold the same weights under the same
+names and run the same torch ops), and only the score/softmax/context step scatters queries, keys
 and values into a per-sequence ``(B, heads, T, d)`` grid for ``scaled_dot_product_attention`` with
 a key mask, then gathers the real rows back. Hidden states equal the padded Hugging Face forward
 to float rounding (tests: every layer, every supported architecture, pairs, windows, truncation).
