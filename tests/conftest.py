@@ -108,6 +108,32 @@ def make_tiny_model(tmp_path_factory, default_model_dir) -> Callable[..., Path]:
 
 
 @pytest.fixture(scope="session")
+def make_roberta_family(tmp_path_factory, default_model_dir) -> Callable[[str], Path]:
+    """XLM-R and CamemBERT (modelling files of their own) as small random models on the BERT vocabulary."""
+    import torch
+    from transformers import AutoConfig, AutoModel
+
+    made: dict[str, Path] = {}
+
+    def make(kind: str) -> Path:
+        if kind not in made:
+            folder = tmp_path_factory.mktemp(f"tiny-{kind}")
+            config = AutoConfig.for_model(
+                kind, vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                intermediate_size=64, max_position_embeddings=130, pad_token_id=0, bos_token_id=101,
+                eos_token_id=102,
+            )  # fmt: skip
+            torch.manual_seed(0)
+            AutoModel.from_config(config).save_pretrained(folder)
+            for name in TOKENIZER_FILES:
+                shutil.copy(default_model_dir / name, folder / name)
+            made[kind] = folder
+        return made[kind]
+
+    return make
+
+
+@pytest.fixture(scope="session")
 def make_tiny_mlm(tmp_path_factory, default_model_dir) -> Callable[..., Path]:
     """Like make_tiny_model, with a masked-LM head saved in the checkpoint (AutoModelForMaskedLM)."""
     import torch

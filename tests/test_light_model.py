@@ -34,25 +34,10 @@ def save_model(model, folder, default_model_dir):
     return folder
 
 
-def roberta_family(kind, folder, default_model_dir):
-    from transformers import AutoConfig, AutoModel
-
-    config = AutoConfig.for_model(
-        kind, vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-        intermediate_size=64, max_position_embeddings=130, pad_token_id=0, bos_token_id=101, eos_token_id=102,
-    )  # fmt: skip
-    torch.manual_seed(0)
-    return save_model(AutoModel.from_config(config), folder, default_model_dir)
-
-
 @pytest.mark.parametrize("kind", ["bert", "roberta", "electra", "xlm-roberta", "camembert"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_state_dict_and_hash_equal_the_transformers_model(make_tiny_model, tmp_path, default_model_dir, kind,
-                                                          dtype):  # fmt: skip
-    if kind in ("xlm-roberta", "camembert"):
-        folder = roberta_family(kind, tmp_path, default_model_dir)
-    else:
-        folder = make_tiny_model(kind, 2)
+def test_state_dict_and_hash_equal_the_transformers_model(make_tiny_model, make_roberta_family, kind, dtype):
+    folder = make_roberta_family(kind) if kind in ("xlm-roberta", "camembert") else make_tiny_model(kind, 2)
     theirs = hf_model(folder, dtype)
     from transformers import AutoConfig
 

@@ -99,22 +99,9 @@ def test_unsupported_configs_fall_back():
 
 
 @pytest.mark.parametrize("kind", ["xlm-roberta", "camembert"])
-def test_packed_roberta_family_models(tmp_path, default_model_dir, kind):
+def test_packed_roberta_family_models(make_roberta_family, kind):
     """XLM-R and CamemBERT have modelling files of their own: the packed forward must match them too."""
-    import shutil
-
-    import torch
-    from transformers import AutoConfig, AutoModel
-
-    config = AutoConfig.for_model(
-        kind, vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-        intermediate_size=64, max_position_embeddings=130, pad_token_id=0, bos_token_id=101, eos_token_id=102,
-    )  # fmt: skip
-    torch.manual_seed(0)
-    AutoModel.from_config(config).save_pretrained(tmp_path)
-    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
-        shutil.copy(default_model_dir / name, tmp_path / name)
-    packed, padded = pair_of_encoders(tmp_path)
+    packed, padded = pair_of_encoders(make_roberta_family(kind))
     assert packed.engine.packed is not None and packed.model_type == kind
     texts = [*TEXTS[:20], " ".join(TEXTS)]
     assert_same(packed.extract(texts), padded.extract(texts))
