@@ -143,6 +143,23 @@ def test_other_checkpoints_load_with_transformers(make_tiny_model, tmp_path, def
         np.testing.assert_allclose(a.hidden, b.hidden, atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("name", sorted(ACTIVATIONS))
+def test_activations_are_transformers_own_to_the_bit(name):
+    from transformers.activations import ACT2FN
+
+    x = torch.linspace(-12, 12, 20001) * torch.rand(20001)
+    assert torch.equal(ACTIVATIONS[name](x), ACT2FN[name](x))
+
+
+def test_a_damaged_weights_file_is_the_transformers_loaders_error(make_tiny_model, tmp_path):
+    folder = tmp_path / "m"
+    shutil.copytree(make_tiny_model("bert", 2), folder)
+    weights = folder / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:5000])  # cut short
+    with pytest.raises(lw.ModelLoadError, match="could not load"):
+        lw.Encoder(folder, device="cpu")
+
+
 def test_a_misshapen_weight_is_still_refused(make_tiny_model, tmp_path):
     """A weight whose shape differs from config.json: the transformers loader's error, not a light model."""
     folder = tmp_path / "m"

@@ -230,6 +230,14 @@ def load_light_model(source: str, config: Any, dtype: torch.dtype) -> LightModel
     if path is None:
         logger.debug("loading %s with transformers: %s", source, reason or "no model.safetensors")
         return None
+    try:
+        return _read(path, config, dtype, source)
+    except Exception as exc:  # a damaged or unreadable file: the transformers loader's error names it
+        logger.debug("loading %s with transformers: %s", source, exc)
+        return None
+
+
+def _read(path: Path, config: Any, dtype: torch.dtype, source: str) -> LightModel | None:
     from safetensors import safe_open
 
     with safe_open(str(path), framework="pt") as handle:
