@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .packed import PACKED_MODEL_TYPES
+from .packed import unpackable
 
 logger = logging.getLogger("layerwise")
 
@@ -192,14 +192,11 @@ class LightModel(nn.Module):
 
 def _why_not(config: Any) -> str | None:
     """Why the packed forward cannot run ``config`` on a LightModel, or None when it can."""
-    if config.model_type not in PACKED_MODEL_TYPES:
-        return f"model type {config.model_type!r}"
-    if getattr(config, "position_embedding_type", "absolute") not in (None, "absolute"):
-        return f"position_embedding_type {config.position_embedding_type!r}"
-    if getattr(config, "is_decoder", False) or getattr(config, "add_cross_attention", False):
-        return "a decoder"
-    if getattr(config, "chunk_size_feed_forward", 0):
-        return "chunked feed-forward"
+    reason = unpackable(config)
+    if reason:
+        return reason
+    if getattr(config, "add_cross_attention", False):  # weights a LightModel does not hold
+        return "cross-attention"
     if not isinstance(config.hidden_act, str) or config.hidden_act not in ACTIVATIONS:
         return f"activation {config.hidden_act!r}"
     if config.hidden_size % config.num_attention_heads:

@@ -100,6 +100,19 @@ def attention_groups(lengths: Sequence[int]) -> list[tuple[int, int]]:
     return bounds[::-1]
 
 
+def unpackable(config: Any) -> str | None:
+    """What in ``config`` the packed forward cannot express exactly, or None when it can."""
+    if config.model_type not in PACKED_MODEL_TYPES:
+        return f"model type {config.model_type!r}"
+    if getattr(config, "position_embedding_type", "absolute") not in (None, "absolute"):
+        return f"position_embedding_type {config.position_embedding_type!r}"
+    if getattr(config, "is_decoder", False):
+        return "a decoder"
+    if getattr(config, "chunk_size_feed_forward", 0):
+        return "chunked feed-forward"
+    return None
+
+
 class PackedEncoder:
     """The packed forward of a Hugging Face BERT-family model, on the model's own modules."""
 
@@ -116,12 +129,7 @@ class PackedEncoder:
     @classmethod
     def build(cls, model: Any) -> PackedEncoder | None:
         """A packed forward for ``model``, or None when it cannot express it exactly."""
-        config = model.config
-        if config.model_type not in PACKED_MODEL_TYPES:
-            return None
-        if getattr(config, "position_embedding_type", "absolute") not in (None, "absolute"):
-            return None
-        if getattr(config, "is_decoder", False) or getattr(config, "chunk_size_feed_forward", 0):
+        if unpackable(model.config):
             return None
         encoder = getattr(model, "encoder", None)
         if encoder is None or not hasattr(encoder, "layer") or not hasattr(model, "embeddings"):
