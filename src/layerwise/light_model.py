@@ -1,8 +1,9 @@
 """The encoder's weights without transformers' modeling code, for the packed forward.
 
 Importing a transformers model class costs more than loading the model: ``modeling_bert`` pulls in
-torch._dynamo, torch.distributed.tensor (and sympy), FSDP and scipy.optimize, 1.5-2.0 s of a
-4.5 s start-up on the development machine, while the weights of all-MiniLM-L6-v2 load in 0.05 s.
+torch._dynamo, torch.distributed.tensor (and sympy), FSDP and scipy.optimize, 1.7 s of a 4.6 s
+start-up on the development machine, while this module loads all-MiniLM-L6-v2 in 0.01 s
+(benchmarks/load_and_cast.py).
 The packed forward (packed.py) needs none of that code: it calls the embeddings, the attention's
 query/key/value and output, the intermediate and output modules. :class:`LightModel` is that
 module tree under Hugging Face's own names (``embeddings.word_embeddings.weight``,
