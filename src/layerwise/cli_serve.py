@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import os
 from pathlib import Path
@@ -21,10 +22,8 @@ from .cli import (
 )
 from .errors import LayerwiseError, MissingDependencyError, OptionError
 
-# One forward stream per model, not the Encoder's two: concurrent streams extract 6-16 % faster
-# offline, but in a server their worker threads contend with the event loop for the GIL between
-# ops (ad-hoc A/B at 32 clients with serve_load.load, interleaved: 3,850 tok/s with 2 streams, 4,560
-# with 1; rerun: benchmarks/serve_load.py --serve-args "--streams 2", against a default run)
+# The Encoders of this process serve tokenisation, metadata and the explorer; the batcher's runs go
+# to the model process (serve/model_process.py) on a CPU, or to one stream of their own on a GPU.
 SERVE_STREAMS = 1
 
 
@@ -75,9 +74,21 @@ def serve(
     ] = None,
     device: DeviceOption = "auto",
     streams: Annotated[
-        int,
-        typer.Option(min=1, help="Packed batches run at once on the CPU (1: measured best for a server)"),
-    ] = SERVE_STREAMS,
+        int | None,
+        typer.Option(
+            min=1,
+            help="Model runs at once, each on its share of the CPU threads [default: 2 for models up "
+            "to 512 wide on 2+ threads, else 1; as extraction]",
+        ),
+    ] = None,
+    model_process: Annotated[
+        bool | None,
+        typer.Option(
+            "--model-process/--in-process",
+            help="Run the models in a process of their own, apart from the HTTP event loop's GIL "
+            "[default: on a CPU]",
+        ),
+    ] = None,
     store: StoreOption = None,
 ) -> None:
     """Serve every layer over HTTP: OpenAI-compatible /v1/embeddings, /v1/layers, /metrics, and the
@@ -96,6 +107,8 @@ def serve(
             max_wait_ms=max_wait_ms,
             max_queue_tokens=max_queue_tokens,
             long_texts=long_texts.value,
+            streams=streams,
+            model_process=bool(model_process),
         )
         if not _is_loopback(host) and settings.api_key is None:
             err.print(
@@ -103,7 +116,10 @@ def serve(
                 "pass --api-key-file or set LAYERWISE_API_KEY",
                 highlight=False,
             )
-        encoders = _load_encoders(model, device, max_length, streams)
+        encoders = _load_encoders(model, device, max_length)
+        if model_process is None:  # a GPU runs its kernels without the GIL's help: one process there
+            on_cpu = all(encoder.device.type == "cpu" for encoder in encoders.values())
+            settings = dataclasses.replace(settings, model_process=on_cpu)
         application = create_app(encoders, settings, reference_store=store)
     except LayerwiseError as exc:
         raise _fail(exc) from None

@@ -81,13 +81,14 @@ def create_app(
         max_batch_tokens=settings.max_batch_tokens,
         max_wait=settings.max_wait_ms / 1000,
         max_queue_tokens=settings.max_queue_tokens,
+        runner=_runner(encoders, settings),
         metrics=metrics,
     )
     started_at = int(time.time())
 
     @asynccontextmanager
     async def lifespan(app):
-        batcher.start()
+        await run_in_threadpool(batcher.start)  # the model process, if any, has loaded its models
         yield
         await run_in_threadpool(batcher.close)  # finish what is queued (SIGTERM drains)
 
@@ -301,6 +302,16 @@ def create_app(
 
 
 # ---------------------------------------------------------------------------------------------- helpers
+def _runner(encoders: Mapping[str, Encoder], settings: ServeSettings):
+    from .batcher import LocalRunner
+
+    if settings.model_process:
+        from .model_process import ProcessRunner
+
+        return ProcessRunner(encoders, settings.streams)
+    return LocalRunner(encoders, settings.streams or 1)
+
+
 def _version() -> str:
     from .. import __version__
 

@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from ..encoder import Encoder
@@ -58,8 +60,67 @@ class Job:
         self.n_tokens = sum(len(item) for item in self.encoded)
 
 
+class Runner(Protocol):
+    """Where runs happen: this process (:class:`LocalRunner`) or the model process
+    (model_process.ProcessRunner). ``streams`` runs at once, each on its own ``slot``."""
+
+    streams: int
+
+    def run(
+        self, slot: int, model: str, encoded: Sequence[EncodedInput], layers: tuple[int, ...], stride: int | None
+    ) -> Iterator[tuple[int, LayerStack]]: ...
+
+    @property
+    def alive(self) -> bool: ...
+
+    def wait_ready(self) -> None: ...
+
+    def executor(self) -> Executor | None: ...
+
+    def close(self, timeout: float | None = None) -> None: ...
+
+
+class LocalRunner:
+    """Runs on this process's threads: with several streams, each on its share of torch's threads
+    (streams.ForwardPool); with one, on the batcher's worker thread itself."""
+
+    alive = True
+
+    def __init__(self, encoders: Mapping[str, Encoder], streams: int = 1) -> None:
+        self.encoders, self.streams = dict(encoders), streams
+
+    def run(
+        self, slot: int, model: str, encoded: Sequence[EncodedInput], layers: tuple[int, ...], stride: int | None
+    ) -> Iterator[tuple[int, LayerStack]]:
+        return self.encoders[model].engine.stream(
+            list(encoded), layers=layers, method="hidden_states", taps=(), stride=stride,
+            batch_size=None, max_tokens=None, progress=False,
+        )  # fmt: skip
+
+    def wait_ready(self) -> None:
+        pass
+
+    def executor(self) -> Executor | None:
+        from ..streams import ForwardPool
+
+        return _PoolExecutor(ForwardPool(self.streams)) if self.streams > 1 else None
+
+    def close(self, timeout: float | None = None) -> None:
+        pass
+
+
+class _PoolExecutor(Executor):
+    """A ForwardPool (threads with their share of torch's threads) as an Executor."""
+
+    def __init__(self, pool: Any) -> None:
+        self.pool = pool
+
+    def submit(self, fn, /, *args, **kwargs):  # type: ignore[no-untyped-def]
+        return self.pool.submit(fn, *args)
+
+
 class Batcher:
-    """Merges jobs into model runs on one worker thread; see the module docstring."""
+    """Merges jobs into model runs; see the module docstring."""
 
     def __init__(
         self,
@@ -68,9 +129,16 @@ class Batcher:
         max_batch_tokens: int = 8192,
         max_wait: float = 0.010,
         max_queue_tokens: int = 262_144,
+        runner: Runner | None = None,
         metrics: Any = None,
     ) -> None:
         self.encoders = dict(encoders)
+        self.runner: Runner = runner if runner is not None else LocalRunner(encoders)
+        self.streams = self.runner.streams
+        self._free_slots: queue.SimpleQueue[int] = queue.SimpleQueue()  # streams without a run
+        for slot in range(self.streams):
+            self._free_slots.put(slot)
+        self._executor: Executor | None = None
         self.max_batch_tokens, self.max_wait, self.max_queue_tokens = (
             max_batch_tokens,
             max_wait,
@@ -87,19 +155,28 @@ class Batcher:
         self._thread = threading.Thread(target=self._loop, name="layerwise-model", daemon=True)
 
     def start(self) -> None:
+        """Wait until the runner is ready (the model process has loaded its models), then serve."""
+        self.runner.wait_ready()
+        self._executor = self.runner.executor()
         self._thread.start()
 
     def close(self, timeout: float | None = None) -> None:
-        """Finish every queued job, then stop the worker."""
+        """Finish every queued job and the runs under way, then stop the worker and the runner."""
         with self._cond:
             self._closed = True
             self._cond.notify_all()
         if self._thread.is_alive():
             self._thread.join(timeout)
+        for _ in range(self.streams):  # each stream's last run has finished
+            try:
+                self._free_slots.get(timeout=timeout)
+            except queue.Empty:
+                break
+        self.runner.close(timeout)
 
     @property
     def alive(self) -> bool:
-        return self._thread.is_alive()
+        return self._thread.is_alive() and self.runner.alive
 
     @property
     def queued(self) -> tuple[int, int]:
@@ -122,13 +199,26 @@ class Batcher:
     # ------------------------------------------------------------------ worker
     def _loop(self) -> None:
         while True:
+            # a free stream first, then the jobs: a run takes every job that came while every
+            # stream was busy
+            slot = self._free_slots.get()
             with self._cond:
                 while not self._jobs and not self._closed:
                     self._cond.wait()
                 if not self._jobs:
+                    self._free_slots.put(slot)
                     return  # closed and drained
                 group = self._gather()
-            self._run(group)
+            if self._executor is None:
+                self._run_on(slot, group)
+            else:
+                self._executor.submit(self._run_on, slot, group)
+
+    def _run_on(self, slot: int, group: list[Job]) -> None:
+        try:
+            self._run(slot, group)
+        finally:
+            self._free_slots.put(slot)
 
     def _gather(self) -> list[Job]:
         """Jobs for one run (called with the lock held): the oldest job's model, until the token
@@ -158,8 +248,7 @@ class Batcher:
         self._observe_queue()
         return group
 
-    def _run(self, group: list[Job]) -> None:
-        encoder = self.encoders[group[0].model]
+    def _run(self, slot: int, group: list[Job]) -> None:
         merged: list[EncodedInput] = []
         owners: list[tuple[Job, int]] = []
         for job in group:
@@ -169,17 +258,7 @@ class Batcher:
         layers = tuple(sorted(set().union(*(job.layers for job in group))))
         started = time.perf_counter()
         try:
-            stream = encoder.engine.stream(
-                merged,
-                layers=layers,
-                method="hidden_states",
-                taps=(),
-                stride=group[0].stride,
-                batch_size=None,
-                max_tokens=None,
-                progress=False,
-            )
-            for index, stack in stream:
+            for index, stack in self.runner.run(slot, group[0].model, merged, layers, group[0].stride):
                 job, local = owners[index]
                 if job.layers != layers:  # only the rows this request asked for
                     pick = [layers.index(k) for k in job.layers]
@@ -197,8 +276,9 @@ class Batcher:
                 raise
         seconds = time.perf_counter() - started
         n_tokens = sum(job.n_tokens for job in group)
-        if seconds > 0:
-            self._tokens_per_second = 0.8 * self._tokens_per_second + 0.2 * n_tokens / seconds
+        if seconds > 0:  # every stream at this pace
+            rate = self.streams * n_tokens / seconds
+            self._tokens_per_second = 0.8 * self._tokens_per_second + 0.2 * rate
         if self.metrics is not None:
             self.metrics.observe_run(group[0].model, len(group), len(merged), n_tokens, seconds)
         if started - self._last_trim > TRIM_EVERY:

@@ -28,6 +28,12 @@ class ServeSettings:
     max_queue_tokens: int = 1_048_576  # tokens waiting before 429
     long_texts: str = "truncate"  # inputs over the model maximum: truncate | window
     stride: int | None = None
+    # model runs at once, each on its share of torch's threads (None: 1 in-process; in the model
+    # process the default of extraction, streams.default_streams)
+    streams: int | None = None
+    # run the models in a process of their own (model_process.py): the event loop does not hold
+    # their GIL; CPU only (``layerwise serve`` turns it on there)
+    model_process: bool = False
 
     def __post_init__(self) -> None:
         for name in (
@@ -47,6 +53,10 @@ class ServeSettings:
             )
         if not 0 <= self.max_wait_ms <= 1000:
             raise OptionError(f"max_wait_ms={self.max_wait_ms!r}: use 0 to 1000 (a few ms is typical)")
+        if self.streams is not None and (
+            isinstance(self.streams, bool) or not isinstance(self.streams, int) or self.streams < 1
+        ):
+            raise OptionError(f"streams={self.streams!r} must be a whole number >= 1 (or None)")
         if self.long_texts not in ("truncate", "window"):
             raise OptionError(f"long_texts={self.long_texts!r}: choose truncate or window")
         if self.api_key is not None and len(self.api_key) < 8:

@@ -1,0 +1,265 @@
+"""The served models in a process of their own, so that the HTTP event loop never holds their GIL.
+
+Why: every torch op gives the GIL up and must win it back before the next one. In one process the
+event loop (parsing, validation, tokenising, pooling, JSON: pure Python) holds it for a good part
+of each second, and each of the forward's few hundred ops per run waits for it. In-process, a Python
+thread busy 20 % of the time cost two forward streams 15-18 % of their tokens/s, and a thread doing
+the same share of GIL-free work (sha256) cost nothing (ad-hoc, 2 cores). In a process of their own,
+the models share the machine's cores with the event loop but not its GIL: the forward runs as it
+does offline, on ``streams`` concurrent streams (streams.py, the same default as extraction).
+
+The model process loads each model again from its source (names, folders and weights as the server
+loaded them; a checkpoint's weights are checked to be the same, by hash, before serving). Each
+stream is one pipe: the server sends a run's inputs (token ids, already checked against the limits),
+the process answers with each input's hidden states (float32, only the layers asked for), or with
+the error the run raised. If the process dies, every waiting run fails with that news and
+``/health`` turns 503.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import Executor, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ..errors import LayerwiseError, ModelLoadError
+
+if TYPE_CHECKING:
+    from multiprocessing.connection import Connection
+
+    from ..encoder import Encoder
+    from ..inputs import EncodedInput
+    from ..results import LayerStack
+
+logger = logging.getLogger("layerwise")
+
+START_TIMEOUT = 600.0  # seconds for the process to load its models (a large hub model from a slow disk)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """How the model process loads one served model: the arguments the server's Encoder was made
+    with, and what the loaded model must match."""
+
+    source: str
+    device: str
+    model_dtype: str
+    max_length: int
+    max_tokens: int
+    packed: bool
+
+
+def spec_of(encoder: Encoder) -> ModelSpec:
+    return ModelSpec(
+        source=str(encoder.source),
+        device=str(encoder.device),
+        model_dtype=encoder.model_dtype,
+        max_length=encoder.max_length,
+        max_tokens=encoder.max_tokens,
+        packed=encoder.engine.packed is not None,
+    )
+
+
+class ModelProcessError(LayerwiseError):
+    """The model process is gone (killed, out of memory) or could not start."""
+
+
+class ProcessRunner:
+    """Runs the batcher's runs in the model process, one pipe per stream."""
+
+    def __init__(self, encoders: Mapping[str, Encoder], streams: int | None = None) -> None:
+        context = multiprocessing.get_context("spawn")  # never fork a process that holds torch threads
+        self.specs = {name: spec_of(encoder) for name, encoder in encoders.items()}
+        if streams is None:
+            from ..streams import default_streams
+
+            first = next(iter(encoders.values()))
+            streams = default_streams(first.device, max(e.hidden_size for e in encoders.values()))
+        self.streams = streams
+        ends = [context.Pipe() for _ in range(streams)]
+        self._conns: list[Connection] = [mine for mine, _ in ends]
+        ready_here, ready_there = context.Pipe(duplex=False)
+        self.process = context.Process(
+            target=_main,
+            args=(self.specs, [theirs for _, theirs in ends], ready_there, _threads()),
+            name="layerwise-models",
+            daemon=True,
+        )
+        self.process.start()
+        for _, theirs in ends:  # the child holds these; closing ours lets a dead child show as EOF
+            theirs.close()
+        ready_there.close()
+        self._ready = ready_here
+        self._started = False
+        self._locks = [threading.Lock() for _ in range(streams)]
+        from ..model_source import weights_sha256
+
+        # hashed while the process loads, compared once it has
+        self._hashes = {name: weights_sha256(enc.models.current) for name, enc in encoders.items()}
+
+    def wait_ready(self, timeout: float = START_TIMEOUT) -> None:
+        """Until every model is loaded in the process and checked; raises what went wrong."""
+        if self._started:
+            return
+        if not self._ready.poll(timeout):
+            self.close(0)
+            raise ModelProcessError(f"the model process did not load its models in {timeout:.0f} s")
+        try:
+            status, detail = self._ready.recv()
+        except EOFError:
+            self.process.join(5)
+            raise ModelProcessError(
+                f"the model process exited while loading its models (exit code {self.process.exitcode})"
+            ) from None
+        if status != "ok":
+            self.close(5)
+            raise detail
+        for name, digest in self._hashes.items():
+            if digest != detail[name]:
+                self.close(5)
+                raise ModelLoadError(
+                    f"model {name!r}: the weights the model process loaded from "
+                    f"{self.specs[name].source!r} differ from this process's (edited in Python after "
+                    "loading, or changed on disk since): serve it in-process (model_process=False), "
+                    "or save the edited model and serve that folder"
+                )
+        self._started = True
+
+    @property
+    def alive(self) -> bool:
+        return self.process.is_alive()
+
+    def executor(self) -> Executor | None:
+        """Threads that wait for the process's answers, one per stream (they hold no GIL meanwhile)."""
+        if self.streams == 1:
+            return None
+        return ThreadPoolExecutor(self.streams, thread_name_prefix="layerwise-run")
+
+    def run(
+        self,
+        slot: int,
+        model: str,
+        encoded: Sequence[EncodedInput],
+        layers: tuple[int, ...],
+        stride: int | None,
+    ) -> Iterator[tuple[int, LayerStack]]:
+        """One run on stream ``slot``: each input's stack, built here from the hidden states that
+        came back and the input's own tokens."""
+        from ..extract import make_stack
+
+        conn = self._conns[slot]
+        try:
+            with self._locks[slot]:
+                conn.send((model, list(encoded), layers, stride))
+                status, payload = conn.recv()
+        except (EOFError, OSError):
+            raise ModelProcessError(
+                f"the model process is gone (exit code {self.process.exitcode}): restart the server"
+            ) from None
+        if status != "ok":
+            raise payload
+        by_index = {item.index: item for item in encoded}
+        for index, hidden, n_windows in payload:
+            yield index, make_stack(by_index[index], hidden, {}, layers, n_windows=n_windows)
+
+    def close(self, timeout: float | None = 30) -> None:
+        """Let the process finish its runs and exit; kill it after ``timeout`` seconds."""
+        for conn in self._conns:
+            try:
+                conn.send(None)
+            except OSError:
+                pass
+        self.process.join(timeout)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join(5)
+        for conn in self._conns:
+            conn.close()
+        self._ready.close()
+
+
+def _threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
+
+
+# ------------------------------------------------------------------------------------ the process
+def _main(
+    specs: Mapping[str, ModelSpec], conns: list[Connection], ready: Connection, threads: int
+) -> None:
+    import torch
+
+    torch.set_num_threads(threads)
+    try:
+        encoders = {name: _load(spec) for name, spec in specs.items()}
+    except BaseException as exc:  # the server reports it and does not start
+        ready.send(("error", _picklable(exc)))
+        return
+    per_stream = max(1, threads // len(conns))
+    workers = [
+        threading.Thread(target=_serve, args=(conn, encoders, per_stream), name=f"layerwise-stream-{i}")
+        for i, conn in enumerate(conns)
+    ]
+    for worker in workers:
+        worker.start()
+    from ..model_source import weights_sha256
+
+    ready.send(("ok", {name: weights_sha256(enc.models.current) for name, enc in encoders.items()}))
+    for worker in workers:
+        worker.join()
+
+
+def _load(spec: ModelSpec) -> Encoder:
+    from ..encoder import Encoder
+
+    return Encoder(
+        spec.source,
+        device=spec.device,
+        model_dtype=spec.model_dtype,  # type: ignore[arg-type]
+        max_length=spec.max_length,
+        max_tokens=spec.max_tokens,
+        packed=spec.packed,
+        streams=1,
+    )
+
+
+def _serve(conn: Connection, encoders: Mapping[str, Encoder], threads: int) -> None:
+    import torch
+
+    torch.get_num_threads()  # a thread takes torch's default on first use: have that happen first
+    torch.set_num_threads(threads)
+    while True:
+        try:
+            message = conn.recv()
+        except (EOFError, OSError):
+            return  # the server is gone
+        if message is None:
+            return
+        model, encoded, layers, stride = message
+        try:
+            stream = encoders[model].engine.stream(
+                encoded, layers=layers, method="hidden_states", taps=(), stride=stride,
+                batch_size=None, max_tokens=None, progress=False,
+            )  # fmt: skip
+            reply: Any = ("ok", [(i, stack.hidden, stack.n_windows) for i, stack in stream])
+        except BaseException as exc:
+            reply = ("error", _picklable(exc))
+        try:
+            conn.send(reply)
+        except (OSError, ValueError):
+            return
+
+
+def _picklable(exc: BaseException) -> BaseException:
+    import pickle
+
+    try:
+        pickle.loads(pickle.dumps(exc))
+        return exc
+    except Exception:
+        return ModelProcessError(f"{type(exc).__name__}: {exc}")
