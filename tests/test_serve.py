@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -169,9 +170,9 @@ def test_full_queue_is_429_with_retry_after(tiny_encoder):
     batcher = app.state.batcher
     original = batcher._run
 
-    def slow_run(group):  # the model is busy long enough for the queue to fill
+    def slow_run(slot, group):  # the model is busy long enough for the queue to fill
         time.sleep(0.8)
-        original(group)
+        original(slot, group)
 
     batcher._run = slow_run
     text = "one two three four five six seven eight nine ten eleven twelve"  # 14 tokens
@@ -188,6 +189,34 @@ def test_full_queue_is_429_with_retry_after(tiny_encoder):
     assert running.status_code == 200 and queued.status_code == 200
     assert refused.status_code == 429 and int(refused.headers["retry-after"]) >= 1
     assert "queue is full (14 tokens waiting)" in refused.json()["error"]["message"]
+
+
+def test_a_run_that_fails_unexpectedly_fails_its_requests_not_the_server(tiny_encoder):
+    """Whatever a run raises reaches each of its requests (500); the next run is served."""
+    app = create_app({"tiny": tiny_encoder})
+    batcher = app.state.batcher
+    original, calls = batcher._run, []
+
+    def failing_once(slot, group):
+        calls.append(len(group))
+        if len(calls) == 1:
+            raise RuntimeError("a bug outside the forward")
+        original(slot, group)
+
+    batcher._run = failing_once
+
+    async def main():
+        transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+        async with (
+            app.router.lifespan_context(app),
+            httpx.AsyncClient(transport=transport, base_url="http://test") as client,
+        ):
+            failed = await asyncio.wait_for(client.post("/v1/embeddings", json={"input": ["a"]}), 30)
+            served = await asyncio.wait_for(client.post("/v1/embeddings", json={"input": ["a"]}), 30)
+            return failed, served
+
+    failed, served = asyncio.run(main())
+    assert failed.status_code == 500 and served.status_code == 200 and calls == [1, 1]
 
 
 def test_api_key_is_required_and_compared(tiny_encoder, tmp_path, monkeypatch):
@@ -226,8 +255,10 @@ def test_api_key_is_required_and_compared(tiny_encoder, tmp_path, monkeypatch):
     assert right.status_code == 200 and health.status_code == 200
 
 
-def test_concurrent_clients_get_exactly_their_own_results(tiny_encoder):
-    app = create_app({"tiny": tiny_encoder}, ServeSettings(max_wait_ms=50))
+@pytest.mark.parametrize("model_process", [False, True])
+def test_concurrent_clients_get_exactly_their_own_results(tiny_encoder, model_process):
+    settings = ServeSettings(max_wait_ms=50, model_process=model_process, streams=2 if model_process else 1)
+    app = create_app({"tiny": tiny_encoder}, settings)
     rng = np.random.default_rng(0)
     words = ["bank", "river", "rates", "the", "raised", "money", "water", "a", "crane", "flew"]
     settings = [
@@ -320,11 +351,20 @@ def test_serve_cli_warns_on_public_address_and_sigterm_drains(tmp_path, make_tin
         thread.start()
         time.sleep(1.0)
         assert thread.is_alive()  # the request is in flight (it takes about 3 s)
+        children = [
+            int(pid)
+            for task in os.listdir(f"/proc/{server.pid}/task")
+            for pid in Path(f"/proc/{server.pid}/task/{task}/children").read_text().split()
+        ]
+        assert children  # the model process (a CPU server runs its models there)
         server.send_signal(signal.SIGTERM)
         thread.join(120)
         response = outcome["response"]
         assert response.status_code == 200 and len(response.json()["data"]) == len(texts)
         assert server.wait(30) in (0, 143)
+        for pid in children:  # and it is gone, not orphaned
+            stat = Path(f"/proc/{pid}/stat")
+            assert not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] == "Z"
     finally:
         if server.poll() is None:
             server.kill()
@@ -428,11 +468,11 @@ def test_serve_lets_idle_openmp_threads_sleep_unless_the_user_chose(monkeypatch,
     assert os.environ["OMP_WAIT_POLICY"] == (preset or "PASSIVE")
 
 
-def test_serve_runs_one_forward_stream_unless_told(monkeypatch):
-    """Concurrent streams contend with the event loop for the GIL (cli_serve.SERVE_STREAMS): the
-    server asks for one stream per model; --streams N is passed through."""
+def test_serve_runs_the_models_in_a_process_of_their_own_on_a_cpu(monkeypatch):
+    """The server's own Encoders (tokenising, metadata, explorer) ask for one stream; the runs go to
+    the model process on a CPU (--in-process keeps them here) with --streams passed through."""
     import layerwise.encoder
-    from layerwise import cli_serve
+    from layerwise import cli, cli_serve
 
     asked: list[int | None] = []
 
@@ -441,12 +481,20 @@ def test_serve_runs_one_forward_stream_unless_told(monkeypatch):
 
         def __init__(self, name, **options):
             self.name = name or "default"
+            self.device = layerwise.encoder.pick_device(options["device"])
             asked.append(options.get("streams"))
 
     monkeypatch.setattr(layerwise.encoder, "Encoder", Loaded)
-    cli_serve._load_encoders(None, "cpu", None)
-    cli_serve._load_encoders(None, "cpu", None, streams=2)
-    assert asked == [1, 2]
+    settings = []
+    monkeypatch.setattr("layerwise.serve.create_app", lambda enc, s, **kw: settings.append(s))
+    monkeypatch.setattr(cli_serve, "_run_server", lambda *args, **kwargs: None)
+    from typer.testing import CliRunner
+
+    for args in ([], ["--streams", "3"], ["--in-process", "--streams", "2"]):
+        result = CliRunner().invoke(cli.app, ["serve", "--device", "cpu", *args])
+        assert result.exit_code == 0, result.output
+    assert asked == [1, 1, 1]
+    assert [(s.model_process, s.streams) for s in settings] == [(True, None), (True, 3), (False, 2)]
 
 
 def test_serve_builds_the_transformers_model_at_start(monkeypatch, default_model_dir):

@@ -63,7 +63,7 @@ def serve(
     max_batch_tokens: Annotated[int, typer.Option(min=1, help="Tokens gathered for one model run")] = 16_384,
     max_wait_ms: Annotated[
         float, typer.Option(min=0, max=1000, help="Longest wait for a run to fill (ms)")
-    ] = 10,
+    ] = 2,
     max_inputs: Annotated[int, typer.Option(min=1, help="Inputs per request (else 413)")] = 2048,
     max_request_tokens: Annotated[int, typer.Option(min=1, help="Tokens per request (else 413)")] = 131_072,
     max_queue_tokens: Annotated[int, typer.Option(min=1, help="Tokens waiting (else 429)")] = 1_048_576,
@@ -141,9 +141,7 @@ def _require_uvicorn(command: str) -> None:
         ) from None
 
 
-def _load_encoders(
-    model: list[str] | None, device: str, max_length: int | None, streams: int = SERVE_STREAMS
-) -> dict:
+def _load_encoders(model: list[str] | None, device: str, max_length: int | None) -> dict:
     """Each --model loaded once (default: the packaged model), by its resolved name."""
     # Before torch loads OpenMP: its idle threads sleep instead of spinning between ops. In a server
     # the event loop needs a core between model runs, and a spinning OpenMP thread took it (+8-10 %
@@ -155,7 +153,7 @@ def _load_encoders(
     _use_available_cores()
     encoders = {}
     for name in list(model) if model else [None]:
-        encoder = Encoder(name, device=device, max_length=max_length, streams=streams)
+        encoder = Encoder(name, device=device, max_length=max_length, streams=SERVE_STREAMS)
         # the explorer's attention maps (taps) need the transformers model: built at start (1.5-2 s,
         # model_handle.py), not in the middle of somebody's request
         _ = encoder.model
@@ -172,7 +170,7 @@ def _run_server(application, host: str, port: int, sock=None) -> None:
 
     # the model thread gives the GIL up in every torch op and must win it back from the event loop:
     # a 1 ms switch interval (Python's default is 5) cuts that wait (benchmarks/serve_load.py)
-    sys.setswitchinterval(float(os.environ.get("LW_SWITCH", "0.001")))
+    sys.setswitchinterval(0.001)
     # uvicorn handles SIGTERM/SIGINT: it stops accepting, finishes in-flight requests, then the
     # app's shutdown drains the batcher's queue
     config = uvicorn.Config(

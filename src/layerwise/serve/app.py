@@ -30,6 +30,7 @@ from ..plan import OutputPlan
 from .batcher import Batcher, Job, QueueFullError
 from .limits import LimitBody, ServeSettings
 from .metrics import Metrics, ObserveRequests
+from .model_process import ModelProcessError
 from .responses import ApiError, describe_validation_error, json_response, layer_item
 from .schemas import EmbeddingsRequest, LayersRequest
 
@@ -161,7 +162,10 @@ def create_app(
             raise ApiError(
                 429, str(exc), code="queue_full", headers={"Retry-After": str(exc.retry_after)}
             ) from None
-        stacks = await future
+        try:
+            stacks = await future
+        except ModelProcessError as exc:
+            raise ApiError(503, str(exc), code="model_unavailable") from None
         results = await _off_loop(
             job.n_tokens * len(layers),
             lambda: [plan.result(stacks[i], n_hidden) for i in range(len(encoded))],

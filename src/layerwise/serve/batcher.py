@@ -1,12 +1,15 @@
 """Dynamic batching: requests from many clients share the model's forward passes.
 
-Request handlers tokenise their inputs and submit a :class:`Job`. One worker thread owns the
-models: it takes the oldest job, waits at most ``max_wait`` seconds (from that job's arrival) for
-more jobs of the same model until ``max_batch_tokens`` tokens are gathered, and runs them as one
-stream through the engine, which sorts the inputs by length and batches them under its padded-token
-budget. Each job gets exactly its own rows back (only the hidden states it asked for), through its
-``on_done`` callback. The queue is bounded in tokens: a job that does not fit is refused with an
-estimate of when to retry (HTTP 429 + Retry-After).
+Request handlers tokenise their inputs and submit a :class:`Job`. A worker thread gathers runs:
+it waits for a free stream, takes the oldest job, waits at most ``max_wait`` seconds (from that
+job's arrival) for more jobs of the same model until ``max_batch_tokens`` tokens are gathered, and
+hands them to the stream as one run. The runner runs it, in this process (:class:`LocalRunner`) or
+in the model process (model_process.py), where the engine sorts the inputs by length and batches
+them under its token budget. With several streams, runs overlap: one is computed while another's
+responses go out and its clients' next requests come in. Each job gets exactly its own rows back
+(only the hidden states it asked for), through its ``on_done`` callback. The queue is bounded in
+tokens: a job that does not fit is refused with an estimate of when to retry (HTTP 429 +
+Retry-After).
 """
 
 from __future__ import annotations
@@ -67,7 +70,12 @@ class Runner(Protocol):
     streams: int
 
     def run(
-        self, slot: int, model: str, encoded: Sequence[EncodedInput], layers: tuple[int, ...], stride: int | None
+        self,
+        slot: int,
+        model: str,
+        encoded: Sequence[EncodedInput],
+        layers: tuple[int, ...],
+        stride: int | None,
     ) -> Iterator[tuple[int, LayerStack]]: ...
 
     @property
@@ -90,7 +98,12 @@ class LocalRunner:
         self.encoders, self.streams = dict(encoders), streams
 
     def run(
-        self, slot: int, model: str, encoded: Sequence[EncodedInput], layers: tuple[int, ...], stride: int | None
+        self,
+        slot: int,
+        model: str,
+        encoded: Sequence[EncodedInput],
+        layers: tuple[int, ...],
+        stride: int | None,
     ) -> Iterator[tuple[int, LayerStack]]:
         return self.encoders[model].engine.stream(
             list(encoded), layers=layers, method="hidden_states", taps=(), stride=stride,
@@ -115,7 +128,7 @@ class _PoolExecutor(Executor):
     def __init__(self, pool: Any) -> None:
         self.pool = pool
 
-    def submit(self, fn, /, *args, **kwargs):  # type: ignore[no-untyped-def]
+    def submit(self, fn, /, *args, **kwargs):
         return self.pool.submit(fn, *args)
 
 
@@ -217,6 +230,13 @@ class Batcher:
     def _run_on(self, slot: int, group: list[Job]) -> None:
         try:
             self._run(slot, group)
+        except BaseException as exc:  # no request may wait for ever: each learns of it
+            for job in group:
+                if not job.finished:
+                    job.finished = True
+                    job.on_done(None, exc)
+            if not isinstance(exc, Exception):
+                raise
         finally:
             self._free_slots.put(slot)
 

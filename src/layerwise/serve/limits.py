@@ -21,10 +21,11 @@ class ServeSettings:
     max_inputs: int = 2048  # texts, pairs or word lists per request
     max_request_tokens: int = 131_072  # tokens per request, after tokenisation
     max_batch_tokens: int = 16_384  # tokens gathered for one model run
-    # how long the oldest request waits for others to join its run: 10 ms served 8-10 % more tokens/s
-    # than 5 at 32 clients (benchmarks/serve_load.py A/B; 15 and 30 were no better); a lone client
-    # never waits (batcher._gather)
-    max_wait_ms: float = 10.0
+    # how long the oldest request waits for others to join its run. With two streams a longer wait
+    # gathers every client into one run on one stream: at 8 clients 5 ms kept one core busy (0.4x
+    # offline tokens/s) where 2 ms kept both (0.56x); at 32 clients 1, 2 and 5 ms were alike (0.78-
+    # 0.82x; benchmarks/serve_load.py, interleaved A/B). A lone client never waits (batcher._gather)
+    max_wait_ms: float = 2.0
     max_queue_tokens: int = 1_048_576  # tokens waiting before 429
     long_texts: str = "truncate"  # inputs over the model maximum: truncate | window
     stride: int | None = None

@@ -18,7 +18,7 @@ the error the run raised. If the process dies, every waiting run fails with that
 
 from __future__ import annotations
 
-import logging
+import contextlib
 import multiprocessing
 import threading
 from collections.abc import Iterator, Mapping, Sequence
@@ -34,8 +34,6 @@ if TYPE_CHECKING:
     from ..encoder import Encoder
     from ..inputs import EncodedInput
     from ..results import LayerStack
-
-logger = logging.getLogger("layerwise")
 
 START_TIMEOUT = 600.0  # seconds for the process to load its models (a large hub model from a slow disk)
 
@@ -169,10 +167,8 @@ class ProcessRunner:
     def close(self, timeout: float | None = 30) -> None:
         """Let the process finish its runs and exit; kill it after ``timeout`` seconds."""
         for conn in self._conns:
-            try:
+            with contextlib.suppress(OSError):
                 conn.send(None)
-            except OSError:
-                pass
         self.process.join(timeout)
         if self.process.is_alive():
             self.process.kill()
@@ -189,11 +185,14 @@ def _threads() -> int:
 
 
 # ------------------------------------------------------------------------------------ the process
-def _main(
-    specs: Mapping[str, ModelSpec], conns: list[Connection], ready: Connection, threads: int
-) -> None:
+def _main(specs: Mapping[str, ModelSpec], conns: list[Connection], ready: Connection, threads: int) -> None:
+    import signal
+
     import torch
 
+    # Ctrl-C reaches the whole process group: the server drains its requests, then closes our pipes
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     torch.set_num_threads(threads)
     try:
         encoders = {name: _load(spec) for name, spec in specs.items()}
@@ -229,10 +228,15 @@ def _load(spec: ModelSpec) -> Encoder:
 
 
 def _serve(conn: Connection, encoders: Mapping[str, Encoder], threads: int) -> None:
+    import time
+
     import torch
+
+    from . import batcher
 
     torch.get_num_threads()  # a thread takes torch's default on first use: have that happen first
     torch.set_num_threads(threads)
+    last_trim = time.perf_counter()
     while True:
         try:
             message = conn.recv()
@@ -253,6 +257,9 @@ def _serve(conn: Connection, encoders: Mapping[str, Encoder], threads: int) -> N
             conn.send(reply)
         except (OSError, ValueError):
             return
+        if time.perf_counter() - last_trim > batcher.TRIM_EVERY:  # as the in-process worker does
+            last_trim = time.perf_counter()
+            batcher._release_free_heap()
 
 
 def _picklable(exc: BaseException) -> BaseException:

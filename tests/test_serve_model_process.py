@@ -1,0 +1,147 @@
+"""`layerwise serve` with the models in a process of their own (serve/model_process.py): the same
+vectors as in-process, errors that cross the process boundary, a dead process reported, edited
+weights refused."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+
+pytest.importorskip("fastapi")
+httpx = pytest.importorskip("httpx")
+
+import layerwise as lw  # noqa: E402
+from layerwise.serve import ServeSettings, create_app  # noqa: E402
+
+TEXTS = ["The bank raised rates.", "She sat on the river bank.", "ok", "A much longer sentence " * 6]
+
+
+def lifespan_client(app):
+    transport = httpx.ASGITransport(app=app)
+    return httpx.AsyncClient(transport=transport, base_url="http://test")
+
+
+def run_app(app, scenario):
+    async def main():
+        async with app.router.lifespan_context(app), lifespan_client(app) as client:
+            return await scenario(client)
+
+    return asyncio.run(main())
+
+
+@pytest.fixture(scope="module")
+def tiny_pair(make_tiny_model):
+    return lw.Encoder(make_tiny_model("bert", 4), device="cpu")
+
+
+def test_model_process_serves_the_in_process_vectors(default_encoder, tiny_pair):
+    """Embeddings and per-layer vectors from the model process equal Encoder().embed/extract, on two
+    streams, for two models; the runs happened in another process."""
+    app = create_app(
+        {default_encoder.name: default_encoder, "tiny": tiny_pair},
+        ServeSettings(model_process=True, streams=2, long_texts="window"),
+    )
+    runner = app.state.batcher.runner
+    long_text = "the river bank " * 200  # about 600 tokens: windows, stitched in the model process
+
+    async def scenario(client):
+        embeddings = await client.post("/v1/embeddings", json={"input": TEXTS})
+        layers = await client.post(
+            "/v1/layers", json={"model": "tiny", "texts": [*TEXTS, long_text], "layers": "all"}
+        )
+        many = await asyncio.gather(
+            *(client.post("/v1/embeddings", json={"input": [t], "model": "tiny"}) for t in TEXTS * 8)
+        )
+        return embeddings, layers, many, await client.get("/health")
+
+    embeddings, layers, many, health = run_app(app, scenario)
+    assert runner.streams == 2 and runner.process.pid != os.getpid()
+    assert embeddings.status_code == 200, embeddings.text
+    got = np.array([item["embedding"] for item in embeddings.json()["data"]])
+    np.testing.assert_allclose(got, default_encoder.encode(TEXTS), atol=1e-5)
+    assert layers.status_code == 200, layers.text
+    want = tiny_pair.extract([*TEXTS, long_text], layers="all", long_texts="window")
+    for item, stack in zip(layers.json()["results"], want, strict=True):
+        array = item["hidden"]
+        hidden = np.frombuffer(__import__("base64").b64decode(array["data"]), dtype=array["dtype"])
+        np.testing.assert_allclose(hidden.reshape(array["shape"]), stack.hidden, atol=1e-5)
+    assert layers.json()["results"][-1]["n_windows"] > 1
+    expected = tiny_pair.embed(TEXTS, layers=-1, pool="mean")
+    for i, response in enumerate(many):
+        np.testing.assert_allclose(response.json()["data"][0]["embedding"], expected[i % 4], atol=1e-5)
+    assert health.status_code == 200
+    assert not runner.alive  # the app's shutdown closed the process
+
+
+def test_an_error_in_the_model_process_arrives_as_itself(tiny_pair):
+    from layerwise.inputs import normalize_inputs
+    from layerwise.serve.model_process import ProcessRunner
+
+    runner = ProcessRunner({"tiny": tiny_pair}, streams=1)
+    try:
+        runner.wait_ready()
+        long = tiny_pair.inputs.encode(normalize_inputs(texts=["bank " * 400]), truncate=False)
+        with pytest.raises(lw.OptionError, match="stride") as raised:  # raised in the model process
+            list(runner.run(0, "tiny", long, (1,), 10**6))
+        with pytest.raises(lw.OptionError) as direct:
+            engine = tiny_pair.engine
+            options = dict(method="hidden_states", taps=(), batch_size=None, max_tokens=None)
+            list(engine.stream(long, layers=(1,), stride=10**6, progress=False, **options))
+        assert str(raised.value) == str(direct.value)
+        encoded = tiny_pair.inputs.encode(normalize_inputs(texts=["a bank"]))
+        ((_, stack),) = runner.run(0, "tiny", encoded, (0, 4), None)  # the stream goes on
+        want = tiny_pair.extract(["a bank"], layers=[0, 4])[0].hidden
+        np.testing.assert_allclose(stack.hidden, want, atol=1e-5)
+    finally:
+        runner.close()
+    assert runner.process.exitcode == 0
+
+
+def test_a_dead_model_process_is_a_503_and_health_says_so(tiny_pair):
+    app = create_app({"tiny": tiny_pair}, ServeSettings(model_process=True, streams=1))
+    runner = app.state.batcher.runner
+
+    async def scenario(client):
+        before = await client.post("/v1/embeddings", json={"input": ["a"]})
+        os.kill(runner.process.pid, signal.SIGKILL)
+        runner.process.join(10)
+        after = await client.post("/v1/embeddings", json={"input": ["a"]})
+        return before, after, await client.get("/health")
+
+    before, after, health = run_app(app, scenario)
+    assert before.status_code == 200
+    assert after.status_code == 503 and "model process" in after.json()["error"]["message"]
+    assert health.status_code == 503 and health.json()["status"] == "stopped"
+
+
+def test_weights_edited_after_loading_are_refused_not_silently_served(make_tiny_model):
+    """The model process loads from the source; edits made in Python would be lost: refused."""
+    import torch
+
+    encoder = lw.Encoder(make_tiny_model("bert", 2), device="cpu")
+    with torch.no_grad():
+        encoder.model.encoder.layer[0].output.dense.bias.add_(1.0)
+    app = create_app({"edited": encoder}, ServeSettings(model_process=True, streams=1))
+
+    async def scenario(client):
+        return None
+
+    with pytest.raises(lw.ModelLoadError, match="differ"):
+        run_app(app, scenario)
+    deadline = time.time() + 10
+    while app.state.batcher.runner.alive and time.time() < deadline:
+        time.sleep(0.05)
+    assert not app.state.batcher.runner.alive
+    in_process = create_app({"edited": encoder})  # in-process serves the edited weights
+
+    async def embed(client):
+        return await client.post("/v1/embeddings", json={"input": ["a bank"], "pool": "sentence:mean"})
+
+    response = run_app(in_process, embed)
+    want = encoder.embed(["a bank"], layers=-1, pool="mean")
+    np.testing.assert_allclose([response.json()["data"][0]["embedding"]], want, atol=1e-5)
