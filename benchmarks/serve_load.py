@@ -8,8 +8,11 @@ that many clients send requests back to back for ``--seconds`` (then finish thei
 the script prints requests/s, tokens/s, p50/p99 latency, errors, and the server's RSS before and
 after the level and its peak (VmHWM); then a soak (``--soak`` seconds at 32 clients, in four
 parts) shows whether RSS stays flat once the server has seen every batch shape. Offline
-throughput is ``Encoder().encode`` over the same texts in this process, measured first; the ratio served/offline at 32 clients shows whether
-dynamic batching works. The baseline is sentence-transformers behind the simplest FastAPI
+throughput is ``Encoder().encode`` over the same texts in this process. The ratio served/offline at
+32 clients (does dynamic batching work?) comes from ``--ratio-rounds`` rounds of offline, then 32
+clients, back to back, after the levels: this machine's speed drifts by 10 % from one minute to the
+next, so a ratio of two measurements a minute apart says little; the median of the rounds is
+reported, each round too. The baseline is sentence-transformers behind the simplest FastAPI
 endpoint a user would write (benchmarks/st_server.py: one request = one ``encode`` call),
 loaded the same way and measured the same way. Results: benchmarks/results/serve_load.json.
 """
@@ -151,7 +154,7 @@ SOAK_PARTS = 4
 
 
 def measure_server(
-    name: str, command: list[str], port: int, texts, tokens, levels, seconds, soak_seconds
+    name: str, command: list[str], port: int, texts, tokens, levels, seconds, soak_seconds, ratio=None
 ) -> dict:
     process = start(command, port)
     rows = []
@@ -175,11 +178,20 @@ def measure_server(
             soak.append(round(rss_tree_kib(process.pid) / 1024))
         if len(soak) > 1:
             print(f"{name:12s} soak at 32 clients, RSS MiB after each part: {soak}", flush=True)
+        rounds = []
+        for _ in range(ratio[0] if ratio else 0):  # offline, then 32 clients, back to back
+            offline = ratio[1]()
+            row = asyncio.run(load(f"http://127.0.0.1:{port}", texts, tokens, 32, seconds))
+            rounds.append(
+                {"offline_tokens_per_s": round(offline), "served_tokens_per_s": row["tokens_per_s"],
+                 "ratio": round(row["tokens_per_s"] / offline, 2)}
+            )  # fmt: skip
+            print(f"{name:12s} ratio round at 32 clients: {json.dumps(rounds[-1])}", flush=True)
         peak = rss_tree_kib(process.pid, "VmHWM")
     finally:
         process.terminate()
         process.wait(60)
-    return {"levels": rows, "soak_rss_mib": soak, "peak_rss_mib": round(peak / 1024)}
+    return {"levels": rows, "soak_rss_mib": soak, "peak_rss_mib": round(peak / 1024), "ratio_rounds": rounds}
 
 
 def main() -> None:
@@ -190,6 +202,9 @@ def main() -> None:
     parser.add_argument("--skip-baseline", action="store_true")
     parser.add_argument(
         "--soak", type=float, default=40.0, help="Seconds at 32 clients after the levels (RSS in 4 parts)"
+    )
+    parser.add_argument(
+        "--ratio-rounds", type=int, default=3, help="Rounds of offline then 32 clients for the ratio"
     )
     parser.add_argument(
         "--serve-args", default="", help="Extra `layerwise serve` options, e.g. '--max-wait-ms 2'"
@@ -204,15 +219,14 @@ def main() -> None:
     # tokens as both servers count them: truncated at the model's max_seq_length, specials included
     tokens = {t: len(s) for t, s in zip(texts, encoder.tokenize(texts), strict=True)}
     encoder.encode(texts[:64])  # warm up
-    started = time.perf_counter()
-    encoder.encode(texts)
-    offline_s = time.perf_counter() - started
-    offline = sum(tokens.values()) / offline_s
-    print(
-        f"offline Encoder().encode: {offline:,.0f} tokens/s ({len(texts)} texts, {offline_s:.1f} s)",
-        flush=True,
-    )
-    del encoder
+
+    def offline_tokens_per_s() -> float:
+        started = time.perf_counter()
+        encoder.encode(texts)
+        return sum(tokens.values()) / (time.perf_counter() - started)
+
+    offline = offline_tokens_per_s()
+    print(f"offline Encoder().encode: {offline:,.0f} tokens/s ({len(texts)} texts)", flush=True)
 
     report: dict = {
         "offline_tokens_per_s": round(offline),
@@ -223,8 +237,9 @@ def main() -> None:
     serve = [sys.executable, "-m", "layerwise.cli", "serve", "--port", str(port), "--device", "cpu"]
     serve += args.serve_args.split()
     report["layerwise"] = measure_server(
-        "layerwise", serve, port, texts, tokens, levels, args.seconds, args.soak
-    )
+        "layerwise", serve, port, texts, tokens, levels, args.seconds, args.soak,
+        ratio=(args.ratio_rounds, offline_tokens_per_s),
+    )  # fmt: skip
     if not args.skip_baseline:
         port = free_port()
         baseline = [sys.executable, str(HERE / "st_server.py"), "--port", str(port)]
@@ -232,17 +247,19 @@ def main() -> None:
             "st+fastapi", baseline, port, texts, tokens, levels, args.seconds, args.soak
         )
     at = {row["clients"]: row for row in report["layerwise"]["levels"]}
-    if 32 in at:
-        report["served_over_offline_at_32"] = round(at[32]["tokens_per_s"] / offline, 2)
-        print(f"layerwise at 32 clients: {report['served_over_offline_at_32']:.2f}x offline throughput")
-        if "sentence_transformers" in report:
-            base = {row["clients"]: row for row in report["sentence_transformers"]["levels"]}
-            report["layerwise_over_baseline_at_32"] = round(
-                at[32]["tokens_per_s"] / base[32]["tokens_per_s"], 2
-            )
-            print(
-                f"layerwise / sentence-transformers+FastAPI at 32 clients: {report['layerwise_over_baseline_at_32']:.2f}x"
-            )
+    rounds = report["layerwise"]["ratio_rounds"]
+    if rounds:
+        report["served_over_offline_at_32"] = statistics.median(r["ratio"] for r in rounds)
+        print(
+            f"layerwise at 32 clients: {report['served_over_offline_at_32']:.2f}x offline throughput "
+            f"(median of {len(rounds)} rounds: {', '.join(str(r['ratio']) for r in rounds)})"
+        )
+    if 32 in at and "sentence_transformers" in report:
+        base = {row["clients"]: row for row in report["sentence_transformers"]["levels"]}
+        report["layerwise_over_baseline_at_32"] = round(at[32]["tokens_per_s"] / base[32]["tokens_per_s"], 2)
+        print(
+            f"layerwise / sentence-transformers+FastAPI at 32 clients: {report['layerwise_over_baseline_at_32']:.2f}x"
+        )
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "serve_load.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
 

@@ -94,6 +94,8 @@ class ProcessRunner:
         self._ready = ready_here
         self._started = False
         self._locks = [threading.Lock() for _ in range(streams)]
+        self._count_lock = threading.Lock()
+        self._in_flight = 0  # runs sent and not answered
         from ..model_source import weights_sha256
 
         # hashed while the process loads, compared once it has
@@ -150,14 +152,20 @@ class ProcessRunner:
         from ..extract import make_stack
 
         conn = self._conns[slot]
+        with self._count_lock:
+            self._in_flight += 1
+            alone = self._in_flight == 1
         try:
             with self._locks[slot]:
-                conn.send((model, list(encoded), layers, stride))
+                conn.send((model, list(encoded), layers, stride, alone))
                 status, payload = conn.recv()
         except (EOFError, OSError):
             raise ModelProcessError(
                 f"the model process is gone (exit code {self.process.exitcode}): restart the server"
             ) from None
+        finally:
+            with self._count_lock:
+                self._in_flight -= 1
         if status != "ok":
             raise payload
         by_index = {item.index: item for item in encoded}
@@ -201,7 +209,9 @@ def _main(specs: Mapping[str, ModelSpec], conns: list[Connection], ready: Connec
         return
     per_stream = max(1, threads // len(conns))
     workers = [
-        threading.Thread(target=_serve, args=(conn, encoders, per_stream), name=f"layerwise-stream-{i}")
+        threading.Thread(
+            target=_serve, args=(conn, encoders, per_stream, threads), name=f"layerwise-stream-{i}"
+        )
         for i, conn in enumerate(conns)
     ]
     for worker in workers:
@@ -227,7 +237,9 @@ def _load(spec: ModelSpec) -> Encoder:
     )
 
 
-def _serve(conn: Connection, encoders: Mapping[str, Encoder], threads: int) -> None:
+def _serve(conn: Connection, encoders: Mapping[str, Encoder], threads: int, all_threads: int) -> None:
+    """Answer the runs sent on ``conn``: on ``threads`` torch threads, or on all of them for a run
+    that was alone when sent (one client at a time: nothing else needs the other cores)."""
     import time
 
     import torch
@@ -236,6 +248,7 @@ def _serve(conn: Connection, encoders: Mapping[str, Encoder], threads: int) -> N
 
     torch.get_num_threads()  # a thread takes torch's default on first use: have that happen first
     torch.set_num_threads(threads)
+    current = threads
     last_trim = time.perf_counter()
     while True:
         try:
@@ -244,7 +257,13 @@ def _serve(conn: Connection, encoders: Mapping[str, Encoder], threads: int) -> N
             return  # the server is gone
         if message is None:
             return
-        model, encoded, layers, stride = message
+        model, encoded, layers, stride, alone = message
+        # alone: all threads (8 clients: +15 % tokens/s, serve_load A/B; a run sent just after it
+        # shares the cores until this one ends)
+        wanted = all_threads if alone else threads
+        if wanted != current:
+            torch.set_num_threads(wanted)
+            current = wanted
         try:
             stream = encoders[model].engine.stream(
                 encoded, layers=layers, method="hidden_states", taps=(), stride=stride,
