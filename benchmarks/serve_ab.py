@@ -24,8 +24,7 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from corpus import mixed_corpus  # noqa: E402
-from serve_load import RESULTS, cpu_seconds, free_port, load, start  # noqa: E402
+from serve_load import RESULTS, corpus_and_encoder, cpu_seconds, free_port, load, start  # noqa: E402
 
 
 def main() -> None:
@@ -38,12 +37,7 @@ def main() -> None:
     args = parser.parse_args()
     levels = [int(c) for c in args.clients.split(",")]
 
-    import layerwise as lw
-
-    texts = mixed_corpus(args.texts, max(1, args.texts // 100), seed=1)
-    encoder = lw.Encoder(device="cpu")
-    tokens = {t: len(s) for t, s in zip(texts, encoder.tokenize(texts), strict=True)}
-    encoder.encode(texts[:64])  # warm up
+    texts, encoder, tokens = corpus_and_encoder(args.texts)
     runs: dict[str, list[dict]] = {setting: [] for setting in args.settings}
     for round_ in range(args.rounds):
         started = time.perf_counter()

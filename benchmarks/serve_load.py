@@ -150,6 +150,18 @@ async def load(url: str, texts: list[str], tokens: dict[str, int], clients: int,
     }
 
 
+def corpus_and_encoder(n_texts: int):
+    """The mixed-length texts, a warmed-up default Encoder, and each text's token count as the
+    servers count them (truncated at the model's max_seq_length, specials included)."""
+    import layerwise as lw
+
+    texts = mixed_corpus(n_texts, max(1, n_texts // 100), seed=1)
+    encoder = lw.Encoder(device="cpu")
+    tokens = {t: len(s) for t, s in zip(texts, encoder.tokenize(texts), strict=True)}
+    encoder.encode(texts[:64])  # warm up
+    return texts, encoder, tokens
+
+
 SOAK_PARTS = 4
 
 
@@ -212,13 +224,7 @@ def main() -> None:
     args = parser.parse_args()
     levels = [int(c) for c in args.clients.split(",")]
 
-    import layerwise as lw
-
-    texts = mixed_corpus(args.texts, max(1, args.texts // 100), seed=1)
-    encoder = lw.Encoder(device="cpu")
-    # tokens as both servers count them: truncated at the model's max_seq_length, specials included
-    tokens = {t: len(s) for t, s in zip(texts, encoder.tokenize(texts), strict=True)}
-    encoder.encode(texts[:64])  # warm up
+    texts, encoder, tokens = corpus_and_encoder(args.texts)
 
     def offline_tokens_per_s() -> float:
         started = time.perf_counter()
