@@ -145,7 +145,6 @@ class Batcher:
         runner: Runner | None = None,
         metrics: Any = None,
     ) -> None:
-        self.encoders = dict(encoders)
         self.runner: Runner = runner if runner is not None else LocalRunner(encoders)
         self.streams = self.runner.streams
         self._free_slots: queue.SimpleQueue[int] = queue.SimpleQueue()  # streams without a run
@@ -164,7 +163,7 @@ class Batcher:
         self._closed = False
         self._last_group = 0  # jobs in the previous run
         self._tokens_per_second = 5000.0  # updated after every run; used for Retry-After
-        self._last_trim = time.perf_counter()
+        self._trimmer = HeapTrimmer()
         self._thread = threading.Thread(target=self._loop, name="layerwise-model", daemon=True)
 
     def start(self) -> None:
@@ -301,13 +300,24 @@ class Batcher:
             self._tokens_per_second = 0.8 * self._tokens_per_second + 0.2 * rate
         if self.metrics is not None:
             self.metrics.observe_run(group[0].model, len(group), len(merged), n_tokens, seconds)
-        if started - self._last_trim > TRIM_EVERY:
-            self._last_trim = started
-            _release_free_heap()
+        self._trimmer.after_run(started)
 
     def _observe_queue(self) -> None:
         if self.metrics is not None:
             self.metrics.observe_queue(len(self._jobs), self._queued_tokens)
+
+
+class HeapTrimmer:
+    """Returns freed heap memory to the system after a run, at most every TRIM_EVERY seconds (the
+    in-process batcher and each stream of the model process hold one)."""
+
+    def __init__(self) -> None:
+        self._last = time.perf_counter()
+
+    def after_run(self, started: float) -> None:
+        if started - self._last > TRIM_EVERY:
+            self._last = started
+            _release_free_heap()
 
 
 def _release_free_heap() -> None:

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..errors import LayerwiseError, ModelLoadError
+from .batcher import HeapTrimmer, LocalRunner
 
 if TYPE_CHECKING:
     from multiprocessing.connection import Connection
@@ -41,7 +42,7 @@ START_TIMEOUT = 600.0  # seconds for the process to load its models (a large hub
 @dataclass(frozen=True)
 class ModelSpec:
     """How the model process loads one served model: the arguments the server's Encoder was made
-    with, and what the loaded model must match."""
+    with (its weights are compared by hash once loaded: ProcessRunner.wait_ready)."""
 
     source: str
     device: str
@@ -208,9 +209,10 @@ def _main(specs: Mapping[str, ModelSpec], conns: list[Connection], ready: Connec
         ready.send(("error", _picklable(exc)))
         return
     per_stream = max(1, threads // len(conns))
+    runner = LocalRunner(encoders)  # the in-process server's run, on each stream's own thread
     workers = [
         threading.Thread(
-            target=_serve, args=(conn, encoders, per_stream, threads), name=f"layerwise-stream-{i}"
+            target=_serve, args=(conn, runner, per_stream, threads), name=f"layerwise-stream-{i}"
         )
         for i, conn in enumerate(conns)
     ]
@@ -237,19 +239,17 @@ def _load(spec: ModelSpec) -> Encoder:
     )
 
 
-def _serve(conn: Connection, encoders: Mapping[str, Encoder], threads: int, all_threads: int) -> None:
+def _serve(conn: Connection, runner: LocalRunner, threads: int, all_threads: int) -> None:
     """Answer the runs sent on ``conn``: on ``threads`` torch threads, or on all of them for a run
     that was alone when sent (one client at a time: nothing else needs the other cores)."""
     import time
 
     import torch
 
-    from . import batcher
-
     torch.get_num_threads()  # a thread takes torch's default on first use: have that happen first
     torch.set_num_threads(threads)
     current = threads
-    last_trim = time.perf_counter()
+    trimmer = HeapTrimmer()
     while True:
         try:
             message = conn.recv()
@@ -258,17 +258,14 @@ def _serve(conn: Connection, encoders: Mapping[str, Encoder], threads: int, all_
         if message is None:
             return
         model, encoded, layers, stride, alone = message
-        # alone: all threads (8 clients: +15 % tokens/s, serve_load A/B; a run sent just after it
-        # shares the cores until this one ends)
+        # alone: all threads (8 clients: +15 % tokens/s in an ad-hoc interleaved A/B; a run sent
+        # just after it shares the cores until this one ends)
         wanted = all_threads if alone else threads
         if wanted != current:
             torch.set_num_threads(wanted)
             current = wanted
         try:
-            stream = encoders[model].engine.stream(
-                encoded, layers=layers, method="hidden_states", taps=(), stride=stride,
-                batch_size=None, max_tokens=None, progress=False,
-            )  # fmt: skip
+            stream = runner.run(0, model, encoded, layers, stride)
             reply: Any = ("ok", [(i, stack.hidden, stack.n_windows) for i, stack in stream])
         except BaseException as exc:
             reply = ("error", _picklable(exc))
@@ -276,9 +273,7 @@ def _serve(conn: Connection, encoders: Mapping[str, Encoder], threads: int, all_
             conn.send(reply)
         except (OSError, ValueError):
             return
-        if time.perf_counter() - last_trim > batcher.TRIM_EVERY:  # as the in-process worker does
-            last_trim = time.perf_counter()
-            batcher._release_free_heap()
+        trimmer.after_run(time.perf_counter())
 
 
 def _picklable(exc: BaseException) -> BaseException:
