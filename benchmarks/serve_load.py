@@ -60,23 +60,41 @@ def process_tree(pid: int) -> list[int]:
     return [pid, *children]
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of a process and its children (the model process)."""
-    total = 0.0
+def cpu_split(pid: int) -> tuple[float, float]:
+    """CPU seconds of the server's own process (HTTP), and of its children (the model process)."""
+    times = []
     for p in process_tree(pid):
         fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
-        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    return total
+        times.append((int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"))
+    return times[0], sum(times[1:])
+
+
+def cpu_columns(before: tuple[float, float], after: tuple[float, float], row: dict) -> dict:
+    """Cores used by the HTTP process and the model process over a load, and the HTTP process's
+    CPU milliseconds per request."""
+    http, model = after[0] - before[0], after[1] - before[1]
+    return {
+        "server_cores": round((http + model) / row["seconds"], 2),
+        "http_cores": round(http / row["seconds"], 2),
+        "model_cores": round(model / row["seconds"], 2),
+        "http_ms_per_request": round(1000 * http / max(row["requests"], 1), 3),
+    }
 
 
 def rss_tree_kib(pid: int, field: str = "VmRSS") -> int:
     return sum(rss_kib(p, field) for p in process_tree(pid))
 
 
-def start(command: list[str], port: int) -> subprocess.Popen:
+def start(command: list[str], port: int, env: dict[str, str] | None = None) -> subprocess.Popen:
     import httpx
 
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        command,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **(env or {})},
+    )
     deadline = time.time() + 120
     while time.time() < deadline:
         if process.poll() is not None:
@@ -173,12 +191,12 @@ def measure_server(
     try:
         for clients in levels:
             before = rss_tree_kib(process.pid)
-            server_cpu, client_cpu = cpu_seconds(process.pid), time.process_time()
+            server_cpu, client_cpu = cpu_split(process.pid), time.process_time()
             row = asyncio.run(load(f"http://127.0.0.1:{port}", texts, tokens, clients, seconds))
             row.update(
                 rss_before_mib=round(before / 1024),
                 rss_after_mib=round(rss_tree_kib(process.pid) / 1024),
-                server_cores=round((cpu_seconds(process.pid) - server_cpu) / row["seconds"], 2),
+                **cpu_columns(server_cpu, cpu_split(process.pid), row),
                 client_cores=round((time.process_time() - client_cpu) / row["seconds"], 2),
             )
             rows.append(row)

@@ -167,14 +167,14 @@ def test_limits_answer_with_the_status_clients_expect(tiny_encoder):
 def test_full_queue_is_429_with_retry_after(tiny_encoder):
     settings = ServeSettings(max_request_tokens=25, max_queue_tokens=25)
     app = create_app({"tiny": tiny_encoder}, settings)
-    batcher = app.state.batcher
-    original = batcher._run
+    runner = app.state.batcher.runner
+    original = runner.collect
 
-    def slow_run(slot, group):  # the model is busy long enough for the queue to fill
+    def slow_collect(slot):  # the model is busy long enough for the queue to fill
         time.sleep(0.8)
-        original(slot, group)
+        return original(slot)
 
-    batcher._run = slow_run
+    runner.collect = slow_collect
     text = "one two three four five six seven eight nine ten eleven twelve"  # 14 tokens
 
     async def scenario(client):
@@ -194,16 +194,16 @@ def test_full_queue_is_429_with_retry_after(tiny_encoder):
 def test_a_run_that_fails_unexpectedly_fails_its_requests_not_the_server(tiny_encoder):
     """Whatever a run raises reaches each of its requests (500); the next run is served."""
     app = create_app({"tiny": tiny_encoder})
-    batcher = app.state.batcher
-    original, calls = batcher._run, []
+    runner = app.state.batcher.runner
+    original, calls = runner.start, []
 
-    def failing_once(slot, group):
-        calls.append(len(group))
+    def failing_once(slot, run):
+        calls.append(len(run.jobs))
         if len(calls) == 1:
             raise RuntimeError("a bug outside the forward")
-        original(slot, group)
+        original(slot, run)
 
-    batcher._run = failing_once
+    runner.start = failing_once
 
     async def main():
         transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)

@@ -78,8 +78,19 @@ def test_model_process_serves_the_in_process_vectors(default_encoder, tiny_pair)
     assert not runner.alive  # the app's shutdown closed the process
 
 
+def run_on(runner, model, encoded, layers, stride, finish=None):
+    """One run on stream 0, as the batcher hands it over (no jobs: results come back as they are)."""
+    from layerwise.serve.batcher import Finish, Run
+
+    finishes = [finish or Finish(layers)] * len(encoded)
+    runner.start(0, Run([], model, list(encoded), finishes, [], layers, stride, 0))
+    return runner.collect(0)
+
+
 def test_an_error_in_the_model_process_arrives_as_itself(tiny_pair):
     from layerwise.inputs import normalize_inputs
+    from layerwise.plan import OutputPlan
+    from layerwise.serve.batcher import Finish
     from layerwise.serve.model_process import ProcessRunner
 
     runner = ProcessRunner({"tiny": tiny_pair}, streams=1)
@@ -87,16 +98,23 @@ def test_an_error_in_the_model_process_arrives_as_itself(tiny_pair):
         runner.wait_ready()
         long = tiny_pair.inputs.encode(normalize_inputs(texts=["bank " * 400]), truncate=False)
         with pytest.raises(lw.OptionError, match="stride") as raised:  # raised in the model process
-            list(runner.run(0, "tiny", long, (1,), 10**6))
+            run_on(runner, "tiny", long, (1,), 10**6)
         with pytest.raises(lw.OptionError) as direct:
             engine = tiny_pair.engine
             options = dict(method="hidden_states", taps=(), batch_size=None, max_tokens=None)
             list(engine.stream(long, layers=(1,), stride=10**6, progress=False, **options))
         assert str(raised.value) == str(direct.value)
         encoded = tiny_pair.inputs.encode(normalize_inputs(texts=["a bank"]))
-        ((_, stack),) = runner.run(0, "tiny", encoded, (0, 4), None)  # the stream goes on
+        ((_, stack),) = run_on(runner, "tiny", encoded, (0, 4), None)  # the stream goes on
         want = tiny_pair.extract(["a bank"], layers=[0, 4])[0].hidden
         np.testing.assert_allclose(stack.hidden, want, atol=1e-5)
+        # a Finish picks its layers out of the run's and applies its plan in the process
+        plan = OutputPlan.parse(layers=4, pool="sentence:mean")
+        ((_, pooled),) = run_on(
+            runner, "tiny", encoded, (0, 4), None, Finish((4,), plan, tiny_pair.n_hidden_states)
+        )
+        want = tiny_pair.embed(["a bank"], layers=4, pool="mean")
+        np.testing.assert_allclose(pooled.vector.reshape(-1), want.reshape(-1), atol=1e-5)
     finally:
         runner.close()
     assert runner.process.exitcode == 0

@@ -1,9 +1,9 @@
 """The FastAPI application: OpenAI-compatible embeddings, per-layer vectors, health, models, metrics.
 
 Every request is: validate (422) -> tokenise and check its size (413) -> queue (429) -> one shared
-model run (batcher.py) -> apply the request's OutputPlan -> encode the response. Only the models
-given to :func:`create_app` are served; a request names one of them and nothing else: it cannot
-load a model, read a path or write a file.
+model run, where the request's OutputPlan is applied to its rows (batcher.py) -> encode the
+response. Only the models given to :func:`create_app` are served; a request names one of them and
+nothing else: it cannot load a model, read a path or write a file.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from starlette.concurrency import run_in_threadpool
 
 from ..errors import InputError, LayerwiseError, OptionError
 from ..plan import OutputPlan
-from .batcher import Batcher, Job, QueueFullError
+from .batcher import Batcher, Finish, Job, QueueFullError
 from .limits import LimitBody, ServeSettings
 from .metrics import Metrics, ObserveRequests
 from .model_process import ModelProcessError
@@ -141,7 +141,7 @@ def create_app(
         return models[model]
 
     async def run(served: Served, raw: RawInputs, plan: OutputPlan) -> tuple[list, int, list[bool]]:
-        """Queue the inputs, wait for their rows, apply the plan: (results, tokens, truncated)."""
+        """Queue the inputs, wait for their results (the plan applied): (results, tokens, truncated)."""
         enc = served.encoder
         n_hidden = enc.n_hidden_states
         try:
@@ -155,7 +155,7 @@ def create_app(
         def done(results, error) -> None:
             loop.call_soon_threadsafe(_settle, future, results, error)
 
-        job = Job(served.name, encoded, layers, done, stride=settings.stride)
+        job = Job(served.name, encoded, Finish(layers, plan, n_hidden), done, stride=settings.stride)
         try:
             batcher.submit(job)
         except QueueFullError as exc:
@@ -163,14 +163,10 @@ def create_app(
                 429, str(exc), code="queue_full", headers={"Retry-After": str(exc.retry_after)}
             ) from None
         try:
-            stacks = await future
+            results = await future
         except ModelProcessError as exc:
             raise ApiError(503, str(exc), code="model_unavailable") from None
-        results = await _off_loop(
-            job.n_tokens * len(layers),
-            lambda: [plan.result(stacks[i], n_hidden) for i in range(len(encoded))],
-        )
-        return results, job.n_tokens, [item.truncated for item in encoded]
+        return [results[i] for i in range(len(encoded))], job.n_tokens, [item.truncated for item in encoded]
 
     @app.post("/v1/embeddings", summary="OpenAI-compatible embeddings: one vector per input")
     async def embeddings(body: EmbeddingsRequest, request: Request):

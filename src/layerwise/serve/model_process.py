@@ -10,9 +10,10 @@ does offline, on ``streams`` concurrent streams (streams.py, the same default as
 
 The model process loads each model again from its source (names, folders and weights as the server
 loaded them; a checkpoint's weights are checked to be the same, by hash, before serving). Each
-stream is one pipe: the server sends a run's inputs (token ids, already checked against the limits),
-the process answers with each input's hidden states (float32, only the layers asked for), or with
-the error the run raised. If the process dies, every waiting run fails with that news and
+stream is one pipe: the server sends a run's inputs (already tokenised and checked against the
+limits) and each input's Finish (its request's layers and OutputPlan); the process answers with each
+input's result (a sentence vector for an embedding: a few KB, not the hidden states of every token),
+or with the error the run raised. If the process dies, every waiting run fails with that news and
 ``/health`` turns 503.
 """
 
@@ -21,20 +22,17 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import threading
-from collections.abc import Iterator, Mapping, Sequence
-from concurrent.futures import Executor, ThreadPoolExecutor
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..errors import LayerwiseError, ModelLoadError
-from .batcher import HeapTrimmer, LocalRunner
+from .batcher import HeapTrimmer, Results, Run, compute
 
 if TYPE_CHECKING:
     from multiprocessing.connection import Connection
 
     from ..encoder import Encoder
-    from ..inputs import EncodedInput
-    from ..results import LayerStack
 
 START_TIMEOUT = 600.0  # seconds for the process to load its models (a large hub model from a slow disk)
 
@@ -94,7 +92,6 @@ class ProcessRunner:
         ready_there.close()
         self._ready = ready_here
         self._started = False
-        self._locks = [threading.Lock() for _ in range(streams)]
         self._count_lock = threading.Lock()
         self._in_flight = 0  # runs sent and not answered
         from ..model_source import weights_sha256
@@ -134,44 +131,40 @@ class ProcessRunner:
     def alive(self) -> bool:
         return self.process.is_alive()
 
-    def executor(self) -> Executor | None:
-        """Threads that wait for the process's answers, one per stream (they hold no GIL meanwhile)."""
-        if self.streams == 1:
-            return None
-        return ThreadPoolExecutor(self.streams, thread_name_prefix="layerwise-run")
-
-    def run(
-        self,
-        slot: int,
-        model: str,
-        encoded: Sequence[EncodedInput],
-        layers: tuple[int, ...],
-        stride: int | None,
-    ) -> Iterator[tuple[int, LayerStack]]:
-        """One run on stream ``slot``: each input's stack, built here from the hidden states that
-        came back and the input's own tokens."""
-        from ..extract import make_stack
-
-        conn = self._conns[slot]
+    def start(self, slot: int, run: Run) -> None:
+        """Send ``run`` to stream ``slot`` (each slot is used by one batcher thread at a time)."""
         with self._count_lock:
             self._in_flight += 1
             alone = self._in_flight == 1
         try:
-            with self._locks[slot]:
-                conn.send((model, list(encoded), layers, stride, alone))
-                status, payload = conn.recv()
+            self._conns[slot].send((run.model, run.encoded, run.layers, run.stride, run.finishes, alone))
+        except (OSError, ValueError):
+            self._done()
+            raise self._gone() from None
+        except BaseException:
+            self._done()
+            raise
+
+    def collect(self, slot: int) -> Results:
+        """The results of the run sent to ``slot``, each input's Finish applied in the process."""
+        try:
+            status, payload = self._conns[slot].recv()
         except (EOFError, OSError):
-            raise ModelProcessError(
-                f"the model process is gone (exit code {self.process.exitcode}): restart the server"
-            ) from None
+            raise self._gone() from None
         finally:
-            with self._count_lock:
-                self._in_flight -= 1
+            self._done()
         if status != "ok":
             raise payload
-        by_index = {item.index: item for item in encoded}
-        for index, hidden, n_windows in payload:
-            yield index, make_stack(by_index[index], hidden, {}, layers, n_windows=n_windows)
+        return payload
+
+    def _done(self) -> None:
+        with self._count_lock:
+            self._in_flight -= 1
+
+    def _gone(self) -> ModelProcessError:
+        return ModelProcessError(
+            f"the model process is gone (exit code {self.process.exitcode}): restart the server"
+        )
 
     def close(self, timeout: float | None = 30) -> None:
         """Let the process finish its runs and exit; kill it after ``timeout`` seconds."""
@@ -209,10 +202,9 @@ def _main(specs: Mapping[str, ModelSpec], conns: list[Connection], ready: Connec
         ready.send(("error", _picklable(exc)))
         return
     per_stream = max(1, threads // len(conns))
-    runner = LocalRunner(encoders)  # the in-process server's run, on each stream's own thread
     workers = [
         threading.Thread(
-            target=_serve, args=(conn, runner, per_stream, threads), name=f"layerwise-stream-{i}"
+            target=_serve, args=(conn, encoders, per_stream, threads), name=f"layerwise-stream-{i}"
         )
         for i, conn in enumerate(conns)
     ]
@@ -239,7 +231,7 @@ def _load(spec: ModelSpec) -> Encoder:
     )
 
 
-def _serve(conn: Connection, runner: LocalRunner, threads: int, all_threads: int) -> None:
+def _serve(conn: Connection, encoders: Mapping[str, Encoder], threads: int, all_threads: int) -> None:
     """Answer the runs sent on ``conn``: on ``threads`` torch threads, or on all of them for a run
     that was alone when sent (one client at a time: nothing else needs the other cores)."""
     import time
@@ -257,7 +249,7 @@ def _serve(conn: Connection, runner: LocalRunner, threads: int, all_threads: int
             return  # the server is gone
         if message is None:
             return
-        model, encoded, layers, stride, alone = message
+        model, encoded, layers, stride, finishes, alone = message
         # alone: all threads (8 clients: +15 % tokens/s in an ad-hoc interleaved A/B; a run sent
         # just after it shares the cores until this one ends)
         wanted = all_threads if alone else threads
@@ -265,8 +257,7 @@ def _serve(conn: Connection, runner: LocalRunner, threads: int, all_threads: int
             torch.set_num_threads(wanted)
             current = wanted
         try:
-            stream = runner.run(0, model, encoded, layers, stride)
-            reply: Any = ("ok", [(i, stack.hidden, stack.n_windows) for i, stack in stream])
+            reply: Any = ("ok", compute(encoders[model], encoded, layers, stride, finishes))
         except BaseException as exc:
             reply = ("error", _picklable(exc))
         try:

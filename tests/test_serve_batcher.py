@@ -1,0 +1,152 @@
+"""The batcher on its own: the next run goes to a stream before the last one's answers go out, each
+job's Finish is applied to its own rows, and a request that cannot be told stops nothing."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+import layerwise as lw
+from layerwise.inputs import normalize_inputs
+from layerwise.plan import OutputPlan
+from layerwise.serve.batcher import Batcher, Finish, Job, LocalRunner, Run
+
+
+@pytest.fixture(scope="module")
+def tiny(make_tiny_model):
+    return lw.Encoder(make_tiny_model("bert", 2), device="cpu")
+
+
+def job_for(encoder, texts, finish, on_done, model="tiny"):
+    encoded = encoder.inputs.encode(normalize_inputs(texts=texts))
+    return Job(model, encoded, finish, on_done)
+
+
+class Recorder:
+    """A job's answer, and when it came."""
+
+    def __init__(self, events: list, name: str) -> None:
+        self.events, self.name = events, name
+        self.results = None
+        self.error: BaseException | None = None
+        self.done = threading.Event()
+
+    def __call__(self, results, error) -> None:
+        self.events.append(("answered", self.name))
+        self.results, self.error = results, error
+        self.done.set()
+
+
+def test_the_next_run_starts_before_the_last_runs_answers_go_out(tiny):
+    """One stream: while run 1 computes, job 2 arrives; when run 1's results are in, run 2 is handed
+    to the stream first, then run 1's request is answered (the stream never waits on delivery)."""
+    events: list = []
+    first_started, second_queued = threading.Event(), threading.Event()
+
+    class Watched(LocalRunner):
+        def start(self, slot, run):
+            events.append(("started", len(run.jobs), run.encoded[0].text))
+            super().start(slot, run)
+            first_started.set()
+
+        def collect(self, slot):
+            if len(events) == 1:  # run 1: finish once job 2 is waiting
+                second_queued.wait(10)
+            return super().collect(slot)
+
+    batcher = Batcher({"tiny": tiny}, max_wait=0.0, runner=Watched({"tiny": tiny}))
+    batcher.start()
+    try:
+        first, second = Recorder(events, "first"), Recorder(events, "second")
+        batcher.submit(job_for(tiny, ["one"], Finish((0, 2)), first))
+        assert first_started.wait(10)
+        batcher.submit(job_for(tiny, ["two"], Finish((0, 2)), second))
+        second_queued.set()
+        assert first.done.wait(30) and second.done.wait(30)
+    finally:
+        batcher.close(30)
+    assert events == [
+        ("started", 1, "one"),
+        ("started", 1, "two"),
+        ("answered", "first"),
+        ("answered", "second"),
+    ]
+    want = tiny.extract(["one"], layers=[0, 2])[0].hidden
+    np.testing.assert_allclose(first.results[0].hidden, want, atol=1e-6)
+
+
+def test_each_job_gets_its_finish_applied_to_its_own_rows(tiny):
+    """Jobs with different layers and plans in one run: each gets exactly what it asked for."""
+    events: list = []
+    runs: list[Run] = []
+
+    class Counted(LocalRunner):
+        def start(self, slot, run):
+            runs.append(run)
+            super().start(slot, run)
+
+    batcher = Batcher({"tiny": tiny}, max_wait=0.0, runner=Counted({"tiny": tiny}))
+    n_hidden = tiny.n_hidden_states
+    sentence = OutputPlan.parse(layers="last2", pool="sentence:mean", fuse="mean")
+    word = OutputPlan.parse(layers=1, pool="word:first")
+    asks = {
+        "tokens": (["a river bank"], Finish((1,))),
+        "sentence": (["the bank", "a loan"], Finish(sentence.hidden_states(n_hidden), sentence, n_hidden)),
+        "words": (["river bank rates"], Finish(word.hidden_states(n_hidden), word, n_hidden)),
+    }
+    recorders = {name: Recorder(events, name) for name in asks}
+    for name, (texts, finish) in asks.items():  # queued before the stream starts: one run for all
+        batcher.submit(job_for(tiny, texts, finish, recorders[name]))
+    batcher.start()
+    try:
+        assert all(r.done.wait(30) for r in recorders.values())
+    finally:
+        batcher.close(30)
+    assert len(runs) == 1 and len(runs[0].jobs) == 3 and runs[0].layers == (1, 2)  # the union of the three
+    tokens = recorders["tokens"].results[0]
+    assert tokens.layers == (1,)
+    np.testing.assert_allclose(tokens.hidden, tiny.extract(["a river bank"], layers=[1])[0].hidden, atol=1e-6)
+    got = np.stack([recorders["sentence"].results[i].vector for i in range(2)])
+    want = tiny.embed(["the bank", "a loan"], layers="last2", pool="mean", fuse="mean")
+    np.testing.assert_allclose(got, want, atol=1e-6)
+    words = recorders["words"].results[0]
+    assert words.words == ("river", "bank", "rates")
+    want_words = tiny.embed_words(["river bank rates"], layers=1, subword="first")[0].vectors
+    np.testing.assert_allclose(words.vectors[0], want_words, atol=1e-6)  # the plan keeps the layer axis
+
+
+def test_a_request_that_cannot_be_told_stops_nothing(tiny, caplog):
+    """An answer that fails to arrive (its event loop is gone) is logged; the stream goes on."""
+    events: list = []
+
+    def closed_loop(results, error):
+        raise RuntimeError("Event loop is closed")
+
+    batcher = Batcher({"tiny": tiny}, max_wait=0.0)
+    batcher.start()
+    try:
+        batcher.submit(job_for(tiny, ["lost"], Finish((2,)), closed_loop))
+        later = Recorder(events, "later")
+        batcher.submit(job_for(tiny, ["kept"], Finish((2,)), later))
+        assert later.done.wait(30)
+        assert batcher.alive
+    finally:
+        batcher.close(30)
+    assert later.error is None
+    np.testing.assert_allclose(
+        later.results[0].hidden, tiny.extract(["kept"], layers=[2])[0].hidden, atol=1e-6
+    )
+    assert "could not be delivered" in caplog.text
+
+
+def test_a_run_is_the_jobs_inputs_renumbered_with_their_owners(tiny):
+    jobs = [job_for(tiny, texts, Finish(layers), lambda r, e: None) for texts, layers in
+            ((["a", "b"], (1,)), (["c"], (0, 2)))]  # fmt: skip
+    run = Run.of(jobs)
+    assert [item.index for item in run.encoded] == [0, 1, 2]
+    assert [item.text for item in run.encoded] == ["a", "b", "c"]
+    assert run.owners == [(jobs[0], 0), (jobs[0], 1), (jobs[1], 0)]
+    assert run.layers == (0, 1, 2) and run.finishes == [jobs[0].finish, jobs[0].finish, jobs[1].finish]
+    assert run.n_tokens == sum(len(item) for item in run.encoded)
