@@ -110,7 +110,7 @@ class Run:
     layers: tuple[int, ...]
     stride: int | None
     n_tokens: int
-    started: float = 0.0
+    started: float = field(default_factory=time.perf_counter)  # handed to its stream right after
 
     @classmethod
     def of(cls, jobs: list[Job]) -> Run:
@@ -293,7 +293,6 @@ class Batcher:
                 return None
             try:
                 run = Run.of(jobs)
-                run.started = time.perf_counter()
                 self.runner.start(slot, run)
                 return run
             except BaseException as exc:  # no request may wait for ever: each learns of it

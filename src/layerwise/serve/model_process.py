@@ -138,11 +138,10 @@ class ProcessRunner:
             alone = self._in_flight == 1
         try:
             self._conns[slot].send((run.model, run.encoded, run.layers, run.stride, run.finishes, alone))
-        except (OSError, ValueError):
+        except BaseException as exc:  # not sent: it will not be collected
             self._done()
-            raise self._gone() from None
-        except BaseException:
-            self._done()
+            if isinstance(exc, (OSError, ValueError)):  # the pipe is closed: the process is gone
+                raise self._gone() from None
             raise
 
     def collect(self, slot: int) -> Results:
