@@ -142,10 +142,10 @@ class LightIntermediate(nn.Module):
     def __init__(self, config: Any) -> None:
         super().__init__()
         self.dense = Linear(config.hidden_size, config.intermediate_size)
-        self.act = ACTIVATIONS[config.hidden_act]
+        self.intermediate_act_fn = ACTIVATIONS[config.hidden_act]  # transformers' name
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        return self.act(self.dense(hidden_states))
+        return self.intermediate_act_fn(self.dense(hidden_states))
 
 
 class LightAttention(nn.Module):

@@ -24,6 +24,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from .cpu_gemm import PrepackedLinears
+
 PACKED_MODEL_TYPES = ("bert", "roberta", "xlm-roberta", "camembert", "electra")
 _OFFSET_POSITIONS = ("roberta", "xlm-roberta", "camembert")  # positions start at padding_idx + 1
 
@@ -125,6 +127,7 @@ class PackedEncoder:
         self.n_heads: int = model.config.num_attention_heads
         self.padding_idx: int = getattr(model.embeddings, "padding_idx", 0) or 0
         self._qkv: dict[int, tuple] = {}  # id(self-attention module) -> (versions, weight, bias)
+        self.linear = PrepackedLinears()  # oneDNN on the CPU (cpu_gemm.py), else F.linear
 
     @classmethod
     def build(cls, model: Any) -> PackedEncoder | None:
@@ -137,6 +140,14 @@ class PackedEncoder:
         first = encoder.layer[0]
         needed = ("attention", "intermediate", "output")
         if not all(hasattr(first, name) for name in needed) or not hasattr(first.attention, "self"):
+            return None
+        # the layer's sub-modules are run op by op (_layer): they must have the standard parts
+        residuals = (first.attention.output, first.output)
+        if not all(hasattr(m, "dense") and hasattr(m, "LayerNorm") for m in residuals):
+            return None
+        if not hasattr(first.intermediate, "dense") or not callable(
+            getattr(first.intermediate, "intermediate_act_fn", None)
+        ):
             return None
         projections = [getattr(first.attention.self, n, None) for n in ("query", "key", "value")]
         if any(p is None or getattr(p, "bias", None) is None for p in projections):
@@ -190,11 +201,19 @@ class PackedEncoder:
         return torch.stack([states[i] for i in layers])
 
     def _layer(self, layer: Any, h: torch.Tensor, batch: PackedBatch) -> torch.Tensor:
-        attention = layer.attention
-        self_attention = attention.self
-        context = self._attend(self_attention, h, batch)
-        a = attention.output(context, h)  # dense, dropout, LayerNorm(. + h)
-        return layer.output(layer.intermediate(a), a)  # dense+act, then dense, dropout, LayerNorm(. + a)
+        """The layer's modules op for op as their forward runs them in eval mode (dropout is the
+        identity), with the linear layers on self.linear."""
+        context = self._attend(layer.attention.self, h, batch)
+        a = self._residual(layer.attention.output, context, h)  # LayerNorm(dense(context) + h)
+        intermediate = layer.intermediate
+        inner = intermediate.intermediate_act_fn(self._dense(intermediate.dense, a))
+        return self._residual(layer.output, inner, a)  # LayerNorm(dense(inner) + a)
+
+    def _dense(self, module: Any, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x, module.weight, module.bias)
+
+    def _residual(self, module: Any, x: torch.Tensor, skip: torch.Tensor) -> torch.Tensor:
+        return module.LayerNorm(self._dense(module.dense, x) + skip)
 
     def _fused_qkv(self, module: Any) -> tuple[torch.Tensor, torch.Tensor]:
         """Query, key and value projections as one matrix (one larger matmul instead of three), cached
@@ -211,7 +230,7 @@ class PackedEncoder:
 
     def _attend(self, module: Any, h: torch.Tensor, batch: PackedBatch) -> torch.Tensor:
         weight, bias = self._fused_qkv(module)
-        qkv = F.linear(h, weight, bias)  # (N, 3H)
+        qkv = self.linear(h, weight, bias)  # (N, 3H)
         if len(batch.groups) == 1:
             return self._attend_group(module, qkv, batch.groups[0])
         context = h.new_empty(h.shape)

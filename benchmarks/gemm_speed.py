@@ -1,0 +1,155 @@
+"""Linear layers on MKL vs oneDNN, and what a forward costs per token by run size.
+
+    python benchmarks/gemm_speed.py [--texts 2000] [--repeats 5]
+
+1. The matmuls of the default model (all-MiniLM-L6-v2: 384 -> 1152 fused QKV, 384 -> 384,
+   384 -> 1536, 1536 -> 384) and of the BERT-base shape (768 wide) for 24 to 2,048 rows, on one
+   thread: GFLOP/s of ``F.linear`` (torch's CPU wheels run it on MKL) and of oneDNN with the weight
+   prepacked once (``torch.ops.mkldnn._linear_pointwise``, what the packed forward uses:
+   src/layerwise/cpu_gemm.py), best of ``--repeats``; and a 2048^2 matmul both ways on all of
+   torch's threads (the ceiling the other benchmarks divide by).
+2. CPU microseconds per token of the default model's forward on one thread (``compute``, as a
+   served run: the engine's packed forward, then each input's last layer), for runs of k texts drawn
+   at random from the serving benchmark's mixed-length corpus, and for the whole corpus at once
+   (length-sorted batches under the token budget), with oneDNN on and off. A served run holds the
+   requests that arrived while the other stream computed: about 9 texts at 32 clients
+   (benchmarks/serve_load.py), so this is what small runs cost against offline extraction.
+
+Results: benchmarks/results/gemm_speed.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import random
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+import torch
+import torch.nn.functional as F
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from corpus import mixed_corpus  # noqa: E402
+from extract_speed import best_of  # noqa: E402
+
+RESULTS = HERE / "results"
+SHAPES = {
+    "all-MiniLM-L6-v2": [(384, 1152), (384, 384), (384, 1536), (1536, 384)],
+    "BERT-base shape": [(768, 2304), (768, 768), (768, 3072), (3072, 768)],
+}
+ROWS = (24, 191, 700, 2048)
+RUN_SIZES = (1, 4, 9, 17, 32, 64)
+
+
+def gflops(rows: int, width_in: int, width_out: int, seconds: float) -> float:
+    return 2 * rows * width_in * width_out / seconds / 1e9
+
+
+def linear_rates(repeats: int) -> dict:
+    """GFLOP/s of each model's matmul shapes, MKL vs oneDNN prepacked, one thread."""
+    out: dict = {}
+    for model, shapes in SHAPES.items():
+        for rows in ROWS:
+            mkl = onednn = 0.0
+            for width_in, width_out in shapes:  # the time of the layer's four matmuls together
+                x, weight, bias = (
+                    torch.randn(rows, width_in),
+                    torch.randn(width_out, width_in),
+                    torch.randn(width_out),
+                )
+                packed = torch.ops.mkldnn._reorder_linear_weight(weight, None)
+                mkl += best_of(repeats, lambda: F.linear(x, weight, bias))  # noqa: B023
+                onednn += best_of(
+                    repeats,
+                    lambda: torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], ""),  # noqa: B023
+                )
+            flop = sum(2 * rows * i * o for i, o in shapes) / 1e9
+            out[f"{model}, {rows} rows"] = {
+                "mkl_gflops": round(flop / mkl, 1),
+                "onednn_gflops": round(flop / onednn, 1),
+            }
+            print(f"  {model:17s} {rows:5d} rows: MKL {flop / mkl:6.1f} GFLOP/s  oneDNN {flop / onednn:6.1f}"
+                  f"  ({mkl / onednn:.2f}x)", flush=True)  # fmt: skip
+    return out
+
+
+def ceiling(repeats: int, threads: int) -> dict:
+    torch.set_num_threads(threads)
+    a, b = torch.randn(2048, 2048), torch.randn(2048, 2048)
+    packed = torch.ops.mkldnn._reorder_linear_weight(b.T.contiguous(), None)
+    mkl = best_of(repeats, lambda: a @ b)
+    onednn = best_of(repeats, lambda: torch.ops.mkldnn._linear_pointwise(a, packed, None, "none", [], ""))
+    flop = 2 * 2048**3 / 1e9
+    print(
+        f"  2048^2 on {threads} threads: MKL {flop / mkl:6.1f} GFLOP/s  oneDNN {flop / onednn:6.1f}",
+        flush=True,
+    )
+    return {"threads": threads, "mkl_gflops": round(flop / mkl, 1), "onednn_gflops": round(flop / onednn, 1)}
+
+
+def run_costs(n_texts: int, repeats: int) -> dict:
+    """CPU us per token of one-thread forwards (last layer of each text) by run size, oneDNN on/off."""
+    import layerwise as lw
+    from layerwise import cpu_gemm
+    from layerwise.inputs import normalize_inputs
+    from layerwise.serve.batcher import Finish, compute
+
+    torch.set_num_threads(1)
+    texts = mixed_corpus(n_texts, max(1, n_texts // 100), seed=1)
+    encoder = lw.Encoder(device="cpu", streams=1)
+    items = encoder.inputs.encode(normalize_inputs(texts=texts), truncate=True)
+    last = (encoder.n_hidden_states - 1,)
+
+    def cost(run: list) -> tuple[float, int]:
+        run = [dataclasses.replace(item, index=i) for i, item in enumerate(run)]
+        started = time.thread_time()
+        compute(encoder, run, last, None, [Finish(last, None, encoder.n_hidden_states)] * len(run))
+        return time.thread_time() - started, sum(len(item) for item in run)
+
+    out: dict = {}
+    for backend in ("onednn", "mkl"):
+        os.environ["LAYERWISE_ONEDNN"] = "1" if backend == "onednn" else "0"
+        cpu_gemm._checked = None  # read the switch again
+        cost(items[:64])  # warm up (and pack the weights)
+        rows = {}
+        for size in [*RUN_SIZES, len(items)]:
+            rng = random.Random(size)
+            seconds = tokens = 0
+            # about 20,000 tokens of small runs; the whole corpus ``repeats`` times
+            for _ in range(max(repeats, 900 // size) if size < len(items) else repeats):
+                s, t = cost(rng.sample(items, size) if size < len(items) else items)
+                seconds, tokens = seconds + s, tokens + t
+            key = "whole corpus" if size == len(items) else f"runs of {size}"
+            rows[key] = round(1e6 * seconds / tokens, 1)
+            print(f"  {backend:6s} {key:13s}: {rows[key]:6.1f} us CPU per token", flush=True)
+        out[backend] = rows
+    os.environ.pop("LAYERWISE_ONEDNN")
+    cpu_gemm._checked = None
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--texts", type=int, default=2000)
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args()
+    threads = torch.get_num_threads()
+    print("matmul shapes, one thread (the four matmuls of a layer together):")
+    torch.set_num_threads(1)
+    report: dict = {"linear_one_thread": linear_rates(args.repeats)}
+    print("ceiling:")
+    report["ceiling"] = [ceiling(args.repeats, 1), ceiling(args.repeats, threads)]
+    print("forward, one thread, the last layer of each text:")
+    report["forward_us_per_token"] = run_costs(args.texts, max(2, args.repeats // 2))
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "gemm_speed.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,109 @@
+"""The packed forward's linear layers on the CPU: oneDNN with weights prepacked once.
+
+Why: torch's CPU wheels run a float32 ``F.linear`` on MKL, and MKL takes its AVX2 code path on
+AMD processors: 80-100 GFLOP/s per core on this project's AMD EPYC (AVX-512), where oneDNN (also
+inside torch) reaches 190-230 with the weight reordered once into its blocked layout
+(benchmarks/gemm_speed.py; linear layers are 85 % of a BERT forward). The results equal
+``F.linear`` to float rounding (a different order of summation: relative differences of 1e-6,
+like MKL's own across batch shapes).
+
+:class:`PrepackedLinears` keeps each weight's packed copy (stamped with the tensor's version
+counter: a weight edited in place after loading is repacked, never served stale) and falls back to
+``F.linear`` for anything else: another device or dtype, a torch without oneDNN, or one whose
+private ``mkldnn._linear_pointwise`` op disagrees with ``F.linear`` on a first check (it is what
+``torch.compile`` uses for frozen CPU linears, not a public API). ``LAYERWISE_ONEDNN=0`` turns it
+off (to compare, or to rule it out).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+
+import torch
+import torch.nn.functional as F
+
+logger = logging.getLogger("layerwise")
+
+_checked: bool | None = None  # None: not checked yet in this process
+_check_lock = threading.Lock()
+
+
+def onednn_usable() -> bool:
+    """oneDNN's prepacked linear is there, allowed, and agrees with ``F.linear`` (checked once)."""
+    global _checked
+    if _checked is None:
+        with _check_lock:
+            if _checked is None:
+                _checked = _self_check()
+    return _checked
+
+
+def _self_check() -> bool:
+    if os.environ.get("LAYERWISE_ONEDNN", "1").strip().lower() in ("0", "false", "no", "off"):
+        return False
+    if not torch.backends.mkldnn.is_available():
+        return False
+    try:
+        generator = torch.Generator().manual_seed(0)
+        x, weight, bias = (torch.randn(*shape, generator=generator) for shape in ((7, 48), (40, 48), (40,)))
+        with torch.inference_mode():
+            fast = _pointwise(x, torch.ops.mkldnn._reorder_linear_weight(weight, None), bias)
+            close = torch.allclose(fast, F.linear(x, weight, bias), rtol=1e-5, atol=1e-5)
+    except (AttributeError, RuntimeError) as exc:  # op missing, or renamed in another torch release
+        logger.info("oneDNN prepacked linear unavailable (%s): using F.linear", exc)
+        return False
+    if not close:
+        logger.warning("oneDNN prepacked linear disagrees with F.linear in this torch build: using F.linear")
+    return close
+
+
+def _pointwise(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+
+class PrepackedLinears:
+    """``linear(x, weight, bias)``: oneDNN with ``weight`` prepacked (cached) for 2-D float32 CPU
+    inputs outside autograd; ``F.linear`` otherwise. One per model (it holds packed copies of the
+    model's weights: as much memory again as its linear layers)."""
+
+    def __init__(self) -> None:
+        # id(weight) -> (weight, its version, packed copy)
+        self._packed: dict[int, tuple[torch.Tensor, int, torch.Tensor]] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        if not self._applies(x, weight):
+            return F.linear(x, weight, bias)
+        return _pointwise(x.contiguous(), self._pack(weight), bias)
+
+    def _applies(self, x: torch.Tensor, weight: torch.Tensor) -> bool:
+        return (
+            x.device.type == "cpu"
+            and x.dim() == 2
+            and x.dtype == torch.float32
+            and weight.dtype == torch.float32
+            and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))
+            and onednn_usable()
+        )
+
+    def _pack(self, weight: torch.Tensor) -> torch.Tensor:
+        # inference tensors (packed.py's fused QKV weight, made under inference_mode) have no version
+        # counter; that one is rebuilt, as a new tensor, whenever its parts change
+        version = -1 if weight.is_inference() else weight._version
+        entry = self._packed.get(id(weight))
+        # the weight itself is held in the entry, so its id cannot be reused by another tensor
+        if entry is None or entry[0] is not weight or entry[1] != version:
+            with self._lock:  # two streams may ask at once: pack once
+                entry = self._packed.get(id(weight))
+                if entry is None or entry[0] is not weight or entry[1] != version:
+                    packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
+                    entry = (weight, version, packed)
+                    self._packed[id(weight)] = entry
+        return entry[2]
+
+    def forget(self) -> None:
+        """Drop every packed copy (the model's weights were replaced)."""
+        with self._lock:
+            self._packed.clear()

@@ -1,0 +1,75 @@
+"""The packed forward's oneDNN linear layers (cpu_gemm.py) against torch's F.linear."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from layerwise import cpu_gemm
+from layerwise.cpu_gemm import PrepackedLinears, onednn_usable
+
+needs_onednn = pytest.mark.skipif(not onednn_usable(), reason="this torch build has no usable oneDNN linear")
+
+
+@pytest.fixture
+def recheck(monkeypatch):
+    """Forget the process's one-time check (so LAYERWISE_ONEDNN is read again), and afterwards."""
+    monkeypatch.setattr(cpu_gemm, "_checked", None)
+    yield
+    cpu_gemm._checked = None
+
+
+@needs_onednn
+@pytest.mark.parametrize(
+    ("rows", "width_in", "width_out"), [(1, 384, 1152), (191, 384, 1536), (700, 1536, 384)]
+)
+def test_prepacked_equals_f_linear(rows, width_in, width_out):
+    generator = torch.Generator().manual_seed(rows)
+    x = torch.randn(rows, width_in, generator=generator)
+    weight = torch.randn(width_out, width_in, generator=generator) / width_in**0.5
+    bias = torch.randn(width_out, generator=generator)
+    linear = PrepackedLinears()
+    with torch.inference_mode():
+        fast, want = linear(x, weight, bias), F.linear(x, weight, bias)
+    assert len(linear._packed) == 1  # it did take the oneDNN path
+    torch.testing.assert_close(fast, want, rtol=1e-5, atol=1e-5)
+    assert not torch.equal(fast, torch.zeros_like(fast))
+
+
+@needs_onednn
+def test_weight_edited_in_place_is_repacked():
+    weight, bias = torch.randn(8, 16), torch.zeros(8)
+    x = torch.randn(3, 16)
+    linear = PrepackedLinears()
+    with torch.inference_mode():
+        before = linear(x, weight, bias)
+    with torch.no_grad():
+        weight.mul_(2)  # a user edits the model after loading
+    with torch.inference_mode():
+        after = linear(x, weight, bias)
+    torch.testing.assert_close(after, 2 * before, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(after, F.linear(x, weight, bias), rtol=1e-5, atol=1e-5)
+
+
+def test_other_inputs_use_f_linear(recheck):
+    linear = PrepackedLinears()
+    weight = torch.randn(4, 6, requires_grad=True)
+    x = torch.randn(5, 6)
+    out = linear(x, weight, None)  # autograd: F.linear, so that backward works
+    out.sum().backward()
+    torch.testing.assert_close(weight.grad, x.sum(0).expand(4, 6))
+    with torch.inference_mode():
+        linear(x.double(), weight.detach().double(), None)  # float64
+        linear(x[None], weight.detach(), None)  # 3-D
+    assert linear._packed == {}
+
+
+def test_switched_off_by_environment(recheck, monkeypatch):
+    monkeypatch.setenv("LAYERWISE_ONEDNN", "0")
+    assert not onednn_usable()
+    linear = PrepackedLinears()
+    x, weight = torch.randn(3, 8), torch.randn(4, 8)
+    with torch.inference_mode():
+        assert torch.equal(linear(x, weight, None), F.linear(x, weight, None))
+    assert linear._packed == {}
