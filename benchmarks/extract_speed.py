@@ -48,22 +48,29 @@ def best_of(repeats: int, fn) -> float:
     return min(times)
 
 
-def matmul_gflops(size: int = 2048, repeats: int = 5) -> float:
-    """The machine's fp32 matrix-multiply rate with torch's own threads (GFLOP/s): the better of
-    torch's two CPU libraries, MKL (``a @ b``) and oneDNN with the right-hand matrix prepacked (what
-    the packed forward uses: src/layerwise/cpu_gemm.py). On AMD processors MKL takes its AVX2 path
-    and runs at less than half of oneDNN's rate (benchmarks/gemm_speed.py)."""
+def matmul_rates(size: int = 2048, repeats: int = 5) -> tuple[float, float]:
+    """fp32 ``size``^2 matrix-multiply GFLOP/s with torch's own threads on its two CPU libraries:
+    MKL (``a @ b``) and oneDNN with the right-hand matrix prepacked (what the packed forward uses:
+    src/layerwise/cpu_gemm.py); 0 for oneDNN in a torch without it."""
+    from layerwise.cpu_gemm import onednn_linear, prepack
+
     a, b = torch.randn(size, size), torch.randn(size, size)
     a @ b
-    seconds = best_of(repeats, lambda: a @ b)
+    flop = 2 * size**3 / 1e9
+    mkl = flop / best_of(repeats, lambda: a @ b)
     try:
-        packed = torch.ops.mkldnn._reorder_linear_weight(b.T.contiguous(), None)
-        onednn = lambda: torch.ops.mkldnn._linear_pointwise(a, packed, None, "none", [], "")  # noqa: E731
-        onednn()
-        seconds = min(seconds, best_of(repeats, onednn))
-    except (AttributeError, RuntimeError):  # a torch without oneDNN: MKL's rate
-        pass
-    return 2 * size**3 / seconds / 1e9
+        packed = prepack(b.T.contiguous())
+        onednn_linear(a, packed, None)
+    except (AttributeError, RuntimeError):  # a torch without oneDNN
+        return mkl, 0.0
+    return mkl, flop / best_of(repeats, lambda: onednn_linear(a, packed, None))
+
+
+def matmul_gflops(size: int = 2048, repeats: int = 5) -> float:
+    """The machine's fp32 matrix-multiply rate with torch's own threads (GFLOP/s): the better of
+    torch's two CPU libraries. On AMD processors MKL takes its AVX2 path and runs at less than half
+    of oneDNN's rate (benchmarks/gemm_speed.py)."""
+    return max(matmul_rates(size, repeats))
 
 
 def model_gflop(config, lengths: list[int]) -> float:

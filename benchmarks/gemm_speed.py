@@ -36,7 +36,9 @@ import torch.nn.functional as F
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from corpus import mixed_corpus  # noqa: E402
-from extract_speed import best_of  # noqa: E402
+from extract_speed import best_of, matmul_rates  # noqa: E402
+
+from layerwise.cpu_gemm import onednn_linear, prepack  # noqa: E402
 
 RESULTS = HERE / "results"
 SHAPES = {
@@ -63,12 +65,9 @@ def linear_rates(repeats: int) -> dict:
                     torch.randn(width_out, width_in),
                     torch.randn(width_out),
                 )
-                packed = torch.ops.mkldnn._reorder_linear_weight(weight, None)
+                packed = prepack(weight)
                 mkl += best_of(repeats, lambda: F.linear(x, weight, bias))  # noqa: B023
-                onednn += best_of(
-                    repeats,
-                    lambda: torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], ""),  # noqa: B023
-                )
+                onednn += best_of(repeats, lambda: onednn_linear(x, packed, bias))  # noqa: B023
             flop = sum(2 * rows * i * o for i, o in shapes) / 1e9
             out[f"{model}, {rows} rows"] = {
                 "mkl_gflops": round(flop / mkl, 1),
@@ -81,16 +80,9 @@ def linear_rates(repeats: int) -> dict:
 
 def ceiling(repeats: int, threads: int) -> dict:
     torch.set_num_threads(threads)
-    a, b = torch.randn(2048, 2048), torch.randn(2048, 2048)
-    packed = torch.ops.mkldnn._reorder_linear_weight(b.T.contiguous(), None)
-    mkl = best_of(repeats, lambda: a @ b)
-    onednn = best_of(repeats, lambda: torch.ops.mkldnn._linear_pointwise(a, packed, None, "none", [], ""))
-    flop = 2 * 2048**3 / 1e9
-    print(
-        f"  2048^2 on {threads} threads: MKL {flop / mkl:6.1f} GFLOP/s  oneDNN {flop / onednn:6.1f}",
-        flush=True,
-    )
-    return {"threads": threads, "mkl_gflops": round(flop / mkl, 1), "onednn_gflops": round(flop / onednn, 1)}
+    mkl, onednn = matmul_rates(2048, repeats)
+    print(f"  2048^2 on {threads} threads: MKL {mkl:6.1f} GFLOP/s  oneDNN {onednn:6.1f}", flush=True)
+    return {"threads": threads, "mkl_gflops": round(mkl, 1), "onednn_gflops": round(onednn, 1)}
 
 
 def run_costs(n_texts: int, repeats: int) -> dict:

@@ -23,13 +23,21 @@ import json
 import os
 import statistics
 import sys
-import time
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from serve_load import RESULTS, corpus_and_encoder, cpu_columns, cpu_split, free_port, load, start  # noqa: E402
+from serve_load import (  # noqa: E402
+    RESULTS,
+    corpus_and_encoder,
+    cpu_columns,
+    cpu_split,
+    free_port,
+    load,
+    offline_tokens_per_s,
+    start,
+)
 
 
 def launch(setting: str):
@@ -61,9 +69,7 @@ def main() -> None:
             asyncio.run(load(servers[setting][1], texts, tokens, 32, 2.0))  # warm up
         runs: dict[str, list[dict]] = {setting: [] for setting in settings}
         for round_ in range(args.rounds):
-            started = time.perf_counter()
-            encoder.encode(texts)
-            offline = sum(tokens.values()) / (time.perf_counter() - started)
+            offline = offline_tokens_per_s(encoder, texts, tokens)
             order = settings[round_ % len(settings) :] + settings[: round_ % len(settings)]
             for setting in order:
                 process, url = servers[setting]

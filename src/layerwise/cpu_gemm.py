@@ -61,7 +61,7 @@ def _self_check() -> bool:
         generator = torch.Generator().manual_seed(0)
         x, weight, bias = (torch.randn(*shape, generator=generator) for shape in ((7, 48), (40, 48), (40,)))
         with torch.inference_mode():
-            fast = _pointwise(x, torch.ops.mkldnn._reorder_linear_weight(weight, None), bias)
+            fast = onednn_linear(x, prepack(weight), bias)
             close = torch.allclose(fast, F.linear(x, weight, bias), rtol=1e-5, atol=1e-5)
     except (AttributeError, RuntimeError) as exc:  # op missing, or renamed in another torch release
         logger.info("oneDNN prepacked linear unavailable (%s): using F.linear", exc)
@@ -71,7 +71,13 @@ def _self_check() -> bool:
     return close
 
 
-def _pointwise(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+def prepack(weight: torch.Tensor) -> torch.Tensor:
+    """``weight`` (out, in) reordered into oneDNN's blocked layout, for :func:`onednn_linear`."""
+    return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
+
+
+def onednn_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` on oneDNN, ``packed`` = ``prepack(weight)``."""
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
 
@@ -88,7 +94,7 @@ class PrepackedLinears:
     def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         if not self._applies(x, weight):
             return F.linear(x, weight, bias)
-        return _pointwise(x.contiguous(), self._pack(weight), bias)
+        return onednn_linear(x.contiguous(), self._pack(weight), bias)
 
     def _applies(self, x: torch.Tensor, weight: torch.Tensor) -> bool:
         return (
@@ -110,8 +116,7 @@ class PrepackedLinears:
             with self._lock:  # two streams may ask at once: pack once
                 entry = self._packed.get(id(weight))
                 if entry is None or entry[0] is not weight or entry[1] != version:
-                    packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
-                    entry = (weight, version, packed)
+                    entry = (weight, version, prepack(weight))
                     self._packed[id(weight)] = entry
         return entry[2]
 

@@ -25,7 +25,7 @@ class ServeSettings:
     # gathers every client into one run on one stream: at 8 clients 5 ms kept one core busy (0.4x
     # offline tokens/s) where 2 ms kept both (0.56x); at 32 clients 1, 2 and 5 ms were alike (0.78-
     # 0.82x; interleaved A/B, rerun: benchmarks/serve_ab.py "--max-wait-ms 5" ""). A lone client
-    # never waits (batcher._gather)
+    # never waits (Batcher._wait_left)
     max_wait_ms: float = 2.0
     max_queue_tokens: int = 1_048_576  # tokens waiting before 429
     long_texts: str = "truncate"  # inputs over the model maximum: truncate | window
