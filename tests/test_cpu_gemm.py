@@ -9,24 +9,29 @@ import torch
 import torch.nn.functional as F
 
 from layerwise import cpu_gemm
-from layerwise.cpu_gemm import PrepackedLinears, onednn_usable
-
-needs_onednn = pytest.mark.skipif(not onednn_usable(), reason="this torch build has no usable oneDNN linear")
+from layerwise.cpu_gemm import PrepackedLinears, onednn_usable, onednn_wanted
 
 
 @pytest.fixture
 def recheck(monkeypatch):
-    """Forget the process's one-time check (so LAYERWISE_ONEDNN is read again), and afterwards."""
+    """Forget the process's one-time decision (so LAYERWISE_ONEDNN is read again), and afterwards."""
     monkeypatch.setattr(cpu_gemm, "_checked", None)
     yield
     cpu_gemm._checked = None
 
 
-@needs_onednn
+@pytest.fixture
+def onednn(recheck, monkeypatch):
+    """oneDNN forced on, whatever this machine's default (on Intel processors it is off)."""
+    monkeypatch.setenv("LAYERWISE_ONEDNN", "1")
+    if not onednn_usable():
+        pytest.skip("this torch build has no usable oneDNN linear")
+
+
 @pytest.mark.parametrize(
     ("rows", "width_in", "width_out"), [(1, 384, 1152), (191, 384, 1536), (700, 1536, 384)]
 )
-def test_prepacked_equals_f_linear(rows, width_in, width_out):
+def test_prepacked_equals_f_linear(onednn, rows, width_in, width_out):
     generator = torch.Generator().manual_seed(rows)
     x = torch.randn(rows, width_in, generator=generator)
     weight = torch.randn(width_out, width_in, generator=generator) / width_in**0.5
@@ -39,8 +44,7 @@ def test_prepacked_equals_f_linear(rows, width_in, width_out):
     assert not torch.equal(fast, torch.zeros_like(fast))
 
 
-@needs_onednn
-def test_weight_edited_in_place_is_repacked():
+def test_weight_edited_in_place_is_repacked(onednn):
     weight, bias = torch.randn(8, 16), torch.zeros(8)
     x = torch.randn(3, 16)
     linear = PrepackedLinears()
@@ -54,7 +58,7 @@ def test_weight_edited_in_place_is_repacked():
     torch.testing.assert_close(after, F.linear(x, weight, bias), rtol=1e-5, atol=1e-5)
 
 
-def test_other_inputs_use_f_linear(recheck):
+def test_other_inputs_use_f_linear(onednn):
     linear = PrepackedLinears()
     weight = torch.randn(4, 6, requires_grad=True)
     x = torch.randn(5, 6)
@@ -77,8 +81,29 @@ def test_switched_off_by_environment(recheck, monkeypatch):
     assert linear._packed == {}
 
 
-@needs_onednn
-def test_memory_stays_bounded_over_many_batch_shapes():
+@pytest.mark.parametrize(
+    ("vendor", "setting", "wanted"),
+    [
+        ("AuthenticAMD", None, True),  # MKL runs its AVX2 code on AMD: oneDNN is 2x faster there
+        ("GenuineIntel", None, False),  # level with MKL, and MKL compiles nothing per shape
+        (None, None, False),  # not x86 (or unknown): F.linear as torch does it
+        ("GenuineIntel", "1", True),
+        ("AuthenticAMD", "off", False),
+        ("AuthenticAMD", "auto", True),
+    ],
+)
+def test_default_follows_the_processor_vendor(recheck, monkeypatch, vendor, setting, wanted):
+    monkeypatch.setattr(cpu_gemm, "cpu_vendor", lambda: vendor)
+    if setting is None:
+        monkeypatch.delenv("LAYERWISE_ONEDNN", raising=False)
+    else:
+        monkeypatch.setenv("LAYERWISE_ONEDNN", setting)
+    assert onednn_wanted() is wanted
+    if not wanted:
+        assert not onednn_usable()
+
+
+def test_memory_stays_bounded_over_many_batch_shapes(onednn):
     """oneDNN caches a compiled primitive per shape: unbounded, 300 row counts x 3 weights held
     about 600 MiB. layerwise bounds its caches on import (a fresh process, as a server starts)."""
     import subprocess
@@ -101,7 +126,7 @@ print(rss() - start, len(linear._packed))
         k: v
         for k, v in os.environ.items()
         if k not in ("LRU_CACHE_CAPACITY", "ONEDNN_PRIMITIVE_CACHE_CAPACITY")
-    }
+    } | {"LAYERWISE_ONEDNN": "1"}
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, check=True)
     growth, packed = map(int, out.stdout.split())
     assert packed == 3  # the oneDNN path ran

@@ -43,11 +43,20 @@ def test_packed_equals_padded_at_every_layer(make_tiny_model, arch):
     assert_same(packed.extract(TEXTS[:6], layers=[2, 0]), padded.extract(TEXTS[:6], layers=[2, 0]))
 
 
-def test_default_model_packed_equals_padded(default_encoder, default_model_dir):
+@pytest.mark.parametrize("onednn", ["1", "0"])  # the linear layers on oneDNN, and on F.linear
+def test_default_model_packed_equals_padded(default_encoder, default_model_dir, monkeypatch, onednn):
+    from layerwise import cpu_gemm
+
+    monkeypatch.setenv("LAYERWISE_ONEDNN", onednn)
+    monkeypatch.setattr(cpu_gemm, "_checked", None)
+    if onednn == "1" and not cpu_gemm.onednn_usable():
+        pytest.skip("this torch build has no usable oneDNN linear")
     padded = lw.Encoder(default_model_dir, device="cpu", packed=False)
     assert default_encoder.engine.packed is not None
+    default_encoder.engine.packed.linear.forget()
     texts = ud_sentences("dev", 200)
     assert_same(default_encoder.extract(texts), padded.extract(texts))
+    assert bool(default_encoder.engine.packed.linear._packed) == (onednn == "1")  # that path ran
 
 
 def test_packed_runs_only_the_layers_needed(make_tiny_model, monkeypatch):

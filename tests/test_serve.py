@@ -255,6 +255,120 @@ def test_api_key_is_required_and_compared(tiny_encoder, tmp_path, monkeypatch):
     assert right.status_code == 200 and health.status_code == 200
 
 
+def test_embeddings_fast_path_answers_as_the_fastapi_route_does(tiny_encoder, monkeypatch):
+    """POST /v1/embeddings is answered by FastEmbeddings, in front of FastAPI: the same statuses,
+    error messages, headers, vectors and metrics as the FastAPI route it bypasses."""
+    from layerwise.serve.fast_path import FastEmbeddings
+
+    settings = ServeSettings(api_key=KEY, max_body_bytes=3000)
+    fast = create_app({"tiny": tiny_encoder}, settings)
+    plain = create_app({"tiny": tiny_encoder}, settings)
+    plain.user_middleware = [m for m in plain.user_middleware if m.cls is not FastEmbeddings]
+    answered = []
+    respond = FastEmbeddings._respond
+
+    async def counted(self, scope, receive):
+        answered.append(scope["path"])
+        return await respond(self, scope, receive)
+
+    monkeypatch.setattr(FastEmbeddings, "_respond", counted)
+    key = {"Authorization": f"Bearer {KEY}"}
+
+    async def chunks():  # a chunked upload over the limit: no Content-Length to refuse it by
+        for _ in range(4):
+            yield b" " * 1000
+
+    requests = [
+        {"json": {"input": TEXTS, "encoding_format": "float"}, "headers": key},
+        {"json": {"input": "a", "encoding_format": "base64", "fuse": "concat_last4"}, "headers": key},
+        {"json": {"input": ["a"], "layers": "last2"}, "headers": key},  # two vectors per input
+        {"json": {"input": []}, "headers": key},
+        {"json": {"input": [1, 2]}, "headers": key},
+        {"json": {"input": "a", "encoding_format": "hex", "dimensions": "8"}, "headers": key},
+        {"json": {"input": "a", "layer": -1}, "headers": key},
+        {"json": {"input": "a", "dimensions": 8}, "headers": key},
+        {"json": {"input": "a", "model": "other"}, "headers": key},
+        {"json": ["a"], "headers": key},
+        {"content": b'{"input": [', "headers": {**key, "content-type": "application/json"}},
+        {"content": b'{"input": "a"}', "headers": {**key, "content-type": "text/plain"}},
+        {"content": b'{"input": "a"}', "headers": {**key, "content-type": "application/vnd.x+json"}},
+        {"json": {"input": "x" * 4000}, "headers": key},
+        {"content": chunks(), "headers": {**key, "content-type": "application/json"}},
+        {"json": {"input": "a"}},
+        {"json": {"input": "a"}, "headers": {"Authorization": f"Bearer {KEY}x"}},
+        {"json": {"input": "a"}, "headers": {"Authorization": f"Basic {KEY}"}},
+    ]
+
+    def scenario_of(app):
+        async def scenario(client):
+            out = []
+            for request in requests:
+                request = dict(request)
+                if request.get("content") is not None and not isinstance(request["content"], bytes):
+                    request["content"] = chunks()
+                out.append(await client.post("/v1/embeddings", **request))
+            out.append(await client.get("/v1/embeddings", headers=key))  # 405 from FastAPI
+            return out, (await client.get("/metrics", headers=key)).text
+
+        return scenario
+
+    got, metrics = run_app(fast, scenario_of(fast))
+    assert len(answered) == len(requests)  # every POST took the fast path, the GET did not
+    answered.clear()
+    want, plain_metrics = run_app(plain, scenario_of(plain))
+    assert answered == []
+    statuses = [r.status_code for r in got]
+    assert statuses == [r.status_code for r in want], [(r.status_code, r.text) for r in got]
+    assert statuses == [
+        200,
+        200,
+        422,
+        422,
+        422,
+        422,
+        422,
+        422,
+        404,
+        422,
+        422,
+        422,
+        200,
+        413,
+        413,
+        401,
+        401,
+        401,
+        405,
+    ]
+    for mine, theirs in zip(got, want, strict=True):
+        assert mine.headers["content-type"] == theirs.headers["content-type"]
+        assert mine.headers.get("www-authenticate") == theirs.headers.get("www-authenticate")
+        if mine.status_code == 200:
+            a, b = mine.json(), theirs.json()
+            assert a["usage"] == b["usage"] and a["model"] == b["model"] == "tiny"
+            for x, y in zip(a["data"], b["data"], strict=True):
+                if isinstance(x["embedding"], str):
+                    x["embedding"], y["embedding"] = decode_b64(x["embedding"]), decode_b64(y["embedding"])
+                np.testing.assert_allclose(x["embedding"], y["embedding"], atol=1e-6)
+                assert x["index"] == y["index"] and x["truncated"] == y["truncated"]
+        else:  # the same error; JSON syntax errors name the parser's words for the fault
+            a, b = mine.json().get("error", mine.json()), theirs.json().get("error", theirs.json())
+            if a.get("message", "").startswith("the body is not valid JSON ("):
+                a["message"] = b["message"] = a["message"].split(" (")[0]
+                assert "line 1 column 11" in mine.json()["error"]["message"]
+            assert a == b, (mine.text, theirs.text)
+    np.testing.assert_allclose(
+        [d["embedding"] for d in got[0].json()["data"]], tiny_encoder.encode(TEXTS), atol=1e-5
+    )
+    for status, count in (("200", 3), ("422", 9), ("413", 2), ("401", 3), ("404", 1)):
+        line = f'layerwise_requests_total{{endpoint="/v1/embeddings",status="{status}"}} {count}.0'
+        assert line in metrics and line in plain_metrics, line
+
+
+def decode_b64(data: str) -> np.ndarray:
+    return np.frombuffer(base64.b64decode(data), dtype="<f4")
+
+
 @pytest.mark.parametrize("model_process", [False, True])
 def test_concurrent_clients_get_exactly_their_own_results(tiny_encoder, model_process):
     settings = ServeSettings(max_wait_ms=50, model_process=model_process, streams=2 if model_process else 1)

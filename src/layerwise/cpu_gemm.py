@@ -1,32 +1,39 @@
-"""The packed forward's linear layers on the CPU: oneDNN with weights prepacked once.
+"""The packed forward's linear layers on the CPU: oneDNN with weights prepacked once, where it wins.
 
-Why: torch's CPU wheels run a float32 ``F.linear`` on MKL, and MKL takes its AVX2 code path on
-AMD processors: 80-100 GFLOP/s per core on this project's AMD EPYC (AVX-512), where oneDNN (also
-inside torch) reaches 190-230 with the weight reordered once into its blocked layout
-(benchmarks/gemm_speed.py; linear layers are 85 % of a BERT forward). The results equal
-``F.linear`` to float rounding (a different order of summation: relative differences of 1e-6,
-like MKL's own across batch shapes).
+Why: torch's CPU wheels run a float32 ``F.linear`` on MKL, and MKL picks its code path by the
+processor's vendor: on AMD it runs its AVX2 code, 80-100 GFLOP/s per core on an AMD EPYC with
+AVX-512, where oneDNN (also inside torch) reaches 190-230 with the weight reordered once into its
+blocked layout (benchmarks/gemm_speed.py; linear layers are 85 % of a BERT forward). On Intel
+processors MKL runs its AVX-512 code and the two are level (155-165 GFLOP/s per core on a Xeon with
+AVX-512), and there oneDNN loses: it compiles a kernel for every new row count (about 1 ms per
+weight shape, four per layer; a packed batch's row count changes with every batch), which MKL does
+not. A server on that Xeon served 8 % fewer tokens/s with oneDNN than with MKL. So the default
+(``LAYERWISE_ONEDNN`` unset or ``auto``) is oneDNN on x86 processors not made by Intel, MKL
+(``F.linear``) on Intel's and anywhere else; ``LAYERWISE_ONEDNN=1`` / ``0`` forces it on / off.
+
+The results equal ``F.linear`` to float rounding (a different order of summation: relative
+differences of 1e-6, like MKL's own across batch shapes).
 
 :class:`PrepackedLinears` keeps each weight's packed copy (stamped with the tensor's version
 counter: a weight edited in place after loading is repacked, never served stale) and falls back to
 ``F.linear`` for anything else: another device or dtype, a torch without oneDNN, or one whose
 private ``mkldnn._linear_pointwise`` op disagrees with ``F.linear`` on a first check (it is what
-``torch.compile`` uses for frozen CPU linears, not a public API). ``LAYERWISE_ONEDNN=0`` turns it
-off (to compare, or to rule it out).
+``torch.compile`` uses for frozen CPU linears, not a public API).
 
-oneDNN compiles and caches a primitive for each matmul shape, in two caches (ideep's and its own) of
-1,024 entries each by default, at 0.5-1 MB apiece. The packed forward's row count changes with
-every batch, so a server filled them: its RSS rose from 920 to 1,850 MiB over a few minutes of load.
-Both are bounded at PRIMITIVE_CACHE entries here (unless the environment sets them): RSS then
-stays within about 100 MiB of the start, and random row counts ran 5 % slower than with unbounded
-caches (ad-hoc, 1,500 random shapes; still 1.6x MKL). The variables are read at oneDNN's first use,
-so this module sets them on import, before any forward.
+oneDNN caches each compiled primitive, in two caches (ideep's and its own) of 1,024 entries each by
+default, at 0.5-1 MB apiece. The packed forward's row count changes with every batch, so a server
+filled them: its RSS rose from 920 to 1,850 MiB over a few minutes of load. Both are bounded at
+PRIMITIVE_CACHE entries here (unless the environment sets them): RSS then stays within about 100
+MiB of the start, and random row counts ran 5 % slower than with unbounded caches (ad-hoc, 1,500
+random shapes; still 1.6x MKL on the AMD EPYC). The variables are read at oneDNN's first use, so
+this module sets them on import, before any forward.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import platform
 import threading
 
 import torch
@@ -38,23 +45,57 @@ PRIMITIVE_CACHE = 64
 for _variable in ("LRU_CACHE_CAPACITY", "ONEDNN_PRIMITIVE_CACHE_CAPACITY"):
     os.environ.setdefault(_variable, str(PRIMITIVE_CACHE))
 
-_checked: bool | None = None  # None: not checked yet in this process
+_checked: bool | None = None  # None: not decided yet in this process
+_OFF, _ON = ("0", "false", "no", "off"), ("1", "true", "yes", "on")
 _check_lock = threading.Lock()
 
 
 def onednn_usable() -> bool:
-    """oneDNN's prepacked linear is there, allowed, and agrees with ``F.linear`` (checked once)."""
+    """The packed forward's linear layers run on oneDNN here: wanted (:func:`onednn_wanted`), there,
+    and agreeing with ``F.linear`` (decided once per process)."""
     global _checked
     if _checked is None:
         with _check_lock:
             if _checked is None:
-                _checked = _self_check()
+                _checked = onednn_wanted() and _self_check()
     return _checked
 
 
-def _self_check() -> bool:
-    if os.environ.get("LAYERWISE_ONEDNN", "1").strip().lower() in ("0", "false", "no", "off"):
+def onednn_wanted() -> bool:
+    """``LAYERWISE_ONEDNN``: on (1, true, yes, on), off (0, false, no, off), or ``auto`` (unset):
+    on for x86 processors whose vendor is not Intel, where MKL runs its AVX2 code."""
+    setting = os.environ.get("LAYERWISE_ONEDNN", "auto").strip().lower()
+    if setting in _OFF:
         return False
+    if setting in _ON:
+        return True
+    if setting != "auto":
+        logger.warning("LAYERWISE_ONEDNN=%r not understood (use 1, 0 or auto): using auto", setting)
+    vendor = cpu_vendor()
+    return vendor is not None and vendor != "GenuineIntel"
+
+
+def cpu_vendor() -> str | None:
+    """The x86 processor's vendor string (``GenuineIntel``, ``AuthenticAMD``, ...); None when this
+    is not an x86 processor or its vendor cannot be read."""
+    if platform.machine().lower() not in ("x86_64", "amd64", "i386", "i686", "x86"):
+        return None
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("vendor_id"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    # Windows: "AMD64 Family 25 Model 1 Stepping 1, AuthenticAMD"; macOS on x86: Intel
+    described = platform.processor()
+    for vendor in ("GenuineIntel", "AuthenticAMD", "HygonGenuine"):
+        if vendor in described:
+            return vendor
+    return "GenuineIntel" if platform.system() == "Darwin" else None
+
+
+def _self_check() -> bool:
     if not torch.backends.mkldnn.is_available():
         return False
     try:

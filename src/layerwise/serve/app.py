@@ -28,10 +28,11 @@ from starlette.concurrency import run_in_threadpool
 from ..errors import InputError, LayerwiseError, OptionError
 from ..plan import OutputPlan
 from .batcher import Batcher, Finish, Job, QueueFullError
+from .fast_path import FastEmbeddings
 from .limits import LimitBody, ServeSettings
 from .metrics import Metrics, ObserveRequests
 from .model_process import ModelProcessError
-from .responses import ApiError, describe_validation_error, json_response, layer_item
+from .responses import ApiError, json_response, layer_item, validation_error
 from .schemas import EmbeddingsRequest, LayersRequest
 
 if TYPE_CHECKING:
@@ -108,10 +109,7 @@ def create_app(
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(request: Request, exc: RequestValidationError):
-        errors = exc.errors()
-        messages = list(dict.fromkeys(describe_validation_error(e) for e in errors[:5]))
-        param = ".".join(str(p) for p in errors[0]["loc"][1:2]) or None if errors else None
-        return JSONResponse(ApiError(422, "; ".join(messages), param=param).body(), status_code=422)
+        return JSONResponse(validation_error(list(exc.errors())).body(), status_code=422)
 
     def check_key(request: Request) -> None:
         if settings.api_key is None:
@@ -168,9 +166,9 @@ def create_app(
             raise ApiError(503, str(exc), code="model_unavailable") from None
         return [results[i] for i in range(len(encoded))], job.n_tokens, [item.truncated for item in encoded]
 
-    @app.post("/v1/embeddings", summary="OpenAI-compatible embeddings: one vector per input")
-    async def embeddings(body: EmbeddingsRequest, request: Request):
-        check_key(request)
+    async def answer_embeddings(body: EmbeddingsRequest) -> dict:
+        """The response body of ``POST /v1/embeddings`` (an ApiError for a refused request): the
+        route below and the fast path in front of FastAPI (fast_path.py) both answer with it."""
         served = pick(body.model)
         texts = [body.input] if isinstance(body.input, str) else body.input
         if not texts:
@@ -202,14 +200,19 @@ def create_app(
                 else base64.b64encode(vector.astype("<f4").tobytes()).decode()
             )
             data.append({"object": "embedding", "index": i, "embedding": value, "truncated": truncated[i]})
-        return json_response(
-            {
-                "object": "list",
-                "data": data,
-                "model": served.name,
-                "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens},
-            }
-        )
+        return {
+            "object": "list",
+            "data": data,
+            "model": served.name,
+            "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens},
+        }
+
+    # Served by FastEmbeddings (below) before FastAPI sees it; the route documents the endpoint
+    # in /docs and answers the same way where the app is mounted under a prefix.
+    @app.post("/v1/embeddings", summary="OpenAI-compatible embeddings: one vector per input")
+    async def embeddings(body: EmbeddingsRequest, request: Request):
+        check_key(request)
+        return json_response(await answer_embeddings(body))
 
     @app.post("/v1/layers", summary="Tokens, offsets, word ids and vectors of the requested layers")
     async def layers_endpoint(body: LayersRequest, request: Request):
@@ -297,7 +300,12 @@ def create_app(
         add_explorer(app, models=models, pick=pick, check_key=check_key,
                      max_tokens=settings.max_request_tokens, store=reference_store)  # fmt: skip
     app.add_middleware(LimitBody, max_bytes=settings.max_body_bytes)
-    app.add_middleware(ObserveRequests, metrics=metrics)  # added last = outermost: counts the 413s too
+    app.add_middleware(ObserveRequests, metrics=metrics)  # outside LimitBody: counts the 413s too
+    # outermost: POST /v1/embeddings never enters the layers above (its own limits and metrics)
+    app.add_middleware(
+        FastEmbeddings, answer=answer_embeddings, api_key=settings.api_key, metrics=metrics,
+        max_bytes=settings.max_body_bytes,
+    )  # fmt: skip
     return app
 
 

@@ -82,13 +82,14 @@ def read_api_key(path: str | os.PathLike | None) -> str | None:
     return key or None
 
 
-class BodyTooLarge(Exception):
-    pass
-
-
 class LimitBody:
     """ASGI middleware: refuse a request body over ``max_bytes`` with 413, by its Content-Length
-    or, for chunked uploads, as soon as the bytes received pass the limit."""
+    or, for chunked uploads (no Content-Length), as soon as the bytes received pass the limit.
+
+    A chunked body is read here, up to the limit, before the app sees it, and handed on whole: an
+    error raised inside the app's own body reading would reach FastAPI's parser, which answers any
+    of them with 400 "There was an error parsing the body". A body with a Content-Length cannot be
+    longer than it (the HTTP server frames it), so it goes through untouched."""
 
     def __init__(self, app, max_bytes: int) -> None:
         self.app, self.max_bytes = app, max_bytes
@@ -98,44 +99,34 @@ class LimitBody:
             await self.app(scope, receive, send)
             return
         declared = dict(scope.get("headers") or []).get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            await self._refuse(send, int(declared))
+        if declared is not None and declared.isdigit():
+            if int(declared) > self.max_bytes:
+                await self._refuse(send, int(declared))
+                return
+            await self.app(scope, receive, send)
             return
-        received = 0
-        started = False
-
-        async def counted_receive():
-            nonlocal received
+        chunks: list[bytes] = []
+        size = 0
+        while True:
             message = await receive()
-            if message["type"] == "http.request":
-                received += len(message.get("body", b""))
-                if received > self.max_bytes:
-                    raise BodyTooLarge
-            return message
+            if message["type"] != "http.request":  # the client went away: nobody to answer
+                return
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if size > self.max_bytes:
+                await self._refuse(send, size)
+                return
+            if not message.get("more_body", False):
+                break
+        whole = [{"type": "http.request", "body": b"".join(chunks), "more_body": False}]
 
-        async def tracked_send(message) -> None:
-            nonlocal started
-            started = started or message["type"] == "http.response.start"
-            await send(message)
+        async def replay():
+            return whole.pop() if whole else await receive()
 
-        try:
-            await self.app(scope, counted_receive, tracked_send)
-        except BodyTooLarge:
-            if not started:
-                await self._refuse(send, received)
+        await self.app(scope, replay, send)
 
     async def _refuse(self, send, size: int) -> None:
-        body = json.dumps(
-            {
-                "error": {
-                    "message": f"the request body has {size:,} bytes or more; this server takes at most "
-                    f"{self.max_bytes:,} (--max-body-mb): split the inputs over several requests",
-                    "type": "invalid_request_error",
-                    "param": None,
-                    "code": "request_too_large",
-                }
-            }
-        ).encode()
+        body = json.dumps(body_too_large(size, self.max_bytes).body()).encode()
         await send(
             {
                 "type": "http.response.start",
@@ -147,3 +138,15 @@ class LimitBody:
             }
         )
         await send({"type": "http.response.body", "body": body})
+
+
+def body_too_large(size: int, max_bytes: int):
+    """The 413 of a body of ``size`` bytes (or more: it was cut off there) over ``max_bytes``."""
+    from .responses import ApiError
+
+    return ApiError(
+        413,
+        f"the request body has {size:,} bytes or more; this server takes at most {max_bytes:,} "
+        "(--max-body-mb): split the inputs over several requests",
+        code="request_too_large",
+    )

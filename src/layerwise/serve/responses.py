@@ -46,6 +46,11 @@ def b64_array(array: np.ndarray, dtype: str) -> dict:
 
 
 def json_response(body: dict) -> Response:
+    """A JSON response of ``body`` (see :func:`json_bytes`)."""
+    return Response(json_bytes(body), media_type="application/json")
+
+
+def json_bytes(body: dict) -> bytes:
     """JSON without FastAPI's jsonable_encoder, which walks every float of every vector in Python.
 
     orjson (the ``serve`` extra) writes floats about 10x faster than the standard library, which
@@ -53,14 +58,12 @@ def json_response(body: dict) -> Response:
     shortest text that reads back as the same float64, so the numbers are the same; a NaN or inf
     (a broken model: the engine has logged it) becomes null, as in layerwise's JSON Lines files."""
     if _orjson is not None:
-        return Response(
-            _orjson.dumps(body, option=_orjson.OPT_SERIALIZE_NUMPY), media_type="application/json"
-        )
+        return _orjson.dumps(body, option=_orjson.OPT_SERIALIZE_NUMPY)
     try:
         text = json.dumps(body, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
     except ValueError:  # a NaN or inf somewhere: walk the body once more
         text = json.dumps(_finite(body), ensure_ascii=False, allow_nan=False, separators=(",", ":"))
-    return Response(text.encode("utf-8"), media_type="application/json")
+    return text.encode("utf-8")
 
 
 def _finite(value: Any) -> Any:
@@ -102,13 +105,22 @@ def layer_item(index: int, result: Any, dtype: str) -> dict:
     return {"index": index, "truncated": result.truncated, "embedding": b64_array(result.vector, dtype)}
 
 
+def validation_error(errors: list) -> ApiError:
+    """pydantic's errors of a request body (locations start with "body", as FastAPI reports them)
+    as one 422 naming the fields (at most five) and what they take."""
+    messages = list(dict.fromkeys(describe_validation_error(e) for e in errors[:5]))
+    first = errors[0]["loc"][1:2] if errors else ()
+    param = first[0] if first and isinstance(first[0], str) else None  # a field, not a JSON position
+    return ApiError(422, "; ".join(messages) or "the body is not valid", param=param)
+
+
 def describe_validation_error(error: dict) -> str:
     """One pydantic error as a sentence naming the field and what it takes."""
     path = error.get("loc", ())[1:]
     loc = ".".join(str(p) for p in path) or "body"
     if path[:1] == ("input",):
         return "input must be a string or a list of strings (token-id arrays are not supported)"
-    if not path and error.get("type") in ("model_attributes_type", "dict_type"):
+    if not path and error.get("type") in ("model_attributes_type", "model_type", "dict_type"):
         return "the body must be a JSON object; send Content-Type: application/json"
     if error.get("type") == "extra_forbidden":
         return f"unknown field {loc!r}; see the request schema at /openapi.json"
