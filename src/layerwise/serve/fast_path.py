@@ -51,7 +51,8 @@ class FastEmbeddings:
     ) -> None:
         self.app, self.answer, self.metrics, self.max_bytes = app, answer, metrics, max_bytes
         self.api_key = None if api_key is None else api_key.encode()
-        self._requests: dict[int, Any] = {}  # status -> its counter child (labels() costs a lock and a dict per call)
+        # status -> its counter child (labels() takes a lock and builds a dict on every call)
+        self._requests: dict[int, Any] = {}
         self._latency = metrics.latency.labels(endpoint=PATH)
 
     async def __call__(self, scope, receive, send) -> None:
