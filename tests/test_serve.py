@@ -577,7 +577,9 @@ def test_serve_lets_idle_openmp_threads_sleep_unless_the_user_chose(monkeypatch,
     OpenMP thread took the event loop's core); a policy the user set is kept."""
     import layerwise.encoder
     from layerwise import cli_serve
+    from layerwise.serve import model_process
 
+    monkeypatch.setattr(model_process, "_PASSIVE_SET_HERE", False)  # restored afterwards
     if preset is None:
         monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
     else:
@@ -592,6 +594,11 @@ def test_serve_lets_idle_openmp_threads_sleep_unless_the_user_chose(monkeypatch,
     monkeypatch.setattr(layerwise.encoder, "Encoder", Loaded)
     encoders = cli_serve._load_encoders(["a", "b"], "cpu", None)
     assert list(encoders) == ["a", "b"]
+    assert os.environ["OMP_WAIT_POLICY"] == (preset or "PASSIVE")
+    # the model process starts with OpenMP's default unless the user chose: there, passive threads
+    # are woken for every parallel region (a one-text run on two threads: 18 ms instead of 7)
+    with model_process._model_process_environment():
+        assert os.environ.get("OMP_WAIT_POLICY") == preset
     assert os.environ["OMP_WAIT_POLICY"] == (preset or "PASSIVE")
 
 

@@ -150,3 +150,51 @@ def test_a_run_is_the_jobs_inputs_renumbered_with_their_owners(tiny):
     assert run.owners == [(jobs[0], 0), (jobs[0], 1), (jobs[1], 0)]
     assert run.layers == (0, 1, 2) and run.finishes == [jobs[0].finish, jobs[0].finish, jobs[1].finish]
     assert run.n_tokens == sum(len(item) for item in run.encoded)
+
+
+def test_a_lone_client_is_served_by_stream_zero_and_a_crowd_by_every_stream(tiny):
+    """Only stream 0 runs a lone job on all threads (model_process.py), so with every stream idle a
+    lone client's job goes to stream 0, whichever stream's thread sees it first; under load, every
+    stream takes runs."""
+    slots: list[int] = []
+    release = threading.Event()
+
+    class Slots(LocalRunner):
+        def start(self, slot, run):
+            slots.append(slot)
+            super().start(slot, run)
+
+        def collect(self, slot):
+            if len(slots) > 40:  # the crowd: hold runs until the queue has built up
+                release.wait(10)
+            return super().collect(slot)
+
+    runner = Slots({"tiny": tiny}, streams=2)
+    batcher = Batcher({"tiny": tiny}, max_wait=0.0, runner=runner)
+    lone = job_for(tiny, ["alone"], Finish((2,)), Recorder([], "alone"))
+    batcher._jobs.append(lone)  # the rule itself, before any thread runs
+    assert batcher._for_stream_zero(1) and not batcher._for_stream_zero(0)
+    batcher._running = 1  # a stream is busy: any idle stream takes it
+    assert not batcher._for_stream_zero(1)
+    batcher._running = 0
+    batcher._jobs.append(lone)  # two jobs waiting: a crowd
+    assert not batcher._for_stream_zero(1)
+    batcher._jobs.clear()
+    batcher.start()
+    try:
+        for i in range(40):  # one client: each request after the last one's answer
+            done = Recorder([], str(i))
+            batcher.submit(job_for(tiny, [f"text {i}"], Finish((2,)), done))
+            assert done.done.wait(30) and done.error is None
+        assert slots == [0] * 40
+        crowd = [Recorder([], str(i)) for i in range(8)]
+        for i, done in enumerate(crowd):
+            batcher.submit(job_for(tiny, [f"crowd {i}"], Finish((2,)), done))
+            time_to_gather = threading.Event()
+            time_to_gather.wait(0.02)
+        release.set()
+        assert all(done.done.wait(30) and done.error is None for done in crowd)
+    finally:
+        release.set()
+        batcher.close(30)
+    assert set(slots[40:]) == {0, 1}

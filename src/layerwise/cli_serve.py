@@ -143,11 +143,12 @@ def _require_uvicorn(command: str) -> None:
 
 def _load_encoders(model: list[str] | None, device: str, max_length: int | None) -> dict:
     """Each --model loaded once (default: the packaged model), by its resolved name."""
-    # Before torch loads OpenMP: its idle threads sleep instead of spinning between ops. In a server
-    # the event loop needs a core between model runs, and a spinning OpenMP thread took it (+8-10 %
-    # tokens/s at 32 clients, benchmarks/serve_load.py, A/B on this 2-core machine). A user's own
-    # setting wins; offline extraction keeps OpenMP's default (active), where nothing else runs.
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    # Before torch loads OpenMP: its idle threads sleep instead of spinning between ops, in this
+    # process (the event loop needs a core between model runs), not in the model process. A user's
+    # own setting wins; offline extraction keeps OpenMP's default, where nothing else runs.
+    from .serve.model_process import passive_openmp_here
+
+    passive_openmp_here()
     from .encoder import Encoder
 
     _use_available_cores()
