@@ -14,8 +14,14 @@
    (length-sorted batches under the token budget), with oneDNN on and off. A served run holds the
    requests that arrived while the other stream computed: about 9 texts at 32 clients
    (benchmarks/serve_load.py), so this is what small runs cost against offline extraction.
+3. What a new row count costs: the default model's four matmuls for 200 row counts around 100,
+   200, 400 and 800 (a new one each time, as a server's batches are) against the same count 200
+   times. MKL has nothing to compile; oneDNN compiles a kernel per shape (then caches a few: 64,
+   see src/layerwise/cpu_gemm.py).
 
-Results: benchmarks/results/gemm_speed.json.
+The first line printed is the processor's vendor and whether layerwise's default uses oneDNN on it
+(``LAYERWISE_ONEDNN`` unset). Results: benchmarks/results/gemm_speed.json (``--out`` to write
+elsewhere, e.g. another machine's results).
 """
 
 from __future__ import annotations
@@ -38,7 +44,7 @@ sys.path.insert(0, str(HERE))
 from corpus import mixed_corpus  # noqa: E402
 from extract_speed import best_of, matmul_rates  # noqa: E402
 
-from layerwise.cpu_gemm import onednn_linear, prepack  # noqa: E402
+from layerwise.cpu_gemm import cpu_vendor, onednn_linear, onednn_wanted, prepack  # noqa: E402
 
 RESULTS = HERE / "results"
 SHAPES = {
@@ -126,12 +132,51 @@ def run_costs(n_texts: int, repeats: int) -> dict:
     return out
 
 
+def new_shape_costs() -> dict:
+    """Milliseconds for the default model's four matmuls on one thread: a new row count each call
+    (100 counts centred on 100, 200, 400, 800 rows; the ranges do not overlap) vs the centre's count
+    every time."""
+    shapes = SHAPES["all-MiniLM-L6-v2"]
+    weights = [(torch.randn(o, i), torch.randn(o)) for i, o in shapes]
+    packed = [(prepack(w), b) for w, b in weights]
+
+    def mkl(x: dict) -> None:
+        for weight, bias in weights:
+            F.linear(x[weight.shape[1]], weight, bias)
+
+    def onednn(x: dict) -> None:
+        for (matrix, bias), (width_in, _) in zip(packed, shapes, strict=True):
+            onednn_linear(x[width_in], matrix, bias)
+
+    out: dict = {}
+    for centre in (100, 200, 400, 800):
+        for name, layer in (("mkl", mkl), ("onednn", onednn)):
+            row = {}
+            for kind, counts in (("same", [centre] * 100), ("new", range(centre - 50, centre + 50))):
+                inputs = [{width: torch.randn(c, width) for width in (384, 1536)} for c in counts]
+                if kind == "same":
+                    layer(inputs[0])  # compiled once, before the clock
+                started = time.perf_counter()
+                for x in inputs:
+                    layer(x)
+                row[f"{kind}_ms"] = round(1000 * (time.perf_counter() - started) / len(inputs), 2)
+            row["extra_ms_per_new_count"] = round(row["new_ms"] - row["same_ms"], 2)
+            out[f"{name}, about {centre} rows"] = row
+            print(f"  {name:6s} about {centre:3d} rows: same count {row['same_ms']:6.2f} ms, a new count "
+                  f"{row['new_ms']:6.2f} ms ({row['extra_ms_per_new_count']:+.2f})", flush=True)  # fmt: skip
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--texts", type=int, default=2000)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--out", type=Path, default=RESULTS / "gemm_speed.json")
     args = parser.parse_args()
     threads = torch.get_num_threads()
+    vendor = cpu_vendor()
+    print(f"processor vendor: {vendor}; layerwise's default linear layers here: "
+          f"{'oneDNN' if onednn_wanted() else 'F.linear (MKL)'}")  # fmt: skip
     print("matmul shapes, one thread (the four matmuls of a layer together):")
     torch.set_num_threads(1)
     report: dict = {"linear_one_thread": linear_rates(args.repeats)}
@@ -139,8 +184,11 @@ def main() -> None:
     report["ceiling"] = [ceiling(args.repeats, 1), ceiling(args.repeats, threads)]
     print("forward, one thread, the last layer of each text:")
     report["forward_us_per_token"] = run_costs(args.texts, max(2, args.repeats // 2))
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "gemm_speed.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    print("a layer's four matmuls, one thread, the same row count each call or a new one:")
+    report["new_row_counts"] = new_shape_costs()
+    report["vendor"], report["default_onednn"] = vendor, onednn_wanted()
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
 
 
 if __name__ == "__main__":
