@@ -14,7 +14,8 @@ clients, back to back, after the levels: this machine's speed drifts by 10 % fro
 next, so a ratio of two measurements a minute apart says little; the median of the rounds is
 reported, each round too. The baseline is sentence-transformers behind the simplest FastAPI
 endpoint a user would write (benchmarks/st_server.py: one request = one ``encode`` call),
-loaded the same way and measured the same way. Results: benchmarks/results/serve_load.json.
+loaded the same way and measured the same way. Results: benchmarks/results/serve_load.json (``--out``
+to write elsewhere, e.g. another machine's results).
 """
 
 from __future__ import annotations
@@ -246,6 +247,7 @@ def main() -> None:
     parser.add_argument(
         "--serve-args", default="", help="Extra `layerwise serve` options, e.g. '--max-wait-ms 2'"
     )
+    parser.add_argument("--out", type=Path, default=RESULTS / "serve_load.json", help="Where the results go")
     args = parser.parse_args()
     levels = [int(c) for c in args.clients.split(",")]
 
@@ -286,8 +288,8 @@ def main() -> None:
         print(
             f"layerwise / sentence-transformers+FastAPI at 32 clients: {report['layerwise_over_baseline_at_32']:.2f}x"
         )
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "serve_load.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
 
 
 if __name__ == "__main__":
