@@ -13,7 +13,9 @@
    at random from the serving benchmark's mixed-length corpus, and for the whole corpus at once
    (length-sorted batches under the token budget), with oneDNN on and off. A served run holds the
    requests that arrived while the other stream computed: about 9 texts at 32 clients
-   (benchmarks/serve_load.py), so this is what small runs cost against offline extraction.
+   (benchmarks/serve_load.py), so this is what small runs cost against offline extraction. A least
+   squares fit over the small runs splits a run's CPU time into a part every run pays whatever its
+   size and a part per token.
 3. What a new row count costs: the default model's four matmuls for 200 row counts around 100,
    200, 400 and 800 (a new one each time, as a server's batches are) against the same count 200
    times. MKL has nothing to compile; oneDNN compiles a kernel per shape (then caches a few: 64,
@@ -115,7 +117,8 @@ def run_costs(n_texts: int, repeats: int) -> dict:
         os.environ["LAYERWISE_ONEDNN"] = "1" if backend == "onednn" else "0"
         cpu_gemm._checked = None  # read the switch again
         cost(items[:64])  # warm up (and pack the weights)
-        rows = {}
+        rows: dict = {}
+        samples = []  # (seconds, tokens) of each small run, for the fit below
         for size in [*RUN_SIZES, len(items)]:
             rng = random.Random(size)
             seconds = tokens = 0
@@ -123,13 +126,33 @@ def run_costs(n_texts: int, repeats: int) -> dict:
             for _ in range(max(repeats, 900 // size) if size < len(items) else repeats):
                 s, t = cost(rng.sample(items, size) if size < len(items) else items)
                 seconds, tokens = seconds + s, tokens + t
+                if size < len(items):
+                    samples.append((s, t))
             key = "whole corpus" if size == len(items) else f"runs of {size}"
             rows[key] = round(1e6 * seconds / tokens, 1)
             print(f"  {backend:6s} {key:13s}: {rows[key]:6.1f} us CPU per token", flush=True)
+        rows["fit"] = run_cost_fit(samples)
+        print(
+            f"  {backend:6s} a run costs {rows['fit']['fixed_ms']} ms + {rows['fit']['us_per_token']} us "
+            "per token (least squares over the small runs)"
+        )
         out[backend] = rows
     os.environ.pop("LAYERWISE_ONEDNN")
     cpu_gemm._checked = None
     return out
+
+
+def run_cost_fit(samples: list[tuple[float, int]]) -> dict:
+    """Least squares of a run's CPU seconds on (1, tokens): what every run costs whatever its size
+    (a new row count's kernels compiled, the weights read from memory, Python and kernel launches
+    per op), and each token on top. (Texts as a third term: not separable here, a run's tokens
+    grow with its texts.)"""
+    import numpy as np
+
+    design = np.array([[1.0, tokens] for _, tokens in samples])
+    seconds = np.array([s for s, _ in samples])
+    (fixed, per_token), *_ = np.linalg.lstsq(design, seconds, rcond=None)
+    return {"fixed_ms": round(1e3 * fixed, 2), "us_per_token": round(1e6 * per_token, 1)}
 
 
 def new_shape_costs() -> dict:
