@@ -33,21 +33,18 @@ from serve_load import (  # noqa: E402
     corpus_and_encoder,
     cpu_columns,
     cpu_split,
-    free_port,
     load,
     offline_tokens_per_s,
-    start,
+    start_serve,
 )
 
 
 def launch(setting: str):
     """The server for one setting: (process, url)."""
-    port = free_port()
-    command = [sys.executable, "-m", "layerwise.cli", "serve", "--port", str(port), "--device", "cpu"]
     words = setting.split()
     env = dict(w.split("=", 1) for w in words if "=" in w and not w.startswith("-"))
     options = [w for w in words if "=" not in w or w.startswith("-")]
-    return start([*command, *options], port, env), f"http://127.0.0.1:{port}"
+    return start_serve(options, env)
 
 
 def main() -> None:

@@ -31,6 +31,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -110,6 +111,23 @@ def start(command: list[str], port: int, env: dict[str, str] | None = None) -> s
     raise SystemExit("server did not start in 120 s")
 
 
+def serve_command(port: int, options: Sequence[str] = ()) -> list[str]:
+    """`layerwise serve` on 127.0.0.1:``port``, on the CPU, with extra ``options``."""
+    command = [sys.executable, "-m", "layerwise.cli", "serve", "--port", str(port), "--device", "cpu"]
+    return [*command, *options]
+
+
+def start_serve(
+    options: Sequence[str] = (), env: dict[str, str] | None = None
+) -> tuple[subprocess.Popen, str]:
+    """`layerwise serve` started on a free port and answering /health: (process, base url)."""
+    port = free_port()
+    return start(serve_command(port, options), port, env), f"http://127.0.0.1:{port}"
+
+
+DRAWS = ("passes", "replacement")  # how the load client picks each request's text (see load)
+
+
 async def load(
     url: str, texts: list[str], tokens: dict[str, int], clients: int, seconds: float, draw: str = "passes"
 ) -> dict:
@@ -124,8 +142,8 @@ async def load(
     server it measures). Every response is still checked: status 200 and one embedding in the JSON.
     """
     host, port = url.removeprefix("http://").split(":")
-    if draw not in ("passes", "replacement"):
-        raise ValueError(f"draw={draw!r}: use 'passes' or 'replacement'")
+    if draw not in DRAWS:
+        raise ValueError(f"draw={draw!r}: use one of {', '.join(DRAWS)}")
     rng = random.Random(clients)
     deck: list[str] = []
 
@@ -276,7 +294,7 @@ def main() -> None:
         "--serve-args", default="", help="Extra `layerwise serve` options, e.g. '--max-wait-ms 2'"
     )
     parser.add_argument(
-        "--draw", choices=("passes", "replacement"), default="passes",
+        "--draw", choices=DRAWS, default="passes",
         help="Texts in shuffled passes (the corpus's mix), or drawn with replacement (earlier results)",
     )  # fmt: skip
     parser.add_argument("--out", type=Path, default=RESULTS / "serve_load.json", help="Where the results go")
@@ -295,8 +313,7 @@ def main() -> None:
         "draw": args.draw,
     }
     port = free_port()
-    serve = [sys.executable, "-m", "layerwise.cli", "serve", "--port", str(port), "--device", "cpu"]
-    serve += args.serve_args.split()
+    serve = serve_command(port, args.serve_args.split())
     report["layerwise"] = measure_server(
         "layerwise", serve, port, texts, tokens, levels, args.seconds, args.soak,
         ratio=(args.ratio_rounds, lambda: offline_tokens_per_s(encoder, texts, tokens)), draw=args.draw,

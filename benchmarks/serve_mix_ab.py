@@ -24,9 +24,7 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from serve_load import RESULTS, corpus_and_encoder, free_port, load, offline_tokens_per_s, start  # noqa: E402
-
-DRAWS = ("replacement", "passes")
+from serve_load import DRAWS, RESULTS, corpus_and_encoder, load, offline_tokens_per_s, start_serve  # noqa: E402
 
 
 def main() -> None:
@@ -39,17 +37,14 @@ def main() -> None:
     args = parser.parse_args()
 
     texts, encoder, tokens = corpus_and_encoder(args.texts)
-    port = free_port()
-    command = [sys.executable, "-m", "layerwise.cli", "serve", "--port", str(port), "--device", "cpu"]
-    process = start(command, port)
-    url = f"http://127.0.0.1:{port}"
+    process, url = start_serve()
     rounds = []
     try:
         asyncio.run(load(url, texts, tokens, args.clients, 3.0))  # warm up
         for round_ in range(args.rounds):
             offline = offline_tokens_per_s(encoder, texts, tokens)
             row: dict = {"round": round_, "offline_tokens_per_s": round(offline)}
-            for draw in DRAWS if round_ % 2 == 0 else DRAWS[::-1]:
+            for draw in DRAWS[::-1] if round_ % 2 == 0 else DRAWS:  # replacement first in even rounds
                 measured = asyncio.run(load(url, texts, tokens, args.clients, args.seconds, draw))
                 row[draw] = {
                     "tokens_per_s": measured["tokens_per_s"],

@@ -22,7 +22,7 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from serve_load import corpus_and_encoder, free_port, load, process_tree, start  # noqa: E402
+from serve_load import corpus_and_encoder, load, process_tree, start_serve  # noqa: E402
 
 
 def thread_cpu(pid: int) -> dict[tuple[str, int, str], float]:
@@ -50,10 +50,7 @@ def main() -> None:
     args = parser.parse_args()
 
     texts, _, tokens = corpus_and_encoder(args.texts)
-    port = free_port()
-    command = [sys.executable, "-m", "layerwise.cli", "serve", "--port", str(port), "--device", "cpu"]
-    process = start([*command, *args.serve_args.split()], port)
-    url = f"http://127.0.0.1:{port}"
+    process, url = start_serve(args.serve_args.split())
     try:
         asyncio.run(load(url, texts, tokens, 32, 2.0))  # warm up
         for clients in (int(c) for c in args.clients.split(",")):
