@@ -141,6 +141,8 @@ async def load(
     (httpx costs about 1.5 ms of CPU per request: 0.3 of the 2 cores at 32 clients, taken from the
     server it measures). Every response is still checked: status 200 and one embedding in the JSON.
     """
+    import orjson  # a tenth of the stdlib json's CPU on a float embedding's body (10 vs 118 us)
+
     host, port = url.removeprefix("http://").split(":")
     if draw not in DRAWS:
         raise ValueError(f"draw={draw!r}: use one of {', '.join(DRAWS)}")
@@ -183,7 +185,7 @@ async def load(
                         length = int(line[15:])
                 body = await reader.readexactly(length)
                 latencies.append(time.perf_counter() - started)
-                if not head.startswith(b"HTTP/1.1 200") or len(json.loads(body)["data"]) != 1:
+                if not head.startswith(b"HTTP/1.1 200") or len(orjson.loads(body)["data"]) != 1:
                     errors += 1
                 else:
                     n_tokens += tokens[text]

@@ -1,13 +1,22 @@
-"""Where a loaded server's CPU goes, thread by thread: cores per thread of the HTTP process and of
-the model process over a load, from /proc.
+"""Where a loaded server's CPU goes, thread by thread, and where its clients' requests wait: cores
+and run-queue waits per thread of the HTTP process and of the model process over a load, from /proc,
+and the requests in the queue and in the handler, from /metrics.
 
     python benchmarks/serve_threads.py [--clients 32] [--seconds 8] [--serve-args "..."]
 
 Starts `layerwise serve` on 127.0.0.1 (as benchmarks/serve_load.py does, with its texts and load
-client), warms it up at 32 clients for 2 s, then for each client count prints tokens/s and the cores
-each thread used (threads under 0.005 of a core left out): the model process's stream threads, the
-HTTP process's event loop and its batcher threads. The load client's own cores are printed too (it
-shares the machine). Nothing is written: the figures are for reading next to serve_load's.
+client), warms it up at 32 clients for 2 s, then for each client count prints tokens/s and:
+
+- each thread's cores (threads under 0.005 of a core left out): the model process's stream threads,
+  the HTTP process's event loop and its batcher threads; and, where the kernel keeps schedstat, the
+  share of a core each spent runnable but waiting for one (another thread had it). The load
+  client's own cores (it shares the machine), and the machine's idle share from /proc/stat;
+- where the requests are, on average (Little's law over /metrics' sums: requests/s x mean seconds):
+  in the queue (``layerwise_queue_wait_seconds``), inside the server from arrival to last byte
+  (``layerwise_request_seconds``; the rest of it is their runs and delivery), and the rest of the
+  clients (their sockets, the load client), with the runs' count, requests per run and seconds.
+
+Nothing is written: the figures are for reading next to serve_load's.
 """
 
 from __future__ import annotations
@@ -25,8 +34,9 @@ sys.path.insert(0, str(HERE))
 from serve_load import corpus_and_encoder, load, process_tree, start_serve  # noqa: E402
 
 
-def thread_cpu(pid: int) -> dict[tuple[str, int, str], float]:
-    """CPU seconds of every thread of the server and its model process: (process, tid, name) -> s."""
+def thread_cpu(pid: int) -> dict[tuple[str, int, str], tuple[float, float | None]]:
+    """(CPU seconds, seconds runnable but waiting for a core: None where the kernel keeps no
+    schedstat) of every thread of the server and its model process: (process, tid, name) -> both."""
     ticks = os.sysconf("SC_CLK_TCK")
     out = {}
     for index, process in enumerate(process_tree(pid)):
@@ -37,8 +47,56 @@ def thread_cpu(pid: int) -> dict[tuple[str, int, str], float]:
                 name = (task / "comm").read_text().strip()
             except OSError:  # the thread ended
                 continue
-            out[(role, int(task.name), name)] = (int(fields[11]) + int(fields[12])) / ticks
+            try:
+                on_cpu, waiting, _ = (int(x) for x in (task / "schedstat").read_text().split())
+                out[(role, int(task.name), name)] = (on_cpu / 1e9, waiting / 1e9)
+            except (OSError, ValueError):
+                out[(role, int(task.name), name)] = ((int(fields[11]) + int(fields[12])) / ticks, None)
     return out
+
+
+def machine_idle() -> tuple[int, int]:
+    """(idle ticks, all ticks) of the whole machine so far, from /proc/stat."""
+    values = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    return values[3] + values[4], sum(values)
+
+
+def metric_sums(url: str) -> dict[str, float]:
+    """The /metrics figures the queue account needs (sums and counts of histograms)."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    wanted = {
+        ("layerwise_queue_wait_seconds_sum", ""): "wait_sum",
+        ("layerwise_queue_wait_seconds_count", ""): "waits",
+        ("layerwise_request_seconds_sum", "/v1/embeddings"): "latency_sum",
+        ("layerwise_request_seconds_count", "/v1/embeddings"): "requests",
+        ("layerwise_batch_requests_sum", ""): "run_requests",
+        ("layerwise_batch_requests_count", ""): "runs",
+        ("layerwise_run_seconds_sum", ""): "run_seconds",
+    }
+    out = dict.fromkeys(wanted.values(), 0.0)
+    for family in text_string_to_metric_families(httpx.get(f"{url}/metrics", timeout=10).text):
+        for sample in family.samples:
+            key = (sample.name, sample.labels.get("endpoint", ""))
+            if key in wanted:
+                out[wanted[key]] += sample.value
+    return out
+
+
+def queue_account(before: dict[str, float], after: dict[str, float], clients: int, elapsed: float) -> str:
+    """Where the clients' requests were, on average over the load (Little's law)."""
+    d = {key: after[key] - before[key] for key in after}
+    in_queue = d["wait_sum"] / elapsed
+    in_server = d["latency_sum"] / elapsed
+    runs = max(d["runs"], 1.0)
+    return (
+        f"  requests: {in_queue:.1f} in the queue, {in_server - in_queue:.1f} in runs and delivery, "
+        f"{clients - in_server:.1f} outside the server (of {clients}); "
+        f"{d['runs'] / elapsed:.1f} runs/s of {d['run_requests'] / runs:.1f} requests, "
+        f"{1000 * d['run_seconds'] / runs:.0f} ms each; mean queue wait "
+        f"{1000 * d['wait_sum'] / max(d['waits'], 1.0):.1f} ms"
+    )
 
 
 def main() -> None:
@@ -54,15 +112,33 @@ def main() -> None:
     try:
         asyncio.run(load(url, texts, tokens, 32, 2.0))  # warm up
         for clients in (int(c) for c in args.clients.split(",")):
+            sums_before, idle_before = metric_sums(url), machine_idle()
             before, client_before, started = thread_cpu(process.pid), time.process_time(), time.perf_counter()
             row = asyncio.run(load(url, texts, tokens, clients, args.seconds))
             elapsed, after = time.perf_counter() - started, thread_cpu(process.pid)
             client = (time.process_time() - client_before) / elapsed
-            print(f"{clients} clients: {row['tokens_per_s']:,} tokens/s, load client {client:.3f} cores")
-            used = {key: (after[key] - before.get(key, 0.0)) / elapsed for key in after}
-            for (role, tid, name), cores in sorted(used.items(), key=lambda item: -item[1]):
-                if cores >= 0.005:
-                    print(f"  {role:5s} {name:18s} {tid:>8d} {cores:.3f} cores", flush=True)
+            idle_after, sums_after = machine_idle(), metric_sums(url)
+            idle = (
+                (os.cpu_count() or 1)
+                * (idle_after[0] - idle_before[0])
+                / max(idle_after[1] - idle_before[1], 1)
+            )
+            print(
+                f"{clients} clients: {row['tokens_per_s']:,} tokens/s, load client {client:.3f} cores, "
+                f"machine idle {idle:.3f} cores"
+            )
+            print(queue_account(sums_before, sums_after, clients, elapsed))
+            for key in sorted(after, key=lambda k: -(after[k][0] - before.get(k, (0.0, 0.0))[0])):
+                (role, tid, name), (cpu, waited) = key, after[key]
+                cores = (cpu - before.get(key, (0.0, 0.0))[0]) / elapsed
+                if cores < 0.005:
+                    continue
+                line = f"  {role:5s} {name:18s} {tid:>8d} {cores:.3f} cores"
+                if waited is not None:
+                    line += (
+                        f", waiting for a core {(waited - (before.get(key) or (0.0, 0.0))[1]) / elapsed:.3f}"
+                    )
+                print(line, flush=True)
     finally:
         process.terminate()
         process.wait(60)

@@ -198,3 +198,41 @@ def test_a_lone_client_is_served_by_stream_zero_and_a_crowd_by_every_stream(tiny
         release.set()
         batcher.close(30)
     assert set(slots[40:]) == {0, 1}
+
+
+def test_queue_wait_is_measured_from_arrival_to_the_start_of_the_run(tiny):
+    """/metrics' queue-wait histogram: a job that arrives while the only stream computes waits
+    until that run ends (held here for 0.3 s); the first job, with max_wait 0, waits for nothing."""
+    from layerwise.serve.metrics import Metrics
+
+    hold = 0.3
+    first_started = threading.Event()
+
+    class Held(LocalRunner):
+        def start(self, slot, run):
+            super().start(slot, run)
+            first_started.set()
+
+        def collect(self, slot):
+            if not held.is_set():
+                held.set()
+                threading.Event().wait(hold)
+            return super().collect(slot)
+
+    held = threading.Event()
+    metrics = Metrics()
+    batcher = Batcher({"tiny": tiny}, max_wait=0.0, runner=Held({"tiny": tiny}), metrics=metrics)
+    batcher.start()
+    try:
+        events: list = []
+        first, second = Recorder(events, "first"), Recorder(events, "second")
+        batcher.submit(job_for(tiny, ["one"], Finish((2,)), first))
+        assert first_started.wait(10)
+        batcher.submit(job_for(tiny, ["two"], Finish((2,)), second))
+        assert first.done.wait(30) and second.done.wait(30)
+    finally:
+        batcher.close(30)
+    sample = metrics.registry.get_sample_value
+    assert sample("layerwise_queue_wait_seconds_count") == 2
+    assert sample("layerwise_queue_wait_seconds_bucket", {"le": "0.1"}) == 1  # the first job
+    assert hold * 0.9 <= sample("layerwise_queue_wait_seconds_sum") <= hold + 5

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from fastapi import FastAPI, Request, Response
+from fastapi import Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
@@ -28,7 +28,7 @@ from starlette.concurrency import run_in_threadpool
 from ..errors import InputError, LayerwiseError, OptionError
 from ..plan import OutputPlan
 from .batcher import Batcher, Finish, Job, QueueFullError
-from .fast_path import FastEmbeddings
+from .fast_path import FastEmbeddings, ServedApp
 from .limits import LimitBody, ServeSettings
 from .metrics import Metrics, ObserveRequests
 from .model_process import ModelProcessError
@@ -94,7 +94,7 @@ def create_app(
         yield
         await run_in_threadpool(batcher.close)  # finish what is queued (SIGTERM drains)
 
-    app = FastAPI(
+    app = ServedApp(
         title="layerwise",
         version=_version(),
         lifespan=lifespan,
@@ -301,11 +301,10 @@ def create_app(
                      max_tokens=settings.max_request_tokens, store=reference_store)  # fmt: skip
     app.add_middleware(LimitBody, max_bytes=settings.max_body_bytes)
     app.add_middleware(ObserveRequests, metrics=metrics)  # outside LimitBody: counts the 413s too
-    # outermost: POST /v1/embeddings never enters the layers above (its own limits and metrics)
-    app.add_middleware(
-        FastEmbeddings, answer=answer_embeddings, api_key=settings.api_key, metrics=metrics,
-        max_bytes=settings.max_body_bytes,
-    )  # fmt: skip
+    # POST /v1/embeddings never enters FastAPI nor the layers above (its own limits and metrics)
+    app.fast_embeddings = FastEmbeddings(
+        answer=answer_embeddings, api_key=settings.api_key, metrics=metrics, max_bytes=settings.max_body_bytes
+    )
     return app
 
 

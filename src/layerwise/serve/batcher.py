@@ -297,6 +297,8 @@ class Batcher:
             try:
                 run = Run.of(jobs)
                 self.runner.start(slot, run)
+                if self.metrics is not None:
+                    self.metrics.observe_waits(run.started - job.submitted for job in jobs)
                 return run
             except BaseException as exc:  # no request may wait for ever: each learns of it
                 with self._cond:

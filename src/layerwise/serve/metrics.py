@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import Any
 
 Scope = MutableMapping[str, Any]
@@ -51,6 +51,12 @@ class Metrics:
         self.queue_tokens = Gauge(
             "layerwise_queue_tokens", "Tokens waiting for the model", registry=self.registry
         )
+        self.queue_wait = Histogram(
+            "layerwise_queue_wait_seconds",
+            "Seconds a request waited in the queue, from its arrival there to the start of its run",
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+            registry=self.registry,
+        )
         self.tokens = Counter(
             "layerwise_tokens", "Tokens run through the model", ["model"], registry=self.registry
         )
@@ -71,6 +77,10 @@ class Metrics:
         self.run_seconds.observe(seconds)
         if seconds > 0:
             self.tokens_per_second.set(n_tokens / seconds)
+
+    def observe_waits(self, seconds: Iterable[float]) -> None:
+        for wait in seconds:
+            self.queue_wait.observe(wait)
 
     def observe_queue(self, n_requests: int, n_tokens: int) -> None:
         self.queue_requests.set(n_requests)
