@@ -297,9 +297,6 @@ class Batcher:
             try:
                 run = Run.of(jobs)
                 self.runner.start(slot, run)
-                if self.metrics is not None:
-                    self.metrics.observe_waits(run.started - job.submitted for job in jobs)
-                return run
             except BaseException as exc:  # no request may wait for ever: each learns of it
                 with self._cond:
                     self._running -= 1
@@ -307,6 +304,10 @@ class Batcher:
                     job.fail(exc)
                 if not isinstance(exc, Exception):
                     raise
+            else:
+                if self.metrics is not None:
+                    self.metrics.observe_waits(run.started - job.submitted for job in jobs)
+                return run
 
     def _take(self, slot: int, *, block: bool) -> list[Job] | None:
         """Jobs for stream ``slot``'s next run: the oldest job's model, until the token budget is
