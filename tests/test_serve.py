@@ -551,14 +551,14 @@ def test_the_model_worker_returns_freed_heap_memory_between_runs(tiny_encoder, m
     TRIM_EVERY seconds of runs, and the results are unaffected."""
     import ctypes.util
 
-    from layerwise.serve import batcher as batcher_module
+    from layerwise.serve import heap
 
-    if ctypes.util.find_library("c") is None or batcher_module._malloc_trim() is None:
+    if ctypes.util.find_library("c") is None or heap._malloc_trim() is None:
         pytest.skip("not glibc: malloc_trim does not exist here")
     trims: list[int] = []
-    real = batcher_module._malloc_trim()
-    monkeypatch.setattr(batcher_module, "_TRIM", lambda pad: trims.append(pad) or real(pad))
-    monkeypatch.setattr(batcher_module, "TRIM_EVERY", 0.0)
+    real = heap._malloc_trim()
+    monkeypatch.setattr(heap, "_TRIM", lambda pad: trims.append(pad) or real(pad))
+    monkeypatch.setattr(heap, "TRIM_EVERY", 0.0)
     app = create_app({"tiny": tiny_encoder})
 
     async def scenario(client):

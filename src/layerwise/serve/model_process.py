@@ -28,7 +28,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..errors import LayerwiseError, ModelLoadError
-from .batcher import HeapTrimmer, Results, Run, compute
+from .batcher import Results, Run, compute
+from .heap import HeapTrimmer
 
 if TYPE_CHECKING:
     from multiprocessing.connection import Connection
