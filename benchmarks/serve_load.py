@@ -63,12 +63,15 @@ def process_tree(pid: int) -> list[int]:
     return [pid, *children]
 
 
+def stat_cpu_seconds(stat: Path) -> float:
+    """User + system CPU seconds from a /proc ``stat`` file (a process's or one of its threads')."""
+    fields = stat.read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def cpu_split(pid: int) -> tuple[float, float]:
     """CPU seconds of the server's own process (HTTP), and of its children (the model process)."""
-    times = []
-    for p in process_tree(pid):
-        fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
-        times.append((int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"))
+    times = [stat_cpu_seconds(Path(f"/proc/{p}/stat")) for p in process_tree(pid)]
     return times[0], sum(times[1:])
 
 

@@ -31,27 +31,25 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from serve_load import corpus_and_encoder, load, process_tree, start_serve  # noqa: E402
+from serve_load import corpus_and_encoder, load, process_tree, start_serve, stat_cpu_seconds  # noqa: E402
 
 
 def thread_cpu(pid: int) -> dict[tuple[str, int, str], tuple[float, float | None]]:
     """(CPU seconds, seconds runnable but waiting for a core: None where the kernel keeps no
     schedstat) of every thread of the server and its model process: (process, tid, name) -> both."""
-    ticks = os.sysconf("SC_CLK_TCK")
     out = {}
     for index, process in enumerate(process_tree(pid)):
         role = "http" if index == 0 else "model"
         for task in Path(f"/proc/{process}/task").iterdir():
             try:
-                fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
-                name = (task / "comm").read_text().strip()
+                key = (role, int(task.name), (task / "comm").read_text().strip())
+                try:
+                    on_cpu, waiting, _ = (int(x) for x in (task / "schedstat").read_text().split())
+                    out[key] = (on_cpu / 1e9, waiting / 1e9)
+                except (OSError, ValueError):  # no schedstat here: utime + stime, no waits
+                    out[key] = (stat_cpu_seconds(task / "stat"), None)
             except OSError:  # the thread ended
                 continue
-            try:
-                on_cpu, waiting, _ = (int(x) for x in (task / "schedstat").read_text().split())
-                out[(role, int(task.name), name)] = (on_cpu / 1e9, waiting / 1e9)
-            except (OSError, ValueError):
-                out[(role, int(task.name), name)] = ((int(fields[11]) + int(fields[12])) / ticks, None)
     return out
 
 
@@ -70,7 +68,6 @@ def metric_sums(url: str) -> dict[str, float]:
         ("layerwise_queue_wait_seconds_sum", ""): "wait_sum",
         ("layerwise_queue_wait_seconds_count", ""): "waits",
         ("layerwise_request_seconds_sum", "/v1/embeddings"): "latency_sum",
-        ("layerwise_request_seconds_count", "/v1/embeddings"): "requests",
         ("layerwise_batch_requests_sum", ""): "run_requests",
         ("layerwise_batch_requests_count", ""): "runs",
         ("layerwise_run_seconds_sum", ""): "run_seconds",
@@ -128,17 +125,15 @@ def main() -> None:
                 f"machine idle {idle:.3f} cores"
             )
             print(queue_account(sums_before, sums_after, clients, elapsed))
-            for key in sorted(after, key=lambda k: -(after[k][0] - before.get(k, (0.0, 0.0))[0])):
-                (role, tid, name), (cpu, waited) = key, after[key]
-                cores = (cpu - before.get(key, (0.0, 0.0))[0]) / elapsed
-                if cores < 0.005:
-                    continue
-                line = f"  {role:5s} {name:18s} {tid:>8d} {cores:.3f} cores"
-                if waited is not None:
-                    line += (
-                        f", waiting for a core {(waited - (before.get(key) or (0.0, 0.0))[1]) / elapsed:.3f}"
-                    )
-                print(line, flush=True)
+            used = {}  # thread -> (cores, share of a core spent waiting for one, or None)
+            for key, (cpu, waited) in after.items():
+                cpu_before, waited_before = before.get(key, (0.0, 0.0))
+                wait = None if waited is None else (waited - (waited_before or 0.0)) / elapsed
+                used[key] = ((cpu - cpu_before) / elapsed, wait)
+            for (role, tid, name), (cores, wait) in sorted(used.items(), key=lambda item: -item[1][0]):
+                if cores >= 0.005:
+                    waiting = "" if wait is None else f", waiting for a core {wait:.3f}"
+                    print(f"  {role:5s} {name:18s} {tid:>8d} {cores:.3f} cores{waiting}", flush=True)
     finally:
         process.terminate()
         process.wait(60)
