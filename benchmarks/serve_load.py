@@ -10,10 +10,11 @@ the script prints requests/s, tokens/s, p50/p99 latency, errors, and the server'
 after the level and its peak (VmHWM); then a soak (``--soak`` seconds at 32 clients, in four
 parts) shows whether RSS stays flat once the server has seen every batch shape. Offline
 throughput is ``Encoder().encode`` over the same texts in this process. The ratio served/offline at
-32 clients (does dynamic batching work?) comes from ``--ratio-rounds`` rounds of offline, then 32
-clients, back to back, after the levels: this machine's speed drifts by 10 % from one minute to the
-next, so a ratio of two measurements a minute apart says little; the median of the rounds is
-reported, each round too. The baseline is sentence-transformers behind the simplest FastAPI
+32 clients (does dynamic batching work?) comes from ``--ratio-rounds`` loads of 32 clients after
+the levels, each between two offline passes and set against their mean: this machine's speed drifts
+by 10 % from one minute to the next, so a ratio of two measurements a minute apart says little, and
+one taken before and after cancels a steady drift; the median of the rounds is reported, each round
+too. The baseline is sentence-transformers behind the simplest FastAPI
 endpoint a user would write (benchmarks/st_server.py: one request = one ``encode`` call),
 loaded the same way and measured the same way. Results: benchmarks/results/serve_load.json (``--out``
 to write elsewhere, e.g. another machine's results).
@@ -268,14 +269,21 @@ def measure_server(
         if len(soak) > 1:
             print(f"{name:12s} soak at 32 clients, RSS MiB after each part: {soak}", flush=True)
         rounds = []
-        for _ in range(ratio[0] if ratio else 0):  # offline, then 32 clients, back to back
-            offline = ratio[1]()
+        # offline, 32 clients, offline, 32 clients, ..., offline: each load between two offline
+        # passes, its ratio against their mean, so that a drift of the machine's speed during the
+        # round (often 10 % a minute here) cancels to first order instead of landing on the ratio
+        before = ratio[1]() if ratio and ratio[0] > 0 else 0.0
+        for _ in range(ratio[0] if ratio else 0):
             row = asyncio.run(load(f"http://127.0.0.1:{port}", texts, tokens, 32, seconds, draw))
+            after = ratio[1]()
+            offline = (before + after) / 2
             rounds.append(
-                {"offline_tokens_per_s": round(offline), "served_tokens_per_s": row["tokens_per_s"],
+                {"offline_before": round(before), "offline_after": round(after),
+                 "offline_tokens_per_s": round(offline), "served_tokens_per_s": row["tokens_per_s"],
                  "ratio": round(row["tokens_per_s"] / offline, 2)}
             )  # fmt: skip
             print(f"{name:12s} ratio round at 32 clients: {json.dumps(rounds[-1])}", flush=True)
+            before = after
         peak = rss_tree_kib(process.pid, "VmHWM")
     finally:
         process.terminate()
@@ -292,9 +300,7 @@ def main() -> None:
     parser.add_argument(
         "--soak", type=float, default=40.0, help="Seconds at 32 clients after the levels (RSS in 4 parts)"
     )
-    parser.add_argument(
-        "--ratio-rounds", type=int, default=3, help="Rounds of offline then 32 clients for the ratio"
-    )
+    parser.add_argument("--ratio-rounds", type=int, default=3, help="32-client loads, between offline passes")
     parser.add_argument(
         "--serve-args", default="", help="Extra `layerwise serve` options, e.g. '--max-wait-ms 2'"
     )
