@@ -9,7 +9,8 @@ client), warms it up at 32 clients for 2 s, then for each client count prints to
 
 - each thread's cores (threads under 0.005 of a core left out): the model process's stream threads,
   the HTTP process's event loop and its batcher threads; and, where the kernel keeps schedstat, the
-  share of a core each spent runnable but waiting for one (another thread had it). The load
+  share of a core each spent runnable but waiting for one (another thread had it), and the rest of
+  its time, asleep (for the model process's stream threads: waiting for their next run). The load
   client's own cores (it shares the machine), and the machine's idle share from /proc/stat;
 - where the requests are, on average (Little's law over /metrics' sums: requests/s x mean seconds):
   in the queue (``layerwise_queue_wait_seconds``), inside the server from arrival to last byte
@@ -132,7 +133,12 @@ def main() -> None:
                 used[key] = ((cpu - cpu_before) / elapsed, wait)
             for (role, tid, name), (cores, wait) in sorted(used.items(), key=lambda item: -item[1][0]):
                 if cores >= 0.005:
-                    waiting = "" if wait is None else f", waiting for a core {wait:.3f}"
+                    # the rest of the thread's time it slept: for a stream thread, waiting for its next run
+                    waiting = (
+                        ""
+                        if wait is None
+                        else f", waiting for a core {wait:.3f}, asleep {max(0.0, 1 - cores - wait):.3f}"
+                    )
                     print(f"  {role:5s} {name:18s} {tid:>8d} {cores:.3f} cores{waiting}", flush=True)
     finally:
         process.terminate()
