@@ -28,11 +28,12 @@ sys.path.insert(0, str(HERE))
 from serve_load import (  # noqa: E402
     RESULTS,
     corpus_and_encoder,
+    cpu_columns,
+    cpu_split,
     free_port,
     load,
     start,
     start_serve,
-    stat_cpu_seconds,
 )
 
 _SLEEP = float(os.environ.get("LAYERWISE_FLOOR_SLEEP_MS", "110")) / 1000
@@ -67,16 +68,17 @@ async def app(scope, receive, send) -> None:
 
 
 def cpu_per_request(pid: int, url: str, texts, tokens, clients: int, seconds: float) -> dict:
-    """One load after a 2 s warm-up: requests/s, and the process's CPU ms per request."""
+    """One load after a 2 s warm-up: requests/s, and the CPU ms per request of the process itself
+    (not of its children: `layerwise serve`'s model process is one)."""
     asyncio.run(load(url, texts, tokens, clients, 2.0))
-    before = stat_cpu_seconds(Path(f"/proc/{pid}/stat"))
+    before = cpu_split(pid)
     row = asyncio.run(load(url, texts, tokens, clients, seconds))
-    cpu = stat_cpu_seconds(Path(f"/proc/{pid}/stat")) - before
+    columns = cpu_columns(before, cpu_split(pid), row)
     return {
         "requests_per_s": row["requests_per_s"],
         "errors": row["errors"],
-        "cpu_ms_per_request": round(1000 * cpu / max(row["requests"], 1), 3),
-        "cores": round(cpu / row["seconds"], 3),
+        "cpu_ms_per_request": columns["http_ms_per_request"],
+        "cores": columns["http_cores"],
     }
 
 
