@@ -7,8 +7,9 @@ one text per request as an application embeds a query or a document, in shuffled
 texts (the same mix as offline). For each concurrency level,
 that many clients send requests back to back for ``--seconds`` (then finish their last request);
 the script prints requests/s, tokens/s, p50/p99 latency, errors, and the server's RSS before and
-after the level and its peak (VmHWM); then a soak (``--soak`` seconds at 32 clients, in four
-parts) shows whether RSS stays flat once the server has seen every batch shape. Offline
+after the level and its peak (VmHWM); then a soak (``--soak`` seconds at 32 clients, in
+``--soak-parts`` parts, four by default) shows whether RSS stays flat once the server has seen every
+batch shape. Offline
 throughput is ``Encoder().encode`` over the same texts in this process. The ratio served/offline at
 32 clients (does dynamic batching work?) comes from ``--ratio-rounds`` loads of 32 clients after
 the levels, each between two offline passes and set against their mean: this machine's speed drifts
@@ -231,9 +232,6 @@ def offline_tokens_per_s(encoder, texts: list[str], tokens: dict[str, int]) -> f
     return sum(tokens.values()) / (time.perf_counter() - started)
 
 
-SOAK_PARTS = 4
-
-
 def measure_server(
     name: str,
     command: list[str],
@@ -243,6 +241,7 @@ def measure_server(
     levels,
     seconds,
     soak_seconds,
+    soak_parts: int = 4,
     ratio=None,
     draw: str = "passes",
 ) -> dict:
@@ -262,12 +261,21 @@ def measure_server(
             rows.append(row)
             print(f"{name:12s} {json.dumps(row)}", flush=True)
         # soak: does memory stay flat once every batch shape has been seen? RSS after each part
+        # (and each process's: the HTTP process and the model process grow for different reasons)
         soak = [round(rss_tree_kib(process.pid) / 1024)]
-        for _ in range(SOAK_PARTS if soak_seconds > 0 else 0):
-            asyncio.run(load(f"http://127.0.0.1:{port}", texts, tokens, 32, soak_seconds / SOAK_PARTS, draw))
+        soak_by_process = [[round(rss_kib(p) / 1024) for p in process_tree(process.pid)]]
+        soak_requests = soak_errors = 0
+        for _ in range(soak_parts if soak_seconds > 0 else 0):
+            part = asyncio.run(
+                load(f"http://127.0.0.1:{port}", texts, tokens, 32, soak_seconds / soak_parts, draw)
+            )
+            soak_requests, soak_errors = soak_requests + part["requests"], soak_errors + part["errors"]
             soak.append(round(rss_tree_kib(process.pid) / 1024))
+            soak_by_process.append([round(rss_kib(p) / 1024) for p in process_tree(process.pid)])
         if len(soak) > 1:
             print(f"{name:12s} soak at 32 clients, RSS MiB after each part: {soak}", flush=True)
+            print(f"{name:12s} the same by process (server first): {soak_by_process}", flush=True)
+            print(f"{name:12s} soak: {soak_requests} requests, {soak_errors} errors", flush=True)
         rounds = []
         # offline, 32 clients, offline, 32 clients, ..., offline: each load between two offline
         # passes, its ratio against their mean, so that a drift of the machine's speed during the
@@ -288,7 +296,16 @@ def measure_server(
     finally:
         process.terminate()
         process.wait(60)
-    return {"levels": rows, "soak_rss_mib": soak, "peak_rss_mib": round(peak / 1024), "ratio_rounds": rounds}
+    return {
+        "levels": rows,
+        "soak_seconds": soak_seconds,
+        "soak_rss_mib": soak,
+        "soak_rss_mib_by_process": soak_by_process,
+        "soak_requests": soak_requests,
+        "soak_errors": soak_errors,
+        "peak_rss_mib": round(peak / 1024),
+        "ratio_rounds": rounds,
+    }
 
 
 def main() -> None:
@@ -298,8 +315,12 @@ def main() -> None:
     parser.add_argument("--texts", type=int, default=2000)
     parser.add_argument("--skip-baseline", action="store_true")
     parser.add_argument(
-        "--soak", type=float, default=40.0, help="Seconds at 32 clients after the levels (RSS in 4 parts)"
+        "--soak",
+        type=float,
+        default=40.0,
+        help="Seconds at 32 clients after the levels (RSS after each part)",
     )
+    parser.add_argument("--soak-parts", type=int, default=4, help="Parts of the soak, RSS read after each")
     parser.add_argument("--ratio-rounds", type=int, default=3, help="32-client loads, between offline passes")
     parser.add_argument(
         "--serve-args", default="", help="Extra `layerwise serve` options, e.g. '--max-wait-ms 2'"
@@ -326,14 +347,23 @@ def main() -> None:
     port = free_port()
     serve = serve_command(port, args.serve_args.split())
     report["layerwise"] = measure_server(
-        "layerwise", serve, port, texts, tokens, levels, args.seconds, args.soak,
+        "layerwise", serve, port, texts, tokens, levels, args.seconds, args.soak, args.soak_parts,
         ratio=(args.ratio_rounds, lambda: offline_tokens_per_s(encoder, texts, tokens)), draw=args.draw,
     )  # fmt: skip
     if not args.skip_baseline:
         port = free_port()
         baseline = [sys.executable, str(HERE / "st_server.py"), "--port", str(port)]
         report["sentence_transformers"] = measure_server(
-            "st+fastapi", baseline, port, texts, tokens, levels, args.seconds, args.soak, draw=args.draw
+            "st+fastapi",
+            baseline,
+            port,
+            texts,
+            tokens,
+            levels,
+            args.seconds,
+            args.soak,
+            args.soak_parts,
+            draw=args.draw,
         )
     at = {row["clients"]: row for row in report["layerwise"]["levels"]}
     rounds = report["layerwise"]["ratio_rounds"]
