@@ -9,8 +9,7 @@ that many clients send requests back to back for ``--seconds`` (then finish thei
 the script prints requests/s, tokens/s, p50/p99 latency, errors, and the server's RSS before and
 after the level and its peak (VmHWM); then a soak (``--soak`` seconds at 32 clients, in
 ``--soak-parts`` parts, four by default) shows whether RSS stays flat once the server has seen every
-batch shape. Offline
-throughput is ``Encoder().encode`` over the same texts in this process. The ratio served/offline at
+batch shape. Offline throughput is ``Encoder().encode`` over the same texts in this process. The ratio served/offline at
 32 clients (does dynamic batching work?) comes from ``--ratio-rounds`` loads of 32 clients after
 the levels, each between two offline passes and set against their mean: this machine's speed drifts
 by 10 % from one minute to the next, so a ratio of two measurements a minute apart says little, and
@@ -262,16 +261,22 @@ def measure_server(
             print(f"{name:12s} {json.dumps(row)}", flush=True)
         # soak: does memory stay flat once every batch shape has been seen? RSS after each part
         # (and each process's: the HTTP process and the model process grow for different reasons)
-        soak = [round(rss_tree_kib(process.pid) / 1024)]
-        soak_by_process = [[round(rss_kib(p) / 1024) for p in process_tree(process.pid)]]
+        soak: list[int] = []
+        soak_by_process: list[list[int]] = []
+
+        def read_soak_rss() -> None:  # one reading of each process, and their total
+            kib = [rss_kib(p) for p in process_tree(process.pid)]
+            soak.append(round(sum(kib) / 1024))
+            soak_by_process.append([round(k / 1024) for k in kib])
+
+        read_soak_rss()
         soak_requests = soak_errors = 0
         for _ in range(soak_parts if soak_seconds > 0 else 0):
             part = asyncio.run(
                 load(f"http://127.0.0.1:{port}", texts, tokens, 32, soak_seconds / soak_parts, draw)
             )
             soak_requests, soak_errors = soak_requests + part["requests"], soak_errors + part["errors"]
-            soak.append(round(rss_tree_kib(process.pid) / 1024))
-            soak_by_process.append([round(rss_kib(p) / 1024) for p in process_tree(process.pid)])
+            read_soak_rss()
         if len(soak) > 1:
             print(f"{name:12s} soak at 32 clients, RSS MiB after each part: {soak}", flush=True)
             print(f"{name:12s} the same by process (server first): {soak_by_process}", flush=True)
