@@ -9,7 +9,9 @@ that many clients send requests back to back for ``--seconds`` (then finish thei
 the script prints requests/s, tokens/s, p50/p99 latency, errors, and the server's RSS before and
 after the level and its peak (VmHWM); then a soak (``--soak`` seconds at 32 clients, in
 ``--soak-parts`` parts, four by default) shows whether RSS stays flat once the server has seen every
-batch shape. Offline throughput is ``Encoder().encode`` over the same texts in this process. The ratio served/offline at
+batch shape. For layerwise each level also gives, from the server's /metrics, the model runs it
+made, their mean requests, wall time and queue wait (how the clients' closed loop sizes the runs).
+Offline throughput is ``Encoder().encode`` over the same texts in this process. The ratio served/offline at
 32 clients (does dynamic batching work?) comes from ``--ratio-rounds`` loads of 32 clients after
 the levels, each between two offline passes and set against their mean: this machine's speed drifts
 by 10 % from one minute to the next, so a ratio of two measurements a minute apart says little, and
@@ -85,6 +87,45 @@ def cpu_columns(before: tuple[float, float], after: tuple[float, float], row: di
         "http_cores": round(http / row["seconds"], 2),
         "model_cores": round(model / row["seconds"], 2),
         "http_ms_per_request": round(1000 * http / max(row["requests"], 1), 3),
+    }
+
+
+RUN_METRICS = ("layerwise_batch_requests", "layerwise_run_seconds", "layerwise_queue_wait_seconds")
+
+
+def run_metrics(url: str) -> dict[str, float] | None:
+    """The sums and counts of the server's run histograms from its /metrics (None for a server
+    without them: the sentence-transformers baseline)."""
+    import httpx
+
+    response = httpx.get(f"{url}/metrics", timeout=5)
+    if response.status_code != 200:
+        return None
+    out: dict[str, float] = {}
+    for line in response.text.splitlines():
+        name, _, value = line.partition(" ")
+        base = name.split("{", 1)[0]
+        if base.removesuffix("_sum") in RUN_METRICS or base.removesuffix("_count") in RUN_METRICS:
+            out[base] = out.get(base, 0.0) + float(value)  # summed over the label sets (models)
+    return out or None
+
+
+def run_columns(before: dict[str, float] | None, after: dict[str, float] | None) -> dict:
+    """Over a load: the model runs made, their mean requests, their mean wall time (sent to the
+    model process until the results are back) and the mean time a request waited in the queue
+    for a stream. They show how the closed loop of the clients sizes the runs."""
+    if before is None or after is None:
+        return {}
+
+    def mean(name: str) -> float:
+        count = after[f"{name}_count"] - before.get(f"{name}_count", 0.0)
+        return (after[f"{name}_sum"] - before.get(f"{name}_sum", 0.0)) / max(count, 1.0)
+
+    return {
+        "runs": round(after["layerwise_run_seconds_count"] - before.get("layerwise_run_seconds_count", 0.0)),
+        "requests_per_run": round(mean("layerwise_batch_requests"), 2),
+        "run_ms": round(1000 * mean("layerwise_run_seconds"), 1),
+        "queue_wait_ms": round(1000 * mean("layerwise_queue_wait_seconds"), 1),
     }
 
 
@@ -245,17 +286,20 @@ def measure_server(
     draw: str = "passes",
 ) -> dict:
     process = start(command, port)
+    url = f"http://127.0.0.1:{port}"
     rows = []
     try:
         for clients in levels:
             before = rss_tree_kib(process.pid)
+            runs_before = run_metrics(url)
             server_cpu, client_cpu = cpu_split(process.pid), time.process_time()
-            row = asyncio.run(load(f"http://127.0.0.1:{port}", texts, tokens, clients, seconds, draw))
+            row = asyncio.run(load(url, texts, tokens, clients, seconds, draw))
             row.update(
                 rss_before_mib=round(before / 1024),
                 rss_after_mib=round(rss_tree_kib(process.pid) / 1024),
                 **cpu_columns(server_cpu, cpu_split(process.pid), row),
                 client_cores=round((time.process_time() - client_cpu) / row["seconds"], 2),
+                **run_columns(runs_before, run_metrics(url)),
             )
             rows.append(row)
             print(f"{name:12s} {json.dumps(row)}", flush=True)
