@@ -90,42 +90,49 @@ def cpu_columns(before: tuple[float, float], after: tuple[float, float], row: di
     }
 
 
-RUN_METRICS = ("layerwise_batch_requests", "layerwise_run_seconds", "layerwise_queue_wait_seconds")
+METRIC_SUMS = {  # (sample, its endpoint label or "") -> name: the /metrics sums the run accounts need
+    ("layerwise_queue_wait_seconds_sum", ""): "wait_sum",
+    ("layerwise_queue_wait_seconds_count", ""): "waits",
+    ("layerwise_request_seconds_sum", "/v1/embeddings"): "latency_sum",
+    ("layerwise_batch_requests_sum", ""): "run_requests",
+    ("layerwise_batch_requests_count", ""): "runs",
+    ("layerwise_run_seconds_sum", ""): "run_seconds",
+}
 
 
-def run_metrics(url: str) -> dict[str, float] | None:
-    """The sums and counts of the server's run histograms from its /metrics (None for a server
-    without them: the sentence-transformers baseline)."""
+def metric_sums(url: str) -> dict[str, float] | None:
+    """The sums and counts of the server's queue, request and run histograms from its /metrics,
+    summed over the other labels (models); None for a server without /metrics (the
+    sentence-transformers baseline)."""
     import httpx
+    from prometheus_client.parser import text_string_to_metric_families
 
-    response = httpx.get(f"{url}/metrics", timeout=5)
+    response = httpx.get(f"{url}/metrics", timeout=10)
     if response.status_code != 200:
         return None
-    out: dict[str, float] = {}
-    for line in response.text.splitlines():
-        name, _, value = line.partition(" ")
-        base = name.split("{", 1)[0]
-        if base.removesuffix("_sum") in RUN_METRICS or base.removesuffix("_count") in RUN_METRICS:
-            out[base] = out.get(base, 0.0) + float(value)  # summed over the label sets (models)
-    return out or None
+    out = dict.fromkeys(METRIC_SUMS.values(), 0.0)
+    for family in text_string_to_metric_families(response.text):
+        for sample in family.samples:
+            key = (sample.name, sample.labels.get("endpoint", ""))
+            if key in METRIC_SUMS:
+                out[METRIC_SUMS[key]] += sample.value
+    return out
 
 
 def run_columns(before: dict[str, float] | None, after: dict[str, float] | None) -> dict:
-    """Over a load: the model runs made, their mean requests, their mean wall time (sent to the
-    model process until the results are back) and the mean time a request waited in the queue
-    for a stream. They show how the closed loop of the clients sizes the runs."""
+    """Over a load, from two :func:`metric_sums`: the model runs made, their mean requests, their
+    mean wall time (sent to the model process until the results are back) and the mean time a
+    request waited in the queue for a stream. They show how the closed loop of the clients sizes
+    the runs."""
     if before is None or after is None:
         return {}
-
-    def mean(name: str) -> float:
-        count = after[f"{name}_count"] - before.get(f"{name}_count", 0.0)
-        return (after[f"{name}_sum"] - before.get(f"{name}_sum", 0.0)) / max(count, 1.0)
-
+    d = {key: after[key] - before[key] for key in after}
+    runs = max(d["runs"], 1.0)
     return {
-        "runs": round(after["layerwise_run_seconds_count"] - before.get("layerwise_run_seconds_count", 0.0)),
-        "requests_per_run": round(mean("layerwise_batch_requests"), 2),
-        "run_ms": round(1000 * mean("layerwise_run_seconds"), 1),
-        "queue_wait_ms": round(1000 * mean("layerwise_queue_wait_seconds"), 1),
+        "runs": round(d["runs"]),
+        "requests_per_run": round(d["run_requests"] / runs, 2),
+        "run_ms": round(1000 * d["run_seconds"] / runs, 1),
+        "queue_wait_ms": round(1000 * d["wait_sum"] / max(d["waits"], 1.0), 1),
     }
 
 
@@ -291,7 +298,7 @@ def measure_server(
     try:
         for clients in levels:
             before = rss_tree_kib(process.pid)
-            runs_before = run_metrics(url)
+            runs_before = metric_sums(url)
             server_cpu, client_cpu = cpu_split(process.pid), time.process_time()
             row = asyncio.run(load(url, texts, tokens, clients, seconds, draw))
             row.update(
@@ -299,7 +306,7 @@ def measure_server(
                 rss_after_mib=round(rss_tree_kib(process.pid) / 1024),
                 **cpu_columns(server_cpu, cpu_split(process.pid), row),
                 client_cores=round((time.process_time() - client_cpu) / row["seconds"], 2),
-                **run_columns(runs_before, run_metrics(url)),
+                **run_columns(runs_before, metric_sums(url)),
             )
             rows.append(row)
             print(f"{name:12s} {json.dumps(row)}", flush=True)

@@ -32,7 +32,15 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from serve_load import corpus_and_encoder, load, process_tree, start_serve, stat_cpu_seconds  # noqa: E402
+from serve_load import (  # noqa: E402
+    corpus_and_encoder,
+    load,
+    metric_sums,
+    process_tree,
+    run_columns,
+    start_serve,
+    stat_cpu_seconds,
+)
 
 
 def thread_cpu(pid: int) -> dict[tuple[str, int, str], tuple[float, float | None]]:
@@ -60,40 +68,20 @@ def machine_idle() -> tuple[int, int]:
     return values[3] + values[4], sum(values)
 
 
-def metric_sums(url: str) -> dict[str, float]:
-    """The /metrics figures the queue account needs (sums and counts of histograms)."""
-    import httpx
-    from prometheus_client.parser import text_string_to_metric_families
-
-    wanted = {
-        ("layerwise_queue_wait_seconds_sum", ""): "wait_sum",
-        ("layerwise_queue_wait_seconds_count", ""): "waits",
-        ("layerwise_request_seconds_sum", "/v1/embeddings"): "latency_sum",
-        ("layerwise_batch_requests_sum", ""): "run_requests",
-        ("layerwise_batch_requests_count", ""): "runs",
-        ("layerwise_run_seconds_sum", ""): "run_seconds",
-    }
-    out = dict.fromkeys(wanted.values(), 0.0)
-    for family in text_string_to_metric_families(httpx.get(f"{url}/metrics", timeout=10).text):
-        for sample in family.samples:
-            key = (sample.name, sample.labels.get("endpoint", ""))
-            if key in wanted:
-                out[wanted[key]] += sample.value
-    return out
-
-
-def queue_account(before: dict[str, float], after: dict[str, float], clients: int, elapsed: float) -> str:
+def queue_account(
+    before: dict[str, float] | None, after: dict[str, float] | None, clients: int, elapsed: float
+) -> str:
     """Where the clients' requests were, on average over the load (Little's law)."""
-    d = {key: after[key] - before[key] for key in after}
-    in_queue = d["wait_sum"] / elapsed
-    in_server = d["latency_sum"] / elapsed
-    runs = max(d["runs"], 1.0)
+    if before is None or after is None:
+        return "  requests: the server answered no /metrics"
+    in_queue = (after["wait_sum"] - before["wait_sum"]) / elapsed
+    in_server = (after["latency_sum"] - before["latency_sum"]) / elapsed
+    runs = run_columns(before, after)
     return (
         f"  requests: {in_queue:.1f} in the queue, {in_server - in_queue:.1f} in runs and delivery, "
         f"{clients - in_server:.1f} outside the server (of {clients}); "
-        f"{d['runs'] / elapsed:.1f} runs/s of {d['run_requests'] / runs:.1f} requests, "
-        f"{1000 * d['run_seconds'] / runs:.0f} ms each; mean queue wait "
-        f"{1000 * d['wait_sum'] / max(d['waits'], 1.0):.1f} ms"
+        f"{runs['runs'] / elapsed:.1f} runs/s of {runs['requests_per_run']:.1f} requests, "
+        f"{runs['run_ms']:.0f} ms each; mean queue wait {runs['queue_wait_ms']:.1f} ms"
     )
 
 
