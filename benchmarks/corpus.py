@@ -1,4 +1,9 @@
-"""Benchmark corpora built from Universal Dependencies English EWT (../shared/data/ud_ewt).
+"""Benchmark corpora built from Universal Dependencies English EWT (CC BY-SA 4.0).
+
+The corpus is read from ``benchmarks/data/ud_ewt`` (committed: every train and dev sentence grouped
+by document, and the UPOS columns the probe benchmark reads; see its README), or from the folder
+named by the environment variable ``LAYERWISE_UD_EWT``: a UD English EWT release
+(``en_ewt-ud-*.conllu``) or a folder laid out like the committed one.
 
 A *mixed-length* corpus holds single sentences and whole documents (all sentences of one
 ``# newdoc``, joined by spaces), shuffled with a fixed seed: the mix real users feed an extractor.
@@ -7,28 +12,53 @@ A *mixed-length* corpus holds single sentences and whole documents (all sentence
 from __future__ import annotations
 
 import contextlib
+import gzip
+import os
 import random
 from collections.abc import Iterator
 from pathlib import Path
 
-UD_EWT = Path(__file__).resolve().parents[2] / "shared" / "data" / "ud_ewt"
+UD_EWT = Path(os.environ.get("LAYERWISE_UD_EWT") or Path(__file__).resolve().parent / "data" / "ud_ewt")
 
 
 def read_documents(split: str = "train") -> list[list[str]]:
     """Sentences grouped by document, in file order."""
-    path = UD_EWT / f"en_ewt-ud-{split}.conllu"
-    if not path.exists():
-        raise SystemExit(f"UD EWT not found at {path}; the benchmarks read ../shared/data/ud_ewt")
-    documents: list[list[str]] = []
-    with path.open(encoding="utf-8") as handle:
-        for line in handle:
-            if line.startswith("# newdoc"):
-                documents.append([])
-            elif line.startswith("# text = "):
-                if not documents:
+    conllu = UD_EWT / f"en_ewt-ud-{split}.conllu"
+    if conllu.exists():
+        documents: list[list[str]] = []
+        with conllu.open(encoding="utf-8") as handle:
+            for line in handle:
+                if line.startswith("# newdoc"):
                     documents.append([])
-                documents[-1].append(line[len("# text = ") :].rstrip("\n"))
-    return [d for d in documents if d]
+                elif line.startswith("# text = "):
+                    if not documents:
+                        documents.append([])
+                    documents[-1].append(line[len("# text = ") :].rstrip("\n"))
+        return [d for d in documents if d]
+    docs = UD_EWT / f"en_ewt-ud-{split}.docs.txt.gz"
+    if not docs.exists():
+        raise SystemExit(
+            f"UD EWT {split} split not found in {UD_EWT} (neither {conllu.name} nor {docs.name}); "
+            "set LAYERWISE_UD_EWT to a UD English EWT release folder"
+        )
+    text = gzip.decompress(docs.read_bytes()).decode("utf-8")
+    return [block.split("\n") for block in text.strip("\n").split("\n\n") if block]
+
+
+def upos_conllu(split: str) -> Path:
+    """A CoNLL-U file of ``split`` with at least ID, FORM and UPOS (the probe benchmark's input):
+    the release's own file, or the committed excerpt, unpacked into a temporary file."""
+    import tempfile
+
+    conllu = UD_EWT / f"en_ewt-ud-{split}.conllu"
+    if conllu.exists():
+        return conllu
+    packed = UD_EWT / f"en_ewt-ud-{split}.upos.conllu.gz"
+    if not packed.exists():
+        raise SystemExit(f"UD EWT {split} split not found in {UD_EWT}; set LAYERWISE_UD_EWT")
+    out = Path(tempfile.mkdtemp(prefix="lw-ud-")) / f"en_ewt-ud-{split}.conllu"
+    out.write_bytes(gzip.decompress(packed.read_bytes()))
+    return out
 
 
 def mixed_corpus(n_sentences: int, n_documents: int, *, split: str = "train", seed: int = 0) -> list[str]:

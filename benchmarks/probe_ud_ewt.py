@@ -22,7 +22,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from corpus import UD_EWT  # noqa: E402
+from corpus import upos_conllu  # noqa: E402
 
 
 def main() -> None:
@@ -38,8 +38,8 @@ def main() -> None:
     started = time.perf_counter()
     result = lw.probe(
         "conllu",
-        train=UD_EWT / "en_ewt-ud-train.conllu",
-        dev=UD_EWT / "en_ewt-ud-dev.conllu",
+        train=upos_conllu("train"),
+        dev=upos_conllu("dev"),
         column="upos",
         max_train=args.max_train,
         progress=False,

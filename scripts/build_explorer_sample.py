@@ -1,6 +1,6 @@
 """Build the layer explorer's built-in reference set: sentences of UD English EWT (CC BY-SA 4.0).
 
-    python scripts/build_explorer_sample.py [../shared/data/ud_ewt]
+    python scripts/build_explorer_sample.py PATH/TO/UD_English-EWT
 
 Writes src/layerwise/explore/data/ud_ewt_sample.tsv (sent_id <TAB> text) and copies the treebank's
 licence next to it. The selection: up to 12 sentences (5..40 words) for each of a list of ambiguous
@@ -36,9 +36,9 @@ def sentences(folder: Path):
 
 
 def main() -> None:
-    folder = Path(
-        sys.argv[1] if len(sys.argv) > 1 else Path(__file__).resolve().parents[2] / "shared/data/ud_ewt"
-    )
+    if len(sys.argv) != 2:
+        raise SystemExit(__doc__)
+    folder = Path(sys.argv[1])  # a UD English EWT release: the sample draws on all three splits
     pool = [(i, t) for i, t in sentences(folder) if 5 <= len(t.split()) <= 40 and "\t" not in t]
     rng = random.Random(SEED)
     rng.shuffle(pool)

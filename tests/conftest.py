@@ -18,8 +18,9 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared"
-UD_EWT = SHARED / "data" / "ud_ewt"
+# The first 500 dev sentences of UD English EWT (CC BY-SA 4.0; licence and attribution beside them),
+# committed so that the tests run on a bare clone (scripts/vendor_ud_ewt.py made the file).
+UD_EWT_DEV = REPO / "tests" / "data" / "ud_ewt" / "en_ewt-ud-dev.sentences.txt"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json")
 ARCHITECTURES = ("bert", "roberta", "distilbert", "mpnet", "electra")
 
@@ -162,17 +163,13 @@ def tiny_encoder(make_tiny_model):
 
 
 def ud_sentences(split: str = "dev", limit: int | None = None) -> list[str]:
-    path = UD_EWT / f"en_ewt-ud-{split}.conllu"
-    if not path.exists():
-        pytest.skip(f"UD EWT not found at {path}")
-    texts = []
-    with path.open(encoding="utf-8") as handle:
-        for line in handle:
-            if line.startswith("# text = "):
-                texts.append(line[len("# text = ") :].rstrip("\n"))
-                if limit and len(texts) >= limit:
-                    break
-    return texts
+    """The first ``limit`` sentences of UD EWT's dev split, from the committed excerpt."""
+    if split != "dev":
+        raise ValueError(f"split={split!r}: the tests carry only the dev split's first sentences")
+    texts = UD_EWT_DEV.read_text(encoding="utf-8").splitlines()
+    if limit is not None and limit > len(texts):
+        raise ValueError(f"limit={limit}: {UD_EWT_DEV.name} holds {len(texts)} sentences")
+    return texts[:limit]
 
 
 @pytest.fixture(scope="session")

@@ -86,6 +86,12 @@ def test_extract_jsonl_input(tmp_path, make_tiny_model):
         ("bad.jsonl", b'{"text": "ok"}\n{"txt": "typo"}\n', 'line 2 needs an object with a string "text"'),
         ("mixed.jsonl", b'{"text": "a", "text_pair": "b"}\n{"text": "c"}\n', "line 2: either every line"),
         ("broken.jsonl", b'{"text": \n', "line 1 is not valid JSON"),
+        (
+            "misspelled.jsonl",
+            b'{"text": "hello", "text_pairs": "oops"}\n',
+            "line 1 has the field(s) 'text_pairs'",
+        ),
+        ("blank.tsv", b"a\tb\n \t \nc\td\n", "line 2 holds only whitespace"),
     ],
 )
 def test_bad_input_files_name_the_line(tmp_path, make_tiny_model, name, content, fragment):

@@ -29,7 +29,7 @@ def test_packed_equals_padded_at_every_layer(make_tiny_model, arch):
     packed, padded = pair_of_encoders(make_tiny_model(arch, 3))
     assert (packed.engine.packed is not None) == (arch in PACKED_MODEL_TYPES)
     assert padded.engine.packed is None
-    long_text = " ".join(ud_sentences("test", 12))  # over the tiny models' 127-128 tokens
+    long_text = " ".join(ud_sentences("dev", 12))  # over the tiny models' 127-128 tokens
     texts = [*TEXTS, long_text, "a", "[SEP] typed as text"]
     assert_same(packed.extract(texts), padded.extract(texts))  # mixed lengths, one truncated
     firsts, seconds = TEXTS[:12], TEXTS[12:24]
@@ -158,7 +158,7 @@ def test_mixed_lengths_in_one_packed_batch_equal_padded(make_tiny_model, monkeyp
         return seen[-1]
 
     monkeypatch.setattr(packed_module, "attention_groups", spy)
-    long_text = " ".join(ud_sentences("test", 6))
+    long_text = " ".join(ud_sentences("dev", 6))
     texts = [TEXTS[0], long_text, "a", *TEXTS[1:9], "b c", TEXTS[20][:40]]
     assert_same(packed.extract(texts), padded.extract(texts))
     assert len(seen) == 1 and len(seen[0]) >= 3  # one batch, attention in 3+ grids

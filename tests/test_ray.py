@@ -15,24 +15,16 @@ import pytest
 from conftest import ud_sentences
 
 import layerwise as lw
-from layerwise.store.sharded import ShardedStore, shard_ranges, write_shards_meta
+from layerwise.store.sharded import ShardedStore
 
 HERE = Path(__file__).resolve().parent
 
 
 def _sharded_by_hand(encoder, texts, path, shard_size, plan):
-    """A sharded store written without Ray: one ordinary store per range, then the description."""
-    ranges = shard_ranges(len(texts), shard_size)
-    shards = [{"name": f"shard-{k:05d}.lw", "start": a, "stop": b} for k, (a, b) in enumerate(ranges)]
-    meta = {
-        "model": encoder.name,
-        "n_texts": len(texts),
-        **plan.meta(encoder.n_hidden_states),
-        "shards": shards,
-    }
-    for shard in shards:
-        lw.extract_to_store(encoder, texts[shard["start"] : shard["stop"]], path / shard["name"], plan)
-    write_shards_meta(path, meta)
+    """A sharded store written without Ray (the table and shard writer lw.ray uses)."""
+    from test_sharded_store import write_sharded
+
+    write_sharded(encoder, path, texts=texts, plan=plan, shard_size=shard_size)
 
 
 def test_sharded_store_reads_as_one(tmp_path, tiny_encoder):

@@ -236,3 +236,56 @@ def test_queue_wait_is_measured_from_arrival_to_the_start_of_the_run(tiny):
     assert sample("layerwise_queue_wait_seconds_count") == 2
     assert sample("layerwise_queue_wait_seconds_bucket", {"le": "0.1"}) == 1  # the first job
     assert hold * 0.9 <= sample("layerwise_queue_wait_seconds_sum") <= hold + 5
+
+
+def test_a_poisoned_input_fails_only_its_own_request(tiny):
+    """31 good jobs and one whose input has a token id past the model's embedding rows (what a
+    tokenizer that disagrees with its model produces) are merged into one run: the run fails with an
+    IndexError, the batcher runs the jobs again in halves, and only the poisoned job gets the error;
+    the 31 others get the vectors an offline extraction gives."""
+    import dataclasses
+
+    events: list = []
+    runs: list[Run] = []
+
+    class Counted(LocalRunner):
+        def start(self, slot, run):
+            runs.append(run)
+            super().start(slot, run)
+
+    batcher = Batcher({"tiny": tiny}, max_wait=0.0, runner=Counted({"tiny": tiny}))
+    texts = [f"request {i} about the river bank" for i in range(32)]
+    recorders = [Recorder(events, str(i)) for i in range(32)]
+    poisoned = 13
+    for i, text in enumerate(texts):
+        job = job_for(tiny, [text], Finish((0, 2)), recorders[i])
+        if i == poisoned:
+            item = job.encoded[0]
+            ids = (item.ids[0], tiny.config.vocab_size + 5, *item.ids[2:])
+            job = Job("tiny", [dataclasses.replace(item, ids=ids)], Finish((0, 2)), recorders[i])
+        batcher.submit(job)  # all queued before the stream starts: one merged run
+    batcher.start()
+    try:
+        assert all(r.done.wait(60) for r in recorders)
+    finally:
+        batcher.close(30)
+    assert len(runs[0].jobs) == 32  # merged, then split: 1 + 2 per level of halving (5 levels)
+    assert len(runs) == 1 + 2 * 5
+    assert isinstance(recorders[poisoned].error, IndexError)
+    want = tiny.extract([t for i, t in enumerate(texts) if i != poisoned], layers=[0, 2])
+    good = [r for i, r in enumerate(recorders) if i != poisoned]
+    for recorder, stack in zip(good, want, strict=True):
+        assert recorder.error is None
+        np.testing.assert_allclose(recorder.results[0].hidden, stack.hidden, atol=1e-5)
+
+
+def test_the_vocabulary_check_refuses_an_id_the_model_lacks_at_encode_time(tiny):
+    from layerwise.errors import InputError
+    from layerwise.inputs import InputEncoder
+
+    tokenizer = tiny.tokenizer.backend_tokenizer
+    small = InputEncoder(tokenizer, tiny.max_length, vocab_size=1000)  # [CLS]=101, "!"=999 fit
+    expected = r"token 'river' with id 2314 >= the model's vocab size 1000"
+    with pytest.raises(InputError, match=expected) as caught:
+        small.encode(normalize_inputs(texts=["!", "! river"]))  # "!" = 999
+    assert caught.value.index == 1

@@ -147,6 +147,27 @@ def test_disk_full_keeps_committed_texts_and_resumes(tmp_path, tiny, monkeypatch
     assert store.complete and sorted(store.manifest["text_id"].to_pylist()) == list(range(60))
 
 
+def test_a_failed_write_leaves_no_partial_file(tmp_path, tiny, monkeypatch):
+    """The disk fills while a shard file or manifest part is being written: its temp file goes too."""
+    from layerwise.store import commit
+
+    texts = corpus(60, seed=3)
+    real_replace = commit.os.replace
+
+    def full(source, target):  # the store's rows and manifest parts; its metadata is written first
+        if f"data{os.sep}c{os.sep}" in str(target) or f"{os.sep}manifest{os.sep}" in str(target):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_replace(source, target)
+
+    monkeypatch.setattr(commit.os, "replace", full)
+    path = tmp_path / "c.lw"
+    with pytest.raises(StoreError, match="the disk is full"):
+        lw.extract_to_store(tiny, texts, path, chunk_rows=8, shard_chunks=2, block_size=16)
+    assert not [p for p in path.rglob("*") if p.name.endswith(".partial")]
+    monkeypatch.setattr(commit.os, "replace", real_replace)
+    assert lw.extract_to_store(tiny, texts, path, chunk_rows=8, shard_chunks=2, block_size=16).n_written == 60
+
+
 def test_unwritable_path(tmp_path, tiny):
     blocker = tmp_path / "a-file"
     blocker.write_text("x")
@@ -375,3 +396,23 @@ def test_stored_rows_cast_equals_numpy_bit_for_bit(dtype, monkeypatch):
     bits = np.uint16 if dtype == "float16" else np.uint32
     assert ((got.view(bits) == want.view(bits)) | (np.isnan(got) & np.isnan(want))).all()
     assert stored_rows(want, dtype) is want  # already stored form: nothing to do
+
+
+def test_a_store_rewritten_under_a_reader_says_so(tmp_path, tiny):
+    """Another process runs --overwrite while a reader has the store open: the reader is told that
+    the store is being rewritten, never a KeyError; once the writer is gone, damage is damage."""
+    from layerwise.store.format import remove_store_entries
+    from layerwise.store.lock import writer_lock
+
+    path = tmp_path / "c.lw"
+    lw.extract_to_store(tiny, corpus(5), path)
+    reader = lw.open_store(str(path))
+    with writer_lock(path):  # what `layerwise extract ... --overwrite` holds while it starts again
+        remove_store_entries(path)
+        with pytest.raises(StoreError, match=r"being rewritten by another process \(pid \d+\)"):
+            reader[0]
+        with pytest.raises(StoreError, match="being rewritten by another process"):
+            lw.open_store(path)
+    with pytest.raises(StoreError) as caught:
+        reader[0]
+    assert "being rewritten" not in str(caught.value)

@@ -84,23 +84,44 @@ def test_output_mode_follows_the_umask_and_stale_temp_files_go(tmp_path, tiny_en
     assert sorted(p.name for p in tmp_path.iterdir()) == ["o.npz"]
 
 
-def test_model_that_outputs_nan_is_reported_and_jsonl_stays_json(tmp_path, make_tiny_model, caplog):
-    import json
-    import logging
+@pytest.fixture
+def nan_model(tmp_path, make_tiny_model):
+    """The tiny BERT with one NaN weight: feature 0 is NaN from hidden state 2 on."""
     import shutil
 
     import torch
     from transformers import AutoModel
 
-    import layerwise as lw
-
     folder = tmp_path / "nan-model"
     shutil.copytree(make_tiny_model("bert"), folder)
     model = AutoModel.from_pretrained(folder)
     with torch.no_grad():
-        model.encoder.layer[1].output.LayerNorm.weight[0] = float("nan")  # feature 0 from L2 on
+        model.encoder.layer[1].output.LayerNorm.weight[0] = float("nan")
     model.save_pretrained(folder)
-    encoder = lw.Encoder(folder, device="cpu")
+    return folder
+
+
+def test_nan_in_a_hidden_state_is_an_error_naming_the_input_and_layer(tmp_path, nan_model):
+    import layerwise as lw
+
+    encoder = lw.Encoder(nan_model, device="cpu")
+    with pytest.raises(
+        lw.errors.NonFiniteError, match=r"input 0 \('first text'\) at hidden state 2"
+    ) as caught:
+        encoder.extract(["first text", "second"])
+    assert (caught.value.index, caught.value.layer) == (0, 2)
+    with pytest.raises(lw.errors.NonFiniteError):
+        lw.extract_to_file(encoder, ["first text", "second"], tmp_path / "out.npz")
+    assert not list(tmp_path.glob("out*"))  # nothing half-written
+
+
+def test_allow_nan_keeps_them_with_a_warning_and_jsonl_stays_json(tmp_path, nan_model, caplog):
+    import json
+    import logging
+
+    import layerwise as lw
+
+    encoder = lw.Encoder(nan_model, device="cpu", allow_nan=True)
     with caplog.at_level(logging.WARNING, logger="layerwise"):
         stacks = encoder.extract(["first text", "second"])
     assert np.isnan(stacks[0].hidden[2:, :, 0]).all() and np.isfinite(stacks[0].hidden[:2]).all()
@@ -111,6 +132,35 @@ def test_model_that_outputs_nan_is_reported_and_jsonl_stays_json(tmp_path, make_
     assert "NaN" not in out.read_text(encoding="utf-8")
     hidden = records[0]["hidden"]
     assert hidden[2][0][0] is None and hidden[1][0][0] == pytest.approx(float(stacks[0].hidden[1, 0, 0]))
+
+
+def test_quiet_hides_progress_never_the_nan_error_or_warning(tmp_path, nan_model):
+    import subprocess
+    import sys
+
+    source = tmp_path / "in.txt"
+    source.write_text("first text\nsecond\n", encoding="utf-8")
+    base = [
+        sys.executable,
+        "-m",
+        "layerwise.cli",
+        "extract",
+        str(source),
+        "--model",
+        str(nan_model),
+        "--quiet",
+    ]
+    refused = subprocess.run([*base, "-o", str(tmp_path / "a.npz")], capture_output=True, text=True)
+    assert (
+        refused.returncode == 2
+        and "NaN or inf for input 0 ('first text') at hidden state 2" in refused.stderr
+    )
+    assert not (tmp_path / "a.npz").exists()
+    kept = subprocess.run(
+        [*base, "-o", str(tmp_path / "b.npz"), "--allow-nan"], capture_output=True, text=True
+    )
+    assert kept.returncode == 0 and "have NaN or inf in their hidden states" in kept.stderr
+    assert (tmp_path / "b.npz").exists()
 
 
 @pytest.mark.parametrize("name", ["out.npz", "out.jsonl"])

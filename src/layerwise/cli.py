@@ -19,7 +19,7 @@ import typer
 from rich.console import Console
 
 from . import __version__
-from .errors import InputError, LayerwiseError, OptionError
+from .errors import InputError, LayerwiseError, OptionError, StoreDamagedError
 
 app = typer.Typer(
     name="layerwise",
@@ -128,8 +128,10 @@ def _fail(exc: Exception) -> typer.Exit:
 
 
 def _setup_logging(quiet: bool) -> None:
-    logging.basicConfig(format="%(levelname)s: %(message)s", level=logging.ERROR if quiet else logging.INFO)
-    logging.getLogger("layerwise").setLevel(logging.ERROR if quiet else logging.INFO)
+    # --quiet hides progress and the summary, never a warning: a NaN or a truncation must be seen
+    level = logging.WARNING if quiet else logging.INFO
+    logging.basicConfig(format="%(levelname)s: %(message)s", level=level)
+    logging.getLogger("layerwise").setLevel(level)
 
 
 @app.command()
@@ -231,7 +233,13 @@ def extract(
             min=1, help="Texts per shard [default: ~32 shards of 1024..4096]", rich_help_panel="Ray"
         ),
     ] = None,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar or summary")] = False,
+    allow_nan: Annotated[
+        bool,
+        typer.Option("--allow-nan", help="Keep NaN/inf hidden states (with a warning) instead of an error"),
+    ] = False,
+    quiet: Annotated[
+        bool, typer.Option("--quiet", "-q", help="No progress bar or summary (warnings and errors show)")
+    ] = False,
 ) -> None:
     """Extract hidden states of every requested layer for each input and write them to a file
     (.npz, .jsonl) or to a resumable store (a folder ending in .lw)."""
@@ -268,7 +276,7 @@ def extract(
         _use_available_cores()  # before the Encoder: its default streams follow the thread count
         enc = Encoder(model, device=device, model_dtype=model_dtype.value, max_length=max_length,
                       batch_size=batch_size, max_tokens=max_tokens, packed=packed,
-                      streams=streams)  # fmt: skip
+                      streams=streams, allow_nan=allow_nan)  # fmt: skip
         pairs, progress = data.text_pairs, False if quiet else None
         if to_store:
             from .store import extract_to_store
@@ -367,6 +375,11 @@ def verify(
         from .store import verify_store
 
         report = verify_store(store)
+    except StoreDamagedError as exc:  # a sharded store's table that cannot be trusted: damaged too
+        from rich.markup import escape
+
+        err.print(f"[bold red]DAMAGED:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
+        raise typer.Exit(code=1) from None
     except LayerwiseError as exc:
         raise _fail(exc) from None
     (Console() if report.ok else err).print(str(report), highlight=False, markup=False, soft_wrap=True)

@@ -84,6 +84,7 @@ class Encoder:
             ``method="hooks"``: the Hugging Face padded forward (the same numbers).
         streams: packed batches run at once on the CPU, each on its share of torch's threads
             (streams.py); default 2 for a model up to 512 wide on 2+ threads, else 1.
+        allow_nan: keep NaN/inf hidden states (with a warning); else a NonFiniteError names the input.
     Front ends batching across callers use ``inputs.encode`` and ``engine.stream`` directly."""
 
     def __init__(
@@ -97,6 +98,7 @@ class Encoder:
         max_tokens: int | None = None,
         packed: bool = True,
         streams: int | None = None,
+        allow_nan: bool = False,
     ) -> None:
         check_choice("model_dtype", model_dtype, MODEL_DTYPES)
         _positive("batch_size", batch_size, optional=False)
@@ -108,18 +110,17 @@ class Encoder:
         # the packed forward needs no transformers model class (model_handle.py: 1.5-2 s less start-up)
         dtype = _TORCH_DTYPES[model_dtype]
         self.models = ModelHandle(self.source, self.name, self.config, dtype, self.device, light=packed)
-        self.model_type: str = self.config.model_type
-        self.n_layers: int = self.config.num_hidden_layers
-        self.hidden_size: int = self.config.hidden_size
+        self.model_type, self.n_layers, self.hidden_size = _dimensions(self.config)
         self.sentence_transformers = read_sentence_transformers(self.source)
         convention = self.sentence_transformers.max_seq_length if self.sentence_transformers else None
         padding_idx = getattr(self.models.current.embeddings, "padding_idx", None)  # MPNet: 1
         self.max_length = usable_max_length(self.config, self.tokenizer, max_length, convention, padding_idx)
-        self.inputs = InputEncoder(self.tokenizer.backend_tokenizer, self.max_length)
+        vocab = int(self.config.vocab_size)  # token ids past it are refused at encode time
+        self.inputs = InputEncoder(self.tokenizer.backend_tokenizer, self.max_length, vocab_size=vocab)
         max_tokens = max_tokens or (CPU_MAX_TOKENS if self.device.type == "cpu" else GPU_MAX_TOKENS)
         self.engine = Engine(self.models, self.tokenizer, device=self.device, max_length=self.max_length,
                              batch_size=batch_size, max_tokens=max_tokens, packed=packed,
-                             streams=streams)  # fmt: skip
+                             streams=streams, allow_nan=allow_nan)  # fmt: skip
         self.batch_size, self.max_tokens = batch_size, max_tokens  # the defaults of every call
 
     @property
@@ -302,8 +303,7 @@ class Encoder:
         stride: int | None = None,
         progress: bool | None = None,
     ) -> dict[tuple[str, str], np.ndarray]:
-        """Every (pool, fusion) combination from ONE forward pass: ``{(pool, fuse): (n_texts, dim)}``.
-        ``layers`` feeds the generic fusions (mean, sum, concat); named ones pick their own."""
+        """Every (pool, fusion) from ONE forward pass: ``{(pool, fuse): (n_texts, dim)}``."""
         if isinstance(texts, str):
             raise InputError("features() takes a list of texts; wrap a single text in a list")
         pools, fuses = list(pools), list(fuses)
@@ -318,6 +318,11 @@ class Encoder:
             special_tokens=special_tokens, n_hidden_states=self.n_hidden_states, hidden_size=self.hidden_size,
         )  # fmt: skip
         return {(p, f): results[(p, f)] for p in pools for f in fuses}
+
+
+def _dimensions(config) -> tuple[str, int, int]:
+    """``(model_type, n_layers, hidden_size)`` of a config."""
+    return str(config.model_type), int(config.num_hidden_layers), int(config.hidden_size)
 
 
 def _drops_axis(layers: LayerSpec | None, fuse: str | None) -> bool:

@@ -3,8 +3,10 @@
     LayerwiseError                      base class: catch this to catch them all
     ├── LayerSpecError (ValueError)     a layer spec that does not parse or is out of range
     ├── InputError (ValueError)         a text, pair, word list or input file line that cannot be used
+    │   └── InputTooLargeError          an input or request over a size limit (HTTP 413)
     ├── OptionError (ValueError)        an argument outside its valid choices (batch size, dtype, tap name…)
     ├── ModelLoadError (OSError)        a model or tokenizer that cannot be found or loaded
+    ├── NonFiniteError (ArithmeticError) the model produced NaN or inf for an input (allow_nan keeps them)
     ├── StoreError (OSError)            a store that cannot be written: locked, incompatible, disk failed
     │   ├── NotAStoreError              the path is not a layerwise store (on read and on write)
     │   └── StoreDamagedError           a store whose files contradict each other; says what and where
@@ -35,12 +37,26 @@ class InputError(LayerwiseError, ValueError):
         self.line = line
 
 
+class InputTooLargeError(InputError):
+    """An input, or a request, over a size limit: split it, or ask for less."""
+
+
 class OptionError(LayerwiseError, ValueError):
     """An argument outside its valid choices."""
 
 
 class ModelLoadError(LayerwiseError, OSError):
     """A model or tokenizer that cannot be found or loaded."""
+
+
+class NonFiniteError(LayerwiseError, ArithmeticError):
+    """The model produced NaN or inf in a hidden state (float16 overflow, or broken weights).
+    ``index`` is the input, ``layer`` the first hidden state that holds one."""
+
+    def __init__(self, message: str, *, index: int, layer: int) -> None:
+        super().__init__(message)
+        self.index = index
+        self.layer = layer
 
 
 class OutputError(LayerwiseError, OSError):

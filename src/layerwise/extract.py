@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .errors import ModelLoadError, OptionError
+from .errors import ModelLoadError, NonFiniteError, OptionError
 from .hooks import HookRecorder, find_layer_list, truncated_encoder
 from .inputs import EncodedInput, length_sorted_batches
 from .model_handle import ModelHandle
@@ -193,8 +193,10 @@ class Engine:
         max_tokens: int,
         packed: bool = True,
         streams: int | None = 1,  # None: the device's default (streams.py)
+        allow_nan: bool = False,
     ) -> None:
         config = models.config
+        self.allow_nan = allow_nan
         pad_id = tokenizer.pad_token_id
         self.models, self.device, self.max_length = models, device, max_length
         self.pad_id: int = pad_id if pad_id is not None else (getattr(config, "pad_token_id", None) or 0)
@@ -315,6 +317,8 @@ class Engine:
                 for u, (hidden, tapped) in zip(batch_ids, rows, strict=True):
                     index, k = owners[u]
                     if rows.nonfinite and not np.isfinite(hidden).all():
+                        if not self.allow_nan:
+                            raise _nonfinite_error(encoded[index], hidden, layers)
                         nonfinite.add(index)
                     if k < 0:
                         yield index, make_stack(encoded[index], hidden, tapped, layers)
@@ -325,7 +329,7 @@ class Engine:
                 if bar is not None and task is not None:
                     bar.advance(task, len(batch_ids))
         if nonfinite:
-            # a silent NaN is a wrong number: say so (float16 overflow, or broken weights)
+            # kept on request (allow_nan), but a silent NaN is a wrong number: say so
             logger.warning(
                 "%d input(s) have NaN or inf in their hidden states (first: input %d); the model produced "
                 "them: with model_dtype='float16' try float32, else check the weights",
@@ -430,3 +434,16 @@ def _stitch(item: EncodedInput, parts: dict[int, tuple], layers: tuple[int, ...]
         for name in ordered[0][2]
     }
     return make_stack(item, hidden, taps, layers, n_windows=len(windows))
+
+
+def _nonfinite_error(item: EncodedInput, hidden: np.ndarray, layers: tuple[int, ...]) -> NonFiniteError:
+    """The error for an input whose hidden states (``(L, n, H)`` of ``layers``) hold NaN or inf."""
+    finite = np.isfinite(hidden.reshape(hidden.shape[0], -1)).all(axis=1)
+    first = int(np.flatnonzero(~finite)[0]) if (~finite).any() else 0
+    return NonFiniteError(
+        f"the model produced NaN or inf for input {item.index} ({item.text!r:.60}) at hidden state "
+        f"{layers[first]}: with model_dtype='float16' try float32, else check the weights; "
+        "allow_nan=True (--allow-nan) keeps them",
+        index=item.index,
+        layer=layers[first],
+    )

@@ -162,10 +162,21 @@ def normalize_inputs(
 class InputEncoder:
     """Tokenises :class:`RawInputs` with a fast tokenizer, truncating to ``max_length``."""
 
-    def __init__(self, backend: Tokenizer, max_length: int, *, special_tokens_in_text: bool = False) -> None:
+    def __init__(
+        self,
+        backend: Tokenizer,
+        max_length: int,
+        *,
+        special_tokens_in_text: bool = False,
+        vocab_size: int | None = None,
+    ) -> None:
         if max_length < 2:
             raise OptionError(f"max_length={max_length} leaves no room for [CLS] and [SEP]; use >= 2")
         self.max_length = max_length
+        # The model's embedding rows: an id at or above them fails the forward with an IndexError,
+        # and in a server that would fail every request merged into the same run; checked here,
+        # before an input joins a batch, it is this input's own error.
+        self.vocab_size = vocab_size
         # Private copies: the caller's tokenizer keeps its settings, and no shared state is
         # switched back and forth between calls (so encoding is thread-safe).
         self._free = Tokenizer.from_str(backend.to_str())
@@ -223,6 +234,8 @@ class InputEncoder:
             for i in too_long_set:
                 present = [w for w in encodings[i].word_ids if w is not None]
                 lost[i] = len(raw.words[i]) - (max(present) + 1 if present else 0)
+        if self.vocab_size is not None:
+            self._check_ids(encodings, raw)
         out = []
         for i, enc in enumerate(encodings):
             offsets = enc.offsets
@@ -248,6 +261,18 @@ class InputEncoder:
                 )
             )
         return out
+
+    def _check_ids(self, encodings, raw: RawInputs) -> None:
+        for i, enc in enumerate(encodings):
+            top = max(enc.ids, default=0)
+            if top >= self.vocab_size:  # type: ignore[operator]  # only called with a vocab_size
+                token = enc.tokens[enc.ids.index(top)]
+                raise InputError(
+                    f"tokenizer and model disagree: input {i} ({raw.texts[i]!r:.60}) has token {token!r} "
+                    f"with id {top} >= the model's vocab size {self.vocab_size}; the tokenizer is not the "
+                    "one this model was trained with: load the model with its own tokenizer files",
+                    index=i,
+                )
 
     def _prefix_encoding(self, item, pretokenized: bool):
         """``(truncated encoding, tokens in the prefix, words lost in the prefix)`` from a prefix of

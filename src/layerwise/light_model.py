@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .model_source import unused_weights
 from .packed import unpackable
 
 logger = logging.getLogger("layerwise")
@@ -260,6 +261,12 @@ def _read(path: Path, config: Any, dtype: torch.dtype, source: str) -> LightMode
             if tensor.shape != meta.shape:  # the transformers loader's error names it
                 logger.debug("loading %s with transformers: %s is %s", source, name, tuple(tensor.shape))
                 return None
-            state[name] = tensor.to(dtype) if tensor.is_floating_point() else tensor
+            # a weight stored as integers (an int32 bias) is cast as transformers casts it
+            state[name] = tensor.to(dtype) if meta.is_floating_point() else tensor
+        used = set(model.state_dict())
+        leftover = [k for k in stored if not (k.startswith(prefix) and k[len(prefix) :] in used)]
+    if unused_weights(sorted(leftover), used, prefix):  # the transformers loader's error names them
+        logger.debug("loading %s with transformers: weights the config does not use", source)
+        return None
     model.load_state_dict(state, strict=True, assign=True)
     return model.eval()

@@ -31,6 +31,11 @@ SUPPORTED_MODEL_TYPES = ("bert", "roberta", "xlm-roberta", "camembert", "distilb
 _OFFSET_POSITIONS = {"roberta", "xlm-roberta", "camembert", "mpnet"}
 # Weights a checkpoint may lack without changing any hidden state.
 _OPTIONAL_PREFIXES = ("pooler.",)
+# Files one of which holds a tokenizer's vocabulary (fast tokenizer, WordPiece, BPE, SentencePiece).
+TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "sentencepiece.bpe.model", "spiece.model",
+                   "tokenizer.model")  # fmt: skip
+# Buffers older checkpoints saved and transformers now builds itself: left over, never a weight.
+_REBUILT_BUFFERS = ("position_ids", "token_type_ids")
 
 
 def default_model_path() -> Path:
@@ -63,6 +68,11 @@ def resolve_model_source(model: str | os.PathLike | None) -> tuple[str, str]:
         return str(path), str(model)
     if path.exists():
         raise ModelLoadError(f"model {str(path)!r} is a file; pass the folder that contains it")
+    if os.path.lexists(path):  # an entry that leads nowhere: a local path all the same, never a hub name
+        raise ModelLoadError(
+            f"model {str(path)!r} is a symbolic link that leads nowhere (a loop, or its target is gone); "
+            "point it at the model folder, or pass the folder itself"
+        )
     if isinstance(model, os.PathLike) or _looks_like_path(str(model)):
         raise ModelLoadError(
             f"model folder {str(path)!r} does not exist; check the path, or pass a Hugging Face "
@@ -140,6 +150,13 @@ def load_config_and_tokenizer(source: str, name: str):
                 f"model {name!r} is a {config.model_type!r} model; layerwise extracts encoder layers of "
                 f"the BERT family: {', '.join(SUPPORTED_MODEL_TYPES)}"
             )
+        if local and not any((Path(source) / f).is_file() for f in TOKENIZER_FILES):
+            # transformers would build an empty tokenizer of five special tokens: every word [UNK]
+            raise ModelLoadError(
+                f"model folder {name!r} has no tokenizer: none of {', '.join(TOKENIZER_FILES)} is there. "
+                "Copy the tokenizer files the model was trained with into the folder "
+                "(tokenizer.save_pretrained(folder))"
+            )
         try:
             tokenizer = AutoTokenizer.from_pretrained(source)
         except Exception as exc:
@@ -149,7 +166,54 @@ def load_config_and_tokenizer(source: str, name: str):
             f"model {name!r} has no fast (Rust) tokenizer; layerwise needs one for word "
             "ids and character offsets. Save a tokenizer.json next to the model."
         )
+    check_tokenizer_fits(config, tokenizer, name)
     return config, tokenizer
+
+
+def check_tokenizer_fits(config, tokenizer, name: str) -> None:
+    """The tokenizer's ids must index the model's embedding table: a larger vocabulary, or special
+    tokens past its end, is an error; a vocabulary of special tokens only, too. A vocabulary far
+    smaller than the table is allowed (models pad their tables) but said."""
+    rows = int(config.vocab_size)
+    vocab = tokenizer.get_vocab()  # with added tokens
+    specials = {t: tokenizer.convert_tokens_to_ids(t) for t in tokenizer.all_special_tokens}
+    outside = sorted((i, t) for t, i in vocab.items() if i >= rows)
+    if outside:
+        shown = ", ".join(f"{t!r}={i}" for i, t in outside[:5])
+        bad_specials = [t for t, i in specials.items() if i is not None and i >= rows]
+        what = f" (special tokens among them: {', '.join(bad_specials)})" if bad_specials else ""
+        raise ModelLoadError(
+            f"model {name!r}: its tokenizer has {len(outside):,} token ids at or past the model's vocab size "
+            f"{rows:,}: {shown}{what}. The tokenizer and the weights do not belong together: use the "
+            "tokenizer the model was trained with"
+        )
+    if len(vocab) <= len(specials):
+        raise ModelLoadError(
+            f"model {name!r}: its tokenizer holds only its {len(vocab)} special tokens, no vocabulary; "
+            "every word would be [UNK]. Use the tokenizer files the model was trained with"
+        )
+    if len(vocab) < 0.9 * rows:
+        logger.warning(
+            "model %s: the tokenizer has %s tokens for an embedding table of %s rows; if it is not the "
+            "tokenizer this model was trained with, the ids mean nothing to the model",
+            name, f"{len(vocab):,}", f"{rows:,}",
+        )  # fmt: skip
+
+
+def unused_weights(stored: list[str], model_keys: set[str], base_prefix: str) -> list[str]:
+    """Checkpoint keys of the encoder itself (its embeddings, layers, pooler; behind the base
+    model's prefix when the checkpoint has one) that the model built from config.json has no place
+    for: a config with fewer layers than the weights, or a checkpoint with an extra layer. Heads
+    saved beside the encoder (``cls.``, ``lm_head.``, ``classifier.``) are not the encoder's."""
+    roots = {key.split(".", 1)[0] for key in model_keys}
+    unused = []
+    for key in stored:
+        local = key[len(base_prefix) :] if base_prefix and key.startswith(base_prefix) else key
+        if local in model_keys or local.rsplit(".", 1)[-1] in _REBUILT_BUFFERS:
+            continue
+        if local.split(".", 1)[0] in roots:
+            unused.append(key)
+    return sorted(unused)
 
 
 def load_model(source: str, name: str, dtype):
@@ -190,6 +254,16 @@ def load_model(source: str, name: str, dtype):
         raise ModelLoadError(
             f"model {name!r}: {len(missing)} weights are missing from the checkpoint and would be random: "
             f"{_listed(missing)}.{hint} Use a complete checkpoint of this architecture."
+        )
+    model_keys = set(model.state_dict())
+    prefix = f"{model.base_model_prefix}." if getattr(model, "base_model_prefix", "") else ""
+    unused = unused_weights(sorted(info.get("unexpected_keys", ())), model_keys, prefix)
+    if unused:
+        raise ModelLoadError(
+            f"model {name!r}: {len(unused)} weights of the checkpoint are not used by its config.json and "
+            f"would be ignored: {_listed(unused)}. The config and the weights do not belong together "
+            "(e.g. num_hidden_layers is smaller than the checkpoint's layers): use the config the weights "
+            "were saved with"
         )
     mismatched = info.get("mismatched_keys") or []
     if mismatched:

@@ -77,6 +77,9 @@ _UNSUPPORTED = {
 }
 
 
+JSONL_FIELDS = frozenset({"text", "text_pair"})
+
+
 def read_input_file(path: str | Path, *, encoding_errors: EncodingErrors = "strict") -> InputFile:
     """Read texts (and pairs) from ``path``; the format follows the suffix."""
     check_choice("encoding_errors", encoding_errors, ("strict", "replace"))
@@ -100,8 +103,14 @@ def read_input_file(path: str | Path, *, encoding_errors: EncodingErrors = "stri
 def _read_tsv(path: Path, lines: list[str]) -> InputFile:
     firsts, seconds, numbers = [], [], []
     for number, line in enumerate(lines, start=1):
+        if not line:
+            continue  # an empty line separates nothing: skipped, as in JSON Lines
         if not line.strip():
-            continue
+            raise InputError(
+                f"{path}: line {number} holds only whitespace ({line!r}); a .tsv line is a pair of texts: "
+                "remove the line, or write the texts",
+                line=number,
+            )
         columns = line.split("\t")
         if len(columns) != 2:
             raise InputError(
@@ -132,6 +141,13 @@ def _read_jsonl(path: Path, lines: list[str]) -> InputFile:
             raise InputError(
                 f'{path}: line {number} needs an object with a string "text" field, e.g. '
                 '{"text": "The bank raised rates."}',
+                line=number,
+            )
+        unknown = sorted(set(record) - JSONL_FIELDS)
+        if unknown:  # a misspelled "text_pair" would silently leave the text unpaired
+            raise InputError(
+                f"{path}: line {number} has the field(s) {', '.join(map(repr, unknown))}; a .jsonl input "
+                f"line holds {' and '.join(map(repr, sorted(JSONL_FIELDS)))} only",
                 line=number,
             )
         pair = record.get("text_pair")

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import InputError, OptionError
+from .errors import InputError, InputTooLargeError, OptionError
 from .inputs import EncodedInput
 
 
@@ -51,18 +51,25 @@ WINDOW_MEMORY = 2 * 2**30  # bytes of hidden states one windowed input may hold
 
 def check_window_memory(raw, n_layers: int, hidden_size: int) -> None:
     """Window mode holds every hidden state of an input until its windows are stitched; refuse,
-    before tokenising, an input that would need more than WINDOW_MEMORY bytes for that (counted
-    at one token per 4 characters, a low estimate for English WordPiece)."""
+    before tokenising, an input that would need more than WINDOW_MEMORY bytes for that: a text
+    counted at one token per 4 characters (a low estimate for English WordPiece), pre-split words at
+    one token per word (each word that is not empty gives one token or more)."""
     bytes_per_token = n_layers * hidden_size * 4
-    max_chars = 4 * WINDOW_MEMORY // bytes_per_token
+    max_tokens = WINDOW_MEMORY // bytes_per_token
     for i, text in enumerate(raw.texts):
         size = len(text) + (len(raw.text_pairs[i]) if raw.text_pairs is not None else 0)
-        if size > max_chars:
-            gib = size // 4 * bytes_per_token / 2**30
-            raise InputError(
-                f"input {i} has {size:,} characters: with long_texts='window' its {n_layers} hidden "
+        if raw.words is not None:
+            count, unit = sum(1 for word in raw.words[i] if word), "words"
+            tokens, limit = count, max_tokens
+        else:
+            count, unit = size, "characters"
+            tokens, limit = size // 4, 4 * max_tokens
+        if tokens > max_tokens:
+            gib = tokens * bytes_per_token / 2**30
+            raise InputTooLargeError(
+                f"input {i} has {count:,} {unit}: with long_texts='window' its {n_layers} hidden "
                 f"states would take about {gib:.1f} GiB until its windows are stitched; the limit "
-                f"for this model and these layers is {max_chars:,} characters per input. Split such "
+                f"for this model and these layers is {limit:,} {unit} per input. Split such "
                 "documents (e.g. into paragraphs), ask for fewer layers, or use long_texts='truncate'",
                 index=i,
             )

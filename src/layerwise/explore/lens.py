@@ -63,7 +63,12 @@ class MaskedLMHead:
         vocabulary = tokenizer.convert_ids_to_tokens(list(range(mlm.config.vocab_size)))
         from ..inputs import InputEncoder
 
-        inputs = InputEncoder(tokenizer.backend_tokenizer, encoder.max_length, special_tokens_in_text=True)
+        inputs = InputEncoder(
+            tokenizer.backend_tokenizer,
+            encoder.max_length,
+            special_tokens_in_text=True,
+            vocab_size=encoder.inputs.vocab_size,
+        )
         return cls(head, tokenizer.mask_token, [str(t) for t in vocabulary], encoder.device, inputs)
 
     def logits(self, hidden: np.ndarray) -> np.ndarray:

@@ -16,7 +16,6 @@ task on a restarted actor). Needs the ``distributed`` extra: pip install 'layerw
 
 from __future__ import annotations
 
-import hashlib
 import os
 import time
 from collections.abc import Sequence
@@ -123,19 +122,19 @@ class ShardWriter(_ModelActor):
         threads,
         plan: OutputPlan,
         path: str,
+        table: dict,
         long_texts: str,
         stride: int | None,
     ) -> None:
         super().__init__(model, device, max_length, threads)
-        self.plan, self.path, self.long_texts, self.stride = plan, Path(path), long_texts, stride
+        self.plan, self.path, self.table = plan, Path(path), table
+        self.long_texts, self.stride = long_texts, stride
 
     def __call__(self, batch: dict) -> dict:
         out: dict[str, list] = {"shard": [], "n_texts": [], "n_written": [], "n_rows": [], "seconds": []}
-        for k, name, texts, pairs in zip(
-            batch["shard"], batch["name"], batch["texts"], batch["text_pairs"], strict=True
-        ):
+        for k, texts, pairs in zip(batch["shard"], batch["texts"], batch["text_pairs"], strict=True):
             text_pairs = None if pairs is None or len(pairs) == 0 else [str(p) for p in pairs]
-            summary = self.write_shard(name, [str(t) for t in texts], text_pairs)
+            summary = self.write_shard(int(k), [str(t) for t in texts], text_pairs)
             out["shard"].append(int(k))
             out["n_texts"].append(summary.n_texts)
             out["n_written"].append(summary.n_written)
@@ -143,19 +142,13 @@ class ShardWriter(_ModelActor):
             out["seconds"].append(summary.seconds)
         return out
 
-    def write_shard(self, name: str, texts: list[str], text_pairs: list[str] | None):
-        from ..store import extract_to_store
+    def write_shard(self, index: int, texts: list[str], text_pairs: list[str] | None):
+        from ..store.shard_writer import write_shard
 
-        return extract_to_store(
-            self.encoder,
-            texts,
-            self.path / name,
-            self.plan,
-            text_pairs=text_pairs,
-            long_texts=self.long_texts,
-            stride=self.stride,
-            progress=False,
-        )
+        return write_shard(
+            self.encoder, self.path, self.table, index, texts, text_pairs, self.plan,
+            long_texts=self.long_texts, stride=self.stride,
+        )  # fmt: skip
 
 
 def _texts_of(data: Any, column: str) -> list[str]:
@@ -268,7 +261,7 @@ def extract_to_store(
     written by one actor. Rerun the same
     call to resume. ``writer`` is the actor class (tests pass one that dies mid-shard)."""
     from ..errors import check_choice
-    from ..store.sharded import is_sharded, read_shards_meta, shard_ranges, write_shards_meta
+    from ..store.shard_writer import begin_sharded_store
 
     ray = _ray()
     started = time.perf_counter()
@@ -278,44 +271,16 @@ def extract_to_store(
     if text_pairs is not None and len(text_pairs) != len(texts):
         raise OptionError(f"{len(texts)} texts but {len(text_pairs)} text_pairs")
     source, name, n_hidden = _model_shape(model)
-    layers = plan.hidden_states(n_hidden)
+    plan.hidden_states(n_hidden)  # a bad layer spec fails here, before anything is written
     check_choice("long_texts", long_texts, ("truncate", "window"))
     if stride is not None and long_texts != "window":
         raise OptionError(f"stride={stride} applies to long_texts='window' only")
     path = Path(path)
-    digest = hashlib.sha256()
-    for i, text in enumerate(texts):
-        digest.update(text.encode("utf-8", "surrogatepass") + b"\x00")
-        if text_pairs is not None:
-            digest.update(text_pairs[i].encode("utf-8", "surrogatepass") + b"\x00")
-    ranges = shard_ranges(len(texts), shard_size)
-    meta = {
-        "model": name,
-        "n_texts": len(texts),
-        "shard_size": shard_size,
-        "texts_sha256": digest.hexdigest(),
-        **plan.meta(n_hidden),
-        "layers": list(layers),
-        "long_texts": long_texts,
-        "stride": stride,
-        "shards": [{"name": f"shard-{k:05d}.lw", "start": a, "stop": b} for k, (a, b) in enumerate(ranges)],
-    }
-    if is_sharded(path) and not overwrite:
-        old = read_shards_meta(path)
-        differing = [key for key in meta if old.get(key) != meta[key]]
-        if differing:
-            raise OptionError(
-                f"{path} was written with other settings or texts ({', '.join(differing)}); pass the same "
-                "ones to resume, or overwrite=True (--overwrite) to start again"
-            )
-    elif not is_sharded(path) and path.exists() and (not path.is_dir() or any(path.iterdir())):
-        raise OptionError(f"{path} exists and is not a sharded layerwise store; choose a new folder")
-    if overwrite and is_sharded(path):
-        import shutil
-
-        for shard in read_shards_meta(path)["shards"]:
-            shutil.rmtree(path / shard["name"], ignore_errors=True)
-    write_shards_meta(path, meta)
+    table = begin_sharded_store(
+        path, model=name, plan=plan, n_hidden_states=n_hidden, texts=texts, text_pairs=text_pairs,
+        shard_size=shard_size, long_texts=long_texts, stride=stride, overwrite=overwrite,
+    )  # fmt: skip
+    ranges = [(shard["start"], shard["stop"]) for shard in table["shards"]]
 
     from ..store.sharded import ShardedStore
 
@@ -323,7 +288,6 @@ def extract_to_store(
     rows = [
         {
             "shard": k,
-            "name": meta["shards"][k]["name"],
             "texts": texts[a:b],
             "text_pairs": list(text_pairs[a:b]) if text_pairs is not None else [],
         }
@@ -346,6 +310,7 @@ def extract_to_store(
                 threads_per_worker,
                 plan,
                 str(path),
+                table,
                 long_texts,
                 stride,
             ),

@@ -11,7 +11,8 @@ back is each request's own results, nothing more. With several streams, runs ove
 computed while another's responses go out and its clients' next requests come in; and a stream's
 thread hands it the next run before it answers the one that just ended, so the stream does not
 sit idle while this process delivers (GIL-bound work). The queue is bounded in tokens: a job that
-does not fit is refused with an estimate of when to retry (HTTP 429 + Retry-After).
+does not fit is refused with an estimate of when to retry (HTTP 429 + Retry-After). A merged run
+that fails is run again in halves, so that only the request whose input fails gets the error.
 """
 
 from __future__ import annotations
@@ -280,6 +281,13 @@ class Batcher:
                 results, error = self.runner.collect(slot), None
             except BaseException as exc:  # every request of the run learns of it; the stream goes on
                 results, error = None, exc
+            if isinstance(error, Exception) and len(current.jobs) > 1 and self.runner.alive:
+                # one request's input can fail a merged run: its batch-mates must not fail with it
+                self._run_apart(slot, current.jobs)
+                with self._cond:
+                    self._running -= 1
+                current = self._launch(slot, block=True)
+                continue
             with self._cond:
                 self._running -= 1
             following = self._launch(slot, block=False)
@@ -287,6 +295,24 @@ class Batcher:
             if error is not None and not isinstance(error, Exception):
                 raise error
             current = following or self._launch(slot, block=True)
+
+    def _run_apart(self, slot: int, jobs: list[Job]) -> None:
+        """Re-run the jobs of a failed run in halves on stream ``slot``, halving again whatever
+        fails, until the job (or jobs) that fail on their own are found: each of those gets its own
+        error, every other job its results. A poisoned input costs log2(jobs) extra runs, not a
+        failure of every request merged with it."""
+        middle = len(jobs) // 2
+        for part in (jobs[:middle], jobs[middle:]):
+            run = Run.of(part)
+            try:
+                self.runner.start(slot, run)
+                results, error = self.runner.collect(slot), None
+            except Exception as exc:
+                results, error = None, exc
+            if error is not None and len(part) > 1 and self.runner.alive:
+                self._run_apart(slot, part)
+            else:
+                self._deliver(run, results, error)
 
     def _launch(self, slot: int, *, block: bool) -> Run | None:
         """Gather a run and hand it to stream ``slot``; None when none is ready (``block``: when the

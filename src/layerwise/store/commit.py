@@ -152,8 +152,12 @@ class Committer(threading.Thread):
         if job.records:
             part = self.path / MANIFEST / part_name(job.first_position)
             tmp = part.with_name(f".{part.name}.partial")
-            pq.write_table(records_table(job.records), tmp)
-            os.replace(tmp, part)
+            try:
+                pq.write_table(records_table(job.records), tmp)
+                os.replace(tmp, part)
+            except BaseException:  # a full disk must not leave the half-written part behind
+                tmp.unlink(missing_ok=True)
+                raise
             marker = self.group[OFFSETS]
             needed = job.first_position + len(job.records) + 1
             if marker.shape[0] < needed:
@@ -229,12 +233,16 @@ class ShardFiles:
             key = self.folder.joinpath("c", str(start // self.shard_rows + k), *["0"] * (self.ndim - 1))
             key.parent.mkdir(parents=True, exist_ok=True)
             tmp = key.with_name(f"{key.name}.{uuid.uuid4().hex}.partial")  # clean_stale removes these
-            with open(tmp, "wb") as handle:
-                for piece in shard:
-                    handle.write(np.ascontiguousarray(piece, dtype=self.dtype).data)
-                handle.write(index_bytes)
-                handle.write(checksum)
-            os.replace(tmp, key)
+            try:
+                with open(tmp, "wb") as handle:
+                    for piece in shard:
+                        handle.write(np.ascontiguousarray(piece, dtype=self.dtype).data)
+                    handle.write(index_bytes)
+                    handle.write(checksum)
+                os.replace(tmp, key)
+            except BaseException:  # a full disk must not leave a shard-sized temp file behind
+                tmp.unlink(missing_ok=True)
+                raise
 
 
 def _whole_shards(pieces: list[np.ndarray], shard_rows: int):

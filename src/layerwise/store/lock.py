@@ -85,3 +85,34 @@ def writer_lock(path: Path) -> Iterator[None]:
         yield
     finally:
         os.close(fd)
+
+
+def writer_active(path: Path) -> str | None:
+    """Who holds the writer lock of the store at ``path`` ("pid N"), or None when no process does.
+    Opens the lock file read-only, never creating it, and takes no lock itself."""
+    try:
+        fd = os.open(path / LOCK, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return _holder(fd)
+    except OSError:
+        return None
+    else:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
+
+
+def being_rewritten(path: Path) -> StoreError | None:
+    """The error to give a reader whose store changed under it, when a writer holds the store."""
+    holder = writer_active(path)
+    if holder is None:
+        return None
+    return StoreError(
+        f"store {str(path)!r} is being rewritten by another process ({holder}); open it again when that "
+        "run is done"
+    )

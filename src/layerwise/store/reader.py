@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import LayerSpecError, OptionError
+from ..errors import LayerSpecError, OptionError, StoreError
 from ..results import LayerStack, WordVectors
 from .format import (
     DATA,
@@ -23,6 +23,7 @@ from .format import (
     read_store_meta,
     require_store_dependencies,
 )
+from .lock import being_rewritten
 from .verify import VerifyReport, check_structure, damaged, rows_checksum, verify_store
 
 
@@ -163,11 +164,15 @@ class Store(StoreDescription):
 
     def refresh(self) -> None:
         """Re-read the commit marker and manifest (to follow a store that is being written).
-        Raises StoreDamagedError when they contradict each other or a committed shard is missing."""
-        group, meta, offsets, manifest, problems = read_parts(self.path)
-        if problems:
-            raise damaged(self.path, problems, [])
-        check_structure(self.path, group, meta, offsets, manifest)
+        Raises StoreDamagedError when they contradict each other or a committed shard is missing,
+        and StoreError when that is because another process is rewriting the store (--overwrite)."""
+        try:
+            group, meta, offsets, manifest, problems = read_parts(self.path)
+            if problems:
+                raise damaged(self.path, problems, [])
+            check_structure(self.path, group, meta, offsets, manifest)
+        except (StoreError, KeyError, FileNotFoundError) as exc:
+            raise being_rewritten(self.path) or exc from None
         self._group, self.meta, self._offsets, self._manifest = group, dict(meta), offsets, manifest
         self._by_id: dict[int, int] = {}
         if manifest is not None:
@@ -187,7 +192,10 @@ class Store(StoreDescription):
     @property
     def data(self):
         """The raw Zarr array of rows (includes rows past the commit marker after a crash)."""
-        return self._group[DATA]
+        try:
+            return self._group[DATA]
+        except KeyError:  # removed since the store was opened
+            raise being_rewritten(self.path) or damaged(self.path, [f"{DATA}/ is missing"], []) from None
 
     @property
     def n_rows(self) -> int:
@@ -233,7 +241,10 @@ class Store(StoreDescription):
         start, stop = int(self._offsets[position]), int(self._offsets[position + 1])
         try:
             stored = np.asarray(self.data[start:stop])
-        except ValueError as exc:  # zarr cannot decode the shard: its bytes were changed
+        except (ValueError, FileNotFoundError) as exc:  # zarr cannot decode the shard: its bytes changed
+            rewriting = being_rewritten(self.path)
+            if rewriting is not None:
+                raise rewriting from None
             problem = f"rows {start}..{stop - 1} of text {text_id} cannot be read ({exc})"
             raise damaged(self.path, [problem], [int(text_id)]) from exc
         record = {name: self._manifest[name][position].as_py() for name in self._manifest.column_names}

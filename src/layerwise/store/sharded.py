@@ -1,67 +1,59 @@
 """A sharded store: several ordinary stores that read as one (written by ``lw.ray``).
 
-    corpus.lw/
-      layerwise-shards.json      format, version, n_texts, the plan and model, and per shard its
-                                 folder and its range [start, stop) of global text ids
-      shard-00000.lw/            an ordinary store (format.py) holding texts start..stop-1 as ids 0..
-      shard-00001.lw/ ...
-
-Each shard is written by exactly one writer with the crash-safe store writer, so each resumes on
-its own. ``open_store`` reads a sharded store transparently: ``len``, ``store[i]`` by global id,
-iteration in input order, ``array(layer)`` across shards, one manifest.
+The layout, the table and the identity every shard records are in shard_table.py. Each shard is
+written by exactly one writer with the crash-safe store writer, so each resumes on its own.
+``open_store`` reads a sharded store transparently: ``len``, ``store[i]`` by global id, iteration in
+input order, ``array(layer)`` across shards, one manifest; and it opens only shards that belong
+(the table checked, each shard's identity, model, weights and plan compared with it).
 """
 
 from __future__ import annotations
 
 import bisect
-import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 
-from ..errors import NotAStoreError, OptionError, StoreDamagedError
-from .format import classify
+from ..errors import OptionError, StoreDamagedError
+from .format import classify, read_store_meta
 from .reader import LayerView, Store, StoreDescription
+from .shard_table import is_sharded, read_table, shard_name, shard_path, shard_problems, texts_sha256
 from .verify import VerifyReport
 
-SHARDS_FILE = "layerwise-shards.json"
-SHARDS_FORMAT = "layerwise-sharded-store"
+__all__ = ["ShardedLayerView", "ShardedStore", "is_sharded", "shard_report"]
 
 
-def is_sharded(path: str | os.PathLike) -> bool:
-    return (Path(path) / SHARDS_FILE).is_file()
-
-
-def read_shards_meta(path: str | os.PathLike) -> dict:
-    path = Path(path)
-    try:
-        meta = json.loads((path / SHARDS_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise StoreDamagedError(
-            f"{path / SHARDS_FILE} cannot be read ({exc}); rerun the command to rewrite it"
-        ) from None
-    if meta.get("format") != SHARDS_FORMAT:
-        raise NotAStoreError(f"{path / SHARDS_FILE} is not a layerwise sharded-store description")
-    return meta
-
-
-def write_shards_meta(path: str | os.PathLike, meta: dict) -> None:
-    """Write the description atomically (temp file + rename): a reader sees the old or the new one."""
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
-    tmp = path / f".{SHARDS_FILE}.{os.getpid()}.tmp"
-    tmp.write_text(
-        json.dumps({"format": SHARDS_FORMAT, "format_version": 1, **meta}, indent=1) + "\n", encoding="utf-8"
+def _damaged(root: Path, problems: list[str]) -> StoreDamagedError:
+    return StoreDamagedError(
+        f"sharded store {str(root)!r} is damaged: {'; '.join(problems)}. Its numbers cannot be trusted: "
+        f"run 'layerwise verify {root}' for the full list, then rewrite it with --overwrite "
+        "(Python: overwrite=True)",
+        problems=problems,
     )
-    os.replace(tmp, path / SHARDS_FILE)
 
 
-def shard_ranges(n_texts: int, shard_size: int) -> list[tuple[int, int]]:
-    if shard_size < 1:
-        raise OptionError(f"shard_size={shard_size} must be >= 1")
-    return [(start, min(start + shard_size, n_texts)) for start in range(0, n_texts, shard_size)]
+def _begun(folder: Path) -> bool:
+    """A shard not begun, or begun but killed before its store existed (only its lock), is not."""
+    return classify(folder) not in ("missing", "empty")
+
+
+def _belonging_problems(table: dict, index: int, folder: Path) -> list[str]:
+    meta = read_store_meta(folder)
+    if meta is None:
+        return [f"{shard_name(index)} is not a layerwise store"]
+    return shard_problems(table, index, meta)
+
+
+def _one_model(shards: list[Store]) -> list[str]:
+    """The shards of one store were computed by one model: their weights' hashes agree."""
+    first = shards[0].meta.get("weights_sha256") if shards else None
+    other = next((s for s in shards if s.meta.get("weights_sha256") != first), None)
+    if other is None:
+        return []
+    first_name = shards[0].path.name
+    return [f"{other.path.name} was computed with other weights than {first_name} (weights_sha256 differ)"]
 
 
 class ShardedLayerView:
@@ -108,15 +100,21 @@ class ShardedStore(StoreDescription):
         self.refresh()
 
     def refresh(self) -> None:
-        self.meta = read_shards_meta(self.path)
+        """Re-read the table and open every begun shard, checking that each belongs (its identity,
+        model, weights and plan agree with the table): a StoreDamagedError names those that do not."""
+        self.meta = read_table(self.path)
         self._starts = [int(s["start"]) for s in self.meta["shards"]]
-        # a shard not begun, or begun but killed before its store existed (only its lock), is None
-        self._shards: list[Store | None] = [
-            Store(self.path / shard["name"]) if self._begun(shard) else None for shard in self.meta["shards"]
-        ]
-
-    def _begun(self, shard: dict) -> bool:
-        return classify(self.path / shard["name"]) not in ("missing", "empty")
+        folders = [shard_path(self.path, s["name"]) for s in self.meta["shards"]]
+        problems: list[str] = []
+        for k, folder in enumerate(folders):
+            if _begun(folder):
+                problems += _belonging_problems(self.meta, k, folder)
+        if problems:
+            raise _damaged(self.path, problems)
+        self._shards: list[Store | None] = [Store(f) if _begun(f) else None for f in folders]
+        problems = _one_model(self._present())
+        if problems:
+            raise _damaged(self.path, problems)
 
     def pending_shards(self) -> list[int]:
         """Indices of the shards not yet written completely (what a resumed run must still do)."""
@@ -204,21 +202,53 @@ class ShardedStore(StoreDescription):
         return pa.concat_tables(tables) if tables else None
 
     def verify(self) -> VerifyReport:
-        """Each shard's report, merged; a missing shard is reported too."""
-        from .verify import verify_store
+        """Every shard checked against the table and then on its own, merged into one report."""
+        return shard_report(self.path)
 
-        problems: list[str] = []
-        damaged_ids: list[int] = []
-        n_texts = n_rows = 0
-        for start, shard in zip(self._starts, self.meta["shards"], strict=True):
-            folder = self.path / shard["name"]
-            if not self._begun(shard):
+
+def shard_report(root: str | os.PathLike) -> VerifyReport:
+    """Check a sharded store: the table (a malformed one raises StoreDamagedError), each shard's
+    identity, model and plan against it, the texts each complete shard holds against the table's
+    hash, one model's weights across shards, and each shard as an ordinary store (structure and
+    checksums). A shard's damage is reported, never raised."""
+    from .reader import read_manifest
+    from .verify import verify_store
+
+    root = Path(root)
+    table = read_table(root)
+    problems: list[str] = []
+    damaged_ids: list[int] = []
+    n_texts = n_rows = 0
+    weights: dict[str, str] = {}
+    for k, shard in enumerate(table["shards"]):
+        folder = shard_path(root, shard["name"])
+        start, stop = shard["start"], shard["stop"]
+        if not _begun(folder):
+            problems.append(f"shard {shard['name']} (texts {start}..{stop - 1}) has not been written")
+            continue
+        belonging = _belonging_problems(table, k, folder)
+        if belonging:
+            problems += belonging
+            damaged_ids += range(start, stop)
+            continue
+        meta = read_store_meta(folder) or {}
+        weights.setdefault(str(meta.get("weights_sha256")), shard["name"])
+        report = verify_store(folder)
+        n_texts, n_rows = n_texts + report.n_texts, n_rows + report.n_rows
+        problems += [f"{shard['name']}: {p}" for p in report.problems]
+        damaged_ids += [start + t for t in report.text_ids]
+        if report.ok and report.n_texts == stop - start:
+            # the texts the shard holds, read from its own manifest, against the table's hash
+            manifest = read_manifest(folder, report.n_texts).sort_by("text_id")
+            pairs = manifest["text_pair"].to_pylist() if meta.get("pairs") else None
+            if texts_sha256(manifest["text"].to_pylist(), pairs) != shard["texts_sha256"]:
                 problems.append(
-                    f"shard {shard['name']} (texts {start}..{shard['stop'] - 1}) has not been written"
+                    f"{shard['name']} holds other texts than the table says (texts_sha256 differ)"
                 )
-                continue
-            report = verify_store(folder)
-            n_texts, n_rows = n_texts + report.n_texts, n_rows + report.n_rows
-            problems += [f"{shard['name']}: {p}" for p in report.problems]
-            damaged_ids += [start + t for t in report.text_ids]
-        return VerifyReport(self.path, n_texts, n_rows, problems, damaged_ids)
+                damaged_ids += range(start, stop)
+    if len(weights) > 1:
+        names = ", ".join(weights.values())
+        problems.append(
+            f"the shards were computed by {len(weights)} different models (first shards: {names})"
+        )
+    return VerifyReport(root, n_texts, n_rows, problems, sorted(set(damaged_ids)))

@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import os
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -182,14 +183,15 @@ def rows_checksum(rows: np.ndarray) -> int:
     return zlib.crc32(np.ascontiguousarray(rows))  # type: ignore[arg-type]  # numpy arrays are buffers
 
 
-def verify_store(path: Path, *, block_rows: int = 65536) -> VerifyReport:
+def verify_store(path: str | os.PathLike, *, block_rows: int = 65536) -> VerifyReport:
     """Check structure and every text's checksum; never raises for damage, reports it. A sharded
-    store is checked shard by shard."""
+    store is checked shard by shard, each against its table (sharded.shard_report)."""
     from .reader import read_parts
-    from .sharded import ShardedStore, is_sharded
+    from .sharded import is_sharded, shard_report
 
+    path = Path(path)
     if is_sharded(path):
-        return ShardedStore(path).verify()
+        return shard_report(path)
 
     group, meta, offsets, manifest, part_problems = read_parts(path)
     problems, affected = structure_problems(path, group, meta, offsets, manifest)

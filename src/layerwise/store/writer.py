@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import hashlib
 import logging
 import os
 import threading
@@ -56,6 +55,7 @@ from .format import (
 )
 from .lock import writer_lock
 from .reader import committed_offsets, read_manifest
+from .resume import RESUME_KEYS, check_inputs, text_sha1
 from .rows import stored_rows
 from .verify import check_structure, rows_checksum
 
@@ -63,13 +63,6 @@ if TYPE_CHECKING:
     from ..encoder import Encoder
 
 logger = logging.getLogger("layerwise")
-
-# Settings that must match for a run to resume an existing store. The model is compared by its
-# weights, not by how its folder was spelled.
-_RESUME_KEYS = (
-    "weights_sha256", "layers", "level", "pool", "fuse", "special_tokens", "normalize", "dtype", "row_shape",
-    "long_texts", "stride", "max_length", "n_texts", "pairs", "block_size", "chunk_rows", "shard_chunks",
-)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -85,11 +78,6 @@ class StoreSummary:
     @property
     def resumed(self) -> bool:
         return self.n_already_committed > 0
-
-
-def text_sha1(text: str, pair: str | None) -> str:
-    data = text if pair is None else f"{text}\x1f{pair}"
-    return hashlib.sha1(data.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def _disk_error(path: Path, exc: OSError, committed: int, total: int) -> StoreError:
@@ -124,8 +112,10 @@ class StoreWriter:
         chunk_rows: int,
         shard_chunks: int,
         source: str | None,
+        shard: dict | None = None,
     ) -> None:
         self.encoder, self.path, self.plan = encoder, path, plan
+        self.shard = shard
         self.texts, self.text_pairs = texts, text_pairs
         self.level, self.mode = plan.level, plan.mode
         check_choice("long_texts", long_texts, ("truncate", "window"))
@@ -168,6 +158,8 @@ class StoreWriter:
             "shard_chunks": self.shard_rows // self.chunk_rows,
             "source": self.source,
             "layerwise_version": __version__,
+            # a shard of a sharded store records which one it is (shard_table.shard_identity)
+            **({"shard": self.shard} if self.shard is not None else {}),
         }
 
     def _open(self):
@@ -183,7 +175,7 @@ class StoreWriter:
             complete_layout = DATA in group
         except KeyError:  # a crash while the store was being created
             n_committed, complete_layout = 0, False
-        different = [k for k in _RESUME_KEYS if stored.get(k) != self.meta.get(k)]
+        different = [k for k in RESUME_KEYS if stored.get(k) != self.meta.get(k)]
         if n_committed <= 0 and (different or not complete_layout):
             # nothing committed yet: the new settings simply replace the old ones
             remove_store_entries(self.path)
@@ -334,6 +326,8 @@ class StoreWriter:
             if isinstance(exc, StoreError):
                 raise
             committed = len(committed_offsets(group[OFFSETS])) - 1
+            with contextlib.suppress(OSError):  # what the failed writes left (zarr's temp files too)
+                clean_stale(self.path, committed)
             raise _disk_error(self.path, exc, committed, len(self.texts)) from exc
         except BaseException:
             with contextlib.suppress(BaseException):
@@ -348,22 +342,6 @@ class StoreWriter:
             truncated,
             time.perf_counter() - started,
         )
-
-
-def check_inputs(path: Path, manifest, texts: Sequence[str], text_pairs: Sequence[str] | None) -> None:
-    """Every committed text must be the same input text as now (by SHA-1), or resuming would mix corpora."""
-    if manifest is None:
-        return
-    ids = manifest["text_id"].to_pylist()
-    hashes = manifest["text_sha1"].to_pylist()
-    for text_id, digest in zip(ids, hashes, strict=True):
-        pair = text_pairs[text_id] if text_pairs is not None and text_id < len(text_pairs) else None
-        if text_id >= len(texts) or text_sha1(texts[text_id], pair) != digest:
-            raise StoreError(
-                f"text {text_id} (input line {text_id + 1}) differs from the one in store "
-                f"{str(path)!r}: the input changed since the store was started; write to a new "
-                "path, or pass --overwrite (Python: overwrite=True)"
-            )
 
 
 def extract_to_store(
@@ -387,6 +365,7 @@ def extract_to_store(
     shard_chunks: int = SHARD_CHUNKS,
     overwrite: bool = False,
     source: str | None = None,
+    shard: dict | None = None,
     progress: bool | None = None,
 ) -> StoreSummary:
     """Extract ``texts`` into a store at ``path`` (a folder, conventionally ``*.lw``).
@@ -396,7 +375,8 @@ def extract_to_store(
     word and sentence pooling; ``dtype`` float16 (default) or float32. Running the same call again
     after an interruption resumes where the last commit left off; a finished store is left as it
     is. Every argument and every text is checked before anything is created; only an empty folder
-    or a layerwise store is written into, and ``overwrite`` removes only the store's own entries."""
+    or a layerwise store is written into, and ``overwrite`` removes only the store's own entries.
+    ``shard`` is the identity a shard of a sharded store records (set by store/shard_writer.py)."""
     # the weights' hash for the metadata (remembered on the model) while zarr and pyarrow import:
     # hashlib lets go of the GIL, so on a fresh process this hides most of its 0.06 s
     hashing = threading.Thread(target=weights_sha256, args=(encoder.models.current,), name="layerwise-hash")
@@ -427,7 +407,7 @@ def extract_to_store(
     path = Path(path)
     writer = StoreWriter(
         encoder, path, raw.texts, raw.text_pairs, plan, long_texts=long_texts, stride=stride, method=method,
-        block_size=block_size, chunk_rows=chunk_rows, shard_chunks=shard_chunks, source=source,
+        block_size=block_size, chunk_rows=chunk_rows, shard_chunks=shard_chunks, source=source, shard=shard,
     )  # fmt: skip
     if classify(path) == "other":
         raise not_a_store(path)

@@ -1,0 +1,116 @@
+"""Writing a sharded store: the table first, then each shard with the ordinary store writer.
+
+:func:`begin_sharded_store` decides, before any shard is touched, whether ``path`` is a new store, a
+store to resume (same texts and settings: its table, and so its run id, is kept) or one to start
+again (``overwrite``: only this store's own shards and table are deleted, found by looking, not by
+trusting the table). :func:`write_shard` writes shard ``k`` of a table with its identity recorded in
+its own metadata. ``lw.ray`` runs ``write_shard`` in its actors; without Ray, a loop over the shards
+writes the same store.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ..errors import OptionError
+from .shard_table import (
+    TABLE,
+    is_sharded,
+    new_table,
+    read_table,
+    remove_own_shards,
+    shard_identity,
+    shard_path,
+    texts_sha256,
+    write_table,
+)
+
+if TYPE_CHECKING:
+    from ..encoder import Encoder
+    from ..plan import OutputPlan
+    from .writer import StoreSummary
+
+# The table's entries a resumed run must find unchanged (everything but the run id and the shards'
+# names, which follow from the rest).
+_SAME_TO_RESUME = ("model", "n_texts", "shard_size", "texts_sha256", "layers", "level", "pool", "fuse",
+                   "special_tokens", "normalize", "dtype", "long_texts", "stride")  # fmt: skip
+
+
+def begin_sharded_store(
+    path: str | os.PathLike,
+    *,
+    model: str,
+    plan: OutputPlan,
+    n_hidden_states: int,
+    texts: Sequence[str],
+    text_pairs: Sequence[str] | None,
+    shard_size: int,
+    long_texts: str,
+    stride: int | None,
+    overwrite: bool,
+) -> dict:
+    """The table to write ``texts`` into ``path`` with, written there; see the module docstring."""
+    path = Path(path)
+    table = new_table(
+        model=model,
+        plan_meta=plan.meta(n_hidden_states),
+        texts=texts,
+        text_pairs=text_pairs,
+        shard_size=shard_size,
+        settings={"long_texts": long_texts, "stride": stride},
+    )
+    if is_sharded(path) and overwrite:
+        remove_own_shards(path)
+    elif is_sharded(path):
+        old = read_table(path)
+        differing = [key for key in _SAME_TO_RESUME if old.get(key) != table[key]]
+        if differing:
+            raise OptionError(
+                f"{path} was written with other settings or texts ({', '.join(differing)}); pass the same "
+                "ones to resume, or overwrite=True (--overwrite) to start again"
+            )
+        return old  # a resumed run keeps its table, and so its run id: its shards belong to it
+    elif path.exists() and (not path.is_dir() or any(path.iterdir())):
+        raise OptionError(
+            f"{path} exists and is not a sharded layerwise store ({TABLE} missing); choose a new folder"
+        )
+    write_table(path, table)
+    return table
+
+
+def write_shard(
+    encoder: Encoder,
+    root: str | os.PathLike,
+    table: dict,
+    index: int,
+    texts: Sequence[str],
+    text_pairs: Sequence[str] | None,
+    plan: OutputPlan,
+    *,
+    long_texts: str,
+    stride: int | None,
+    progress: bool | None = False,
+) -> StoreSummary:
+    """Write (or resume) shard ``index`` of ``table``: ``texts`` are its range's texts."""
+    from .writer import extract_to_store
+
+    shard = table["shards"][index]
+    if texts_sha256(texts, text_pairs) != shard["texts_sha256"]:
+        raise OptionError(
+            f"these {len(texts)} texts are not the texts of shard {index} (texts {shard['start']}.."
+            f"{shard['stop'] - 1} of the table); pass texts[start:stop] of the corpus the table was made for"
+        )
+    return extract_to_store(
+        encoder,
+        texts,
+        shard_path(Path(root), shard["name"]),
+        plan,
+        text_pairs=text_pairs,
+        long_texts=long_texts,
+        stride=stride,
+        shard=shard_identity(table, index),
+        progress=progress,
+    )
