@@ -244,6 +244,8 @@ def make_pair_convention_model(tmp_path_factory, default_model_dir) -> Callable[
                 settings["tokenizer_class"] = "MPNetTokenizer"  # else transformers re-applies BERT's template
                 (folder / "tokenizer_config.json").write_text(json.dumps(settings))
             config = tiny_config(arch, 2)
+            if arch == "mpnet":  # MPNetTokenizer adds <s> and </s> past the WordPiece vocabulary, as
+                config.vocab_size = 30527  # mpnet-base does: its embedding table has rows for them
         tf.AutoModel.from_config(config).save_pretrained(folder)
         made[arch] = folder
         return folder

@@ -68,6 +68,21 @@ def serve(
     max_request_tokens: Annotated[int, typer.Option(min=1, help="Tokens per request (else 413)")] = 131_072,
     max_queue_tokens: Annotated[int, typer.Option(min=1, help="Tokens waiting (else 429)")] = 1_048_576,
     max_body_mb: Annotated[float, typer.Option(min=0.001, help="Request body size (else 413)")] = 8.0,
+    max_response_mb: Annotated[
+        float, typer.Option(min=0.001, help="Vectors in one response (else 413; npz or a store for more)")
+    ] = 64.0,
+    max_queue_mb: Annotated[
+        float, typer.Option(min=0.001, help="Vectors of the requests queued and running (else 429)")
+    ] = 512.0,
+    max_explore_tokens: Annotated[
+        int, typer.Option(min=1, help="Tokens of an explorer text (else 413)")
+    ] = 2048,
+    header_timeout: Annotated[
+        float, typer.Option(min=0.001, max=3600, help="Seconds for a request's headers to arrive (else 408)")
+    ] = 10.0,
+    body_timeout: Annotated[
+        float, typer.Option(min=0.001, max=3600, help="Seconds for a request's body to arrive (else 408)")
+    ] = 60.0,
     long_texts: LongTextsOption = LongTextsChoice.truncate,
     max_length: Annotated[
         int | None, typer.Option(min=2, help="Tokens per input [default: the model's]")
@@ -106,6 +121,11 @@ def serve(
             max_batch_tokens=max_batch_tokens,
             max_wait_ms=max_wait_ms,
             max_queue_tokens=max_queue_tokens,
+            max_response_bytes=int(max_response_mb * 2**20),
+            max_queue_bytes=int(max_queue_mb * 2**20),
+            max_explore_tokens=max_explore_tokens,
+            header_timeout_s=header_timeout,
+            body_timeout_s=body_timeout,
             long_texts=long_texts.value,
             streams=streams,
             model_process=bool(model_process),
@@ -129,7 +149,7 @@ def serve(
         highlight=False,
         soft_wrap=True,
     )
-    _run_server(application, host, port)
+    _run_server(application, host, port, settings)
 
 
 def _require_uvicorn(command: str) -> None:
@@ -164,19 +184,19 @@ def _load_encoders(model: list[str] | None, device: str, max_length: int | None)
     return encoders
 
 
-def _run_server(application, host: str, port: int, sock=None) -> None:
+def _run_server(application, host: str, port: int, settings, sock=None) -> None:
     import sys
 
     import uvicorn
+
+    from .serve.protocol import uvicorn_config
 
     # the model thread gives the GIL up in every torch op and must win it back from the event loop:
     # a 1 ms switch interval (Python's default is 5) cuts that wait (benchmarks/serve_load.py)
     sys.setswitchinterval(0.001)
     # uvicorn handles SIGTERM/SIGINT: it stops accepting, finishes in-flight requests, then the
     # app's shutdown drains the batcher's queue
-    config = uvicorn.Config(
-        application, host=host, port=port, log_level="warning", timeout_graceful_shutdown=30
-    )
+    config = uvicorn_config(application, host, port, settings)
     uvicorn.Server(config).run(sockets=[sock] if sock is not None else None)
 
 
@@ -208,7 +228,8 @@ def explore(
         from .serve import ServeSettings, create_app
 
         encoders = _load_encoders(model, device, None)
-        application = create_app(encoders, ServeSettings(), reference_store=store)
+        settings = ServeSettings()
+        application = create_app(encoders, settings, reference_store=store)
         sock = _bind(host, port)
     except LayerwiseError as exc:
         raise _fail(exc) from None
@@ -221,7 +242,7 @@ def explore(
         import webbrowser
 
         threading.Timer(1.0, webbrowser.open, args=(url,)).start()
-    _run_server(application, host, bound, sock)
+    _run_server(application, host, bound, settings, sock)
 
 
 def _bind(host: str, port: int):

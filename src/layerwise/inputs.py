@@ -105,6 +105,7 @@ class RawInputs:
     texts: list[str]
     text_pairs: list[str] | None
     words: list[tuple[str, ...]] | None
+    field: str = "texts"  # the argument they came in as: texts, pairs or words (for messages)
 
     def __len__(self) -> int:
         return len(self.texts)
@@ -151,12 +152,12 @@ def normalize_inputs(
                 )
             firsts.append(_check_str(pair[0], f"pairs[{i}][0]", i))
             seconds.append(_check_str(pair[1], f"pairs[{i}][1]", i))
-        return RawInputs(firsts, seconds, None)
+        return RawInputs(firsts, seconds, None, "pairs")
     assert words is not None
     if isinstance(words, str):
         raise InputError("words must be a list of word lists, e.g. [['Pre', 'split', 'words']]")
     word_lists = [_check_words(w, i) for i, w in enumerate(words)]
-    return RawInputs([" ".join(w) for w in word_lists], None, word_lists)
+    return RawInputs([" ".join(w) for w in word_lists], None, word_lists, "words")
 
 
 class InputEncoder:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import hmac
 import logging
 import os
 import time
@@ -24,12 +23,14 @@ from fastapi import Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..errors import InputError, LayerwiseError, OptionError
 from ..plan import OutputPlan
+from .admission import check_response_size, result_values, run_error, tokenise
 from .batcher import Batcher, Finish, Job, QueueFullError
 from .fast_path import FastEmbeddings, ServedApp
-from .limits import LimitBody, ServeSettings
+from .limits import LimitBody, RequireKey, ServeSettings, key_error, key_matches
 from .metrics import Metrics, ObserveRequests
 from .model_process import ModelProcessError
 from .responses import ApiError, json_response, layer_item, validation_error
@@ -83,6 +84,7 @@ def create_app(
         max_batch_tokens=settings.max_batch_tokens,
         max_wait=settings.max_wait_ms / 1000,
         max_queue_tokens=settings.max_queue_tokens,
+        max_queue_bytes=settings.max_queue_bytes,
         runner=_runner(encoders, settings),
         metrics=metrics,
     )
@@ -111,20 +113,22 @@ def create_app(
     async def invalid_request(request: Request, exc: RequestValidationError):
         return JSONResponse(validation_error(list(exc.errors())).body(), status_code=422)
 
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException):
+        """Starlette's and FastAPI's own errors (404, 405, a body that cannot be parsed) in the
+        same shape as every other error."""
+        if exc.status_code == 400:  # FastAPI: "There was an error parsing the body" (e.g. too deep)
+            message = "the body could not be read as JSON (malformed, or nested too deeply)"
+            return JSONResponse(ApiError(422, message, code="invalid_json").body(), status_code=422)
+        error = ApiError(exc.status_code, str(exc.detail), headers=dict(exc.headers or {}))
+        return JSONResponse(error.body(), status_code=exc.status_code, headers=error.headers)
+
     def check_key(request: Request) -> None:
-        if settings.api_key is None:
-            return
-        header = request.headers.get("authorization", "")
-        scheme, _, given = header.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(
-            given.strip().encode(), settings.api_key.encode()
+        """The routes' own check, behind RequireKey's (which answers before the body is read)."""
+        if settings.api_key is not None and not key_matches(
+            request.headers.get("authorization", "").encode("latin-1"), settings.api_key.encode()
         ):
-            raise ApiError(
-                401,
-                "missing or wrong API key: send 'Authorization: Bearer <key>'",
-                code="invalid_api_key",
-                headers={"WWW-Authenticate": "Bearer"},
-            )
+            raise key_error()
 
     def pick(model: str | None) -> Served:
         if model is None:
@@ -138,22 +142,44 @@ def create_app(
             )
         return models[model]
 
-    async def run(served: Served, raw: RawInputs, plan: OutputPlan) -> tuple[list, int, list[bool]]:
-        """Queue the inputs, wait for their results (the plan applied): (results, tokens, truncated)."""
+    async def run(
+        served: Served,
+        raw: RawInputs,
+        plan: OutputPlan | None,
+        *,
+        bytes_per_value: float = 4.0,
+        window: bool | None = None,
+        max_tokens: int | None = None,
+    ) -> tuple[list, int, list[bool]]:
+        """Queue the inputs, wait for their results (the plan applied; None: every hidden state as a
+        LayerStack): (results, tokens, truncated). ``bytes_per_value``: what one value of a result
+        costs in the response, for its size bound; ``window``: long inputs in windows (default: the
+        server's --long-texts); ``max_tokens``: the request's token limit (default: the server's)."""
         enc = served.encoder
         n_hidden = enc.n_hidden_states
         try:
-            layers = plan.hidden_states(n_hidden)
+            layers = plan.hidden_states(n_hidden) if plan is not None else tuple(range(n_hidden))
         except LayerwiseError as exc:
             raise ApiError(422, str(exc), param="layers") from None
-        encoded = await _off_loop(_size(raw), _tokenise, enc, raw, settings, len(layers))
+        if not len(raw):
+            raise ApiError(422, f"{raw.field} is an empty list; send at least one input", param=raw.field)
+        window = settings.long_texts == "window" if window is None else window
+        limit = (
+            (max_tokens, "--max-explore-tokens")
+            if max_tokens
+            else (settings.max_request_tokens, "--max-request-tokens")
+        )
+        encoded = await _off_loop(_size(raw), tokenise, enc, raw, settings, len(layers), window, limit)
+        values = result_values(plan, encoded, enc.hidden_size, n_hidden)
+        check_response_size(int(values * bytes_per_value), settings.max_response_bytes)
         loop = asyncio.get_running_loop()
         future: asyncio.Future = loop.create_future()
 
         def done(results, error) -> None:
             loop.call_soon_threadsafe(_settle, future, results, error)
 
-        job = Job(served.name, encoded, Finish(layers, plan, n_hidden), done, stride=settings.stride)
+        finish = Finish(layers, plan, n_hidden)
+        job = Job(served.name, encoded, finish, done, stride=settings.stride, n_bytes=int(values * 4))
         try:
             batcher.submit(job)
         except QueueFullError as exc:
@@ -164,6 +190,13 @@ def create_app(
             results = await future
         except ModelProcessError as exc:
             raise ApiError(503, str(exc), code="model_unavailable") from None
+        except LayerwiseError as exc:  # this request's own inputs failed in the model run
+            raise ApiError(*run_error(exc)) from None
+        except Exception as exc:  # a bug, or an input that breaks the model: this request's alone
+            logger.error("a model run failed for a request of %s", served.name, exc_info=exc)
+            raise ApiError(
+                500, f"the model run failed for this request: {type(exc).__name__}: {exc}", code="model_error"
+            ) from None
         return [results[i] for i in range(len(encoded))], job.n_tokens, [item.truncated for item in encoded]
 
     async def answer_embeddings(body: EmbeddingsRequest) -> dict:
@@ -190,7 +223,8 @@ def create_app(
                 "dimensions out",
                 param="dimensions",
             )
-        results, n_tokens, truncated = await run(served, _raw(texts=texts), plan)
+        per_value = 20.0 if body.encoding_format == "float" else 4 * 4 / 3  # a float as JSON text; base64
+        results, n_tokens, truncated = await run(served, _raw(texts=texts), plan, bytes_per_value=per_value)
         data = []
         for i, result in enumerate(results):
             vector = result.vector.reshape(-1).astype(np.float32)
@@ -230,7 +264,9 @@ def create_app(
             )
         except LayerwiseError as exc:
             raise ApiError(422, str(exc), param=_param_of(str(exc))) from None
-        results, n_tokens, _ = await run(served, raw, plan)
+        as_npz = NPZ in request.headers.get("accept", "")
+        per_value = (2 if plan.dtype == "float16" else 4) * (1 if as_npz else 4 / 3)  # base64 in JSON
+        results, n_tokens, _ = await run(served, raw, plan, bytes_per_value=per_value)
         n_hidden = served.encoder.n_hidden_states
         meta = {
             "model": served.name,
@@ -238,7 +274,7 @@ def create_app(
             "long_texts": settings.long_texts,
             "max_length": served.encoder.max_length,
         }
-        if NPZ in request.headers.get("accept", ""):
+        if as_npz:
             from ..writers import npz_bytes
 
             content = await run_in_threadpool(
@@ -297,9 +333,11 @@ def create_app(
     if explorer:
         from .explorer import add_explorer
 
-        add_explorer(app, models=models, pick=pick, check_key=check_key,
-                     max_tokens=settings.max_request_tokens, store=reference_store)  # fmt: skip
+        add_explorer(app, models=models, pick=pick, check_key=check_key, run=run, batcher=batcher,
+                     max_tokens=settings.max_explore_tokens, store=reference_store)  # fmt: skip
     app.add_middleware(LimitBody, max_bytes=settings.max_body_bytes)
+    # the key is checked before a body is read or validated: a stranger learns nothing of the schema
+    app.add_middleware(RequireKey, api_key=settings.api_key)
     app.add_middleware(ObserveRequests, metrics=metrics)  # outside LimitBody: counts the 413s too
     # POST /v1/embeddings never enters FastAPI nor the layers above (its own limits and metrics)
     app.fast_embeddings = FastEmbeddings(
@@ -310,7 +348,7 @@ def create_app(
 
 # ---------------------------------------------------------------------------------------------- helpers
 def _runner(encoders: Mapping[str, Encoder], settings: ServeSettings):
-    from .batcher import LocalRunner
+    from .runners import LocalRunner
 
     if settings.model_process:
         from .model_process import ProcessRunner
@@ -375,35 +413,6 @@ def _param_of(message: str) -> str | None:
         if message.startswith(field) or f" {field}" in message[:40]:
             return field
     return None
-
-
-def _tokenise(encoder: Encoder, raw: RawInputs, settings: ServeSettings, n_layers: int) -> list:
-    """Tokenise in a worker thread, with the request limits (413)."""
-    from ..windows import check_window_memory
-
-    if len(raw) > settings.max_inputs:
-        raise ApiError(
-            413,
-            f"{len(raw):,} inputs in one request; this server takes at most {settings.max_inputs:,} "
-            "(--max-inputs): split them over several requests",
-            code="too_many_inputs",
-        )
-    window = settings.long_texts == "window"
-    try:
-        if window:
-            check_window_memory(raw, n_layers, encoder.hidden_size)
-        encoded = encoder.inputs.encode(raw, truncate=not window)
-    except InputError as exc:
-        raise ApiError(413 if "characters" in str(exc) else 422, str(exc)) from None
-    n_tokens = sum(len(item) for item in encoded)
-    if n_tokens > settings.max_request_tokens:
-        raise ApiError(
-            413,
-            f"the inputs have {n_tokens:,} tokens; this server takes at most "
-            f"{settings.max_request_tokens:,} per request (--max-request-tokens): split them",
-            code="too_many_tokens",
-        )
-    return encoded
 
 
 def _embeddings_plan(encoder: Encoder, body: EmbeddingsRequest) -> OutputPlan:

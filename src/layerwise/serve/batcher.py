@@ -17,183 +17,36 @@ that fails is run again in halves, so that only the request whose input fails ge
 
 from __future__ import annotations
 
-import dataclasses
+import contextlib
 import logging
 import math
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Future
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Any
 
 from .heap import HeapTrimmer
+from .jobs import Done, Finish, Job, QueueFullError, ResultBytes, Results, Run
+from .runners import LocalRunner, Runner, compute, run_apart
 
 if TYPE_CHECKING:
     from ..encoder import Encoder
-    from ..inputs import EncodedInput
-    from ..plan import OutputPlan, Result
-    from ..results import LayerStack
+
+__all__ = [
+    "Batcher",
+    "Done",
+    "Finish",
+    "Job",
+    "LocalRunner",
+    "QueueFullError",
+    "Results",
+    "Run",
+    "Runner",
+    "compute",
+]
 
 logger = logging.getLogger("layerwise")
-
-Done = Callable[["dict[int, Result] | None", "BaseException | None"], None]
-Results = list[tuple[int, "Result"]]  # (input index in the run, its result)
-
-
-class QueueFullError(Exception):
-    """The batcher's queue holds too many tokens; retry after ``retry_after`` seconds."""
-
-    def __init__(self, queued_tokens: int, retry_after: int) -> None:
-        super().__init__(
-            f"the server's queue is full ({queued_tokens:,} tokens waiting); retry in {retry_after} s"
-        )
-        self.retry_after = retry_after
-
-
-@dataclass(frozen=True)
-class Finish:
-    """What a job makes of each of its inputs' hidden states: the rows of ``layers`` (a run computes
-    the union of its jobs' layers), then ``plan`` applied (None: the LayerStack itself)."""
-
-    layers: tuple[int, ...]
-    plan: OutputPlan | None = None
-    n_hidden_states: int = 0
-
-    def apply(self, stack: LayerStack) -> Result:
-        if stack.layers != self.layers:
-            pick = [stack.layers.index(k) for k in self.layers]
-            stack = dataclasses.replace(stack, hidden=stack.hidden[pick], layers=self.layers)
-        return stack if self.plan is None else self.plan.result(stack, self.n_hidden_states)
-
-
-@dataclass(eq=False)
-class Job:
-    """One request's inputs for one model, and what it wants from them."""
-
-    model: str
-    encoded: Sequence[EncodedInput]
-    finish: Finish
-    on_done: Done
-    stride: int | None = None
-    n_tokens: int = 0
-    submitted: float = field(default_factory=time.perf_counter)
-    results: dict[int, Result] = field(default_factory=dict)
-    finished: bool = False
-
-    def __post_init__(self) -> None:
-        self.n_tokens = sum(len(item) for item in self.encoded)
-
-    def answer(self, results: dict[int, Result] | None, error: BaseException | None) -> None:
-        """Tell the request, once. A request that cannot be told (its event loop closed under it)
-        must not stop the stream thread that tells the others."""
-        if self.finished:
-            return
-        self.finished = True
-        try:
-            self.on_done(results, error)
-        except Exception:
-            logger.warning("a request's answer could not be delivered", exc_info=True)
-
-    def fail(self, error: BaseException) -> None:
-        self.answer(None, error)
-
-
-@dataclass(eq=False)
-class Run:
-    """Jobs merged into one run: inputs renumbered in order, each one's owner and Finish."""
-
-    jobs: list[Job]
-    model: str
-    encoded: list[EncodedInput]
-    finishes: list[Finish]
-    owners: list[tuple[Job, int]]
-    layers: tuple[int, ...]
-    stride: int | None
-    n_tokens: int
-    started: float = field(default_factory=time.perf_counter)  # handed to its stream right after
-
-    @classmethod
-    def of(cls, jobs: list[Job]) -> Run:
-        encoded: list[EncodedInput] = []
-        finishes: list[Finish] = []
-        owners: list[tuple[Job, int]] = []
-        for job in jobs:
-            for item in job.encoded:
-                owners.append((job, item.index))
-                finishes.append(job.finish)
-                encoded.append(dataclasses.replace(item, index=len(encoded)))
-        layers = tuple(sorted(set().union(*(job.finish.layers for job in jobs))))
-        n_tokens = sum(job.n_tokens for job in jobs)
-        return cls(jobs, jobs[0].model, encoded, finishes, owners, layers, jobs[0].stride, n_tokens)
-
-
-class Runner(Protocol):
-    """Where runs happen: this process (:class:`LocalRunner`) or the model process
-    (model_process.ProcessRunner). ``streams`` runs at once, one per ``slot``: ``start`` hands a run
-    to a free stream, ``collect`` waits for its results (each input's Finish applied)."""
-
-    streams: int
-
-    def start(self, slot: int, run: Run) -> None: ...
-
-    def collect(self, slot: int) -> Results: ...
-
-    @property
-    def alive(self) -> bool: ...
-
-    def wait_ready(self) -> None: ...
-
-    def close(self, timeout: float | None = None) -> None: ...
-
-
-def compute(
-    encoder: Encoder,
-    encoded: list[EncodedInput],
-    layers: tuple[int, ...],
-    stride: int | None,
-    finishes: Sequence[Finish],
-) -> Results:
-    """A run's results: the engine's stacks (length-sorted batches under its token budget), each
-    through its input's Finish."""
-    stream = encoder.engine.stream(
-        encoded, layers=layers, method="hidden_states", taps=(), stride=stride,
-        batch_size=None, max_tokens=None, progress=False,
-    )  # fmt: skip
-    return [(index, finishes[index].apply(stack)) for index, stack in stream]
-
-
-class LocalRunner:
-    """Runs on this process's threads: with several streams, each on its share of torch's threads
-    (streams.ForwardPool); with one, on the batcher's stream thread itself, in ``collect``."""
-
-    alive = True
-
-    def __init__(self, encoders: Mapping[str, Encoder], streams: int = 1) -> None:
-        self.encoders, self.streams = dict(encoders), streams
-        self._pending: dict[int, Run | Future] = {}
-        self._pool: Any = None
-        if streams > 1:
-            from ..streams import ForwardPool
-
-            self._pool = ForwardPool(streams)
-
-    def start(self, slot: int, run: Run) -> None:
-        self._pending[slot] = run if self._pool is None else self._pool.submit(self._compute, run)
-
-    def collect(self, slot: int) -> Results:
-        pending = self._pending.pop(slot)
-        return pending.result() if isinstance(pending, Future) else self._compute(pending)
-
-    def _compute(self, run: Run) -> Results:
-        return compute(self.encoders[run.model], run.encoded, run.layers, run.stride, run.finishes)
-
-    def wait_ready(self) -> None:
-        pass
-
-    def close(self, timeout: float | None = None) -> None:
-        pass
 
 
 class Batcher:
@@ -206,6 +59,7 @@ class Batcher:
         max_batch_tokens: int = 8192,
         max_wait: float = 0.010,
         max_queue_tokens: int = 262_144,
+        max_queue_bytes: int = 512 * 2**20,
         runner: Runner | None = None,
         metrics: Any = None,
     ) -> None:
@@ -217,8 +71,11 @@ class Batcher:
             max_queue_tokens,
         )
         self.metrics = metrics
+        self.result_bytes = ResultBytes(max_queue_bytes)
         self._jobs: deque[Job] = deque()
         self._queued_tokens = 0
+        self._side_tokens = 0  # tokens of side_work waiting or running
+        self._side_lock = threading.Lock()
         self._cond = threading.Condition()
         self._closed = False
         self._last_group = 0  # jobs in the previous run
@@ -265,10 +122,31 @@ class Batcher:
             if self._jobs and self._queued_tokens + job.n_tokens > self.max_queue_tokens:
                 wait = math.ceil((self._queued_tokens + job.n_tokens) / max(self._tokens_per_second, 1.0))
                 raise QueueFullError(self._queued_tokens, max(1, wait))
+            self.result_bytes.take(job)
             self._jobs.append(job)
             self._queued_tokens += job.n_tokens
             self._observe_queue()
             self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def side_work(self, n_tokens: int) -> Iterator[None]:
+        """Admission for model work outside the runs (the explorer's attention maps and logit lens,
+        which need other forwards): its tokens count in the queue (429 when it is full) while it
+        waits and runs, and such work runs one piece at a time."""
+        with self._cond:
+            if (self._jobs or self._side_tokens) and self._queued_tokens + n_tokens > self.max_queue_tokens:
+                raise QueueFullError(self._queued_tokens, 1)
+            self._queued_tokens += n_tokens
+            self._side_tokens += n_tokens
+            self._observe_queue()
+        try:
+            with self._side_lock:
+                yield
+        finally:
+            with self._cond:
+                self._queued_tokens -= n_tokens
+                self._side_tokens -= n_tokens
+                self._observe_queue()
 
     # ------------------------------------------------------------------ stream threads
     def _serve_stream(self, slot: int) -> None:
@@ -283,7 +161,7 @@ class Batcher:
                 results, error = None, exc
             if isinstance(error, Exception) and len(current.jobs) > 1 and self.runner.alive:
                 # one request's input can fail a merged run: its batch-mates must not fail with it
-                self._run_apart(slot, current.jobs)
+                run_apart(self.runner, slot, current.jobs, self._deliver)
                 with self._cond:
                     self._running -= 1
                 current = self._launch(slot, block=True)
@@ -295,24 +173,6 @@ class Batcher:
             if error is not None and not isinstance(error, Exception):
                 raise error
             current = following or self._launch(slot, block=True)
-
-    def _run_apart(self, slot: int, jobs: list[Job]) -> None:
-        """Re-run the jobs of a failed run in halves on stream ``slot``, halving again whatever
-        fails, until the job (or jobs) that fail on their own are found: each of those gets its own
-        error, every other job its results. A poisoned input costs log2(jobs) extra runs, not a
-        failure of every request merged with it."""
-        middle = len(jobs) // 2
-        for part in (jobs[:middle], jobs[middle:]):
-            run = Run.of(part)
-            try:
-                self.runner.start(slot, run)
-                results, error = self.runner.collect(slot), None
-            except Exception as exc:
-                results, error = None, exc
-            if error is not None and len(part) > 1 and self.runner.alive:
-                self._run_apart(slot, part)
-            else:
-                self._deliver(run, results, error)
 
     def _launch(self, slot: int, *, block: bool) -> Run | None:
         """Gather a run and hand it to stream ``slot``; None when none is ready (``block``: when the

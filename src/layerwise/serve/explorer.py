@@ -29,6 +29,7 @@ from .schemas import _Strict
 if TYPE_CHECKING:
     from ..encoder import Encoder
     from ..explore import MaskedLMHead, ReferenceSet
+    from .batcher import Batcher
 
 STATIC = Path(str(resources.files("layerwise.explore").joinpath("static")))
 # The page runs only its own script and talks only to this server: an injected tag or handler
@@ -99,6 +100,8 @@ def add_explorer(
     models: dict,
     pick: Callable[[str | None], Any],
     check_key: Callable[[Request], None],
+    run: Callable[..., Any],
+    batcher: Batcher,
     max_tokens: int,
     store: str | os.PathLike | None = None,
 ) -> None:
@@ -119,10 +122,22 @@ def add_explorer(
         except LayerwiseError as exc:
             raise ApiError(422, str(exc)) from None
 
-    def windowed(encoder: Encoder, body: TextRequest):
-        _check_size(encoder, body, max_tokens)
+    async def stack_of(served: Any, body: TextRequest):
+        """Every hidden state of the request's text (windows past the model's length), through the
+        batcher; a text over ``max_tokens`` is a 413 naming the limit."""
+        from ..inputs import normalize_inputs
+
         pairs = None if body.text_pair is None else [body.text_pair]
-        return encoder.extract([body.text], text_pairs=pairs, long_texts="window", progress=False)[0]
+        try:
+            raw = normalize_inputs([body.text], text_pairs=pairs)
+        except LayerwiseError as exc:
+            raise ApiError(422, str(exc), param="text") from None
+        results, _, _ = await run(served, raw, None, bytes_per_value=0, window=True, max_tokens=max_tokens)
+        return results[0]
+
+    def bounded(encoder: Encoder, body: TextRequest):
+        """Admission for the side work on ``body``'s text (see the module docstring)."""
+        return batcher.side_work(_check_size(encoder, body, max_tokens))
 
     @app.get("/v1/explore/info", summary="Explorer: served models, what each view can show")
     async def info(request: Request):
@@ -155,9 +170,9 @@ def add_explorer(
         from ..explore import token_statistics
 
         served = pick(body.model)
+        stack = await stack_of(served, body)
 
         def work():
-            stack = windowed(served.encoder, body)
             stats = token_statistics(stack)
             return {
                 "model": served.name,
@@ -171,9 +186,9 @@ def add_explorer(
     async def neighbours(body: NeighboursRequest, request: Request):
         check_key(request)
         served = pick(body.model)
+        stack = await stack_of(served, body)
 
         def work():
-            stack = windowed(served.encoder, body)
             if body.token >= stack.n_tokens:
                 raise ApiError(
                     422, f"token {body.token} is past the text's {stack.n_tokens} tokens", param="token"
@@ -205,8 +220,8 @@ def add_explorer(
             )
 
         def work():
-            _check_size(served.encoder, body, max_tokens)
-            stack, maps = attention_maps(served.encoder, body.text, body.text_pair)
+            with bounded(served.encoder, body):
+                stack, maps = attention_maps(served.encoder, body.text, body.text_pair)
             return {
                 "model": served.name,
                 **_token_fields(stack),
@@ -229,8 +244,9 @@ def add_explorer(
                 raise ApiError(
                     422, f"model {served.name!r} has no masked-LM head in its checkpoint: no logit lens"
                 )
-            _check_size(served.encoder, body, max_tokens)
-            return {"model": served.name, **logit_lens(served.encoder, body.text, k=body.k, head=head)}
+            with bounded(served.encoder, body):
+                found = logit_lens(served.encoder, body.text, k=body.k, head=head)
+            return {"model": served.name, **found}
 
         return json_response(await compute(work))
 
@@ -295,13 +311,22 @@ def _installed(projection: str) -> bool:
     return importlib.util.find_spec(module) is not None
 
 
-def _check_size(encoder: Encoder, body: TextRequest, max_tokens: int) -> None:
+def _check_size(encoder: Encoder, body: TextRequest, max_tokens: int) -> int:
+    """The text's tokens (tokenising 100,000 characters takes milliseconds), or a 413 beyond
+    ``max_tokens``."""
+    from ..inputs import normalize_inputs
+
     pairs = None if body.text_pair is None else [body.text_pair]
-    n_tokens = len(encoder.tokenize([body.text], text_pairs=pairs)[0])
+    raw = normalize_inputs([body.text], text_pairs=pairs)
+    n_tokens = len(encoder.inputs.encode(raw, truncate=False)[0])  # all of it, not a first window
     if n_tokens > max_tokens:
         raise ApiError(
-            413, f"the text has {n_tokens:,} tokens; this server takes at most {max_tokens:,} per request"
+            413,
+            f"the text has {n_tokens:,} tokens; the explorer takes at most {max_tokens:,} "
+            "(--max-explore-tokens)",
+            code="too_many_tokens",
         )
+    return n_tokens
 
 
 def _token_fields(stack) -> dict:

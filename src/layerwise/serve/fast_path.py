@@ -17,7 +17,6 @@ a stub handler, an ad-hoc timing.)
 
 from __future__ import annotations
 
-import hmac
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -26,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from fastapi import FastAPI
 from pydantic import ValidationError
 
-from .limits import body_too_large
+from .limits import body_too_large, key_error, key_matches
 from .responses import ApiError, json_bytes, validation_error
 from .schemas import EmbeddingsRequest
 
@@ -108,17 +107,9 @@ class FastEmbeddings:
             return exc.status, json_bytes(exc.body()), exc.headers
 
     def _authorize(self, header: bytes | None) -> None:
-        """401 unless the request carries ``Authorization: Bearer <key>`` (constant-time compare)."""
-        if self.api_key is None:
-            return
-        scheme, _, given = (header or b"").partition(b" ")
-        if scheme.lower() != b"bearer" or not hmac.compare_digest(given.strip(), self.api_key):
-            raise ApiError(
-                401,
-                "missing or wrong API key: send 'Authorization: Bearer <key>'",
-                code="invalid_api_key",
-                headers={"WWW-Authenticate": "Bearer"},
-            )
+        """401 unless the request carries ``Authorization: Bearer <key>`` (limits.RequireKey's rule)."""
+        if self.api_key is not None and not key_matches(header, self.api_key):
+            raise key_error()
 
     async def _body(self, receive) -> bytes:
         """The whole body, refused (413) as soon as it passes the limit (a chunked upload has no

@@ -28,6 +28,16 @@ class ServeSettings:
     # never waits (Batcher._wait_left)
     max_wait_ms: float = 2.0
     max_queue_tokens: int = 1_048_576  # tokens waiting before 429
+    # the vectors a response carries, counted before any work (one row per token at token and word
+    # level, one per input at sentence level; base64 in JSON is 4/3 of that): 413 beyond
+    max_response_bytes: int = 64 * 2**20
+    # the vectors of the requests queued and running: 429 beyond (a lone request always runs)
+    max_queue_bytes: int = 512 * 2**20
+    # tokens of one /v1/explore/* text (its windows, every layer): 413 beyond
+    max_explore_tokens: int = 2048
+    # a slow client is cut (408) when its request's headers, then its body, take longer than these
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 60.0
     long_texts: str = "truncate"  # inputs over the model maximum: truncate | window
     stride: int | None = None
     # model runs at once, each on its share of torch's threads (None: 1 in-process; in the model
@@ -44,6 +54,9 @@ class ServeSettings:
             "max_request_tokens",
             "max_batch_tokens",
             "max_queue_tokens",
+            "max_response_bytes",
+            "max_queue_bytes",
+            "max_explore_tokens",
         ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -53,6 +66,10 @@ class ServeSettings:
                 f"max_request_tokens={self.max_request_tokens} is larger than max_queue_tokens="
                 f"{self.max_queue_tokens}: such a request could never be queued; raise the queue limit"
             )
+        for name in ("header_timeout_s", "body_timeout_s"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 3600:
+                raise OptionError(f"{name}={value!r}: use a number of seconds above 0, at most 3600")
         if not 0 <= self.max_wait_ms <= 1000:
             raise OptionError(f"max_wait_ms={self.max_wait_ms!r}: use 0 to 1000 (a few ms is typical)")
         if self.streams is not None and (
@@ -150,3 +167,53 @@ def body_too_large(size: int, max_bytes: int):
         "(--max-body-mb): split the inputs over several requests",
         code="request_too_large",
     )
+
+
+# Paths anyone may read: liveness, the API's description, the explorer's static page and assets.
+PUBLIC_PATHS = frozenset({"/health", "/", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"})
+PUBLIC_PREFIXES = ("/explore/",)
+
+
+def key_error():
+    from .responses import ApiError
+
+    return ApiError(
+        401,
+        "missing or wrong API key: send 'Authorization: Bearer <key>'",
+        code="invalid_api_key",
+        headers={"WWW-Authenticate": "Bearer"},
+    )
+
+
+def key_matches(header: bytes | None, key: bytes) -> bool:
+    """``Authorization: Bearer <key>``, compared in constant time."""
+    import hmac
+
+    scheme, _, given = (header or b"").partition(b" ")
+    return scheme.lower() == b"bearer" and hmac.compare_digest(given.strip(), key)
+
+
+class RequireKey:
+    """ASGI middleware: with an API key set, every path but the public ones answers 401 without it,
+    before its body is read, parsed or validated (a stranger learns nothing of the request schema)."""
+
+    def __init__(self, app, api_key: str | None) -> None:
+        self.app, self.key = app, None if api_key is None else api_key.encode()
+
+    async def __call__(self, scope, receive, send) -> None:
+        path = scope.get("path", "")
+        if (
+            self.key is None
+            or scope["type"] != "http"
+            or path in PUBLIC_PATHS
+            or path.startswith(PUBLIC_PREFIXES)
+            or key_matches(dict(scope.get("headers") or []).get(b"authorization"), self.key)
+        ):
+            await self.app(scope, receive, send)
+            return
+        error = key_error()
+        body = json.dumps(error.body()).encode()
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+        headers += [(k.lower().encode(), v.encode()) for k, v in (error.headers or {}).items()]
+        await send({"type": "http.response.start", "status": 401, "headers": headers})
+        await send({"type": "http.response.body", "body": body})

@@ -28,8 +28,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..errors import LayerwiseError, ModelLoadError
-from .batcher import Results, Run, compute
 from .heap import HeapTrimmer
+from .jobs import Results, Run
+from .runners import compute
 
 if TYPE_CHECKING:
     from multiprocessing.connection import Connection

@@ -81,3 +81,18 @@ class BoundedProtocol(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
         super().connection_lost(exc)
+
+
+def uvicorn_config(application: Any, host: str, port: int, settings: Any) -> Any:
+    """uvicorn's settings for ``layerwise serve``: the bounded protocol with ``settings``' timeouts
+    (ServeSettings), warnings only, 30 s to finish requests in flight on SIGTERM."""
+    import uvicorn
+
+    return uvicorn.Config(
+        application,
+        host=host,
+        port=port,
+        log_level="warning",
+        timeout_graceful_shutdown=30,
+        http=bounded_protocol(settings.header_timeout_s, settings.body_timeout_s),
+    )

@@ -1,0 +1,134 @@
+"""What the batcher moves: a request's :class:`Job` (its inputs and what it wants of them), the
+:class:`Run` jobs are merged into, and the queue's refusal (:class:`QueueFullError`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..inputs import EncodedInput
+    from ..plan import OutputPlan, Result
+    from ..results import LayerStack
+
+logger = logging.getLogger("layerwise")
+
+Done = Callable[["dict[int, Result] | None", "BaseException | None"], None]
+Results = list[tuple[int, "Result"]]  # (input index in the run, its result)
+
+
+class QueueFullError(Exception):
+    """The batcher's queue holds too many tokens (or result bytes); retry after ``retry_after`` s."""
+
+    def __init__(self, queued_tokens: int, retry_after: int, what: str | None = None) -> None:
+        held = what or f"{queued_tokens:,} tokens waiting"
+        super().__init__(f"the server's queue is full ({held}); retry in {retry_after} s")
+        self.retry_after = retry_after
+
+
+@dataclass(frozen=True)
+class Finish:
+    """What a job makes of each of its inputs' hidden states: the rows of ``layers`` (a run computes
+    the union of its jobs' layers), then ``plan`` applied (None: the LayerStack itself)."""
+
+    layers: tuple[int, ...]
+    plan: OutputPlan | None = None
+    n_hidden_states: int = 0
+
+    def apply(self, stack: LayerStack) -> Result:
+        if stack.layers != self.layers:
+            pick = [stack.layers.index(k) for k in self.layers]
+            stack = dataclasses.replace(stack, hidden=stack.hidden[pick], layers=self.layers)
+        return stack if self.plan is None else self.plan.result(stack, self.n_hidden_states)
+
+
+@dataclass(eq=False)
+class Job:
+    """One request's inputs for one model, and what it wants from them."""
+
+    model: str
+    encoded: Sequence[EncodedInput]
+    finish: Finish
+    on_done: Done
+    stride: int | None = None
+    n_bytes: int = 0  # the vectors its results will hold (admission: Batcher.max_queue_bytes)
+    n_tokens: int = 0
+    submitted: float = field(default_factory=time.perf_counter)
+    results: dict[int, Result] = field(default_factory=dict)
+    finished: bool = False
+
+    def __post_init__(self) -> None:
+        self.n_tokens = sum(len(item) for item in self.encoded)
+
+    def answer(self, results: dict[int, Result] | None, error: BaseException | None) -> None:
+        """Tell the request, once. A request that cannot be told (its event loop closed under it)
+        must not stop the stream thread that tells the others."""
+        if self.finished:
+            return
+        self.finished = True
+        try:
+            self.on_done(results, error)
+        except Exception:
+            logger.warning("a request's answer could not be delivered", exc_info=True)
+
+    def fail(self, error: BaseException) -> None:
+        self.answer(None, error)
+
+
+@dataclass(eq=False)
+class Run:
+    """Jobs merged into one run: inputs renumbered in order, each one's owner and Finish."""
+
+    jobs: list[Job]
+    model: str
+    encoded: list[EncodedInput]
+    finishes: list[Finish]
+    owners: list[tuple[Job, int]]
+    layers: tuple[int, ...]
+    stride: int | None
+    n_tokens: int
+    started: float = field(default_factory=time.perf_counter)  # handed to its stream right after
+
+    @classmethod
+    def of(cls, jobs: list[Job]) -> Run:
+        encoded: list[EncodedInput] = []
+        finishes: list[Finish] = []
+        owners: list[tuple[Job, int]] = []
+        for job in jobs:
+            for item in job.encoded:
+                owners.append((job, item.index))
+                finishes.append(job.finish)
+                encoded.append(dataclasses.replace(item, index=len(encoded)))
+        layers = tuple(sorted(set().union(*(job.finish.layers for job in jobs))))
+        n_tokens = sum(job.n_tokens for job in jobs)
+        return cls(jobs, jobs[0].model, encoded, finishes, owners, layers, jobs[0].stride, n_tokens)
+
+
+class ResultBytes:
+    """The bytes the results of the jobs queued or running will hold, bounded: a job that would
+    pass ``max_bytes`` is refused (429) unless it would be the only one (a lone request always runs).
+    A job gives its bytes back when it is answered."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes, self.held = max_bytes, 0
+        self._lock = threading.Lock()
+
+    def take(self, job: Job) -> None:
+        with self._lock:
+            if self.held and self.held + job.n_bytes > self.max_bytes:
+                held = f"{self.held / 2**20:,.0f} MiB of results queued or being computed"
+                raise QueueFullError(0, 1, held)
+            self.held += job.n_bytes
+        on_done = job.on_done
+
+        def done(results, error) -> None:
+            with self._lock:
+                self.held -= job.n_bytes
+            on_done(results, error)
+
+        job.on_done = done
