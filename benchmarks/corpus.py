@@ -25,16 +25,7 @@ def read_documents(split: str = "train") -> list[list[str]]:
     """Sentences grouped by document, in file order."""
     conllu = UD_EWT / f"en_ewt-ud-{split}.conllu"
     if conllu.exists():
-        documents: list[list[str]] = []
-        with conllu.open(encoding="utf-8") as handle:
-            for line in handle:
-                if line.startswith("# newdoc"):
-                    documents.append([])
-                elif line.startswith("# text = "):
-                    if not documents:
-                        documents.append([])
-                    documents[-1].append(line[len("# text = ") :].rstrip("\n"))
-        return [d for d in documents if d]
+        return conllu_documents(conllu)
     docs = UD_EWT / f"en_ewt-ud-{split}.docs.txt.gz"
     if not docs.exists():
         raise SystemExit(
@@ -43,6 +34,20 @@ def read_documents(split: str = "train") -> list[list[str]]:
         )
     text = gzip.decompress(docs.read_bytes()).decode("utf-8")
     return [block.split("\n") for block in text.strip("\n").split("\n\n") if block]
+
+
+def conllu_documents(conllu: Path) -> list[list[str]]:
+    """The sentences (``# text``) of a CoNLL-U file grouped by ``# newdoc``, in file order."""
+    documents: list[list[str]] = []
+    with conllu.open(encoding="utf-8") as handle:
+        for line in handle:
+            if line.startswith("# newdoc"):
+                documents.append([])
+            elif line.startswith("# text = "):
+                if not documents:
+                    documents.append([])
+                documents[-1].append(line[len("# text = ") :].rstrip("\n"))
+    return [d for d in documents if d]
 
 
 def upos_conllu(split: str) -> Path:

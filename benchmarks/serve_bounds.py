@@ -2,13 +2,14 @@
 
     python benchmarks/serve_bounds.py [--clients 32] [--seconds 15]
 
-Starts `layerwise serve` (the default model, its default limits) on 127.0.0.1. For each endpoint in
-turn, ``--clients`` clients send, back to back for ``--seconds``, the largest request the server
+For each endpoint in turn, starts `layerwise serve` afresh (the default model, its default limits)
+on 127.0.0.1, and ``--clients`` clients send, back to back for ``--seconds``, the largest request the server
 admits there: for /v1/embeddings 2,048 texts (--max-inputs) of 64 tokens (--max-request-tokens);
 for /v1/layers every hidden state in float32, as many tokens as the response bound allows
 (--max-response-mb), as JSON and as application/x-npz; for /v1/explore/tokens and /attention a
 text of --max-explore-tokens tokens. Meanwhile the RSS of the HTTP process and of the model process
-is read every 20 ms; the script reports each one's peak, and how many requests got which status
+is read every 20 ms; the script reports each one's peak (and the kernel's high-water mark,
+VmHWM, of the HTTP process), and how many requests got which status
 (429s are the queue's byte and token bounds at work). Results: benchmarks/results/serve_bounds.json.
 """
 
@@ -138,47 +139,46 @@ def main() -> None:
 
     encoder = lw.Encoder(device="cpu")
     requests = largest_requests(encoder)
-    process, url = start_serve()
     rows = {}
-    try:
-        idle = {"http": rss_kib(process.pid), "model": sum(rss_kib(p) for p in process_tree(process.pid)[1:])}
-        print(
-            f"idle RSS: HTTP process {idle['http'] / 1024:,.0f} MiB, model process {idle['model'] / 1024:,.0f} MiB"
-        )
-        for name, (path, body, headers) in requests.items():
+    for name, (path, body, headers) in requests.items():
+        process, url = start_serve()  # a fresh server per endpoint: each peak is that endpoint's own
+        try:
+            idle = {
+                "http": rss_kib(process.pid),
+                "model": sum(rss_kib(p) for p in process_tree(process.pid)[1:]),
+            }
             started = time.perf_counter()
             with Sampler(process.pid) as sampler:
                 statuses = asyncio.run(load(url, path, body, headers, args.clients, args.seconds))
-            rows[name] = {
-                "path": path,
-                "statuses": statuses,
-                "seconds": round(time.perf_counter() - started, 1),
-                "peak_rss_mib": {k: round(v / 1024) for k, v in sampler.peaks.items()},
+            high = {
+                "http": rss_kib(process.pid, "VmHWM"),
+                "model": sum(rss_kib(p, "VmHWM") for p in process_tree(process.pid)[1:]),
             }
-            peaks = rows[name]["peak_rss_mib"]
-            print(
-                f"{name:18} {statuses!s:34} peak RSS: HTTP {peaks['http']:,} MiB, model {peaks['model']:,} MiB"
-            )
-        after = {
-            "http": rss_kib(process.pid, "VmHWM"),
-            "model": sum(rss_kib(p, "VmHWM") for p in process_tree(process.pid)[1:]),
+        finally:
+            process.terminate()
+            process.wait(60)
+        rows[name] = {
+            "path": path,
+            "statuses": statuses,
+            "seconds": round(time.perf_counter() - started, 1),
+            "idle_rss_mib": {k: round(v / 1024) for k, v in idle.items()},
+            "peak_rss_mib": {k: round(v / 1024) for k, v in sampler.peaks.items()},
+            "high_water_mib": {k: round(v / 1024) for k, v in high.items()},
         }
-    finally:
-        process.terminate()
-        process.wait(60)
+        peaks, hwm = rows[name]["peak_rss_mib"], rows[name]["high_water_mib"]
+        print(
+            f"{name:18} {statuses!s:30} RSS idle {idle['http'] // 1024:,}/{idle['model'] // 1024:,} MiB, "
+            f"peak HTTP {peaks['http']:,} MiB (high water {hwm['http']:,}), model {peaks['model']:,} MiB"
+        )
     result = {
         "clients": args.clients,
         "seconds_per_endpoint": args.seconds,
         "machine": f"{os.cpu_count()} cores",
-        "idle_rss_mib": {k: round(v / 1024) for k, v in idle.items()},
-        "high_water_mib": {k: round(v / 1024) for k, v in after.items()},
         "endpoints": rows,
     }
     args.out.parent.mkdir(exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
-    print(
-        f"high-water RSS over the whole run: HTTP {result['high_water_mib']['http']:,} MiB, model {result['high_water_mib']['model']:,} MiB -> {args.out}"
-    )
+    print(f"-> {args.out}")
 
 
 if __name__ == "__main__":

@@ -25,6 +25,9 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from corpus import conllu_documents  # noqa: E402  (how the benchmarks read a release)
+
 TESTS = ROOT / "tests" / "data" / "ud_ewt"
 BENCHMARKS = ROOT / "benchmarks" / "data" / "ud_ewt"
 TEST_SENTENCES = 500
@@ -43,20 +46,6 @@ texts come from the LDC English Web Treebank (LDC2012T13).
 What is here, and how it was made: {what}. Regenerate with
 `python scripts/vendor_ud_ewt.py PATH/TO/UD_English-EWT`.
 """
-
-
-def documents(conllu: Path) -> list[list[str]]:
-    """Sentences (``# text``) grouped by ``# newdoc``, in file order."""
-    docs: list[list[str]] = []
-    with conllu.open(encoding="utf-8") as handle:
-        for line in handle:
-            if line.startswith("# newdoc"):
-                docs.append([])
-            elif line.startswith("# text = "):
-                if not docs:
-                    docs.append([])
-                docs[-1].append(line[len("# text = ") :].rstrip("\n"))
-    return [d for d in docs if d]
 
 
 def upos_only(conllu: Path, limit: int | None) -> str:
@@ -91,10 +80,10 @@ def main() -> None:
     ud = Path(sys.argv[1])
     TESTS.mkdir(parents=True, exist_ok=True)
     BENCHMARKS.mkdir(parents=True, exist_ok=True)
-    dev = [s for doc in documents(ud / "en_ewt-ud-dev.conllu") for s in doc][:TEST_SENTENCES]
+    dev = [s for doc in conllu_documents(ud / "en_ewt-ud-dev.conllu") for s in doc][:TEST_SENTENCES]
     (TESTS / "en_ewt-ud-dev.sentences.txt").write_text("\n".join(dev) + "\n", encoding="utf-8")
     for split in ("train", "dev"):
-        docs = documents(ud / f"en_ewt-ud-{split}.conllu")
+        docs = conllu_documents(ud / f"en_ewt-ud-{split}.conllu")
         write_gzip(
             BENCHMARKS / f"en_ewt-ud-{split}.docs.txt.gz", "\n\n".join("\n".join(d) for d in docs) + "\n"
         )

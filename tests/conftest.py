@@ -285,14 +285,16 @@ def tiny(tiny_encoder):
 
 
 @contextlib.contextmanager
-def running_server(app):
-    """A real uvicorn serving ``app`` on 127.0.0.1 (an ephemeral port), in a thread: yields its URL."""
+def running_server(app, config=None):
+    """A real uvicorn serving ``app`` on 127.0.0.1 (an ephemeral port), in a thread: yields its URL.
+    ``config``: uvicorn's settings (default: plain uvicorn, errors only)."""
     import threading
     import time
 
     import uvicorn
 
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="error"))
+    config = config or uvicorn.Config(app, host="127.0.0.1", port=0, log_level="error")
+    server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.time() + 30

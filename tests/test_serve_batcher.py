@@ -24,6 +24,18 @@ def job_for(encoder, texts, finish, on_done, model="tiny"):
     return Job(model, encoded, finish, on_done)
 
 
+def counted_batcher(tiny) -> tuple[Batcher, list[Run]]:
+    """A batcher (one stream, no waiting) and the list of the runs it hands its runner."""
+    runs: list[Run] = []
+
+    class Counted(LocalRunner):
+        def start(self, slot, run):
+            runs.append(run)
+            super().start(slot, run)
+
+    return Batcher({"tiny": tiny}, max_wait=0.0, runner=Counted({"tiny": tiny})), runs
+
+
 class Recorder:
     """A job's answer, and when it came."""
 
@@ -80,14 +92,7 @@ def test_the_next_run_starts_before_the_last_runs_answers_go_out(tiny):
 def test_each_job_gets_its_finish_applied_to_its_own_rows(tiny):
     """Jobs with different layers and plans in one run: each gets exactly what it asked for."""
     events: list = []
-    runs: list[Run] = []
-
-    class Counted(LocalRunner):
-        def start(self, slot, run):
-            runs.append(run)
-            super().start(slot, run)
-
-    batcher = Batcher({"tiny": tiny}, max_wait=0.0, runner=Counted({"tiny": tiny}))
+    batcher, runs = counted_batcher(tiny)
     n_hidden = tiny.n_hidden_states
     sentence = OutputPlan.parse(layers="last2", pool="sentence:mean", fuse="mean")
     word = OutputPlan.parse(layers=1, pool="word:first")
@@ -246,14 +251,7 @@ def test_a_poisoned_input_fails_only_its_own_request(tiny):
     import dataclasses
 
     events: list = []
-    runs: list[Run] = []
-
-    class Counted(LocalRunner):
-        def start(self, slot, run):
-            runs.append(run)
-            super().start(slot, run)
-
-    batcher = Batcher({"tiny": tiny}, max_wait=0.0, runner=Counted({"tiny": tiny}))
+    batcher, runs = counted_batcher(tiny)
     texts = [f"request {i} about the river bank" for i in range(32)]
     recorders = [Recorder(events, str(i)) for i in range(32)]
     poisoned = 13

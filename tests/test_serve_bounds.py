@@ -15,6 +15,7 @@ import pytest
 pytest.importorskip("fastapi")
 httpx = pytest.importorskip("httpx")
 
+from conftest import running_server  # noqa: E402
 from test_serve import run_app  # noqa: E402
 
 import layerwise as lw  # noqa: E402
@@ -185,24 +186,12 @@ def test_queued_result_bytes_are_admitted_up_to_a_bound(tiny_encoder):
 
 
 def test_slow_clients_are_cut_after_the_header_and_body_timeouts(tiny_encoder):
-    import threading
-
-    import uvicorn
-
     from layerwise.serve.protocol import uvicorn_config
 
     settings = ServeSettings(header_timeout_s=0.5, body_timeout_s=0.5)
     app = create_app({"tiny": tiny_encoder}, settings)
-    config = uvicorn_config(app, "127.0.0.1", 0, settings)
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.time() + 30
-    while not server.started and time.time() < deadline:
-        time.sleep(0.05)
-    port = server.servers[0].sockets[0].getsockname()[1]
 
-    def talk(first: bytes) -> tuple[bytes, float]:
+    def talk(port: int, first: bytes) -> tuple[bytes, float]:
         with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
             sock.sendall(first)
             started, received = time.perf_counter(), b""
@@ -210,18 +199,15 @@ def test_slow_clients_are_cut_after_the_header_and_body_timeouts(tiny_encoder):
                 received += chunk
             return received, time.perf_counter() - started
 
-    try:
-        silent, t0 = talk(b"")
-        headers, t1 = talk(b"POST /v1/layers HTTP/1.1\r\nHost: x\r\nContent-Ty")
-        body, t2 = talk(b'POST /v1/layers HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{"texts"')
-        ok = httpx.post(f"http://127.0.0.1:{port}/v1/layers", json={"texts": ["fine"]}, timeout=30)
-    finally:
-        server.should_exit = True
-        thread.join(10)
+    with running_server(app, uvicorn_config(app, "127.0.0.1", 0, settings)) as url:
+        port = int(url.rsplit(":", 1)[1])
+        silent, t0 = talk(port, b"")
+        headers, t1 = talk(port, b"POST /v1/layers HTTP/1.1\r\nHost: x\r\nContent-Ty")
+        body, t2 = talk(port, b'POST /v1/layers HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{"texts"')
+        ok = httpx.post(f"{url}/v1/layers", json={"texts": ["fine"]}, timeout=30)
     for answer, seconds in ((silent, t0), (headers, t1), (body, t2)):
         assert answer.startswith(b"HTTP/1.1 408"), answer[:80]
         assert 0.3 < seconds < 5
     assert b"request_timeout" in headers and b"headers did not arrive within 0.5 s" in headers
     assert b"body did not arrive within 0.5 s" in body
-    assert ok.status_code == 200
-    assert json.loads(ok.text)["results"]
+    assert ok.status_code == 200 and json.loads(ok.text)["results"]

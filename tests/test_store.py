@@ -405,7 +405,8 @@ def test_a_store_rewritten_under_a_reader_says_so(tmp_path, tiny):
     from layerwise.store.lock import writer_lock
 
     path = tmp_path / "c.lw"
-    lw.extract_to_store(tiny, corpus(5), path)
+    lw.extract_to_store(tiny, corpus(5), str(path))
+    assert lw.verify_store(str(path)).ok  # a str is a path wherever a path is taken
     reader = lw.open_store(str(path))
     with writer_lock(path):  # what `layerwise extract ... --overwrite` holds while it starts again
         remove_store_entries(path)

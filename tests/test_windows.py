@@ -101,3 +101,24 @@ def test_plan_covers_every_token_once_or_more(short_encoder):
         assert len(w) <= 16
         covered[w.positions] += 1
     assert (covered >= 1).all()
+
+
+def test_the_window_memory_guard_counts_words_as_tokens(default_encoder):
+    """200,000 one-token words would hold 2.0 GiB of hidden states (7 x 384 float32 per token):
+    over the guard's 2 GiB, refused before tokenising. Counted by characters (4 per token) they
+    looked like 100,000 tokens and ran for minutes."""
+    import time
+
+    import layerwise as lw
+
+    started = time.perf_counter()
+    with pytest.raises(
+        lw.InputTooLargeError, match=r"input 0 has 200,000 words: .* limit .* is 199,728 words"
+    ):
+        default_encoder.extract(words=[["w"] * 200_000], long_texts="window")
+    assert time.perf_counter() - started < 5
+    text = " ".join(["w"] * 200_000)  # the same as one text: 399,999 characters, under 798,912
+    from layerwise.inputs import normalize_inputs
+    from layerwise.windows import check_window_memory
+
+    check_window_memory(normalize_inputs([text]), 7, 384)  # passes: a text is counted by characters
