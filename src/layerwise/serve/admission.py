@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..errors import InputError, InputTooLargeError, LayerwiseError
+from ..errors import InputError, InputTooLargeError
 from .responses import ApiError
 
 if TYPE_CHECKING:
@@ -63,15 +63,6 @@ def result_values(plan: OutputPlan | None, encoded: list, hidden_size: int, n_hi
     row = int(np.prod(plan.row_shape(hidden_size, n_hidden)))
     rows = len(encoded) if plan.level == "sentence" else sum(len(item) for item in encoded)
     return rows * row
-
-
-def run_error(exc: LayerwiseError) -> tuple[int, str]:
-    """Status and message of a request's own failure inside a model run."""
-    from ..errors import NonFiniteError
-
-    if isinstance(exc, NonFiniteError):
-        return 500, str(exc)
-    return 422, str(exc)
 
 
 def check_response_size(size: int, max_bytes: int) -> None:

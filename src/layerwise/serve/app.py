@@ -21,20 +21,29 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from fastapi import Request, Response
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, PlainTextResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ..errors import InputError, LayerwiseError, OptionError
+from ..errors import OptionError
 from ..plan import OutputPlan
-from .admission import check_response_size, result_values, run_error, tokenise
-from .batcher import Batcher, Finish, Job, QueueFullError
+from .admission import check_response_size, result_values, tokenise
+from .batcher import Batcher, Finish, Job
+from .docs_pages import add_docs_pages
+from .errors import error_response, mapped_route_class
 from .fast_path import FastEmbeddings, ServedApp
 from .limits import LimitBody, RequireKey, ServeSettings, key_error, key_matches
 from .metrics import Metrics, ObserveRequests
-from .model_process import ModelProcessError
-from .responses import ApiError, json_response, layer_item, validation_error
-from .schemas import EmbeddingsRequest, LayersRequest
+from .responses import ApiError, json_response, layer_item
+from .schemas import (
+    EmbeddingsRequest,
+    EmbeddingsResponse,
+    HealthResponse,
+    LayersRequest,
+    LayersResponse,
+    ModelsResponse,
+    error_responses,
+)
 
 if TYPE_CHECKING:
     from ..encoder import Encoder
@@ -42,6 +51,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("layerwise")
 NPZ = "application/x-npz"
+POST_ERRORS = (401, 404, 413, 422, 429, 500, 503)
+NPZ_RESPONSE = {200: {"content": {NPZ: {"schema": {"type": "string", "format": "binary"}}},
+                      "description": "JSON, or with Accept: application/x-npz the .npz file"}}  # fmt: skip
 
 
 @dataclass
@@ -100,28 +112,18 @@ def create_app(
         title="layerwise",
         version=_version(),
         lifespan=lifespan,
+        docs_url=None,  # served from this machine's files (docs_pages.py), not FastAPI's CDN pages
+        redoc_url=None,
         description="Every encoder layer of BERT-family models over HTTP. OpenAI-compatible "
         "/v1/embeddings; /v1/layers for tokens, words and sentences at any layer.",
     )
     app.state.batcher, app.state.metrics, app.state.settings = batcher, metrics, settings
+    app.router.route_class = mapped_route_class()  # every route's errors through the one mapping
+    add_docs_pages(app)
 
-    @app.exception_handler(ApiError)
-    async def api_error(request: Request, exc: ApiError):
-        return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
-
-    @app.exception_handler(RequestValidationError)
-    async def invalid_request(request: Request, exc: RequestValidationError):
-        return JSONResponse(validation_error(list(exc.errors())).body(), status_code=422)
-
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(request: Request, exc: StarletteHTTPException):
-        """Starlette's and FastAPI's own errors (404, 405, a body that cannot be parsed) in the
-        same shape as every other error."""
-        if exc.status_code == 400:  # FastAPI: "There was an error parsing the body" (e.g. too deep)
-            message = "the body could not be read as JSON (malformed, or nested too deeply)"
-            return JSONResponse(ApiError(422, message, code="invalid_json").body(), status_code=422)
-        error = ApiError(exc.status_code, str(exc.detail), headers=dict(exc.headers or {}))
-        return JSONResponse(error.body(), status_code=exc.status_code, headers=error.headers)
+    # errors raised outside a route (no such route, a method it lacks): the same mapping
+    app.add_exception_handler(StarletteHTTPException, lambda request, exc: error_response(exc))
+    app.add_exception_handler(RequestValidationError, lambda request, exc: error_response(exc))
 
     def check_key(request: Request) -> None:
         """The routes' own check, behind RequireKey's (which answers before the body is read)."""
@@ -157,10 +159,7 @@ def create_app(
         server's --long-texts); ``max_tokens``: the request's token limit (default: the server's)."""
         enc = served.encoder
         n_hidden = enc.n_hidden_states
-        try:
-            layers = plan.hidden_states(n_hidden) if plan is not None else tuple(range(n_hidden))
-        except LayerwiseError as exc:
-            raise ApiError(422, str(exc), param="layers") from None
+        layers = plan.hidden_states(n_hidden) if plan is not None else tuple(range(n_hidden))
         if not len(raw):
             raise ApiError(422, f"{raw.field} is an empty list; send at least one input", param=raw.field)
         window = settings.long_texts == "window" if window is None else window
@@ -180,23 +179,8 @@ def create_app(
 
         finish = Finish(layers, plan, n_hidden)
         job = Job(served.name, encoded, finish, done, stride=settings.stride, n_bytes=int(values * 4))
-        try:
-            batcher.submit(job)
-        except QueueFullError as exc:
-            raise ApiError(
-                429, str(exc), code="queue_full", headers={"Retry-After": str(exc.retry_after)}
-            ) from None
-        try:
-            results = await future
-        except ModelProcessError as exc:
-            raise ApiError(503, str(exc), code="model_unavailable") from None
-        except LayerwiseError as exc:  # this request's own inputs failed in the model run
-            raise ApiError(*run_error(exc)) from None
-        except Exception as exc:  # a bug, or an input that breaks the model: this request's alone
-            logger.error("a model run failed for a request of %s", served.name, exc_info=exc)
-            raise ApiError(
-                500, f"the model run failed for this request: {type(exc).__name__}: {exc}", code="model_error"
-            ) from None
+        batcher.submit(job)  # a full queue: QueueFullError, 429 (serve/errors.py maps every error)
+        results = await future  # this request's own failure in the run (the batcher re-ran it apart)
         return [results[i] for i in range(len(encoded))], job.n_tokens, [item.truncated for item in encoded]
 
     async def answer_embeddings(body: EmbeddingsRequest) -> dict:
@@ -243,27 +227,28 @@ def create_app(
 
     # Served by FastEmbeddings (below) before FastAPI sees it; the route documents the endpoint
     # in /docs and answers the same way where the app is mounted under a prefix.
-    @app.post("/v1/embeddings", summary="OpenAI-compatible embeddings: one vector per input")
+    @app.post("/v1/embeddings", summary="OpenAI-compatible embeddings: one vector per input",
+              response_model=EmbeddingsResponse, responses=error_responses(*POST_ERRORS))  # fmt: skip
     async def embeddings(body: EmbeddingsRequest, request: Request):
         check_key(request)
         return json_response(await answer_embeddings(body))
 
-    @app.post("/v1/layers", summary="Tokens, offsets, word ids and vectors of the requested layers")
+    layers_responses = {**error_responses(*POST_ERRORS), **NPZ_RESPONSE}
+
+    @app.post("/v1/layers", summary="Tokens, offsets, word ids and vectors of the requested layers",
+              response_model=LayersResponse, responses=layers_responses)  # fmt: skip
     async def layers_endpoint(body: LayersRequest, request: Request):
         check_key(request)
         served = pick(body.model)
         raw = _raw(texts=body.texts, text_pairs=body.text_pairs, pairs=body.pairs, words=body.words)
-        try:
-            plan = OutputPlan.parse(
-                layers=body.layers,
-                pool=body.pool,
-                fuse=body.fuse,
-                special_tokens=body.special_tokens,
-                dtype=body.dtype,
-                normalize=body.normalize,
-            )
-        except LayerwiseError as exc:
-            raise ApiError(422, str(exc), param=_param_of(str(exc))) from None
+        plan = OutputPlan.parse(
+            layers=body.layers,
+            pool=body.pool,
+            fuse=body.fuse,
+            special_tokens=body.special_tokens,
+            dtype=body.dtype,
+            normalize=body.normalize,
+        )
         as_npz = NPZ in request.headers.get("accept", "")
         per_value = (2 if plan.dtype == "float16" else 4) * (1 if as_npz else 4 / 3)  # base64 in JSON
         results, n_tokens, _ = await run(served, raw, plan, bytes_per_value=per_value)
@@ -296,7 +281,8 @@ def create_app(
         }
         return await _off_loop(work, json_response, response_body)
 
-    @app.get("/v1/models", summary="The models this server serves")
+    @app.get("/v1/models", summary="The models this server serves", response_model=ModelsResponse,
+             responses=error_responses(401, 500))  # fmt: skip
     async def list_models(request: Request):
         check_key(request)
         data = [
@@ -313,7 +299,8 @@ def create_app(
         ]
         return {"object": "list", "data": data}
 
-    @app.get("/health", summary="Liveness: the worker runs and the models are loaded")
+    @app.get("/health", summary="Liveness: the worker runs and the models are loaded",
+             response_model=HealthResponse, responses={503: {"model": HealthResponse}})  # fmt: skip
     async def health():
         jobs, tokens = batcher.queued
         alive = batcher.alive
@@ -324,7 +311,8 @@ def create_app(
         }
         return JSONResponse(body, status_code=200 if alive else 503)
 
-    @app.get("/metrics", summary="Prometheus metrics")
+    @app.get("/metrics", summary="Prometheus metrics", response_class=PlainTextResponse,
+             responses=error_responses(401, 500))  # fmt: skip
     async def prometheus(request: Request):
         check_key(request)
         content, media_type = metrics.exposition()
@@ -392,27 +380,7 @@ def _settle(future, results, error) -> None:
 def _raw(**inputs) -> RawInputs:
     from ..inputs import normalize_inputs
 
-    try:
-        return normalize_inputs(**inputs)
-    except InputError as exc:
-        raise ApiError(422, str(exc), param=_param_of(str(exc))) from None
-
-
-def _param_of(message: str) -> str | None:
-    for field in (
-        "texts",
-        "text_pairs",
-        "pairs",
-        "words",
-        "layers",
-        "pool",
-        "fuse",
-        "special_tokens",
-        "normalize",
-    ):
-        if message.startswith(field) or f" {field}" in message[:40]:
-            return field
-    return None
+    return normalize_inputs(**inputs)  # an InputError is a 422 naming the field (serve/errors.py)
 
 
 def _embeddings_plan(encoder: Encoder, body: EmbeddingsRequest) -> OutputPlan:
@@ -436,9 +404,6 @@ def _embeddings_plan(encoder: Encoder, body: EmbeddingsRequest) -> OutputPlan:
             param="pool",
         )
     layers = body.layers if body.layers is not None or body.fuse is not None else -1
-    try:
-        return OutputPlan.parse(
-            layers=layers, pool=pool, fuse=body.fuse, special_tokens=body.special_tokens, normalize=normalize
-        )
-    except LayerwiseError as exc:
-        raise ApiError(422, str(exc), param=_param_of(str(exc))) from None
+    return OutputPlan.parse(
+        layers=layers, pool=pool, fuse=body.fuse, special_tokens=body.special_tokens, normalize=normalize
+    )

@@ -24,7 +24,9 @@ from starlette.staticfiles import StaticFiles
 
 from ..errors import LayerwiseError, OptionError
 from .responses import ApiError, b64_array, json_response
-from .schemas import _Strict
+from .schemas import _Strict, error_responses
+
+EXPLORE_ERRORS = (401, 404, 413, 422, 429, 500, 503)
 
 if TYPE_CHECKING:
     from ..encoder import Encoder
@@ -117,10 +119,7 @@ def add_explorer(
     app.mount("/explore", StaticFiles(directory=STATIC), name="explore-static")
 
     async def compute(function: Callable, *args):
-        try:
-            return await run_in_threadpool(function, *args)
-        except LayerwiseError as exc:
-            raise ApiError(422, str(exc)) from None
+        return await run_in_threadpool(function, *args)  # errors: the service's one mapping
 
     async def stack_of(served: Any, body: TextRequest):
         """Every hidden state of the request's text (windows past the model's length), through the
@@ -139,7 +138,12 @@ def add_explorer(
         """Admission for the side work on ``body``'s text (see the module docstring)."""
         return batcher.side_work(_check_size(encoder, body, max_tokens))
 
-    @app.get("/v1/explore/info", summary="Explorer: served models, what each view can show")
+    @app.get(
+        "/v1/explore/info",
+        summary="Explorer: served models, what each view can show",
+        response_model=dict[str, Any],
+        responses=error_responses(401, 404, 422, 500),
+    )
     async def info(request: Request):
         check_key(request)
         from ..plot import PROJECTIONS
@@ -164,7 +168,12 @@ def add_explorer(
             )
         return {"models": entries, "projections": [p for p in PROJECTIONS if _installed(p)]}
 
-    @app.post("/v1/explore/tokens", summary="Explorer grid: per token and layer, the token_statistics")
+    @app.post(
+        "/v1/explore/tokens",
+        summary="Explorer grid: per token and layer, the token_statistics",
+        response_model=dict[str, Any],
+        responses=error_responses(*EXPLORE_ERRORS),
+    )
     async def tokens(body: TextRequest, request: Request):
         check_key(request)
         from ..explore import token_statistics
@@ -182,7 +191,12 @@ def add_explorer(
 
         return json_response(await compute(work))
 
-    @app.post("/v1/explore/neighbours", summary="Explorer: a token's nearest reference tokens per layer")
+    @app.post(
+        "/v1/explore/neighbours",
+        summary="Explorer: a token's nearest reference tokens per layer",
+        response_model=dict[str, Any],
+        responses=error_responses(*EXPLORE_ERRORS),
+    )
     async def neighbours(body: NeighboursRequest, request: Request):
         check_key(request)
         served = pick(body.model)
@@ -207,7 +221,12 @@ def add_explorer(
 
         return json_response(await compute(work))
 
-    @app.post("/v1/explore/attention", summary="Explorer: every head's attention at one layer")
+    @app.post(
+        "/v1/explore/attention",
+        summary="Explorer: every head's attention at one layer",
+        response_model=dict[str, Any],
+        responses=error_responses(*EXPLORE_ERRORS),
+    )
     async def attention(body: AttentionRequest, request: Request):
         check_key(request)
         from ..explore import attention_maps
@@ -231,7 +250,12 @@ def add_explorer(
 
         return json_response(await compute(work))
 
-    @app.post("/v1/explore/lens", summary="Explorer: each layer's top predictions for [MASK] (logit lens)")
+    @app.post(
+        "/v1/explore/lens",
+        summary="Explorer: each layer's top predictions for [MASK] (logit lens)",
+        response_model=dict[str, Any],
+        responses=error_responses(*EXPLORE_ERRORS),
+    )
     async def lens(body: LensRequest, request: Request):
         check_key(request)
         from ..explore import logit_lens
@@ -250,7 +274,12 @@ def add_explorer(
 
         return json_response(await compute(work))
 
-    @app.post("/v1/explore/projection", summary="Explorer: layerwise plot's per-layer projection, as data")
+    @app.post(
+        "/v1/explore/projection",
+        summary="Explorer: layerwise plot's per-layer projection, as data",
+        response_model=dict[str, Any],
+        responses=error_responses(*EXPLORE_ERRORS),
+    )
     async def projection(body: ProjectionRequest, request: Request):
         check_key(request)
         from ..explore import word_projection
@@ -273,7 +302,12 @@ def add_explorer(
 
         return json_response(await compute(work))
 
-    @app.get("/v1/explore/similarity", summary="Explorer: linear CKA between layers over the reference set")
+    @app.get(
+        "/v1/explore/similarity",
+        summary="Explorer: linear CKA between layers over the reference set",
+        response_model=dict[str, Any],
+        responses=error_responses(401, 404, 422, 500),
+    )
     async def similarity(request: Request, model: str | None = None):
         check_key(request)
         served = pick(model)

@@ -23,10 +23,10 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI
-from pydantic import ValidationError
 
+from .errors import api_error
 from .limits import body_too_large, key_error, key_matches
-from .responses import ApiError, json_bytes, validation_error
+from .responses import ApiError, json_bytes
 from .schemas import EmbeddingsRequest
 
 if TYPE_CHECKING:
@@ -98,13 +98,13 @@ class FastEmbeddings:
             body = await self._body(receive)
             if content_type is not None and not _is_json(content_type):
                 raise ApiError(422, NOT_JSON)
-            try:
-                request = EmbeddingsRequest.model_validate_json(body)
-            except ValidationError as exc:
-                raise validation_error([{**e, "loc": ("body", *e["loc"])} for e in exc.errors()]) from None
+            request = EmbeddingsRequest.model_validate_json(body)  # a ValidationError is mapped: 422
             return 200, json_bytes(await self.answer(request)), None
-        except ApiError as exc:
-            return exc.status, json_bytes(exc.body()), exc.headers
+        except ClientGone:
+            raise
+        except Exception as exc:  # the service's one error mapping, as the FastAPI routes use
+            error = api_error(exc)
+            return error.status, json_bytes(error.body()), error.headers
 
     def _authorize(self, header: bytes | None) -> None:
         """401 unless the request carries ``Authorization: Bearer <key>`` (limits.RequireKey's rule)."""

@@ -171,7 +171,7 @@ def body_too_large(size: int, max_bytes: int):
 
 # Paths anyone may read: liveness, the API's description, the explorer's static page and assets.
 PUBLIC_PATHS = frozenset({"/health", "/", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"})
-PUBLIC_PREFIXES = ("/explore/",)
+PUBLIC_PREFIXES = ("/explore/", "/docs-assets/")
 
 
 def key_error():

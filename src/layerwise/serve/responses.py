@@ -111,7 +111,8 @@ def validation_error(errors: list) -> ApiError:
     messages = list(dict.fromkeys(describe_validation_error(e) for e in errors[:5]))
     first = errors[0]["loc"][1:2] if errors else ()
     param = first[0] if first and isinstance(first[0], str) else None  # a field, not a JSON position
-    return ApiError(422, "; ".join(messages) or "the body is not valid", param=param)
+    code = "invalid_json" if any(e.get("type") == "json_invalid" for e in errors) else None
+    return ApiError(422, "; ".join(messages) or "the body is not valid", param=param, code=code)
 
 
 def describe_validation_error(error: dict) -> str:

@@ -49,3 +49,88 @@ class LayersRequest(_Strict):
     special_tokens: Literal["include", "exclude"] = "include"
     normalize: bool = False
     dtype: Literal["float32", "float16"] = "float32"
+
+
+# ------------------------------------------------------------------------------------ responses
+# What the endpoints answer, for /openapi.json (and the schemathesis run that checks every answer
+# against it). The fast path of /v1/embeddings answers exactly these shapes too.
+class ErrorDetail(BaseModel):
+    message: str
+    type: Literal["invalid_request_error", "server_error"]
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorBody(BaseModel):
+    """OpenAI's error shape; every refusal and failure of this service answers with it."""
+
+    error: ErrorDetail
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class EmbeddingItem(BaseModel):
+    object: Literal["embedding"]
+    index: int
+    embedding: list[float | None] | str = Field(
+        description="The vector: floats (null for a NaN), or base64 of its little-endian float32 bytes"
+    )
+    truncated: bool
+
+
+class EmbeddingsResponse(BaseModel):
+    object: Literal["list"]
+    data: list[EmbeddingItem]
+    model: str
+    usage: Usage
+
+
+class LayersResponse(BaseModel):
+    """The plan's metadata (layers, level, pool, fuse, dtype, …) and one item per input."""
+
+    model_config = ConfigDict(extra="allow")
+    object: Literal["layers"]
+    model: str
+    layers: list[int]
+    results: list[dict]
+    usage: Usage
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"]
+    created: int
+    owned_by: str
+    n_hidden_states: int
+    hidden_size: int
+    max_length: int
+
+
+class ModelsResponse(BaseModel):
+    object: Literal["list"]
+    data: list[ModelCard]
+
+
+class QueueState(BaseModel):
+    requests: int
+    tokens: int
+
+
+class HealthResponse(BaseModel):
+    status: Literal["ok", "stopped"]
+    models: list[str]
+    queue: QueueState
+
+
+def error_responses(*statuses: int) -> dict:
+    """``responses=`` of a route: these statuses answer an :class:`ErrorBody`."""
+    reasons = {
+        401: "API key missing or wrong", 404: "model not served", 413: "over a size limit",
+        422: "a bad value (the message names the field)", 429: "the queue is full (see Retry-After)",
+        500: "a failure of this request (code internal_error or nonfinite_output)",
+        503: "the model process is gone",
+    }  # fmt: skip
+    return {status: {"model": ErrorBody, "description": reasons[status]} for status in statuses}
