@@ -203,22 +203,21 @@ def test_logit_lens_for_a_model_with_a_head(page, server):
     assert len(page.locator("#lens tbody tr").first.inner_text().split(" · ")) == 5
 
 
-def test_the_api_pages_render_offline(server, shots):
+def test_the_api_pages_render_offline(server, page, shots):
     """/docs (Swagger UI) and /redoc in Chromium with every request off this machine refused: the
     operations render from the server's own files."""
-    with sync_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-        tab = browser.new_page(viewport={"width": 1300, "height": 1600})
-        elsewhere: list[str] = []
+    tab = page.context.browser.new_page(viewport={"width": 1300, "height": 1600})  # the module's browser
+    elsewhere: list[str] = []
 
-        def local_only(route):
-            host = route.request.url.split("/")[2].split(":")[0]
-            if host in ("127.0.0.1", "localhost"):
-                route.continue_()
-            else:
-                elsewhere.append(route.request.url)
-                route.abort()
+    def local_only(route):
+        host = route.request.url.split("/")[2].split(":")[0]
+        if host in ("127.0.0.1", "localhost"):
+            route.continue_()
+        else:
+            elsewhere.append(route.request.url)
+            route.abort()
 
+    try:
         tab.route("**/*", local_only)
         tab.goto(f"{server}/docs")
         tab.wait_for_selector(".opblock-summary-path", timeout=30_000)
@@ -228,5 +227,6 @@ def test_the_api_pages_render_offline(server, shots):
         tab.screenshot(path=str(shots / "api_docs.png"))
         tab.goto(f"{server}/redoc")
         tab.wait_for_selector("text=OpenAI-compatible embeddings", timeout=30_000)
-        browser.close()
+    finally:
+        tab.close()
     assert elsewhere == []

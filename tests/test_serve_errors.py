@@ -187,9 +187,20 @@ def test_a_client_gone_mid_body_or_mid_response_leaves_the_server_serving(tiny_e
     assert after.status_code == 200 and health.json()["status"] == "ok"
 
 
-def test_64_clients_with_bad_requests_mixed_in(tiny_encoder):
-    """64 clients for a few seconds, one request in ten a bad one: every good request gets 200 and
-    its own vector, every bad one its 4xx."""
+def rss_mib() -> float:
+    from pathlib import Path
+
+    for line in Path("/proc/self/status").read_text(encoding="ascii").splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def test_64_clients_for_30_seconds_with_bad_requests_mixed_in(tiny_encoder):
+    """64 clients for 30 s, one request in ten a bad one: every good request gets 200 and its own
+    vector, every bad one its 4xx, and the process's memory stays bounded."""
+    import time
+
     import numpy as np
 
     app = create_app({"tiny": tiny_encoder}, ServeSettings(max_wait_ms=5))
@@ -203,29 +214,55 @@ def test_64_clients_with_bad_requests_mixed_in(tiny_encoder):
     ]
 
     async def scenario(client):
-        results = {"good": 0, "bad": 0, "wrong": []}
+        results: dict = {"good": 0, "bad": 0, "wrong": [], "rss": []}
+        deadline = time.perf_counter() + 30
 
         async def one_client(k: int) -> None:
-            for round_ in range(10):
-                if (k + round_) % 10 == 0:
-                    body = bad_bodies[(k + round_) % len(bad_bodies)]
-                    response = await client.post("/v1/embeddings", json=body)
+            n = 0
+            while time.perf_counter() < deadline:
+                n += 1
+                if (k + n) % 10 == 0:
+                    response = await client.post("/v1/embeddings", json=bad_bodies[(k + n) % len(bad_bodies)])
                     ok = 400 <= response.status_code < 500 and "error" in response.json()
                     results["bad"] += 1
                 else:
                     response = await client.post("/v1/embeddings", json={"input": texts[k]})
-                    got = (
-                        np.asarray(response.json()["data"][0]["embedding"])
-                        if response.status_code == 200
-                        else None
-                    )
-                    ok = got is not None and np.allclose(got, want[k], atol=1e-5)
+                    good = response.status_code == 200
+                    ok = good and np.allclose(response.json()["data"][0]["embedding"], want[k], atol=1e-5)
                     results["good"] += 1
                 if not ok:
                     results["wrong"].append((k, response.status_code, response.text[:200]))
 
-        await asyncio.gather(*(one_client(k) for k in range(64)))
+        async def watch() -> None:
+            while time.perf_counter() < deadline:
+                results["rss"].append(rss_mib())
+                await asyncio.sleep(1)
+
+        await asyncio.gather(watch(), *(one_client(k) for k in range(64)))
         return results
 
     results = run_app(app, scenario)
-    assert results["wrong"] == [] and results["good"] == 576 and results["bad"] == 64
+    assert results["wrong"] == []
+    assert results["good"] > 500 and results["bad"] > 50
+    rss = results["rss"]
+    assert max(rss[len(rss) // 3 :]) - rss[len(rss) // 3] < 200  # flat once warm (MiB)
+
+
+def test_the_input_limit_answers_and_the_server_lives(tiny_encoder):
+    app = create_app({"tiny": tiny_encoder})  # the default --max-inputs, 2,048
+
+    async def scenario(client):
+        return (
+            await client.post("/v1/embeddings", json={"input": ["a"] * 2048}),
+            await client.post("/v1/embeddings", json={"input": ["a"] * 2049}),
+            await client.post("/v1/layers", json={"texts": ["a"] * 2049}),
+            await client.post("/v1/embeddings", content=b'{"input": "a", "dimensions": Infinity}',
+                              headers={"content-type": "application/json"}),
+            await client.get("/health"),
+        )  # fmt: skip
+
+    full, over, over_layers, infinity, health = run_app(app, scenario)
+    assert full.status_code == 200 and len(full.json()["data"]) == 2048
+    assert over.status_code == over_layers.status_code == 413
+    assert "at most 2,048 (--max-inputs)" in over.json()["error"]["message"]
+    assert infinity.status_code == 422 and health.json()["status"] == "ok"
