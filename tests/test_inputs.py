@@ -228,3 +228,39 @@ def test_a_much_shorter_input_starts_a_new_batch():
     assert batches == [[0, 4], [1, 2, 5, 3]]
     # lengths within a quarter of the width (or 16 tokens) share a batch
     assert length_sorted_batches([100, 80, 76, 20, 10], batch_size=32) == [[0, 1, 2], [3, 4]]
+
+
+def test_any_iterable_of_strings_is_a_list_of_texts(tiny_encoder, tmp_path):
+    """pandas and polars Series, pyarrow arrays, NumPy arrays, tuples and generators give the same
+    vectors as a list; a null among them is refused by its index."""
+    import numpy as np
+    import pyarrow as pa
+
+    import layerwise as lw
+
+    texts = ["the bank raised rates", "a river bank", "ok"]
+    want = tiny_encoder.embed(texts)
+    given = {
+        "tuple": tuple(texts),
+        "generator": (t for t in texts),
+        "numpy": np.asarray(texts),
+        "pyarrow": pa.array(texts),
+        "chunked": pa.chunked_array([texts[:1], texts[1:]]),
+    }
+    try:
+        import pandas as pd
+
+        given["pandas"] = pd.Series(texts, index=[10, 20, 30])  # not positions 0..2
+    except ImportError:
+        pass
+    for name, values in given.items():
+        np.testing.assert_array_equal(tiny_encoder.embed(values), want, err_msg=name)
+    features = tiny_encoder.features(pa.array(texts), pools=("mean",), fuses=("last",))
+    np.testing.assert_allclose(features[("mean", "last")], tiny_encoder.embed(texts, layers=-1), atol=1e-6)
+    out = tmp_path / "o.npz"
+    lw.extract_to_file(tiny_encoder, pa.array(texts), out)
+    assert lw.read_npz_texts(np.load(out)) == texts
+    with pytest.raises(lw.InputError, match=r"texts\[1\] is NoneType"):
+        tiny_encoder.embed(pa.array(["a", None, "c"]))
+    with pytest.raises(lw.InputError, match="must be an iterable of strings, not int"):
+        tiny_encoder.embed(3)

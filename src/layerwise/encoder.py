@@ -29,6 +29,7 @@ from .hooks import check_taps
 from .inputs import (
     EncodedInput,
     InputEncoder,
+    as_texts,
     normalize_inputs,
     report_empty_words,
     report_truncation_warning,
@@ -238,7 +239,7 @@ class Encoder:
         ``normalize``: L2-normalise each vector. A single string gives a single row."""
         plan = OutputPlan(layers, "sentence", pool, special_tokens, fuse, normalize=normalize)
         single = isinstance(texts, str)
-        batch = [texts] if single else texts
+        batch = [texts] if single else (as_texts(texts) if texts is not None else None)  # any iterable
         stream = self.iter_extract(
             batch, text_pairs=text_pairs, pairs=pairs, layers=plan.hidden_states(self.n_hidden_states),  # type: ignore[arg-type]
             long_texts=long_texts, stride=stride, progress=progress,
@@ -304,8 +305,7 @@ class Encoder:
         progress: bool | None = None,
     ) -> dict[tuple[str, str], np.ndarray]:
         """Every (pool, fusion) from ONE forward pass: ``{(pool, fuse): (n_texts, dim)}``."""
-        if isinstance(texts, str):
-            raise InputError("features() takes a list of texts; wrap a single text in a list")
+        texts = as_texts(texts) if texts is not None else None  # any iterable; a str is refused
         pools, fuses = list(pools), list(fuses)
         extracted = features_layers(fuses, layers, pools, special_tokens, self.n_hidden_states)
         stream = self.iter_extract(

@@ -69,6 +69,24 @@ def _check_str(value: object, what: str, index: int) -> str:
     return value
 
 
+def as_texts(values: object, name: str = "texts") -> list:
+    """``values`` as a list, from any iterable of strings: a list or tuple, a pandas or polars
+    Series, a NumPy array, a pyarrow Array or ChunkedArray (through ``to_pylist``, so that nulls
+    become None and are refused by name), a generator. A single string is refused: wrap it in a
+    list. The items are checked later (normalize_inputs), each naming its index."""
+    if isinstance(values, str | bytes):
+        raise InputError(f"{name} must be a list of strings; wrap a single text in a list")
+    if isinstance(values, list):
+        return values
+    to_pylist = getattr(values, "to_pylist", None)  # pyarrow: items would be scalars, not str
+    if callable(to_pylist):
+        return list(to_pylist())
+    try:
+        return list(values)  # type: ignore[call-overload]
+    except TypeError:
+        raise InputError(f"{name} must be an iterable of strings, not {type(values).__name__}") from None
+
+
 def lone_surrogate(text: str) -> int | None:
     """Position of the first lone surrogate in ``text`` (not text: a broken "\ud800" escape,
     often), or None."""
@@ -126,13 +144,12 @@ def normalize_inputs(
     if len(given) != 1:
         raise InputError(f"pass exactly one of texts=, pairs= or words= (got {', '.join(given) or 'none'})")
     if texts is not None:
-        if isinstance(texts, str):
-            raise InputError("texts must be a list of strings; wrap a single text in a list")
-        checked = [_check_str(t, f"texts[{i}]", i) for i, t in enumerate(texts)]
+        checked = [_check_str(t, f"texts[{i}]", i) for i, t in enumerate(as_texts(texts))]
         seconds = None
         if text_pairs is not None:
             if isinstance(text_pairs, str):
                 raise InputError("text_pairs must be a list of strings, one per text")
+            text_pairs = as_texts(text_pairs, "text_pairs")
             if len(text_pairs) != len(checked):
                 raise InputError(
                     f"texts has {len(checked)} items but text_pairs has {len(text_pairs)}; "

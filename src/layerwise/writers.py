@@ -136,11 +136,14 @@ def extract_to_file(
     them to ``path`` (.npz or .jsonl), streaming, in input order; nothing is written on error.
     Returns counts: n_texts, n_tokens, n_words, n_truncated."""
     from . import __version__
+    from .inputs import as_texts
     from .plan import OutputPlan
 
     plan = plan if plan is not None else OutputPlan()
     path = Path(path)
     output_format(path)  # before any work
+    texts = as_texts(texts)  # any iterable of strings (a pandas Series, a pyarrow array, …)
+    text_pairs = as_texts(text_pairs, "text_pairs") if text_pairs is not None else None
     n = encoder.n_hidden_states
     stream = encoder.iter_extract(
         texts, text_pairs=text_pairs, layers=plan.hidden_states(n), method=method,  # type: ignore[arg-type]
