@@ -252,10 +252,11 @@ class InputEncoder:
             for i in too_long_set:
                 present = [w for w in encodings[i].word_ids if w is not None]
                 lost[i] = len(raw.words[i]) - (max(present) + 1 if present else 0)
-        if self.vocab_size is not None:
-            self._check_ids(encodings, raw)
         out = []
         for i, enc in enumerate(encodings):
+            ids = tuple(enc.ids)  # each .ids builds a new list from the Rust encoding: once here
+            if self.vocab_size is not None and ids and max(ids) >= self.vocab_size:
+                raise self._unknown_id(i, ids, enc.tokens, raw)
             offsets = enc.offsets
             if raw.words is not None:
                 offsets = _word_offsets_to_text(offsets, enc.word_ids, raw.words[i])
@@ -265,7 +266,7 @@ class InputEncoder:
                     text=raw.texts[i],
                     text_pair=raw.text_pairs[i] if raw.text_pairs is not None else None,
                     words=raw.words[i] if raw.words is not None else None,
-                    ids=tuple(enc.ids),
+                    ids=ids,
                     type_ids=tuple(enc.type_ids),
                     tokens=tuple(enc.tokens),
                     offsets=tuple((int(a), int(b)) for a, b in offsets),
@@ -280,17 +281,15 @@ class InputEncoder:
             )
         return out
 
-    def _check_ids(self, encodings, raw: RawInputs) -> None:
-        for i, enc in enumerate(encodings):
-            top = max(enc.ids, default=0)
-            if top >= self.vocab_size:  # type: ignore[operator]  # only called with a vocab_size
-                token = enc.tokens[enc.ids.index(top)]
-                raise InputError(
-                    f"tokenizer and model disagree: input {i} ({raw.texts[i]!r:.60}) has token {token!r} "
-                    f"with id {top} >= the model's vocab size {self.vocab_size}; the tokenizer is not the "
-                    "one this model was trained with: load the model with its own tokenizer files",
-                    index=i,
-                )
+    def _unknown_id(self, i: int, ids: tuple[int, ...], tokens: list[str], raw: RawInputs) -> InputError:
+        top = max(ids)
+        token = tokens[ids.index(top)]
+        return InputError(
+            f"tokenizer and model disagree: input {i} ({raw.texts[i]!r:.60}) has token {token!r} "
+            f"with id {top} >= the model's vocab size {self.vocab_size}; the tokenizer is not the "
+            "one this model was trained with: load the model with its own tokenizer files",
+            index=i,
+        )
 
     def _prefix_encoding(self, item, pretokenized: bool):
         """``(truncated encoding, tokens in the prefix, words lost in the prefix)`` from a prefix of
