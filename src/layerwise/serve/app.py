@@ -32,7 +32,7 @@ from .batcher import Batcher, Finish, Job
 from .docs_pages import add_docs_pages
 from .errors import error_response, mapped_route_class
 from .fast_path import FastEmbeddings, ServedApp
-from .limits import LimitBody, RequireKey, ServeSettings, key_error, key_matches
+from .limits import LimitBody, RequireKey, ServeSettings
 from .metrics import Metrics, ObserveRequests
 from .responses import ApiError, json_response, layer_item
 from .schemas import (
@@ -124,13 +124,6 @@ def create_app(
     # errors raised outside a route (no such route, a method it lacks): the same mapping
     app.add_exception_handler(StarletteHTTPException, lambda request, exc: error_response(exc))
     app.add_exception_handler(RequestValidationError, lambda request, exc: error_response(exc))
-
-    def check_key(request: Request) -> None:
-        """The routes' own check, behind RequireKey's (which answers before the body is read)."""
-        if settings.api_key is not None and not key_matches(
-            request.headers.get("authorization", "").encode("latin-1"), settings.api_key.encode()
-        ):
-            raise key_error()
 
     def pick(model: str | None) -> Served:
         if model is None:
@@ -229,8 +222,7 @@ def create_app(
     # in /docs and answers the same way where the app is mounted under a prefix.
     @app.post("/v1/embeddings", summary="OpenAI-compatible embeddings: one vector per input",
               response_model=EmbeddingsResponse, responses=error_responses(*POST_ERRORS))  # fmt: skip
-    async def embeddings(body: EmbeddingsRequest, request: Request):
-        check_key(request)
+    async def embeddings(body: EmbeddingsRequest):
         return json_response(await answer_embeddings(body))
 
     layers_responses = {**error_responses(*POST_ERRORS), **NPZ_RESPONSE}
@@ -238,7 +230,6 @@ def create_app(
     @app.post("/v1/layers", summary="Tokens, offsets, word ids and vectors of the requested layers",
               response_model=LayersResponse, responses=layers_responses)  # fmt: skip
     async def layers_endpoint(body: LayersRequest, request: Request):
-        check_key(request)
         served = pick(body.model)
         raw = _raw(texts=body.texts, text_pairs=body.text_pairs, pairs=body.pairs, words=body.words)
         plan = OutputPlan.parse(
@@ -283,8 +274,7 @@ def create_app(
 
     @app.get("/v1/models", summary="The models this server serves", response_model=ModelsResponse,
              responses=error_responses(401, 500))  # fmt: skip
-    async def list_models(request: Request):
-        check_key(request)
+    async def list_models():
         data = [
             {
                 "id": name,
@@ -313,15 +303,14 @@ def create_app(
 
     @app.get("/metrics", summary="Prometheus metrics", response_class=PlainTextResponse,
              responses=error_responses(401, 500))  # fmt: skip
-    async def prometheus(request: Request):
-        check_key(request)
+    async def prometheus():
         content, media_type = metrics.exposition()
         return Response(content, media_type=media_type)
 
     if explorer:
         from .explorer import add_explorer
 
-        add_explorer(app, models=models, pick=pick, check_key=check_key, run=run, batcher=batcher,
+        add_explorer(app, models=models, pick=pick, run=run, batcher=batcher,
                      max_tokens=settings.max_explore_tokens, store=reference_store)  # fmt: skip
     app.add_middleware(LimitBody, max_bytes=settings.max_body_bytes)
     # the key is checked before a body is read or validated: a stranger learns nothing of the schema

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
-from fastapi import FastAPI, Request
+from fastapi import FastAPI
 from fastapi.responses import FileResponse
 from pydantic import Field
 from starlette.concurrency import run_in_threadpool
@@ -101,7 +101,6 @@ def add_explorer(
     *,
     models: dict,
     pick: Callable[[str | None], Any],
-    check_key: Callable[[Request], None],
     run: Callable[..., Any],
     batcher: Batcher,
     max_tokens: int,
@@ -124,13 +123,7 @@ def add_explorer(
     async def stack_of(served: Any, body: TextRequest):
         """Every hidden state of the request's text (windows past the model's length), through the
         batcher; a text over ``max_tokens`` is a 413 naming the limit."""
-        from ..inputs import normalize_inputs
-
-        pairs = None if body.text_pair is None else [body.text_pair]
-        try:
-            raw = normalize_inputs([body.text], text_pairs=pairs)
-        except LayerwiseError as exc:
-            raise ApiError(422, str(exc), param="text") from None
+        raw = _text_inputs(body)
         results, _, _ = await run(served, raw, None, bytes_per_value=0, window=True, max_tokens=max_tokens)
         return results[0]
 
@@ -144,8 +137,7 @@ def add_explorer(
         response_model=dict[str, Any],
         responses=error_responses(401, 404, 422, 500),
     )
-    async def info(request: Request):
-        check_key(request)
+    async def info():
         from ..plot import PROJECTIONS
 
         entries = []
@@ -174,8 +166,7 @@ def add_explorer(
         response_model=dict[str, Any],
         responses=error_responses(*EXPLORE_ERRORS),
     )
-    async def tokens(body: TextRequest, request: Request):
-        check_key(request)
+    async def tokens(body: TextRequest):
         from ..explore import token_statistics
 
         served = pick(body.model)
@@ -197,8 +188,7 @@ def add_explorer(
         response_model=dict[str, Any],
         responses=error_responses(*EXPLORE_ERRORS),
     )
-    async def neighbours(body: NeighboursRequest, request: Request):
-        check_key(request)
+    async def neighbours(body: NeighboursRequest):
         served = pick(body.model)
         stack = await stack_of(served, body)
 
@@ -227,8 +217,7 @@ def add_explorer(
         response_model=dict[str, Any],
         responses=error_responses(*EXPLORE_ERRORS),
     )
-    async def attention(body: AttentionRequest, request: Request):
-        check_key(request)
+    async def attention(body: AttentionRequest):
         from ..explore import attention_maps
 
         served = pick(body.model)
@@ -256,8 +245,7 @@ def add_explorer(
         response_model=dict[str, Any],
         responses=error_responses(*EXPLORE_ERRORS),
     )
-    async def lens(body: LensRequest, request: Request):
-        check_key(request)
+    async def lens(body: LensRequest):
         from ..explore import logit_lens
 
         served = pick(body.model)
@@ -280,8 +268,7 @@ def add_explorer(
         response_model=dict[str, Any],
         responses=error_responses(*EXPLORE_ERRORS),
     )
-    async def projection(body: ProjectionRequest, request: Request):
-        check_key(request)
+    async def projection(body: ProjectionRequest):
         from ..explore import word_projection
 
         served = pick(body.model)
@@ -308,8 +295,7 @@ def add_explorer(
         response_model=dict[str, Any],
         responses=error_responses(401, 404, 422, 500),
     )
-    async def similarity(request: Request, model: str | None = None):
-        check_key(request)
+    async def similarity(model: str | None = None):
         served = pick(model)
 
         def work():
@@ -345,14 +331,21 @@ def _installed(projection: str) -> bool:
     return importlib.util.find_spec(module) is not None
 
 
-def _check_size(encoder: Encoder, body: TextRequest, max_tokens: int) -> int:
-    """The text's tokens (tokenising 100,000 characters takes milliseconds), or a 413 beyond
-    ``max_tokens``."""
+def _text_inputs(body: TextRequest):
+    """The request's text (and pair) as inputs; a text that cannot be one is a 422 on ``text``."""
     from ..inputs import normalize_inputs
 
     pairs = None if body.text_pair is None else [body.text_pair]
-    raw = normalize_inputs([body.text], text_pairs=pairs)
-    n_tokens = len(encoder.inputs.encode(raw, truncate=False)[0])  # all of it, not a first window
+    try:
+        return normalize_inputs([body.text], text_pairs=pairs)
+    except LayerwiseError as exc:
+        raise ApiError(422, str(exc), param="text") from None
+
+
+def _check_size(encoder: Encoder, body: TextRequest, max_tokens: int) -> int:
+    """The text's tokens (tokenising 100,000 characters takes milliseconds), or a 413 beyond
+    ``max_tokens``."""
+    n_tokens = len(encoder.inputs.encode(_text_inputs(body), truncate=False)[0])  # all, not a first window
     if n_tokens > max_tokens:
         raise ApiError(
             413,
