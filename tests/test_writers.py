@@ -163,18 +163,23 @@ def test_quiet_hides_progress_never_the_nan_error_or_warning(tmp_path, nan_model
     assert (tmp_path / "b.npz").exists()
 
 
-@pytest.mark.parametrize("name", ["out.npz", "out.jsonl"])
+@pytest.mark.parametrize("name", ["out.npz", "out.jsonl", "out.parquet"])
 def test_disk_full_is_a_clean_error_and_leaves_nothing(tmp_path, tiny_encoder, monkeypatch, name):
     import errno
 
     import layerwise as lw
-    from layerwise import writers
+    from layerwise import file_writers, parquet_writer
 
     def full(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    target = "_put" if name.endswith(".npz") else "_copy_span"
-    monkeypatch.setattr(writers._NpzWriter if target == "_put" else writers, target, full)
+    if name.endswith(".npz"):
+        monkeypatch.setattr(file_writers, "put_array", full)
+    elif name.endswith(".jsonl"):
+        monkeypatch.setattr(file_writers.JsonlWriter, "end_block", full)
+    else:
+        monkeypatch.setattr(parquet_writer.ParquetWriter, "end_block", full)
+    plan = lw.OutputPlan.parse(pool="sentence:mean") if name.endswith(".parquet") else None
     with pytest.raises(lw.OutputError, match=r"No space left on device; nothing was written\. Free"):
-        lw.extract_to_file(tiny_encoder, ["one", "two"], tmp_path / name)
+        lw.extract_to_file(tiny_encoder, ["one", "two"], tmp_path / name, plan)
     assert list(tmp_path.iterdir()) == []

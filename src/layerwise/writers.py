@@ -1,9 +1,10 @@
-"""Write extraction results to .npz or .jsonl, streaming and atomically.
+"""Write extraction results to .npz, .jsonl or .parquet, streaming and atomically.
 
-Results arrive in compute order (longest inputs first) and are written as they come, so memory
-stays bounded by one batch (sentence vectors, one row per text, are gathered into one array).
-Files are written under a temporary name next to the target and renamed at the end: an error or
-an interrupt never leaves a half-written file behind.
+The corpus is read and extracted block by block (corpus.py); within a block results arrive in
+compute order (longest inputs first) and the writers (file_writers.py, parquet_writer.py) put them
+in input order, so memory stays bounded by one block, never the corpus. Files are written under a
+temporary name next to the target and renamed at the end: an error or an interrupt never leaves a
+half-written file behind.
 
 .npz layout (``numpy.load`` reads it; no pickle)::
 
@@ -12,6 +13,8 @@ an interrupt never leaves a half-written file behind.
     texts_utf8            (total bytes,) uint8: every text's UTF-8 bytes, one after another
     texts_offsets         (n_texts + 1,) int64: text i is texts_utf8[offsets[i]:offsets[i + 1]]
     text_pairs_utf8, text_pairs_offsets   the same for the second segments, when there are pairs
+    ids                   (n_texts,) int64: each input's id (--id-column, else its 0-based row);
+                          string ids as ids_utf8 + ids_offsets (``read_npz_ids`` reads either)
     truncated             (n_texts,) bool
 
 (``read_npz_texts(npz)`` decodes them. Version 1 kept ``texts`` as a fixed-width ``<U`` array, so
@@ -27,20 +30,19 @@ one 100,000-character line made every text 400 KB wide.)
     embeddings            (n_texts, n_layers, hidden), or (n_texts, dim) with a fusion
 
 .jsonl: one object per input, in input order, with the same fields (vectors as nested lists).
+.parquet: pooled vectors, one row per input (parquet_writer.py).
 """
 
 from __future__ import annotations
 
 import contextlib
 import itertools
-import json
+import logging
 import os
 import secrets
-import tempfile
-import zipfile
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
@@ -48,19 +50,24 @@ from .errors import LayerwiseError, OptionError, OutputError, check_choice
 from .results import LayerStack, SentenceVector, WordVectors
 
 if TYPE_CHECKING:
+    from .corpus import Corpus
     from .encoder import Encoder
+    from .file_writers import Writer
     from .plan import OutputPlan
 
+logger = logging.getLogger("layerwise")
 OutputDtype = Literal["float32", "float16"]
-FORMATS = (".npz", ".jsonl")
+FORMATS = (".npz", ".jsonl", ".parquet")
 Result = LayerStack | WordVectors | SentenceVector
+BLOCK_BYTES = 64 << 20  # a block's pooled results held for Parquet's input order: about this much
 
 
 def output_format(path: str | Path) -> str:
     suffix = Path(path).suffix.lower()
     if suffix not in FORMATS:
         raise OptionError(
-            f"output {str(path)!r} has an unknown suffix {suffix!r}; use .npz (compact arrays) or .jsonl"
+            f"output {str(path)!r} has an unknown suffix {suffix!r}; use .npz (compact arrays), .jsonl, "
+            ".parquet (pooled vectors as a table) or a folder ending in .lw (a store)"
         )
     return suffix
 
@@ -121,11 +128,21 @@ def atomic_path(path: Path) -> Iterator[Path]:
 
 def extract_to_file(
     encoder: Encoder,
-    texts: Sequence[str],
+    texts: Iterable[str] | str | os.PathLike | Corpus,
     path: str | os.PathLike,
     plan: OutputPlan | None = None,
     *,
     text_pairs: Sequence[str] | None = None,
+    ids: Sequence | None = None,
+    text_column: str | None = None,
+    pair_column: str | None = None,
+    id_column: str | None = None,
+    words_column: str | None = None,
+    format: str | None = None,
+    limit: int | None = None,
+    on_bad_row: str = "error",
+    encoding_errors: str = "strict",
+    keep_text: bool = True,
     long_texts: str = "truncate",
     stride: int | None = None,
     method: str = "hidden_states",
@@ -133,37 +150,141 @@ def extract_to_file(
     progress: bool | None = None,
 ) -> dict:
     """Extract ``texts`` as ``plan`` says (default: every layer of every token, float32) and write
-    them to ``path`` (.npz or .jsonl), streaming, in input order; nothing is written on error.
-    Returns counts: n_texts, n_tokens, n_words, n_truncated."""
+    them to ``path`` (.npz, .jsonl, or .parquet for pooled vectors), streaming, in input order;
+    nothing is written on error. Returns counts: n_texts, n_tokens, n_words, n_truncated, n_skipped.
+
+    ``texts`` is any iterable of strings (with ``text_pairs`` and ``ids`` beside it), a
+    :class:`~layerwise.Corpus`, or a path (a file, a glob, a folder, ``-``) read as a corpus with
+    the column options (``text_column``, ``id_column``, …, ``limit``, ``on_bad_row``: see Corpus)."""
     from . import __version__
-    from .inputs import as_texts
+    from .corpus import as_corpus
+    from .model_source import weights_sha256
     from .plan import OutputPlan
 
     plan = plan if plan is not None else OutputPlan()
     path = Path(path)
-    output_format(path)  # before any work
-    texts = as_texts(texts)  # any iterable of strings (a pandas Series, a pyarrow array, …)
-    text_pairs = as_texts(text_pairs, "text_pairs") if text_pairs is not None else None
-    n = encoder.n_hidden_states
-    stream = encoder.iter_extract(
-        texts, text_pairs=text_pairs, layers=plan.hidden_states(n), method=method,  # type: ignore[arg-type]
-        long_texts=long_texts, stride=stride, progress=progress,  # type: ignore[arg-type]
+    fmt = output_format(path)  # before any work
+    if fmt == ".parquet":
+        from .parquet_writer import check_parquet_plan
+
+        check_parquet_plan(plan.level)
+    check_choice("long_texts", long_texts, ("truncate", "window"))
+    check_choice("method", method, ("hidden_states", "hooks"))
+    corpus = as_corpus(
+        texts, text_pairs=text_pairs, ids=ids, text_column=text_column, pair_column=pair_column,
+        id_column=id_column, words_column=words_column, format=format, limit=limit, on_bad_row=on_bad_row,
+        encoding_errors=encoding_errors,
     )  # fmt: skip
+    scan = corpus.scan()  # every row checked before anything is written
+    n = encoder.n_hidden_states
     meta = {
         "model": encoder.name,
+        "weights_sha256": weights_sha256(encoder.models.current),
         **plan.meta(n),
         "long_texts": long_texts,
         "stride": stride,
         "max_length": encoder.max_length,
         "model_dtype": encoder.model_dtype,
         "method": method,
-        "source": source,
+        "source": source if source is not None else corpus.describe(),
+        "id_column": id_column,
+        "n_skipped": scan.n_skipped,
         "layerwise_version": __version__,
     }
-    return write_results(
-        path, plan.apply(stream, n_hidden_states=n), texts=texts, text_pairs=text_pairs, meta=meta,
-        dtype=plan.dtype,
-    )  # fmt: skip
+    writer_class = _writer_class(fmt)
+    size = _block_size(plan, encoder, fmt)
+    options: dict = {"n_texts": scan.n_texts, "has_pairs": scan.has_pairs, "id_kind": scan.id_kind}
+    summary = _write(path, lambda tmp: writer_class(tmp, meta, plan.dtype, keep_text=keep_text, **options),
+                     lambda writer: _extract_blocks(encoder, corpus, writer, plan, size, long_texts, stride,
+                                                    method, progress))  # fmt: skip
+    if summary["n_truncated"]:
+        logger.warning(
+            "%d of %d texts were longer than %d tokens and were truncated; their rows say truncated. Pass "
+            "long_texts='window' (--long-texts window) to keep every token.",
+            summary["n_truncated"], summary["n_texts"], encoder.max_length,
+        )  # fmt: skip
+    if scan.n_skipped:
+        logger.warning(
+            "skipped %d bad row(s) (first: %s)", scan.n_skipped, scan.skipped[0] if scan.skipped else "?"
+        )
+    return {**summary, "n_skipped": scan.n_skipped}
+
+
+def _writer_class(fmt: str) -> type[Writer]:
+    from .file_writers import JsonlWriter, NpzWriter
+
+    if fmt == ".parquet":
+        from .parquet_writer import ParquetWriter
+
+        return ParquetWriter
+    return NpzWriter if fmt == ".npz" else JsonlWriter
+
+
+def _block_size(plan: OutputPlan, encoder: Encoder, fmt: str) -> int:
+    """Texts per block: Parquet holds a block's pooled results to write them in input order (about
+    BLOCK_BYTES); the other formats write results as they come, and a block bounds the tokenised
+    texts held. Large blocks keep batches full (inputs are sorted by length within a block)."""
+    if fmt != ".parquet":
+        return 4096
+    row = 4 * int(np.prod(plan.row_shape(encoder.hidden_size, encoder.n_hidden_states)))
+    if plan.level == "word":
+        row *= 32  # words per text, generously
+    return max(256, min(4096, BLOCK_BYTES // row))
+
+
+def _extract_blocks(
+    encoder: Encoder,
+    corpus: Corpus,
+    writer: Writer,
+    plan: OutputPlan,
+    size: int,
+    long_texts: str,
+    stride: int | None,
+    method: str,
+    progress: bool | None,
+) -> dict:
+    from .progress import progress_bar
+
+    n = encoder.n_hidden_states
+    layers = plan.hidden_states(n)
+    n_texts = len(corpus)
+    bar = progress_bar("extracting", "texts", progress) if progress is not False and n_texts > size else None
+    with bar if bar is not None else contextlib.nullcontext():
+        task = bar.add_task("extract", total=n_texts) if bar is not None else None
+        for block in corpus.blocks(size):
+            writer.begin(block)
+            if len(block):
+                stream = encoder.iter_extract(
+                    block.texts if block.words is None else None, text_pairs=block.text_pairs,
+                    words=block.words, layers=layers, method=method, long_texts=long_texts,  # type: ignore[arg-type]
+                    stride=stride, progress=False, report_truncation=False,
+                )  # fmt: skip
+                for local, stack in stream:
+                    writer.put(block.start + local, plan.result(stack, n), stack.n_tokens)
+                    if bar is not None and task is not None:
+                        bar.advance(task, 1)
+            writer.end_block()
+    return writer.finish()
+
+
+def _write(path: Path, make, fill) -> dict:
+    """``fill(writer)`` for a writer ``make(tmp)`` makes on a temporary file that becomes ``path``
+    only when all went well."""
+    try:
+        with atomic_path(path) as tmp:
+            writer = make(tmp)
+            try:
+                return fill(writer)
+            finally:
+                writer.close()
+    except OSError as exc:
+        if isinstance(exc, LayerwiseError):
+            raise
+        raise OutputError(
+            f"writing {str(path)!r} failed: {exc.strerror or exc}; nothing was written. Free some space "
+            "(an .npz of every layer takes hidden x layers x 4 bytes per token) or choose another folder, "
+            "then rerun"
+        ) from exc
 
 
 def write_results(
@@ -175,23 +296,27 @@ def write_results(
     meta: dict,
     dtype: OutputDtype = "float32",
 ) -> dict:
-    """Write ``(index, result)`` pairs for ``texts`` to ``path`` (.npz or .jsonl); a result is a
-    LayerStack, a WordVectors or a SentenceVector. Returns summary counts."""
+    """Write ``(index, result)`` pairs for ``texts`` to ``path`` (.npz, .jsonl or .parquet); a
+    result is a LayerStack, a WordVectors or a SentenceVector. Returns summary counts."""
     check_choice("dtype", dtype, ("float32", "float16"))
     path = Path(path)
-    fmt = output_format(path)
-    writer = _NpzWriter if fmt == ".npz" else _JsonlWriter
-    try:
-        with atomic_path(path) as tmp:
-            return writer(tmp, texts, text_pairs, meta, dtype).write(results)
-    except OSError as exc:
-        if isinstance(exc, LayerwiseError):
-            raise
-        raise OutputError(
-            f"writing {str(path)!r} failed: {exc.strerror or exc}; nothing was written. Free some space "
-            "(an .npz of every layer takes hidden x layers x 4 bytes per token) or choose another folder, "
-            "then rerun"
-        ) from exc
+    writer_class = _writer_class(output_format(path))
+    return _write(
+        path,
+        lambda tmp: writer_class(tmp, meta, dtype, n_texts=len(texts), has_pairs=text_pairs is not None),
+        lambda writer: _write_one_block(writer, results, texts, text_pairs),
+    )
+
+
+def _write_one_block(writer: Writer, results, texts, text_pairs) -> dict:
+    from .corpus import Block
+
+    pairs = list(text_pairs) if text_pairs is not None else None
+    writer.begin(Block(0, list(texts), pairs, None, list(range(len(texts)))))
+    for index, result in results:
+        writer.put(index, result, result.n_tokens if isinstance(result, LayerStack) else 0)
+    writer.end_block()
+    return writer.finish()
 
 
 def npz_bytes(
@@ -205,161 +330,25 @@ def npz_bytes(
     """The ``.npz`` layout of :func:`write_results`, in memory (an HTTP response body)."""
     import io
 
+    from .file_writers import NpzWriter
+
     check_choice("dtype", dtype, ("float32", "float16"))
     buffer = io.BytesIO()
-    _NpzWriter(buffer, texts, text_pairs, meta, dtype).write(results)
+    writer = NpzWriter(buffer, meta, dtype, n_texts=len(texts), has_pairs=text_pairs is not None)
+    try:
+        _write_one_block(writer, results, texts, text_pairs)
+    finally:
+        writer.close()
     return buffer.getvalue()
 
 
-class _Writer:
-    def __init__(
-        self,
-        tmp: Path | IO[bytes],
-        texts: Sequence[str],
-        text_pairs: Sequence[str] | None,
-        meta: dict,
-        dtype: str,
-    ) -> None:
-        self.tmp, self.texts, self.text_pairs, self.meta, self.dtype = tmp, texts, text_pairs, meta, dtype
-        self.n_texts = len(texts)
-        self.truncated = np.zeros(self.n_texts, dtype=bool)
-        self.seen: set[int] = set()
-        self.n_tokens = 0
-        self.n_words = 0
-
-    def note(self, index: int, result: Result) -> None:
-        self.seen.add(index)
-        if isinstance(result, LayerStack):
-            self.truncated[index] = result.truncated
-            self.n_tokens += result.n_tokens
-        elif isinstance(result, WordVectors):
-            self.truncated[index] = result.words_lost > 0
-            self.n_words += result.n_words
-        else:
-            self.truncated[index] = result.truncated
-
-    def finish(self) -> dict:
-        if len(self.seen) != self.n_texts:
-            raise RuntimeError(f"expected {self.n_texts} results, got {len(self.seen)}")
-        return {
-            "n_texts": self.n_texts,
-            "n_tokens": self.n_tokens,
-            "n_words": self.n_words,
-            "n_truncated": int(self.truncated.sum()),
-        }
-
-    def write(self, results: Iterable[tuple[int, Result]]) -> dict:
-        raise NotImplementedError
-
-
-class _NpzWriter(_Writer):
-    def write(self, results: Iterable[tuple[int, Result]]) -> dict:
-        sentences: np.ndarray | None = None
-        with zipfile.ZipFile(self.tmp, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
-            for i, result in results:
-                self.note(i, result)
-                if isinstance(result, LayerStack):
-                    self._put(zf, f"hidden_{i}", result.hidden.astype(self.dtype, copy=False))
-                    self._put(zf, f"tokens_{i}", np.asarray(result.tokens, dtype=str))
-                    self._put(zf, f"offsets_{i}", result.offsets)
-                    self._put(zf, f"word_ids_{i}", result.word_ids)
-                    self._put(zf, f"segment_ids_{i}", result.segment_ids)
-                elif isinstance(result, WordVectors):
-                    self._put(zf, f"word_vectors_{i}", result.vectors.astype(self.dtype, copy=False))
-                    self._put(zf, f"words_{i}", np.asarray(result.words, dtype=str))
-                    self._put(zf, f"word_spans_{i}", result.spans)
-                    self._put(zf, f"word_segment_ids_{i}", result.segment_ids)
-                else:
-                    if sentences is None:
-                        sentences = np.zeros((self.n_texts, *result.vector.shape), dtype=self.dtype)
-                    sentences[i] = result.vector
-            summary = self.finish()
-            if sentences is not None:
-                self._put(zf, "embeddings", sentences)
-            self._put(zf, "layers", np.asarray(self.meta.get("layers", ()), dtype=np.int32))
-            self._put_texts(zf, "texts", self.texts)
-            if self.text_pairs is not None:
-                self._put_texts(zf, "text_pairs", self.text_pairs)
-            self._put(zf, "truncated", self.truncated)
-            meta = {
-                **self.meta,
-                "format": "layerwise-npz",
-                "format_version": 2,
-                "dtype": self.dtype,
-                "n_texts": self.n_texts,
-            }
-            self._put(zf, "meta", np.asarray(json.dumps(meta)))
-        return summary
-
-    def _put_texts(self, zf: zipfile.ZipFile, name: str, texts: Sequence[str]) -> None:
-        encoded = [t.encode("utf-8", "surrogatepass") for t in texts]
-        offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
-        np.cumsum([len(b) for b in encoded], out=offsets[1:])
-        self._put(zf, f"{name}_utf8", np.frombuffer(b"".join(encoded), dtype=np.uint8))
-        self._put(zf, f"{name}_offsets", offsets)
-
-    @staticmethod
-    def _put(zf: zipfile.ZipFile, name: str, array: np.ndarray) -> None:
-        with zf.open(f"{name}.npy", "w", force_zip64=True) as handle:
-            np.lib.format.write_array(handle, np.asanyarray(array), allow_pickle=False)
-
-
-class _JsonlWriter(_Writer):
-    def write(self, results: Iterable[tuple[int, Result]]) -> dict:
-        # Results come longest first; spool them, then copy the lines out in input order.
-        spans: dict[int, tuple[int, int]] = {}
-        assert isinstance(self.tmp, Path)  # .jsonl is written to a file only
-        with tempfile.TemporaryFile(dir=self.tmp.parent) as spool:
-            for i, result in results:
-                self.note(i, result)
-                # allow_nan=False: bare NaN is not JSON; _vectors has turned non-finite values into null
-                record = self._record(i, result)
-                line = (json.dumps(record, ensure_ascii=False, allow_nan=False) + "\n").encode("utf-8")
-                spans[i] = (spool.tell(), len(line))
-                spool.write(line)
-            summary = self.finish()
-            with open(self.tmp, "wb") as out:
-                for i in range(self.n_texts):
-                    _copy_span(spool, out, *spans[i])
-        return summary
-
-    def _vectors(self, array: np.ndarray) -> list:
-        # float32 -> Python float is exact, so reading the numbers back gives the same float32.
-        array = array.astype(self.dtype, copy=False)
-        finite = np.isfinite(array)
-        if finite.all():
-            return array.tolist()
-        as_objects = array.astype(object)
-        as_objects[~finite] = None  # NaN/inf are not JSON: null (as pandas writes them)
-        return as_objects.tolist()
-
-    def _record(self, index: int, result: Result) -> dict:
-        record: dict = {"id": index, "model": self.meta.get("model"), "text": self.texts[index]}
-        if self.text_pairs is not None:
-            record["text_pair"] = self.text_pairs[index]
-        record["layers"] = list(self.meta.get("layers", ()))
-        if isinstance(result, LayerStack):
-            if result.words is not None:
-                record["words"] = list(result.words)
-            record.update(
-                tokens=list(result.tokens),
-                offsets=result.offsets.tolist(),
-                word_ids=result.word_ids.tolist(),
-                segment_ids=result.segment_ids.tolist(),
-                truncated=result.truncated,
-                hidden=self._vectors(result.hidden),
-            )
-        elif isinstance(result, WordVectors):
-            record.update(
-                words=list(result.words),
-                word_spans=result.spans.tolist(),
-                word_segment_ids=result.segment_ids.tolist(),
-                words_lost=result.words_lost,
-                word_vectors=self._vectors(result.vectors),
-            )
-        else:
-            record.update(truncated=result.truncated, embedding=self._vectors(result.vector))
-        return record
+def read_npz_ids(npz) -> list:
+    """The ids of a layerwise ``.npz`` (ints or strings); before format 3: the 0-based rows."""
+    if "ids_utf8" in npz.files:
+        return read_npz_texts(npz, "ids")
+    if "ids" in npz.files:
+        return npz["ids"].tolist()
+    return list(range(len(npz["truncated"])))
 
 
 def read_npz_texts(npz, name: str = "texts") -> list[str]:
@@ -369,8 +358,3 @@ def read_npz_texts(npz, name: str = "texts") -> list[str]:
     data, offsets = npz[f"{name}_utf8"].tobytes(), npz[f"{name}_offsets"]
     bounds = itertools.pairwise(offsets.tolist())
     return [data[a:b].decode("utf-8", "surrogatepass") for a, b in bounds]
-
-
-def _copy_span(src: IO[bytes], dst: IO[bytes], start: int, length: int) -> None:
-    src.seek(start)
-    dst.write(src.read(length))

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..errors import StoreError
+
+if TYPE_CHECKING:
+    from ..corpus import Corpus
 
 # Settings that must match for a run to resume an existing store. The model is compared by its
 # weights, not by how its folder was spelled.
@@ -22,17 +25,28 @@ def text_sha1(text: str, pair: str | None) -> str:
     return hashlib.sha1(data.encode("utf-8", "surrogatepass")).hexdigest()
 
 
-def check_inputs(path: Path, manifest, texts: Sequence[str], text_pairs: Sequence[str] | None) -> None:
-    """Every committed text must be the same input text as now (by SHA-1), or resuming would mix corpora."""
-    if manifest is None:
+def check_inputs(path: Path, manifest, corpus: Corpus) -> None:
+    """Every committed text must be the same input text as now (by SHA-1), or resuming would mix
+    corpora. The corpus is read block by block up to the last committed text."""
+    if manifest is None or not len(manifest):
         return
-    ids = manifest["text_id"].to_pylist()
-    hashes = manifest["text_sha1"].to_pylist()
-    for text_id, digest in zip(ids, hashes, strict=True):
-        pair = text_pairs[text_id] if text_pairs is not None and text_id < len(text_pairs) else None
-        if text_id >= len(texts) or text_sha1(texts[text_id], pair) != digest:
-            raise StoreError(
-                f"text {text_id} (input line {text_id + 1}) differs from the one in store "
-                f"{str(path)!r}: the input changed since the store was started; write to a new "
-                "path, or pass --overwrite (Python: overwrite=True)"
-            )
+    committed = dict(zip(manifest["text_id"].to_pylist(), manifest["text_sha1"].to_pylist(), strict=True))
+    last = max(committed)
+    n_texts = len(corpus)
+    if last >= n_texts:
+        raise _changed(path, last)
+    for block in corpus.blocks(4096, stop=last + 1):
+        for local, text in enumerate(block.texts):
+            text_id = block.start + local
+            digest = committed.get(text_id)
+            pair = block.text_pairs[local] if block.text_pairs is not None else None
+            if digest is not None and text_sha1(text, pair) != digest:
+                raise _changed(path, text_id)
+
+
+def _changed(path: Path, text_id: int) -> StoreError:
+    return StoreError(
+        f"text {text_id} (input line {text_id + 1}) differs from the one in store {str(path)!r}: the input "
+        "changed since the store was started; write to a new path, or pass --overwrite "
+        "(Python: overwrite=True)"
+    )

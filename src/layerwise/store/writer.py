@@ -18,7 +18,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -27,7 +27,6 @@ import numpy as np
 
 from .. import __version__
 from ..errors import OptionError, StoreError, check_choice
-from ..inputs import normalize_inputs
 from ..layers import LayerSpec
 from ..model_source import weights_sha256
 from ..plan import OutputPlan
@@ -60,6 +59,7 @@ from .rows import stored_rows
 from .verify import check_structure, rows_checksum
 
 if TYPE_CHECKING:
+    from ..corpus import Block, Corpus
     from ..encoder import Encoder
 
 logger = logging.getLogger("layerwise")
@@ -101,8 +101,7 @@ class StoreWriter:
         self,
         encoder: Encoder,
         path: Path,
-        texts: Sequence[str],
-        text_pairs: Sequence[str] | None,
+        corpus: Corpus,
         plan: OutputPlan,
         *,
         long_texts: str,
@@ -116,7 +115,7 @@ class StoreWriter:
     ) -> None:
         self.encoder, self.path, self.plan = encoder, path, plan
         self.shard = shard
-        self.texts, self.text_pairs = texts, text_pairs
+        self.corpus, self.n_texts = corpus, len(corpus)  # a file corpus is read once: rows checked, counted
         self.level, self.mode = plan.level, plan.mode
         check_choice("long_texts", long_texts, ("truncate", "window"))
         check_choice("method", method, ("hidden_states", "hooks"))
@@ -151,8 +150,8 @@ class StoreWriter:
             "max_length": self.encoder.max_length,
             "model_dtype": self.encoder.model_dtype,
             "method": self.method,
-            "n_texts": len(self.texts),
-            "pairs": self.text_pairs is not None,
+            "n_texts": self.n_texts,
+            "pairs": self.corpus.has_pairs,
             "block_size": self.block_size,
             "chunk_rows": self.chunk_rows,
             "shard_chunks": self.shard_rows // self.chunk_rows,
@@ -212,13 +211,16 @@ class StoreWriter:
         return group
 
     # ------------------------------------------------------------------ results to rows
-    def _rows_and_record(self, text_id: int, stack: LayerStack) -> tuple[np.ndarray, dict]:
-        pair = self.text_pairs[text_id] if self.text_pairs is not None else None
+    def _rows_and_record(self, text_id: int, stack: LayerStack, block: Block) -> tuple[np.ndarray, dict]:
+        local = text_id - block.start
+        text = block.texts[local]
+        pair = block.text_pairs[local] if block.text_pairs is not None else None
         record: dict = {
             "text_id": text_id,
-            "text": self.texts[text_id],
+            "id": block.ids[local],  # the input's own id (--id-column), else its 0-based row
+            "text": text,
             "text_pair": pair,
-            "text_sha1": text_sha1(self.texts[text_id], pair),
+            "text_sha1": text_sha1(text, pair),
             "truncated": bool(stack.truncated),
             "n_windows": int(stack.n_windows),
         }
@@ -255,10 +257,8 @@ class StoreWriter:
             logger.warning(
                 "%d of %d texts were longer than %d tokens and were truncated; the manifest's 'truncated' "
                 "column marks them. Pass long_texts='window' to keep every token.",
-                summary.n_truncated,
-                summary.n_written,
-                self.encoder.max_length,
-            )
+                summary.n_truncated, summary.n_written, self.encoder.max_length,
+            )  # fmt: skip
         return summary
 
     def _run(self, progress: bool | None) -> StoreSummary:
@@ -270,12 +270,12 @@ class StoreWriter:
         manifest = read_manifest(self.path, n_committed)
         check_structure(self.path, group, self.meta, offsets, manifest)  # never resume onto damage
         committed_ids = manifest["text_id"].to_pylist() if manifest is not None else []
-        check_inputs(self.path, manifest, self.texts, self.text_pairs)
-        if n_committed == len(self.texts):
-            return StoreSummary(self.path, len(self.texts), n_committed, 0, int(offsets[-1]), 0, 0.0)
+        check_inputs(self.path, manifest, self.corpus)
+        if n_committed == self.n_texts:
+            return StoreSummary(self.path, self.n_texts, n_committed, 0, int(offsets[-1]), 0, 0.0)
 
         done = set(committed_ids)
-        first_block = min(i for i in range(len(self.texts)) if i not in done) // self.block_size
+        first_block = min(i for i in range(self.n_texts) if i not in done) // self.block_size
         committed_end = int(offsets[-1])
         buffer_start = (committed_end // self.shard_rows) * self.shard_rows
         buffer = ShardBuffer(
@@ -292,12 +292,12 @@ class StoreWriter:
         bar = progress_bar("storing", "texts", progress)
         try:
             with bar if bar is not None else contextlib.nullcontext():
-                task = bar.add_task("store", total=len(self.texts), completed=n_committed) if bar else None
-                for block in range(first_block, -(-len(self.texts) // self.block_size)):
-                    lo, hi = block * self.block_size, min((block + 1) * self.block_size, len(self.texts))
+                task = bar.add_task("store", total=self.n_texts, completed=n_committed) if bar else None
+                for block in self.corpus.blocks(self.block_size, start=first_block * self.block_size):
                     stream = self.encoder.iter_extract(
-                        list(self.texts[lo:hi]),
-                        text_pairs=list(self.text_pairs[lo:hi]) if self.text_pairs is not None else None,
+                        block.texts if block.words is None else None,
+                        text_pairs=block.text_pairs,
+                        words=block.words,
                         layers=self.layers,
                         long_texts=self.long_texts,  # type: ignore[arg-type]
                         stride=self.stride,
@@ -306,10 +306,10 @@ class StoreWriter:
                         report_truncation=False,  # reported once below, with corpus-wide numbers
                     )
                     for local, stack in stream:
-                        text_id = lo + local
+                        text_id = block.start + local
                         if text_id in done:
                             continue  # committed before an interruption; recomputed only to replay batches
-                        rows, record = self._rows_and_record(text_id, stack)
+                        rows, record = self._rows_and_record(text_id, stack, block)
                         committer.submit(buffer.append(rows, record))
                         written += 1
                         truncated += stack.truncated
@@ -328,14 +328,14 @@ class StoreWriter:
             committed = len(committed_offsets(group[OFFSETS])) - 1
             with contextlib.suppress(OSError):  # what the failed writes left (zarr's temp files too)
                 clean_stale(self.path, committed)
-            raise _disk_error(self.path, exc, committed, len(self.texts)) from exc
+            raise _disk_error(self.path, exc, committed, self.n_texts) from exc
         except BaseException:
             with contextlib.suppress(BaseException):
                 committer.close()
             raise
         return StoreSummary(
             self.path,
-            len(self.texts),
+            self.n_texts,
             n_committed,
             written,
             buffer.end,
@@ -346,11 +346,20 @@ class StoreWriter:
 
 def extract_to_store(
     encoder: Encoder,
-    texts: Sequence[str],
+    texts: Iterable[str] | str | os.PathLike | Corpus,
     path: str | os.PathLike,
     plan: OutputPlan | None = None,
     *,
     text_pairs: Sequence[str] | None = None,
+    ids: Sequence | None = None,
+    text_column: str | None = None,
+    pair_column: str | None = None,
+    id_column: str | None = None,
+    words_column: str | None = None,
+    format: str | None = None,
+    limit: int | None = None,
+    on_bad_row: str = "error",
+    encoding_errors: str = "strict",
     layers: LayerSpec | None = None,
     pool: str = "token",
     fuse: str | None = None,
@@ -369,6 +378,10 @@ def extract_to_store(
     progress: bool | None = None,
 ) -> StoreSummary:
     """Extract ``texts`` into a store at ``path`` (a folder, conventionally ``*.lw``).
+
+    ``texts`` is any iterable of strings (``text_pairs`` and ``ids`` beside it), a Corpus, or a
+    path read as a corpus with the column options (see :func:`~layerwise.extract_to_file`); the
+    manifest keeps each text's ``id``.
 
     What is stored is an :class:`OutputPlan`, or (without one) the same settings as keywords:
     ``pool`` is ``"token"``, ``"word:MODE"`` or ``"sentence:MODE"``; ``fuse`` a fusion name for
@@ -403,10 +416,16 @@ def extract_to_store(
         "float16",
     ):
         raise OptionError("pass either plan= or layers/pool/fuse/special_tokens/normalize/dtype, not both")
-    raw = normalize_inputs(texts, text_pairs=text_pairs)  # bad input fails before anything exists
+    from ..corpus import as_corpus
+
+    corpus = as_corpus(
+        texts, text_pairs=text_pairs, ids=ids, text_column=text_column, pair_column=pair_column,
+        id_column=id_column, words_column=words_column, format=format, limit=limit, on_bad_row=on_bad_row,
+        encoding_errors=encoding_errors,
+    )  # fmt: skip
     path = Path(path)
-    writer = StoreWriter(
-        encoder, path, raw.texts, raw.text_pairs, plan, long_texts=long_texts, stride=stride, method=method,
+    writer = StoreWriter(  # reads the corpus once: bad input fails before anything exists
+        encoder, path, corpus, plan, long_texts=long_texts, stride=stride, method=method,
         block_size=block_size, chunk_rows=chunk_rows, shard_chunks=shard_chunks, source=source, shard=shard,
     )  # fmt: skip
     if classify(path) == "other":
