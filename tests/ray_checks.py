@@ -30,12 +30,12 @@ from layerwise.ray import ShardWriter
 class DyingWriter(ShardWriter):
     """Kills its own process half a second into the first shard it writes (once per run)."""
 
-    def write_shard(self, index, texts, text_pairs):
+    def write_shard(self, index, texts, text_pairs, ids=None):
         marker = self.path.parent / "died-once"
         if not marker.exists():
             marker.write_text(str(index))
             threading.Timer(0.5, os._exit, [1]).start()
-        return super().write_shard(index, texts, text_pairs)
+        return super().write_shard(index, texts, text_pairs, ids)
 
 
 def main() -> None:

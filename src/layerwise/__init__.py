@@ -53,6 +53,9 @@ _EXPORTS = {
     "pool_sentence": "pool",
     "probe": "probing",
     "read_npz_texts": "writers",
+    "read_npz_ids": "writers",
+    "Corpus": "corpus",
+    "export_store": "export",
     "pool_words": "pool",
     "resolve_layers": "layers",
 }
@@ -64,6 +67,7 @@ __all__ = sorted([*_EXPORTS, *_SUBMODULES, "__version__"])
 
 if TYPE_CHECKING:
     from . import analyze, ray
+    from .corpus import Corpus
     from .encoder import Encoder
     from .errors import (
         InputError,
@@ -90,7 +94,8 @@ if TYPE_CHECKING:
     from .results import LayerStack, SentenceVector, WordVectors
     from .scalar_mix import ScalarMix
     from .store import Store, extract_to_store, open_store, verify_store
-    from .writers import extract_to_file, read_npz_texts
+    from .export import export_store
+    from .writers import extract_to_file, read_npz_ids, read_npz_texts
 
 
 def __getattr__(name: str) -> object:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import bz2
 import gzip
+import io
 import json
 import lzma
 from collections.abc import Iterator
@@ -97,7 +98,9 @@ def open_binary(path: Path, compression: str | None) -> IO[bytes]:
         raise MissingDependencyError(
             f"{path.name}: reading .zst needs zstandard: pip install 'layerwise[io]' (or zstandard)"
         ) from exc
-    return zstandard.ZstdDecompressor().stream_reader(open(path, "rb"), closefd=True)
+    # the stream reader has no readline nor line iteration: a buffered reader over it has both
+    reader = zstandard.ZstdDecompressor().stream_reader(open(path, "rb"), closefd=True)  # noqa: SIM115
+    return io.BufferedReader(reader, buffer_size=1 << 20)  # type: ignore[arg-type]
 
 
 @dataclass

@@ -85,12 +85,10 @@ def column_roles(fmt: str, text, pair, ids, words) -> dict[str, str]:
             "a .tsv without --text-column is read as pairs (two columns, no header); with a header "
             "row, name the columns: --text-column (and --pair-column, --id-column)"
         )
-    if fmt in ("csv", "parquet") and "text" not in named and "words" not in named:
-        raise OptionError(f"a .{fmt} input is a table: name its text column with --text-column")
     if fmt == "jsonl" and not named:
         return {"text": "text", "pair": "text_pair"}
-    if fmt == "jsonl" and "text" not in named and "words" not in named:
-        named["text"] = "text"
+    if fmt in ("csv", "parquet", "jsonl") and "text" not in named and "words" not in named:
+        named["text"] = "text"  # a table's text is in its "text" column unless --text-column says
     return named
 
 

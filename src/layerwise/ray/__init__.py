@@ -125,16 +125,24 @@ class ShardWriter(_ModelActor):
         table: dict,
         long_texts: str,
         stride: int | None,
+        corpus: Any = None,
     ) -> None:
         super().__init__(model, device, max_length, threads)
         self.plan, self.path, self.table = plan, Path(path), table
-        self.long_texts, self.stride = long_texts, stride
+        self.long_texts, self.stride, self.corpus = long_texts, stride, corpus
 
     def __call__(self, batch: dict) -> dict:
         out: dict[str, list] = {"shard": [], "n_texts": [], "n_written": [], "n_rows": [], "seconds": []}
-        for k, texts, pairs in zip(batch["shard"], batch["texts"], batch["text_pairs"], strict=True):
-            text_pairs = None if pairs is None or len(pairs) == 0 else [str(p) for p in pairs]
-            summary = self.write_shard(int(k), [str(t) for t in texts], text_pairs)
+        for row, k in enumerate(batch["shard"]):
+            if self.corpus is not None:  # a file corpus: this actor reads its shard's rows itself
+                shard = self.table["shards"][int(k)]
+                size = shard["stop"] - shard["start"]
+                block = next(self.corpus.blocks(size, start=shard["start"], stop=shard["stop"]))
+                summary = self.write_shard(int(k), block.texts, block.text_pairs, block.ids)
+            else:
+                pairs = batch["text_pairs"][row]
+                text_pairs = None if pairs is None or len(pairs) == 0 else [str(p) for p in pairs]
+                summary = self.write_shard(int(k), [str(t) for t in batch["texts"][row]], text_pairs)
             out["shard"].append(int(k))
             out["n_texts"].append(summary.n_texts)
             out["n_written"].append(summary.n_written)
@@ -142,12 +150,14 @@ class ShardWriter(_ModelActor):
             out["seconds"].append(summary.seconds)
         return out
 
-    def write_shard(self, index: int, texts: list[str], text_pairs: list[str] | None):
+    def write_shard(
+        self, index: int, texts: list[str], text_pairs: list[str] | None, ids: list | None = None
+    ):
         from ..store.shard_writer import write_shard
 
         return write_shard(
             self.encoder, self.path, self.table, index, texts, text_pairs, self.plan,
-            long_texts=self.long_texts, stride=self.stride,
+            long_texts=self.long_texts, stride=self.stride, ids=ids,
         )  # fmt: skip
 
 
@@ -256,20 +266,34 @@ def extract_to_store(
     overwrite: bool = False,
     writer: type = ShardWriter,
 ) -> ShardedSummary:
-    """Extract ``data`` (a list of texts, or a Ray Dataset's ``column``) into a sharded store at
-    ``path``: shards of ``shard_size`` consecutive texts (default :func:`auto_shard_size`), each
-    written by one actor. Rerun the same
-    call to resume. ``writer`` is the actor class (tests pass one that dies mid-shard)."""
+    """Extract ``data`` into a sharded store at ``path``: shards of ``shard_size`` consecutive texts
+    (default :func:`auto_shard_size`), each written by one actor. Rerun the same call to resume.
+
+    ``data`` is a :class:`~layerwise.Corpus` or a path (read with ``column`` as its text column):
+    the driver reads it once, without holding it, to plan the shards (each one's first row and the
+    hash of its texts), and each actor reads its own shard's rows; or a list of texts, or a Ray
+    Dataset's ``column`` (collected on the driver). ``writer`` is the actor class (tests pass one
+    that dies mid-shard)."""
     from ..errors import check_choice
     from ..store.shard_writer import begin_sharded_store
 
     ray = _ray()
     started = time.perf_counter()
+    from ..corpus import Corpus
+
     plan = plan if plan is not None else OutputPlan(dtype="float16")
-    texts = _texts_of(data, column)
-    shard_size = shard_size if shard_size is not None else auto_shard_size(len(texts))
-    if text_pairs is not None and len(text_pairs) != len(texts):
-        raise OptionError(f"{len(texts)} texts but {len(text_pairs)} text_pairs")
+    corpus: Corpus | None = None
+    if isinstance(data, str | os.PathLike):
+        data = Corpus(data, text_column=None if column == "text" else column)
+    if isinstance(data, Corpus):
+        corpus, texts = data, []
+        n_texts = len(corpus)  # one streamed pass: rows checked and counted, nothing held
+    else:
+        texts = _texts_of(data, column)
+        n_texts = len(texts)
+    shard_size = shard_size if shard_size is not None else auto_shard_size(n_texts)
+    if text_pairs is not None and len(text_pairs) != n_texts:
+        raise OptionError(f"{n_texts} texts but {len(text_pairs)} text_pairs")
     source, name, n_hidden = _model_shape(model)
     plan.hidden_states(n_hidden)  # a bad layer spec fails here, before anything is written
     check_choice("long_texts", long_texts, ("truncate", "window"))
@@ -277,7 +301,7 @@ def extract_to_store(
         raise OptionError(f"stride={stride} applies to long_texts='window' only")
     path = Path(path)
     table = begin_sharded_store(
-        path, model=name, plan=plan, n_hidden_states=n_hidden, texts=texts, text_pairs=text_pairs,
+        path, model=name, plan=plan, n_hidden_states=n_hidden, texts=corpus or texts, text_pairs=text_pairs,
         shard_size=shard_size, long_texts=long_texts, stride=stride, overwrite=overwrite,
     )  # fmt: skip
     ranges = [(shard["start"], shard["stop"]) for shard in table["shards"]]
@@ -286,7 +310,9 @@ def extract_to_store(
 
     todo = set(ShardedStore(path).pending_shards())
     rows = [
-        {
+        {"shard": k}
+        if corpus is not None  # the actors read their own rows
+        else {
             "shard": k,
             "texts": texts[a:b],
             "text_pairs": list(text_pairs[a:b]) if text_pairs is not None else [],
@@ -313,6 +339,7 @@ def extract_to_store(
                 table,
                 long_texts,
                 stride,
+                corpus,
             ),
             num_cpus=threads_per_worker,
             num_gpus=1 if str(device).startswith("cuda") else 0,  # one GPU per actor
@@ -328,7 +355,7 @@ def extract_to_store(
         )
     return ShardedSummary(
         path=path,
-        n_texts=len(texts),
+        n_texts=n_texts,
         n_shards=len(ranges),
         n_shards_skipped=len(ranges) - len(rows),
         n_written=sum(int(r["n_written"]) for r in written),

@@ -7,7 +7,7 @@ Only committed texts are visible: those covered by the valid prefix of the offse
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -237,23 +237,34 @@ class Store(StoreDescription):
             ) from None
 
     def __getitem__(self, text_id: int):
-        position = self._position(text_id)
-        start, stop = int(self._offsets[position]), int(self._offsets[position + 1])
+        return self.read_many([text_id])[0]
+
+    def read_many(self, text_ids: Sequence[int]) -> list:
+        """The results of ``text_ids``, from one read of the rows they span (a block of texts
+        written together is one range of rows: reading it at once costs one zarr read, not many)."""
+        positions = [self._position(t) for t in text_ids]
+        if not positions:
+            return []
+        start = min(int(self._offsets[p]) for p in positions)
+        stop = max(int(self._offsets[p + 1]) for p in positions)
         try:
             stored = np.asarray(self.data[start:stop])
         except (ValueError, FileNotFoundError) as exc:  # zarr cannot decode the shard: its bytes changed
             rewriting = being_rewritten(self.path)
             if rewriting is not None:
                 raise rewriting from None
-            problem = f"rows {start}..{stop - 1} of text {text_id} cannot be read ({exc})"
-            raise damaged(self.path, [problem], [int(text_id)]) from exc
-        record = {name: self._manifest[name][position].as_py() for name in self._manifest.column_names}
-        # the checksum written at commit: a changed byte is an error, never a wrong number
-        if record.get("crc32") is not None and rows_checksum(stored) != record["crc32"]:
-            problem = f"the rows of text {text_id} differ from the checksum written when it was committed"
-            raise damaged(self.path, [problem], [int(text_id)])
-        rows = stored.astype(np.float32)
-        return self._result(record, rows)
+            problem = f"rows {start}..{stop - 1} of texts {list(text_ids)[:5]} cannot be read ({exc})"
+            raise damaged(self.path, [problem], [int(t) for t in text_ids]) from exc
+        results = []
+        for text_id, position in zip(text_ids, positions, strict=True):
+            rows = stored[int(self._offsets[position]) - start : int(self._offsets[position + 1]) - start]
+            record = {name: self._manifest[name][position].as_py() for name in self._manifest.column_names}
+            # the checksum written at commit: a changed byte is an error, never a wrong number
+            if record.get("crc32") is not None and rows_checksum(rows) != record["crc32"]:
+                problem = f"the rows of text {text_id} differ from the checksum written when it was committed"
+                raise damaged(self.path, [problem], [int(text_id)])
+            results.append(self._result(record, rows.astype(np.float32)))
+        return results
 
     def __iter__(self) -> Iterator:
         for _, result in self.items():

@@ -25,11 +25,15 @@ import os
 import re
 import shutil
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..errors import NotAStoreError, OptionError, StoreDamagedError, StoreError
 from .format import classify
+
+if TYPE_CHECKING:
+    from ..corpus import Corpus
 
 TABLE = "layerwise-shards.json"
 TABLE_FORMAT = "layerwise-sharded-store"
@@ -151,29 +155,24 @@ def read_table(root: Path) -> dict:
     return table
 
 
-def new_table(
-    *,
-    model: str,
-    plan_meta: dict,
-    texts: Sequence[str],
-    text_pairs: Sequence[str] | None,
-    shard_size: int,
-    settings: dict,
-) -> dict:
-    """A table for ``texts`` in shards of ``shard_size``, with a new run id (kept by a resumed run)."""
-    shards = []
-    for k, (start, stop) in enumerate(shard_ranges(len(texts), shard_size)):
-        pairs = text_pairs[start:stop] if text_pairs is not None else None
-        digest = texts_sha256(texts[start:stop], pairs)
-        shards.append({"name": shard_name(k), "start": start, "stop": stop, "texts_sha256": digest})
+def new_table(*, model: str, plan_meta: dict, corpus: Corpus, shard_size: int, settings: dict) -> dict:
+    """A table for ``corpus`` in shards of ``shard_size``, with a new run id (kept by a resumed run).
+    One pass over the corpus hashes each shard's texts (texts_sha256's bytes): memory stays flat."""
+    scan = corpus.scan(ranges=shard_size)
+    shards = [
+        {"name": shard_name(k), "start": start, "stop": stop, "texts_sha256": digest}
+        for k, ((start, stop), digest) in enumerate(
+            zip(shard_ranges(scan.n_texts, shard_size), scan.range_hashes, strict=True)
+        )
+    ]
     return {
         "format": TABLE_FORMAT,
         "format_version": TABLE_VERSION,
         "run_id": uuid.uuid4().hex,
         "model": model,
-        "n_texts": len(texts),
+        "n_texts": scan.n_texts,
         "shard_size": shard_size,
-        "texts_sha256": texts_sha256(texts, text_pairs),
+        "texts_sha256": scan.sha256,
         **plan_meta,
         **settings,
         "shards": shards,

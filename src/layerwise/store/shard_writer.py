@@ -29,6 +29,7 @@ from .shard_table import (
 )
 
 if TYPE_CHECKING:
+    from ..corpus import Corpus
     from ..encoder import Encoder
     from ..plan import OutputPlan
     from .writer import StoreSummary
@@ -45,20 +46,23 @@ def begin_sharded_store(
     model: str,
     plan: OutputPlan,
     n_hidden_states: int,
-    texts: Sequence[str],
+    texts: Sequence[str] | Corpus,
     text_pairs: Sequence[str] | None,
     shard_size: int,
     long_texts: str,
     stride: int | None,
     overwrite: bool,
 ) -> dict:
-    """The table to write ``texts`` into ``path`` with, written there; see the module docstring."""
+    """The table to write ``texts`` (a list, or a Corpus read once to plan the shards) into
+    ``path`` with, written there; see the module docstring."""
+    from ..corpus import Corpus
+
     path = Path(path)
+    corpus = texts if isinstance(texts, Corpus) else Corpus.from_inputs(texts, text_pairs=text_pairs)
     table = new_table(
         model=model,
         plan_meta=plan.meta(n_hidden_states),
-        texts=texts,
-        text_pairs=text_pairs,
+        corpus=corpus,
         shard_size=shard_size,
         settings={"long_texts": long_texts, "stride": stride},
     )
@@ -92,9 +96,12 @@ def write_shard(
     *,
     long_texts: str,
     stride: int | None,
+    ids: Sequence | None = None,
     progress: bool | None = False,
 ) -> StoreSummary:
-    """Write (or resume) shard ``index`` of ``table``: ``texts`` are its range's texts."""
+    """Write (or resume) shard ``index`` of ``table``: ``texts`` are its range's texts (``ids``
+    their ids, kept in the shard's manifest)."""
+    from ..corpus import Corpus
     from .writer import extract_to_store
 
     shard = table["shards"][index]
@@ -105,10 +112,9 @@ def write_shard(
         )
     return extract_to_store(
         encoder,
-        texts,
+        Corpus.from_inputs(texts, text_pairs=text_pairs, ids=ids),
         shard_path(Path(root), shard["name"]),
         plan,
-        text_pairs=text_pairs,
         long_texts=long_texts,
         stride=stride,
         shard=shard_identity(table, index),

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import bisect
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -162,6 +162,20 @@ class ShardedStore(StoreDescription):
     def __getitem__(self, text_id: int):
         shard, local = self._locate(text_id)
         return shard[local]
+
+    def read_many(self, text_ids: Sequence[int]) -> list:
+        """The results of ``text_ids``: one read per shard they fall in (see Store.read_many)."""
+        located = [self._locate(t) for t in text_ids]
+        results: list = []
+        k = 0
+        while k < len(located):
+            shard = located[k][0]
+            run = k
+            while run < len(located) and located[run][0] is shard:
+                run += 1
+            results += shard.read_many([local for _, local in located[k:run]])
+            k = run
+        return results
 
     def text_ids(self) -> list[int]:
         return [
