@@ -83,6 +83,7 @@ if TYPE_CHECKING:
         StoreDamagedError,
         StoreError,
     )
+    from .export import export_store
     from .fuse import FUSIONS, fuse_layers, layer_deltas, layer_drift
     from .hooks import TAPS
     from .inputs import EncodedInput
@@ -94,7 +95,6 @@ if TYPE_CHECKING:
     from .results import LayerStack, SentenceVector, WordVectors
     from .scalar_mix import ScalarMix
     from .store import Store, extract_to_store, open_store, verify_store
-    from .export import export_store
     from .writers import extract_to_file, read_npz_ids, read_npz_texts
 
 

@@ -302,6 +302,8 @@ def _report_file(
         notes.append(f"{summary['n_truncated']} truncated to {max_length} tokens")
     if summary["n_words"]:
         notes.append(f"{summary['n_words']} words")
+    if summary.get("n_empty"):
+        notes.append(f"{summary['n_empty']} empty")
     if summary.get("n_skipped"):
         notes.append(f"{summary['n_skipped']} bad rows skipped")
     err.print(

@@ -173,8 +173,11 @@ def _line_chunks(
             if number == 1 and raw.startswith(b"\xef\xbb\xbf"):
                 raw = raw[3:]  # a UTF-8 byte-order mark
             raw = raw.removesuffix(b"\n").removesuffix(b"\r")
-            if fmt.format != "txt" and not raw.strip():
-                continue  # a blank line separates records in .tsv and .jsonl; in .txt it is a text
+            # an empty line separates records in .tsv (a whitespace-only one is an error there) and
+            # .jsonl; in .txt it is an empty text
+            blank = not raw if fmt.format == "tsv" else (fmt.format == "jsonl" and not raw.strip())
+            if blank:
+                continue
             if row < start.row:
                 row += 1
                 continue
@@ -197,8 +200,8 @@ def _decode(raw: bytes, errors: str) -> str | Bad:
         return raw.decode("utf-8", errors=errors)
     except UnicodeDecodeError as exc:
         return Bad(
-            f"not valid UTF-8 (byte 0x{raw[exc.start]:02x} at byte {exc.start + 1} of the line); re-encode "
-            "the file (iconv -f latin1 -t utf-8), or pass --encoding-errors replace"
+            f"is not valid UTF-8 (byte 0x{raw[exc.start]:02x} at byte {exc.start + 1} of the line); "
+            "re-encode the file (iconv -f latin1 -t utf-8), or pass --encoding-errors replace"
         )
 
 
@@ -237,6 +240,12 @@ def _jsonl_row(raw: bytes, number: int, errors: str, names: dict, strict: bool) 
     if not isinstance(record, dict):
         return {"text": Bad(f'is a JSON {type(record).__name__}, not an object such as {{"text": "..."}}')}
     if strict:
+        if not isinstance(record.get("text"), str):
+            return {
+                "text": Bad(
+                    'needs an object with a string "text" field, e.g. {"text": "The bank raised rates."}'
+                )
+            }
         unknown = sorted(set(record) - {"text", "text_pair"})
         if unknown:  # a misspelt "text_pair" would silently leave the text unpaired
             return {

@@ -43,6 +43,7 @@ def find_files(source, given_format: str | None) -> tuple[list[Path], Path | Non
                 raise InputError(f"the folder {name!r} holds no files")
             files.extend(found)
         elif not Path(name).exists():
+            detect_format(Path(name), given_format)  # a refused kind (.json, .zip) says so first
             raise InputError(f"input file {name!r} does not exist")
         else:
             files.append(Path(name))

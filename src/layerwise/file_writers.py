@@ -41,12 +41,13 @@ class Writer:
         self.target, self.meta, self.dtype, self.n_texts = target, meta, dtype, n_texts
         self.has_pairs, self.id_kind, self.keep_text = has_pairs, id_kind, keep_text
         self.truncated = np.zeros(n_texts, dtype=bool)
-        self.n_seen = self.n_tokens = self.n_words = 0
+        self.n_seen = self.n_tokens = self.n_words = self.n_empty = 0
         self.block: Block | None = None
         self.block_seen = 0
 
     def begin(self, block: Block) -> None:
         self.block, self.block_seen = block, 0
+        self.n_empty += sum(1 for text in block.texts if not text.strip())
 
     def put(self, index: int, result: Result, n_tokens: int) -> None:
         self.n_seen += 1
@@ -70,6 +71,7 @@ class Writer:
             "n_tokens": self.n_tokens,
             "n_words": self.n_words,
             "n_truncated": int(self.truncated.sum()),
+            "n_empty": self.n_empty,
         }
 
     def finish(self) -> dict:
