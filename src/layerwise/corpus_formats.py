@@ -100,7 +100,7 @@ def open_binary(path: Path, compression: str | None) -> IO[bytes]:
         ) from exc
     # the stream reader has no readline nor line iteration: a buffered reader over it has both
     reader = zstandard.ZstdDecompressor().stream_reader(open(path, "rb"), closefd=True)  # noqa: SIM115
-    return io.BufferedReader(reader, buffer_size=1 << 20)  # type: ignore[arg-type]
+    return io.BufferedReader(reader, buffer_size=1 << 20)
 
 
 @dataclass
