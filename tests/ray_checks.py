@@ -65,6 +65,16 @@ def main() -> None:
     report["resume_returncode"] = subprocess.run(resume, capture_output=True, text=True).returncode
 
     lw.ray.init("local", workers=2)
+    # a Parquet corpus with ids: the driver plans from one streamed pass, each actor reads its rows
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.table({"doc": [f"d{i}" for i in range(len(texts))], "body": texts})
+    pq.write_table(table, out / "corpus.parquet", row_group_size=64)
+    corpus = lw.Corpus(out / "corpus.parquet", text_column="body", id_column="doc", limit=300)
+    parquet = lw.ray.extract_to_store(corpus, out / "parquet.lw", lw.OutputPlan.parse(pool="sentence:mean"),
+                                      workers=2, shard_size=100)  # fmt: skip
+    report["parquet_n_texts"] = parquet.n_texts
     summary = lw.ray.extract_to_store(
         texts, out / "killed.lw", lw.OutputPlan.parse(layers="0,-1", pool="word:mean", dtype="float16"),
         workers=2, shard_size=100, writer=DyingWriter,

@@ -118,6 +118,18 @@ def test_ray_runs_equal_single_process(tmp_path, default_encoder):
         assert result.words == words[i].words
         np.testing.assert_allclose(result.vectors, words[i].vectors, atol=2e-2, rtol=2e-3)
 
+    # 2b. a Parquet corpus with ids (and --limit): the sharded store keeps the ids, in order
+    assert report["parquet_n_texts"] == 300
+    from_parquet = lw.open_store(tmp_path / "parquet.lw")
+    assert from_parquet.complete and from_parquet.n_shards == 3
+    assert from_parquet.manifest.sort_by("text_id")["id"].to_pylist() == [f"d{i}" for i in range(300)]
+    np.testing.assert_allclose(
+        np.stack([from_parquet[i][-1] for i in range(300)]),
+        default_encoder.embed(texts[:300], pool="mean"),
+        atol=2e-3,
+        rtol=2e-3,
+    )  # float16 store
+
     # 3. lw.ray.embed equals Encoder().embed
     got = np.load(tmp_path / "embed.npy")
     want = default_encoder.embed(report["embed_texts"], pool="mean", fuse="concat_last4")
