@@ -17,7 +17,7 @@ from layerwise.cli import app
 from layerwise.errors import OptionError, StoreDamagedError
 from layerwise.store.shard_table import TABLE, shard_ranges
 from layerwise.store.shard_writer import begin_sharded_store, write_shard
-from layerwise.store.sharded import ShardedStore
+from layerwise.store.sharded import ShardedStore, shard_progress
 
 TEXTS = [f"text number {i} about a bank" + " and a river" * (i % 5) for i in range(25)]
 PLAN = lw.OutputPlan.parse(layers="0,-1", dtype="float16")
@@ -47,6 +47,8 @@ def problems_of(path: Path) -> str:
     assert not report.ok, str(report)
     with pytest.raises(StoreDamagedError):
         lw.open_store(path)
+    with pytest.raises(StoreDamagedError):  # the writer's light check (no manifest) refuses it too
+        shard_progress(path)
     return str(report)
 
 
@@ -65,6 +67,24 @@ def test_a_sharded_store_written_without_ray_reads_and_verifies(store, tiny_enco
     assert stack.text == TEXTS[12]
     exact = tiny_encoder.extract([TEXTS[12]], layers="0,-1")[0]
     np.testing.assert_allclose(stack.hidden, exact.hidden, atol=2e-3)
+
+
+def test_progress_without_manifests_agrees_with_the_opened_store(tmp_path, tiny_encoder):
+    path = tmp_path / "p.lw"
+    table = begin_sharded_store(
+        path, model=tiny_encoder.name, plan=PLAN, n_hidden_states=tiny_encoder.n_hidden_states, texts=TEXTS,
+        text_pairs=None, shard_size=10, long_texts="truncate", stride=None, overwrite=False,
+    )  # fmt: skip
+    fresh = shard_progress(path)
+    assert (fresh.pending, fresh.n_texts, fresh.n_rows) == ([0, 1, 2], 0, 0)
+    for k in (0, 2):
+        shard = table["shards"][k]
+        write_shard(tiny_encoder, path, table, k, TEXTS[shard["start"] : shard["stop"]], None, PLAN,
+                    long_texts="truncate", stride=None)  # fmt: skip
+    progress, opened = shard_progress(path), ShardedStore(path)
+    assert progress.pending == opened.pending_shards() == [1]
+    assert progress.n_texts == len(opened) == 15
+    assert progress.n_rows == opened.n_rows > 15  # token level: a row per token
 
 
 def test_a_crafted_name_never_deletes_or_reads_outside_the_store(tmp_path, store, tiny_encoder):

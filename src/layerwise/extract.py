@@ -31,6 +31,7 @@ from torch import nn
 from .errors import ModelLoadError, NonFiniteError, OptionError
 from .hooks import HookRecorder, find_layer_list, truncated_encoder
 from .inputs import EncodedInput, length_sorted_batches
+from .memory import release_free_memory
 from .model_handle import ModelHandle
 from .packed import PackedEncoder
 from .progress import progress_bar
@@ -328,6 +329,7 @@ class Engine:
                         yield index, _stitch(encoded[index], pending.pop(index), layers)
                 if bar is not None and task is not None:
                     bar.advance(task, len(batch_ids))
+                release_free_memory()  # RSS follows the batch, not the run (memory.py)
         if nonfinite:
             # kept on request (allow_nan), but a silent NaN is a wrong number: say so
             logger.warning(

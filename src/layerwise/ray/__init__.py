@@ -306,9 +306,9 @@ def extract_to_store(
     )  # fmt: skip
     ranges = [(shard["start"], shard["stop"]) for shard in table["shards"]]
 
-    from ..store.sharded import ShardedStore
+    from ..store.sharded import shard_progress
 
-    todo = set(ShardedStore(path).pending_shards())
+    todo = set(shard_progress(path).pending)  # a resumed run skips complete shards
     rows = [
         {"shard": k}
         if corpus is not None  # the actors read their own rows
@@ -348,17 +348,15 @@ def extract_to_store(
             max_task_retries=-1,
         )
         written = results.take_all()
-    store = ShardedStore(path)
-    if not store.complete:
-        raise RuntimeError(
-            f"{path}: {len(store)} of {store.n_texts_total} texts after the run; rerun to finish"
-        )
+    progress = shard_progress(path)  # not ShardedStore(path): that reads every manifest
+    if progress.pending:
+        raise RuntimeError(f"{path}: {progress.n_texts} of {n_texts} texts after the run; rerun to finish")
     return ShardedSummary(
         path=path,
         n_texts=n_texts,
         n_shards=len(ranges),
         n_shards_skipped=len(ranges) - len(rows),
         n_written=sum(int(r["n_written"]) for r in written),
-        n_rows=store.n_rows,
+        n_rows=progress.n_rows,
         seconds=time.perf_counter() - started,
     )

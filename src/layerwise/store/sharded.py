@@ -12,17 +12,25 @@ from __future__ import annotations
 import bisect
 import os
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from ..errors import OptionError, StoreDamagedError
-from .format import classify, read_store_meta
+from .format import OFFSETS, classify, read_store_meta
 from .reader import LayerView, Store, StoreDescription
 from .shard_table import is_sharded, read_table, shard_name, shard_path, shard_problems, texts_sha256
 from .verify import VerifyReport
 
-__all__ = ["ShardedLayerView", "ShardedStore", "is_sharded", "shard_report"]
+__all__ = [
+    "ShardProgress",
+    "ShardedLayerView",
+    "ShardedStore",
+    "is_sharded",
+    "shard_progress",
+    "shard_report",
+]
 
 
 def _damaged(root: Path, problems: list[str]) -> StoreDamagedError:
@@ -54,6 +62,60 @@ def _one_model(shards: list[Store]) -> list[str]:
         return []
     first_name = shards[0].path.name
     return [f"{other.path.name} was computed with other weights than {first_name} (weights_sha256 differ)"]
+
+
+@dataclass(frozen=True)
+class ShardProgress:
+    """How far a sharded store's writing has come: the shards still to write, and the committed
+    texts and rows of all shards."""
+
+    pending: list[int]
+    n_texts: int
+    n_rows: int
+
+
+def shard_progress(root: str | os.PathLike) -> ShardProgress:
+    """The shards of ``root`` still to write and what is committed, from the table, each shard's
+    metadata and its commit marker (the offsets array) alone. No manifest is read, so the cost does
+    not grow with the texts: opening the store reads every shard's manifest, texts included (about
+    400 bytes a text), which for 2M texts took the Ray driver from 0.5 to 1.1 GB. Shards that do
+    not belong, or of different weights, raise StoreDamagedError as when opening the store."""
+    import zarr
+
+    from .reader import committed_offsets
+
+    root = Path(root)
+    table = read_table(root)
+    problems: list[str] = []
+    pending: list[int] = []
+    n_texts = n_rows = 0
+    weights: dict[str, str] = {}
+    for k, shard in enumerate(table["shards"]):
+        folder = shard_path(root, shard["name"])
+        if not _begun(folder):
+            pending.append(k)
+            continue
+        belonging = _belonging_problems(table, k, folder)
+        if belonging:
+            problems += belonging
+            continue
+        meta = read_store_meta(folder) or {}
+        weights.setdefault(str(meta.get("weights_sha256")), shard["name"])
+        try:
+            offsets = committed_offsets(zarr.open_array(str(folder / OFFSETS), mode="r"))
+        except (FileNotFoundError, KeyError, ValueError):
+            offsets = np.zeros(0, dtype=np.int64)  # begun, killed before its first commit
+        committed = max(len(offsets) - 1, 0)
+        n_texts += committed
+        n_rows += int(offsets[-1]) if len(offsets) else 0
+        if committed < shard["stop"] - shard["start"]:
+            pending.append(k)
+    if len(weights) > 1:
+        first, other = list(weights.values())[:2]
+        problems.append(f"{other} was computed with other weights than {first} (weights_sha256 differ)")
+    if problems:
+        raise _damaged(root, problems)
+    return ShardProgress(pending, n_texts, n_rows)
 
 
 class ShardedLayerView:
