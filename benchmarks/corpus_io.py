@@ -1,7 +1,7 @@
 """Corpus in, vectors out: does memory follow the batch or the corpus, and does the format cost time?
 
-    python benchmarks/corpus_io.py                   # all four parts (about 10 minutes on 2 cores)
-    python benchmarks/corpus_io.py --part read       # or: full, ray, speed
+    python benchmarks/corpus_io.py                   # all five parts (about 30 minutes on 2 cores)
+    python benchmarks/corpus_io.py --part read       # or: full, ray, speed, trim
 
   read   peak RSS of `layerwise extract BIG --limit 50000 --layers 0 --pool sentence:mean -o x.parquet`
          on generated corpora of 100k and 10M lines (.parquet, .txt.gz): the same 50,000 texts are
@@ -13,6 +13,9 @@
          the driver plans shards from one streamed pass and the actors read their own rows.
   speed  `extract_to_file` on the same 2,000 texts from .txt and from .parquet, alternating, 5 rounds
          each: the median seconds and their ratio.
+  trim   what giving free heap pages back costs (src/layerwise/memory.py): 30,000 texts to sentence-level
+         Parquet in one process, without a trim and with one every 3 s, alternating, 2 rounds: seconds
+         and the median RSS of each run's second half.
 
 Corpora are UD English EWT train sentences (CC BY-SA 4.0, benchmarks/data/ud_ewt) repeated in
 order. Results: benchmarks/results/corpus_io.json (with the machine). Ray runs in a network
@@ -196,6 +199,53 @@ def part_speed(scratch: Path, n: int = 2000, rounds: int = 5) -> dict:
             "parquet_over_txt": round(parquet / txt, 4), "runs": times}  # fmt: skip
 
 
+def part_trim(scratch: Path, n: int = 30_000, rounds: int = 2) -> dict:
+    import threading
+
+    import layerwise as lw
+    from layerwise import memory
+
+    path = write_corpus(scratch, n, ("parquet",))["parquet"]
+    encoder = lw.Encoder(device="cpu")
+    plan = lw.OutputPlan.parse(pool="sentence:mean")
+    lw.extract_to_file(encoder, lw.Corpus(path, limit=2000), scratch / "warm.parquet", plan, progress=False)
+    variants = {"no trim": float("inf"), "every 3 s": memory.TRIM_EVERY_S}
+    runs: dict[str, list[dict]] = {name: [] for name in variants}
+    for _ in range(rounds):
+        for name, every in variants.items():
+            memory.release_free_memory.__kwdefaults__["every"] = every  # the engine's default interval
+            samples: list[float] = []
+            done = threading.Event()
+
+            def sample(samples=samples, done=done) -> None:
+                while not done.wait(1.0):
+                    samples.append(_status(os.getpid()).get("VmRSS", 0.0))
+
+            thread = threading.Thread(target=sample, daemon=True)
+            thread.start()
+            started = time.perf_counter()
+            lw.extract_to_file(encoder, path, scratch / "trim.parquet", plan, progress=False)
+            seconds = time.perf_counter() - started
+            done.set()
+            thread.join()
+            half = samples[len(samples) // 2 :]
+            runs[name].append(
+                {"seconds": round(seconds, 1), "median_rss_mib": round(statistics.median(half))}
+            )
+            print(
+                f"trim  {name:9s}: {seconds:5.1f} s, median RSS (second half) {statistics.median(half):.0f} MiB"
+            )
+    memory.release_free_memory.__kwdefaults__["every"] = memory.TRIM_EVERY_S
+    summary = {
+        name: {key: statistics.median(r[key] for r in rs) for key in ("seconds", "median_rss_mib")}
+        for name, rs in runs.items()
+    }
+    base, trim = summary["no trim"], summary["every 3 s"]
+    return {"n_texts": n, "runs": runs, "median": summary,
+            "time_cost": round(trim["seconds"] / base["seconds"] - 1, 4),
+            "rss_saved": round(1 - trim["median_rss_mib"] / base["median_rss_mib"], 4)}  # fmt: skip
+
+
 def machine() -> dict:
     import torch
 
@@ -207,13 +257,13 @@ def machine() -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--part", choices=("read", "full", "ray", "speed", "all"), default="all")
+    parser.add_argument("--part", choices=("read", "full", "ray", "speed", "trim", "all"), default="all")
     parser.add_argument("--scratch", type=Path, default=None, help="Folder for the generated corpora")
     args = parser.parse_args()
     scratch = args.scratch or Path(tempfile.gettempdir()) / "layerwise-corpus-io"
     scratch.mkdir(parents=True, exist_ok=True)
     report = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
-    parts = ("read", "full", "ray", "speed") if args.part == "all" else (args.part,)
+    parts = ("read", "full", "ray", "speed", "trim") if args.part == "all" else (args.part,)
     for part in parts:
         report[part] = globals()[f"part_{part}"](scratch)
         report["machine"] = machine()

@@ -26,7 +26,7 @@ sys.path.insert(0, str(HERE))
 from corpus import mixed_corpus  # noqa: E402
 
 import layerwise as lw  # noqa: E402
-from layerwise.inputs import length_sorted_batches  # noqa: E402
+from layerwise.inputs.encoding import length_sorted_batches  # noqa: E402
 from layerwise.reference import Bert  # noqa: E402
 
 

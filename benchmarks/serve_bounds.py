@@ -35,7 +35,7 @@ RESULTS = HERE / "results"
 
 def largest_requests(encoder) -> dict[str, tuple[str, dict, dict]]:
     """endpoint name -> (path, JSON body, headers): the largest request the default limits admit."""
-    from layerwise.inputs import normalize_inputs
+    from layerwise.inputs.encoding import normalize_inputs
     from layerwise.serve import ServeSettings
 
     limits = ServeSettings()

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import layerwise as lw
-from layerwise.analyze import linear_cka
+from layerwise.analysis.stats import linear_cka
 
 RNG = np.random.default_rng(0)
 
@@ -87,7 +87,7 @@ REPORT_TEXTS = [
 def report(tmp_path_factory, make_tiny_model):
     enc = lw.Encoder(make_tiny_model("bert"), device="cpu")
     folder = tmp_path_factory.mktemp("report")
-    from layerwise.report import write_report
+    from layerwise.analysis.report import write_report
 
     stacks = enc.extract(REPORT_TEXTS, long_texts="window", progress=False)
     return write_report(stacks, folder, model=enc.name, max_length=enc.max_length, words=["bank", "crane"])
@@ -147,7 +147,7 @@ def test_cli_analyze_and_plot(tmp_path, make_tiny_model):
 
 @pytest.mark.parametrize("method", ["pca", "tsne"])
 def test_projection_grid(tmp_path, method):
-    from layerwise.plot import plot_projections, project
+    from layerwise.analysis.plot import plot_projections, project
 
     vectors = np.concatenate([RNG.normal(size=(3, 10, 8)), RNG.normal(size=(3, 10, 8)) + 6], axis=1)
     labels = ["a"] * 10 + ["b"] * 10
@@ -161,8 +161,8 @@ def test_projection_grid(tmp_path, method):
 
 
 def test_umap_without_the_package_says_how_to_install():
+    from layerwise.analysis.plot import project
     from layerwise.errors import MissingDependencyError
-    from layerwise.plot import project
 
     try:
         import umap  # noqa: F401

@@ -24,8 +24,13 @@ def test_exports_match_the_type_checking_imports():
             for stmt in node.body:
                 if isinstance(stmt, ast.ImportFrom):
                     for alias in stmt.names:
-                        typed[alias.asname or alias.name] = (stmt.module or alias.name).split(".")[-1]
-    lazy = {**layerwise._EXPORTS, **{m: m for m in layerwise._SUBMODULES}}
+                        if stmt.module is None:  # from . import ray: the name is the module
+                            typed[alias.asname or alias.name] = alias.name
+                        elif alias.asname in layerwise._SUBMODULES:  # from .analysis import stats as analyze
+                            typed[alias.asname] = f"{stmt.module}.{alias.name}"
+                        else:
+                            typed[alias.asname or alias.name] = stmt.module
+    lazy = {**layerwise._EXPORTS, **layerwise._SUBMODULES}
     assert typed == lazy
     assert set(layerwise.__all__) == set(lazy) | {"__version__"}
     for name, module in layerwise._EXPORTS.items():

@@ -14,8 +14,8 @@ import pyarrow.parquet as pq
 import pytest
 
 import layerwise as lw
-from layerwise.corpus import Corpus
-from layerwise.writers import read_npz_ids, read_npz_texts
+from layerwise.files.writers import read_npz_ids, read_npz_texts
+from layerwise.inputs.corpus import Corpus
 
 TEXTS = [f"Sentence {i}: the bank by the river" + " and the hills" * (i % 4) for i in range(23)]
 IDS = [f"doc-{i:03d}" for i in range(23)]

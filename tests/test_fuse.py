@@ -4,7 +4,7 @@ import torch
 
 import layerwise as lw
 from layerwise.errors import OptionError
-from layerwise.fuse import fusion_layers
+from layerwise.features.fuse import fusion_layers
 
 # 7 hidden states (6 layers), one token, hidden 2: h_k = [k, 10 k]
 HIDDEN = np.array([[[k, 10 * k]] for k in range(7)], dtype=np.float32)  # (7, 1, 2)

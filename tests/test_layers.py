@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from layerwise.errors import LayerSpecError
-from layerwise.layers import resolve_layers
+from layerwise.features.layers import resolve_layers
 
 
 @pytest.mark.parametrize(

@@ -7,7 +7,7 @@ import pytest
 from conftest import ARCHITECTURES, ud_sentences
 
 import layerwise as lw
-from layerwise.packed import PACKED_MODEL_TYPES, PackedEncoder
+from layerwise.model.packed import PACKED_MODEL_TYPES, PackedEncoder
 
 TEXTS = ud_sentences("dev", 40)
 
@@ -45,7 +45,7 @@ def test_packed_equals_padded_at_every_layer(make_tiny_model, arch):
 
 @pytest.mark.parametrize("onednn", ["1", "0"])  # the linear layers on oneDNN, and on F.linear
 def test_default_model_packed_equals_padded(default_encoder, default_model_dir, monkeypatch, onednn):
-    from layerwise import cpu_gemm
+    from layerwise.model import cpu_gemm
 
     monkeypatch.setenv("LAYERWISE_ONEDNN", onednn)
     monkeypatch.setattr(cpu_gemm, "_checked", None)
@@ -120,7 +120,7 @@ def test_packed_roberta_family_models(make_roberta_family, kind):
 
 
 def test_attention_groups_minimise_padded_attention():
-    from layerwise.packed import GROUP_COST, attention_groups
+    from layerwise.model.packed import GROUP_COST, attention_groups
 
     assert attention_groups([30, 29, 28]) == [(0, 3)]  # similar lengths: one grid
     assert attention_groups([7]) == [(0, 1)]
@@ -147,7 +147,7 @@ def test_attention_groups_minimise_padded_attention():
 def test_mixed_lengths_in_one_packed_batch_equal_padded(make_tiny_model, monkeypatch):
     """A server's merged requests: one batch of very different lengths runs attention in several
     grids (and the real-token budget keeps it one batch); the numbers stay the padded forward's."""
-    import layerwise.packed as packed_module
+    import layerwise.model.packed as packed_module
 
     packed, padded = pair_of_encoders(make_tiny_model("bert", 3), streams=1)  # 2 would split it
     seen: list[list[tuple[int, int]]] = []

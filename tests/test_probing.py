@@ -11,7 +11,7 @@ import pytest
 import layerwise as lw
 from layerwise.errors import InputError, OptionError
 from layerwise.probing import control_labels, fit_predict
-from layerwise.tasks import bio_spans, entity_f1, read_conll2003, read_conllu
+from layerwise.probing.tasks import bio_spans, entity_f1, read_conll2003, read_conllu
 
 NOUNS = ["cat", "dog", "tree", "house", "river", "car"]
 VERBS = ["runs", "sleeps", "eats", "falls", "sings", "waits"]
@@ -225,7 +225,7 @@ def test_cli_probe_conllu(pos_files, make_tiny_model, tmp_path):
 
 
 def test_reader_faults_are_clean_errors(tmp_path):
-    from layerwise.tasks import read_table
+    from layerwise.probing.tasks import read_table
 
     empty = tmp_path / "empty.conllu"
     empty.write_text("", encoding="utf-8")

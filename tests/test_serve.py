@@ -427,7 +427,7 @@ def test_serve_cli_warns_on_public_address_and_sigterm_drains(tmp_path, make_tin
     from typer.testing import CliRunner
 
     from layerwise.cli import app
-    from layerwise.cli_serve import _is_loopback
+    from layerwise.cli.serve import _is_loopback
 
     assert _is_loopback("127.0.0.1") and _is_loopback("::1") and _is_loopback("localhost")
     assert not _is_loopback("0.0.0.0") and not _is_loopback("192.168.1.4")
@@ -576,7 +576,7 @@ def test_serve_lets_idle_openmp_threads_sleep_unless_the_user_chose(monkeypatch,
     """Before torch loads OpenMP, serve and explore ask for OMP_WAIT_POLICY=PASSIVE (a spinning
     OpenMP thread took the event loop's core); a policy the user set is kept."""
     import layerwise.encoder
-    from layerwise import cli_serve
+    from layerwise.cli import serve as cli_serve
     from layerwise.serve import model_process
 
     monkeypatch.setattr(model_process, "_PASSIVE_SET_HERE", False)  # restored afterwards
@@ -606,7 +606,8 @@ def test_serve_runs_the_models_in_a_process_of_their_own_on_a_cpu(monkeypatch):
     """The server's own Encoders (tokenising, metadata, explorer) ask for one stream; the runs go to
     the model process on a CPU (--in-process keeps them here) with --streams passed through."""
     import layerwise.encoder
-    from layerwise import cli, cli_serve
+    from layerwise import cli
+    from layerwise.cli import serve as cli_serve
 
     asked: list[int | None] = []
 
@@ -633,7 +634,7 @@ def test_serve_runs_the_models_in_a_process_of_their_own_on_a_cpu(monkeypatch):
 
 def test_serve_builds_the_transformers_model_at_start(monkeypatch, default_model_dir):
     """The explorer's attention maps need it; a request must not wait 1.5-2 s while it is built."""
-    from layerwise import cli_serve
+    from layerwise.cli import serve as cli_serve
 
     monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")  # torch is loaded already; keep the env as it was
     encoders = cli_serve._load_encoders([str(default_model_dir)], "cpu", None)

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 import layerwise as lw
-from layerwise.inputs import normalize_inputs
-from layerwise.plan import OutputPlan
+from layerwise.features.plan import OutputPlan
+from layerwise.inputs.encoding import normalize_inputs
 from layerwise.serve.batcher import Batcher, Finish, Job, LocalRunner, Run
 
 
@@ -279,7 +279,7 @@ def test_a_poisoned_input_fails_only_its_own_request(tiny):
 
 def test_the_vocabulary_check_refuses_an_id_the_model_lacks_at_encode_time(tiny):
     from layerwise.errors import InputError
-    from layerwise.inputs import InputEncoder
+    from layerwise.inputs.encoding import InputEncoder
 
     tokenizer = tiny.tokenizer.backend_tokenizer
     small = InputEncoder(tokenizer, tiny.max_length, vocab_size=1000)  # [CLS]=101, "!"=999 fit

@@ -19,7 +19,7 @@ from conftest import running_server  # noqa: E402
 from test_serve import run_app  # noqa: E402
 
 import layerwise as lw  # noqa: E402
-from layerwise.inputs import InputEncoder  # noqa: E402
+from layerwise.inputs.encoding import InputEncoder  # noqa: E402
 from layerwise.serve import ServeSettings, create_app  # noqa: E402
 
 KEY = "test-key-0123456789"

@@ -88,8 +88,8 @@ def run_on(runner, model, encoded, layers, stride, finish=None):
 
 
 def test_an_error_in_the_model_process_arrives_as_itself(tiny_pair):
-    from layerwise.inputs import normalize_inputs
-    from layerwise.plan import OutputPlan
+    from layerwise.features.plan import OutputPlan
+    from layerwise.inputs.encoding import normalize_inputs
     from layerwise.serve.batcher import Finish
     from layerwise.serve.model_process import ProcessRunner
 

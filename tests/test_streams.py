@@ -13,7 +13,7 @@ from conftest import ud_sentences
 
 import layerwise as lw
 from layerwise.errors import OptionError
-from layerwise.streams import ForwardLock, check_streams
+from layerwise.model.streams import ForwardLock, check_streams
 
 TEXTS = ud_sentences("dev", 120)
 

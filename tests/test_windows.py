@@ -6,7 +6,7 @@ import torch
 
 import layerwise as lw
 from layerwise.errors import InputError, OptionError
-from layerwise.windows import plan_windows
+from layerwise.inputs.windows import plan_windows
 
 
 def max_context_window(spans, position):
@@ -31,7 +31,7 @@ def test_stitching_equals_direct_window_forwards(short_encoder):
     enc = short_encoder
     text = " ".join(f"token{i % 7} word{i}" for i in range(20))
     stack = enc.extract([text], long_texts="window", stride=5)[0]
-    item = enc.inputs.encode(lw.inputs.normalize_inputs([text]), truncate=False)[0]
+    item = enc.inputs.encode(lw.inputs.encoding.normalize_inputs([text]), truncate=False)[0]
     assert stack.n_tokens == len(item) > 16 and not stack.truncated
     content = item.ids[1:-1]
     room, stride = 14, 5
@@ -94,7 +94,9 @@ def test_window_options_are_checked(short_encoder):
 
 
 def test_plan_covers_every_token_once_or_more(short_encoder):
-    item = short_encoder.inputs.encode(lw.inputs.normalize_inputs([" ".join(["x"] * 50)]), truncate=False)[0]
+    item = short_encoder.inputs.encode(
+        lw.inputs.encoding.normalize_inputs([" ".join(["x"] * 50)]), truncate=False
+    )[0]
     windows = plan_windows(item, 16)
     covered = np.zeros(len(item), dtype=int)
     for w in windows:
@@ -118,7 +120,7 @@ def test_the_window_memory_guard_counts_words_as_tokens(default_encoder):
         default_encoder.extract(words=[["w"] * 200_000], long_texts="window")
     assert time.perf_counter() - started < 5
     text = " ".join(["w"] * 200_000)  # the same as one text: 399,999 characters, under 798,912
-    from layerwise.inputs import normalize_inputs
-    from layerwise.windows import check_window_memory
+    from layerwise.inputs.encoding import normalize_inputs
+    from layerwise.inputs.windows import check_window_memory
 
     check_window_memory(normalize_inputs([text]), 7, 384)  # passes: a text is counted by characters

@@ -14,13 +14,13 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 # public name -> module that defines it
 _EXPORTS = {
-    "DEFAULT_MODEL": "model_source",
-    "EncodedInput": "inputs",
-    "FUSIONS": "fuse",
+    "DEFAULT_MODEL": "model.source",
+    "EncodedInput": "inputs.encoding",
+    "FUSIONS": "features.fuse",
     "Encoder": "encoder",
     "InputError": "errors",
     "InputTooLargeError": "errors",
@@ -33,41 +33,41 @@ _EXPORTS = {
     "OptionError": "errors",
     "OutputError": "errors",
     "ProbeResult": "probing",
-    "ScalarMix": "scalar_mix",
+    "ScalarMix": "features.scalar_mix",
     "SentenceVector": "results",
-    "TAPS": "hooks",
+    "TAPS": "model.hooks",
     "Store": "store",
     "StoreError": "errors",
     "WordVectors": "results",
-    "default_model_path": "model_source",
+    "default_model_path": "model.source",
     "extract_to_store": "store",
     "open_store": "store",
-    "OutputPlan": "plan",
-    "extract_to_file": "writers",
+    "OutputPlan": "features.plan",
+    "extract_to_file": "files.writers",
     "verify_store": "store",
     "NotAStoreError": "errors",
     "StoreDamagedError": "errors",
-    "fuse_layers": "fuse",
-    "layer_deltas": "fuse",
-    "layer_drift": "fuse",
-    "pool_sentence": "pool",
+    "fuse_layers": "features.fuse",
+    "layer_deltas": "features.fuse",
+    "layer_drift": "features.fuse",
+    "pool_sentence": "features.pool",
     "probe": "probing",
-    "read_npz_texts": "writers",
-    "read_npz_ids": "writers",
-    "Corpus": "corpus",
-    "export_store": "export",
-    "pool_words": "pool",
-    "resolve_layers": "layers",
+    "read_npz_texts": "files.writers",
+    "read_npz_ids": "files.writers",
+    "Corpus": "inputs.corpus",
+    "export_store": "files.export",
+    "pool_words": "features.pool",
+    "resolve_layers": "features.layers",
 }
 
-# submodules exposed as namespaces: lw.analyze.layer_similarity(...)
-_SUBMODULES = ("analyze", "ray")
+# submodules exposed as namespaces (lw.analyze.layer_similarity(...)): name -> module
+_SUBMODULES = {"analyze": "analysis.stats", "ray": "ray"}
 
 __all__ = sorted([*_EXPORTS, *_SUBMODULES, "__version__"])
 
 if TYPE_CHECKING:
-    from . import analyze, ray
-    from .corpus import Corpus
+    from . import ray
+    from .analysis import stats as analyze
     from .encoder import Encoder
     from .errors import (
         InputError,
@@ -83,24 +83,25 @@ if TYPE_CHECKING:
         StoreDamagedError,
         StoreError,
     )
-    from .export import export_store
-    from .fuse import FUSIONS, fuse_layers, layer_deltas, layer_drift
-    from .hooks import TAPS
-    from .inputs import EncodedInput
-    from .layers import resolve_layers
-    from .model_source import DEFAULT_MODEL, default_model_path
-    from .plan import OutputPlan
-    from .pool import pool_sentence, pool_words
+    from .features.fuse import FUSIONS, fuse_layers, layer_deltas, layer_drift
+    from .features.layers import resolve_layers
+    from .features.plan import OutputPlan
+    from .features.pool import pool_sentence, pool_words
+    from .features.scalar_mix import ScalarMix
+    from .files.export import export_store
+    from .files.writers import extract_to_file, read_npz_ids, read_npz_texts
+    from .inputs.corpus import Corpus
+    from .inputs.encoding import EncodedInput
+    from .model.hooks import TAPS
+    from .model.source import DEFAULT_MODEL, default_model_path
     from .probing import ProbeResult, probe
     from .results import LayerStack, SentenceVector, WordVectors
-    from .scalar_mix import ScalarMix
     from .store import Store, extract_to_store, open_store, verify_store
-    from .writers import extract_to_file, read_npz_ids, read_npz_texts
 
 
 def __getattr__(name: str) -> object:
     if name in _SUBMODULES:
-        return importlib.import_module(f".{name}", __name__)
+        return importlib.import_module(f".{_SUBMODULES[name]}", __name__)
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'layerwise' has no attribute {name!r}")

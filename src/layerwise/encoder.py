@@ -24,9 +24,11 @@ import torch
 
 from .errors import InputError, OptionError, check_choice
 from .extract import METHODS, Engine, Method
-from .features import all_features, features_layers, sentence_matrix, word_vectors
-from .hooks import check_taps
-from .inputs import (
+from .features.layers import LayerSpec, resolve_layers
+from .features.plan import OutputPlan
+from .features.pool import SentencePool, SpecialTokens, SubwordPool
+from .features.stream import all_features, features_layers, sentence_matrix, word_vectors
+from .inputs.encoding import (
     EncodedInput,
     InputEncoder,
     as_texts,
@@ -35,9 +37,10 @@ from .inputs import (
     report_truncation_warning,
     split_word_inputs,
 )
-from .layers import LayerSpec, resolve_layers
-from .model_handle import ModelHandle
-from .model_source import (
+from .inputs.windows import check_window_memory, check_window_options
+from .model.handle import ModelHandle
+from .model.hooks import check_taps
+from .model.source import (
     load_config_and_tokenizer,
     pick_device,
     read_sentence_transformers,
@@ -45,10 +48,7 @@ from .model_source import (
     sentence_convention,
     usable_max_length,
 )
-from .plan import OutputPlan
-from .pool import SentencePool, SpecialTokens, SubwordPool
 from .results import LayerStack, WordVectors
-from .windows import check_window_memory, check_window_options
 
 logger = logging.getLogger("layerwise")
 

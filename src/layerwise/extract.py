@@ -29,15 +29,15 @@ import torch
 from torch import nn
 
 from .errors import ModelLoadError, NonFiniteError, OptionError
-from .hooks import HookRecorder, find_layer_list, truncated_encoder
-from .inputs import EncodedInput, length_sorted_batches
+from .inputs.encoding import EncodedInput, length_sorted_batches
+from .inputs.windows import Window, plan_windows, stitch
 from .memory import release_free_memory
-from .model_handle import ModelHandle
-from .packed import PackedEncoder
+from .model.handle import ModelHandle
+from .model.hooks import HookRecorder, find_layer_list, truncated_encoder
+from .model.packed import PackedEncoder
+from .model.streams import ForwardLock, ForwardPool, check_streams
 from .progress import progress_bar
 from .results import LayerStack
-from .streams import ForwardLock, ForwardPool, check_streams
-from .windows import Window, plan_windows, stitch
 
 logger = logging.getLogger("layerwise")
 
@@ -307,9 +307,8 @@ class Engine:
         taps: tuple[str, ...],
         progress: bool | None,
     ) -> Iterator[tuple[int, LayerStack]]:
-        bar = (
-            None if progress is None and len(batches) <= 1 else progress_bar("extracting", "inputs", progress)
-        )
+        quiet = progress is None and len(batches) <= 1
+        bar = None if quiet else progress_bar("extracting", "inputs", progress)
         task = bar.add_task("extract", total=len(units)) if bar is not None else None
         pending: dict[int, dict[int, tuple]] = {}  # windows of long inputs until all are done
         nonfinite: set[int] = set()  # inputs whose vectors hold NaN or inf

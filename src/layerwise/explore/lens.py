@@ -42,7 +42,7 @@ class MaskedLMHead:
         import torch
         from transformers import AutoModelForMaskedLM
 
-        from ..model_source import quiet_transformers
+        from ..model.source import quiet_transformers
 
         tokenizer = encoder.tokenizer
         if tokenizer.mask_token is None:
@@ -61,7 +61,7 @@ class MaskedLMHead:
             return None  # the head would be random weights: no lens rather than a wrong one
         mlm.to(encoder.device).eval()
         vocabulary = tokenizer.convert_ids_to_tokens(list(range(mlm.config.vocab_size)))
-        from ..inputs import InputEncoder
+        from ..inputs.encoding import InputEncoder
 
         inputs = InputEncoder(
             tokenizer.backend_tokenizer,
@@ -108,7 +108,7 @@ def logit_lens(encoder: Encoder, text: str, *, k: int = 5, head: MaskedLMHead | 
 def _extract_with_masks(encoder: Encoder, head: MaskedLMHead, text: str) -> LayerStack:
     """``encoder.extract(text, layers="all")``, except that "[MASK]" in the text is the mask
     token (extract reads special-token strings typed in a text as plain text)."""
-    from ..inputs import normalize_inputs, report_truncation_warning
+    from ..inputs.encoding import normalize_inputs, report_truncation_warning
 
     encoded = head.inputs.encode(normalize_inputs([text]))
     report_truncation_warning(encoded, encoder.max_length)

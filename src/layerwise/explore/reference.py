@@ -145,6 +145,6 @@ class ReferenceSet:
     def similarity(self) -> np.ndarray:
         """Linear CKA between every pair of layers over the reference tokens (at most 4,000 rows:
         the heatmap of ``layerwise analyze``, on this set)."""
-        from ..analyze import layer_similarity
+        from ..analysis.stats import layer_similarity
 
         return layer_similarity(self.stacks, "cka", max_rows=4000)

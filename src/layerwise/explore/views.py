@@ -9,14 +9,14 @@ The page shows exactly what these return; each view prints the call that compute
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..errors import InputError
+from ..analysis.projection import project, word_sites
+from ..analysis.show import layer_norms_and_drift
 from ..results import LayerStack
-from ..show import layer_norms_and_drift
 
 if TYPE_CHECKING:
     from ..encoder import Encoder
@@ -43,47 +43,12 @@ def token_statistics(stack: LayerStack) -> dict[str, np.ndarray]:
     return {"norm": norms, "cos_prev": cos_prev, "cos_last": cos_last, "drift": drift}
 
 
-def word_sites(
-    stacks: Iterable[LayerStack], words: Sequence[str]
-) -> tuple[np.ndarray, list[str], tuple[int, ...], list[tuple[int, int, int, int]]]:
-    """Every occurrence of ``words`` (case-insensitive, mean of its wordpieces) as
-    ``layerwise plot`` finds them: ``(vectors (n_layers, n, dim), labels, layers, sites)``, where
-    ``sites[i]`` is ``(stack index, segment, start, end)``: where point i's word is, as a
-    character span of the stack's text (segment 0) or text pair (segment 1)."""
-    from ..pool import pool_words
-
-    wanted = {w.strip().lower() for w in words if w.strip()}
-    if not wanted:
-        raise InputError("pass at least one word, e.g. words=['bank', 'crane']")
-    points: list[np.ndarray] = []
-    labels: list[str] = []
-    sites: list[tuple[int, int, int, int]] = []
-    held: tuple[int, ...] = ()
-    for s, stack in enumerate(stacks):
-        vectors = pool_words(stack, "mean")
-        held = vectors.layers
-        for j, word in enumerate(vectors.words):
-            if word.lower() in wanted:
-                points.append(vectors.vectors[:, j])
-                labels.append(word.lower())
-                start, end = (int(x) for x in vectors.spans[j])
-                sites.append((s, int(vectors.segment_ids[j]), start, end))
-    if len(points) < 3:
-        raise InputError(
-            f"found {len(points)} occurrences of {', '.join(sorted(wanted))} in the texts; "
-            "a projection needs 3 or more: try other words"
-        )
-    return np.stack(points, axis=1), labels, held, sites
-
-
 def word_projection(
     stacks: Sequence[LayerStack], words: Sequence[str], projection: str = "pca", *, seed: int = 0
 ) -> dict:
     """``layerwise plot``'s per-layer projection, as data: ``points`` ``(n_layers, n, 2)``,
     ``labels`` (the word of each point), ``layers``, ``sites`` (see :func:`word_sites`) and
     ``missing`` (asked-for words with no occurrence)."""
-    from ..plot import project
-
     vectors, labels, layers, sites = word_sites(stacks, words)
     points = np.stack([project(vectors[k], projection, seed=seed) for k in range(len(layers))])  # type: ignore[arg-type]
     missing = sorted({w.strip().lower() for w in words if w.strip()} - set(labels))

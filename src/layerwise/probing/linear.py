@@ -56,7 +56,7 @@ def scalar_mix_probe(
     """Train ScalarMix + linear softmax on ``(n_layers, n, dim)`` features; (dev predictions, weights)."""
     import torch
 
-    from ..scalar_mix import ScalarMix
+    from ..features.scalar_mix import ScalarMix
 
     torch.manual_seed(seed)
     layers = train.shape[0]

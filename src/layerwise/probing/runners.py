@@ -14,9 +14,8 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 
 from ..errors import InputError, OptionError, check_choice
-from ..fuse import NAMED_FUSIONS, check_fusion, fusion_layers
-from ..pool import SUBWORD_POOLS, SubwordPool
-from ..tasks import entity_f1, read_conll2003, read_conllu, read_table
+from ..features.fuse import NAMED_FUSIONS, check_fusion, fusion_layers
+from ..features.pool import SUBWORD_POOLS, SubwordPool
 from .linear import _require_sklearn, control_labels, fit_predict, scalar_mix_probe
 from .result import ProbeResult, ProbeRow
 from .sources import (
@@ -28,6 +27,7 @@ from .sources import (
     random_twin,
     word_sources,
 )
+from .tasks import entity_f1, read_conll2003, read_conllu, read_table
 
 if TYPE_CHECKING:
     from ..encoder import Encoder

@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..errors import InputError
-from ..fuse import NAMED_FUSIONS, fuse_layers, fusion_layers
-from ..pool import SubwordPool
-from ..tasks import TaggedSentences
+from ..features.fuse import NAMED_FUSIONS, fuse_layers, fusion_layers
+from ..features.pool import SubwordPool
 from .result import ProbeRow
+from .tasks import TaggedSentences
 
 if TYPE_CHECKING:
     from ..encoder import Encoder
@@ -162,7 +162,7 @@ def random_twin(encoder: Encoder, seed: int, folder: Path) -> Encoder:
     from transformers import AutoModel
 
     from ..encoder import Encoder
-    from ..model_source import quiet_transformers
+    from ..model.source import quiet_transformers
 
     torch.manual_seed(seed)
     with quiet_transformers():  # no "Writing model shards" bar in the middle of the probe's output

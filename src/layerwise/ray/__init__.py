@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import MissingDependencyError, OptionError
-from ..plan import OutputPlan
+from ..features.plan import OutputPlan
 
 MAX_SHARD_SIZE = 4096
 
@@ -177,7 +177,7 @@ def _model_shape(model: str | None) -> tuple[str, str, int]:
     """(source, name, n_hidden_states) from the config alone: settings are checked before any actor starts."""
     from transformers import AutoConfig
 
-    from ..model_source import resolve_model_source
+    from ..model.source import resolve_model_source
 
     source, name = resolve_model_source(model)
     config = AutoConfig.from_pretrained(source)
@@ -279,7 +279,7 @@ def extract_to_store(
 
     ray = _ray()
     started = time.perf_counter()
-    from ..corpus import Corpus
+    from ..inputs.corpus import Corpus
 
     plan = plan if plan is not None else OutputPlan(dtype="float16")
     corpus: Corpus | None = None

@@ -87,7 +87,7 @@ class BertForPreTraining(nn.Module):
 # ---------------------------------------------------------------------------------------------- data
 def read_documents(path: str | Path) -> list[list[str]]:
     """Documents as lists of sentences: one sentence per line, blank lines between documents."""
-    from ..readers import read_lines
+    from ..inputs.readers import read_lines
 
     lines = read_lines(Path(path), what="corpus", option_hint=False)
     documents: list[list[str]] = [[]]

@@ -12,8 +12,8 @@ from .responses import ApiError
 
 if TYPE_CHECKING:
     from ..encoder import Encoder
-    from ..inputs import RawInputs
-    from ..plan import OutputPlan
+    from ..features.plan import OutputPlan
+    from ..inputs.encoding import RawInputs
     from .limits import ServeSettings
 
 
@@ -26,7 +26,7 @@ def tokenise(
     limit: tuple[int, str],
 ) -> list:
     """Tokenise in a worker thread, with the request limits (413)."""
-    from ..windows import check_window_memory
+    from ..inputs.windows import check_window_memory
 
     if len(raw) > settings.max_inputs:
         raise ApiError(

@@ -26,7 +26,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..errors import OptionError
-from ..plan import OutputPlan
+from ..features.plan import OutputPlan
 from .admission import check_response_size, result_values, tokenise
 from .batcher import Batcher, Finish, Job
 from .docs_pages import add_docs_pages
@@ -47,7 +47,7 @@ from .schemas import (
 
 if TYPE_CHECKING:
     from ..encoder import Encoder
-    from ..inputs import RawInputs
+    from ..inputs.encoding import RawInputs
 
 logger = logging.getLogger("layerwise")
 NPZ = "application/x-npz"
@@ -251,7 +251,7 @@ def create_app(
             "max_length": served.encoder.max_length,
         }
         if as_npz:
-            from ..writers import npz_bytes
+            from ..files.writers import npz_bytes
 
             content = await run_in_threadpool(
                 npz_bytes,
@@ -367,7 +367,7 @@ def _settle(future, results, error) -> None:
 
 
 def _raw(**inputs) -> RawInputs:
-    from ..inputs import normalize_inputs
+    from ..inputs.encoding import normalize_inputs
 
     return normalize_inputs(**inputs)  # an InputError is a 422 naming the field (serve/errors.py)
 
@@ -375,7 +375,7 @@ def _raw(**inputs) -> RawInputs:
 def _embeddings_plan(encoder: Encoder, body: EmbeddingsRequest) -> OutputPlan:
     """Defaults follow the model's sentence-transformers convention (Encoder.encode): last layer,
     its pooling, its normalisation; every field the request sets overrides them."""
-    from ..model_source import sentence_convention
+    from ..model.source import sentence_convention
 
     st = encoder.sentence_transformers
     pool = body.pool

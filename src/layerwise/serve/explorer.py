@@ -138,7 +138,7 @@ def add_explorer(
         responses=error_responses(401, 404, 422, 500),
     )
     async def info():
-        from ..plot import PROJECTIONS
+        from ..analysis.plot import PROJECTIONS
 
         entries = []
         for name, served in models.items():
@@ -333,7 +333,7 @@ def _installed(projection: str) -> bool:
 
 def _text_inputs(body: TextRequest):
     """The request's text (and pair) as inputs; a text that cannot be one is a 422 on ``text``."""
-    from ..inputs import normalize_inputs
+    from ..inputs.encoding import normalize_inputs
 
     pairs = None if body.text_pair is None else [body.text_pair]
     try:

@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ..inputs import EncodedInput
-    from ..plan import OutputPlan, Result
+    from ..features.plan import OutputPlan, Result
+    from ..inputs.encoding import EncodedInput
     from ..results import LayerStack
 
 logger = logging.getLogger("layerwise")

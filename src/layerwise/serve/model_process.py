@@ -75,7 +75,7 @@ class ProcessRunner:
         context = multiprocessing.get_context("spawn")  # never fork a process that holds torch threads
         self.specs = {name: spec_of(encoder) for name, encoder in encoders.items()}
         if streams is None:
-            from ..streams import default_streams
+            from ..model.streams import default_streams
 
             first = next(iter(encoders.values()))
             streams = default_streams(first.device, max(e.hidden_size for e in encoders.values()))
@@ -98,7 +98,7 @@ class ProcessRunner:
         self._started = False
         self._count_lock = threading.Lock()
         self._in_flight = 0  # runs sent and not answered
-        from ..model_source import weights_sha256
+        from ..model.source import weights_sha256
 
         # hashed while the process loads, compared once it has
         self._hashes = {name: weights_sha256(enc.models.current) for name, enc in encoders.items()}
@@ -246,7 +246,7 @@ def _main(specs: Mapping[str, ModelSpec], conns: list[Connection], ready: Connec
     ]
     for worker in workers:
         worker.start()
-    from ..model_source import weights_sha256
+    from ..model.source import weights_sha256
 
     ready.send(("ok", {name: weights_sha256(enc.models.current) for name, enc in encoders.items()}))
     for worker in workers:

@@ -11,7 +11,7 @@ from .jobs import Finish, Job, Results, Run
 
 if TYPE_CHECKING:
     from ..encoder import Encoder
-    from ..inputs import EncodedInput
+    from ..inputs.encoding import EncodedInput
 
 
 class Runner(Protocol):
@@ -60,7 +60,7 @@ class LocalRunner:
         self._pending: dict[int, Run | Future] = {}
         self._pool: Any = None
         if streams > 1:
-            from ..streams import ForwardPool
+            from ..model.streams import ForwardPool
 
             self._pool = ForwardPool(streams)
 

@@ -1,9 +1,10 @@
 """The on-disk store: Zarr v3 rows + Parquet manifest + an offsets commit marker (see format.py)."""
 
 from ..errors import NotAStoreError, StoreDamagedError, StoreError
-from .reader import LayerView, Store, open_store
+from .api import open_store, verify_store
+from .reader import LayerView, Store
 from .sharded import ShardedStore
-from .verify import VerifyReport, verify_store
+from .verify import VerifyReport
 from .writer import StoreSummary, extract_to_store
 
 __all__ = [

@@ -14,77 +14,10 @@ import numpy as np
 
 from ..errors import LayerSpecError, OptionError, StoreError
 from ..results import LayerStack, WordVectors
-from .format import (
-    DATA,
-    MANIFEST,
-    OFFSETS,
-    classify,
-    not_a_store,
-    read_store_meta,
-    require_store_dependencies,
-)
+from .format import DATA, require_store_dependencies
 from .lock import being_rewritten
-from .verify import VerifyReport, check_structure, damaged, rows_checksum, verify_store
-
-
-def committed_offsets(offsets_array) -> np.ndarray:
-    """The valid prefix of the offsets array: entries before the first fill value (-1)."""
-    values = offsets_array[:]
-    invalid = np.flatnonzero(values < 0)
-    return values[: invalid[0]] if invalid.size else values
-
-
-def read_manifest(path: Path, n_committed: int):
-    """The manifest rows of committed texts (a pyarrow Table sorted by position)."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    folder = path / MANIFEST
-    parts = sorted(p for p in folder.glob("part-*.parquet")) if folder.is_dir() else []
-    if not parts:
-        return None
-    try:
-        # ParquetFile, not read_table: that one goes through pyarrow.dataset, which imports pandas
-        table = pa.concat_tables([pq.ParquetFile(p).read() for p in parts], promote_options="default")
-    except (OSError, pa.ArrowException) as exc:
-        raise damaged(path, [f"a manifest part cannot be read ({exc})"], []) from exc
-    table = table.sort_by("position")
-    # the committed rows are a prefix once sorted (without pyarrow.compute, whose import cost 0.06 s
-    # of every `layerwise extract`: this function runs, and returns early, for a new store too)
-    committed = int(np.searchsorted(table["position"].to_numpy(), n_committed, side="left"))
-    return table.slice(0, committed)
-
-
-def read_parts(path: Path):
-    """``(group, meta, committed offsets, manifest, problems)`` of the store at ``path``, without
-    judging whether they agree (see verify.py). Raises NotAStoreError for anything else."""
-    import zarr
-
-    if classify(path) != "store":
-        raise not_a_store(path) if path.is_dir() else _missing(path)
-    meta = read_store_meta(path) or {}
-    group = zarr.open_group(str(path), mode="r")
-    problems: list[str] = []
-    try:
-        offsets = committed_offsets(group[OFFSETS])
-    except KeyError:
-        problems.append(f"the commit marker ({OFFSETS}/) is missing")
-        offsets = np.zeros(1, dtype=np.int64)
-    try:
-        manifest = read_manifest(path, max(len(offsets) - 1, 0))
-    except Exception as exc:  # a damaged part; reported, not raised, by verify
-        problems.append(str(exc))
-        manifest = None
-    return group, meta, offsets, manifest, problems
-
-
-def _missing(path: Path):
-    from ..errors import NotAStoreError
-
-    return NotAStoreError(
-        f"{str(path)!r} is not a layerwise store (it does not exist); write one with "
-        "layerwise extract INPUT -o corpus.lw"
-    )
+from .parts import damaged, read_parts
+from .verify import VerifyReport, check_structure, rows_checksum, verify_one_store
 
 
 class LayerView:
@@ -182,7 +115,7 @@ class Store(StoreDescription):
 
     def verify(self) -> VerifyReport:
         """Check everything, including each text's checksum; the report names the texts affected."""
-        return verify_store(self.path)
+        return verify_one_store(self.path)
 
     @property
     def manifest(self):
@@ -324,12 +257,3 @@ class Store(StoreDescription):
             truncated=record["truncated"],
             n_windows=record["n_windows"],
         )
-
-
-def open_store(path: str | os.PathLike) -> Store:
-    """Open a layerwise store for reading; a sharded store (written by ``lw.ray``) reads as one."""
-    from .sharded import ShardedStore, is_sharded
-
-    if is_sharded(path):
-        return ShardedStore(path)  # type: ignore[return-value]
-    return Store(path)

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from ..errors import StoreError
 
 if TYPE_CHECKING:
-    from ..corpus import Corpus
+    from ..inputs.corpus import Corpus
 
 # Settings that must match for a run to resume an existing store. The model is compared by its
 # weights, not by how its folder was spelled.

@@ -33,7 +33,7 @@ from ..errors import NotAStoreError, OptionError, StoreDamagedError, StoreError
 from .format import classify
 
 if TYPE_CHECKING:
-    from ..corpus import Corpus
+    from ..inputs.corpus import Corpus
 
 TABLE = "layerwise-shards.json"
 TABLE_FORMAT = "layerwise-sharded-store"

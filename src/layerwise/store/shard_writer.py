@@ -29,9 +29,9 @@ from .shard_table import (
 )
 
 if TYPE_CHECKING:
-    from ..corpus import Corpus
     from ..encoder import Encoder
-    from ..plan import OutputPlan
+    from ..features.plan import OutputPlan
+    from ..inputs.corpus import Corpus
     from .writer import StoreSummary
 
 # The table's entries a resumed run must find unchanged (everything but the run id and the shards'
@@ -55,7 +55,7 @@ def begin_sharded_store(
 ) -> dict:
     """The table to write ``texts`` (a list, or a Corpus read once to plan the shards) into
     ``path`` with, written there; see the module docstring."""
-    from ..corpus import Corpus
+    from ..inputs.corpus import Corpus
 
     path = Path(path)
     corpus = texts if isinstance(texts, Corpus) else Corpus.from_inputs(texts, text_pairs=text_pairs)
@@ -101,7 +101,7 @@ def write_shard(
 ) -> StoreSummary:
     """Write (or resume) shard ``index`` of ``table``: ``texts`` are its range's texts (``ids``
     their ids, kept in the shard's manifest)."""
-    from ..corpus import Corpus
+    from ..inputs.corpus import Corpus
     from .writer import extract_to_store
 
     shard = table["shards"][index]

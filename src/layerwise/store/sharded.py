@@ -19,9 +19,10 @@ import numpy as np
 
 from ..errors import OptionError, StoreDamagedError
 from .format import OFFSETS, classify, read_store_meta
+from .parts import read_manifest
 from .reader import LayerView, Store, StoreDescription
 from .shard_table import is_sharded, read_table, shard_name, shard_path, shard_problems, texts_sha256
-from .verify import VerifyReport
+from .verify import VerifyReport, verify_one_store
 
 __all__ = [
     "ShardProgress",
@@ -82,7 +83,7 @@ def shard_progress(root: str | os.PathLike) -> ShardProgress:
     not belong, or of different weights, raise StoreDamagedError as when opening the store."""
     import zarr
 
-    from .reader import committed_offsets
+    from .parts import committed_offsets
 
     root = Path(root)
     table = read_table(root)
@@ -287,8 +288,6 @@ def shard_report(root: str | os.PathLike) -> VerifyReport:
     identity, model and plan against it, the texts each complete shard holds against the table's
     hash, one model's weights across shards, and each shard as an ordinary store (structure and
     checksums). A shard's damage is reported, never raised."""
-    from .reader import read_manifest
-    from .verify import verify_store
 
     root = Path(root)
     table = read_table(root)
@@ -309,7 +308,7 @@ def shard_report(root: str | os.PathLike) -> VerifyReport:
             continue
         meta = read_store_meta(folder) or {}
         weights.setdefault(str(meta.get("weights_sha256")), shard["name"])
-        report = verify_store(folder)
+        report = verify_one_store(folder)
         n_texts, n_rows = n_texts + report.n_texts, n_rows + report.n_rows
         problems += [f"{shard['name']}: {p}" for p in report.problems]
         damaged_ids += [start + t for t in report.text_ids]

@@ -7,7 +7,7 @@
   tokens or words, the data has the shape and dtype of the metadata, and every committed shard
   file exists. Without it a deleted manifest part or data shard silently returned another text's
   vectors or zeros.
-* :func:`verify_store` (``Store.verify()``, ``layerwise verify``) adds a checksum of every text's
+* :func:`verify_one_store` (``Store.verify()``, ``layerwise verify``) adds a checksum of every text's
   rows, written at commit time (``crc32`` in the manifest), so changed bytes are found too, and
   names the texts affected.
 """
@@ -21,8 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import StoreDamagedError
 from .format import DATA, OFFSETS
+from .parts import damaged, read_parts
 
 _LIST_COLUMN = {"token": "tokens", "word": "words"}
 
@@ -163,36 +163,15 @@ def check_structure(path: Path, group, meta: dict, offsets: np.ndarray, manifest
         raise damaged(path, problems, sorted(affected))
 
 
-def damaged(path: Path, problems: list[str], text_ids: list[int]) -> StoreDamagedError:
-    hit = (
-        f" Texts affected: {', '.join(map(str, text_ids[:10]))}{' …' if len(text_ids) > 10 else ''}."
-        if text_ids
-        else ""
-    )
-    return StoreDamagedError(
-        f"store {str(path)!r} is damaged: {'; '.join(problems)}.{hit} Its numbers cannot be trusted: "
-        f"run 'layerwise verify {path}' for the full list, then rewrite it with --overwrite "
-        "(Python: overwrite=True)",
-        problems=problems,
-        text_ids=text_ids,
-    )
-
-
 def rows_checksum(rows: np.ndarray) -> int:
     """CRC-32 of a text's rows as stored (C order, the store's dtype)."""
     return zlib.crc32(np.ascontiguousarray(rows))  # type: ignore[arg-type]  # numpy arrays are buffers
 
 
-def verify_store(path: str | os.PathLike, *, block_rows: int = 65536) -> VerifyReport:
-    """Check structure and every text's checksum; never raises for damage, reports it. A sharded
-    store is checked shard by shard, each against its table (sharded.shard_report)."""
-    from .reader import read_parts
-    from .sharded import is_sharded, shard_report
-
+def verify_one_store(path: str | os.PathLike, *, block_rows: int = 65536) -> VerifyReport:
+    """Check one (unsharded) store's structure and every text's checksum; never raises for damage,
+    reports it. ``layerwise.verify_store`` also takes a sharded store (api.py)."""
     path = Path(path)
-    if is_sharded(path):
-        return shard_report(path)
-
     group, meta, offsets, manifest, part_problems = read_parts(path)
     problems, affected = structure_problems(path, group, meta, offsets, manifest)
     problems = part_problems + problems
@@ -244,4 +223,4 @@ def verify_store(path: str | os.PathLike, *, block_rows: int = 65536) -> VerifyR
     return report
 
 
-__all__ = ["VerifyReport", "check_structure", "rows_checksum", "verify_store"]
+__all__ = ["VerifyReport", "check_structure", "rows_checksum", "verify_one_store"]

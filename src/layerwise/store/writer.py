@@ -27,13 +27,13 @@ import numpy as np
 
 from .. import __version__
 from ..errors import OptionError, StoreError, check_choice
-from ..layers import LayerSpec
-from ..model_source import weights_sha256
-from ..plan import OutputPlan
-from ..pool import SpecialTokens
+from ..features.layers import LayerSpec
+from ..features.plan import OutputPlan
+from ..features.pool import SpecialTokens
+from ..inputs.windows import check_window_options
+from ..model.source import weights_sha256
 from ..progress import progress_bar
 from ..results import LayerStack, WordVectors
-from ..windows import check_window_options
 from .commit import Committer, ShardBuffer, clean_stale
 from .format import (
     ATTRIBUTE,
@@ -53,14 +53,14 @@ from .format import (
     require_store_dependencies,
 )
 from .lock import writer_lock
-from .reader import committed_offsets, read_manifest
+from .parts import committed_offsets, read_manifest
 from .resume import RESUME_KEYS, check_inputs, text_sha1
 from .rows import stored_rows
 from .verify import check_structure, rows_checksum
 
 if TYPE_CHECKING:
-    from ..corpus import Block, Corpus
     from ..encoder import Encoder
+    from ..inputs.corpus import Block, Corpus
 
 logger = logging.getLogger("layerwise")
 
@@ -416,7 +416,7 @@ def extract_to_store(
         "float16",
     ):
         raise OptionError("pass either plan= or layers/pool/fuse/special_tokens/normalize/dtype, not both")
-    from ..corpus import as_corpus
+    from ..inputs.corpus import as_corpus
 
     corpus = as_corpus(
         texts, text_pairs=text_pairs, ids=ids, text_column=text_column, pair_column=pair_column,

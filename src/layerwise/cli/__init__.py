@@ -1,0 +1,31 @@
+"""The ``layerwise`` command line. Thin: every command calls the library.
+
+One module per command group (extract, inspect, analysis, probe, serve), each registering its
+commands on the app in ``options``, which holds what they share. Importing this package stays
+cheap: ``layerwise --help`` never imports torch.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+
+from . import analysis, extract, inspect, probe, serve  # noqa: F401  (they register their commands)
+from .options import app, err
+
+__all__ = ["app", "main"]
+
+
+def _terminate(signum: int, frame: object) -> None:
+    """SIGTERM (kill, systemd, a batch scheduler) unwinds like Ctrl-C: temp files are removed and
+    a store's background writer stops after its current commit."""
+    raise SystemExit(128 + signum)
+
+
+def main() -> None:
+    signal.signal(signal.SIGTERM, _terminate)
+    try:
+        app()
+    except KeyboardInterrupt:
+        err.print("interrupted")
+        sys.exit(130)

