@@ -39,7 +39,7 @@ def main() -> None:
         (HERE / "results").mkdir(exist_ok=True)
         # the README's projection figure: three frequent words of the same sentences
         subprocess.run(["layerwise", "plot", str(work / "texts.txt"), "--words", "time,people,good",
-                        "-o", str(HERE / "results" / "projection.png")], check=True)  # fmt: skip
+                        "-o", str(HERE.parent / "docs" / "images" / "projection.png")], check=True)  # fmt: skip
         (HERE / "results" / "analyze_speed.json").write_text(
             json.dumps({"sentences": len(sentences), "seconds": round(seconds, 1)}) + "\n"
         )

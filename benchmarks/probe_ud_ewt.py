@@ -5,7 +5,7 @@ random-model control and control task, in one run.
 
 Equivalent to ``layerwise probe conllu --train en_ewt-ud-train.conllu --dev en_ewt-ud-dev.conllu
 --max-train 3000 --json ... --plot ...``. Writes benchmarks/results/probe_ud_ewt.json and
-benchmarks/results/probe_ud_ewt.png (shown in the README) and checks the shape of the curve the
+docs/images/probe_ud_ewt.png (shown in the probing guide) and checks the shape of the curve the
 literature reports: best in the lower-middle layers, the last layer clearly below the best, every
 layer well above the random-model control.
 """
@@ -49,7 +49,7 @@ def main() -> None:
     out = HERE / "results"
     out.mkdir(exist_ok=True)
     result.to_json(out / "probe_ud_ewt.json")
-    result.plot(out / "probe_ud_ewt.png")
+    result.plot(HERE.parent / "docs" / "images" / "probe_ud_ewt.png")
     layers = result.layer_rows()
     best = max(layers, key=lambda r: r.score)
     last = layers[-1]

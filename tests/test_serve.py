@@ -547,18 +547,18 @@ def test_json_bodies_keep_every_float_and_write_nan_as_null(monkeypatch, fast):
 
 
 def test_the_model_worker_returns_freed_heap_memory_between_runs(tiny_encoder, monkeypatch):
-    """glibc keeps freed heap mapped (RSS crept up under load): the worker trims it every
-    TRIM_EVERY seconds of runs, and the results are unaffected."""
-    import ctypes.util
+    """glibc keeps freed heap mapped (RSS crept up under load): the server trims it at most every
+    SERVE_TRIM_EVERY_S seconds of runs (layerwise.memory), and the results are unaffected."""
+    from layerwise import memory
+    from layerwise.serve import batcher, model_process
 
-    from layerwise.serve import heap
-
-    if ctypes.util.find_library("c") is None or heap._malloc_trim() is None:
+    real = memory._malloc_trim()
+    if real is None:
         pytest.skip("not glibc: malloc_trim does not exist here")
     trims: list[int] = []
-    real = heap._malloc_trim()
-    monkeypatch.setattr(heap, "_TRIM", lambda pad: trims.append(pad) or real(pad))
-    monkeypatch.setattr(heap, "TRIM_EVERY", 0.0)
+    monkeypatch.setattr(memory, "_malloc_trim", lambda: lambda pad: trims.append(pad) or real(pad))
+    for module in (batcher, model_process):
+        monkeypatch.setattr(module, "SERVE_TRIM_EVERY_S", 0.0)
     app = create_app({"tiny": tiny_encoder})
 
     async def scenario(client):
@@ -568,7 +568,7 @@ def test_the_model_worker_returns_freed_heap_memory_between_runs(tiny_encoder, m
     assert [r.status_code for r in responses] == [200, 200, 200]
     want = tiny_encoder.embed(["text 2"], layers=-1)[0]
     np.testing.assert_allclose(responses[2].json()["data"][0]["embedding"], want.reshape(-1), atol=1e-6)
-    assert trims == [0, 0, 0]  # once per run: every run is TRIM_EVERY = 0 s after the last trim
+    assert trims == [0, 0, 0]  # once per run: every run is 0 s after the last trim
 
 
 @pytest.mark.parametrize("preset", [None, "ACTIVE"])

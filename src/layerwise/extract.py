@@ -31,7 +31,6 @@ from torch import nn
 from .errors import ModelLoadError, NonFiniteError, OptionError
 from .inputs.encoding import EncodedInput, length_sorted_batches
 from .inputs.windows import Window, plan_windows, stitch
-from .memory import release_free_memory
 from .model.handle import ModelHandle
 from .model.hooks import HookRecorder, find_layer_list, truncated_encoder
 from .model.packed import PackedEncoder
@@ -328,7 +327,6 @@ class Engine:
                         yield index, _stitch(encoded[index], pending.pop(index), layers)
                 if bar is not None and task is not None:
                     bar.advance(task, len(batch_ids))
-                release_free_memory()  # RSS follows the batch, not the run (memory.py)
         if nonfinite:
             # kept on request (allow_nan), but a silent NaN is a wrong number: say so
             logger.warning(

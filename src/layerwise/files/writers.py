@@ -243,6 +243,7 @@ def _extract_blocks(
     method: str,
     progress: bool | None,
 ) -> dict:
+    from ..memory import release_free_memory
     from ..progress import progress_bar
 
     n = encoder.n_hidden_states
@@ -261,6 +262,7 @@ def _extract_blocks(
                 )  # fmt: skip
                 for local, stack in stream:
                     writer.put(block.start + local, plan.result(stack, n), stack.n_tokens)
+                    release_free_memory()  # RSS follows the batch, not the corpus (memory.py)
                     if bar is not None and task is not None:
                         bar.advance(task, 1)
             writer.end_block()

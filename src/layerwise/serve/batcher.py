@@ -26,7 +26,7 @@ from collections import deque
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
-from .heap import HeapTrimmer
+from ..memory import SERVE_TRIM_EVERY_S, release_free_memory
 from .jobs import Done, Finish, Job, QueueFullError, ResultBytes, Results, Run
 from .runners import LocalRunner, Runner, compute, run_apart
 
@@ -81,7 +81,6 @@ class Batcher:
         self._last_group = 0  # jobs in the previous run
         self._running = 0  # streams with a run under way
         self._tokens_per_second = 5000.0  # updated after every run; used for Retry-After
-        self._trimmer = HeapTrimmer()
         self._trim_lock = threading.Lock()
         self._threads = [
             threading.Thread(target=self._serve_stream, args=(s,), name=f"layerwise-run-{s}", daemon=True)
@@ -287,7 +286,7 @@ class Batcher:
         if self.metrics is not None:
             self.metrics.observe_run(run.model, len(run.jobs), len(run.encoded), run.n_tokens, seconds)
         with self._trim_lock:
-            self._trimmer.after_run(run.started)
+            release_free_memory(every=SERVE_TRIM_EVERY_S)
 
     def _observe_queue(self) -> None:
         if self.metrics is not None:

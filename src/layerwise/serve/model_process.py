@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..errors import LayerwiseError, ModelLoadError
-from .heap import HeapTrimmer
+from ..memory import SERVE_TRIM_EVERY_S, release_free_memory
 from .jobs import Results, Run
 from .runners import compute
 
@@ -270,14 +270,12 @@ def _load(spec: ModelSpec) -> Encoder:
 def _serve(conn: Connection, encoders: Mapping[str, Encoder], threads: int, all_threads: int) -> None:
     """Answer the runs sent on ``conn``: on ``threads`` torch threads, or on all of them for a run
     that was alone when sent (one client at a time: nothing else needs the other cores)."""
-    import time
 
     import torch
 
     torch.get_num_threads()  # a thread takes torch's default on first use: have that happen first
     torch.set_num_threads(threads)
     current = threads
-    trimmer = HeapTrimmer()
     while True:
         try:
             message = conn.recv()
@@ -300,7 +298,7 @@ def _serve(conn: Connection, encoders: Mapping[str, Encoder], threads: int, all_
             conn.send(reply)
         except (OSError, ValueError):
             return
-        trimmer.after_run(time.perf_counter())
+        release_free_memory(every=SERVE_TRIM_EVERY_S)
 
 
 def _picklable(exc: BaseException) -> BaseException:

@@ -31,6 +31,7 @@ from ..features.layers import LayerSpec
 from ..features.plan import OutputPlan
 from ..features.pool import SpecialTokens
 from ..inputs.windows import check_window_options
+from ..memory import release_free_memory
 from ..model.source import weights_sha256
 from ..progress import progress_bar
 from ..results import LayerStack, WordVectors
@@ -311,8 +312,8 @@ class StoreWriter:
                             continue  # committed before an interruption; recomputed only to replay batches
                         rows, record = self._rows_and_record(text_id, stack, block)
                         committer.submit(buffer.append(rows, record))
-                        written += 1
-                        truncated += stack.truncated
+                        written, truncated = written + 1, truncated + stack.truncated
+                        release_free_memory()  # RSS follows the batch, not the corpus (memory.py)
                         if bar is not None:
                             bar.advance(task, 1)
                 committer.submit(buffer.flush(final=True))
