@@ -40,13 +40,9 @@ PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 NOT_YET_RUNNABLE = {
     # their examples name placeholder files and hub models; to be rewritten as runnable examples
     "docs/guide/extraction.md": "examples name placeholder texts and hub models",
-    "docs/guide/long-texts.md": "examples name placeholder texts",
-    "docs/guide/store.md": "examples name placeholder corpora",
     "docs/guide/ray.md": "examples name placeholder corpora and a cluster",
     "docs/guide/serving.md": "examples name hub models and key files",
-    "docs/guide/explorer.md": "examples name a placeholder model folder",
     "docs/guide/probing.md": "examples name CoNLL files that are not shipped",
-    "docs/guide/analysis.md": "examples name placeholder texts",
     "docs/guide/reference-bert.md": "examples run minutes of pretraining",
     "docs/formats.md": "examples read files made by other pages",
 }
@@ -86,6 +82,7 @@ def prepare(folder: Path) -> None:
     shutil.copytree(ROOT / "examples", folder / "examples")
     shutil.copytree(ROOT / "benchmarks" / "data", folder / "benchmarks" / "data")
     lines = (ROOT / "tests" / "data" / "ud_ewt" / "en_ewt-ud-dev.sentences.txt").read_text().splitlines()
+    (folder / "corpus.txt").write_text("\n".join(s for s in lines if s.strip()) + "\n", encoding="utf-8")
     sentences = [s for s in lines if s.strip()][:60]
     ids = [f"d{i}" for i in range(len(sentences))]
     pq.write_table(pa.table({"doc_id": ids, "text": sentences, "body": sentences}), folder / "corpus.parquet")
