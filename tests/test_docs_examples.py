@@ -39,12 +39,10 @@ ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 NOT_YET_RUNNABLE = {
     # their examples name placeholder files and hub models; to be rewritten as runnable examples
-    "docs/guide/extraction.md": "examples name placeholder texts and hub models",
     "docs/guide/ray.md": "examples name placeholder corpora and a cluster",
     "docs/guide/serving.md": "examples name hub models and key files",
     "docs/guide/probing.md": "examples name CoNLL files that are not shipped",
     "docs/guide/reference-bert.md": "examples run minutes of pretraining",
-    "docs/formats.md": "examples read files made by other pages",
 }
 FENCE = re.compile(
     r"(?:<!-- docs-test: (?P<mark>[^>]*?) -->\n)?```(?P<lang>python|bash)\n(?P<code>.*?)```", re.S
