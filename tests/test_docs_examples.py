@@ -41,7 +41,6 @@ NOT_YET_RUNNABLE = {
     # their examples name placeholder files and hub models; to be rewritten as runnable examples
     "docs/guide/ray.md": "examples name placeholder corpora and a cluster",
     "docs/guide/serving.md": "examples name hub models and key files",
-    "docs/guide/probing.md": "examples name CoNLL files that are not shipped",
     "docs/guide/reference-bert.md": "examples run minutes of pretraining",
 }
 FENCE = re.compile(
@@ -80,8 +79,10 @@ def prepare(folder: Path) -> None:
     shutil.copytree(ROOT / "examples", folder / "examples")
     shutil.copytree(ROOT / "benchmarks" / "data", folder / "benchmarks" / "data")
     lines = (ROOT / "tests" / "data" / "ud_ewt" / "en_ewt-ud-dev.sentences.txt").read_text().splitlines()
-    (folder / "corpus.txt").write_text("\n".join(s for s in lines if s.strip()) + "\n", encoding="utf-8")
-    sentences = [s for s in lines if s.strip()][:60]
+    every = [s for s in lines if s.strip()]  # 500 UD EWT dev sentences
+    (folder / "corpus.txt").write_text("\n".join(every) + "\n", encoding="utf-8")
+    probing_files(folder, every)
+    sentences = every[:60]
     ids = [f"d{i}" for i in range(len(sentences))]
     pq.write_table(pa.table({"doc_id": ids, "text": sentences, "body": sentences}), folder / "corpus.parquet")
     (folder / "data").mkdir()
@@ -91,10 +92,37 @@ def prepare(folder: Path) -> None:
     pq.write_table(pa.table({"tokens": [s.split() for s in sentences]}), folder / "tokens.parquet")
     pairs = pa.table({"q": sentences[:20], "a": sentences[20:40]})
     pa.csv.write_csv(pairs, folder / "pairs.csv")
-    lines = "".join(json.dumps({"text": s}) + "\n" for s in sentences).encode()
-    (folder / "corpus.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(lines))
+    records = "".join(json.dumps({"text": s}) + "\n" for s in sentences).encode()
+    (folder / "corpus.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(records))
     with gzip.open(folder / "corpus.txt.gz", "wt", encoding="utf-8") as handle:
         handle.write("\n".join(sentences) + "\n")
+
+
+def probing_files(folder: Path, sentences: list[str]) -> None:
+    """Stand-ins in the probing tasks' formats (CoNLL-2003 is not ours to ship): capitalised words
+    after the first are tagged as names; a sentence's label is whether it is short."""
+    sentences = [s for s in sentences if '"' not in s and "\t" not in s]  # no quoting in the tables
+
+    def conll(part: list[str]) -> str:
+        out = ["-DOCSTART- -X- -X- O", ""]
+        for sentence in part:
+            for k, word in enumerate(sentence.split()):
+                tag = "B-PER" if k and word[:1].isupper() else "O"
+                out.append(f"{word} NN I-NP {tag}")
+            out.append("")
+        return "\n".join(out) + "\n"
+
+    (folder / "eng.train").write_text(conll(sentences[:300]), encoding="utf-8")
+    (folder / "eng.testa").write_text(conll(sentences[300:400]), encoding="utf-8")
+    for name, part in (("train.tsv", sentences[:200]), ("dev.tsv", sentences[200:300])):
+        rows = [f"{s}\t{'short' if len(s.split()) < 10 else 'long'}" for s in part]
+        (folder / name).write_text("sentence\tlabel\n" + "\n".join(rows) + "\n", encoding="utf-8")
+    rows = [
+        f"{a}\t{b}\t{(len(a) % 5) / 4:.2f}" for a, b in zip(sentences[:100], sentences[100:200], strict=True)
+    ]
+    (folder / "sts.tsv").write_text(
+        "sentence1\tsentence2\tscore\n" + "\n".join(rows) + "\n", encoding="utf-8"
+    )
 
 
 def shell_commands(code: str) -> list[str]:
