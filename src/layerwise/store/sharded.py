@@ -48,21 +48,24 @@ def _begun(folder: Path) -> bool:
     return classify(folder) not in ("missing", "empty")
 
 
-def _belonging_problems(table: dict, index: int, folder: Path) -> list[str]:
+def _belonging(table: dict, index: int, folder: Path) -> tuple[dict, list[str]]:
+    """The shard's metadata (read once) and what makes it not belong to ``table`` (none: it does)."""
     meta = read_store_meta(folder)
     if meta is None:
-        return [f"{shard_name(index)} is not a layerwise store"]
-    return shard_problems(table, index, meta)
+        return {}, [f"{shard_name(index)} is not a layerwise store"]
+    return meta, shard_problems(table, index, meta)
 
 
-def _one_model(shards: list[Store]) -> list[str]:
-    """The shards of one store were computed by one model: their weights' hashes agree."""
-    first = shards[0].meta.get("weights_sha256") if shards else None
-    other = next((s for s in shards if s.meta.get("weights_sha256") != first), None)
-    if other is None:
+def _one_model(named_metas: list[tuple[str, dict]]) -> list[str]:
+    """The shards of one store were computed by one model: their weights' hashes agree.
+    ``named_metas``: each shard's folder name and metadata, in shard order."""
+    first_by_hash: dict[str, str] = {}
+    for name, meta in named_metas:
+        first_by_hash.setdefault(str(meta.get("weights_sha256")), name)
+    if len(first_by_hash) < 2:
         return []
-    first_name = shards[0].path.name
-    return [f"{other.path.name} was computed with other weights than {first_name} (weights_sha256 differ)"]
+    first, other = list(first_by_hash.values())[:2]
+    return [f"{other} was computed with other weights than {first} (weights_sha256 differ)"]
 
 
 @dataclass(frozen=True)
@@ -90,18 +93,17 @@ def shard_progress(root: str | os.PathLike) -> ShardProgress:
     problems: list[str] = []
     pending: list[int] = []
     n_texts = n_rows = 0
-    weights: dict[str, str] = {}
+    metas: list[tuple[str, dict]] = []
     for k, shard in enumerate(table["shards"]):
         folder = shard_path(root, shard["name"])
         if not _begun(folder):
             pending.append(k)
             continue
-        belonging = _belonging_problems(table, k, folder)
+        meta, belonging = _belonging(table, k, folder)
         if belonging:
             problems += belonging
             continue
-        meta = read_store_meta(folder) or {}
-        weights.setdefault(str(meta.get("weights_sha256")), shard["name"])
+        metas.append((shard["name"], meta))
         try:
             offsets = committed_offsets(zarr.open_array(str(folder / OFFSETS), mode="r"))
         except (FileNotFoundError, KeyError, ValueError):
@@ -111,9 +113,7 @@ def shard_progress(root: str | os.PathLike) -> ShardProgress:
         n_rows += int(offsets[-1]) if len(offsets) else 0
         if committed < shard["stop"] - shard["start"]:
             pending.append(k)
-    if len(weights) > 1:
-        first, other = list(weights.values())[:2]
-        problems.append(f"{other} was computed with other weights than {first} (weights_sha256 differ)")
+    problems += _one_model(metas)
     if problems:
         raise _damaged(root, problems)
     return ShardProgress(pending, n_texts, n_rows)
@@ -171,11 +171,11 @@ class ShardedStore(StoreDescription):
         problems: list[str] = []
         for k, folder in enumerate(folders):
             if _begun(folder):
-                problems += _belonging_problems(self.meta, k, folder)
+                problems += _belonging(self.meta, k, folder)[1]
         if problems:
             raise _damaged(self.path, problems)
         self._shards: list[Store | None] = [Store(f) if _begun(f) else None for f in folders]
-        problems = _one_model(self._present())
+        problems = _one_model([(shard.path.name, shard.meta) for shard in self._present()])
         if problems:
             raise _damaged(self.path, problems)
 
@@ -301,12 +301,11 @@ def shard_report(root: str | os.PathLike) -> VerifyReport:
         if not _begun(folder):
             problems.append(f"shard {shard['name']} (texts {start}..{stop - 1}) has not been written")
             continue
-        belonging = _belonging_problems(table, k, folder)
+        meta, belonging = _belonging(table, k, folder)
         if belonging:
             problems += belonging
             damaged_ids += range(start, stop)
             continue
-        meta = read_store_meta(folder) or {}
         weights.setdefault(str(meta.get("weights_sha256")), shard["name"])
         report = verify_one_store(folder)
         n_texts, n_rows = n_texts + report.n_texts, n_rows + report.n_rows
