@@ -6,7 +6,6 @@ python benchmarks/analyze_speed.py [--sentences 500]
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import subprocess
 import sys
@@ -16,7 +15,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from corpus import read_documents  # noqa: E402
+from common import read_documents, write_result  # noqa: E402
 
 
 def main() -> None:
@@ -36,13 +35,10 @@ def main() -> None:
         print(
             f"layerwise analyze, {len(sentences)} sentences, whole process: {seconds:.1f} s (target < 60 s); report {size / 1024:.0f} KiB"
         )
-        (HERE / "results").mkdir(exist_ok=True)
         # the README's projection figure: three frequent words of the same sentences
         subprocess.run(["layerwise", "plot", str(work / "texts.txt"), "--words", "time,people,good",
                         "-o", str(HERE.parent / "docs" / "images" / "projection.png")], check=True)  # fmt: skip
-        (HERE / "results" / "analyze_speed.json").write_text(
-            json.dumps({"sentences": len(sentences), "seconds": round(seconds, 1)}) + "\n"
-        )
+        write_result("analyze_speed", {"sentences": len(sentences), "seconds": round(seconds, 1)})
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

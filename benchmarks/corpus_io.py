@@ -28,7 +28,6 @@ import argparse
 import gzip
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -39,7 +38,7 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from corpus import read_documents  # noqa: E402
+from common import machine, read_documents  # noqa: E402
 
 RESULTS = HERE / "results" / "corpus_io.json"
 CLI = [sys.executable, "-m", "layerwise.cli", "extract"]
@@ -244,15 +243,6 @@ def part_trim(scratch: Path, n: int = 30_000, rounds: int = 2) -> dict:
     return {"n_texts": n, "runs": runs, "median": summary,
             "time_cost": round(trim["seconds"] / base["seconds"] - 1, 4),
             "rss_saved": round(1 - trim["median_rss_mib"] / base["median_rss_mib"], 4)}  # fmt: skip
-
-
-def machine() -> dict:
-    import torch
-
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor())  # fmt: skip
-    return {"cpu": cpu, "cores": len(os.sched_getaffinity(0)), "torch": torch.__version__,
-            "python": platform.python_version(), "date": time.strftime("%Y-%m-%d")}  # fmt: skip
 
 
 def main() -> None:

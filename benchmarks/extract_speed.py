@@ -19,12 +19,9 @@ benchmarks/results/extract_speed.json.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
-import platform
 import sys
-import time
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -32,65 +29,17 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from corpus import bert_base_folder, mixed_corpus
+from common import (
+    bert_base_folder,
+    best_of,
+    matmul_gflops,
+    mixed_corpus,
+    model_gflop,
+    tutorial_loop,
+    write_result,
+)
 
 import layerwise as lw
-
-RESULTS = Path(__file__).resolve().parent / "results"
-
-
-def best_of(repeats: int, fn) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
-
-
-def matmul_rates(size: int = 2048, repeats: int = 5) -> tuple[float, float]:
-    """fp32 ``size``^2 matrix-multiply GFLOP/s with torch's own threads on its two CPU libraries:
-    MKL (``a @ b``) and oneDNN with the right-hand matrix prepacked (what the packed forward uses:
-    src/layerwise/model/cpu_gemm.py); 0 for oneDNN in a torch without it."""
-    from layerwise.model.cpu_gemm import onednn_linear, prepack
-
-    a, b = torch.randn(size, size), torch.randn(size, size)
-    a @ b
-    flop = 2 * size**3 / 1e9
-    mkl = flop / best_of(repeats, lambda: a @ b)
-    try:
-        packed = prepack(b.T.contiguous())
-        onednn_linear(a, packed, None)
-    except (AttributeError, RuntimeError):  # a torch without oneDNN
-        return mkl, 0.0
-    return mkl, flop / best_of(repeats, lambda: onednn_linear(a, packed, None))
-
-
-def matmul_gflops(size: int = 2048, repeats: int = 5) -> float:
-    """The machine's fp32 matrix-multiply rate with torch's own threads (GFLOP/s): the better of
-    torch's two CPU libraries. On AMD processors MKL takes its AVX2 path and runs at less than half
-    of oneDNN's rate (benchmarks/gemm_speed.py)."""
-    return max(matmul_rates(size, repeats))
-
-
-def model_gflop(config, lengths: list[int]) -> float:
-    """Forward FLOPs of a BERT encoder over sequences of the given lengths (matmuls only)."""
-    h, inter, layers = config.hidden_size, config.intermediate_size, config.num_hidden_layers
-    per_token = 2 * (4 * h * h + 2 * h * inter)  # Q, K, V, output projections; FFN in and out
-    attention = sum(2 * 2 * n * n * h for n in lengths)  # Q K^T and P V
-    return layers * (per_token * sum(lengths) + attention) / 1e9
-
-
-def tutorial_loop(tokenizer, model, texts: list[str]) -> int:
-    """What most tutorials do: one text at a time, output_hidden_states, stack to NumPy."""
-    n_tokens = 0
-    with torch.no_grad():
-        for text in texts:
-            inputs = tokenizer(text, return_tensors="pt", truncation=True, max_length=512)
-            outputs = model(**inputs, output_hidden_states=True)
-            hidden = torch.stack(outputs.hidden_states)[:, 0].numpy()  # (layers, tokens, hidden)
-            n_tokens += hidden.shape[1]
-    return n_tokens
 
 
 def early_stopping(texts: list[str], repeats: int) -> tuple[float, float, int]:
@@ -158,15 +107,8 @@ def main() -> None:
         f"{t_two:.2f} s -> {fraction:.0%} of 'all' (target <= 30%)"
     )
 
-    RESULTS.mkdir(exist_ok=True)
     result = {
-        "machine": {
-            "processor": platform.processor() or platform.machine(),
-            "cpus": os.cpu_count(),
-            "torch_threads": torch.get_num_threads(),
-            "torch": torch.__version__,
-            "fp32_matmul_gflops": round(peak, 1),
-        },
+        "fp32_matmul_gflops": round(peak, 1),
         "corpus": {
             "sentences": args.sentences,
             "documents": args.documents,
@@ -186,7 +128,7 @@ def main() -> None:
         "bert_base_layer2_s": round(t_two, 3),
         "layer2_fraction_of_all": round(fraction, 3),
     }
-    (RESULTS / "extract_speed.json").write_text(json.dumps(result, indent=2) + "\n")
+    write_result("extract_speed", result)
 
 
 if __name__ == "__main__":

@@ -36,9 +36,8 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from corpus import read_documents  # noqa: E402
+from common import read_documents, write_result  # noqa: E402
 
-RESULTS = HERE / "results"
 LAYOUT = {"chunk_rows": 64, "shard_chunks": 4, "block_size": 300}
 CLI_LAYOUT = ["--chunk-rows", "64", "--shard-chunks", "4", "--block-size", "300"]
 
@@ -207,9 +206,8 @@ def main() -> None:
             )
         silent = [name for name, o in damage.items() if o["silent"]]
         print(f"silent wrong reads: {len(silent)} {silent if silent else ''}")
-        RESULTS.mkdir(exist_ok=True)
-        (RESULTS / "fault_injection.json").write_text(
-            json.dumps({"texts": len(texts), "sigkill": killed, "damage": damage, "silent": silent}, indent=1)
+        write_result(
+            "fault_injection", {"texts": len(texts), "sigkill": killed, "damage": damage, "silent": silent}
         )
     finally:
         shutil.rmtree(work, ignore_errors=True)

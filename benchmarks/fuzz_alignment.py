@@ -13,7 +13,6 @@ Prints the count per kind and any failure (hypothesis' shrunk example); exits 1 
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 import time
@@ -21,8 +20,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from alignment_invariants import check_text, check_words, texts, words  # noqa: E402
+from common import write_result  # noqa: E402
 from hypothesis import HealthCheck, given, seed, settings  # noqa: E402
 
 
@@ -62,7 +63,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--examples", type=int, default=10_000)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--json", type=Path, default=ROOT / "benchmarks" / "results" / "fuzz_alignment.json")
+    parser.add_argument("--json", type=Path, default=None, help="Write the results here instead")
     args = parser.parse_args()
     logging.getLogger("layerwise").setLevel(logging.ERROR)  # truncation warnings on every example
 
@@ -94,8 +95,7 @@ def main() -> int:
     print(f"{total:,} examples in {report['seconds']:.0f} s, {len(report['failures'])} failure(s)")
     for failure in report["failures"]:
         print(f"--- {failure['kind']}\n{failure['error']}")
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    write_result("fuzz_alignment", report, args.json)
     return 1 if report["failures"] else 0
 
 

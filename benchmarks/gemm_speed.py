@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import random
 import sys
@@ -43,12 +42,10 @@ import torch.nn.functional as F
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from corpus import mixed_corpus  # noqa: E402
-from extract_speed import best_of, matmul_rates  # noqa: E402
+from common import best_of, matmul_rates, mixed_corpus, write_result  # noqa: E402
 
 from layerwise.model.cpu_gemm import cpu_vendor, onednn_linear, onednn_wanted, prepack  # noqa: E402
 
-RESULTS = HERE / "results"
 SHAPES = {
     "all-MiniLM-L6-v2": [(384, 1152), (384, 384), (384, 1536), (1536, 384)],
     "BERT-base shape": [(768, 2304), (768, 768), (768, 3072), (3072, 768)],
@@ -194,7 +191,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--texts", type=int, default=2000)
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--out", type=Path, default=RESULTS / "gemm_speed.json")
+    parser.add_argument("--out", type=Path, default=None, help="Write the results here instead")
     args = parser.parse_args()
     threads = torch.get_num_threads()
     vendor = cpu_vendor()
@@ -210,8 +207,7 @@ def main() -> None:
     print("a layer's four matmuls, one thread, the same row count each call or a new one:")
     report["new_row_counts"] = new_shape_costs()
     report["vendor"], report["default_onednn"] = vendor, onednn_wanted()
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    write_result("gemm_speed", report, args.out)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ Medians of ``--rounds``. Results: benchmarks/results/load_and_cast.json.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import shutil
@@ -30,7 +29,7 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from corpus import mixed_corpus  # noqa: E402
+from common import mixed_corpus, write_result  # noqa: E402
 
 LOADS = {
     "transformers": (
@@ -121,8 +120,7 @@ def main() -> None:
     report["cast_s_per_store_run"] = {k: round(statistics.median(v), 2) for k, v in spent.items()}
     report["cast_s_per_store_run_each_round"] = {k: [round(t, 2) for t in v] for k, v in spent.items()}
     print(f"time in the cast during extract_to_store of {len(texts)} texts: {report['cast_s_per_store_run']}")
-    (HERE / "results").mkdir(exist_ok=True)
-    (HERE / "results" / "load_and_cast.json").write_text(json.dumps(report, indent=2) + "\n")
+    write_result("load_and_cast", report)
 
 
 if __name__ == "__main__":

@@ -27,7 +27,6 @@ Results go to benchmarks/results/packed_speed.json.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import statistics
@@ -40,12 +39,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from corpus import bert_base_folder, mixed_corpus
-from extract_speed import matmul_gflops, model_gflop, tutorial_loop
+from common import bert_base_folder, matmul_gflops, mixed_corpus, model_gflop, tutorial_loop, write_result
 
 import layerwise as lw
-
-RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def best_loop(tokenizer, model, texts: list[str]) -> int:
@@ -161,8 +157,7 @@ def main() -> None:
     with bert_base_folder() as folder:
         subset = texts[:: max(1, len(texts) // args.base_texts)][: args.base_texts]
         results["bert_base"] = measure("BertConfig() 12 layers", str(folder), subset, args.repeats, True)
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "packed_speed.json").write_text(json.dumps(results, indent=2) + "\n")
+    write_result("packed_speed", results)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from corpus import read_documents  # noqa: E402
+from common import read_documents, write_result  # noqa: E402
 
 
 def main() -> None:
@@ -64,13 +64,11 @@ def main() -> None:
         )
         print(f"held-out NSP accuracy {held['nsp_accuracy']:.1%} vs 50%")
         print(f"Encoder loads it: {enc}; extract -> {stack.hidden.shape} for tokens {stack.tokens}")
-        results = HERE / "results"
-        results.mkdir(exist_ok=True)
-        (results / "pretrain_ud_ewt.json").write_text(json.dumps({
+        write_result("pretrain_ud_ewt", {
             "settings": log["settings"], "examples": log["examples"], "documents": log["documents"],
             "held_out": held, "minutes": round(seconds / 60, 2), "extract_shape": list(stack.hidden.shape),
             "curve": log["log"],
-        }, indent=2) + "\n")  # fmt: skip
+        })  # fmt: skip
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -13,6 +13,7 @@ layer well above the random-model control.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -22,7 +23,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from corpus import upos_conllu  # noqa: E402
+from common import result_path, upos_conllu, write_result  # noqa: E402
 
 
 def main() -> None:
@@ -46,9 +47,8 @@ def main() -> None:
     )
     seconds = time.perf_counter() - started
     Console(width=110).print(result.table())
-    out = HERE / "results"
-    out.mkdir(exist_ok=True)
-    result.to_json(out / "probe_ud_ewt.json")
+    result.to_json(result_path("probe_ud_ewt"))  # the probe's own format, then the machine beside it
+    write_result("probe_ud_ewt", json.loads(result_path("probe_ud_ewt").read_text(encoding="utf-8")))
     result.plot(HERE.parent / "docs" / "images" / "probe_ud_ewt.png")
     layers = result.layer_rows()
     best = max(layers, key=lambda r: r.score)

@@ -17,7 +17,6 @@ Ray runs in a network namespace with only loopback: the script re-runs itself un
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import subprocess
@@ -29,7 +28,7 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from corpus import mixed_corpus  # noqa: E402
+from common import mixed_corpus, write_result  # noqa: E402
 
 
 def main() -> None:
@@ -80,8 +79,7 @@ def main() -> None:
                   f"{n_tokens / seconds:,.0f} tokens/s, {ratio:.2f}x of (a), {result.n_shards} shards")  # fmt: skip
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    (HERE / "results").mkdir(exist_ok=True)
-    (HERE / "results" / "ray_scaling.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    write_result("ray_scaling", report)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,6 @@ benchmarks/results/reference_speed.json.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -23,7 +22,7 @@ import torch
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from corpus import mixed_corpus  # noqa: E402
+from common import mixed_corpus, write_result  # noqa: E402
 
 import layerwise as lw  # noqa: E402
 from layerwise.inputs.encoding import length_sorted_batches  # noqa: E402
@@ -99,13 +98,11 @@ def main() -> None:
         )
     padding = sum(ids.numel() for ids, _ in padded_inputs) / n_tokens
     print(f"padded tokens / real tokens with these batches: {padding:.3f}")
-    out = HERE / "results"
-    out.mkdir(exist_ok=True)
-    (out / "reference_speed.json").write_text(json.dumps({
+    write_result("reference_speed", {
         "texts": len(texts), "tokens": n_tokens, "max_abs_diff": worst, "padding_ratio": round(padding, 3),
         "seconds": {k: round(v, 3) for k, v in timings.items()},
         "tokens_per_s": {k: round(n_tokens / v) for k, v in timings.items()},
-    }, indent=2) + "\n")  # fmt: skip
+    })  # fmt: skip
 
 
 def _timed(fn) -> float:

@@ -28,9 +28,7 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from serve_load import process_tree, rss_kib, start_serve  # noqa: E402
-
-RESULTS = HERE / "results"
+from common import process_tree, rss_kib, start_serve, write_result  # noqa: E402
 
 
 def largest_requests(encoder) -> dict[str, tuple[str, dict, dict]]:
@@ -133,7 +131,7 @@ def main() -> None:
     )
     parser.add_argument("--clients", type=int, default=32)
     parser.add_argument("--seconds", type=float, default=15)
-    parser.add_argument("--out", type=Path, default=RESULTS / "serve_bounds.json")
+    parser.add_argument("--out", type=Path, default=None, help="Write the results here instead")
     args = parser.parse_args()
     import layerwise as lw
 
@@ -173,12 +171,9 @@ def main() -> None:
     result = {
         "clients": args.clients,
         "seconds_per_endpoint": args.seconds,
-        "machine": f"{os.cpu_count()} cores",
         "endpoints": rows,
     }
-    args.out.parent.mkdir(exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
-    print(f"-> {args.out}")
+    write_result("serve_bounds", result, args.out)
 
 
 if __name__ == "__main__":

@@ -24,46 +24,28 @@ to write elsewhere, e.g. another machine's results).
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
 import random
-import socket
 import statistics
-import subprocess
 import sys
 import time
-from collections.abc import Sequence
 from pathlib import Path
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-from corpus import mixed_corpus  # noqa: E402
-
-RESULTS = HERE / "results"
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def rss_kib(pid: int, field: str = "VmRSS") -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1])
-    return 0
-
-
-def process_tree(pid: int) -> list[int]:
-    """The server and the processes any of its threads started (the model process)."""
-    children = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        children += [int(c) for c in (task / "children").read_text().split()]
-    return [pid, *children]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import (
+    HERE,
+    free_port,
+    mixed_corpus,
+    process_tree,
+    rss_kib,
+    rss_tree_kib,
+    serve_command,
+    start,
+    write_result,
+)
+from common import parser as make_parser
 
 
 def stat_cpu_seconds(stat: Path) -> float:
@@ -136,58 +118,9 @@ def run_columns(before: dict[str, float] | None, after: dict[str, float] | None)
     }
 
 
-def rss_tree_kib(pid: int, field: str = "VmRSS") -> int:
-    return sum(rss_kib(p, field) for p in process_tree(pid))
-
-
-def start(command: list[str], port: int, env: dict[str, str] | None = None) -> subprocess.Popen:
-    import httpx
-
-    process = subprocess.Popen(
-        command,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, **(env or {})},
-    )
-    deadline = time.time() + 120
-    while time.time() < deadline:
-        if process.poll() is not None:
-            raise SystemExit(f"server exited: {process.stderr.read() if process.stderr else ''}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                return process
-        except httpx.TransportError:
-            time.sleep(0.25)
-    process.kill()
-    raise SystemExit("server did not start in 120 s")
-
-
-def serve_command(port: int, options: Sequence[str] = ()) -> list[str]:
-    """`layerwise serve` on 127.0.0.1:``port``, on the CPU, with extra ``options``."""
-    command = [sys.executable, "-m", "layerwise.cli", "serve", "--port", str(port), "--device", "cpu"]
-    return [*command, *options]
-
-
-def start_serve(
-    options: Sequence[str] = (), env: dict[str, str] | None = None
-) -> tuple[subprocess.Popen, str]:
-    """`layerwise serve` started on a free port and answering /health: (process, base url)."""
-    port = free_port()
-    return start(serve_command(port, options), port, env), f"http://127.0.0.1:{port}"
-
-
-DRAWS = ("passes", "replacement")  # how the load client picks each request's text (see load)
-
-
-async def load(
-    url: str, texts: list[str], tokens: dict[str, int], clients: int, seconds: float, draw: str = "passes"
-) -> dict:
+async def load(url: str, texts: list[str], tokens: dict[str, int], clients: int, seconds: float) -> dict:
     """``clients`` keep-alive connections, each sending one request after another, the texts drawn
-    in shuffled passes (``draw="passes"``: each text once per pass, the corpus's mix, as offline) or
-    with replacement (``"replacement"``, this script's draw before: with the fixed seed, the first
-    2,300 draws at 32 clients, replayed in every round, held whole documents at 12 % of the tokens
-    against 8 % in the corpus).
+    in shuffled passes (each text once per pass: the corpus's mix, as offline).
 
     The client is plain asyncio on sockets with the request bytes built before the clock starts
     (httpx costs about 1.5 ms of CPU per request: 0.3 of the 2 cores at 32 clients, taken from the
@@ -196,14 +129,10 @@ async def load(
     import orjson  # a tenth of the stdlib json's CPU on a float embedding's body (10 vs 118 us)
 
     host, port = url.removeprefix("http://").split(":")
-    if draw not in DRAWS:
-        raise ValueError(f"draw={draw!r}: use one of {', '.join(DRAWS)}")
     rng = random.Random(clients)
     deck: list[str] = []
 
     def next_text() -> str:
-        if draw == "replacement":
-            return rng.choice(texts)
         if not deck:
             deck.extend(texts)
             rng.shuffle(deck)
@@ -290,7 +219,6 @@ def measure_server(
     soak_seconds,
     soak_parts: int = 4,
     ratio=None,
-    draw: str = "passes",
 ) -> dict:
     process = start(command, port)
     url = f"http://127.0.0.1:{port}"
@@ -300,7 +228,7 @@ def measure_server(
             before = rss_tree_kib(process.pid)
             runs_before = metric_sums(url)
             server_cpu, client_cpu = cpu_split(process.pid), time.process_time()
-            row = asyncio.run(load(url, texts, tokens, clients, seconds, draw))
+            row = asyncio.run(load(url, texts, tokens, clients, seconds))
             row.update(
                 rss_before_mib=round(before / 1024),
                 rss_after_mib=round(rss_tree_kib(process.pid) / 1024),
@@ -323,9 +251,7 @@ def measure_server(
         read_soak_rss()
         soak_requests = soak_errors = 0
         for _ in range(soak_parts if soak_seconds > 0 else 0):
-            part = asyncio.run(
-                load(f"http://127.0.0.1:{port}", texts, tokens, 32, soak_seconds / soak_parts, draw)
-            )
+            part = asyncio.run(load(f"http://127.0.0.1:{port}", texts, tokens, 32, soak_seconds / soak_parts))
             soak_requests, soak_errors = soak_requests + part["requests"], soak_errors + part["errors"]
             read_soak_rss()
         if len(soak) > 1:
@@ -338,7 +264,7 @@ def measure_server(
         # round (often 10 % a minute here) cancels to first order instead of landing on the ratio
         before = ratio[1]() if ratio and ratio[0] > 0 else 0.0
         for _ in range(ratio[0] if ratio else 0):
-            row = asyncio.run(load(f"http://127.0.0.1:{port}", texts, tokens, 32, seconds, draw))
+            row = asyncio.run(load(f"http://127.0.0.1:{port}", texts, tokens, 32, seconds))
             after = ratio[1]()
             offline = (before + after) / 2
             rounds.append(
@@ -365,7 +291,7 @@ def measure_server(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = make_parser(__doc__)
     parser.add_argument("--clients", default="1,8,32,64")
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--texts", type=int, default=2000)
@@ -381,11 +307,7 @@ def main() -> None:
     parser.add_argument(
         "--serve-args", default="", help="Extra `layerwise serve` options, e.g. '--max-wait-ms 2'"
     )
-    parser.add_argument(
-        "--draw", choices=DRAWS, default="passes",
-        help="Texts in shuffled passes (the corpus's mix), or drawn with replacement (earlier results)",
-    )  # fmt: skip
-    parser.add_argument("--out", type=Path, default=RESULTS / "serve_load.json", help="Where the results go")
+    parser.add_argument("--out", type=Path, default=None, help="Write the results here instead")
     args = parser.parse_args()
     levels = [int(c) for c in args.clients.split(",")]
 
@@ -398,13 +320,12 @@ def main() -> None:
         "offline_tokens_per_s": round(offline),
         "n_texts": len(texts),
         "seconds_per_level": args.seconds,
-        "draw": args.draw,
     }
     port = free_port()
     serve = serve_command(port, args.serve_args.split())
     report["layerwise"] = measure_server(
         "layerwise", serve, port, texts, tokens, levels, args.seconds, args.soak, args.soak_parts,
-        ratio=(args.ratio_rounds, lambda: offline_tokens_per_s(encoder, texts, tokens)), draw=args.draw,
+        ratio=(args.ratio_rounds, lambda: offline_tokens_per_s(encoder, texts, tokens)),
     )  # fmt: skip
     if not args.skip_baseline:
         port = free_port()
@@ -419,7 +340,6 @@ def main() -> None:
             args.seconds,
             args.soak,
             args.soak_parts,
-            draw=args.draw,
         )
     at = {row["clients"]: row for row in report["layerwise"]["levels"]}
     rounds = report["layerwise"]["ratio_rounds"]
@@ -435,8 +355,7 @@ def main() -> None:
         print(
             f"layerwise / sentence-transformers+FastAPI at 32 clients: {report['layerwise_over_baseline_at_32']:.2f}x"
         )
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    write_result("serve_load", report, args.out)
 
 
 if __name__ == "__main__":

@@ -23,11 +23,9 @@ batching and store writes are the same). Results go to benchmarks/results/store_
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -36,24 +34,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from corpus import mixed_corpus, read_documents  # noqa: E402
-from extract_speed import matmul_gflops, model_gflop  # noqa: E402
-
-RESULTS = HERE / "results"
-
-
-def timed(command: list[str]) -> tuple[float, int]:
-    """Wall time and peak RSS (KiB) of one command, measured by a wrapper whose only child it is."""
-    wrapper = (
-        "import resource, subprocess, sys, time\n"
-        "t = time.perf_counter(); subprocess.run(sys.argv[1:], check=True)\n"
-        "print(time.perf_counter() - t, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)\n"
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", wrapper, *command], check=True, capture_output=True, text=True
-    )
-    seconds, rss = out.stdout.split()
-    return float(seconds), int(rss)
+from common import matmul_gflops, mixed_corpus, model_gflop, read_documents, write_result  # noqa: E402
+from common import timed_process as timed  # noqa: E402
 
 
 def main() -> None:
@@ -185,8 +167,7 @@ def main() -> None:
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "store_speed.json").write_text(json.dumps({
+    write_result("store_speed", {
         "corpus": {"texts": len(texts), "sentences": args.sentences, "documents": args.documents, "tokens": n_tokens},
         "fp32_matmul_gflops": round(peak, 1),
         "fp32_matmul_gflops_measured": [round(p, 1) for p in peaks],
@@ -203,7 +184,7 @@ def main() -> None:
         "store_bytes_per_token": round(disk / n_tokens),
         "peak_rss_mib": {str(k): round(v / 1024) for k, v in rss.items()},
         "rss_growth": None if growth != growth else round(growth, 3),
-    }, indent=2) + "\n")  # fmt: skip
+    })  # fmt: skip
 
 
 if __name__ == "__main__":

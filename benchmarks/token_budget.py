@@ -10,7 +10,6 @@ Prints tokens/s per budget for the default model (all-MiniLM-L6-v2) and, with --
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import statistics
@@ -23,11 +22,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from corpus import bert_base_folder, mixed_corpus
+from common import bert_base_folder, mixed_corpus, write_result
 
 import layerwise as lw
-
-RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def sweep(folder: str, texts: list[str], budgets: list[int], repeats: int) -> dict[int, float]:
@@ -68,9 +65,7 @@ def main() -> None:
             print("BertConfig() 12 layers, 300 texts")
             subset = texts[:: max(1, len(texts) // 300)][:300]
             results["bert_base"] = sweep(str(folder), subset, budgets, args.repeats)
-    RESULTS.mkdir(exist_ok=True)
-    out = {k: {str(b): round(r) for b, r in v.items()} for k, v in results.items()}
-    (RESULTS / "token_budget.json").write_text(json.dumps(out, indent=2) + "\n")
+    write_result("token_budget", {k: {str(b): round(r) for b, r in v.items()} for k, v in results.items()})
 
 
 if __name__ == "__main__":

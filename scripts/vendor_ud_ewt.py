@@ -26,7 +26,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from corpus import conllu_documents  # noqa: E402  (how the benchmarks read a release)
+from common import conllu_documents  # noqa: E402  (how the benchmarks read a release)
 
 TESTS = ROOT / "tests" / "data" / "ud_ewt"
 BENCHMARKS = ROOT / "benchmarks" / "data" / "ud_ewt"

@@ -2,14 +2,19 @@
 
 Each page runs in a fresh folder holding the files its examples name (examples/, corpus.parquet,
 data/*.parquet, the UD EWT excerpts). A page's Python blocks run in order in one namespace, as in a
-notebook; each shell block runs line by line in bash, with the installed ``layerwise`` on PATH.
+notebook; each shell block runs as one bash script (``set -eo pipefail``), with the installed
+``layerwise`` on PATH.
 
 A block may be marked with an HTML comment on the line before it:
 
     <!-- docs-test: server -->  its first command serves until stopped: it starts in the background,
                                 the rest of the block runs once /health answers, then it is stopped
+    <!-- docs-test: server-up -->  the same, but the server keeps serving for the page's later
+                                blocks (a Python client after the shell that started it), until
+                                the page ends
     <!-- docs-test: netns -->   it opens network listeners (Ray): it runs in a network namespace
-                                with only loopback (as root, like the Ray tests)
+                                with only loopback (as root, like the Ray tests); a Python block
+                                marked so runs on its own in a fresh interpreter there
     <!-- docs-test: installed -->  an install command: what follows its last `pip install … &&`
                                 runs, with the layerwise installed for the tests
     <!-- docs-test: skip REASON -->  not run here (a GPU, a model from the hub, or the test command
@@ -24,6 +29,7 @@ import gzip
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -37,12 +43,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
-NOT_YET_RUNNABLE = {
-    # their examples name placeholder files and hub models; to be rewritten as runnable examples
-    "docs/guide/ray.md": "examples name placeholder corpora and a cluster",
-    "docs/guide/serving.md": "examples name hub models and key files",
-    "docs/guide/reference-bert.md": "examples run minutes of pretraining",
-}
+NOT_YET_RUNNABLE: dict[str, str] = {}  # page -> why its examples cannot run here yet
 FENCE = re.compile(
     r"(?:<!-- docs-test: (?P<mark>[^>]*?) -->\n)?```(?P<lang>python|bash)\n(?P<code>.*?)```", re.S
 )
@@ -81,6 +82,9 @@ def prepare(folder: Path) -> None:
     lines = (ROOT / "tests" / "data" / "ud_ewt" / "en_ewt-ud-dev.sentences.txt").read_text().splitlines()
     every = [s for s in lines if s.strip()]  # 500 UD EWT dev sentences
     (folder / "corpus.txt").write_text("\n".join(every) + "\n", encoding="utf-8")
+    # one sentence per line, a blank line between documents (the pretraining format): UD EWT dev
+    docs = gzip.decompress((ROOT / "benchmarks/data/ud_ewt/en_ewt-ud-dev.docs.txt.gz").read_bytes())
+    (folder / "documents.txt").write_bytes(docs)
     probing_files(folder, every)
     sentences = every[:60]
     ids = [f"d{i}" for i in range(len(sentences))]
@@ -150,27 +154,44 @@ def run_shell(command: str, folder: Path, env: dict, *, netns: bool = False) -> 
     assert run.returncode == 0, f"$ {command}\n{run.stdout[-2000:]}\n{run.stderr[-3000:]}"
 
 
-def serve_then(commands: list[str], folder: Path, env: dict) -> None:
+def start_server(command: str, folder: Path, env: dict) -> subprocess.Popen:
+    """``command`` started in the background, once /health answers on the docs' port."""
     server = subprocess.Popen(
-        ["bash", "-c", f"exec {commands[0]}"], cwd=folder, env=env, stdout=subprocess.PIPE,
+        ["bash", "-c", f"exec {command}"], cwd=folder, env=env, stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, text=True, start_new_session=True,
     )  # fmt: skip
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{SERVER_PORT}/health", timeout=2):
+                return server
+        except OSError:
+            if server.poll() is not None or time.monotonic() > deadline:
+                stop_server(server)
+                out = server.stdout.read() if server.stdout else ""
+                raise AssertionError(f"$ {command}\ndid not start serving:\n{out[-3000:]}") from None
+            time.sleep(0.5)
+
+
+def stop_server(server: subprocess.Popen) -> None:
+    if server.poll() is None:
+        os.killpg(server.pid, signal.SIGTERM)
+    server.wait(timeout=60)
+
+
+def serve_then(commands: list[str], folder: Path, env: dict) -> None:
+    server = start_server(commands[0], folder, env)
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{SERVER_PORT}/health", timeout=2):
-                    break
-            except OSError:
-                if server.poll() is not None or time.monotonic() > deadline:
-                    out = server.stdout.read() if server.stdout else ""
-                    raise AssertionError(f"$ {commands[0]}\ndid not start serving:\n{out[-3000:]}") from None
-                time.sleep(0.5)
         for command in commands[1:]:
             run_shell(command, folder, env)
     finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        server.wait(timeout=60)
+        stop_server(server)
+
+
+def run_python_in_netns(code: str, where: str, folder: Path, env: dict) -> None:
+    script = folder / f"block-{where.rsplit(':', 1)[-1]}.py"
+    script.write_text(code, encoding="utf-8")
+    run_shell(f"{shlex.quote(sys.executable)} {shlex.quote(script.name)}", folder, env, netns=True)
 
 
 @pytest.mark.slow
@@ -185,6 +206,7 @@ def test_examples_run(page: Path, tmp_path: Path) -> None:
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     env.update(HF_HUB_OFFLINE="1", NO_COLOR="1", RAY_USAGE_STATS_ENABLED="0")
     namespace: dict = {"__name__": "__docs__"}
+    servers: list[subprocess.Popen] = []  # the page's servers kept up for its later blocks
     here = os.getcwd()
     os.chdir(tmp_path)
     try:
@@ -192,6 +214,9 @@ def test_examples_run(page: Path, tmp_path: Path) -> None:
             where = f"{page_id(page)}:{block.line}"
             if block.mark.startswith("skip"):
                 continue  # said on the page; the reason is the mark's text
+            if block.lang == "python" and block.mark == "netns":
+                run_python_in_netns(block.code, where, tmp_path, env)
+                continue
             if block.lang == "python":
                 try:
                     exec(compile(block.code, where, "exec"), namespace)
@@ -204,11 +229,16 @@ def test_examples_run(page: Path, tmp_path: Path) -> None:
                 commands = [c for c in commands if not c.startswith(("pip install", "python3 -m venv"))]
             if block.mark == "server":
                 serve_then(commands, tmp_path, env)
-            else:
-                for command in commands:
-                    run_shell(command, tmp_path, env, netns=block.mark == "netns")
+            elif block.mark == "server-up":
+                servers.append(start_server(commands[0], tmp_path, env))
+                for command in commands[1:]:
+                    run_shell(command, tmp_path, env)
+            elif commands:  # one shell for the block: a variable set on one line is there on the next
+                run_shell("\n".join(commands), tmp_path, env, netns=block.mark == "netns")
     finally:
         os.chdir(here)
+        for server in servers:
+            stop_server(server)
 
 
 def test_the_collector_finds_the_readme_tour() -> None:

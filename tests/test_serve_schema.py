@@ -1,6 +1,6 @@
 """Schemathesis over every operation of /openapi.json, authenticated, against a real server: no 5xx,
 every status documented, every response of its documented content type and schema. A bounded run
-(LAYERWISE_FUZZ_EXAMPLES, default 20 examples per operation); scripts/fuzz_http.py runs the long one.
+(LAYERWISE_FUZZ_EXAMPLES, default 20 examples per operation); benchmarks/fuzz_http.py runs the long one.
 Also: /docs and /redoc render offline (their assets are this server's own files)."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ httpx = pytest.importorskip("httpx")
 
 from conftest import REPO, running_server  # noqa: E402
 
-sys.path.insert(0, str(REPO / "scripts"))
+sys.path.insert(0, str(REPO / "benchmarks"))
 from fuzz_http import AUTH, KEY, fuzz  # noqa: E402
 
 from layerwise.serve import ServeSettings, create_app  # noqa: E402

@@ -31,7 +31,7 @@ MAX_SHARD_SIZE = 4096
 
 def auto_shard_size(n_texts: int) -> int:
     """About 32 shards (enough to balance a few actors), each 1,024..4,096 texts (smaller shards
-    cost more, benchmarks/shard_cost.py: 256-text shards +11% over one store, 1,024-text +3%). A function of
+    cost more: 256-text shards +11% over one store, 1,024-text +3%, docs/guide/ray.md). A function of
     the corpus alone, so that a rerun with another --workers still resumes."""
     return min(MAX_SHARD_SIZE, max(1024, -(-n_texts // 32)))
 

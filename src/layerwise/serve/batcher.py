@@ -226,7 +226,7 @@ class Batcher:
         ProcessRunner.start); on any other stream it would run on that stream's one thread, and a
         second stream with a thread team of its own slows both (libgomp's idle threads then sleep
         instead of spinning, and every parallel region waits for a wake-up). One client at a time
-        on a 2-core Xeon: 1.73x the tokens/s, p50 latency 20 -> 10 ms (benchmarks/serve_ab.py)."""
+        on a 2-core Xeon: 1.73x the tokens/s, p50 latency 20 -> 10 ms (docs/serving-performance.md)."""
         return (
             slot != 0
             and self._running == 0

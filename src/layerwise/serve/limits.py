@@ -24,8 +24,8 @@ class ServeSettings:
     # how long the oldest request waits for others to join its run. With two streams a longer wait
     # gathers every client into one run on one stream: at 8 clients 5 ms kept one core busy (0.4x
     # offline tokens/s) where 2 ms kept both (0.56x); at 32 clients 1, 2 and 5 ms were alike (0.78-
-    # 0.82x; interleaved A/B, rerun: benchmarks/serve_ab.py "--max-wait-ms 5" ""). A lone client
-    # never waits (Batcher._wait_left)
+    # 0.82x; interleaved A/B, docs/serving-performance.md). A lone client never waits
+    # (Batcher._wait_left)
     max_wait_ms: float = 2.0
     max_queue_tokens: int = 1_048_576  # tokens waiting before 429
     # the vectors a response carries, counted before any work (one row per token at token and word

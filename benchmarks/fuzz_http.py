@@ -1,6 +1,6 @@
 """Property-based testing of `layerwise serve`'s HTTP surface with schemathesis, from /openapi.json.
 
-    python scripts/fuzz_http.py [--examples 1000] [--model PATH]
+    python benchmarks/fuzz_http.py [--examples 1000] [--model PATH]
 
 Starts the server in this process on 127.0.0.1 (the default model, an API key, explorer texts up to
 512 tokens so that an example takes milliseconds, not seconds) and sends, for every operation of
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
 import os
 import sys
 import time
@@ -87,9 +86,11 @@ def main() -> None:
     )
     parser.add_argument("--examples", type=int, default=1000)
     parser.add_argument("--model", default=None)
-    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "fuzz_http.json")
+    parser.add_argument("--out", type=Path, default=None, help="Write the results here instead")
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT / "tests"))
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from common import write_result
     from conftest import running_server
 
     import layerwise as lw
@@ -107,11 +108,11 @@ def main() -> None:
     print(f"{len(failures)} failing operations, {server_errors} server errors, {seconds / 60:.1f} min")
     for label, report in failures.items():
         print(f"\n{label}:\n{report}")
-    args.out.write_text(json.dumps({
+    write_result("fuzz_http", {
         "model": encoder.name, "examples_per_operation": args.examples, "minutes": round(seconds / 60, 1),
         "requests": sum(sum(c.values()) for c in statuses.values()), "server_errors": server_errors,
         "failures": failures, "statuses": statuses,
-    }, indent=1) + "\n")  # fmt: skip
+    }, args.out)  # fmt: skip
 
 
 if __name__ == "__main__":
