@@ -29,3 +29,12 @@ def test_all_installs_every_extra_but_the_test_tools():
     (spec,) = extras["all"]
     named = set(re.fullmatch(r"layerwise\[([\w,]+)\]", spec).group(1).split(","))  # type: ignore[union-attr]
     assert named == set(extras) - {"all", "test"}
+
+
+def test_ci_runs_the_test_command_the_readme_gives():
+    """The README's test command is what CI runs, word for word."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    after = readme.split("Run the tests", 1)[1]
+    command = after.split("```bash\n", 1)[1].split("\n", 1)[0]
+    assert "pytest" in command
+    assert command in (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()

@@ -1,8 +1,9 @@
-"""Encoder: a BERT-family model and its fast tokenizer, ready to extract every layer.
+"""Encoder: a model and its fast tokenizer, ready to extract every layer.
 
     enc = Encoder()                        # the packaged all-MiniLM-L6-v2, offline
     enc = Encoder("bert-base-uncased")     # a Hugging Face name (from the local cache when offline)
     enc = Encoder("path/to/folder")        # a folder with config.json, weights and tokenizer files
+    enc = Encoder("SmolLM2.Q4_1.gguf")     # a decoder LM (Llama, Qwen2, Mistral, Gemma, GPT-2), GGUF too
     stacks = enc.extract(["The bank raised rates."], layers="all")
 
 The data flows one way: inputs (inputs.py) -> the engine (extract.py: batches, forward, windows)
@@ -38,6 +39,7 @@ from .inputs.encoding import (
     split_word_inputs,
 )
 from .inputs.windows import check_window_memory, check_window_options
+from .model.decoders import is_decoder_config
 from .model.handle import ModelHandle
 from .model.hooks import check_taps
 from .model.source import (
@@ -71,10 +73,10 @@ def _positive(name: str, value: object, *, optional: bool) -> None:
 
 
 class Encoder:
-    """A BERT-family encoder that returns every hidden state.
+    """A BERT-family encoder or a decoder language model that returns every hidden state.
 
     Args:
-        model: a Hugging Face name, a local folder, or None for the packaged all-MiniLM-L6-v2.
+        model: a hub name, a folder, a GGUF file, or None for the packaged all-MiniLM-L6-v2.
         device: ``"auto"`` (CUDA when available), ``"cpu"``, ``"cuda"``, ``"cuda:1"``…
         model_dtype: the model's weights and compute dtype; results are always float32.
         max_length: tokens per input with special tokens; default: the model's (ST max_seq_length)
@@ -86,6 +88,7 @@ class Encoder:
         streams: packed batches run at once on the CPU, each on its share of torch's threads
             (streams.py); default 2 for a model up to 512 wide on 2+ threads, else 1.
         allow_nan: keep NaN/inf hidden states (with a warning); else a NonFiniteError names the input.
+        final_norm: a decoder's last hidden state after its final norm (default) or before it.
     Front ends batching across callers use ``inputs.encode`` and ``engine.stream`` directly."""
 
     def __init__(
@@ -100,8 +103,10 @@ class Encoder:
         packed: bool = True,
         streams: int | None = None,
         allow_nan: bool = False,
+        final_norm: bool = True,
     ) -> None:
         check_choice("model_dtype", model_dtype, MODEL_DTYPES)
+        check_choice("final_norm", final_norm, (True, False))  # type: ignore[arg-type]
         _positive("batch_size", batch_size, optional=False)
         _positive("max_tokens", max_tokens, optional=True)
         self.source, self.name = resolve_model_source(model)
@@ -112,16 +117,18 @@ class Encoder:
         dtype = _TORCH_DTYPES[model_dtype]
         self.models = ModelHandle(self.source, self.name, self.config, dtype, self.device, light=packed)
         self.model_type, self.n_layers, self.hidden_size = _dimensions(self.config)
+        self.is_decoder, self.final_norm = is_decoder_config(self.config), final_norm
         self.sentence_transformers = read_sentence_transformers(self.source)
         convention = self.sentence_transformers.max_seq_length if self.sentence_transformers else None
-        padding_idx = getattr(self.models.current.embeddings, "padding_idx", None)  # MPNet: 1
+        padding_idx = _padding_idx(self.models.current)
         self.max_length = usable_max_length(self.config, self.tokenizer, max_length, convention, padding_idx)
         vocab = int(self.config.vocab_size)  # token ids past it are refused at encode time
-        self.inputs = InputEncoder(self.tokenizer.backend_tokenizer, self.max_length, vocab_size=vocab)
+        self.inputs = InputEncoder(self.tokenizer.backend_tokenizer, self.max_length, vocab_size=vocab,
+                                   pairs=not self.is_decoder)  # fmt: skip
         max_tokens = max_tokens or (CPU_MAX_TOKENS if self.device.type == "cpu" else GPU_MAX_TOKENS)
         self.engine = Engine(self.models, self.tokenizer, device=self.device, max_length=self.max_length,
                              batch_size=batch_size, max_tokens=max_tokens, packed=packed,
-                             streams=streams, allow_nan=allow_nan)  # fmt: skip
+                             streams=streams, allow_nan=allow_nan, final_norm=final_norm)  # fmt: skip
         self.batch_size, self.max_tokens = batch_size, max_tokens  # the defaults of every call
 
     @property
@@ -170,10 +177,7 @@ class Encoder:
         are checked and inputs tokenised before this returns, so bad input fails here. Callers that
         run a corpus in blocks pass ``report_truncation=False`` and report once themselves."""
         layer_ids = resolve_layers(layers, self.n_hidden_states)
-        check_choice("method", method, METHODS)
-        taps = check_taps(taps)
-        check_choice("long_texts", long_texts, LONG_TEXTS)
-        check_window_options(long_texts, stride, self.max_length)
+        taps = _check_extract_options(self, method, taps, long_texts, stride)
         raw = normalize_inputs(texts, text_pairs=text_pairs, pairs=pairs, words=words)
         if long_texts == "window":
             check_window_memory(raw, len(layer_ids), self.hidden_size)
@@ -230,13 +234,13 @@ class Encoder:
         stride: int | None = None,
         progress: bool | None = None,
     ) -> np.ndarray:
-        """Sentence vectors: ``(n_texts, n_layers, hidden)``; ``(n_texts, hidden)`` for one int
-        layer (an int index drops the axis, as in NumPy); ``(n_texts, dim)`` with ``fuse``.
+        """Sentence vectors: ``(n_texts, n_layers, hidden)``; ``(n_texts, hidden)`` for one int layer
+        or float depth (it drops the axis, as in NumPy); ``(n_texts, dim)`` with ``fuse``.
 
-        ``pool``: cls, mean or max over the input's tokens; ``special_tokens``: include (default,
-        as sentence-transformers) or exclude [CLS]/[SEP]. ``fuse``: a named fusion (last,
-        concat_last4, mean_all, …) that picks its own layers, or mean/sum/concat over ``layers``.
-        ``normalize``: L2-normalise each vector. A single string gives a single row."""
+        ``pool``: cls, mean, max or last (a decoder's convention); ``special_tokens``: include
+        (default, as sentence-transformers) or exclude [CLS]/[SEP]. ``fuse``: a named fusion (last,
+        concat_last4, mean_all, …) or mean/sum/concat over ``layers``. ``normalize``: L2-normalise
+        each vector. A single string gives a single row."""
         plan = OutputPlan(layers, "sentence", pool, special_tokens, fuse, normalize=normalize)
         single = isinstance(texts, str)
         batch = [texts] if single else (as_texts(texts) if texts is not None else None)  # any iterable
@@ -325,6 +329,28 @@ def _dimensions(config) -> tuple[str, int, int]:
     return str(config.model_type), int(config.num_hidden_layers), int(config.hidden_size)
 
 
+def _padding_idx(model: object) -> int | None:
+    """The embeddings' own padding index (MPNet fixes it at 1); decoders have none to say."""
+    return getattr(getattr(model, "embeddings", None), "padding_idx", None)
+
+
+def _check_extract_options(
+    encoder: Encoder, method: str, taps: Sequence[str], long_texts: str, stride: int | None
+) -> tuple[str, ...]:
+    """The options of a call that extracts, checked before any work; the taps as a tuple."""
+    check_choice("method", method, METHODS)
+    checked = check_taps(taps)
+    if encoder.is_decoder and set(checked) - {"attention_probs"}:
+        raise OptionError(
+            f"taps={list(checked)!r}: a decoder LM ({encoder.model_type}) has the attention_probs tap only; "
+            "its blocks are pre-norm, with no module for attention_output or intermediate"
+        )
+    check_choice("long_texts", long_texts, LONG_TEXTS)
+    check_window_options(long_texts, stride, encoder.max_length)
+    return checked
+
+
 def _drops_axis(layers: LayerSpec | None, fuse: str | None) -> bool:
-    """An int layer index drops the layer axis, as in NumPy; a list or range keeps it."""
-    return fuse is None and isinstance(layers, int) and not isinstance(layers, bool)
+    """An int layer index (or a float depth, one layer too) drops the layer axis, as in NumPy; a
+    list, range or string keeps it."""
+    return fuse is None and isinstance(layers, int | float) and not isinstance(layers, bool)

@@ -21,7 +21,7 @@ import logging
 from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import Future
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from typing import Any, Literal
 
 import numpy as np
@@ -31,9 +31,10 @@ from torch import nn
 from .errors import ModelLoadError, NonFiniteError, OptionError
 from .inputs.encoding import EncodedInput, length_sorted_batches
 from .inputs.windows import Window, plan_windows, stitch
+from .model.decoders import hidden_state_convention, is_decoder_config
 from .model.handle import ModelHandle
-from .model.hooks import HookRecorder, find_layer_list, truncated_encoder
-from .model.packed import PackedEncoder
+from .model.hooks import HookRecorder, eager_attention_for, find_layer_list, truncated_encoder
+from .model.packed_decoder import packed_forward
 from .model.streams import ForwardLock, ForwardPool, check_streams
 from .progress import progress_bar
 from .results import LayerStack
@@ -76,11 +77,13 @@ def forward_batch(
     layer_list: nn.ModuleList,
     model_type: str,
     taps: Sequence[str] = (),
+    final_norm: bool = True,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Run the encoder up to the deepest requested layer.
 
     Returns hidden states ``(n_layers, B, T, H)`` and taps ``{name: (n_tap_layers, B, ...)}``.
-    Hidden state 0 is read at the input of the first layer, so at least one layer always runs."""
+    Hidden state 0 is read at the input of the first layer, so at least one layer always runs.
+    ``final_norm``: a decoder's last hidden state after its final norm (model/decoders.py)."""
     depth = max(1, max(layers))
     tap_layers = [i for i in layers if i >= 1]
     with (
@@ -96,13 +99,17 @@ def forward_batch(
         kwargs: dict[str, object] = {"output_hidden_states": method == "hidden_states"}
         if "attention_probs" in taps:
             kwargs["output_attentions"] = True
-        output = model(**batch, **kwargs)
+        with hidden_state_convention(model, depth=depth, final_norm=final_norm):
+            output = model(**batch, **kwargs)
     if method == "hidden_states":
         states = output.hidden_states
         if len(states) != depth + 1:
             raise RuntimeError(f"model returned {len(states)} hidden states after {depth} layers")
     else:
-        states = recorder.hidden
+        states = dict(recorder.hidden)
+        config: Any = model.config
+        if final_norm and is_decoder_config(config) and depth >= int(config.num_hidden_layers):
+            states[depth] = output.last_hidden_state  # the hooks saw the last layer before the norm
     hidden = torch.stack([states[i] for i in layers])
     tapped = {t: torch.stack([recorder.taps[t][i] for i in tap_layers]) for t in taps if tap_layers}
     return hidden, tapped
@@ -194,9 +201,10 @@ class Engine:
         packed: bool = True,
         streams: int | None = 1,  # None: the device's default (streams.py)
         allow_nan: bool = False,
+        final_norm: bool = True,
     ) -> None:
         config = models.config
-        self.allow_nan = allow_nan
+        self.allow_nan, self.final_norm = allow_nan, final_norm
         pad_id = tokenizer.pad_token_id
         self.models, self.device, self.max_length = models, device, max_length
         self.pad_id: int = pad_id if pad_id is not None else (getattr(config, "pad_token_id", None) or 0)
@@ -209,8 +217,9 @@ class Engine:
         self._warm_up_ids = [tokenizer.cls_token_id or 0, tokenizer.sep_token_id or 0]
         # packed forwards share the model; a Hugging Face one (hooks, truncation patch it) runs alone
         self.lock = ForwardLock()
-        # the unpadded forward where the architecture allows it (packed.py); None: Hugging Face's
-        self.packed = PackedEncoder.build(models.current) if packed else None
+        # the unpadded forward where the architecture allows it (packed.py, packed_decoder.py); None:
+        # Hugging Face's padded one
+        self.packed = packed_forward(models.current, final_norm) if packed else None
         streams = check_streams(streams, device, config.hidden_size)
         self.pool = ForwardPool(streams) if streams > 1 and self.packed is not None else None
         if models.built:
@@ -232,7 +241,7 @@ class Engine:
             )
             self._warm_up(model)
             if self.packed is not None:
-                self.packed = PackedEncoder.build(model)
+                self.packed = packed_forward(model, self.final_norm)
 
     def _warm_up(self, model: Any) -> None:
         """One full-depth forward with ``output_hidden_states`` before any truncated one.
@@ -377,10 +386,11 @@ class Engine:
             return self._forward_packed(units, layers)
         model = self.model  # built (and adopted) before the lock is taken
         batch = collate(units, pad_id=self.pad_id, with_token_types=self.with_token_types, device=self.device)
-        with self.lock.exclusive(), torch.inference_mode(), self._attention_for(model, taps):
+        with self.lock.exclusive(), torch.inference_mode(), eager_attention_for(model, taps):
             hidden, tapped = forward_batch(
                 model, batch, layers=layers, method=method, layer_owner=self.layer_owner,
                 layer_attr=self.layer_attr, layer_list=self.layer_list, model_type=self.model_type, taps=taps,
+                final_norm=self.final_norm,
             )  # fmt: skip
         rows = split_rows(hidden, tapped, [len(u) for u in units])
         # one cheap whole-batch test (a sum is NaN/inf when any term is, or overflows: then the rows
@@ -394,7 +404,7 @@ class Engine:
         return self.packed is not None and method == "hidden_states" and not taps
 
     def _forward_packed(self, units: Sequence[EncodedInput | Window], layers: tuple[int, ...]) -> Rows:
-        packed = self.packed  # one PackedEncoder for the whole batch (_adopt may replace it)
+        packed: Any = self.packed  # one packed forward for the whole batch (_adopt may replace it)
         assert packed is not None
         batch = packed.prepare(units, with_token_types=self.with_token_types, device=self.device)
         with self.lock.shared(), torch.inference_mode():
@@ -410,18 +420,7 @@ class Engine:
         rows.nonfinite = not bool(torch.isfinite(hidden.sum()))  # see _forward_units
         return rows
 
-    @contextmanager
-    def _attention_for(self, model: Any, taps: tuple[str, ...]) -> Iterator[None]:
-        """Attention probabilities exist only in the eager attention path (SDPA never forms them)."""
-        current = getattr(model.config, "_attn_implementation", None)
-        if "attention_probs" not in taps or current in (None, "eager"):
-            yield
-            return
-        model.set_attn_implementation("eager")
-        try:
-            yield
-        finally:
-            model.set_attn_implementation(current)
+
 
 
 def _stitch(item: EncodedInput, parts: dict[int, tuple], layers: tuple[int, ...]) -> LayerStack:

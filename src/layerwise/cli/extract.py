@@ -49,7 +49,9 @@ class BadRowChoice(StrEnum):
 INPUT_PANEL = "Input columns"
 PoolOption = Annotated[
     str,
-    typer.Option("--pool", "-p", help="token | word:first|last|mean|first_last|max | sentence:cls|mean|max"),
+    typer.Option(
+        "--pool", "-p", help="token | word:first|last|mean|first_last|max | sentence:cls|mean|max|last"
+    ),
 ]
 FuseOption = Annotated[
     str | None,

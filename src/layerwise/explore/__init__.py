@@ -5,19 +5,22 @@ ReferenceSet.sample(encoder)      the built-in UD EWT sample (or .from_store(pat
 ReferenceSet.neighbours(vecs)     nearest reference tokens per layer
 attention_maps(encoder, text)     every head's attention at every layer
 word_projection(stacks, words)    layerwise plot's per-layer PCA/t-SNE/UMAP, as data
-logit_lens(encoder, text)         each layer's top predictions for [MASK] through the MLM head
+logit_lens(encoder, text)         each layer's top predictions through the model's own head: at
+                                  [MASK] (masked-LM head), or a decoder's next token (norm + lm_head)
 """
 
-from .lens import MaskedLMHead, logit_lens
+from .lens import CausalLMHead, MaskedLMHead, load_lens_head, logit_lens
 from .reference import Neighbour, ReferenceSet, sample_license, sample_sentences
 from .views import STATISTICS, attention_maps, token_statistics, word_projection, word_sites
 
 __all__ = [
     "STATISTICS",
+    "CausalLMHead",
     "MaskedLMHead",
     "Neighbour",
     "ReferenceSet",
     "attention_maps",
+    "load_lens_head",
     "logit_lens",
     "sample_license",
     "sample_sentences",

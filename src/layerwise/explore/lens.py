@@ -1,10 +1,14 @@
-"""A logit lens for BERT: each layer's hidden state at a ``[MASK]`` read through the model's own
-masked-LM head, as if that layer were the last.
+"""The logit lens: each layer's hidden state read through the model's own output head, as if that
+layer were the last.
 
-The head is the checkpoint's (``cls.predictions`` for BERT and ``layerwise pretrain`` models,
-``lm_head`` for RoBERTa/MPNet, ``vocab_*`` for DistilBERT, ``generator_*`` for ELECTRA
-generators). A checkpoint without one (sentence-transformers models such as all-MiniLM-L6-v2) has
-no lens: :meth:`MaskedLMHead.load` returns None rather than a randomly initialised head.
+- **Encoders**, at each ``[MASK]`` of the text, through the masked-LM head of the checkpoint
+  (``cls.predictions`` for BERT and ``layerwise pretrain`` models, ``lm_head`` for RoBERTa/MPNet,
+  ``vocab_*`` for DistilBERT, ``generator_*`` for ELECTRA generators). A checkpoint without one
+  (sentence-transformers models such as all-MiniLM-L6-v2) has no lens: :meth:`MaskedLMHead.load`
+  returns None rather than a randomly initialised head.
+- **Decoder LMs**, at the last token (the next token's prediction), through the model's own final
+  norm and ``lm_head`` (tied to the embeddings or not; Gemma 2's logit soft-capping included), so
+  that at the last layer the lens gives exactly the model's own logits (:class:`CausalLMHead`).
 """
 
 from __future__ import annotations
@@ -71,8 +75,8 @@ class MaskedLMHead:
         )
         return cls(head, tokenizer.mask_token, [str(t) for t in vocabulary], encoder.device, inputs)
 
-    def logits(self, hidden: np.ndarray) -> np.ndarray:
-        """``(n, hidden_size)`` -> ``(n, vocab_size)`` float32."""
+    def logits(self, hidden: np.ndarray, layers: tuple[int, ...] = ()) -> np.ndarray:
+        """``(n, hidden_size)`` -> ``(n, vocab_size)`` float32 (``layers``: unused here)."""
         import torch
 
         with torch.inference_mode():
@@ -80,21 +84,99 @@ class MaskedLMHead:
             return self.apply(x).float().cpu().numpy()
 
 
-def logit_lens(encoder: Encoder, text: str, *, k: int = 5, head: MaskedLMHead | None = None) -> dict:
-    """Per ``[MASK]`` in ``text`` and per hidden state, the ``k`` most likely tokens through the
-    masked-LM head: ``{"tokens", "layers", "masks": [{"position", "predictions": [[(token, p)…]
-    per layer]}]}``. Raises InputError when the text has no mask token."""
-    head = head if head is not None else MaskedLMHead.load(encoder)
+@dataclass(eq=False)
+class CausalLMHead:
+    """A decoder LM's final norm and ``lm_head``: hidden states -> next-token logits."""
+
+    norm: Callable  # torch (n, hidden) -> (n, hidden)
+    head: Callable  # torch (n, hidden) -> (n, vocab), soft-capped where the model caps
+    vocabulary: list[str]
+    normed_layer: int | None  # the hidden state that already went through the norm (final_norm=True)
+    device: Any = "cpu"
+    mask_token: None = None
+    inputs: Any = None
+
+    @classmethod
+    def load(cls, encoder: Encoder) -> CausalLMHead | None:
+        """The causal-LM head of ``encoder``'s checkpoint, or None when its weights are not there."""
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        from ..model.source import loader_args, quiet_transformers
+
+        where, extra = loader_args(encoder.source)
+        try:
+            with quiet_transformers():
+                loaded: Any = AutoModelForCausalLM.from_pretrained(
+                    where, dtype=torch.float32, output_loading_info=True, **extra
+                )
+            lm, info = loaded
+        except Exception as exc:
+            logger.debug("no causal-LM head for %s: %s", encoder.name, exc)
+            return None
+        if any(k.startswith("lm_head") for k in info.get("missing_keys", ())) and not _tied(lm):
+            return None  # the head would be random weights: no lens rather than a wrong one
+        lm.to(encoder.device).eval()
+        base = lm.base_model
+        norm = getattr(base, "norm", None) or getattr(base, "ln_f", None)
+        if norm is None:
+            return None
+        cap = getattr(lm.config, "final_logit_softcapping", None)
+
+        def head(h: Any) -> Any:
+            logits = lm.lm_head(h)
+            return torch.tanh(logits / cap) * cap if cap else logits
+
+        vocabulary = encoder.tokenizer.convert_ids_to_tokens(list(range(lm.config.vocab_size)))
+        normed = encoder.n_layers if encoder.final_norm else None
+        return cls(norm, head, [str(t) for t in vocabulary], normed, encoder.device, None, encoder.inputs)
+
+    def logits(self, hidden: np.ndarray, layers: tuple[int, ...] = ()) -> np.ndarray:
+        """``(n, hidden_size)`` at hidden states ``layers`` -> ``(n, vocab_size)`` float32: the
+        final norm first, except on the state that already went through it."""
+        import torch
+
+        with torch.inference_mode():
+            x = torch.as_tensor(np.ascontiguousarray(hidden, dtype=np.float32)).to(self.device)
+            again = torch.tensor([layer != self.normed_layer for layer in layers] or [True] * len(x))
+            x = torch.where(again.to(x.device)[:, None], self.norm(x), x)
+            return self.head(x).float().cpu().numpy()
+
+
+def _tied(lm: Any) -> bool:
+    """Whether ``lm_head`` shares the token embeddings' weights (then no weights of its own are saved)."""
+    head = lm.get_output_embeddings()
+    return head is not None and head.weight is lm.get_input_embeddings().weight
+
+
+def load_lens_head(encoder: Encoder) -> MaskedLMHead | CausalLMHead | None:
+    """The head the logit lens reads ``encoder``'s layers through, or None when it has none."""
+    return CausalLMHead.load(encoder) if encoder.is_decoder else MaskedLMHead.load(encoder)
+
+
+def logit_lens(
+    encoder: Encoder, text: str, *, k: int = 5, head: MaskedLMHead | CausalLMHead | None = None
+) -> dict:
+    """Per hidden state, the ``k`` most likely tokens through the model's own head: for an encoder
+    at each ``[MASK]`` in ``text`` (InputError when there is none), for a decoder LM at the last
+    token (its next token). ``{"kind": "mask" | "next_token", "tokens", "layers", "masks":
+    [{"position", "predictions": [[(token, p)…] per layer]}]}``."""
+    head = head if head is not None else load_lens_head(encoder)
     if head is None:
-        raise InputError(f"model {encoder.name!r} has no masked-LM head in its checkpoint: no logit lens")
+        what = "causal-LM head (lm_head)" if encoder.is_decoder else "masked-LM head"
+        raise InputError(f"model {encoder.name!r} has no {what} in its checkpoint: no logit lens")
     stack = _extract_with_masks(encoder, head, text)
-    positions = [t for t, token in enumerate(stack.tokens) if token == head.mask_token]
-    if not positions:
-        raise InputError(f"put {head.mask_token} in the text to see each layer's predictions for it")
+    if isinstance(head, CausalLMHead):
+        positions, kind = [stack.n_tokens - 1], "next_token"
+    else:
+        positions = [t for t, token in enumerate(stack.tokens) if token == head.mask_token]
+        kind = "mask"
+        if not positions:
+            raise InputError(f"put {head.mask_token} in the text to see each layer's predictions for it")
     k = max(1, min(int(k), len(head.vocabulary)))
     masks = []
     for position in positions:
-        logits = head.logits(stack.hidden[:, position])  # (n_layers, vocab)
+        logits = head.logits(stack.hidden[:, position], stack.layers)  # (n_layers, vocab)
         shifted = logits - logits.max(axis=-1, keepdims=True)
         probs = np.exp(shifted) / np.exp(shifted).sum(axis=-1, keepdims=True)
         per_layer = []
@@ -102,10 +184,10 @@ def logit_lens(encoder: Encoder, text: str, *, k: int = 5, head: MaskedLMHead | 
             top = np.argsort(-row, kind="stable")[:k]
             per_layer.append([(head.vocabulary[i], float(row[i])) for i in top])
         masks.append({"position": position, "predictions": per_layer})
-    return {"tokens": list(stack.tokens), "layers": list(stack.layers), "masks": masks}
+    return {"kind": kind, "tokens": list(stack.tokens), "layers": list(stack.layers), "masks": masks}
 
 
-def _extract_with_masks(encoder: Encoder, head: MaskedLMHead, text: str) -> LayerStack:
+def _extract_with_masks(encoder: Encoder, head: MaskedLMHead | CausalLMHead, text: str) -> LayerStack:
     """``encoder.extract(text, layers="all")``, except that "[MASK]" in the text is the mask
     token (extract reads special-token strings typed in a text as plain text)."""
     from ..inputs.encoding import normalize_inputs, report_truncation_warning

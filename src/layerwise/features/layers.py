@@ -10,6 +10,10 @@ layer ``i``, so a model with ``L`` layers has ``L + 1`` hidden states. Accepted 
     "0:4", "-4:"    a Python-style range, end excluded: "0:4" = 0, 1, 2, 3
     "last4"         the last N hidden states ("last4" = the BERT paper's "last four layers")
     "embeddings"    index 0
+    "0.5", 0.5      a relative depth: a number with a decimal point, 0.0 (embeddings) … 1.0 (the
+                    last layer), rounded half up to round(f × L): "0.5" is layer 3 of a 6-layer
+                    model and layer 15 of a 30-layer one, so one spec serves models of any depth
+    "0.25,0.5,0.75" several depths (and may mix with indices: "0,0.5,-1")
 
 Every accepted spec resolves to a tuple of distinct non-negative indices.
 """
@@ -21,11 +25,12 @@ from collections.abc import Sequence
 
 from ..errors import LayerSpecError
 
-LayerSpec = str | int | Sequence[int] | Sequence[str]
+LayerSpec = str | int | float | Sequence[int] | Sequence[float] | Sequence[str]
 
 _RANGE = re.compile(r"^\s*(-?\d+)?\s*:\s*(-?\d+)?\s*$", re.ASCII)
 _LAST = re.compile(r"^\s*last\s*(\d+)\s*$", re.IGNORECASE | re.ASCII)
 _INT = re.compile(r"^\s*-?\d+\s*$", re.ASCII)
+_DEPTH = re.compile(r"^\s*(\d+\.\d*|\.\d+)\s*$", re.ASCII)  # "0.5", ".5", "1.", "1.0"; never a bare int
 
 
 def _convention(n_hidden_states: int) -> str:
@@ -39,6 +44,16 @@ def _check_index(index: int, n_hidden_states: int) -> int:
     return index % n_hidden_states
 
 
+def _depth(value: float, n_hidden_states: int, spec: object) -> int:
+    """The hidden state at relative depth ``value`` (0.0 = embeddings, 1.0 = the last layer)."""
+    if not 0.0 <= value <= 1.0:  # also refuses NaN
+        raise LayerSpecError(
+            f"relative depth {spec!r} must lie in 0.0 … 1.0 (0.0 = embeddings, 1.0 = the last layer, "
+            f"0.5 = the middle); for an index write a whole number: {_convention(n_hidden_states)}"
+        )
+    return int(value * (n_hidden_states - 1) + 0.5)  # half up: 0.25 of 6 layers is layer 2
+
+
 def resolve_layers(spec: LayerSpec, n_hidden_states: int) -> tuple[int, ...]:
     """Resolve ``spec`` to distinct non-negative hidden-state indices for a model with
     ``n_hidden_states`` hidden states (number of layers + 1)."""
@@ -48,6 +63,8 @@ def resolve_layers(spec: LayerSpec, n_hidden_states: int) -> tuple[int, ...]:
         raise LayerSpecError(f"layer spec {spec!r} is a bool; pass an int, a list of ints or 'all'")
     if isinstance(spec, int):
         return (_check_index(spec, n_hidden_states),)
+    if isinstance(spec, float):
+        return (_depth(spec, n_hidden_states, spec),)
     if isinstance(spec, str):
         return _resolve_string(spec, n_hidden_states)
     if isinstance(spec, Sequence):
@@ -68,9 +85,14 @@ def _resolve_list(items: list, n_hidden_states: int, original: object) -> tuple[
     for item in items:
         if isinstance(item, bool):
             raise LayerSpecError(f"layer {item!r} in {original!r} is a bool, not an index")
+        if isinstance(item, float) or (isinstance(item, str) and _DEPTH.match(item)):
+            resolved.append(_depth(float(item), n_hidden_states, item))
+            continue
         if isinstance(item, str):
             if not _INT.match(item):
-                raise LayerSpecError(f"layer {item!r} in {original!r} is not an integer")
+                raise LayerSpecError(
+                    f"layer {item!r} in {original!r} is neither an index nor a relative depth such as 0.5"
+                )
             item = int(item)
         elif not isinstance(item, int):
             if not hasattr(item, "__index__"):
@@ -94,6 +116,8 @@ def _resolve_string(spec: str, n_hidden_states: int) -> tuple[int, ...]:
         return (0,)
     if _INT.match(text):
         return (_check_index(int(text), n_hidden_states),)
+    if _DEPTH.match(text):
+        return (_depth(float(text), n_hidden_states, spec),)
     if "," in text:
         parts = [p for p in text.split(",")]
         if any(not p.strip() for p in parts):
@@ -124,5 +148,5 @@ def _resolve_string(spec: str, n_hidden_states: int) -> tuple[int, ...]:
         return indices
     raise LayerSpecError(
         f"layer spec {spec!r} is not understood; use 'all', an int such as -1, a list such as "
-        "'0,4,-1', a range such as '0:4' (end excluded) or 'last4'"
+        "'0,4,-1', a range such as '0:4' (end excluded), 'last4', or a relative depth such as '0.5'"
     )

@@ -5,6 +5,9 @@ Sentence pooling over the real tokens of one input (padding never reaches a Laye
     cls     the [CLS] vector (first token)
     mean    the mean over tokens
     max     the element-wise maximum over tokens
+    last    the last token's vector: the decoder convention (in a causal model only the last token
+            has seen the whole input). A LayerStack holds real tokens only, so under padding this is
+            still the input's own last token.
 
 ``special_tokens="include"`` (the default) pools over [CLS] and [SEP] too. That is what
 sentence-transformers does (its mean pooling averages every token the attention mask covers), and
@@ -31,8 +34,8 @@ import numpy as np
 from ..errors import check_choice
 from ..results import LayerStack, WordVectors
 
-SentencePool = Literal["cls", "mean", "max"]
-SENTENCE_POOLS: tuple[str, ...] = ("cls", "mean", "max")
+SentencePool = Literal["cls", "mean", "max", "last"]
+SENTENCE_POOLS: tuple[str, ...] = ("cls", "mean", "max", "last")
 SubwordPool = Literal["first", "last", "mean", "first_last", "max"]
 SUBWORD_POOLS: tuple[str, ...] = ("first", "last", "mean", "first_last", "max")
 SpecialTokens = Literal["include", "exclude"]
@@ -50,6 +53,8 @@ def pool_sentence(
         return hidden[:, 0].copy()
     if special_tokens == "exclude" and (stack.word_ids >= 0).any():
         hidden = hidden[:, stack.word_ids >= 0]
+    if pool == "last":  # with "exclude", the last content token (not a trailing [SEP] or EOS)
+        return hidden[:, -1].copy()
     if pool == "mean":
         return hidden.mean(axis=1, dtype=np.float64).astype(np.float32)
     return hidden.max(axis=1)

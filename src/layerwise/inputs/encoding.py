@@ -187,10 +187,12 @@ class InputEncoder:
         *,
         special_tokens_in_text: bool = False,
         vocab_size: int | None = None,
+        pairs: bool = True,
     ) -> None:
         if max_length < 2:
             raise OptionError(f"max_length={max_length} leaves no room for [CLS] and [SEP]; use >= 2")
         self.max_length = max_length
+        self.pairs = pairs  # False for a decoder LM: it has no segments to tell two texts apart
         # The model's embedding rows: an id at or above them fails the forward with an IndexError,
         # and in a server that would fail every request merged into the same run; checked here,
         # before an input joins a batch, it is this input's own error.
@@ -214,6 +216,11 @@ class InputEncoder:
         (for sliding windows); otherwise they are cut and flagged."""
         if not len(raw):
             return []
+        if raw.text_pairs is not None and not self.pairs:
+            raise InputError(
+                "this model is a decoder language model: it has no segments, so it takes no text pairs. "
+                "Join each pair into one text with a separator you choose, e.g. f'{a}\\n{b}'"
+            )
         if raw.words is not None:
             batch: list = [list(w) for w in raw.words]
             pretokenized = True

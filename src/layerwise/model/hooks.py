@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from ..errors import OptionError
+from .decoders import DECODER_MODEL_TYPES
 
 Tap = Literal["attention_probs", "attention_output", "intermediate"]
 TAPS: tuple[str, ...] = ("attention_probs", "attention_output", "intermediate")
@@ -44,6 +45,10 @@ _TAP_PATHS: dict[str, dict[str, str]] = {
         "attention_output": "attention",
         "intermediate": "intermediate",
     },
+    # decoder LMs: attention probabilities only (their blocks are pre-norm: no module outputs the
+    # attention block's normed output or the feed-forward activations as the BERT taps mean them)
+    **{kind: {"attention_probs": "self_attn"} for kind in DECODER_MODEL_TYPES if kind != "gpt2"},
+    "gpt2": {"attention_probs": "attn"},
 }
 # Which element of a module's tuple output holds the tap (attention modules return (context, probs)).
 _TAP_INDEX = {"attention_probs": 1, "attention_output": 0, "intermediate": 0}
@@ -94,7 +99,12 @@ def tap_module(layer: nn.Module, model_type: str, tap: str) -> nn.Module:
     """The sub-module of one encoder layer whose output is ``tap``."""
     if tap not in TAPS:
         raise OptionError(f"unknown tap {tap!r}; choose from {', '.join(TAPS)}")
-    path = _TAP_PATHS.get(model_type, _BERT_LAYOUT)[tap]
+    path = _TAP_PATHS.get(model_type, _BERT_LAYOUT).get(tap)
+    if path is None:
+        raise OptionError(
+            f"tap {tap!r} is not available for model type {model_type!r}; it has "
+            f"{', '.join(_TAP_PATHS[model_type])}"
+        )
     module: nn.Module = layer
     for part in path.split("."):
         if not hasattr(module, part):
@@ -168,3 +178,18 @@ class HookRecorder:
 
     def __exit__(self, *exc: object) -> None:
         self.remove()
+
+
+@contextmanager
+def eager_attention_for(model: nn.Module, taps: Sequence[str]) -> Iterator[None]:
+    """Attention probabilities exist only in the eager attention path (SDPA never forms them): the
+    model runs eager attention inside the block when ``taps`` asks for them."""
+    current = getattr(model.config, "_attn_implementation", None)
+    if "attention_probs" not in taps or current in (None, "eager"):
+        yield
+        return
+    model.set_attn_implementation("eager")  # type: ignore[operator]
+    try:
+        yield
+    finally:
+        model.set_attn_implementation(current)  # type: ignore[operator]

@@ -20,12 +20,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import MissingDependencyError, ModelLoadError, OptionError
+from .decoders import DECODER_MODEL_TYPES
 
 logger = logging.getLogger("layerwise")
 
 DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 # Architectures whose layers, hidden states and tokenizers layerwise is tested on.
-SUPPORTED_MODEL_TYPES = ("bert", "roberta", "xlm-roberta", "camembert", "distilbert", "mpnet", "electra")
+ENCODER_MODEL_TYPES = ("bert", "roberta", "xlm-roberta", "camembert", "distilbert", "mpnet", "electra")
+SUPPORTED_MODEL_TYPES = ENCODER_MODEL_TYPES + DECODER_MODEL_TYPES
 # Models whose position ids start after the padding index (RoBERTa-style), so that
 # max_position_embeddings overstates the usable length by pad_token_id + 1.
 _OFFSET_POSITIONS = {"roberta", "xlm-roberta", "camembert", "mpnet"}
@@ -54,20 +56,57 @@ def _looks_like_path(name: str) -> bool:
     return name.startswith(("/", "./", "../", "~", ".\\")) or os.sep * 2 in name or name.endswith(os.sep)
 
 
+def gguf_parts(source: str) -> tuple[str, str] | None:
+    """``(folder, file name)`` when ``source`` is a GGUF file (see resolve_model_source), else None."""
+    if not source.endswith(".gguf"):
+        return None
+    path = Path(source)
+    return str(path.parent), path.name
+
+
+def loader_args(source: str) -> tuple[str, dict[str, str]]:
+    """What transformers' ``from_pretrained`` takes for ``source``: a GGUF file is its folder plus
+    ``gguf_file`` (transformers de-quantises it to the requested dtype; needs the gguf package)."""
+    parts = gguf_parts(source)
+    if parts is None:
+        return source, {}
+    try:
+        import gguf  # noqa: F401
+    except ImportError as exc:
+        raise MissingDependencyError(
+            f"model {source!r} is a GGUF file; reading it needs the gguf package: "
+            "pip install 'layerwise[gguf]'"
+        ) from exc
+    return parts[0], {"gguf_file": parts[1]}
+
+
 def resolve_model_source(model: str | os.PathLike | None) -> tuple[str, str]:
-    """``(what to pass to from_pretrained, display name)`` for a model argument."""
+    """``(what to pass to from_pretrained, display name)`` for a model argument: the packaged
+    default, a folder, a GGUF file (or a folder holding one and no config.json), or a hub name."""
     if model is None or (isinstance(model, str) and model == DEFAULT_MODEL):
         return str(default_model_path()), DEFAULT_MODEL
     path = Path(os.fspath(model)).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
+            ggufs = sorted(path.glob("*.gguf"))
+            if len(ggufs) == 1:
+                return str(ggufs[0]), str(model)
+            if ggufs:
+                raise ModelLoadError(
+                    f"model folder {str(path)!r} holds {len(ggufs)} GGUF files "
+                    f"({', '.join(g.name for g in ggufs[:4])}); pass the one to load"
+                )
             raise ModelLoadError(
                 f"model folder {str(path)!r} has no config.json; point to the folder that holds "
-                "config.json, the weights (model.safetensors) and the tokenizer files"
+                "config.json, the weights (model.safetensors) and the tokenizer files, or to a .gguf file"
             )
         return str(path), str(model)
+    if path.is_file() and path.suffix == ".gguf":
+        return str(path), str(model)
     if path.exists():
-        raise ModelLoadError(f"model {str(path)!r} is a file; pass the folder that contains it")
+        raise ModelLoadError(
+            f"model {str(path)!r} is a file; pass the folder that contains it (or a .gguf file)"
+        )
     if os.path.lexists(path):  # an entry that leads nowhere: a local path all the same, never a hub name
         raise ModelLoadError(
             f"model {str(path)!r} is a symbolic link that leads nowhere (a loop, or its target is gone); "
@@ -109,12 +148,19 @@ def quiet_transformers() -> Iterator[None]:
     level = hf_logging.get_verbosity()
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()
+    # the GGUF reader's de-quantising bar is a plain tqdm that only tqdm's own variable turns off
+    tqdm_before = os.environ.get("TQDM_DISABLE")
+    os.environ["TQDM_DISABLE"] = "1"
     try:
         yield
     finally:
         hf_logging.set_verbosity(level)
         if bar:
             hf_logging.enable_progress_bar()
+        if tqdm_before is None:
+            os.environ.pop("TQDM_DISABLE", None)
+        else:
+            os.environ["TQDM_DISABLE"] = tqdm_before
 
 
 def _not_found(name: str, exc: Exception, local: bool) -> ModelLoadError:
@@ -140,15 +186,17 @@ def load_config_and_tokenizer(source: str, name: str):
     from transformers import AutoConfig, AutoTokenizer
 
     local = Path(source).is_dir()
+    where, gguf = loader_args(source)
     with quiet_transformers():
         try:
-            config = AutoConfig.from_pretrained(source)
+            config = AutoConfig.from_pretrained(where, **gguf)
         except Exception as exc:
-            raise _not_found(name, exc, local) from exc
+            raise _not_found(name, exc, local or bool(gguf)) from exc
         if config.model_type not in SUPPORTED_MODEL_TYPES:
             raise ModelLoadError(
-                f"model {name!r} is a {config.model_type!r} model; layerwise extracts encoder layers of "
-                f"the BERT family: {', '.join(SUPPORTED_MODEL_TYPES)}"
+                f"model {name!r} is a {config.model_type!r} model; layerwise extracts the layers of "
+                f"BERT-family encoders ({', '.join(ENCODER_MODEL_TYPES)}) and decoder language models "
+                f"({', '.join(DECODER_MODEL_TYPES)})"
             )
         if local and not any((Path(source) / f).is_file() for f in TOKENIZER_FILES):
             # transformers would build an empty tokenizer of five special tokens: every word [UNK]
@@ -158,9 +206,9 @@ def load_config_and_tokenizer(source: str, name: str):
                 "(tokenizer.save_pretrained(folder))"
             )
         try:
-            tokenizer = AutoTokenizer.from_pretrained(source)
+            tokenizer = AutoTokenizer.from_pretrained(where, **gguf)
         except Exception as exc:
-            raise _not_found(name, exc, local) from exc
+            raise _not_found(name, exc, local or bool(gguf)) from exc
     if not getattr(tokenizer, "is_fast", False):
         raise ModelLoadError(
             f"model {name!r} has no fast (Rust) tokenizer; layerwise needs one for word "
@@ -221,9 +269,10 @@ def load_model(source: str, name: str, dtype):
     from transformers import AutoModel
 
     local = Path(source).is_dir()
+    where, gguf = loader_args(source)
     with quiet_transformers():
         try:
-            model, info = AutoModel.from_pretrained(source, dtype=dtype, output_loading_info=True)
+            model, info = AutoModel.from_pretrained(where, dtype=dtype, output_loading_info=True, **gguf)
         except Exception as exc:
             if "Weights only load failed" in str(exc):
                 found = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(exc))
@@ -304,7 +353,7 @@ class SentenceTransformersConfig:
     sentence_bert_config.json, the Pooling module's config.json)."""
 
     max_seq_length: int | None
-    pool: str  # cls | mean | max, or ST's other modes (which layerwise does not implement)
+    pool: str  # cls | mean | max | lasttoken, or ST's other modes (which layerwise does not implement)
     normalize: bool
 
 
@@ -313,8 +362,9 @@ def sentence_convention(st: SentenceTransformersConfig | None) -> tuple[str, boo
     normalisation when it has no sentence-transformers config); a pooling layerwise does not
     implement is an error, never a silent fallback to another pooling."""
     pool, normalize = (st.pool, st.normalize) if st else ("mean", False)
-    if pool not in ("cls", "mean", "max"):
-        raise OptionError(f"this model pools with {pool!r}; layerwise implements cls, mean and max")
+    pool = "last" if pool == "lasttoken" else pool  # sentence-transformers' name for it
+    if pool not in ("cls", "mean", "max", "last"):
+        raise OptionError(f"this model pools with {pool!r}; layerwise implements cls, mean, max and last")
     return pool, normalize
 
 
@@ -347,6 +397,8 @@ def _read_json(source: str, name: str) -> dict | list | None:
 
 def read_sentence_transformers(source: str) -> SentenceTransformersConfig | None:
     """The sentence-transformers conventions of ``source``, or None when it is not such a model."""
+    if gguf_parts(source) is not None:
+        return None
     modules = _read_json(source, "modules.json")
     if not isinstance(modules, list):
         return None

@@ -169,7 +169,9 @@ def random_twin(encoder: Encoder, seed: int, folder: Path) -> Encoder:
         model = AutoModel.from_config(encoder.config)
         model.save_pretrained(folder)
         encoder.tokenizer.save_pretrained(folder)
-    return Encoder(folder, device=encoder.device, max_length=encoder.max_length)
+    return Encoder(
+        folder, device=encoder.device, max_length=encoder.max_length, final_norm=encoder.final_norm
+    )
 
 
 # ---------------------------------------------------------------------------------------------- tasks

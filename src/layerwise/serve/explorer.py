@@ -30,7 +30,7 @@ EXPLORE_ERRORS = (401, 404, 413, 422, 429, 500, 503)
 
 if TYPE_CHECKING:
     from ..encoder import Encoder
-    from ..explore import MaskedLMHead, ReferenceSet
+    from ..explore import CausalLMHead, MaskedLMHead, ReferenceSet
     from .batcher import Batcher
 
 STATIC = Path(str(resources.files("layerwise.explore").joinpath("static")))
@@ -73,7 +73,7 @@ class Explorer:
     def __init__(self, store: str | os.PathLike | None = None, store_model: str | None = None) -> None:
         self.store, self.store_model = store, store_model
         self._references: dict[str, ReferenceSet] = {}
-        self._heads: dict[str, MaskedLMHead | None] = {}
+        self._heads: dict[str, MaskedLMHead | CausalLMHead | None] = {}
         self._lock = threading.Lock()
 
     def reference(self, name: str, encoder: Encoder) -> ReferenceSet:
@@ -87,12 +87,12 @@ class Explorer:
                     self._references[name] = ReferenceSet.sample(encoder)
             return self._references[name]
 
-    def head(self, name: str, encoder: Encoder) -> MaskedLMHead | None:
-        from ..explore import MaskedLMHead
+    def head(self, name: str, encoder: Encoder) -> MaskedLMHead | CausalLMHead | None:
+        from ..explore import load_lens_head
 
         with self._lock:
             if name not in self._heads:
-                self._heads[name] = MaskedLMHead.load(encoder)
+                self._heads[name] = load_lens_head(encoder)
             return self._heads[name]
 
 
@@ -155,6 +155,7 @@ def add_explorer(
                     "max_length": enc.max_length,
                     "lens": head is not None,
                     "mask_token": enc.tokenizer.mask_token,
+                    "decoder": enc.is_decoder,  # its lens reads the next token, no [MASK] needed
                     "reference": "store" if store_model == enc.name else "sample",
                 }
             )
@@ -241,7 +242,7 @@ def add_explorer(
 
     @app.post(
         "/v1/explore/lens",
-        summary="Explorer: each layer's top predictions for [MASK] (logit lens)",
+        summary="Explorer: each layer's top predictions for [MASK], or a decoder's next token (logit lens)",
         response_model=dict[str, Any],
         responses=error_responses(*EXPLORE_ERRORS),
     )
@@ -253,9 +254,8 @@ def add_explorer(
         def work():
             head = explorer.head(served.name, served.encoder)
             if head is None:
-                raise ApiError(
-                    422, f"model {served.name!r} has no masked-LM head in its checkpoint: no logit lens"
-                )
+                what = "causal-LM head" if served.encoder.is_decoder else "masked-LM head"
+                raise ApiError(422, f"model {served.name!r} has no {what} in its checkpoint: no logit lens")
             with bounded(served.encoder, body):
                 found = logit_lens(served.encoder, body.text, k=body.k, head=head)
             return {"model": served.name, **found}

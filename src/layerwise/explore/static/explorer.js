@@ -289,8 +289,8 @@ async function loadLens() {
   const view = $("lens-view");
   view.hidden = !m.lens;
   if (!m.lens) return;
-  $("lens-mask").textContent = m.mask_token;
-  if (!$("text").value.includes(m.mask_token)) {
+  $("lens-mask").textContent = m.decoder ? "the next token" : m.mask_token;
+  if (!m.decoder && !$("text").value.includes(m.mask_token)) {
     $("lens").replaceChildren();
     $("lens-info").textContent = `Put ${m.mask_token} in the text to see what each layer predicts there, through the model's masked-LM head.`;
     return;
@@ -302,8 +302,11 @@ async function loadLens() {
     $("lens-info").textContent = e.message;
     return;
   }
-  $("lens-info").textContent = "Top 5 tokens per layer through the masked-LM head (a logit lens): L0 = embeddings.";
-  const head = el("tr", {}, el("th", {}, "layer"), ...data.masks.map((mk) => el("th", {}, `${m.mask_token} at token ${mk.position}`)));
+  $("lens-info").textContent = m.decoder
+    ? "Top 5 next tokens per layer through the model's final norm and lm_head (a logit lens): L0 = embeddings."
+    : "Top 5 tokens per layer through the masked-LM head (a logit lens): L0 = embeddings.";
+  const column = (mk) => m.decoder ? `next token after ${data.tokens[mk.position]}` : `${m.mask_token} at token ${mk.position}`;
+  const head = el("tr", {}, el("th", {}, "layer"), ...data.masks.map((mk) => el("th", {}, column(mk))));
   const rows = data.layers.map((layer, k) => el("tr", { "data-layer": layer }, el("td", {}, "L" + layer),
     ...data.masks.map((mk) => el("td", {}, ...mk.predictions[k].map(([tok, p], i) =>
       el("span", {}, i ? " · " : "", tok, el("span", { class: "p" }, " " + p.toFixed(2))))))));

