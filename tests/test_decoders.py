@@ -311,11 +311,10 @@ def test_smollm2_from_its_gguf_file_equals_transformers_own_load(smollm2):
         # token (the "massive activations" of LLMs), where float32 itself rounds at 2e-3
         scale = np.abs(expected).max(axis=(1, 2), keepdims=True)
         assert (np.abs(stack.hidden - expected) <= 1e-5 * scale).all()
-    # the file named directly and the folder holding it are one model
-    from layerwise.model.source import weights_sha256
+    # the folder holding one .gguf file and no config.json is that file
+    from layerwise.model.source import resolve_model_source
 
-    direct = lw.Encoder(gguf, device="cpu")
-    assert weights_sha256(direct.models.current) == weights_sha256(smollm2.models.current)
+    assert resolve_model_source(folder)[0] == resolve_model_source(gguf)[0] == str(gguf) == smollm2.source
 
 
 @needs_smollm2
