@@ -328,7 +328,8 @@ def test_smollm2_knows_the_capital_of_france_at_its_last_layer(smollm2):
     assert first[0][0] != "ĠParis"  # the embeddings alone do not know it
 
 
-def test_a_decoder_served_over_http(decoder_encoder):
+@pytest.mark.parametrize("model_process", [False, True])
+def test_a_decoder_served_over_http(decoder_encoder, model_process):
     """/v1/embeddings with a relative depth and last-token pooling, /v1/layers, a pair refused with
     a 422, and the explorer's lens reading the next token."""
     pytest.importorskip("fastapi")
@@ -336,10 +337,10 @@ def test_a_decoder_served_over_http(decoder_encoder):
 
     import httpx
 
-    from layerwise.serve import create_app
+    from layerwise.serve import ServeSettings, create_app
 
-    encoder = decoder_encoder("llama")
-    app = create_app({"llama": encoder})
+    encoder = decoder_encoder("llama")  # the model process loads it again from its folder
+    app = create_app({"llama": encoder}, ServeSettings(model_process=model_process))
 
     async def scenario():
         transport = httpx.ASGITransport(app=app)

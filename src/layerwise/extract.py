@@ -421,8 +421,6 @@ class Engine:
         return rows
 
 
-
-
 def _stitch(item: EncodedInput, parts: dict[int, tuple], layers: tuple[int, ...]) -> LayerStack:
     ordered = [parts[k] for k in range(len(parts))]
     windows = [w for w, _, _ in ordered]
