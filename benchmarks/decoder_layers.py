@@ -34,7 +34,10 @@ def document_pairs(n_pairs: int, seed: int = 0) -> list[tuple[str, str, int]]:
     """``n_pairs`` (sentence, sentence, score): a third each of neighbours (2), the same document (1)
     and different documents (0)."""
     rng = random.Random(seed)
-    documents = [[s for s in doc if len(s.split()) >= 5] for doc in read_documents("dev")]
+    # sentences of five words or more, without tabs or quotes (the TSV's separators and quoting)
+    documents = [
+        [s for s in doc if len(s.split()) >= 5 and not set(s) & set('\t"')] for doc in read_documents("dev")
+    ]
     documents = [doc for doc in documents if len(doc) >= 4]
     third = n_pairs // 3
     pairs: list[tuple[str, str, int]] = []
@@ -63,7 +66,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="lw-decoder-layers-") as work:
         data, out = Path(work) / "pairs.tsv", Path(work) / "probe.json"
         rows = ["sentence1\tsentence2\tscore"]
-        rows += [f"{a}\t{b}\t{score}" for a, b, score in document_pairs(args.pairs) if "\t" not in a + b]
+        rows += [f"{a}\t{b}\t{score}" for a, b, score in document_pairs(args.pairs)]
         data.write_text("\n".join(rows) + "\n", encoding="utf-8")
         command = ["layerwise", "probe", "pairs", "--data", str(data), "--model", model, "--json", str(out),
                    "--plot", str(HERE.parent / "docs" / "images" / "decoder_layers.png")]  # fmt: skip
