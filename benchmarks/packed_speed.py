@@ -39,27 +39,17 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import bert_base_folder, matmul_gflops, mixed_corpus, model_gflop, tutorial_loop, write_result
+from common import (
+    bert_base_folder,
+    best_loop,
+    matmul_gflops,
+    mixed_corpus,
+    model_gflop,
+    tutorial_loop,
+    write_result,
+)
 
 import layerwise as lw
-
-
-def best_loop(tokenizer, model, texts: list[str]) -> int:
-    order = sorted(range(len(texts)), key=lambda i: len(texts[i]), reverse=True)
-    n_tokens = 0
-    with torch.inference_mode():
-        for start in range(0, len(order), 32):
-            batch = tokenizer(
-                [texts[i] for i in order[start : start + 32]], padding=True, truncation=True, max_length=512,
-                return_tensors="pt",
-            )  # fmt: skip
-            states = torch.stack(model(**batch, output_hidden_states=True).hidden_states, dim=1)
-            lengths = batch["attention_mask"].sum(1).tolist()
-            array = states.numpy()
-            for row, n in enumerate(lengths):
-                _ = array[row, :, :n].copy()  # (layers, tokens, hidden) of one text
-                n_tokens += n
-    return n_tokens
 
 
 def measure(name: str, folder: str, texts: list[str], repeats: int, skip_tutorial: bool) -> dict:
