@@ -102,6 +102,30 @@ def attention_groups(lengths: Sequence[int]) -> list[tuple[int, int]]:
     return bounds[::-1]
 
 
+def plan_groups(
+    lengths: Sequence[int], device: torch.device, *, key_mask: bool
+) -> tuple[torch.Tensor, list[AttentionGroup]]:
+    """Each token's position within its own sequence ``(N,)``, and the batch's attention grids
+    (:func:`attention_groups`): where each token sits in its group's grid and, with ``key_mask``,
+    which keys are real (a causal grid needs none: padding comes after every real key)."""
+    lengths_t = torch.tensor(lengths, dtype=torch.long)
+    row = torch.repeat_interleave(torch.arange(len(lengths)), lengths_t)
+    starts = torch.cumsum(lengths_t, 0) - lengths_t
+    column = torch.arange(int(lengths_t.sum())) - starts[row]
+    groups = []
+    for first, stop in attention_groups(lengths):
+        part = lengths[first:stop]
+        width, start, end = max(part), int(starts[first]), int(starts[stop - 1]) + part[-1]
+        flat = mask = None
+        if min(part) < width:  # padding in this group's grid: where each token sits, which keys are real
+            flat = ((row[start:end] - first) * width + column[start:end]).to(device, non_blocking=True)
+            if key_mask:
+                mask = (torch.arange(width)[None, :] < lengths_t[first:stop, None])[:, None, None, :]
+                mask = mask.to(device, non_blocking=True)
+        groups.append(AttentionGroup(start, end, stop - first, width, flat, mask))
+    return column, groups
+
+
 def unpackable(config: Any) -> str | None:
     """What in ``config`` the packed forward cannot express exactly, or None when it can."""
     if config.model_type not in PACKED_MODEL_TYPES:
@@ -167,21 +191,8 @@ class PackedEncoder:
             types = torch.tensor([t for item in items for t in item.type_ids], dtype=torch.long)
         else:
             types = torch.zeros(len(ids), dtype=torch.long)
-        lengths_t = torch.tensor(lengths, dtype=torch.long)
-        row = torch.repeat_interleave(torch.arange(len(items)), lengths_t)
-        starts = torch.cumsum(lengths_t, 0) - lengths_t
-        column = torch.arange(len(ids)) - starts[row]
+        column, groups = plan_groups(lengths, device, key_mask=True)
         positions = column + (self.padding_idx + 1 if self.model_type in _OFFSET_POSITIONS else 0)
-        groups = []
-        for first, stop in attention_groups(lengths):
-            part = lengths[first:stop]
-            width, start, end = max(part), int(starts[first]), int(starts[stop - 1]) + part[-1]
-            flat = key_mask = None
-            if min(part) < width:  # padding in this group's grid: where each token sits, which keys are real
-                flat = ((row[start:end] - first) * width + column[start:end]).to(device, non_blocking=True)
-                key_mask = (torch.arange(width)[None, :] < lengths_t[first:stop, None])[:, None, None, :]
-                key_mask = key_mask.to(device, non_blocking=True)
-            groups.append(AttentionGroup(start, end, stop - first, width, flat, key_mask))
         ids, types, positions = (t.to(device, non_blocking=True) for t in (ids, types, positions))
         return PackedBatch(ids, types, positions, lengths=lengths, groups=groups)
 

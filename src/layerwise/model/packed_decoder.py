@@ -37,7 +37,7 @@ from torch import nn
 
 from .cpu_gemm import PrepackedLinears
 from .decoders import is_decoder_config
-from .packed import AttentionGroup, PackedEncoder, attention_groups
+from .packed import AttentionGroup, PackedEncoder, plan_groups
 
 ATTENTION = "layerwise_packed"
 PACKED_DECODER_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text")
@@ -166,18 +166,7 @@ class PackedDecoder:
         no token types: ``with_token_types`` is there for the engine's one call)."""
         lengths = [len(item) for item in items]
         ids = torch.tensor([i for item in items for i in item.ids], dtype=torch.long)
-        lengths_t = torch.tensor(lengths, dtype=torch.long)
-        row = torch.repeat_interleave(torch.arange(len(items)), lengths_t)
-        starts = torch.cumsum(lengths_t, 0) - lengths_t
-        column = torch.arange(len(ids)) - starts[row]
-        groups = []
-        for first, stop in attention_groups(lengths):
-            part = lengths[first:stop]
-            width, start, end = max(part), int(starts[first]), int(starts[stop - 1]) + part[-1]
-            flat = None
-            if min(part) < width:
-                flat = ((row[start:end] - first) * width + column[start:end]).to(device, non_blocking=True)
-            groups.append(AttentionGroup(start, end, stop - first, width, flat, None))
+        column, groups = plan_groups(lengths, device, key_mask=False)
         return PackedDecoderBatch(ids.to(device), column.to(device), lengths, groups)
 
     def forward(self, batch: PackedDecoderBatch, layers: Sequence[int]) -> torch.Tensor:
