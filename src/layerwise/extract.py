@@ -29,7 +29,8 @@ import torch
 from torch import nn
 
 from .errors import ModelLoadError, NonFiniteError, OptionError
-from .inputs.encoding import EncodedInput, length_sorted_batches
+from .inputs.batches import length_sorted_batches
+from .inputs.encoding import EncodedInput
 from .inputs.windows import Window, plan_windows, stitch
 from .model.decoders import hidden_state_convention, is_decoder_config
 from .model.handle import ModelHandle
@@ -214,6 +215,7 @@ class Engine:
         self.with_token_types = accepts_types and getattr(config, "type_vocab_size", 0) >= 2
         self.batch_size, self.max_tokens = batch_size, max_tokens
         self.model_type: str = config.model_type
+        self.causal = is_decoder_config(config)  # windows keep each token's left context (windows.py)
         self._warm_up_ids = [tokenizer.cls_token_id or 0, tokenizer.sep_token_id or 0]
         # packed forwards share the model; a Hugging Face one (hooks, truncation patch it) runs alone
         self.lock = ForwardLock()
@@ -288,7 +290,7 @@ class Engine:
                     f"attention_probs cannot be stitched across windows (input {item.index} has "
                     f"{len(item)} tokens > {self.max_length}); use long_texts='truncate' for attention maps"
                 )
-            windows = plan_windows(item, self.max_length, stride)
+            windows = plan_windows(item, self.max_length, stride, causal=self.causal)
             n_windows[item.index] = len(windows)
             for k, window in enumerate(windows):
                 units.append(window)

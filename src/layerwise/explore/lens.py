@@ -98,36 +98,32 @@ class CausalLMHead:
 
     @classmethod
     def load(cls, encoder: Encoder) -> CausalLMHead | None:
-        """The causal-LM head of ``encoder``'s checkpoint, or None when its weights are not there."""
+        """The causal-LM head of ``encoder``'s checkpoint, or None when its weights are not there.
+
+        The final norm is the encoder's own module. A head tied to the token embeddings (SmolLM2,
+        Qwen2, Gemma) is those embeddings: nothing is loaded. An untied one is read from the
+        checkpoint with its causal-LM class, and only ``lm_head`` is kept."""
         import torch
-        from transformers import AutoModelForCausalLM
 
-        from ..model.source import loader_args, quiet_transformers
-
-        where, extra = loader_args(encoder.source)
-        try:
-            with quiet_transformers():
-                loaded: Any = AutoModelForCausalLM.from_pretrained(
-                    where, dtype=torch.float32, output_loading_info=True, **extra
-                )
-            lm, info = loaded
-        except Exception as exc:
-            logger.debug("no causal-LM head for %s: %s", encoder.name, exc)
-            return None
-        if any(k.startswith("lm_head") for k in info.get("missing_keys", ())) and not _tied(lm):
-            return None  # the head would be random weights: no lens rather than a wrong one
-        lm.to(encoder.device).eval()
-        base = lm.base_model
-        norm = getattr(base, "norm", None) or getattr(base, "ln_f", None)
+        model = encoder.model
+        norm = getattr(model, "norm", None) or getattr(model, "ln_f", None)
         if norm is None:
             return None
-        cap = getattr(lm.config, "final_logit_softcapping", None)
+        config = model.config
+        if getattr(config, "tie_word_embeddings", False):
+            weight = model.get_input_embeddings().weight
+            lm_head: Callable = lambda h: torch.nn.functional.linear(h, weight)  # noqa: E731
+        else:
+            lm_head = _untied_lm_head(encoder)
+            if lm_head is None:
+                return None
+        cap = getattr(config, "final_logit_softcapping", None)
 
         def head(h: Any) -> Any:
-            logits = lm.lm_head(h)
+            logits = lm_head(h)
             return torch.tanh(logits / cap) * cap if cap else logits
 
-        vocabulary = encoder.tokenizer.convert_ids_to_tokens(list(range(lm.config.vocab_size)))
+        vocabulary = encoder.tokenizer.convert_ids_to_tokens(list(range(config.vocab_size)))
         normed = encoder.n_layers if encoder.final_norm else None
         return cls(norm, head, [str(t) for t in vocabulary], normed, encoder.device, None, encoder.inputs)
 
@@ -143,10 +139,27 @@ class CausalLMHead:
             return self.head(x).float().cpu().numpy()
 
 
-def _tied(lm: Any) -> bool:
-    """Whether ``lm_head`` shares the token embeddings' weights (then no weights of its own are saved)."""
-    head = lm.get_output_embeddings()
-    return head is not None and head.weight is lm.get_input_embeddings().weight
+def _untied_lm_head(encoder: Encoder) -> Any:
+    """``lm_head`` of ``encoder``'s checkpoint (the rest of the causal-LM copy is let go), or None
+    when the checkpoint has no such weights: no lens rather than one through random weights."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from ..model.source import loader_args, quiet_transformers
+
+    where, extra = loader_args(encoder.source)
+    try:
+        with quiet_transformers(gguf=bool(extra)):
+            loaded: Any = AutoModelForCausalLM.from_pretrained(
+                where, dtype=torch.float32, output_loading_info=True, **extra
+            )
+        lm, info = loaded
+    except Exception as exc:
+        logger.debug("no causal-LM head for %s: %s", encoder.name, exc)
+        return None
+    if any(k.startswith("lm_head") for k in info.get("missing_keys", ())):
+        return None
+    return lm.get_output_embeddings().to(encoder.device).eval()
 
 
 def load_lens_head(encoder: Encoder) -> MaskedLMHead | CausalLMHead | None:

@@ -12,6 +12,11 @@ extraction in google-research/bert issue 66)::
 The first window with the highest score wins. Special tokens come from the first window
 (leading ones) and the last window (the final ``[SEP]``).
 
+A causal model (a decoder LM) has no right context to gain: a token's vector depends on the tokens
+before it in its window only. There each token is taken from the window in which it has the most
+left context, the first window that holds it (``score = tokens to its left``); the tokens of the
+first window then equal those of one unwindowed forward exactly.
+
 Sentence pairs keep the whole first segment in every window and slide over the second (the SQuAD
 layout: question + document span); the first segment's vectors come from the first window. A pair
 whose first segment leaves no room for the second cannot be windowed and is reported.
@@ -97,8 +102,11 @@ def _runs(item: EncodedInput, segment: int) -> tuple[int, int]:
     return positions[0], positions[-1] + 1
 
 
-def plan_windows(item: EncodedInput, max_length: int, stride: int | None = None) -> list[Window]:
-    """Windows covering ``item``. ``stride`` defaults to half the room left for content."""
+def plan_windows(
+    item: EncodedInput, max_length: int, stride: int | None = None, *, causal: bool = False
+) -> list[Window]:
+    """Windows covering ``item``. ``stride`` defaults to half the room left for content; ``causal``
+    scores each token by its left context only (see the module's docstring)."""
     n = len(item)
     is_pair = item.text_pair is not None
     slide_segment = 1 if is_pair else 0
@@ -137,7 +145,8 @@ def plan_windows(item: EncodedInput, max_length: int, stride: int | None = None)
         positions = np.asarray(fixed_head + body + fixed_tail, dtype=np.int64)
         scores = np.full(len(positions), -np.inf)
         j = np.arange(length)
-        scores[len(fixed_head) : len(fixed_head) + length] = np.minimum(j, length - 1 - j) + 0.01 * length
+        body_scores = j.astype(np.float64) if causal else np.minimum(j, length - 1 - j) + 0.01 * length
+        scores[len(fixed_head) : len(fixed_head) + length] = body_scores
         # fixed tokens: leading ones from the first window, trailing ones from the last
         if k == 0:
             scores[: len(fixed_head)] = np.inf

@@ -9,6 +9,7 @@ is a :class:`ModelLoadError` naming the keys. Only a missing pooler (never used 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -18,6 +19,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ..errors import MissingDependencyError, ModelLoadError, OptionError
 from .decoders import DECODER_MODEL_TYPES
@@ -139,28 +141,30 @@ def pick_device(device):
 
 
 @contextmanager
-def quiet_transformers() -> Iterator[None]:
+def quiet_transformers(*, gguf: bool = False) -> Iterator[None]:
     """Hide transformers' per-weight loading bar and its log: layerwise reads the loading info
-    itself and raises on what matters."""
+    itself and raises on what matters. ``gguf``: the GGUF reader's de-quantising bar too."""
     from transformers.utils import logging as hf_logging
 
     bar = hf_logging.is_progress_bar_enabled()
     level = hf_logging.get_verbosity()
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()
-    # the GGUF reader's de-quantising bar is a plain tqdm that only tqdm's own variable turns off
-    tqdm_before = os.environ.get("TQDM_DISABLE")
-    os.environ["TQDM_DISABLE"] = "1"
+    gguf_module: Any = None
+    gguf_bar: Any = None
+    if gguf:  # a plain tqdm that no transformers setting turns off (and TQDM_DISABLE only on import)
+        from transformers import modeling_gguf_pytorch_utils as gguf_module
+
+        gguf_bar = gguf_module.tqdm
+        gguf_module.tqdm = functools.partial(gguf_bar, disable=True)
     try:
         yield
     finally:
         hf_logging.set_verbosity(level)
         if bar:
             hf_logging.enable_progress_bar()
-        if tqdm_before is None:
-            os.environ.pop("TQDM_DISABLE", None)
-        else:
-            os.environ["TQDM_DISABLE"] = tqdm_before
+        if gguf_module is not None:
+            gguf_module.tqdm = gguf_bar
 
 
 def _not_found(name: str, exc: Exception, local: bool) -> ModelLoadError:
@@ -187,7 +191,7 @@ def load_config_and_tokenizer(source: str, name: str):
 
     local = Path(source).is_dir()
     where, gguf = loader_args(source)
-    with quiet_transformers():
+    with quiet_transformers(gguf=bool(gguf)):
         try:
             config = AutoConfig.from_pretrained(where, **gguf)
         except Exception as exc:
@@ -270,7 +274,7 @@ def load_model(source: str, name: str, dtype):
 
     local = Path(source).is_dir()
     where, gguf = loader_args(source)
-    with quiet_transformers():
+    with quiet_transformers(gguf=bool(gguf)):
         try:
             model, info = AutoModel.from_pretrained(where, dtype=dtype, output_loading_info=True, **gguf)
         except Exception as exc:
