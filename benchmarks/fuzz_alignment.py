@@ -140,6 +140,10 @@ def main() -> int:
     parser.add_argument("--json", type=Path, default=None, help="Write the results here instead")
     args = parser.parse_args()
     logging.getLogger("layerwise").setLevel(logging.ERROR)  # truncation warnings on every example
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # saving each tiny model
+    hf_logging.set_verbosity_error()  # "Token indices sequence length is longer than…"
     names = [n for n in args.tokenizers.split(",") if n]
     unknown = sorted(set(names) - set(TOKENIZERS))
     if unknown:

@@ -83,14 +83,20 @@ def _byte_characters() -> dict[int, str]:
     return {**{b: chr(b) for b in printable}, **{b: chr(256 + k) for k, b in enumerate(others)}}
 
 
+_LOST_BYTES: dict[int, frozenset[int]] = {}  # id(tokenizer) -> its lost bytes: read once per tokenizer
+
+
 def bytes_not_in_vocabulary(tokenizer) -> frozenset[int]:
     """The bytes a byte-level BPE vocabulary has no token for (its tokenizer drops them silently);
     empty for other tokenizers (SentencePiece-style byte fallback has all 256)."""
-    state = json.loads(tokenizer.backend_tokenizer.to_str())
-    if "ByteLevel" not in json.dumps(state.get("pre_tokenizer")):
-        return frozenset()
-    vocab = tokenizer.get_vocab()
-    return frozenset(b for b, c in _byte_characters().items() if c not in vocab)
+    if id(tokenizer) not in _LOST_BYTES:
+        state = json.loads(tokenizer.backend_tokenizer.to_str())
+        lost: frozenset[int] = frozenset()
+        if "ByteLevel" in json.dumps(state.get("pre_tokenizer")):
+            vocab = tokenizer.get_vocab()
+            lost = frozenset(b for b, c in _byte_characters().items() if c not in vocab)
+        _LOST_BYTES[id(tokenizer)] = lost
+    return _LOST_BYTES[id(tokenizer)]
 
 
 def check_stack(encoder, stack, text: str, text_pair: str | None = None) -> None:

@@ -1,12 +1,13 @@
 """The Ray runs of tests/test_ray.py, executed in a network namespace that has only loopback
 (Ray listens on all interfaces and probes the network for its address):
 
-    unshare -n sh -c 'ip link set lo up && python tests/ray_checks.py TEXTS.txt OUT_DIR'
+    unshare -n sh -c 'ip link set lo up && python tests/ray_checks.py TEXTS.txt OUT_DIR DECODER'
 
 1. ``layerwise extract TEXTS.txt -o OUT/cli.lw --ray local --workers 2`` (the CLI, in a subprocess);
    then the same command SIGKILLed mid-run and run again (resume);
 2. the Python API with an actor that dies in the middle of its first shard (os._exit);
-3. ``lw.ray.embed`` over a Ray Dataset, saved for comparison with ``Encoder().embed``.
+3. ``lw.ray.embed`` over a Ray Dataset, saved for comparison with ``Encoder().embed``; the same
+   with the tiny decoder LM in the folder DECODER (its middle layer, last-token pooling).
 The test compares the results with single-process runs outside the namespace.
 """
 
@@ -39,7 +40,7 @@ class DyingWriter(ShardWriter):
 
 
 def main() -> None:
-    source, out = Path(sys.argv[1]), Path(sys.argv[2])
+    source, out, decoder = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
     texts = source.read_text(encoding="utf-8").splitlines()
     report: dict = {}
     cli = [sys.executable, "-m", "layerwise.cli", "extract", str(source), "-o", str(out / "cli.lw"),
@@ -91,6 +92,10 @@ def main() -> None:
     rows = embedded.take_all()
     np.save(out / "embed.npy", np.stack([r["embedding"] for r in rows]))
     report["embed_texts"] = [r["text"] for r in rows]
+    by_decoder = lw.ray.embed(ds, model=str(decoder), layers="0.5", pool="sentence:last", workers=2)
+    rows = by_decoder.take_all()
+    np.save(out / "decoder.npy", np.stack([r["embedding"] for r in rows]))
+    report["decoder_texts"] = [r["text"] for r in rows]
     (out / "report.json").write_text(json.dumps(report), encoding="utf-8")
 
 

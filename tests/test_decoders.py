@@ -335,3 +335,28 @@ def test_the_gguf_de_quantising_bar_is_silenced_even_after_tqdm_was_imported(cap
         list(gguf_utils.tqdm(range(3), desc="Converting and de-quantizing GGUF tensors..."))
     assert "de-quantizing" not in capfd.readouterr().err
     assert gguf_utils.tqdm is before
+
+
+@pytest.mark.skipif(importlib.util.find_spec("gguf") is None, reason="needs the gguf extra")
+def test_a_gguf_file_is_parsed_once_while_an_encoder_loads(tmp_path):
+    """transformers reads a GGUF file for the config, the tokenizer and the weights; while an
+    encoder loads, the first parse serves all three, and gguf's reader is itself again after."""
+    import gguf
+
+    from layerwise.model.source import gguf_read_once
+
+    path = tmp_path / "tiny.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_block_count(2)
+    writer.add_tensor("token_embd.weight", np.zeros((4, 8), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with gguf_read_once(str(path)):
+        first = gguf.GGUFReader(path)
+        assert gguf.GGUFReader(str(path)) is first and first.fields["llama.block_count"].contents() == 2
+    assert gguf.GGUFReader is gguf.gguf_reader.GGUFReader
+    assert gguf.GGUFReader(path) is not first
+    with gguf_read_once(str(tmp_path)):  # not a GGUF file: nothing replaced
+        assert gguf.GGUFReader is gguf.gguf_reader.GGUFReader

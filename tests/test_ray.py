@@ -76,7 +76,7 @@ def _netns_available() -> str | None:
 
 
 @pytest.mark.slow
-def test_ray_runs_equal_single_process(tmp_path, default_encoder):
+def test_ray_runs_equal_single_process(tmp_path, default_encoder, decoder_folder, decoder_encoder):
     pytest.importorskip("ray")
     reason = _netns_available()
     if reason:
@@ -84,7 +84,8 @@ def test_ray_runs_equal_single_process(tmp_path, default_encoder):
     texts = ud_sentences("dev", 500)
     source = tmp_path / "texts.txt"
     source.write_text("\n".join(texts) + "\n", encoding="utf-8")
-    script = f"ip link set lo up && {sys.executable} {HERE / 'ray_checks.py'} {source} {tmp_path}"
+    decoder = decoder_folder("llama")
+    script = f"ip link set lo up && {sys.executable} {HERE / 'ray_checks.py'} {source} {tmp_path} {decoder}"
     run = subprocess.run(["unshare", "-n", "sh", "-c", script], capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     report = json.loads((tmp_path / "report.json").read_text())
@@ -135,6 +136,11 @@ def test_ray_runs_equal_single_process(tmp_path, default_encoder):
     want = default_encoder.embed(report["embed_texts"], pool="mean", fuse="concat_last4")
     np.testing.assert_allclose(got, want, atol=1e-5)
     assert sorted(report["embed_texts"]) == sorted(texts[:200])
+
+    # 3b. a decoder LM on Ray: the middle layer's last-token vectors, as one process gives them
+    got = np.load(tmp_path / "decoder.npy")
+    want = decoder_encoder("llama").embed(report["decoder_texts"], layers="0.5", pool="last")
+    np.testing.assert_allclose(got, want, atol=1e-5)
 
 
 def test_ray_options_are_checked_before_ray_starts(tmp_path):

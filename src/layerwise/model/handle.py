@@ -65,4 +65,4 @@ class ModelHandle:
         self._listeners.append(listener)
 
     def _load(self) -> Any:
-        return load_model(self.source, self.name, self.dtype).to(self.device).eval()
+        return load_model(self.source, self.name, self.dtype, self.config).to(self.device).eval()
