@@ -360,3 +360,29 @@ def test_a_gguf_file_is_parsed_once_while_an_encoder_loads(tmp_path):
     assert gguf.GGUFReader(path) is not first
     with gguf_read_once(str(tmp_path)):  # not a GGUF file: nothing replaced
         assert gguf.GGUFReader is gguf.gguf_reader.GGUFReader
+
+
+def test_the_analysis_report_of_a_decoder(decoder_folder, decoder_encoder, tmp_path):
+    """`layerwise analyze` on a decoder LM: one row per hidden state, and its numbers are those of
+    lw.analyze on the same stacks; word-level self-similarity finds the words in ▁-marked tokens."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from layerwise.cli import app
+
+    texts = [*TEXTS[:2], *ud_sentences(limit=30)]
+    texts += ["The bank raised rates.", "We sat on the bank.", "The bank said no.", "A bank of fog."]
+    source = tmp_path / "texts.txt"
+    source.write_text("\n".join(texts) + "\n", encoding="utf-8")
+    folder = str(decoder_folder("llama"))
+    args = ["analyze", str(source), "-o", str(tmp_path / "r"), "--model", folder, "--words", "bank", "-q"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    stats = json.loads((tmp_path / "r" / "stats.json").read_text())
+    stacks = decoder_encoder("llama").extract(texts, long_texts="window")
+    assert stats["layers"] == [0, 1, 2, 3] and stats["n_texts"] == len(texts)
+    np.testing.assert_allclose(stats["anisotropy"], lw.analyze.anisotropy(stacks), atol=1e-5)
+    np.testing.assert_allclose(stats["cka"], lw.analyze.layer_similarity(stacks, "cka"), atol=1e-5)
+    assert len(stats["self_similarity"]["bank"]) == 4
+    assert folder in (tmp_path / "r" / "report.html").read_text()

@@ -33,9 +33,10 @@ XSS = '<script>window.__xss = 1</script> "><img src=x onerror="window.__xss = 2"
 
 
 @pytest.fixture(scope="module")
-def server(default_encoder, make_tiny_mlm):
+def server(default_encoder, make_tiny_mlm, decoder_encoder):
     mlm = lw.Encoder(make_tiny_mlm("bert"), device="cpu")
-    app = create_app({default_encoder.name: default_encoder, "tiny-mlm": mlm})
+    models = {default_encoder.name: default_encoder, "tiny-mlm": mlm, "tiny-llama": decoder_encoder("llama")}
+    app = create_app(models)
     with running_server(app) as url:
         yield url
 
@@ -201,6 +202,26 @@ def test_logit_lens_for_a_model_with_a_head(page, server):
     assert page.locator("#lens tbody tr").count() == 3  # embeddings + 2 layers
     assert page.inner_text("#lens thead").count("[MASK]") == 1
     assert len(page.locator("#lens tbody tr").first.inner_text().split(" · ")) == 5
+
+
+def test_logit_lens_of_a_decoder_reads_the_next_token(page, server, decoder_encoder, shots):
+    """A decoder LM in the explorer: the grid has a row per hidden state, and the lens view shows
+    each layer's next-token guess at the last token, the same as lw.explore.logit_lens."""
+    from layerwise.explore import logit_lens
+
+    text = "The bank raised its rates"
+    page.goto(server + "/?model=tiny-llama&text=" + text.replace(" ", "%20"))
+    page.wait_for_selector("#lens tbody tr")
+    assert page.inner_text("#lens-mask") == "the next token"
+    assert page.locator("#lens tbody tr").count() == 4  # embeddings + 3 layers
+    expected = logit_lens(decoder_encoder("llama"), text, k=5)
+    last_token = expected["tokens"][-1]
+    assert f"next token after {last_token}" in page.inner_text("#lens thead")
+    shown = page.locator("#lens tbody tr").last.inner_text()
+    assert expected["masks"][0]["predictions"][-1][0][0] in shown.split(" · ")[0]
+    assert {layer for layer, _ in grid_values(page)} == {0, 1, 2, 3}
+    page.screenshot(path=str(shots / "explorer_decoder_lens.png"), full_page=True)
+    assert page.problems == []  # type: ignore[attr-defined]
 
 
 def test_the_api_pages_render_offline(server, page, shots):
