@@ -62,15 +62,13 @@ def test_every_hidden_state_equals_transformers(arch, decoder_folder, decoder_en
 
 @pytest.mark.parametrize("arch", DECODER_ARCHITECTURES)
 def test_the_packed_forward_equals_the_padded_one(arch, decoder_folder, decoder_encoder):
-    """The packed forward (every family but GPT-2) against transformers' padded forward on the same
+    """The packed forward (every family) against transformers' padded forward on the same
     texts, every layer, and stopping early at each depth; sliding windows shorter than a text and
     Gemma 2's soft-capped scores included (its window is 64 tokens here)."""
     from layerwise.model.packed_decoder import PackedDecoder
 
     packed = decoder_encoder(arch)
-    assert (packed.engine.packed is not None) == (arch != "gpt2")
-    if arch != "gpt2":
-        assert isinstance(packed.engine.packed, PackedDecoder)
+    assert isinstance(packed.engine.packed, PackedDecoder)
     padded = lw.Encoder(decoder_folder(arch), device="cpu", packed=False)
     long_text = " ".join(ud_sentences(limit=12))  # over 64 tokens: the sliding window matters
     texts = [*TEXTS, long_text, *ud_sentences(limit=20)]
@@ -79,6 +77,26 @@ def test_the_packed_forward_equals_the_padded_one(arch, decoder_folder, decoder_
         for a, b in zip(ours, theirs, strict=True):
             assert a.tokens == b.tokens
             np.testing.assert_allclose(a.hidden, b.hidden, atol=1e-5, rtol=0)
+
+
+def test_qwen2_with_per_layer_sliding_windows_runs_packed(tmp_path):
+    """Qwen2's use_sliding_window: a full-attention first layer, then windows of 8 tokens, shorter
+    than the texts; packed = transformers' padded forward."""
+    import transformers as tf
+    from decoder_models import byte_level_tokenizer, decoder_config
+
+    tokenizer = byte_level_tokenizer()
+    settings = decoder_config("qwen2", tokenizer).to_dict()
+    settings.update(layer_types=None, use_sliding_window=True, sliding_window=8, max_window_layers=1)
+    config = tf.Qwen2Config(**settings)
+    assert config.layer_types == ["full_attention", "sliding_attention", "sliding_attention"]
+    torch.manual_seed(0)
+    tf.AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    packed, padded = lw.Encoder(tmp_path, device="cpu"), lw.Encoder(tmp_path, device="cpu", packed=False)
+    assert packed.engine.packed is not None and padded.engine.packed is None
+    for ours, theirs in zip(packed.extract(TEXTS), padded.extract(TEXTS), strict=True):
+        np.testing.assert_allclose(ours.hidden, theirs.hidden, atol=1e-5)
 
 
 def test_two_streams_run_packed_decoder_batches_at_once(decoder_folder):

@@ -17,8 +17,9 @@ raising after the deepest layer asked for. The linear layers run on oneDNN with 
 where that wins (cpu_gemm.py), through the same per-thread switch.
 
 Supported: the Llama, Mistral, Qwen2/Qwen3 and Gemma/Gemma2/Gemma3 families (``nn.Linear``
-projections, ``layers``, rotary positions). GPT-2 (``Conv1D`` layers, one fused projection) runs the
-padded forward.
+projections, ``layers``, rotary positions) and GPT-2 (``h``, learned positions; its ``Conv1D``
+projections stay transformers' own). Per-layer sliding windows (Gemma 3, Qwen with
+``use_sliding_window``) come with each layer's attention call.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from .decoders import is_decoder_config
 from .packed import AttentionGroup, PackedEncoder, plan_groups
 
 ATTENTION = "layerwise_packed"
-PACKED_DECODER_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text")
+PACKED_DECODER_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "gpt2")
 _local = threading.local()  # the packed forward running in this thread, if any
 
 
@@ -71,8 +72,6 @@ def unpackable_decoder(config: Any) -> str | None:
     """What in ``config`` the packed decoder forward cannot run, or None when it can."""
     if config.model_type not in PACKED_DECODER_TYPES:
         return f"model type {config.model_type!r}"
-    if getattr(config, "use_sliding_window", False) and config.model_type.startswith("qwen"):
-        return "Qwen's per-layer sliding windows"
     return None
 
 
@@ -122,6 +121,11 @@ def packed_attention(module, query, key, value, attention_mask, dropout=0.0, sca
     return out[None], None
 
 
+def _layers(model: Any) -> Any:
+    """The decoder's layer list: ``layers`` (Llama and the others), ``h`` (GPT-2)."""
+    return getattr(model, "layers", None) or getattr(model, "h", None)
+
+
 def _register() -> None:
     from transformers import AttentionInterface
 
@@ -134,7 +138,7 @@ class PackedDecoder:
     def __init__(self, model: Any, *, final_norm: bool = True) -> None:
         _register()
         self.model, self.final_norm = model, final_norm
-        self.layers: nn.ModuleList = model.layers
+        self.layers: nn.ModuleList = _layers(model)
         self.linear = PrepackedLinears()
         self._install_hooks()
 
@@ -143,7 +147,7 @@ class PackedDecoder:
         config = getattr(model, "config", None)
         if config is None or not is_decoder_config(config) or unpackable_decoder(config) is not None:
             return None
-        if not isinstance(getattr(model, "layers", None), nn.ModuleList):
+        if not isinstance(_layers(model), nn.ModuleList):
             return None
         return cls(model, final_norm=final_norm)
 
