@@ -361,7 +361,7 @@ def test_a_gguf_file_is_parsed_once_while_an_encoder_loads(tmp_path):
     encoder loads, the first parse serves all three, and gguf's reader is itself again after."""
     import gguf
 
-    from layerwise.model.source import gguf_read_once
+    from layerwise.model.gguf_files import gguf_read_once
 
     path = tmp_path / "tiny.gguf"
     writer = gguf.GGUFWriter(str(path), "llama")

@@ -40,10 +40,10 @@ from .inputs.encoding import (
 )
 from .inputs.windows import check_window_memory, check_window_options
 from .model.decoders import is_decoder_config
+from .model.gguf_files import gguf_read_once
 from .model.handle import ModelHandle
 from .model.hooks import check_taps
 from .model.source import (
-    gguf_read_once,
     load_config_and_tokenizer,
     pick_device,
     read_sentence_transformers,
@@ -113,10 +113,9 @@ class Encoder:
         self.source, self.name = resolve_model_source(model)
         self.device = pick_device(device)
         self.model_dtype: ModelDtype = model_dtype
-        dtype = _TORCH_DTYPES[model_dtype]
+        dtype = _TORCH_DTYPES[model_dtype]  # light=packed: the packed forward needs no transformers class
         with gguf_read_once(self.source):
             self.config, self.tokenizer = load_config_and_tokenizer(self.source, self.name)  # fast tokenizer
-            # the packed forward needs no transformers model class (model_handle.py: 1.5-2 s less start-up)
             self.models = ModelHandle(self.source, self.name, self.config, dtype, self.device, light=packed)
         self.model_type, self.n_layers, self.hidden_size = _dimensions(self.config)
         self.is_decoder, self.final_norm = is_decoder_config(self.config), final_norm

@@ -145,7 +145,8 @@ def _untied_lm_head(encoder: Encoder) -> Any:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from ..model.source import loader_args, quiet_transformers
+    from ..model.gguf_files import loader_args
+    from ..model.source import quiet_transformers
 
     where, extra = loader_args(encoder.source)
     try:

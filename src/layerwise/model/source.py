@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import functools
 import hashlib
-import importlib.util
 import json
 import logging
 import os
@@ -26,6 +24,7 @@ from typing import Any
 
 from ..errors import MissingDependencyError, ModelLoadError, OptionError
 from .decoders import DECODER_MODEL_TYPES
+from .gguf_files import gguf_loading, gguf_parts, loader_args
 
 logger = logging.getLogger("layerwise")
 
@@ -59,30 +58,6 @@ def default_model_path() -> Path:
 
 def _looks_like_path(name: str) -> bool:
     return name.startswith(("/", "./", "../", "~", ".\\")) or os.sep * 2 in name or name.endswith(os.sep)
-
-
-def gguf_parts(source: str) -> tuple[str, str] | None:
-    """``(folder, file name)`` when ``source`` is a GGUF file (see resolve_model_source), else None."""
-    if not source.endswith(".gguf"):
-        return None
-    path = Path(source)
-    return str(path.parent), path.name
-
-
-def loader_args(source: str) -> tuple[str, dict[str, str]]:
-    """What transformers' ``from_pretrained`` takes for ``source``: a GGUF file is its folder plus
-    ``gguf_file`` (transformers de-quantises it to the requested dtype; needs the gguf package)."""
-    parts = gguf_parts(source)
-    if parts is None:
-        return source, {}
-    try:
-        import gguf  # noqa: F401
-    except ImportError as exc:
-        raise MissingDependencyError(
-            f"model {source!r} is a GGUF file; reading it needs the gguf package: "
-            "pip install 'layerwise[gguf]'"
-        ) from exc
-    return parts[0], {"gguf_file": parts[1]}
 
 
 def resolve_model_source(model: str | os.PathLike | None) -> tuple[str, str]:
@@ -146,7 +121,7 @@ def pick_device(device):
 @contextmanager
 def quiet_transformers(*, gguf: bool = False) -> Iterator[None]:
     """Hide transformers' per-weight loading bar and its log: layerwise reads the loading info
-    itself and raises on what matters. ``gguf``: see :func:`_gguf_loading`."""
+    itself and raises on what matters. ``gguf``: see :func:`gguf_files.gguf_loading`."""
     from transformers.utils import logging as hf_logging
 
     bar = hf_logging.is_progress_bar_enabled()
@@ -154,58 +129,12 @@ def quiet_transformers(*, gguf: bool = False) -> Iterator[None]:
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()
     try:
-        with _gguf_loading() if gguf else contextlib.nullcontext():
+        with gguf_loading() if gguf else contextlib.nullcontext():
             yield
     finally:
         hf_logging.set_verbosity(level)
         if bar:
             hf_logging.enable_progress_bar()
-
-
-@contextmanager
-def _gguf_loading() -> Iterator[None]:
-    """While transformers reads a GGUF file: no de-quantising bar (a plain tqdm that no
-    transformers setting turns off, and TQDM_DISABLE only when read at tqdm's import), and gguf's
-    tensor-name map built once instead of once per module (395 times for SmolLM2: 5 of the 15 s
-    its load took). Both are put back afterwards; the map is a pure function of its arguments."""
-    import gguf as gguf_package
-    from transformers import modeling_gguf_pytorch_utils as reader
-
-    bar, name_map = reader.tqdm, gguf_package.get_tensor_name_map
-    reader.tqdm = functools.partial(bar, disable=True)
-    gguf_package.get_tensor_name_map = functools.cache(name_map)
-    try:
-        yield
-    finally:
-        reader.tqdm, gguf_package.get_tensor_name_map = bar, name_map
-
-
-@contextmanager
-def gguf_read_once(source: str) -> Iterator[None]:
-    """While an encoder loads from a GGUF file: transformers reads it three times (the config, the
-    tokenizer, the weights), each a whole parse of its metadata (seconds for a 49k-token
-    vocabulary: 3 of SmolLM2's 14 s each); here the first parse serves all three. Nothing for
-    other sources."""
-    if gguf_parts(source) is None or importlib.util.find_spec("gguf") is None:  # (the loader says why)
-        yield
-        return
-    import gguf
-
-    gguf_package: Any = gguf  # its GGUFReader is replaced for the duration
-    reader_class = gguf_package.GGUFReader
-    readers: dict[tuple[str, str], Any] = {}
-
-    def read(path: str | os.PathLike, mode: str = "r") -> Any:
-        key = (os.fspath(path), mode)
-        if key not in readers:
-            readers[key] = reader_class(path, mode)
-        return readers[key]
-
-    gguf_package.GGUFReader = read
-    try:
-        yield
-    finally:
-        gguf_package.GGUFReader = reader_class
 
 
 def _not_found(name: str, exc: Exception, local: bool) -> ModelLoadError:
