@@ -218,7 +218,11 @@ def test_a_store_of_a_decoder_resumes_and_verifies(decoder_encoder, tmp_path):
     lw.extract_to_store(encoder, texts, tmp_path / "q.lw", progress=False)
     store = lw.open_store(tmp_path / "q.lw")
     assert len(store) == 30 and lw.verify_store(tmp_path / "q.lw").ok
+    assert store.meta["final_norm"] is True
     np.testing.assert_allclose(store[3].hidden, encoder.extract(texts[3]).hidden, atol=2e-3, rtol=1e-2)
+    # the last hidden state before the norm is another number: such a run never resumes this store
+    with pytest.raises(lw.StoreError, match="final_norm: stored True, now False"):
+        lw.extract_to_store(decoder_encoder("qwen2", final_norm=False), texts, tmp_path / "q.lw")
 
 
 @pytest.mark.parametrize(("arch", "final_norm"), [("llama", True), ("qwen2", False), ("gemma2", True)])

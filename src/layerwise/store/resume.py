@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 RESUME_KEYS = (
     "weights_sha256", "layers", "level", "pool", "fuse", "special_tokens", "normalize", "dtype", "row_shape",
     "long_texts", "stride", "max_length", "n_texts", "pairs", "block_size", "chunk_rows", "shard_chunks",
-    "shard",
+    "shard", "final_norm",
 )  # fmt: skip
 
 

@@ -150,6 +150,8 @@ class StoreWriter:
             "stride": self.stride,
             "max_length": self.encoder.max_length,
             "model_dtype": self.encoder.model_dtype,
+            # a decoder's last hidden state before or after its final norm (an encoder has none)
+            **({"final_norm": self.encoder.final_norm} if self.encoder.is_decoder else {}),
             "method": self.method,
             "n_texts": self.n_texts,
             "pairs": self.corpus.has_pairs,
