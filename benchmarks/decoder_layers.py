@@ -13,7 +13,9 @@ sentence embedding for this kind of relatedness. The script writes the pairs as 
 
 which reports, for every hidden state (mean-pooled, as Skean et al. pool), the Spearman correlation
 of the cosine of the two sentences' vectors with the gold score, beside a randomly initialised twin
-of the model. Results: benchmarks/results/decoder_layers.json.
+of the model. Then the same probe (through ``lw.probe``, no control) with
+``Encoder(SMOLLM2, final_norm="all")``: every hidden state through the model's final norm, so that
+the layers compare on one scale. Results: benchmarks/results/decoder_layers.json.
 """
 
 from __future__ import annotations
@@ -73,10 +75,19 @@ def main() -> None:
         print("$", " ".join(command), flush=True)
         subprocess.run(command, check=True)
         report = json.loads(out.read_text(encoding="utf-8"))
-    layers = [r for r in report["rows"] if r.get("kind") == "layer"]
-    best = max(layers, key=lambda r: r["score"])
-    print(f"best layer: {best['name']} (Spearman {best['score']:.3f}); last: {layers[-1]['score']:.3f}")
-    write_result("decoder_layers", {"pairs": len(rows) - 1, "model": Path(model).name, "probe": report})
+        import layerwise as lw
+
+        normed_encoder = lw.Encoder(model, final_norm="all")
+        print("the same probe, every hidden state through the final norm (final_norm='all')", flush=True)
+        normed = lw.probe("pairs", data=data, encoder=normed_encoder, controls=(), progress=False).to_dict()
+    for name, result in (("as they are", report), ("final_norm='all'", normed)):
+        layers = [r for r in result["rows"] if r.get("kind") == "layer"]
+        best = max(layers, key=lambda r: r["score"])
+        print(
+            f"{name}: best layer {best['name']} (Spearman {best['score']:.3f}); last {layers[-1]['score']:.3f}"
+        )
+    write_result("decoder_layers", {"pairs": len(rows) - 1, "model": Path(model).name, "probe": report,
+                                    "probe_final_norm_all": normed})  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -122,6 +122,37 @@ def test_the_final_norm_either_way(arch, decoder_folder, decoder_encoder):
     np.testing.assert_allclose(hooked, normed, atol=1e-6, rtol=0)
 
 
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_final_norm_all_passes_every_hidden_state_through_the_norm(arch, decoder_folder, decoder_encoder):
+    """final_norm="all": hidden state k = the model's final norm of the raw hidden state k, for
+    every k, on the packed, the padded and the hooks paths; the logit lens reads the same logits."""
+    from layerwise.explore import logit_lens
+    from layerwise.model.decoders import final_norm_module
+
+    raw = decoder_encoder(arch, final_norm=False)
+    norm = final_norm_module(raw.model)
+    every = lw.Encoder(decoder_folder(arch), device="cpu", final_norm="all")
+    padded = lw.Encoder(decoder_folder(arch), device="cpu", final_norm="all", packed=False)
+    for r, a, b, c in zip(raw.extract(TEXTS), every.extract(TEXTS), padded.extract(TEXTS),
+                          padded.extract(TEXTS, method="hooks"), strict=True):  # fmt: skip
+        with torch.no_grad():
+            expected = norm(torch.from_numpy(r.hidden)).numpy()
+        for ours in (a, b, c):
+            np.testing.assert_allclose(ours.hidden, expected, atol=1e-5)
+    stopped, full = every.extract(TEXTS[1], layers=[2]), every.extract(TEXTS[1])  # stops after layer 2
+    np.testing.assert_allclose(stopped.hidden, full.hidden[[2]], atol=1e-5)
+    ours, theirs = logit_lens(every, TEXTS[0], k=3), logit_lens(raw, TEXTS[0], k=3)
+    for layer_ours, layer_theirs in zip(ours["masks"][0]["predictions"], theirs["masks"][0]["predictions"],
+                                        strict=True):  # fmt: skip
+        assert [t for t, _ in layer_ours] == [t for t, _ in layer_theirs]
+        np.testing.assert_allclose([p for _, p in layer_ours], [p for _, p in layer_theirs], atol=1e-5)
+
+
+def test_final_norm_all_is_for_decoders(tiny_encoder):
+    with pytest.raises(OptionError, match=r"final_norm='all' .* is an encoder, which has none"):
+        lw.Encoder(tiny_encoder.source, device="cpu", final_norm="all")
+
+
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "gpt2"])
 def test_stopping_early_never_norms_an_intermediate_layer(arch, decoder_encoder):
     encoder = decoder_encoder(arch)

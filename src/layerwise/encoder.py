@@ -89,7 +89,8 @@ class Encoder:
         streams: packed batches run at once on the CPU, each on its share of torch's threads
             (streams.py); default 2 for a model up to 512 wide on 2+ threads, else 1.
         allow_nan: keep NaN/inf hidden states (with a warning); else a NonFiniteError names the input.
-        final_norm: a decoder's last hidden state after its final norm (default) or before it.
+        final_norm: a decoder's last hidden state after its final norm (True, the default) or
+            before it (False); "all": every hidden state through the final norm (model/decoders.py).
     Front ends batching across callers use ``inputs.encode`` and ``engine.stream`` directly."""
 
     def __init__(
@@ -104,10 +105,10 @@ class Encoder:
         packed: bool = True,
         streams: int | None = None,
         allow_nan: bool = False,
-        final_norm: bool = True,
+        final_norm: bool | Literal["all"] = True,
     ) -> None:
         check_choice("model_dtype", model_dtype, MODEL_DTYPES)
-        check_choice("final_norm", final_norm, (True, False))  # type: ignore[arg-type]
+        check_choice("final_norm", final_norm, (True, False, "all"))  # type: ignore[arg-type]
         _positive("batch_size", batch_size, optional=False)
         _positive("max_tokens", max_tokens, optional=True)
         self.source, self.name = resolve_model_source(model)
@@ -119,6 +120,7 @@ class Encoder:
             self.models = ModelHandle(self.source, self.name, self.config, dtype, self.device, light=packed)
         self.model_type, self.n_layers, self.hidden_size = _dimensions(self.config)
         self.is_decoder, self.final_norm = is_decoder_config(self.config), final_norm
+        _check_final_norm(final_norm, self.is_decoder, self.name)
         self.sentence_transformers = read_sentence_transformers(self.source)
         convention = self.sentence_transformers.max_seq_length if self.sentence_transformers else None
         padding_idx = _padding_idx(self.models.current)
@@ -323,6 +325,14 @@ class Encoder:
             special_tokens=special_tokens, n_hidden_states=self.n_hidden_states, hidden_size=self.hidden_size,
         )  # fmt: skip
         return {(p, f): results[(p, f)] for p in pools for f in fuses}
+
+
+def _check_final_norm(final_norm: object, is_decoder: bool, name: str) -> None:
+    if final_norm == "all" and not is_decoder:
+        raise OptionError(
+            f"final_norm='all' passes every hidden state through a decoder's final norm; {name!r} is an "
+            "encoder, which has none: leave final_norm out"
+        )
 
 
 def _dimensions(config) -> tuple[str, int, int]:

@@ -32,7 +32,7 @@ from .errors import ModelLoadError, NonFiniteError, OptionError
 from .inputs.batches import length_sorted_batches
 from .inputs.encoding import EncodedInput
 from .inputs.windows import Window, plan_windows, stitch
-from .model.decoders import hidden_state_convention, is_decoder_config
+from .model.decoders import final_norm_module, hidden_state_convention, is_decoder_config
 from .model.handle import ModelHandle
 from .model.hooks import HookRecorder, eager_attention_for, find_layer_list, truncated_encoder
 from .model.packed_decoder import packed_forward
@@ -202,10 +202,12 @@ class Engine:
         packed: bool = True,
         streams: int | None = 1,  # None: the device's default (streams.py)
         allow_nan: bool = False,
-        final_norm: bool = True,
+        final_norm: bool | str = True,
     ) -> None:
         config = models.config
         self.allow_nan, self.final_norm = allow_nan, final_norm
+        # "all": the forward gives the raw residual stream, and every state then goes through the norm
+        self.model_norms_last = final_norm is True
         pad_id = tokenizer.pad_token_id
         self.models, self.device, self.max_length = models, device, max_length
         self.pad_id: int = pad_id if pad_id is not None else (getattr(config, "pad_token_id", None) or 0)
@@ -221,7 +223,7 @@ class Engine:
         self.lock = ForwardLock()
         # the unpadded forward where the architecture allows it (packed.py, packed_decoder.py); None:
         # Hugging Face's padded one
-        self.packed = packed_forward(models.current, final_norm) if packed else None
+        self.packed = packed_forward(models.current, self.model_norms_last) if packed else None
         streams = check_streams(streams, device, config.hidden_size)
         self.pool = ForwardPool(streams) if streams > 1 and self.packed is not None else None
         if models.built:
@@ -243,7 +245,7 @@ class Engine:
             )
             self._warm_up(model)
             if self.packed is not None:
-                self.packed = packed_forward(model, self.final_norm)
+                self.packed = packed_forward(model, self.model_norms_last)
 
     def _warm_up(self, model: Any) -> None:
         """One full-depth forward with ``output_hidden_states`` before any truncated one.
@@ -392,13 +394,20 @@ class Engine:
             hidden, tapped = forward_batch(
                 model, batch, layers=layers, method=method, layer_owner=self.layer_owner,
                 layer_attr=self.layer_attr, layer_list=self.layer_list, model_type=self.model_type, taps=taps,
-                final_norm=self.final_norm,
+                final_norm=self.model_norms_last,
             )  # fmt: skip
+            hidden = self._norm_every_state(model, hidden)
         rows = split_rows(hidden, tapped, [len(u) for u in units])
         # one cheap whole-batch test (a sum is NaN/inf when any term is, or overflows: then the rows
         # are looked at one by one; isfinite().all() costs 30x more, 2% of a run); padding is summed too
         rows.nonfinite = not bool(torch.isfinite(hidden.sum()))
         return rows
+
+    def _norm_every_state(self, model: Any, hidden: torch.Tensor) -> torch.Tensor:
+        """With ``final_norm="all"``: each hidden state through the decoder's final norm."""
+        if self.final_norm != "all":
+            return hidden
+        return final_norm_module(model)(hidden)
 
     def _runs_packed(self, method: Method, taps: tuple[str, ...]) -> bool:
         """The packed forward gives hidden states only: taps and hooks need the Hugging Face modules'
@@ -411,6 +420,7 @@ class Engine:
         batch = packed.prepare(units, with_token_types=self.with_token_types, device=self.device)
         with self.lock.shared(), torch.inference_mode():
             hidden = packed.forward(batch, layers)  # (L, N, H): real tokens only
+            hidden = self._norm_every_state(self.models.current, hidden)
         array = _to_numpy(hidden)
         rows = Rows()
         start = 0

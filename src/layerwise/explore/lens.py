@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import InputError
+from ..model.decoders import final_norm_module
 
 if TYPE_CHECKING:
     from ..encoder import Encoder
@@ -106,9 +107,11 @@ class CausalLMHead:
         import torch
 
         model = encoder.model
-        norm = getattr(model, "norm", None) or getattr(model, "ln_f", None)
+        norm = final_norm_module(model)
         if norm is None:
             return None
+        if encoder.final_norm == "all":  # every hidden state comes normed already
+            norm = _unchanged
         config = model.config
         if getattr(config, "tie_word_embeddings", False):
             weight = model.get_input_embeddings().weight
@@ -124,7 +127,7 @@ class CausalLMHead:
             return torch.tanh(logits / cap) * cap if cap else logits
 
         vocabulary = encoder.tokenizer.convert_ids_to_tokens(list(range(config.vocab_size)))
-        normed = encoder.n_layers if encoder.final_norm else None
+        normed = encoder.n_layers if encoder.final_norm is True else None
         return cls(norm, head, [str(t) for t in vocabulary], normed, encoder.device, None, encoder.inputs)
 
     def logits(self, hidden: np.ndarray, layers: tuple[int, ...] = ()) -> np.ndarray:
@@ -137,6 +140,10 @@ class CausalLMHead:
             again = torch.tensor([layer != self.normed_layer for layer in layers] or [True] * len(x))
             x = torch.where(again.to(x.device)[:, None], self.norm(x), x)
             return self.head(x).float().cpu().numpy()
+
+
+def _unchanged(hidden: Any) -> Any:
+    return hidden
 
 
 def _untied_lm_head(encoder: Encoder) -> Any:

@@ -8,9 +8,11 @@ first layer sees it), index ``i`` the output of layer ``i``. Two things differ:
   and its ``lm_head`` reads the normed state. transformers returns hidden state L *after* that norm
   (its ``output_hidden_states`` overwrites the last one with ``last_hidden_state``) and every other
   index before any norm. layerwise follows it by default (``final_norm=True``);
-  ``Encoder(final_norm=False)`` gives hidden state L as the raw residual stream, like 1 … L-1, for
-  analyses that compare layers on one scale. When the forward stops early (``layers=[3]`` of 30),
-  the deepest layer run is never normed: it is the same number it is in a full run.
+  ``Encoder(final_norm=False)`` gives hidden state L as the raw residual stream, like 1 … L-1;
+  ``final_norm="all"`` passes every hidden state through the final norm, as the logit lens reads
+  them, so that layers compare on one scale (the raw residual stream of a large decoder holds a few
+  "massive activations" that dominate cosines). When the forward stops early (``layers=[3]`` of
+  30), the deepest layer run is never normed by the model: it is the same number as in a full run.
 - **No segments, causal attention.** Pairs are refused (join the texts with a separator you choose),
   attention sees only earlier tokens, and with right padding (the only padding layerwise uses) the
   position ids of real tokens are 0 … n-1 as in an unpadded run. In a causal model only the last
@@ -56,3 +58,8 @@ def hidden_state_convention(model: Any, *, depth: int, final_norm: bool) -> Iter
             del config.tie_last_hidden_states
         else:
             config.tie_last_hidden_states = before
+
+
+def final_norm_module(model: Any) -> Any:
+    """A decoder's final norm (``norm``; GPT-2's ``ln_f``), or None."""
+    return getattr(model, "norm", None) or getattr(model, "ln_f", None)
