@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterator, Sequence
-from typing import Literal, overload
+from typing import Any, Literal, overload
 
 import numpy as np
 import torch
@@ -89,8 +89,7 @@ class Encoder:
         streams: packed batches run at once on the CPU, each on its share of torch's threads
             (streams.py); default 2 for a model up to 512 wide on 2+ threads, else 1.
         allow_nan: keep NaN/inf hidden states (with a warning); else a NonFiniteError names the input.
-        final_norm: a decoder's last hidden state after its final norm (True, the default) or
-            before it (False); "all": every hidden state through the final norm (model/decoders.py).
+        final_norm: a decoder's last hidden state after its final norm (True), before it, or "all" after it.
     Front ends batching across callers use ``inputs.encode`` and ``engine.stream`` directly."""
 
     def __init__(
@@ -119,8 +118,7 @@ class Encoder:
             self.config, self.tokenizer = load_config_and_tokenizer(self.source, self.name)  # fast tokenizer
             self.models = ModelHandle(self.source, self.name, self.config, dtype, self.device, light=packed)
         self.model_type, self.n_layers, self.hidden_size = _dimensions(self.config)
-        self.is_decoder, self.final_norm = is_decoder_config(self.config), final_norm
-        _check_final_norm(final_norm, self.is_decoder, self.name)
+        self.is_decoder, self.final_norm = _decoder_and_final_norm(self.config, final_norm, self.name)
         self.sentence_transformers = read_sentence_transformers(self.source)
         convention = self.sentence_transformers.max_seq_length if self.sentence_transformers else None
         padding_idx = _padding_idx(self.models.current)
@@ -327,12 +325,15 @@ class Encoder:
         return {(p, f): results[(p, f)] for p in pools for f in fuses}
 
 
-def _check_final_norm(final_norm: object, is_decoder: bool, name: str) -> None:
+def _decoder_and_final_norm(config: Any, final_norm: Any, name: str) -> tuple[bool, Any]:
+    """Whether the model is a decoder LM, and its ``final_norm`` setting (``"all"`` needs a decoder)."""
+    is_decoder = is_decoder_config(config)
     if final_norm == "all" and not is_decoder:
         raise OptionError(
             f"final_norm='all' passes every hidden state through a decoder's final norm; {name!r} is an "
             "encoder, which has none: leave final_norm out"
         )
+    return is_decoder, final_norm
 
 
 def _dimensions(config) -> tuple[str, int, int]:

@@ -30,7 +30,7 @@ from torch import nn
 
 from .errors import ModelLoadError, NonFiniteError, OptionError
 from .inputs.batches import length_sorted_batches
-from .inputs.encoding import EncodedInput
+from .inputs.encoding import EncodedInput, segment_ids
 from .inputs.windows import Window, plan_windows, stitch
 from .model.decoders import final_norm_module, hidden_state_convention, is_decoder_config
 from .model.handle import ModelHandle
@@ -140,21 +140,6 @@ def split_rows(hidden: torch.Tensor, tapped: Mapping[str, torch.Tensor], lengths
                 taps[name] = np.ascontiguousarray(array[:, row, :n])
         rows.append((np.ascontiguousarray(hidden_np[:, row, :n]), taps))
     return rows
-
-
-def segment_ids(sequence_ids: Sequence[int | None]) -> np.ndarray:
-    """Segment (0 = first text, 1 = second) of every token, from the tokenizer's sequence ids.
-
-    Not from ``type_ids``: RoBERTa-style tokenizers give both segments type id 0. Special tokens
-    belong to the segment of the content token before them ([CLS] to 0, the [SEP] after A to 0,
-    the final [SEP] to 1), which is BERT's token-type layout."""
-    out = np.zeros(len(sequence_ids), dtype=np.int8)
-    current = 0
-    for position, sequence in enumerate(sequence_ids):
-        if sequence is not None:
-            current = sequence
-        out[position] = current
-    return out
 
 
 def make_stack(

@@ -18,6 +18,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 from tokenizers import Tokenizer
 
 from ..errors import InputError, OptionError
@@ -50,6 +51,21 @@ class EncodedInput:
 
     def __len__(self) -> int:
         return len(self.ids)
+
+
+def segment_ids(sequence_ids: Sequence[int | None]) -> np.ndarray:
+    """Segment (0 = first text, 1 = second) of every token, from the tokenizer's sequence ids.
+
+    Not from ``type_ids``: RoBERTa-style tokenizers give both segments type id 0. Special tokens
+    belong to the segment of the content token before them ([CLS] to 0, the [SEP] after A to 0,
+    the final [SEP] to 1), which is BERT's token-type layout."""
+    out = np.zeros(len(sequence_ids), dtype=np.int8)
+    current = 0
+    for position, sequence in enumerate(sequence_ids):
+        if sequence is not None:
+            current = sequence
+        out[position] = current
+    return out
 
 
 def _check_str(value: object, what: str, index: int) -> str:

@@ -1,4 +1,5 @@
-"""What must match for a run to resume a store: its settings, and every committed text."""
+"""What must match for a run to resume a store: its settings (what it records of its model among
+them), and every committed text."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import TYPE_CHECKING
 from ..errors import StoreError
 
 if TYPE_CHECKING:
+    from ..encoder import Encoder
     from ..inputs.corpus import Corpus
 
 # Settings that must match for a run to resume an existing store. The model is compared by its
@@ -18,6 +20,21 @@ RESUME_KEYS = (
     "long_texts", "stride", "max_length", "n_texts", "pairs", "block_size", "chunk_rows", "shard_chunks",
     "shard", "final_norm",
 )  # fmt: skip
+
+
+def model_meta(encoder: Encoder) -> dict:
+    """What a store records of its model: the weights, the width and the settings that change the
+    numbers (a decoder's final norm: an encoder has none)."""
+    from ..model.source import weights_sha256
+
+    return {
+        "model": encoder.name,
+        "weights_sha256": weights_sha256(encoder.models.current),
+        "hidden_size": encoder.hidden_size,
+        "max_length": encoder.max_length,
+        "model_dtype": encoder.model_dtype,
+        **({"final_norm": encoder.final_norm} if encoder.is_decoder else {}),
+    }
 
 
 def text_sha1(text: str, pair: str | None) -> str:

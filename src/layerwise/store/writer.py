@@ -55,7 +55,7 @@ from .format import (
 )
 from .lock import writer_lock
 from .parts import committed_offsets, read_manifest
-from .resume import RESUME_KEYS, check_inputs, text_sha1
+from .resume import RESUME_KEYS, check_inputs, model_meta, text_sha1
 from .rows import stored_rows
 from .verify import check_structure, rows_checksum
 
@@ -141,17 +141,11 @@ class StoreWriter:
         return {
             "format": FORMAT,
             "format_version": FORMAT_VERSION,
-            "model": self.encoder.name,
-            "weights_sha256": weights_sha256(self.encoder.models.current),
+            **model_meta(self.encoder),
             **self.plan.meta(self.encoder.n_hidden_states),
-            "hidden_size": self.encoder.hidden_size,
             "row_shape": list(self._row_shape()),
             "long_texts": self.long_texts,
             "stride": self.stride,
-            "max_length": self.encoder.max_length,
-            "model_dtype": self.encoder.model_dtype,
-            # a decoder's last hidden state before or after its final norm (an encoder has none)
-            **({"final_norm": self.encoder.final_norm} if self.encoder.is_decoder else {}),
             "method": self.method,
             "n_texts": self.n_texts,
             "pairs": self.corpus.has_pairs,
