@@ -174,6 +174,27 @@ def best_of(repeats: int, fn: Callable[[], object]) -> float:
     return min(times)
 
 
+def interleaved_times(
+    methods: dict[str, Callable[[], int]],
+    repeats: int,
+    expected: int,
+    after_round: Callable[[], object] | None = None,
+) -> dict[str, list[float]]:
+    """Seconds of each method, ``repeats`` rounds of all methods in turn (a slow spell of this shared
+    machine hits every contender alike); each call returns the tokens it counted, which must be
+    ``expected``. ``after_round`` runs after each round (e.g. measure the matmul rate again)."""
+    times: dict[str, list[float]] = {key: [] for key in methods}
+    for _ in range(repeats):
+        for key, fn in methods.items():
+            start = time.perf_counter()
+            counted = fn()
+            times[key].append(time.perf_counter() - start)
+            assert counted == expected, (key, counted, expected)
+        if after_round is not None:
+            after_round()
+    return times
+
+
 def timed_process(command: Sequence[str], env: dict[str, str] | None = None) -> tuple[float, int]:
     """Wall time and peak RSS (KiB) of ``command`` in a fresh process, measured by a wrapper whose
     only child it is (start-up, imports and model loading included, as a user pays them)."""

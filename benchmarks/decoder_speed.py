@@ -26,12 +26,11 @@ import shutil
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch
-from common import best_loop, mixed_corpus, parser, write_result
+from common import best_loop, interleaved_times, mixed_corpus, parser, write_result
 
 import layerwise as lw
 
@@ -63,13 +62,7 @@ def measure(name: str, model: str | Path, texts: list[str], repeats: int) -> dic
     }
     best_loop(tokenizer, hf, texts[:8])
     encoder.extract(texts[:8], progress=False)
-    times: dict[str, list[float]] = {k: [] for k in methods}
-    for _ in range(repeats):
-        for key, fn in methods.items():
-            start = time.perf_counter()
-            counted = fn()
-            times[key].append(time.perf_counter() - start)
-            assert counted == n_tokens, (key, counted, n_tokens)
+    times = interleaved_times(methods, repeats, n_tokens)
     rates = {k: n_tokens / statistics.median(v) for k, v in times.items()}
     report = {
         "model": name,

@@ -31,7 +31,6 @@ import logging
 import os
 import statistics
 import sys
-import time
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -42,6 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (
     bert_base_folder,
     best_loop,
+    interleaved_times,
     matmul_gflops,
     mixed_corpus,
     model_gflop,
@@ -91,15 +91,8 @@ def measure(name: str, folder: str, texts: list[str], repeats: int, skip_tutoria
     for encoder in by_streams.values():
         encoder.extract(texts[:16], progress=False)
     padded.extract(texts[:16], progress=False)
-    times: dict[str, list[float]] = {k: [] for k in methods}
     peaks = [matmul_gflops()]
-    for _ in range(repeats):
-        for key, fn in methods.items():
-            start = time.perf_counter()
-            counted = fn()
-            times[key].append(time.perf_counter() - start)
-            assert counted == n_tokens, (key, counted, n_tokens)
-        peaks.append(matmul_gflops())
+    times = interleaved_times(methods, repeats, n_tokens, after_round=lambda: peaks.append(matmul_gflops()))
     peak = max(peaks)  # this shared machine's speed drifts: the ceiling is its best measured rate
     per_token = model_gflop(model.config, lengths) / n_tokens  # GFLOP per token (incl. attention)
     ceiling = peak / per_token

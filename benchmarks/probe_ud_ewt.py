@@ -54,7 +54,7 @@ def main() -> None:
     best = max(layers, key=lambda r: r.score)
     last = layers[-1]
     n = len(layers) - 1
-    print(f"total {seconds / 60:.1f} min (target < 12) on {os.cpu_count()} cores")
+    print(f"total {seconds / 60:.1f} min on {os.cpu_count()} cores")
     print(
         f"best layer L{best.layers[0]} of 0..{n}: {'lower-middle' if 1 <= best.layers[0] <= n // 2 + 1 else 'NOT lower-middle'}"
     )
