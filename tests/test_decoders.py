@@ -439,3 +439,31 @@ def test_the_analysis_report_of_a_decoder(decoder_folder, decoder_encoder, tmp_p
     np.testing.assert_allclose(stats["cka"], lw.analyze.layer_similarity(stacks, "cka"), atol=1e-5)
     assert len(stats["self_similarity"]["bank"]) == 4
     assert folder in (tmp_path / "r" / "report.html").read_text()
+
+
+def test_an_input_without_tokens_is_refused_by_name(decoder_encoder):
+    """GPT-2's tokenizer adds no BOS: an empty text has no token to embed. An InputError names it
+    (in Python, and as a 422 over HTTP), instead of a crash inside the model."""
+    pytest.importorskip("fastapi")
+    import asyncio
+
+    import httpx
+
+    from layerwise.serve import create_app
+
+    encoder = decoder_encoder("gpt2")
+    with pytest.raises(InputError, match=r"input 1 \(''\) gives no tokens: .* leave such inputs out"):
+        encoder.embed(["fine", ""], pool="last")
+    app = create_app({"gpt2": encoder})
+
+    async def post():
+        transport = httpx.ASGITransport(app=app)
+        async with (
+            app.router.lifespan_context(app),
+            httpx.AsyncClient(transport=transport, base_url="http://t") as c,
+        ):
+            return await c.post("/v1/embeddings", json={"input": ["fine", ""], "pool": "sentence:last"})
+
+    answer = asyncio.run(post())
+    assert answer.status_code == 422, answer.text
+    assert "input 1 ('') gives no tokens" in answer.json()["error"]["message"]
