@@ -6,8 +6,8 @@ On this machine's 2 cores, every hidden state of every token of the default mode
 for a mixed-length UD EWT corpus, three ways, each including model loading:
 
   (a) one process, 2 torch threads:    lw.extract_to_store(lw.Encoder(), texts, path)
-  (b) 2 Ray actors x 1 thread each:    lw.ray.extract_to_store(texts, path, workers=2)
-  (c) 1 Ray actor x 2 threads:         lw.ray.extract_to_store(texts, path, workers=1, threads_per_worker=2)
+  (b) 2 Ray actors x 1 thread each:    lw.ray.extract_to_store(lw.Settings(), texts, path, workers=2)
+  (c) 1 Ray actor x 2 threads:         lw.ray.extract_to_store(lw.Settings(), texts, path, workers=1, threads_per_worker=2)
 
 Ray itself (ray.init) is started once before (b) and (c); its start-up is reported on its own.
 Ray runs in a network namespace with only loopback: the script re-runs itself under
@@ -69,7 +69,7 @@ def main() -> None:
         for key, workers, threads in (("two_actors_1_thread", 2, 1), ("one_actor_2_threads", 1, 2)):
             started = time.perf_counter()
             result = lw.ray.extract_to_store(
-                texts, scratch / f"{key}.lw", workers=workers, threads_per_worker=threads
+                lw.Settings(), texts, scratch / f"{key}.lw", workers=workers, threads_per_worker=threads
             )
             seconds = time.perf_counter() - started
             ratio = single / seconds

@@ -73,11 +73,12 @@ def main() -> None:
     table = pa.table({"doc": [f"d{i}" for i in range(len(texts))], "body": texts})
     pq.write_table(table, out / "corpus.parquet", row_group_size=64)
     corpus = lw.Corpus(out / "corpus.parquet", text_column="body", id_column="doc", limit=300)
-    parquet = lw.ray.extract_to_store(corpus, out / "parquet.lw", lw.OutputPlan.parse(pool="sentence:mean"),
-                                      workers=2, shard_size=100)  # fmt: skip
+    settings = lw.Settings()  # the packaged model
+    parquet = lw.ray.extract_to_store(settings, corpus, out / "parquet.lw",
+                                      lw.OutputPlan.parse(pool="sentence:mean"), workers=2, shard_size=100)  # fmt: skip
     report["parquet_n_texts"] = parquet.n_texts
     summary = lw.ray.extract_to_store(
-        texts, out / "killed.lw", lw.OutputPlan.parse(layers="0,-1", pool="word:mean", dtype="float16"),
+        settings, texts, out / "killed.lw", lw.OutputPlan.parse(layers="0,-1", pool="word:mean", dtype="float16"),
         workers=2, shard_size=100, writer=DyingWriter,
     )  # fmt: skip
     report["killed_marker"] = (out / "died-once").exists()
@@ -86,13 +87,14 @@ def main() -> None:
     import ray
 
     ds = ray.data.from_items([{"text": t} for t in texts[:200]])
-    embedded = lw.ray.embed(
-        ds, layers="last4", pool="sentence:mean", fuse="concat_last4", workers=2, batch_size=64
-    )
+    pooled = lw.OutputPlan.parse(layers="last4", pool="sentence:mean", fuse="concat_last4")
+    embedded = lw.ray.embed(ds, settings, pooled, workers=2, batch_size=64)
     rows = embedded.take_all()
     np.save(out / "embed.npy", np.stack([r["embedding"] for r in rows]))
     report["embed_texts"] = [r["text"] for r in rows]
-    by_decoder = lw.ray.embed(ds, model=str(decoder), layers="0.5", pool="sentence:last", workers=2)
+    by_decoder = lw.ray.embed(
+        ds, lw.Settings(str(decoder)), lw.OutputPlan.parse(layers="0.5", pool="sentence:last"), workers=2
+    )
     rows = by_decoder.take_all()
     np.save(out / "decoder.npy", np.stack([r["embedding"] for r in rows]))
     report["decoder_texts"] = [r["text"] for r in rows]

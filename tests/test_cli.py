@@ -83,13 +83,18 @@ def test_extract_jsonl_input(tmp_path, make_tiny_model):
     [
         ("bad.txt", b"fine\n\xff\xfe broken\n", "line 2 is not valid UTF-8"),
         ("bad.tsv", b"a\tb\nonly one column\n", "line 2 has 1 tab-separated column(s)"),
-        ("bad.jsonl", b'{"text": "ok"}\n{"txt": "typo"}\n', 'line 2 needs an object with a string "text"'),
+        (
+            "bad.jsonl",
+            b'{"text": "ok"}\n{"body": "no text"}\n',
+            'line 2 needs an object with a string "text"',
+        ),
+        ("typo.jsonl", b'{"text": "ok"}\n{"txt": "typo"}\n', "line 2 has the field 'txt', not 'text'"),
         ("mixed.jsonl", b'{"text": "a", "text_pair": "b"}\n{"text": "c"}\n', "line 2: either every line"),
         ("broken.jsonl", b'{"text": \n', "line 1 is not valid JSON"),
         (
             "misspelled.jsonl",
             b'{"text": "hello", "text_pairs": "oops"}\n',
-            "line 1 has the field(s) 'text_pairs'",
+            "line 1 has the field 'text_pairs', not 'text_pair': rename it to 'text_pair'",
         ),
         ("blank.tsv", b"a\tb\n \t \nc\td\n", "line 2 holds only whitespace"),
     ],

@@ -313,16 +313,15 @@ def test_sharded_store_from_a_file_keeps_ids(tmp_path, tiny_encoder):
     plan = lw.OutputPlan(dtype="float16")
     table = begin_sharded_store(
         tmp_path / "s.lw", model=tiny_encoder.name, plan=plan, n_hidden_states=tiny_encoder.n_hidden_states,
-        texts=corpus, text_pairs=None, shard_size=10, long_texts="truncate", stride=None, overwrite=False,
+        texts=corpus, text_pairs=None, shard_size=10, overwrite=False,
     )  # fmt: skip
     listed = begin_sharded_store(
         tmp_path / "t.lw", model=tiny_encoder.name, plan=plan, n_hidden_states=tiny_encoder.n_hidden_states,
-        texts=TEXTS, text_pairs=None, shard_size=10, long_texts="truncate", stride=None, overwrite=False,
+        texts=TEXTS, text_pairs=None, shard_size=10, overwrite=False,
     )  # fmt: skip
     assert [s["texts_sha256"] for s in table["shards"]] == [s["texts_sha256"] for s in listed["shards"]]
     for k, shard in enumerate(table["shards"]):
         block = next(corpus.blocks(shard["stop"] - shard["start"], start=shard["start"]))
-        write_shard(tiny_encoder, tmp_path / "s.lw", table, k, block.texts, None, plan, long_texts="truncate",
-                    stride=None, ids=block.ids)  # fmt: skip
+        write_shard(tiny_encoder, tmp_path / "s.lw", table, k, block.texts, None, plan, ids=block.ids)
     store = lw.open_store(tmp_path / "s.lw")
     assert store.complete and store.manifest.sort_by("text_id")["id"].to_pylist() == IDS

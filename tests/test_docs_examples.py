@@ -143,6 +143,7 @@ def shell_commands(code: str) -> list[str]:
 
 
 def run_shell(command: str, folder: Path, env: dict, *, netns: bool = False) -> None:
+    check_curl(command)
     if netns:
         if os.geteuid() != 0 or shutil.which("unshare") is None:
             pytest.skip("a network namespace needs root and unshare (Ray opens listeners)")
@@ -152,6 +153,17 @@ def run_shell(command: str, folder: Path, env: dict, *, netns: bool = False) -> 
         argv = ["bash", "-c", f"set -eo pipefail; {command}"]
     run = subprocess.run(argv, cwd=folder, env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, f"$ {command}\n{run.stdout[-2000:]}\n{run.stderr[-3000:]}"
+
+
+def check_curl(command: str) -> None:
+    """A `curl` that exits 0 on an HTTP error status lets a failing example pass: every curl in the
+    docs fails on one (``-f``, as in ``curl -fsS``)."""
+    for call in re.findall(r"\bcurl\s+([^|;&]*)", command):
+        flags = "".join(re.findall(r"(?:^|\s)-([a-zA-Z]+)", call))
+        if "f" not in flags and "--fail" not in call:
+            raise AssertionError(
+                f"`curl {call.strip()}`: add -f (curl -fsS) so that an HTTP error fails the example"
+            )
 
 
 def start_server(command: str, folder: Path, env: dict) -> subprocess.Popen:
@@ -239,6 +251,13 @@ def test_examples_run(page: Path, tmp_path: Path) -> None:
         os.chdir(here)
         for server in servers:
             stop_server(server)
+
+
+def test_a_curl_without_fail_cannot_pass() -> None:
+    check_curl("curl -fsS 127.0.0.1:8000/health | head")
+    check_curl("curl --fail -s x")
+    with pytest.raises(AssertionError, match="add -f"):
+        check_curl("layerwise serve & curl -s 127.0.0.1:8000/v1/embeddings -d '{}'")
 
 
 def test_the_collector_finds_the_readme_tour() -> None:

@@ -78,8 +78,22 @@ def test_store_takes_a_plan(tmp_path, tiny_encoder):
     store = lw.open_store(tmp_path / "w.lw")
     exact = tiny_encoder.embed_words(TEXTS, fuse="concat_last4")
     np.testing.assert_array_equal(store[1].vectors, exact[1].vectors)
-    with pytest.raises(OptionError, match="either plan= or"):
+    with pytest.raises(OptionError, match="either a plan or pool, not both"):
         lw.extract_to_store(tiny_encoder, TEXTS, tmp_path / "x.lw", plan, pool="token:x")
+    # the plan's settings as keywords: still taken, deprecated, naming the plan to pass
+    with pytest.warns(DeprecationWarning, match=r"OutputPlan.parse\(pool='word:first', fuse='concat_last4'"):
+        lw.extract_to_store(tiny_encoder, TEXTS, tmp_path / "k.lw", pool="word:first", fuse="concat_last4",
+                            dtype="float32")  # fmt: skip
+    np.testing.assert_array_equal(lw.open_store(tmp_path / "k.lw")[1].vectors, exact[1].vectors)
+
+
+@pytest.mark.parametrize("spelling", ["mean", "sentence:mean"])
+def test_pool_takes_both_spellings(tiny_encoder, spelling):
+    """Python's embed() and OutputPlan.parse take "mean" and "sentence:mean" alike (#46, 14)."""
+    expected = tiny_encoder.embed(TEXTS, layers=-1, pool="mean")
+    np.testing.assert_array_equal(tiny_encoder.embed(TEXTS, layers=-1, pool=spelling), expected)
+    assert lw.OutputPlan.parse(pool=spelling).pool == "sentence:mean"
+    assert lw.OutputPlan.parse(pool="first").pool == "word:first"
 
 
 TORCH_FREE = (

@@ -164,7 +164,7 @@ def test_ray_store_never_writes_into_a_foreign_path(tmp_path, make_tiny_model):
     (tmp_path / "file.lw").write_text("a file", encoding="utf-8")
     for target in (mine, tmp_path / "file.lw"):
         with pytest.raises(lw.OptionError, match="exists and is not a sharded layerwise store"):
-            lw.ray.extract_to_store(["a", "b"], target, model=str(make_tiny_model("bert")))
+            lw.ray.extract_to_store(lw.Settings(str(make_tiny_model("bert"))), ["a", "b"], target)
     assert (mine / "thesis.txt").read_text(encoding="utf-8") == "keep me" and sorted(mine.iterdir()) == [
         mine / "thesis.txt"
     ]

@@ -591,8 +591,13 @@ def test_serve_lets_idle_openmp_threads_sleep_unless_the_user_chose(monkeypatch,
         def __init__(self, name, **options):
             self.name = name or "default"
 
+        @classmethod
+        def from_settings(cls, settings):
+            options = settings.as_dict()
+            return cls(options.pop("model"), **options)
+
     monkeypatch.setattr(layerwise.encoder, "Encoder", Loaded)
-    encoders = cli_serve._load_encoders(["a", "b"], "cpu", None)
+    encoders = cli_serve._load_encoders(["a", "b"], lw.Settings(device="cpu"))
     assert list(encoders) == ["a", "b"]
     assert os.environ["OMP_WAIT_POLICY"] == (preset or "PASSIVE")
     # the model process starts with OpenMP's default unless the user chose: there, passive threads
@@ -608,6 +613,7 @@ def test_serve_runs_the_models_in_a_process_of_their_own_on_a_cpu(monkeypatch):
     import layerwise.encoder
     from layerwise import cli
     from layerwise.cli import serve as cli_serve
+    from layerwise.model.source import pick_device
 
     asked: list[int | None] = []
 
@@ -616,8 +622,13 @@ def test_serve_runs_the_models_in_a_process_of_their_own_on_a_cpu(monkeypatch):
 
         def __init__(self, name, **options):
             self.name = name or "default"
-            self.device = layerwise.encoder.pick_device(options["device"])
+            self.device = pick_device(options["device"])
             asked.append(options.get("streams"))
+
+        @classmethod
+        def from_settings(cls, settings):
+            options = settings.as_dict()
+            return cls(options.pop("model"), **options)
 
     monkeypatch.setattr(layerwise.encoder, "Encoder", Loaded)
     settings = []
@@ -637,6 +648,6 @@ def test_serve_builds_the_transformers_model_at_start(monkeypatch, default_model
     from layerwise.cli import serve as cli_serve
 
     monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")  # torch is loaded already; keep the env as it was
-    encoders = cli_serve._load_encoders([str(default_model_dir)], "cpu", None)
+    encoders = cli_serve._load_encoders([str(default_model_dir)], lw.Settings(device="cpu", streams=1))
     (encoder,) = encoders.values()
     assert encoder.models.built and encoder.engine.packed.model is encoder.model

@@ -27,11 +27,10 @@ def write_sharded(encoder, path: Path, texts=TEXTS, plan=PLAN, shard_size=10, ov
     """A sharded store written without Ray: the same table and shard writer lw.ray uses."""
     table = begin_sharded_store(
         path, model=encoder.name, plan=plan, n_hidden_states=encoder.n_hidden_states, texts=texts,
-        text_pairs=None, shard_size=shard_size, long_texts="truncate", stride=None, overwrite=overwrite,
+        text_pairs=None, shard_size=shard_size, overwrite=overwrite,
     )  # fmt: skip
     for k, shard in enumerate(table["shards"]):
-        write_shard(encoder, path, table, k, texts[shard["start"] : shard["stop"]], None, plan,
-                    long_texts="truncate", stride=None)  # fmt: skip
+        write_shard(encoder, path, table, k, texts[shard["start"] : shard["stop"]], None, plan)  # fmt: skip
     return table
 
 
@@ -73,14 +72,13 @@ def test_progress_without_manifests_agrees_with_the_opened_store(tmp_path, tiny_
     path = tmp_path / "p.lw"
     table = begin_sharded_store(
         path, model=tiny_encoder.name, plan=PLAN, n_hidden_states=tiny_encoder.n_hidden_states, texts=TEXTS,
-        text_pairs=None, shard_size=10, long_texts="truncate", stride=None, overwrite=False,
+        text_pairs=None, shard_size=10, overwrite=False,
     )  # fmt: skip
     fresh = shard_progress(path)
     assert (fresh.pending, fresh.n_texts, fresh.n_rows) == ([0, 1, 2], 0, 0)
     for k in (0, 2):
         shard = table["shards"][k]
-        write_shard(tiny_encoder, path, table, k, TEXTS[shard["start"] : shard["stop"]], None, PLAN,
-                    long_texts="truncate", stride=None)  # fmt: skip
+        write_shard(tiny_encoder, path, table, k, TEXTS[shard["start"] : shard["stop"]], None, PLAN)  # fmt: skip
     progress, opened = shard_progress(path), ShardedStore(path)
     assert progress.pending == opened.pending_shards() == [1]
     assert progress.n_texts == len(opened) == 15
@@ -180,9 +178,7 @@ def test_a_shard_written_by_another_model_is_damage(tmp_path, store, make_tiny_m
     shutil.rmtree(store / "shard-00001.lw")
     plan = lw.OutputPlan.parse(layers="0,1", dtype="float16")  # hidden states 0 and 1 exist in both
     table_same_layers = {**table, "layers": [0, 1]}
-    write_shard(
-        other, store, table_same_layers, 1, TEXTS[10:20], None, plan, long_texts="truncate", stride=None
-    )
+    write_shard(other, store, table_same_layers, 1, TEXTS[10:20], None, plan)
     report = problems_of(store)
     assert "shard-00001.lw has layers=[0, 1], the store's is [0, 3]" in report
 
@@ -193,10 +189,28 @@ def test_the_reader_requires_one_models_weights(tmp_path, tiny_encoder, make_tin
     table = write_sharded(tiny_encoder, path, plan=plan)
     other = lw.Encoder(make_tiny_model("bert", 2), device="cpu")
     shutil.rmtree(path / "shard-00001.lw")
-    write_shard(other, path, table, 1, TEXTS[10:20], None, plan, long_texts="truncate", stride=None)
+    write_shard(other, path, table, 1, TEXTS[10:20], None, plan)
+    with pytest.raises(StoreDamagedError, match="shard-00001.lw has model="):  # by name first
+        lw.open_store(path)
+    # the same name (a folder whose weights changed): the weights' hashes tell them apart
+    meta_file = path / "shard-00001.lw" / "zarr.json"
+    document = json.loads(meta_file.read_text())
+    document["attributes"]["layerwise"]["model"] = table["model"]
+    meta_file.write_text(json.dumps(document))
     with pytest.raises(StoreDamagedError, match="other weights"):
         lw.open_store(path)
     assert "different models" in str(lw.verify_store(path))
+
+
+def test_the_tables_model_is_checked_against_the_shards(tmp_path, tiny_encoder):
+    """#46, 5: an edited "model" in layerwise-shards.json is damage, not the store's model."""
+    path = tmp_path / "s.lw"
+    write_sharded(tiny_encoder, path)
+    edit_table(path, lambda table: table.update(model="bert-base-uncased"))
+    report = lw.verify_store(path)
+    assert not report.ok and "shard-00000.lw has model=" in str(report)
+    with pytest.raises(StoreDamagedError, match="the store's is 'bert-base-uncased'"):
+        lw.open_store(path)
 
 
 @pytest.mark.parametrize(
@@ -211,7 +225,7 @@ def test_a_shard_with_another_plan_is_damage(store, tiny_encoder, pool, dtype, l
     table = json.loads((store / TABLE).read_text())
     shutil.rmtree(store / "shard-00001.lw")
     plan = lw.OutputPlan.parse(layers=layers, pool=pool, dtype=dtype)
-    write_shard(tiny_encoder, store, table, 1, TEXTS[10:20], None, plan, long_texts="truncate", stride=None)
+    write_shard(tiny_encoder, store, table, 1, TEXTS[10:20], None, plan)
     assert f"shard-00001.lw has {differs}" in problems_of(store)
 
 
@@ -262,9 +276,7 @@ def test_resuming_keeps_the_run_and_refuses_other_settings(store, tiny_encoder):
 def test_write_shard_refuses_texts_that_are_not_the_shards(store, tiny_encoder):
     table = json.loads((store / TABLE).read_text())
     with pytest.raises(OptionError, match="not the texts of shard 1"):
-        write_shard(
-            tiny_encoder, store, table, 1, TEXTS[11:21], None, PLAN, long_texts="truncate", stride=None
-        )
+        write_shard(tiny_encoder, store, table, 1, TEXTS[11:21], None, PLAN)
 
 
 def test_overwrite_leaves_other_entries_alone(tmp_path, store, tiny_encoder):

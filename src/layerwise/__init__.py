@@ -1,4 +1,4 @@
-"""layerwise: contextual embeddings from every encoder layer of BERT-family models.
+"""layerwise: contextual embeddings from every layer of transformer encoders and decoder LMs.
 
     import layerwise as lw
     enc = lw.Encoder()                      # the packaged all-MiniLM-L6-v2, offline
@@ -58,6 +58,8 @@ _EXPORTS = {
     "export_store": "files.export",
     "pool_words": "features.pool",
     "resolve_layers": "features.layers",
+    "Settings": "settings",
+    "read_meta": "files.meta",
 }
 
 # submodules exposed as namespaces (lw.analyze.layer_similarity(...)): name -> module
@@ -89,6 +91,7 @@ if TYPE_CHECKING:
     from .features.pool import pool_sentence, pool_words
     from .features.scalar_mix import ScalarMix
     from .files.export import export_store
+    from .files.meta import read_meta
     from .files.writers import extract_to_file, read_npz_ids, read_npz_texts
     from .inputs.corpus import Corpus
     from .inputs.encoding import EncodedInput
@@ -96,6 +99,7 @@ if TYPE_CHECKING:
     from .model.source import DEFAULT_MODEL, default_model_path
     from .probing import ProbeResult, probe
     from .results import LayerStack, SentenceVector, WordVectors
+    from .settings import Settings
     from .store import Store, extract_to_store, open_store, verify_store
 
 

@@ -22,7 +22,8 @@ from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from contextlib import nullcontext
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -32,18 +33,16 @@ from .errors import ModelLoadError, NonFiniteError, OptionError
 from .inputs.batches import length_sorted_batches
 from .inputs.encoding import EncodedInput, segment_ids
 from .inputs.windows import Window, plan_windows, stitch
-from .model.decoders import final_norm_module, hidden_state_convention, is_decoder_config
+from .model.decoders import apply_final_norm, hidden_state_convention, is_decoder_config
 from .model.handle import ModelHandle
 from .model.hooks import HookRecorder, eager_attention_for, find_layer_list, truncated_encoder
 from .model.packed_decoder import packed_forward
 from .model.streams import ForwardLock, ForwardPool, check_streams
 from .progress import progress_bar
 from .results import LayerStack
+from .settings import FinalNorm, Method
 
 logger = logging.getLogger("layerwise")
-
-Method = Literal["hidden_states", "hooks"]
-METHODS: tuple[str, ...] = ("hidden_states", "hooks")
 
 
 def collate(
@@ -78,13 +77,13 @@ def forward_batch(
     layer_list: nn.ModuleList,
     model_type: str,
     taps: Sequence[str] = (),
-    final_norm: bool = True,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Run the encoder up to the deepest requested layer.
 
     Returns hidden states ``(n_layers, B, T, H)`` and taps ``{name: (n_tap_layers, B, ...)}``.
     Hidden state 0 is read at the input of the first layer, so at least one layer always runs.
-    ``final_norm``: a decoder's last hidden state after its final norm (model/decoders.py)."""
+    A decoder's states are all the raw residual stream: the engine applies the final norm a call
+    asks for (:func:`apply_final_norm`)."""
     depth = max(1, max(layers))
     tap_layers = [i for i in layers if i >= 1]
     with (
@@ -100,7 +99,7 @@ def forward_batch(
         kwargs: dict[str, object] = {"output_hidden_states": method == "hidden_states"}
         if "attention_probs" in taps:
             kwargs["output_attentions"] = True
-        with hidden_state_convention(model, depth=depth, final_norm=final_norm):
+        with hidden_state_convention(model, depth=depth, final_norm=False):
             output = model(**batch, **kwargs)
     if method == "hidden_states":
         states = output.hidden_states
@@ -108,9 +107,6 @@ def forward_batch(
             raise RuntimeError(f"model returned {len(states)} hidden states after {depth} layers")
     else:
         states = dict(recorder.hidden)
-        config: Any = model.config
-        if final_norm and is_decoder_config(config) and depth >= int(config.num_hidden_layers):
-            states[depth] = output.last_hidden_state  # the hooks saw the last layer before the norm
     hidden = torch.stack([states[i] for i in layers])
     tapped = {t: torch.stack([recorder.taps[t][i] for i in tap_layers]) for t in taps if tap_layers}
     return hidden, tapped
@@ -187,12 +183,9 @@ class Engine:
         packed: bool = True,
         streams: int | None = 1,  # None: the device's default (streams.py)
         allow_nan: bool = False,
-        final_norm: bool | str = True,
     ) -> None:
         config = models.config
-        self.allow_nan, self.final_norm = allow_nan, final_norm
-        # "all": the forward gives the raw residual stream, and every state then goes through the norm
-        self.model_norms_last = final_norm is True
+        self.allow_nan = allow_nan
         pad_id = tokenizer.pad_token_id
         self.models, self.device, self.max_length = models, device, max_length
         self.pad_id: int = pad_id if pad_id is not None else (getattr(config, "pad_token_id", None) or 0)
@@ -208,7 +201,7 @@ class Engine:
         self.lock = ForwardLock()
         # the unpadded forward where the architecture allows it (packed.py, packed_decoder.py); None:
         # Hugging Face's padded one
-        self.packed = packed_forward(models.current, self.model_norms_last) if packed else None
+        self.packed = packed_forward(models.current) if packed else None
         streams = check_streams(streams, device, config.hidden_size)
         self.pool = ForwardPool(streams) if streams > 1 and self.packed is not None else None
         if models.built:
@@ -230,7 +223,7 @@ class Engine:
             )
             self._warm_up(model)
             if self.packed is not None:
-                self.packed = packed_forward(model, self.model_norms_last)
+                self.packed = packed_forward(model)
 
     def _warm_up(self, model: Any) -> None:
         """One full-depth forward with ``output_hidden_states`` before any truncated one.
@@ -259,8 +252,10 @@ class Engine:
         batch_size: int | None,
         max_tokens: int | None,
         progress: bool | None,
+        final_norm: FinalNorm = True,
     ) -> Iterator[tuple[int, LayerStack]]:
-        """Plan units and batches now (so bad input fails here), run them lazily."""
+        """Plan units and batches now (so bad input fails here), run them lazily. ``final_norm``:
+        a decoder's final norm on the last hidden state (True), none (False) or every one ("all")."""
         for name, value in (("batch_size", batch_size), ("max_tokens", max_tokens)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise OptionError(f"{name}={value!r} must be a whole number >= 1 (or None)")
@@ -290,7 +285,8 @@ class Engine:
             # requests fits one batch): split the tokens evenly, in at most that many batches
             budget = min(budget, -(-sum(lengths) // self.pool.streams) + max(lengths))
         batches = length_sorted_batches(lengths, batch_size or self.batch_size, budget, padded=not packed)
-        return self._run(encoded, units, owners, n_windows, batches, layers, method, taps, progress)
+        run = _Call(layers, method, taps, final_norm)
+        return self._run(encoded, units, owners, n_windows, batches, run, progress)
 
     def _run(
         self,
@@ -299,18 +295,17 @@ class Engine:
         owners: list[tuple[int, int]],
         n_windows: dict[int, int],
         batches: list[list[int]],
-        layers: tuple[int, ...],
-        method: Method,
-        taps: tuple[str, ...],
+        run: _Call,
         progress: bool | None,
     ) -> Iterator[tuple[int, LayerStack]]:
+        layers = run.layers
         quiet = progress is None and len(batches) <= 1
         bar = None if quiet else progress_bar("extracting", "inputs", progress)
         task = bar.add_task("extract", total=len(units)) if bar is not None else None
         pending: dict[int, dict[int, tuple]] = {}  # windows of long inputs until all are done
         nonfinite: set[int] = set()  # inputs whose vectors hold NaN or inf
         with bar if bar is not None else nullcontext():
-            for batch_ids, rows in self._batch_rows(units, batches, layers, method, taps):
+            for batch_ids, rows in self._batch_rows(units, batches, run):
                 for u, (hidden, tapped) in zip(batch_ids, rows, strict=True):
                     index, k = owners[u]
                     if rows.nonfinite and not np.isfinite(hidden).all():
@@ -338,21 +333,19 @@ class Engine:
         self,
         units: list[EncodedInput | Window],
         batches: list[list[int]],
-        layers: tuple[int, ...],
-        method: Method,
-        taps: tuple[str, ...],
+        run: _Call,
     ) -> Iterator[tuple[list[int], Rows]]:
         """Each batch with its rows, in order; on the forward pool's streams when it has one (a few
         batches ahead of the caller, who consumes the rows meanwhile)."""
-        if self.pool is None or not self._runs_packed(method, taps):
+        if self.pool is None or not self._runs_packed(run.method, run.taps):
             for batch_ids in batches:
-                yield batch_ids, self._forward_units([units[u] for u in batch_ids], layers, method, taps)
+                yield batch_ids, self._forward_units([units[u] for u in batch_ids], run)
             return
         ahead: deque[tuple[list[int], Future]] = deque()
         try:
             for batch_ids in batches:
                 ahead.append(
-                    (batch_ids, self.pool.submit(self._forward_packed, [units[u] for u in batch_ids], layers))
+                    (batch_ids, self.pool.submit(self._forward_packed, [units[u] for u in batch_ids], run))
                 )
                 if len(ahead) > self.pool.streams:
                     batch_ids, future = ahead.popleft()
@@ -364,48 +357,36 @@ class Engine:
             for _, future in ahead:
                 future.cancel()
 
-    def _forward_units(
-        self,
-        units: Sequence[EncodedInput | Window],
-        layers: tuple[int, ...],
-        method: Method,
-        taps: tuple[str, ...],
-    ) -> Rows:
+    def _forward_units(self, units: Sequence[EncodedInput | Window], run: _Call) -> Rows:
+        layers, method, taps = run.layers, run.method, run.taps
         if self._runs_packed(method, taps):
-            return self._forward_packed(units, layers)
+            return self._forward_packed(units, run)
         model = self.model  # built (and adopted) before the lock is taken
         batch = collate(units, pad_id=self.pad_id, with_token_types=self.with_token_types, device=self.device)
         with self.lock.exclusive(), torch.inference_mode(), eager_attention_for(model, taps):
             hidden, tapped = forward_batch(
                 model, batch, layers=layers, method=method, layer_owner=self.layer_owner,
                 layer_attr=self.layer_attr, layer_list=self.layer_list, model_type=self.model_type, taps=taps,
-                final_norm=self.model_norms_last,
             )  # fmt: skip
-            hidden = self._norm_every_state(model, hidden)
+            hidden = apply_final_norm(model, hidden, layers, run.final_norm)
         rows = split_rows(hidden, tapped, [len(u) for u in units])
         # one cheap whole-batch test (a sum is NaN/inf when any term is, or overflows: then the rows
         # are looked at one by one; isfinite().all() costs 30x more, 2% of a run); padding is summed too
         rows.nonfinite = not bool(torch.isfinite(hidden.sum()))
         return rows
 
-    def _norm_every_state(self, model: Any, hidden: torch.Tensor) -> torch.Tensor:
-        """With ``final_norm="all"``: each hidden state through the decoder's final norm."""
-        if self.final_norm != "all":
-            return hidden
-        return final_norm_module(model)(hidden)
-
     def _runs_packed(self, method: Method, taps: tuple[str, ...]) -> bool:
         """The packed forward gives hidden states only: taps and hooks need the Hugging Face modules'
         own forward. The batching (real or padded token budget) follows the same choice."""
         return self.packed is not None and method == "hidden_states" and not taps
 
-    def _forward_packed(self, units: Sequence[EncodedInput | Window], layers: tuple[int, ...]) -> Rows:
+    def _forward_packed(self, units: Sequence[EncodedInput | Window], run: _Call) -> Rows:
         packed: Any = self.packed  # one packed forward for the whole batch (_adopt may replace it)
         assert packed is not None
         batch = packed.prepare(units, with_token_types=self.with_token_types, device=self.device)
         with self.lock.shared(), torch.inference_mode():
-            hidden = packed.forward(batch, layers)  # (L, N, H): real tokens only
-            hidden = self._norm_every_state(self.models.current, hidden)
+            hidden = packed.forward(batch, run.layers)  # (L, N, H): real tokens only
+            hidden = apply_final_norm(self.models.current, hidden, run.layers, run.final_norm)
         array = _to_numpy(hidden)
         rows = Rows()
         start = 0
@@ -416,6 +397,16 @@ class Engine:
             start += n
         rows.nonfinite = not bool(torch.isfinite(hidden.sum()))  # see _forward_units
         return rows
+
+
+@dataclass(frozen=True)
+class _Call:
+    """What one call of :meth:`Engine.stream` computes for each batch."""
+
+    layers: tuple[int, ...]
+    method: Method
+    taps: tuple[str, ...]
+    final_norm: FinalNorm
 
 
 def _stitch(item: EncodedInput, parts: dict[int, tuple], layers: tuple[int, ...]) -> LayerStack:

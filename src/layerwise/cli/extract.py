@@ -16,6 +16,7 @@ from .options import (
     DeviceOption,
     EncodingErrorsChoice,
     EncodingErrorsOption,
+    FinalNormOption,
     LayersOption,
     LongTextsChoice,
     LongTextsOption,
@@ -30,6 +31,7 @@ from .options import (
     _use_available_cores,
     app,
     err,
+    final_norm_value,
 )
 
 
@@ -122,6 +124,7 @@ def extract(
     stride: Annotated[
         int | None, typer.Option(min=1, help="Window step in tokens [default: half a window]")
     ] = None,
+    final_norm: FinalNormOption = None,
     device: DeviceOption = "auto",
     streams: StreamsOption = None,
     encoding_errors: EncodingErrorsOption = EncodingErrorsChoice.strict,
@@ -161,17 +164,23 @@ def extract(
         bool, typer.Option(help="Start an existing store again instead of resuming it")
     ] = False,
     block_size: Annotated[
-        int,
+        int | None,
         typer.Option(
-            min=1, help="Store: texts sorted and committed together", rich_help_panel="Store layout"
+            min=1,
+            help="Store: texts sorted and committed together [default: 2048]",
+            rich_help_panel="Store layout",
         ),
-    ] = 2048,
+    ] = None,
     chunk_rows: Annotated[
-        int, typer.Option(min=1, help="Store: rows per chunk", rich_help_panel="Store layout")
-    ] = 128,
+        int | None,
+        typer.Option(min=1, help="Store: rows per chunk [default: 128]", rich_help_panel="Store layout"),
+    ] = None,
     shard_chunks: Annotated[
-        int, typer.Option(min=1, help="Store: chunks per shard (one file)", rich_help_panel="Store layout")
-    ] = 64,
+        int | None,
+        typer.Option(
+            min=1, help="Store: chunks per shard (one file) [default: 64]", rich_help_panel="Store layout"
+        ),
+    ] = None,
     ray: Annotated[
         str | None,
         typer.Option(
@@ -181,15 +190,19 @@ def extract(
         ),
     ] = None,
     workers: Annotated[
-        int, typer.Option(min=1, help="Ray actors, each with its model", rich_help_panel="Ray")
-    ] = 2,
+        int | None,
+        typer.Option(min=1, help="Ray actors, each with its model [default: 2]", rich_help_panel="Ray"),
+    ] = None,
     threads_per_worker: Annotated[
-        int, typer.Option(min=1, help="torch threads (CPUs) per actor", rich_help_panel="Ray")
-    ] = 1,
+        int | None,
+        typer.Option(min=1, help="torch threads (CPUs) per actor [default: 1]", rich_help_panel="Ray"),
+    ] = None,
     shard_size: Annotated[
         int | None,
         typer.Option(
-            min=1, help="Texts per shard [default: ~32 shards of 1024..4096]", rich_help_panel="Ray"
+            min=1,
+            help="Texts per shard [default: ~32 shards of 1024..4096, one per worker at least]",
+            rich_help_panel="Ray",
         ),
     ] = None,
     allow_nan: Annotated[
@@ -201,16 +214,26 @@ def extract(
     ] = False,
 ) -> None:
     """Extract hidden states of every requested layer for each input and write them to a file
-    (.npz, .jsonl, .parquet for pooled vectors) or to a resumable store (a folder ending in .lw)."""
+    (.npz, .jsonl, .parquet for pooled vectors) or to a resumable store (a folder ending in .lw).
+    The output's metadata records how it was made: `layerwise info OUTPUT`."""
     _setup_logging(quiet)
     try:
-        from ..encoder import Encoder
         from ..features.plan import OutputPlan
-        from ..files.writers import extract_to_file, output_format
-        from ..inputs.corpus import Corpus
+        from ..settings import Settings
 
         to_store = output.suffix.lower() == ".lw" or output.is_dir()
+        backend = (
+            "--ray" if ray is not None else ("a store (-o *.lw)" if to_store else f"a {output.suffix} file")
+        )
+        _refuse_unused(
+            backend, to_store=to_store, on_ray=ray is not None, no_text=no_text, overwrite=overwrite,
+            layout={"--block-size": block_size, "--chunk-rows": chunk_rows, "--shard-chunks": shard_chunks},
+            ray_only={"--workers": workers, "--threads-per-worker": threads_per_worker,
+                      "--shard-size": shard_size},
+        )  # fmt: skip
         if not to_store:
+            from ..files.writers import output_format
+
             output_format(output)  # fail on bad options before loading anything
         for name in inputs:
             if output.exists() and Path(name).exists() and os.path.samefile(output, name):
@@ -221,12 +244,20 @@ def extract(
         default_dtype = OutDtype.float16 if to_store else OutDtype.float32
         plan = OutputPlan.parse(
             layers=layers, pool=pool, fuse=fuse, special_tokens=special_tokens.value,
-            dtype=(dtype or default_dtype).value, normalize=normalize,
+            dtype=(dtype or default_dtype).value, normalize=normalize, long_texts=long_texts.value,
+            stride=stride, final_norm=None if final_norm is None else final_norm_value(final_norm),
+        )  # fmt: skip
+        # how the model is loaded and run: one value, handed whole to every back end
+        settings = Settings(
+            model, device=device, model_dtype=model_dtype.value, max_length=max_length, batch_size=batch_size,
+            max_tokens=max_tokens, packed=packed, streams=streams, allow_nan=allow_nan, method=method.value,
         )  # fmt: skip
         if output.suffix.lower() == ".parquet":
             from ..files.parquet import check_parquet_plan
 
             check_parquet_plan(plan.level)
+        from ..inputs.corpus import Corpus
+
         corpus = Corpus(
             inputs, format=format.value if format else None, text_column=text_column, pair_column=pair_column,
             id_column=id_column, words_column=words_column, limit=limit, on_bad_row=on_bad_row.value,
@@ -238,33 +269,34 @@ def extract(
                 f"{corpus.describe()} holds no texts" + (f" ({skipped} bad rows skipped)" if skipped else "")
             )
         source = corpus.describe()
+        layout = {"block_size": block_size, "chunk_rows": chunk_rows, "shard_chunks": shard_chunks}
         if ray is not None:
-            if not to_store:
-                raise OptionError("--ray writes a sharded store: give -o a folder ending in .lw")
-            _extract_on_ray(ray, corpus, output, plan, model, workers, threads_per_worker, shard_size, device,
-                            max_length, long_texts.value, stride, overwrite, quiet)  # fmt: skip
+            _extract_on_ray(ray, settings, corpus, output, plan, workers or 2, threads_per_worker or 1,
+                            shard_size, overwrite, layout, quiet)  # fmt: skip
             return
+        from ..encoder import Encoder
+
         started = time.perf_counter()
         _use_available_cores()  # before the Encoder: its default streams follow the thread count
-        enc = Encoder(model, device=device, model_dtype=model_dtype.value, max_length=max_length,
-                      batch_size=batch_size, max_tokens=max_tokens, packed=packed,
-                      streams=streams, allow_nan=allow_nan)  # fmt: skip
+        enc = Encoder.from_settings(settings)
         progress = False if quiet else None
         if to_store:
             from ..store import extract_to_store
+            from ..store.format import BLOCK_SIZE, CHUNK_ROWS, SHARD_CHUNKS
 
             stored = extract_to_store(
-                enc, corpus, output, plan, long_texts=long_texts.value, stride=stride,
-                method=method.value, overwrite=overwrite, block_size=block_size, chunk_rows=chunk_rows,
-                shard_chunks=shard_chunks, source=source, progress=progress,
+                enc, corpus, output, plan, overwrite=overwrite, block_size=block_size or BLOCK_SIZE,
+                chunk_rows=chunk_rows or CHUNK_ROWS, shard_chunks=shard_chunks or SHARD_CHUNKS, source=source,
+                progress=progress,
             )  # fmt: skip
             if not quiet:
                 _report_store(stored, enc.name, corpus.scan().n_skipped)
             return
+        from ..files.writers import extract_to_file
+
         summary = extract_to_file(
-            enc, corpus, output, plan, long_texts=long_texts.value, stride=stride, method=method.value,
-            source=source, progress=progress, keep_text=not no_text,
-        )  # fmt: skip
+            enc, corpus, output, plan, source=source, progress=progress, keep_text=not no_text
+        )
     except LayerwiseError as exc:
         raise _fail(exc) from None
     if not quiet:
@@ -273,17 +305,43 @@ def extract(
         )
 
 
-def _extract_on_ray(mode, data, output, plan, model, workers, threads, shard_size, device, max_length,
-                    long_texts, stride, overwrite, quiet) -> None:  # fmt: skip
+def _refuse_unused(
+    backend: str,
+    *,
+    to_store: bool,
+    on_ray: bool,
+    no_text: bool,
+    overwrite: bool,
+    layout: dict,
+    ray_only: dict,
+) -> None:
+    """Options the chosen back end cannot honour are refused, naming the option and the back end
+    (tests/test_option_coverage.py walks every option through every back end)."""
+    if on_ray and not to_store:
+        raise OptionError("--ray writes a sharded store: give -o a folder ending in .lw")
+    if no_text and to_store:
+        raise OptionError(
+            f"--no-text: {backend} keeps each text in its manifest (resuming and verify check them); "
+            "write the store, then `layerwise export STORE -o vectors.parquet --no-text`"
+        )
+    if overwrite and not to_store:
+        raise OptionError(f"--overwrite applies to stores; {backend} is always written anew (atomically)")
+    for option, value in layout.items():
+        if value is not None and not to_store:
+            raise OptionError(f"{option} sets a store's layout; {backend} has none: leave {option} out")
+    for option, value in ray_only.items():
+        if value is not None and not on_ray:
+            raise OptionError(f"{option} applies to --ray; {backend} runs in this process: add --ray local")
+
+
+def _extract_on_ray(mode, settings, data, output, plan, workers, threads, shard_size, overwrite, layout,
+                    quiet) -> None:  # fmt: skip
     from .. import ray as lw_ray
 
-    if device == "auto":
-        device = "cpu"  # each actor gets CPUs from Ray; pass --device cuda for GPU actors
     lw_ray.init(mode, workers=workers, threads_per_worker=threads)
     summary = lw_ray.extract_to_store(
-        data, output, plan, model=model, workers=workers,
-        threads_per_worker=threads, shard_size=shard_size, device=device, max_length=max_length,
-        long_texts=long_texts, stride=stride, overwrite=overwrite,
+        settings, data, output, plan, workers=workers, threads_per_worker=threads, shard_size=shard_size,
+        overwrite=overwrite, **layout,
     )  # fmt: skip
     if not quiet:
         resumed = f" ({summary.n_shards_skipped} already complete)" if summary.n_shards_skipped else ""

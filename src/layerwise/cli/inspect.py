@@ -1,4 +1,5 @@
-"""``layerwise show`` (a tokens x layers table) and ``layerwise verify`` (a store's integrity)."""
+"""``layerwise show`` (a tokens x layers table), ``layerwise verify`` (a store's integrity) and
+``layerwise info`` (how an output was made)."""
 
 from __future__ import annotations
 
@@ -58,3 +59,39 @@ def verify(
     (Console() if report.ok else err).print(str(report), highlight=False, markup=False, soft_wrap=True)
     if not report.ok:
         raise typer.Exit(code=1)
+
+
+@app.command()
+def info(
+    path: Annotated[Path, typer.Argument(help="An output: .npz, .jsonl, .parquet or a store (*.lw)")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print the metadata as JSON")] = False,
+) -> None:
+    """Print how an output was made: layerwise's version, the model and its settings (dtype, max
+    length, final norm, …), the plan (layers, pooling, fusion, dtype) and the source corpus."""
+    try:
+        from ..files.meta import read_meta
+
+        meta = read_meta(path)
+    except LayerwiseError as exc:
+        raise _fail(exc) from None
+    if as_json:
+        import json
+
+        typer.echo(json.dumps(meta, indent=1, ensure_ascii=False))
+        return
+    from rich.table import Table
+
+    table = Table(show_header=False, box=None, pad_edge=False)
+    table.add_column(style="bold")
+    table.add_column(overflow="fold")
+    for key, value in meta.items():
+        table.add_row(key, _shown(value))
+    Console().print(table)
+
+
+def _shown(value: object) -> str:
+    from rich.markup import escape
+
+    if isinstance(value, list) and len(value) > 16:
+        value = [*value[:8], "…", *value[-4:]]
+    return escape(str(value))

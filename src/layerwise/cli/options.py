@@ -21,7 +21,7 @@ from ..errors import OptionError
 
 app = typer.Typer(
     name="layerwise",
-    help="Contextual embeddings from every encoder layer of BERT-family models.",
+    help="Contextual embeddings from every layer of transformer encoders (BERT family) and decoder LMs.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -77,6 +77,30 @@ LayersOption = Annotated[
     str, typer.Option("--layers", "-l", help="all | -1 | 0,4,-1 | 0:4 (end excluded) | last4; 0 = embeddings")
 ]
 DeviceOption = Annotated[str, typer.Option("--device", help="auto | cpu | cuda | cuda:N")]
+
+
+class FinalNormChoice(StrEnum):
+    last = "last"
+    none = "none"
+    all = "all"
+
+
+FinalNormOption = Annotated[
+    FinalNormChoice | None,
+    typer.Option(
+        help="Decoder LMs: the final norm on the last hidden state (last, as transformers returns it), "
+        "on none, or on all (layers compare on one scale) [default: last]; encoders have none"
+    ),
+]
+
+
+def final_norm_value(choice: FinalNormChoice | None):
+    """The Python value of --final-norm (None: not given, the model's default)."""
+    from ..settings import parse_final_norm
+
+    return True if choice is None else parse_final_norm(choice.value)
+
+
 StreamsOption = Annotated[
     int | None,
     typer.Option(
@@ -97,7 +121,7 @@ def _root(
         bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")
     ] = False,
 ) -> None:
-    """Contextual embeddings from every encoder layer of BERT-family models."""
+    """Contextual embeddings from every layer of transformer encoders (BERT family) and decoder LMs."""
 
 
 def _check_output_file(path: Path, option: str, suffixes: tuple[str, ...] | None = None) -> None:

@@ -13,13 +13,16 @@ import typer
 from ..errors import LayerwiseError, MissingDependencyError, OptionError
 from .options import (
     DeviceOption,
+    FinalNormOption,
     LongTextsChoice,
     LongTextsOption,
+    ModelDtype,
     _fail,
     _setup_logging,
     _use_available_cores,
     app,
     err,
+    final_norm_value,
 )
 
 # The Encoders of this process serve tokenisation, metadata and the explorer; the batcher's runs go
@@ -88,6 +91,8 @@ def serve(
         int | None, typer.Option(min=2, help="Tokens per input [default: the model's]")
     ] = None,
     device: DeviceOption = "auto",
+    model_dtype: Annotated[ModelDtype, typer.Option(help="Compute dtype of the models")] = ModelDtype.float32,
+    final_norm: FinalNormOption = None,
     streams: Annotated[
         int | None,
         typer.Option(
@@ -136,7 +141,11 @@ def serve(
                 "pass --api-key-file or set LAYERWISE_API_KEY",
                 highlight=False,
             )
-        encoders = _load_encoders(model, device, max_length)
+        from ..settings import Settings
+
+        base = Settings(device=device, max_length=max_length, model_dtype=model_dtype.value,
+                        final_norm=final_norm_value(final_norm), streams=SERVE_STREAMS)  # fmt: skip
+        encoders = _load_encoders(model, base)
         if model_process is None:  # a GPU runs its kernels without the GIL's help: one process there
             on_cpu = all(encoder.device.type == "cpu" for encoder in encoders.values())
             settings = dataclasses.replace(settings, model_process=on_cpu)
@@ -161,8 +170,9 @@ def _require_uvicorn(command: str) -> None:
         ) from None
 
 
-def _load_encoders(model: list[str] | None, device: str, max_length: int | None) -> dict:
-    """Each --model loaded once (default: the packaged model), by its resolved name."""
+def _load_encoders(model: list[str] | None, base) -> dict:
+    """Each --model loaded once (default: the packaged model), by its resolved name, with the
+    command's settings (``base``: a Settings without a model)."""
     # Before torch loads OpenMP: its idle threads sleep instead of spinning between ops, in this
     # process (the event loop needs a core between model runs), not in the model process. A user's
     # own setting wins; offline extraction keeps OpenMP's default, where nothing else runs.
@@ -174,7 +184,7 @@ def _load_encoders(model: list[str] | None, device: str, max_length: int | None)
     _use_available_cores()
     encoders = {}
     for name in list(model) if model else [None]:
-        encoder = Encoder(name, device=device, max_length=max_length, streams=SERVE_STREAMS)
+        encoder = Encoder.from_settings(base.replace(model=name))
         # the explorer's attention maps (taps) need the transformers model: built at start (1.5-2 s,
         # model/handle.py), not in the middle of somebody's request
         _ = encoder.model
@@ -226,8 +236,9 @@ def explore(
                 f"--host {host!r}: explore binds loopback only; use layerwise serve --host with an API key"
             )
         from ..serve import ServeSettings, create_app
+        from ..settings import Settings
 
-        encoders = _load_encoders(model, device, None)
+        encoders = _load_encoders(model, Settings(device=device, streams=SERVE_STREAMS))
         settings = ServeSettings()
         application = create_app(encoders, settings, reference_store=store)
         sock = _bind(host, port)

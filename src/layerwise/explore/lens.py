@@ -92,7 +92,6 @@ class CausalLMHead:
     norm: Callable  # torch (n, hidden) -> (n, hidden)
     head: Callable  # torch (n, hidden) -> (n, vocab), soft-capped where the model caps
     vocabulary: list[str]
-    normed_layer: int | None  # the hidden state that already went through the norm (final_norm=True)
     device: Any = "cpu"
     mask_token: None = None
     inputs: Any = None
@@ -110,8 +109,6 @@ class CausalLMHead:
         norm = final_norm_module(model)
         if norm is None:
             return None
-        if encoder.final_norm == "all":  # every hidden state comes normed already
-            norm = _unchanged
         config = model.config
         if getattr(config, "tie_word_embeddings", False):
             weight = model.get_input_embeddings().weight
@@ -127,23 +124,16 @@ class CausalLMHead:
             return torch.tanh(logits / cap) * cap if cap else logits
 
         vocabulary = encoder.tokenizer.convert_ids_to_tokens(list(range(config.vocab_size)))
-        normed = encoder.n_layers if encoder.final_norm is True else None
-        return cls(norm, head, [str(t) for t in vocabulary], normed, encoder.device, None, encoder.inputs)
+        return cls(norm, head, [str(t) for t in vocabulary], encoder.device, None, encoder.inputs)
 
     def logits(self, hidden: np.ndarray, layers: tuple[int, ...] = ()) -> np.ndarray:
-        """``(n, hidden_size)`` at hidden states ``layers`` -> ``(n, vocab_size)`` float32: the
-        final norm first, except on the state that already went through it."""
+        """``(n, hidden_size)`` raw residual stream at hidden states ``layers`` -> ``(n, vocab_size)``
+        float32: the final norm, then the head (the lens reads every state raw: final_norm=False)."""
         import torch
 
         with torch.inference_mode():
             x = torch.as_tensor(np.ascontiguousarray(hidden, dtype=np.float32)).to(self.device)
-            again = torch.tensor([layer != self.normed_layer for layer in layers] or [True] * len(x))
-            x = torch.where(again.to(x.device)[:, None], self.norm(x), x)
-            return self.head(x).float().cpu().numpy()
-
-
-def _unchanged(hidden: Any) -> Any:
-    return hidden
+            return self.head(self.norm(x)).float().cpu().numpy()
 
 
 def _untied_lm_head(encoder: Encoder) -> Any:
@@ -218,7 +208,7 @@ def _extract_with_masks(encoder: Encoder, head: MaskedLMHead | CausalLMHead, tex
     layers = tuple(range(encoder.n_hidden_states))
     stream = encoder.engine.stream(
         encoded, layers=layers, method="hidden_states", taps=(), stride=None, batch_size=None,
-        max_tokens=None, progress=False,
+        max_tokens=None, progress=False, final_norm=False,  # raw: CausalLMHead norms every state once
     )  # fmt: skip
     return dict(stream)[0]
 

@@ -5,7 +5,9 @@
     for index, vector in plan.apply(stream, n_hidden_states=7): ...
 
 A plan is layers x level (token | word | sentence) x pooling mode x special-token rule x fusion x
-output dtype. ``parse`` takes the string forms of the command line and of HTTP requests
+output dtype, with how the run gets there: long texts truncated or windowed (and the windows'
+stride) and a decoder's final norm (``final_norm``: None takes the Encoder's default).
+``parse`` takes the string forms of the command line and of HTTP requests
 (``--layers last4 --pool word:mean --fuse concat_last4``) and is the only place their rules live:
 a fusion needs word or sentence pooling; a named fusion picks its own layers; special tokens only
 matter for sentence pooling. ``apply`` turns a stream of LayerStacks into the requested results.
@@ -14,6 +16,7 @@ NumPy only: no torch.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Literal
@@ -22,6 +25,7 @@ import numpy as np
 
 from ..errors import LayerwiseError, OptionError, check_choice
 from ..results import LayerStack, SentenceVector, WordVectors
+from ..settings import FinalNorm, check_final_norm
 from .fuse import GENERIC_FUSIONS, check_fusion, fuse_layers, fusion_layers
 from .layers import LayerSpec, resolve_layers
 from .pool import SENTENCE_POOLS, SPECIAL_TOKENS, SUBWORD_POOLS, pool_sentence, pool_words
@@ -29,6 +33,8 @@ from .pool import SENTENCE_POOLS, SPECIAL_TOKENS, SUBWORD_POOLS, pool_sentence, 
 Level = Literal["token", "word", "sentence"]
 OutputDtype = Literal["float32", "float16"]
 OUTPUT_DTYPES: tuple[str, ...] = ("float32", "float16")
+LongTexts = Literal["truncate", "window"]
+LONG_TEXTS: tuple[str, ...] = ("truncate", "window")
 Result = LayerStack | WordVectors | SentenceVector
 
 
@@ -50,7 +56,10 @@ class OutputPlan:
     """Layers, level, pooling mode, special-token rule, fusion and output dtype of a run.
 
     ``layers`` is a layer spec (None: all, or the fusion's own layers); ``mode`` the word or
-    sentence pooling mode (None at token level)."""
+    sentence pooling mode (None at token level; ``"sentence:mean"`` is taken as ``"mean"``).
+    ``long_texts``: truncate inputs over the model maximum, or run them in windows of ``stride``
+    (None: half a window). ``final_norm``: a decoder's final norm on the last hidden state (True),
+    none (False) or every one ("all"); None: the Encoder's default (its ``final_norm``)."""
 
     layers: LayerSpec | None = None
     level: Level = "token"
@@ -59,9 +68,14 @@ class OutputPlan:
     fuse: str | None = None
     dtype: OutputDtype = "float32"
     normalize: bool = False
+    long_texts: LongTexts = "truncate"
+    stride: int | None = None
+    final_norm: FinalNorm | None = None
 
     def __post_init__(self) -> None:
         check_choice("level", self.level, ("token", "word", "sentence"))
+        if isinstance(self.mode, str) and self.mode.startswith(f"{self.level}:"):
+            object.__setattr__(self, "mode", self.mode[len(self.level) + 1 :])  # both spellings
         modes = {"token": (None,), "word": SUBWORD_POOLS, "sentence": SENTENCE_POOLS}[self.level]
         if self.mode not in modes:
             raise OptionError(f"pool {self.pool!r} is not valid; choose one of {', '.join(_pool_choices())}")
@@ -92,6 +106,16 @@ class OutputPlan:
                     f"fuse={self.fuse!r} uses its own hidden states; drop layers={self.layers!r}, or fuse "
                     "the layers you choose with a generic fusion: fuse='mean', 'sum' or 'concat'"
                 )
+        check_choice("long_texts", self.long_texts, LONG_TEXTS)
+        if self.stride is not None:
+            if isinstance(self.stride, bool) or not isinstance(self.stride, int) or self.stride < 1:
+                raise OptionError(f"stride={self.stride!r} must be a whole number >= 1 (or None)")
+            if self.long_texts != "window":
+                raise OptionError(
+                    f"stride={self.stride} applies to sliding windows only; pass long_texts='window' "
+                    "(--long-texts window) too or drop stride"
+                )
+        check_final_norm(self.final_norm, optional=True)
 
     @classmethod
     def parse(
@@ -103,20 +127,30 @@ class OutputPlan:
         special_tokens: str = "include",
         dtype: str = "float32",
         normalize: bool = False,
+        long_texts: str = "truncate",
+        stride: int | None = None,
+        final_norm: FinalNorm | None = None,
     ) -> OutputPlan:
         """The plan for string options as the CLI and the HTTP service take them:
-        ``pool`` is ``"token"``, ``"word:MODE"`` or ``"sentence:MODE"``."""
+        ``pool`` is ``"token"``, ``"word:MODE"`` or ``"sentence:MODE"``; a bare sentence mode
+        (``"mean"``, as ``Encoder.embed`` takes it) means ``"sentence:MODE"``, and a bare word-only
+        mode (``"first"``, ``"first_last"``) ``"word:MODE"``."""
         if not isinstance(pool, str):
             raise OptionError(
                 f"pool={pool!r} must be a string such as 'token', 'word:first' or 'sentence:mean'"
             )
+        if pool in SENTENCE_POOLS:
+            pool = f"sentence:{pool}"
+        elif pool in SUBWORD_POOLS:
+            pool = f"word:{pool}"
         level, _, mode = pool.partition(":")
         if level not in ("token", "word", "sentence") or (level == "token") == bool(mode):
             raise OptionError(f"pool {pool!r} is not valid; choose one of {', '.join(_pool_choices())}")
         # a named fusion picks its own layers: the CLI's default "all" then means "not given"
         if fuse is not None and layers == "all" and fuse not in GENERIC_FUSIONS:
             layers = None
-        return cls(layers, level, mode or None, special_tokens, fuse, dtype, normalize)  # type: ignore[arg-type]
+        return cls(layers, level, mode or None, special_tokens, fuse, dtype, normalize,  # type: ignore[arg-type]
+                   long_texts, stride, final_norm)  # type: ignore[arg-type]  # fmt: skip
 
     @property
     def pool(self) -> str:
@@ -165,6 +199,19 @@ class OutputPlan:
         for index, stack in stream:
             yield index, self.result(stack, n_hidden_states)
 
+    def with_final_norm(self, default: FinalNorm, *, is_decoder: bool) -> OutputPlan:
+        """This plan with its final norm settled: ``default`` (the Encoder's) where it has none; an
+        encoder has no final norm, so "all" and False are refused for it, naming the fix."""
+        value: FinalNorm | None = default if self.final_norm is None else self.final_norm
+        if not is_decoder:
+            if self.final_norm is not None and self.final_norm is not True:
+                raise OptionError(
+                    f"final_norm={self.final_norm!r} passes hidden states through a decoder LM's final norm; "
+                    "this model is an encoder (BERT family), which has none: leave final_norm out"
+                )
+            value = None  # nothing to say: recorded as null
+        return dataclasses.replace(self, final_norm=value)
+
     def meta(self, n_hidden_states: int) -> dict:
         """The plan as metadata for files, stores and responses (one word, one meaning)."""
         return {
@@ -177,4 +224,34 @@ class OutputPlan:
             "special_tokens": self.special_tokens if self.level == "sentence" else None,
             "normalize": self.normalize,
             "dtype": self.dtype,
+            "long_texts": self.long_texts,
+            "stride": self.stride,
+            "final_norm": self.final_norm,
         }
+
+
+def plan_from_keywords(
+    plan: OutputPlan | None, *, default: OutputPlan, caller: str, **keywords
+) -> OutputPlan:
+    """The plan of a writer called the old way, with the plan's settings as keywords
+    (``pool="sentence:mean", long_texts="window"``): still taken, with a DeprecationWarning that
+    names the plan to pass instead; both at once is an error. Keywords left None were not given."""
+    given = {name: value for name, value in keywords.items() if value is not None}
+    if not given:
+        return plan if plan is not None else default
+    if plan is not None:
+        raise OptionError(
+            f"{caller}: pass either a plan or {'/'.join(given)}, not both: put them in the plan "
+            "(OutputPlan.parse(...))"
+        )
+    import warnings
+
+    spelled = ", ".join(f"{name}={value!r}" for name, value in given.items())
+    warnings.warn(
+        f"{caller}({spelled}) is deprecated: pass a plan, lw.OutputPlan.parse({spelled}); the keywords "
+        "go in layerwise 0.4",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    fields = {"dtype": default.dtype, **given}
+    return OutputPlan.parse(**fields)

@@ -1,8 +1,9 @@
 """Sentence, word and fused features as functions over an extraction stream.
 
-The Encoder runs the forward pass and hands the stream of ``(index, LayerStack)`` here; nothing in
-this module calls back into the Encoder or imports torch. ``Encoder.embed``, ``embed_words`` and
-``features`` are thin: plan, stream, one of these functions.
+The Encoder runs the forward pass and hands its outputs here (``Encoder.iter_results``: the plan
+applied; ``features``: the raw stream, pooled once per mode); nothing in this module calls back into
+the Encoder or imports torch. ``Encoder.embed``, ``embed_words`` and ``features`` are thin: plan,
+stream, one of these functions.
 """
 
 from __future__ import annotations
@@ -19,27 +20,25 @@ from .plan import OutputPlan
 from .pool import SENTENCE_POOLS, SPECIAL_TOKENS, pool_sentence
 
 Stream = Iterable[tuple[int, LayerStack]]
+Outputs = Iterable[tuple[int, LayerStack, LayerStack | WordVectors | SentenceVector]]
 
 
 def sentence_matrix(
-    stream: Stream, n_texts: int, plan: OutputPlan, *, n_hidden_states: int, hidden_size: int
+    outputs: Outputs, n_texts: int, plan: OutputPlan, *, n_hidden_states: int, hidden_size: int
 ) -> np.ndarray:
-    """``(n_texts, n_layers, hidden)``, or ``(n_texts, dim)`` fused: one row per input, in input order."""
+    """``(n_texts, n_layers, hidden)``, or ``(n_texts, dim)`` fused: one row per input, in input
+    order, from ``Encoder.iter_results``' ``(index, stack, result)``."""
     out = np.empty((n_texts, *plan.row_shape(hidden_size, n_hidden_states)), dtype=np.float32)
-    for index, stack in stream:
-        result = plan.result(stack, n_hidden_states)
+    for index, _, result in outputs:
         assert isinstance(result, SentenceVector)
         out[index] = result.vector
     return out
 
 
-def word_vectors(
-    stream: Stream, n_inputs: int, plan: OutputPlan, *, n_hidden_states: int
-) -> list[WordVectors]:
-    """One WordVectors per input, in input order."""
+def word_vectors(outputs: Outputs, n_inputs: int) -> list[WordVectors]:
+    """One WordVectors per input, in input order, from ``Encoder.iter_results``."""
     results: dict[int, WordVectors] = {}
-    for index, stack in stream:
-        result = plan.result(stack, n_hidden_states)
+    for index, _, result in outputs:
         assert isinstance(result, WordVectors)
         results[index] = result
     return [results[i] for i in range(n_inputs)]

@@ -191,9 +191,10 @@ class NpzWriter(Writer):
 
     def begin(self, block: Block) -> None:
         super().begin(block)
-        self.texts.extend(block.texts)
-        if self.pairs is not None:
-            self.pairs.extend(block.text_pairs or [""] * len(block))
+        if self.keep_text:  # --no-text: no texts_utf8 / text_pairs_utf8 in the archive at all
+            self.texts.extend(block.texts)
+            if self.pairs is not None:
+                self.pairs.extend(block.text_pairs or [""] * len(block))
         if self.str_ids is not None:
             self.str_ids.extend([str(i) for i in block.ids])
         else:
@@ -222,9 +223,10 @@ class NpzWriter(Writer):
         if not self.sentences.empty:
             self.sentences.write_npy(zf, "embeddings")
         put_array(zf, "layers", np.asarray(self.meta.get("layers", ()), dtype=np.int32))
-        self.texts.put(zf, "texts")
-        if self.pairs is not None:
-            self.pairs.put(zf, "text_pairs")
+        if self.keep_text:
+            self.texts.put(zf, "texts")
+            if self.pairs is not None:
+                self.pairs.put(zf, "text_pairs")
         if self.str_ids is not None:
             self.str_ids.put(zf, "ids")
         else:
@@ -301,6 +303,8 @@ class JsonlWriter(Writer):
         assert block is not None
         local = index - block.start
         record: dict = {"id": block.ids[local], "model": self.meta.get("model")}
+        if index == 0:  # the first line says how the file was made (lw.read_meta reads it)
+            record["layerwise"] = {**self.meta, "format": "layerwise-jsonl", "n_texts": self.n_texts}
         if self.keep_text:
             record["text"] = block.texts[local]
             if block.text_pairs is not None:

@@ -39,7 +39,9 @@ def _pyarrow() -> Any:
     try:
         import pyarrow as pa
         import pyarrow.parquet
-    except ImportError as exc:
+    except ModuleNotFoundError as exc:
+        if exc.name != "pyarrow":  # pyarrow is there but something it needs is not: say that
+            raise
         raise MissingDependencyError("Parquet output needs pyarrow: pip install 'layerwise[io]'") from exc
     return pa
 

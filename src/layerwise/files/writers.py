@@ -143,9 +143,8 @@ def extract_to_file(
     on_bad_row: str = "error",
     encoding_errors: str = "strict",
     keep_text: bool = True,
-    long_texts: str = "truncate",
+    long_texts: str | None = None,
     stride: int | None = None,
-    method: str = "hidden_states",
     source: str | None = None,
     progress: bool | None = None,
 ) -> dict:
@@ -155,48 +154,44 @@ def extract_to_file(
 
     ``texts`` is any iterable of strings (with ``text_pairs`` and ``ids`` beside it), a
     :class:`~layerwise.Corpus`, or a path (a file, a glob, a folder, ``-``) read as a corpus with
-    the column options (``text_column``, ``id_column``, …, ``limit``, ``on_bad_row``: see Corpus)."""
-    from .. import __version__
-    from ..features.plan import OutputPlan
+    the column options (``text_column``, ``id_column``, …, ``limit``, ``on_bad_row``: see Corpus).
+    ``keep_text=False`` leaves the texts out of every format. The file's metadata says how it was
+    made (``lw.read_meta``). ``long_texts``/``stride`` as keywords are deprecated: they are the
+    plan's (``OutputPlan.parse(long_texts="window")``)."""
+    from ..features.plan import OutputPlan, plan_from_keywords
     from ..inputs.corpus import as_corpus
-    from ..model.source import weights_sha256
 
-    plan = plan if plan is not None else OutputPlan()
+    plan = plan_from_keywords(plan, default=OutputPlan(), caller="extract_to_file", long_texts=long_texts,
+                              stride=stride)  # fmt: skip
     path = Path(path)
     fmt = output_format(path)  # before any work
     if fmt == ".parquet":
         from .parquet import check_parquet_plan
 
         check_parquet_plan(plan.level)
-    check_choice("long_texts", long_texts, ("truncate", "window"))
-    check_choice("method", method, ("hidden_states", "hooks"))
+    plan = encoder.settle(plan)
     corpus = as_corpus(
         texts, text_pairs=text_pairs, ids=ids, text_column=text_column, pair_column=pair_column,
         id_column=id_column, words_column=words_column, format=format, limit=limit, on_bad_row=on_bad_row,
         encoding_errors=encoding_errors,
     )  # fmt: skip
     scan = corpus.scan()  # every row checked before anything is written
-    n = encoder.n_hidden_states
     meta = {
-        "model": encoder.name,
-        "weights_sha256": weights_sha256(encoder.models.current),
-        **plan.meta(n),
-        "long_texts": long_texts,
-        "stride": stride,
-        "max_length": encoder.max_length,
-        "model_dtype": encoder.model_dtype,
-        "method": method,
+        **encoder.run_meta(plan),
         "source": source if source is not None else corpus.describe(),
-        "id_column": id_column,
+        "corpus": corpus.reading,  # how the source was read: format, columns, limit, bad rows, encoding
+        "id_column": corpus.reading.get("id_column", id_column),
         "n_skipped": scan.n_skipped,
-        "layerwise_version": __version__,
+        "keep_text": keep_text,
     }
     writer_class = _writer_class(fmt)
     size = _block_size(plan, encoder, fmt)
     options: dict = {"n_texts": scan.n_texts, "has_pairs": scan.has_pairs, "id_kind": scan.id_kind}
-    summary = _write(path, lambda tmp: writer_class(tmp, meta, plan.dtype, keep_text=keep_text, **options),
-                     lambda writer: _extract_blocks(encoder, corpus, writer, plan, size, long_texts, stride,
-                                                    method, progress))  # fmt: skip
+    summary = _write(
+        path,
+        lambda tmp: writer_class(tmp, meta, plan.dtype, keep_text=keep_text, **options),
+        lambda writer: _extract_blocks(encoder, corpus, writer, plan, size, progress),
+    )
     if summary["n_truncated"]:
         logger.warning(
             "%d of %d texts were longer than %d tokens and were truncated; their rows say truncated. Pass "
@@ -238,16 +233,11 @@ def _extract_blocks(
     writer: Writer,
     plan: OutputPlan,
     size: int,
-    long_texts: str,
-    stride: int | None,
-    method: str,
     progress: bool | None,
 ) -> dict:
     from ..memory import release_free_memory
     from ..progress import progress_bar
 
-    n = encoder.n_hidden_states
-    layers = plan.hidden_states(n)
     n_texts = len(corpus)
     bar = progress_bar("extracting", "texts", progress) if progress is not False and n_texts > size else None
     with bar if bar is not None else contextlib.nullcontext():
@@ -255,13 +245,12 @@ def _extract_blocks(
         for block in corpus.blocks(size):
             writer.begin(block)
             if len(block):
-                stream = encoder.iter_extract(
-                    block.texts if block.words is None else None, text_pairs=block.text_pairs,
-                    words=block.words, layers=layers, method=method, long_texts=long_texts,  # type: ignore[arg-type]
-                    stride=stride, progress=False, report_truncation=False,
+                outputs = encoder.iter_results(
+                    plan, block.texts if block.words is None else None, text_pairs=block.text_pairs,
+                    words=block.words, progress=False, report_truncation=False,
                 )  # fmt: skip
-                for local, stack in stream:
-                    writer.put(block.start + local, plan.result(stack, n), stack.n_tokens)
+                for local, stack, result in outputs:
+                    writer.put(block.start + local, result, stack.n_tokens)
                     release_free_memory()  # RSS follows the batch, not the corpus (memory.py)
                     if bar is not None and task is not None:
                         bar.advance(task, 1)

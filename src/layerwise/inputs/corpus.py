@@ -98,14 +98,19 @@ class Corpus:
         if text_column is not None and words_column is not None:
             raise OptionError("pass --text-column or --words-column, not both (words make the text)")
         self.limit, self.on_bad_row, self.encoding_errors = limit, on_bad_row, encoding_errors
+        self.reading = {
+            "format": format, "text_column": text_column, "pair_column": pair_column, "id_column": id_column,
+            "words_column": words_column, "limit": limit, "on_bad_row": on_bad_row,
+            "encoding_errors": encoding_errors,
+        }  # fmt: skip
         self._memory: RawInputs | None = None
         self._memory_ids: list | None = None
         self._spool: Path | None = None
         self.files = self._find_files(source, format)
         self.format = self._one_format(format)
         self.columns = column_roles(self.format.format, text_column, pair_column, id_column, words_column)
-        # the default JSON Lines form ({"text", "text_pair"}) refuses other fields: a misspelt
-        # "text_pair" would silently leave its text unpaired
+        # the default JSON Lines form ({"text", "text_pair"}, other fields ignored) refuses a near
+        # miss of either: a misspelt "text_pair" would silently leave its text unpaired
         self.strict_fields = self.format.format == "jsonl" and not any(
             (text_column, pair_column, id_column, words_column)
         )
@@ -127,6 +132,7 @@ class Corpus:
         corpus._memory_ids = check_ids(ids, len(corpus._memory)) if ids is not None else None
         corpus._spool, corpus.files, corpus._scan = None, [], None
         corpus.format, corpus.columns, corpus.strict_fields = FileFormat("memory"), {}, False
+        corpus.reading = {}
         return corpus
 
     # ------------------------------------------------------------------ sources

@@ -227,6 +227,25 @@ def _tsv_row(raw: bytes, number: int, errors: str, names: dict, strict: bool) ->
     return {"text": parts[0], "pair": parts[1]}
 
 
+_JSONL_FIELDS = ("text", "text_pair")
+
+
+def _near_miss(record: dict) -> tuple[str, str] | None:
+    """``(field, known field)`` for a field of ``record`` that looks like a misspelling of "text"
+    or "text_pair" (which the record lacks), else None."""
+    import difflib
+
+    for name in record:
+        if name in _JSONL_FIELDS or not isinstance(name, str):
+            continue
+        for known in _JSONL_FIELDS:
+            if known in record:
+                continue
+            if name.lower() == known or difflib.SequenceMatcher(None, name.lower(), known).ratio() >= 0.8:
+                return name, known
+    return None
+
+
 def _jsonl_row(raw: bytes, number: int, errors: str, names: dict, strict: bool) -> dict:
     line = _decode(raw, errors)
     if isinstance(line, Bad):
@@ -240,18 +259,22 @@ def _jsonl_row(raw: bytes, number: int, errors: str, names: dict, strict: bool) 
     if not isinstance(record, dict):
         return {"text": Bad(f'is a JSON {type(record).__name__}, not an object such as {{"text": "..."}}')}
     if strict:
+        # other fields ("label", "id", … as on most hub datasets) are left alone, as CSV and Parquet
+        # columns are; a near miss of a known one ("text_pairs", "Text") would silently drop a
+        # segment, so it is an error that names the right field
+        near = _near_miss(record)
+        if near is not None:
+            field, known = near
+            return {
+                "text": Bad(
+                    f"has the field {field!r}, not {known!r}: rename it to {known!r}, or name the fields to "
+                    "read with --text-column / --pair-column"
+                )
+            }
         if not isinstance(record.get("text"), str):
             return {
                 "text": Bad(
                     'needs an object with a string "text" field, e.g. {"text": "The bank raised rates."}'
-                )
-            }
-        unknown = sorted(set(record) - {"text", "text_pair"})
-        if unknown:  # a misspelt "text_pair" would silently leave the text unpaired
-            return {
-                "text": Bad(
-                    f"has the field(s) {', '.join(map(repr, unknown))}; a .jsonl line holds 'text' and "
-                    "'text_pair' only, unless --text-column (and --id-column, …) name the fields to read"
                 )
             }
     values = {role: record.get(name, MISSING) for role, name in names.items()}
@@ -275,7 +298,9 @@ def _check_columns(path: Path, columns: dict[str, str], present: list[str]) -> N
 def _require_pyarrow(what: str) -> Any:
     try:
         import pyarrow
-    except ImportError as exc:
+    except ModuleNotFoundError as exc:
+        if exc.name != "pyarrow":  # pyarrow is there but something it needs is not: say that
+            raise
         raise MissingDependencyError(f"reading {what} needs pyarrow: pip install 'layerwise[io]'") from exc
     return pyarrow
 

@@ -21,7 +21,7 @@ first layer sees it), index ``i`` the output of layer ``i``. Two things differ:
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -63,3 +63,20 @@ def hidden_state_convention(model: Any, *, depth: int, final_norm: bool) -> Iter
 def final_norm_module(model: Any) -> Any:
     """A decoder's final norm (``norm``; GPT-2's ``ln_f``), or None."""
     return getattr(model, "norm", None) or getattr(model, "ln_f", None)
+
+
+def apply_final_norm(model: Any, hidden: Any, layers: Sequence[int], final_norm: bool | str) -> Any:
+    """A decoder's raw hidden states ``(L, ..., H)`` of ``layers`` as a call asks for them: the
+    final norm on hidden state n_layers (True, what transformers returns), on none (False) or on
+    every one ("all", as the logit lens reads them). An encoder's come back as they are."""
+    config = model.config
+    if final_norm is False or not is_decoder_config(config):
+        return hidden
+    norm = final_norm_module(model)
+    if final_norm == "all":
+        return norm(hidden)
+    last = int(config.num_hidden_layers)
+    if last in layers:
+        k = list(layers).index(last)
+        hidden[k] = norm(hidden[k])  # a fresh stack of the forward's states: changed in place
+    return hidden

@@ -135,21 +135,21 @@ def _register() -> None:
 class PackedDecoder:
     """The packed forward of a transformers decoder model (``LlamaModel``, …), on its own modules."""
 
-    def __init__(self, model: Any, *, final_norm: bool = True) -> None:
+    def __init__(self, model: Any) -> None:
         _register()
-        self.model, self.final_norm = model, final_norm
+        self.model = model
         self.layers: nn.ModuleList = _layers(model)
         self.linear = PrepackedLinears()
         self._install_hooks()
 
     @classmethod
-    def build(cls, model: Any, *, final_norm: bool = True) -> PackedDecoder | None:
+    def build(cls, model: Any) -> PackedDecoder | None:
         config = getattr(model, "config", None)
         if config is None or not is_decoder_config(config) or unpackable_decoder(config) is not None:
             return None
         if not isinstance(_layers(model), nn.ModuleList):
             return None
-        return cls(model, final_norm=final_norm)
+        return cls(model)
 
     # the hooks and switches stay on the model; they do nothing unless this thread runs a packed forward
     def _install_hooks(self) -> None:
@@ -174,20 +174,16 @@ class PackedDecoder:
         return PackedDecoderBatch(ids.to(device), column.to(device), lengths, groups)
 
     def forward(self, batch: PackedDecoderBatch, layers: Sequence[int]) -> torch.Tensor:
-        """Hidden states ``layers`` of the packed batch: ``(len(layers), N, H)``; the last one after
-        the final norm when ``final_norm`` (model/decoders.py)."""
+        """Hidden states ``layers`` of the packed batch: ``(len(layers), N, H)``, every one the raw
+        residual stream (the engine applies the final norm a call asks for: model/decoders.py)."""
         deepest = max(layers)
         n_layers = len(self.layers)
         # all layers: run to the end, where the model applies its final norm; else stop after the deepest
         stop_after = deepest if deepest < n_layers else n_layers + 1
         run = _Run(batch.groups, set(layers), stop_after, {}, self.linear)
-        output = None
         with _running(run), _implementation(self.model.config, ATTENTION), contextlib.suppress(_Stop):
-            output = self.model(input_ids=batch.ids[None], position_ids=batch.positions[None],
-                                use_cache=False)  # fmt: skip
+            self.model(input_ids=batch.ids[None], position_ids=batch.positions[None], use_cache=False)
         states = run.states
-        if deepest == n_layers and self.final_norm and output is not None:
-            states[n_layers] = output.last_hidden_state[0]  # after the model's final norm
         return torch.stack([states[i] for i in layers])
 
 
@@ -262,9 +258,9 @@ def _switched_linear(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     return flat.view(*x.shape[:-1], flat.shape[-1])
 
 
-def packed_forward(model: Any, final_norm: bool = True) -> PackedEncoder | PackedDecoder | None:
+def packed_forward(model: Any) -> PackedEncoder | PackedDecoder | None:
     """The packed forward of ``model``: the encoders' (packed.py) or the decoders' (this module);
     None where neither runs this architecture."""
     if is_decoder_config(model.config):
-        return PackedDecoder.build(model, final_norm=final_norm)
+        return PackedDecoder.build(model)
     return PackedEncoder.build(model)

@@ -12,6 +12,7 @@ import numpy as np
 
 from ..errors import InputError
 from ..features.fuse import NAMED_FUSIONS, fuse_layers, fusion_layers
+from ..features.plan import OutputPlan
 from ..features.pool import SubwordPool
 from .result import ProbeRow
 from .tasks import TaggedSentences
@@ -84,8 +85,8 @@ def word_sources(
         folder,
     )
     path = folder / f"words-{len(list(folder.iterdir()))}.lw"
-    extract_to_store(encoder, [" ".join(w) for w in sentences.words], path, pool=f"word:{subword}",
-                     long_texts="window", dtype="float32", progress=progress)  # fmt: skip
+    plan = OutputPlan.parse(pool=f"word:{subword}", long_texts="window", dtype="float32")
+    extract_to_store(encoder, [" ".join(w) for w in sentences.words], path, plan, progress=progress)
     store = open_store(path)
     if store.n_rows != n_words:
         raise InputError("the tokenizer splits some words differently when they are joined with spaces; "
@@ -169,9 +170,8 @@ def random_twin(encoder: Encoder, seed: int, folder: Path) -> Encoder:
         model = AutoModel.from_config(encoder.config)
         model.save_pretrained(folder)
         encoder.tokenizer.save_pretrained(folder)
-    return Encoder(
-        folder, device=encoder.device, max_length=encoder.max_length, final_norm=encoder.final_norm
-    )
+    # the control runs as the model does: its settings whole, only the weights differ
+    return Encoder.from_settings(encoder.settings.replace(model=str(folder)))
 
 
 # ---------------------------------------------------------------------------------------------- tasks

@@ -2,16 +2,20 @@
 
     import ray, layerwise as lw
     ds = ray.data.read_text("corpus/")
-    ds = lw.ray.embed(ds, column="text", layers="last4", pool="sentence:mean", fuse="concat_last4")
-    lw.ray.extract_to_store(ds, "corpus.lw", column="text", plan=lw.OutputPlan.parse(layers="all"))
+    settings = lw.Settings(model_dtype="bfloat16")                 # the model, and how it runs
+    plan = lw.OutputPlan.parse(layers="last4", pool="sentence:mean", fuse="concat_last4")
+    ds = lw.ray.embed(ds, settings, plan, column="text")
+    lw.ray.extract_to_store(settings, ds, "corpus.lw", lw.OutputPlan.parse(layers="all"), column="text")
     store = lw.open_store("corpus.lw")          # the shards read as one, in input order
 
-Actors of an ``ActorPoolStrategy`` each load the model once. Pooled outputs travel as Arrow
-columns. Token- and word-level outputs never go through Ray's object store: the input is cut into
-shards of consecutive texts, each shard is written by one actor with the crash-safe store writer,
-and only a small metadata row comes back. Rerunning the same call resumes: finished shards are
-skipped, a shard a dead actor left half-written resumes from its last commit (Ray retries the
-task on a restarted actor). Needs the ``distributed`` extra: pip install 'layerwise[distributed]'.
+Actors of an ``ActorPoolStrategy`` each load the model once, from the driver's
+:class:`~layerwise.Settings` (every field: dtype, max length, batch size, final norm, …). Pooled
+outputs travel as Arrow columns. Token- and word-level outputs never go through Ray's object
+store: the input is cut into shards of consecutive texts, each shard is written by one actor with
+the crash-safe store writer, and only a small metadata row comes back. Rerunning the same call
+resumes: finished shards are skipped, a shard a dead actor left half-written resumes from its last
+commit (Ray retries the task on a restarted actor). Needs the ``distributed`` extra:
+pip install 'layerwise[distributed]'.
 """
 
 from __future__ import annotations
@@ -25,15 +29,19 @@ from typing import Any
 
 from ..errors import MissingDependencyError, OptionError
 from ..features.plan import OutputPlan
+from ..settings import Settings
 
 MAX_SHARD_SIZE = 4096
 
 
-def auto_shard_size(n_texts: int) -> int:
+def auto_shard_size(n_texts: int, workers: int = 1) -> int:
     """About 32 shards (enough to balance a few actors), each 1,024..4,096 texts (smaller shards
-    cost more: 256-text shards +11% over one store, 1,024-text +3%, docs/guide/ray.md). A function of
-    the corpus alone, so that a rerun with another --workers still resumes."""
-    return min(MAX_SHARD_SIZE, max(1024, -(-n_texts // 32)))
+    cost more: 256-text shards +11% over one store, 1,024-text +3%, docs/guide/ray.md); a corpus
+    too small for that is cut into one shard per worker, so that every actor has work. A rerun
+    that leaves the size to this function keeps the size the store was started with
+    (begin_sharded_store), whatever its --workers."""
+    per_worker = -(-n_texts // max(1, workers))
+    return max(1, min(MAX_SHARD_SIZE, max(min(1024, per_worker), -(-n_texts // 32))))
 
 
 def _ray():
@@ -68,45 +76,32 @@ def init(mode: str = "local", *, workers: int = 2, threads_per_worker: int = 1) 
 
 
 class _ModelActor:
-    """Loads the Encoder once per actor."""
+    """Loads the Encoder once per actor, from the driver's Settings, whole."""
 
-    def __init__(self, model: str | None, device: str, max_length: int | None, threads: int) -> None:
+    def __init__(self, settings: Settings, threads: int) -> None:
         import torch
 
         from ..encoder import Encoder
 
         torch.set_num_threads(threads)
-        self.encoder = Encoder(model, device=device, max_length=max_length)
+        # each actor gets CPUs from Ray: "auto" would pick CUDA where the actor sees one; GPU actors
+        # ask for device="cuda" (one GPU each)
+        if settings.device == "auto":
+            settings = settings.replace(device="cpu")
+        self.encoder = Encoder.from_settings(settings)
 
 
 class EmbedActor(_ModelActor):
-    def __init__(
-        self,
-        model,
-        device,
-        max_length,
-        threads,
-        plan: OutputPlan,
-        column: str,
-        output_column: str,
-        long_texts: str,
-    ) -> None:
-        super().__init__(model, device, max_length, threads)
-        self.plan, self.column, self.output_column, self.long_texts = plan, column, output_column, long_texts
+    def __init__(self, settings: Settings, threads: int, plan: OutputPlan, column: str, output_column: str):
+        super().__init__(settings, threads)
+        self.plan, self.column, self.output_column = plan, column, output_column
 
     def __call__(self, batch: dict) -> dict:
         import numpy as np
 
         texts = [str(t) for t in batch[self.column]]
-        n = self.encoder.n_hidden_states
-        stream = self.encoder.iter_extract(
-            texts,
-            layers=self.plan.hidden_states(n),
-            long_texts=self.long_texts,  # type: ignore[arg-type]
-            progress=False,
-        )
         rows: list[Any] = [None] * len(texts)
-        for index, result in self.plan.apply(stream, n_hidden_states=n):
+        for index, _, result in self.encoder.iter_results(self.plan, texts, progress=False):
             rows[index] = result.vector  # type: ignore[union-attr]
         return {**batch, self.output_column: np.stack(rows).astype(self.plan.dtype)}
 
@@ -115,21 +110,11 @@ class ShardWriter(_ModelActor):
     """Writes whole shards (one row of the shard dataset each) with the ordinary store writer."""
 
     def __init__(
-        self,
-        model,
-        device,
-        max_length,
-        threads,
-        plan: OutputPlan,
-        path: str,
-        table: dict,
-        long_texts: str,
-        stride: int | None,
+        self, settings: Settings, threads: int, plan: OutputPlan, path: str, table: dict, layout: dict,
         corpus: Any = None,
-    ) -> None:
-        super().__init__(model, device, max_length, threads)
-        self.plan, self.path, self.table = plan, Path(path), table
-        self.long_texts, self.stride, self.corpus = long_texts, stride, corpus
+    ) -> None:  # fmt: skip
+        super().__init__(settings, threads)
+        self.plan, self.path, self.table, self.layout, self.corpus = plan, Path(path), table, layout, corpus
 
     def __call__(self, batch: dict) -> dict:
         out: dict[str, list] = {"shard": [], "n_texts": [], "n_written": [], "n_rows": [], "seconds": []}
@@ -156,9 +141,8 @@ class ShardWriter(_ModelActor):
         from ..store.shard_writer import write_shard
 
         return write_shard(
-            self.encoder, self.path, self.table, index, texts, text_pairs, self.plan,
-            long_texts=self.long_texts, stride=self.stride, ids=ids,
-        )  # fmt: skip
+            self.encoder, self.path, self.table, index, texts, text_pairs, self.plan, ids=ids, **self.layout
+        )
 
 
 def _texts_of(data: Any, column: str) -> list[str]:
@@ -173,68 +157,104 @@ def _texts_of(data: Any, column: str) -> list[str]:
     raise OptionError(f"data must be a list of texts or a ray.data.Dataset, not {type(data).__name__}")
 
 
-def _model_shape(model: str | None) -> tuple[str, str, int]:
-    """(source, name, n_hidden_states) from the config alone: settings are checked before any actor starts."""
+def _checked(settings: Settings, plan: OutputPlan) -> tuple[Settings, OutputPlan, str, int]:
+    """The actors' settings (the model as its resolved source, "auto" devices as cpu) and the plan
+    with its final norm settled, checked against the model's config before any actor starts: a bad
+    layer spec or a final norm on an encoder fails here, not in every actor. Also the model's name
+    (for the store's table) and its number of hidden states."""
     from transformers import AutoConfig
 
+    from ..model.decoders import is_decoder_config
+    from ..model.gguf_files import loader_args
     from ..model.source import resolve_model_source
 
-    source, name = resolve_model_source(model)
-    config = AutoConfig.from_pretrained(source)
-    return str(source), name, int(config.num_hidden_layers) + 1
+    if not isinstance(settings, Settings):
+        raise OptionError(f"settings must be a layerwise.Settings, not {type(settings).__name__}")
+    if not isinstance(plan, OutputPlan):
+        raise OptionError(f"plan must be a layerwise.OutputPlan, not {type(plan).__name__}")
+    if settings.model is not None and Path(settings.model).expanduser().exists():
+        # a local folder or file: by its absolute path, wherever an actor's working folder is
+        settings = settings.replace(model=str(Path(settings.model).expanduser().resolve()))
+    source, name = resolve_model_source(settings.model)  # name: what each actor's Encoder says
+    where, gguf = loader_args(source)
+    config = AutoConfig.from_pretrained(where, **gguf)
+    n_hidden = int(config.num_hidden_layers) + 1
+    plan.hidden_states(n_hidden)
+    plan = plan.with_final_norm(settings.final_norm, is_decoder=is_decoder_config(config))
+    return settings, plan, name, n_hidden
 
 
 def embed(
     ds: Any,
+    settings: Settings | None = None,
+    plan: OutputPlan | None = None,
     *,
     column: str = "text",
-    model: str | None = None,
-    layers: Any = None,
-    pool: str = "sentence:mean",
-    fuse: str | None = None,
-    special_tokens: str = "include",
-    normalize: bool = False,
-    dtype: str = "float32",
     output_column: str = "embedding",
     workers: int = 2,
     threads_per_worker: int = 1,
     batch_size: int = 256,
-    device: str = "cpu",
-    max_length: int | None = None,
-    long_texts: str = "truncate",
+    **deprecated: Any,
 ) -> Any:
     """``ds`` with one more column, ``output_column``: each text's pooled (and fused) vector, as
-    ``Encoder().embed`` computes it. Sentence pooling only: token and word vectors go to a store
-    (:func:`extract_to_store`)."""
+    ``Encoder.from_settings(settings).embed`` computes it (``plan``: sentence pooling only, default
+    the last layer's mean; token and word vectors go to a store: :func:`extract_to_store`).
+    ``settings``: the model and how it runs (default: the packaged model). The older keywords
+    (``model=``, ``layers=``, ``pool=``, …) still work, with a DeprecationWarning."""
     ray = _ray()
-    plan = OutputPlan.parse(
-        layers=layers, pool=pool, fuse=fuse, special_tokens=special_tokens, dtype=dtype, normalize=normalize
+    settings, plan = _legacy_call(
+        "embed", settings, plan, deprecated, OutputPlan.parse(layers=-1, pool="sentence:mean")
     )
     if plan.level != "sentence":
         raise OptionError(
-            f"pool={pool!r}: lw.ray.embed returns one vector per text (sentence:MODE); token and word "
+            f"pool={plan.pool!r}: lw.ray.embed returns one vector per text (sentence:MODE); token and word "
             "vectors are too large for dataset columns: use lw.ray.extract_to_store"
         )
-    _, _, n_hidden = _model_shape(model)
-    plan.hidden_states(n_hidden)  # a bad layer spec fails here, not in every actor
+    settings, plan, _, _ = _checked(settings, plan)
     return ds.map_batches(
         EmbedActor,
         batch_size=batch_size,
         batch_format="numpy",
         compute=ray.data.ActorPoolStrategy(size=workers),
-        fn_constructor_args=(
-            model,
-            device,
-            max_length,
-            threads_per_worker,
-            plan,
-            column,
-            output_column,
-            long_texts,
-        ),
+        fn_constructor_args=(settings, threads_per_worker, plan, column, output_column),
         num_cpus=threads_per_worker,
-        num_gpus=1 if str(device).startswith("cuda") else 0,
+        num_gpus=1 if settings.device.startswith("cuda") else 0,
     )
+
+
+_SETTINGS_KEYWORDS = ("model", "device", "max_length", "model_dtype", "batch_size", "max_tokens", "packed",
+                      "streams", "allow_nan", "final_norm", "method")  # fmt: skip
+_PLAN_KEYWORDS = ("layers", "pool", "fuse", "special_tokens", "normalize", "dtype", "long_texts", "stride")
+
+
+def _legacy_call(
+    caller: str, settings: Any, plan: Any, deprecated: dict, default_plan: OutputPlan
+) -> tuple[Settings, OutputPlan]:
+    """Settings and plan of a call, taking the keywords of layerwise 0.2 (``model=``, ``pool=``,
+    ``long_texts=``…) with a DeprecationWarning; an unknown keyword is an error naming it."""
+    unknown = sorted(set(deprecated) - set(_SETTINGS_KEYWORDS) - set(_PLAN_KEYWORDS))
+    if unknown:
+        raise TypeError(f"lw.ray.{caller}() got unexpected keyword argument(s) {unknown}")
+    if deprecated:
+        import warnings
+
+        warnings.warn(
+            f"lw.ray.{caller}({', '.join(sorted(deprecated))}=…) is deprecated: pass a layerwise.Settings "
+            "and an OutputPlan; the keywords go in layerwise 0.4",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+    kept = {k: v for k, v in deprecated.items() if k in _SETTINGS_KEYWORDS}
+    if kept:
+        settings = (settings or Settings()).replace(**kept)
+    planned = {k: v for k, v in deprecated.items() if k in _PLAN_KEYWORDS}
+    if planned:
+        if plan is not None:
+            raise OptionError(f"lw.ray.{caller}: pass either a plan or {'/'.join(planned)}, not both")
+        fields = {"layers": default_plan.layers, "pool": default_plan.pool, "dtype": default_plan.dtype,
+                  **planned}  # fmt: skip
+        plan = OutputPlan.parse(**fields)
+    return settings if settings is not None else Settings(), plan if plan is not None else default_plan
 
 
 @dataclass
@@ -249,39 +269,55 @@ class ShardedSummary:
 
 
 def extract_to_store(
-    data: Any,
-    path: str | os.PathLike,
+    settings: Settings | Any,
+    data: Any = None,
+    path: str | os.PathLike | None = None,
     plan: OutputPlan | None = None,
     *,
     column: str = "text",
     text_pairs: Sequence[str] | None = None,
-    model: str | None = None,
     workers: int = 2,
     threads_per_worker: int = 1,
     shard_size: int | None = None,
-    device: str = "cpu",
-    max_length: int | None = None,
-    long_texts: str = "truncate",
-    stride: int | None = None,
+    block_size: int | None = None,
+    chunk_rows: int | None = None,
+    shard_chunks: int | None = None,
     overwrite: bool = False,
     writer: type = ShardWriter,
+    **deprecated: Any,
 ) -> ShardedSummary:
-    """Extract ``data`` into a sharded store at ``path``: shards of ``shard_size`` consecutive texts
-    (default :func:`auto_shard_size`), each written by one actor. Rerun the same call to resume.
+    """Extract ``data`` with the model ``settings`` describe into a sharded store at ``path``, as
+    ``lw.extract_to_store(Encoder.from_settings(settings), data, path, plan)`` would in one
+    process: shards of ``shard_size`` consecutive texts (default :func:`auto_shard_size`), each
+    written by one actor that loads the model from ``settings``, whole. Rerun the same call to
+    resume. ``block_size``, ``chunk_rows``, ``shard_chunks``: each shard's layout (the store's).
 
     ``data`` is a :class:`~layerwise.Corpus` or a path (read with ``column`` as its text column):
     the driver reads it once, without holding it, to plan the shards (each one's first row and the
     hash of its texts), and each actor reads its own shard's rows; or a list of texts, or a Ray
     Dataset's ``column`` (collected on the driver). ``writer`` is the actor class (tests pass one
-    that dies mid-shard)."""
-    from ..errors import check_choice
+    that dies mid-shard). The call of layerwise 0.2, ``extract_to_store(data, path, plan,
+    model=…)``, still works with a DeprecationWarning."""
     from ..store.shard_writer import begin_sharded_store
 
+    if not isinstance(settings, Settings):  # the 0.2 call: data first, the model as keywords
+        settings, data, path, plan = None, settings, data, path  # type: ignore[assignment]
+    settings, plan = _legacy_call("extract_to_store", settings, plan, deprecated, OutputPlan(dtype="float16"))
+    if path is None:
+        raise OptionError("lw.ray.extract_to_store needs a path: the sharded store to write (*.lw)")
     ray = _ray()
     started = time.perf_counter()
     from ..inputs.corpus import Corpus
+    from ..store.format import BLOCK_SIZE, CHUNK_ROWS, SHARD_CHUNKS
 
-    plan = plan if plan is not None else OutputPlan(dtype="float16")
+    layout = {
+        "block_size": BLOCK_SIZE if block_size is None else block_size,
+        "chunk_rows": CHUNK_ROWS if chunk_rows is None else chunk_rows,
+        "shard_chunks": SHARD_CHUNKS if shard_chunks is None else shard_chunks,
+    }
+    for name, value in layout.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise OptionError(f"{name}={value!r} must be a whole number >= 1")
     corpus: Corpus | None = None
     if isinstance(data, str | os.PathLike):
         data = Corpus(data, text_column=None if column == "text" else column)
@@ -291,18 +327,15 @@ def extract_to_store(
     else:
         texts = _texts_of(data, column)
         n_texts = len(texts)
-    shard_size = shard_size if shard_size is not None else auto_shard_size(n_texts)
     if text_pairs is not None and len(text_pairs) != n_texts:
         raise OptionError(f"{n_texts} texts but {len(text_pairs)} text_pairs")
-    source, name, n_hidden = _model_shape(model)
-    plan.hidden_states(n_hidden)  # a bad layer spec fails here, before anything is written
-    check_choice("long_texts", long_texts, ("truncate", "window"))
-    if stride is not None and long_texts != "window":
-        raise OptionError(f"stride={stride} applies to long_texts='window' only")
+    settings, plan, name, n_hidden = _checked(settings, plan)
     path = Path(path)
     table = begin_sharded_store(
         path, model=name, plan=plan, n_hidden_states=n_hidden, texts=corpus or texts, text_pairs=text_pairs,
-        shard_size=shard_size, long_texts=long_texts, stride=stride, overwrite=overwrite,
+        shard_size=shard_size, auto_shard_size=auto_shard_size(n_texts, workers), settings=settings,
+        layout=layout, overwrite=overwrite,
+        run={"workers": workers, "threads_per_worker": threads_per_worker},
     )  # fmt: skip
     ranges = [(shard["start"], shard["stop"]) for shard in table["shards"]]
 
@@ -329,20 +362,9 @@ def extract_to_store(
             writer,
             batch_size=1,
             compute=ray.data.ActorPoolStrategy(size=min(workers, len(rows))),
-            fn_constructor_args=(
-                source,
-                device,
-                max_length,
-                threads_per_worker,
-                plan,
-                str(path),
-                table,
-                long_texts,
-                stride,
-                corpus,
-            ),
+            fn_constructor_args=(settings, threads_per_worker, plan, str(path), table, layout, corpus),
             num_cpus=threads_per_worker,
-            num_gpus=1 if str(device).startswith("cuda") else 0,  # one GPU per actor
+            num_gpus=1 if settings.device.startswith("cuda") else 0,  # one GPU per actor
             # a dead actor is restarted and its shard retried: the shard resumes from its last commit
             max_restarts=-1,
             max_task_retries=-1,

@@ -152,6 +152,8 @@ def create_app(
         server's --long-texts); ``max_tokens``: the request's token limit (default: the server's)."""
         enc = served.encoder
         n_hidden = enc.n_hidden_states
+        plan = enc.settle(plan) if plan is not None else None  # its final norm: the request's or ours
+        final_norm: Any = plan.final_norm if plan is not None and enc.is_decoder else enc.final_norm
         layers = plan.hidden_states(n_hidden) if plan is not None else tuple(range(n_hidden))
         if not len(raw):
             raise ApiError(422, f"{raw.field} is an empty list; send at least one input", param=raw.field)
@@ -171,7 +173,8 @@ def create_app(
             loop.call_soon_threadsafe(_settle, future, results, error)
 
         finish = Finish(layers, plan, n_hidden)
-        job = Job(served.name, encoded, finish, done, stride=settings.stride, n_bytes=int(values * 4))
+        job = Job(served.name, encoded, finish, done, stride=settings.stride, final_norm=final_norm,
+                  n_bytes=int(values * 4))  # fmt: skip
         batcher.submit(job)  # a full queue: QueueFullError, 429 (serve/errors.py maps every error)
         results = await future  # this request's own failure in the run (the batcher re-ran it apart)
         return [results[i] for i in range(len(encoded))], job.n_tokens, [item.truncated for item in encoded]
@@ -232,14 +235,14 @@ def create_app(
     async def layers_endpoint(body: LayersRequest, request: Request):
         served = pick(body.model)
         raw = _raw(texts=body.texts, text_pairs=body.text_pairs, pairs=body.pairs, words=body.words)
-        plan = OutputPlan.parse(
-            layers=body.layers,
-            pool=body.pool,
-            fuse=body.fuse,
-            special_tokens=body.special_tokens,
-            dtype=body.dtype,
-            normalize=body.normalize,
-        )
+        plan = served.encoder.settle(
+            OutputPlan.parse(
+                layers=body.layers, pool=body.pool, fuse=body.fuse, special_tokens=body.special_tokens,
+                dtype=body.dtype, normalize=body.normalize, final_norm=body.final_norm,
+                long_texts=settings.long_texts,
+                stride=settings.stride if settings.long_texts == "window" else None,
+            )
+        )  # fmt: skip
         as_npz = NPZ in request.headers.get("accept", "")
         per_value = (2 if plan.dtype == "float16" else 4) * (1 if as_npz else 4 / 3)  # base64 in JSON
         results, n_tokens, _ = await run(served, raw, plan, bytes_per_value=per_value)
@@ -247,8 +250,8 @@ def create_app(
         meta = {
             "model": served.name,
             **plan.meta(n_hidden),
-            "long_texts": settings.long_texts,
             "max_length": served.encoder.max_length,
+            "model_dtype": served.encoder.model_dtype,
         }
         if as_npz:
             from ..files.writers import npz_bytes
@@ -393,6 +396,9 @@ def _embeddings_plan(encoder: Encoder, body: EmbeddingsRequest) -> OutputPlan:
             param="pool",
         )
     layers = body.layers if body.layers is not None or body.fuse is not None else -1
-    return OutputPlan.parse(
-        layers=layers, pool=pool, fuse=body.fuse, special_tokens=body.special_tokens, normalize=normalize
-    )
+    return encoder.settle(
+        OutputPlan.parse(
+            layers=layers, pool=pool, fuse=body.fuse, special_tokens=body.special_tokens, normalize=normalize,
+            final_norm=body.final_norm,
+        )
+    )  # fmt: skip

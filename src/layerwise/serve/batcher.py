@@ -241,18 +241,19 @@ class Batcher:
             return 0.0  # draining
         if self._last_group <= 1 and len(self._jobs) == 1:
             return 0.0  # a lone client: waiting for company only adds latency
-        model = self._jobs[0].model
-        if sum(j.n_tokens for j in self._jobs if j.model == model) >= self.max_batch_tokens:
+        key = self._jobs[0].key
+        if sum(j.n_tokens for j in self._jobs if j.key == key) >= self.max_batch_tokens:
             return 0.0
         return self._jobs[0].submitted + self.max_wait - time.perf_counter()
 
     def _gather(self) -> list[Job]:
-        """Take the oldest job's model's jobs under the token budget off the queue (lock held)."""
-        model = self._jobs[0].model
+        """Take the oldest job's model's jobs (with its final norm) under the token budget off the
+        queue (lock held)."""
+        key = self._jobs[0].key
         group: list[Job] = []
         tokens = 0
         for job in self._jobs:
-            if job.model != model or (group and tokens + job.n_tokens > self.max_batch_tokens):
+            if job.key != key or (group and tokens + job.n_tokens > self.max_batch_tokens):
                 continue
             group.append(job)
             tokens += job.n_tokens

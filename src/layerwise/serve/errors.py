@@ -32,7 +32,7 @@ logger = logging.getLogger("layerwise")
 
 # Fields a message can name at its start (InputError and OptionError messages say which value was bad).
 _FIELDS = ("texts", "text_pairs", "pairs", "words", "input", "layers", "pool", "fuse", "special_tokens",
-           "normalize", "dtype", "model")  # fmt: skip
+           "normalize", "dtype", "final_norm", "model")  # fmt: skip
 
 
 def param_of(message: str) -> str | None:

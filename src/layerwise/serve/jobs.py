@@ -56,6 +56,7 @@ class Job:
     finish: Finish
     on_done: Done
     stride: int | None = None
+    final_norm: bool | str = True  # a decoder's final norm (OutputPlan.final_norm, settled)
     n_bytes: int = 0  # the vectors its results will hold (admission: Batcher.max_queue_bytes)
     n_tokens: int = 0
     submitted: float = field(default_factory=time.perf_counter)
@@ -64,6 +65,11 @@ class Job:
 
     def __post_init__(self) -> None:
         self.n_tokens = sum(len(item) for item in self.encoded)
+
+    @property
+    def key(self) -> tuple[str, str]:
+        """Jobs with the same key share a run: one model, one final norm (its forward's output)."""
+        return self.model, repr(self.final_norm)
 
     def answer(self, results: dict[int, Result] | None, error: BaseException | None) -> None:
         """Tell the request, once. A request that cannot be told (its event loop closed under it)
@@ -92,6 +98,7 @@ class Run:
     layers: tuple[int, ...]
     stride: int | None
     n_tokens: int
+    final_norm: bool | str = True
     started: float = field(default_factory=time.perf_counter)  # handed to its stream right after
 
     @classmethod
@@ -106,7 +113,8 @@ class Run:
                 encoded.append(dataclasses.replace(item, index=len(encoded)))
         layers = tuple(sorted(set().union(*(job.finish.layers for job in jobs))))
         n_tokens = sum(job.n_tokens for job in jobs)
-        return cls(jobs, jobs[0].model, encoded, finishes, owners, layers, jobs[0].stride, n_tokens)
+        return cls(jobs, jobs[0].model, encoded, finishes, owners, layers, jobs[0].stride, n_tokens,
+                   jobs[0].final_norm)  # fmt: skip
 
 
 class ResultBytes:

@@ -24,11 +24,11 @@ import multiprocessing
 import os
 import threading
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..errors import LayerwiseError, ModelLoadError
 from ..memory import SERVE_TRIM_EVERY_S, release_free_memory
+from ..settings import Settings
 from .jobs import Results, Run
 from .runners import compute
 
@@ -40,28 +40,11 @@ if TYPE_CHECKING:
 START_TIMEOUT = 600.0  # seconds for the process to load its models (a large hub model from a slow disk)
 
 
-@dataclass(frozen=True)
-class ModelSpec:
-    """How the model process loads one served model: the arguments the server's Encoder was made
-    with (its weights are compared by hash once loaded: ProcessRunner.wait_ready)."""
-
-    source: str
-    device: str
-    model_dtype: str
-    max_length: int
-    max_tokens: int
-    packed: bool
-
-
-def spec_of(encoder: Encoder) -> ModelSpec:
-    return ModelSpec(
-        source=str(encoder.source),
-        device=str(encoder.device),
-        model_dtype=encoder.model_dtype,
-        max_length=encoder.max_length,
-        max_tokens=encoder.max_tokens,
-        packed=encoder.engine.packed is not None,
-    )
+def spec_of(encoder: Encoder) -> Settings:
+    """How the model process loads one served model: the server's Encoder's settings, whole, from
+    the files it was loaded from, on one stream per pipe (its weights are compared by hash once
+    loaded: ProcessRunner.wait_ready)."""
+    return encoder.settings.replace(model=str(encoder.source), streams=1)
 
 
 class ModelProcessError(LayerwiseError):
@@ -125,7 +108,7 @@ class ProcessRunner:
                 self.close(5)
                 raise ModelLoadError(
                     f"model {name!r}: the weights the model process loaded from "
-                    f"{self.specs[name].source!r} differ from this process's (edited in Python after "
+                    f"{self.specs[name].model!r} differ from this process's (edited in Python after "
                     "loading, or changed on disk since): serve it in-process (model_process=False), "
                     "or save the edited model and serve that folder"
                 )
@@ -143,7 +126,9 @@ class ProcessRunner:
             # batcher leaves lone jobs to stream 0: Batcher._for_stream_zero)
             alone = self._in_flight == 1 and slot == 0
         try:
-            self._conns[slot].send((run.model, run.encoded, run.layers, run.stride, run.finishes, alone))
+            self._conns[slot].send(
+                (run.model, run.encoded, run.layers, run.stride, run.finishes, run.final_norm, alone)
+            )
         except BaseException as exc:  # not sent: it will not be collected
             self._done()
             if isinstance(exc, (OSError, ValueError)):  # the pipe is closed: the process is gone
@@ -223,7 +208,7 @@ def _threads() -> int:
 
 
 # ------------------------------------------------------------------------------------ the process
-def _main(specs: Mapping[str, ModelSpec], conns: list[Connection], ready: Connection, threads: int) -> None:
+def _main(specs: Mapping[str, Settings], conns: list[Connection], ready: Connection, threads: int) -> None:
     import signal
 
     import torch
@@ -253,18 +238,10 @@ def _main(specs: Mapping[str, ModelSpec], conns: list[Connection], ready: Connec
         worker.join()
 
 
-def _load(spec: ModelSpec) -> Encoder:
+def _load(spec: Settings) -> Encoder:
     from ..encoder import Encoder
 
-    return Encoder(
-        spec.source,
-        device=spec.device,
-        model_dtype=spec.model_dtype,  # type: ignore[arg-type]
-        max_length=spec.max_length,
-        max_tokens=spec.max_tokens,
-        packed=spec.packed,
-        streams=1,
-    )
+    return Encoder.from_settings(spec)
 
 
 def _serve(conn: Connection, encoders: Mapping[str, Encoder], threads: int, all_threads: int) -> None:
@@ -283,7 +260,7 @@ def _serve(conn: Connection, encoders: Mapping[str, Encoder], threads: int, all_
             return  # the server is gone
         if message is None:
             return
-        model, encoded, layers, stride, finishes, alone = message
+        model, encoded, layers, stride, finishes, final_norm, alone = message
         # alone: all threads (8 clients: +15 % tokens/s in an ad-hoc interleaved A/B; a run sent
         # just after it shares the cores until this one ends)
         wanted = all_threads if alone else threads
@@ -291,7 +268,7 @@ def _serve(conn: Connection, encoders: Mapping[str, Encoder], threads: int, all_
             torch.set_num_threads(wanted)
             current = wanted
         try:
-            reply: Any = ("ok", compute(encoders[model], encoded, layers, stride, finishes))
+            reply: Any = ("ok", compute(encoders[model], encoded, layers, stride, finishes, final_norm))
         except BaseException as exc:
             reply = ("error", _picklable(exc))
         try:

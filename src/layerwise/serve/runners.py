@@ -39,12 +39,14 @@ def compute(
     layers: tuple[int, ...],
     stride: int | None,
     finishes: Sequence[Finish],
+    final_norm: bool | str = True,
 ) -> Results:
-    """A run's results: the engine's stacks (length-sorted batches under its token budget), each
-    through its input's Finish."""
+    """A run's results: the engine's stacks (length-sorted batches under its token budget, with the
+    run's final norm), each through its input's Finish (its request's OutputPlan). The server's
+    runs merge requests, so they take the engine's stream, not Encoder.iter_results."""
     stream = encoder.engine.stream(
-        encoded, layers=layers, method="hidden_states", taps=(), stride=stride,
-        batch_size=None, max_tokens=None, progress=False,
+        encoded, layers=layers, method=encoder.method, taps=(), stride=stride,
+        batch_size=None, max_tokens=None, progress=False, final_norm=final_norm,  # type: ignore[arg-type]
     )  # fmt: skip
     return [(index, finishes[index].apply(stack)) for index, stack in stream]
 
@@ -72,7 +74,9 @@ class LocalRunner:
         return pending.result() if isinstance(pending, Future) else self._compute(pending)
 
     def _compute(self, run: Run) -> Results:
-        return compute(self.encoders[run.model], run.encoded, run.layers, run.stride, run.finishes)
+        return compute(
+            self.encoders[run.model], run.encoded, run.layers, run.stride, run.finishes, run.final_norm
+        )
 
     def wait_ready(self) -> None:
         pass

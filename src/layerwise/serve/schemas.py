@@ -8,6 +8,12 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 LayerValue = str | int | list[int]
+FinalNormValue = bool | Literal["all"]
+FINAL_NORM_HELP = (
+    "Decoder LMs: the final norm on the last hidden state (true, as transformers returns it), on none "
+    '(false) or on every one ("all", so that layers compare on one scale); default: the server\'s '
+    "(--final-norm). An encoder has no final norm: leave it out"
+)
 
 
 class _Strict(BaseModel):
@@ -31,6 +37,7 @@ class EmbeddingsRequest(_Strict):
     fuse: str | None = Field(None, description="A fusion (concat_last4, mean_all…) to get one vector")
     special_tokens: Literal["include", "exclude"] = "include"
     normalize: bool | None = Field(None, description="L2-normalise (default: the model's convention)")
+    final_norm: FinalNormValue | None = Field(None, description=FINAL_NORM_HELP)
 
 
 class LayersRequest(_Strict):
@@ -49,6 +56,7 @@ class LayersRequest(_Strict):
     special_tokens: Literal["include", "exclude"] = "include"
     normalize: bool = False
     dtype: Literal["float32", "float16"] = "float32"
+    final_norm: FinalNormValue | None = Field(None, description=FINAL_NORM_HELP)
 
 
 # ------------------------------------------------------------------------------------ responses

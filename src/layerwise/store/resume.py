@@ -10,31 +10,16 @@ from typing import TYPE_CHECKING
 from ..errors import StoreError
 
 if TYPE_CHECKING:
-    from ..encoder import Encoder
     from ..inputs.corpus import Corpus
 
 # Settings that must match for a run to resume an existing store. The model is compared by its
-# weights, not by how its folder was spelled.
+# weights, not by how its folder was spelled; the rest of what a store records of its run
+# (Encoder.run_meta: batch size, streams, device, method) does not change the numbers.
 RESUME_KEYS = (
     "weights_sha256", "layers", "level", "pool", "fuse", "special_tokens", "normalize", "dtype", "row_shape",
-    "long_texts", "stride", "max_length", "n_texts", "pairs", "block_size", "chunk_rows", "shard_chunks",
-    "shard", "final_norm",
+    "long_texts", "stride", "max_length", "model_dtype", "n_texts", "pairs", "block_size", "chunk_rows",
+    "shard_chunks", "shard", "final_norm",
 )  # fmt: skip
-
-
-def model_meta(encoder: Encoder) -> dict:
-    """What a store records of its model: the weights, the width and the settings that change the
-    numbers (a decoder's final norm: an encoder has none)."""
-    from ..model.source import weights_sha256
-
-    return {
-        "model": encoder.name,
-        "weights_sha256": weights_sha256(encoder.models.current),
-        "hidden_size": encoder.hidden_size,
-        "max_length": encoder.max_length,
-        "model_dtype": encoder.model_dtype,
-        **({"final_norm": encoder.final_norm} if encoder.is_decoder else {}),
-    }
 
 
 def text_sha1(text: str, pair: str | None) -> str:

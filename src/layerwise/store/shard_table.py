@@ -52,6 +52,9 @@ PLAN_KEYS = (
     "long_texts",
     "stride",
 )
+# What every shard must share with the table where the table records it: the settings that change
+# the numbers. The model is compared by name here; the reader also compares the weights' hashes.
+RECORDED_KEYS = ("model", "final_norm", "model_dtype", "max_length")
 
 
 def shard_name(index: int) -> str:
@@ -227,6 +230,9 @@ def shard_problems(table: dict, index: int, meta: dict) -> list[str]:
     for key in PLAN_KEYS:
         if meta.get(key) != table.get(key):
             problems.append(f"{name} has {key}={meta.get(key)!r}, the store's is {table.get(key)!r}")
+    for key in RECORDED_KEYS:  # tables before layerwise 0.3 did not record these; None: the model's
+        if table.get(key) is not None and meta.get(key) != table[key]:
+            problems.append(f"{name} has {key}={meta.get(key)!r}, the store's is {table[key]!r}")
     return problems
 
 

@@ -32,12 +32,16 @@ if TYPE_CHECKING:
     from ..encoder import Encoder
     from ..features.plan import OutputPlan
     from ..inputs.corpus import Corpus
+    from ..settings import Settings
     from .writer import StoreSummary
 
 # The table's entries a resumed run must find unchanged (everything but the run id and the shards'
 # names, which follow from the rest).
-_SAME_TO_RESUME = ("model", "n_texts", "shard_size", "texts_sha256", "layers", "level", "pool", "fuse",
-                   "special_tokens", "normalize", "dtype", "long_texts", "stride")  # fmt: skip
+_SAME_TO_RESUME = (
+    "model", "n_texts", "shard_size", "texts_sha256", "layers", "level", "pool", "fuse", "special_tokens",
+    "normalize", "dtype", "long_texts", "stride", "final_norm", "model_dtype", "max_length", "block_size",
+    "chunk_rows", "shard_chunks",
+)  # fmt: skip
 
 
 def begin_sharded_store(
@@ -48,29 +52,40 @@ def begin_sharded_store(
     n_hidden_states: int,
     texts: Sequence[str] | Corpus,
     text_pairs: Sequence[str] | None,
-    shard_size: int,
-    long_texts: str,
-    stride: int | None,
+    shard_size: int | None,
     overwrite: bool,
+    settings: Settings | None = None,
+    layout: dict | None = None,
+    auto_shard_size: int = 1024,
+    run: dict | None = None,
 ) -> dict:
     """The table to write ``texts`` (a list, or a Corpus read once to plan the shards) into
-    ``path`` with, written there; see the module docstring."""
+    ``path`` with, written there; see the module docstring. ``plan`` is settled (its final norm
+    decided); ``settings`` and ``layout`` (block_size, chunk_rows, shard_chunks) are recorded in
+    the table. ``shard_size`` None: the existing table's when resuming, else ``auto_shard_size``."""
     from ..inputs.corpus import Corpus
 
     path = Path(path)
+    if shard_size is None:
+        resumable = is_sharded(path) and not overwrite
+        shard_size = read_table(path).get("shard_size", auto_shard_size) if resumable else auto_shard_size
     corpus = texts if isinstance(texts, Corpus) else Corpus.from_inputs(texts, text_pairs=text_pairs)
+    # the settings as given (max_length None: the model's; the shards record what it resolved to);
+    # the final norm is the settled plan's
+    given = settings.as_dict() if settings is not None else {}
+    recorded = {k: v for k, v in given.items() if k not in ("model", "final_norm")}
     table = new_table(
         model=model,
         plan_meta=plan.meta(n_hidden_states),
         corpus=corpus,
         shard_size=shard_size,
-        settings={"long_texts": long_texts, "stride": stride},
+        settings={**recorded, **(layout or {}), **(run or {}), "corpus": corpus.reading},
     )
     if is_sharded(path) and overwrite:
         remove_own_shards(path)
     elif is_sharded(path):
         old = read_table(path)
-        differing = [key for key in _SAME_TO_RESUME if old.get(key) != table[key]]
+        differing = [key for key in _SAME_TO_RESUME if old.get(key) != table.get(key)]
         if differing:
             raise OptionError(
                 f"{path} was written with other settings or texts ({', '.join(differing)}); pass the same "
@@ -94,14 +109,16 @@ def write_shard(
     text_pairs: Sequence[str] | None,
     plan: OutputPlan,
     *,
-    long_texts: str,
-    stride: int | None,
     ids: Sequence | None = None,
     progress: bool | None = False,
+    block_size: int | None = None,
+    chunk_rows: int | None = None,
+    shard_chunks: int | None = None,
 ) -> StoreSummary:
     """Write (or resume) shard ``index`` of ``table``: ``texts`` are its range's texts (``ids``
-    their ids, kept in the shard's manifest)."""
+    their ids, kept in the shard's manifest); the layout: the store's defaults where None."""
     from ..inputs.corpus import Corpus
+    from .format import BLOCK_SIZE, CHUNK_ROWS, SHARD_CHUNKS
     from .writer import extract_to_store
 
     shard = table["shards"][index]
@@ -115,8 +132,9 @@ def write_shard(
         Corpus.from_inputs(texts, text_pairs=text_pairs, ids=ids),
         shard_path(Path(root), shard["name"]),
         plan,
-        long_texts=long_texts,
-        stride=stride,
         shard=shard_identity(table, index),
         progress=progress,
+        block_size=BLOCK_SIZE if block_size is None else block_size,
+        chunk_rows=CHUNK_ROWS if chunk_rows is None else chunk_rows,
+        shard_chunks=SHARD_CHUNKS if shard_chunks is None else shard_chunks,
     )

@@ -25,16 +25,15 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .. import __version__
-from ..errors import OptionError, StoreError, check_choice
+from ..errors import OptionError, StoreError
 from ..features.layers import LayerSpec
-from ..features.plan import OutputPlan
+from ..features.plan import OutputPlan, plan_from_keywords
 from ..features.pool import SpecialTokens
 from ..inputs.windows import check_window_options
 from ..memory import release_free_memory
 from ..model.source import weights_sha256
 from ..progress import progress_bar
-from ..results import LayerStack, WordVectors
+from ..results import LayerStack, SentenceVector, WordVectors
 from .commit import Committer, ShardBuffer, clean_stale
 from .format import (
     ATTRIBUTE,
@@ -55,7 +54,7 @@ from .format import (
 )
 from .lock import writer_lock
 from .parts import committed_offsets, read_manifest
-from .resume import RESUME_KEYS, check_inputs, model_meta, text_sha1
+from .resume import RESUME_KEYS, check_inputs, text_sha1
 from .rows import stored_rows
 from .verify import check_structure, rows_checksum
 
@@ -105,29 +104,24 @@ class StoreWriter:
         corpus: Corpus,
         plan: OutputPlan,
         *,
-        long_texts: str,
-        stride: int | None,
-        method: str,
         block_size: int,
         chunk_rows: int,
         shard_chunks: int,
         source: str | None,
         shard: dict | None = None,
     ) -> None:
+        plan = encoder.settle(plan)  # its final norm decided: what the store records and resumes by
         self.encoder, self.path, self.plan = encoder, path, plan
         self.shard = shard
         self.corpus, self.n_texts = corpus, len(corpus)  # a file corpus is read once: rows checked, counted
         self.level, self.mode = plan.level, plan.mode
-        check_choice("long_texts", long_texts, ("truncate", "window"))
-        check_choice("method", method, ("hidden_states", "hooks"))
-        check_window_options(long_texts, stride, encoder.max_length)
+        check_window_options(plan.long_texts, plan.stride, encoder.max_length)
         layout = {"block_size": block_size, "chunk_rows": chunk_rows, "shard_chunks": shard_chunks}
         for name, value in layout.items():
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise OptionError(f"{name}={value!r} must be a whole number >= 1")
         self.layers = plan.hidden_states(encoder.n_hidden_states)
         self.fuse, self.special_tokens = plan.fuse, plan.special_tokens
-        self.long_texts, self.stride, self.method = long_texts, stride, method
         self.dtype, self.block_size = plan.dtype, block_size
         self.chunk_rows, self.shard_rows = chunk_rows, chunk_rows * shard_chunks
         self.source = source
@@ -141,19 +135,15 @@ class StoreWriter:
         return {
             "format": FORMAT,
             "format_version": FORMAT_VERSION,
-            **model_meta(self.encoder),
-            **self.plan.meta(self.encoder.n_hidden_states),
+            **self.encoder.run_meta(self.plan),  # the settings, the weights' hash, the plan, the version
             "row_shape": list(self._row_shape()),
-            "long_texts": self.long_texts,
-            "stride": self.stride,
-            "method": self.method,
             "n_texts": self.n_texts,
             "pairs": self.corpus.has_pairs,
             "block_size": self.block_size,
             "chunk_rows": self.chunk_rows,
             "shard_chunks": self.shard_rows // self.chunk_rows,
             "source": self.source,
-            "layerwise_version": __version__,
+            "corpus": self.corpus.reading,  # how the source was read: format, columns, limit, …
             # a shard of a sharded store records which one it is (shard_table.shard_identity)
             **({"shard": self.shard} if self.shard is not None else {}),
         }
@@ -208,7 +198,9 @@ class StoreWriter:
         return group
 
     # ------------------------------------------------------------------ results to rows
-    def _rows_and_record(self, text_id: int, stack: LayerStack, block: Block) -> tuple[np.ndarray, dict]:
+    def _rows_and_record(
+        self, text_id: int, stack: LayerStack, result: LayerStack | WordVectors | SentenceVector, block: Block
+    ) -> tuple[np.ndarray, dict]:
         local = text_id - block.start
         text = block.texts[local]
         pair = block.text_pairs[local] if block.text_pairs is not None else None
@@ -221,7 +213,6 @@ class StoreWriter:
             "truncated": bool(stack.truncated),
             "n_windows": int(stack.n_windows),
         }
-        result = self.plan.result(stack, self.encoder.n_hidden_states)
         if isinstance(result, LayerStack):
             rows = result.hidden.transpose(1, 0, 2)  # token-major rows
             record.update(
@@ -291,22 +282,19 @@ class StoreWriter:
             with bar if bar is not None else contextlib.nullcontext():
                 task = bar.add_task("store", total=self.n_texts, completed=n_committed) if bar else None
                 for block in self.corpus.blocks(self.block_size, start=first_block * self.block_size):
-                    stream = self.encoder.iter_extract(
+                    outputs = self.encoder.iter_results(
+                        self.plan,
                         block.texts if block.words is None else None,
                         text_pairs=block.text_pairs,
                         words=block.words,
-                        layers=self.layers,
-                        long_texts=self.long_texts,  # type: ignore[arg-type]
-                        stride=self.stride,
-                        method=self.method,  # type: ignore[arg-type]
                         progress=False,
                         report_truncation=False,  # reported once below, with corpus-wide numbers
                     )
-                    for local, stack in stream:
+                    for local, stack, result in outputs:
                         text_id = block.start + local
                         if text_id in done:
                             continue  # committed before an interruption; recomputed only to replay batches
-                        rows, record = self._rows_and_record(text_id, stack, block)
+                        rows, record = self._rows_and_record(text_id, stack, result, block)
                         committer.submit(buffer.append(rows, record))
                         written, truncated = written + 1, truncated + stack.truncated
                         release_free_memory()  # RSS follows the batch, not the corpus (memory.py)
@@ -358,14 +346,13 @@ def extract_to_store(
     on_bad_row: str = "error",
     encoding_errors: str = "strict",
     layers: LayerSpec | None = None,
-    pool: str = "token",
+    pool: str | None = None,
     fuse: str | None = None,
-    special_tokens: SpecialTokens = "include",
-    normalize: bool = False,
-    dtype: str = "float16",
-    long_texts: str = "truncate",
+    special_tokens: SpecialTokens | None = None,
+    normalize: bool | None = None,
+    dtype: str | None = None,
+    long_texts: str | None = None,
     stride: int | None = None,
-    method: str = "hidden_states",
     block_size: int = BLOCK_SIZE,
     chunk_rows: int = CHUNK_ROWS,
     shard_chunks: int = SHARD_CHUNKS,
@@ -380,12 +367,14 @@ def extract_to_store(
     path read as a corpus with the column options (see :func:`~layerwise.extract_to_file`); the
     manifest keeps each text's ``id``.
 
-    What is stored is an :class:`OutputPlan`, or (without one) the same settings as keywords:
-    ``pool`` is ``"token"``, ``"word:MODE"`` or ``"sentence:MODE"``; ``fuse`` a fusion name for
-    word and sentence pooling; ``dtype`` float16 (default) or float32. Running the same call again
-    after an interruption resumes where the last commit left off; a finished store is left as it
-    is. Every argument and every text is checked before anything is created; only an empty folder
-    or a layerwise store is written into, and ``overwrite`` removes only the store's own entries.
+    What is stored is an :class:`OutputPlan` (default: every layer of every token, float16):
+    ``OutputPlan.parse(pool="sentence:mean", long_texts="window", final_norm="all")``; the same
+    settings as keywords (``pool=…``) are deprecated. The store's metadata records the plan and the
+    Encoder's settings (``lw.read_meta``). Running the same call again after an interruption resumes
+    where the last commit left off (a different plan, model or final norm is refused, naming it); a
+    finished store is left as it is. Every argument and every text is checked before anything is
+    created; only an empty folder or a layerwise store is written into, and ``overwrite`` removes
+    only the store's own entries.
     ``shard`` is the identity a shard of a sharded store records (set by store/shard_writer.py)."""
     # the weights' hash for the metadata (remembered on the model) while zarr and pyarrow import:
     # hashlib lets go of the GIL, so on a fresh process this hides most of its 0.06 s
@@ -395,24 +384,11 @@ def extract_to_store(
         require_store_dependencies()
     finally:
         hashing.join()
-    if plan is None:
-        plan = OutputPlan.parse(
-            layers=layers,
-            pool=pool,
-            fuse=fuse,
-            special_tokens=special_tokens,
-            dtype=dtype,
-            normalize=normalize,
-        )
-    elif (layers, pool, fuse, special_tokens, normalize, dtype) != (
-        None,
-        "token",
-        None,
-        "include",
-        False,
-        "float16",
-    ):
-        raise OptionError("pass either plan= or layers/pool/fuse/special_tokens/normalize/dtype, not both")
+    plan = plan_from_keywords(
+        plan, default=OutputPlan(dtype="float16"), caller="extract_to_store", layers=layers, pool=pool,
+        fuse=fuse, special_tokens=special_tokens, normalize=normalize, dtype=dtype, long_texts=long_texts,
+        stride=stride,
+    )  # fmt: skip
     from ..inputs.corpus import as_corpus
 
     corpus = as_corpus(
@@ -422,8 +398,8 @@ def extract_to_store(
     )  # fmt: skip
     path = Path(path)
     writer = StoreWriter(  # reads the corpus once: bad input fails before anything exists
-        encoder, path, corpus, plan, long_texts=long_texts, stride=stride, method=method,
-        block_size=block_size, chunk_rows=chunk_rows, shard_chunks=shard_chunks, source=source, shard=shard,
+        encoder, path, corpus, plan, block_size=block_size, chunk_rows=chunk_rows, shard_chunks=shard_chunks,
+        source=source, shard=shard,
     )  # fmt: skip
     if classify(path) == "other":
         raise not_a_store(path)

@@ -20,43 +20,37 @@ import os
 from collections.abc import Iterator, Sequence
 from typing import Any, Literal, overload
 
-import numpy as np
 import torch
 
-from .errors import InputError, OptionError, check_choice
-from .extract import METHODS, Engine, Method
-from .features.layers import LayerSpec, resolve_layers
-from .features.plan import OutputPlan
-from .features.pool import SentencePool, SpecialTokens, SubwordPool
-from .features.stream import all_features, features_layers, sentence_matrix, word_vectors
-from .inputs.encoding import (
+from ..errors import InputError, OptionError, check_choice
+from ..extract import Engine
+from ..features.layers import LayerSpec, resolve_layers
+from ..features.plan import OutputPlan, Result
+from ..inputs.encoding import (
     EncodedInput,
     InputEncoder,
-    as_texts,
     normalize_inputs,
     report_empty_words,
     report_truncation_warning,
-    split_word_inputs,
 )
-from .inputs.windows import check_window_memory, check_window_options
-from .model.decoders import is_decoder_config
-from .model.gguf_files import gguf_read_once
-from .model.handle import ModelHandle
-from .model.hooks import check_taps
-from .model.source import (
+from ..inputs.windows import check_window_memory, check_window_options
+from ..model.decoders import is_decoder_config
+from ..model.gguf_files import gguf_read_once
+from ..model.handle import ModelHandle
+from ..model.hooks import check_taps
+from ..model.source import (
     load_config_and_tokenizer,
     pick_device,
     read_sentence_transformers,
     resolve_model_source,
-    sentence_convention,
     usable_max_length,
 )
-from .results import LayerStack, WordVectors
+from ..results import LayerStack
+from ..settings import METHODS, FinalNorm, Method, ModelDtype, Settings, check_final_norm
+from .features import FeatureCalls
 
 logger = logging.getLogger("layerwise")
 
-ModelDtype = Literal["float32", "float16", "bfloat16"]
-MODEL_DTYPES: tuple[str, ...] = ("float32", "float16", "bfloat16")
 LongTexts = Literal["truncate", "window"]
 LONG_TEXTS: tuple[str, ...] = ("truncate", "window")
 CPU_MAX_TOKENS = 2048
@@ -64,17 +58,11 @@ GPU_MAX_TOKENS = 32768
 _TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
-def _positive(name: str, value: object, *, optional: bool) -> None:
-    if value is None and optional:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise OptionError(
-            f"{name}={value!r} must be a whole number >= 1" + (" (or None)" if optional else "")
-        )
-
-
-class Encoder:
+class Encoder(FeatureCalls):
     """A BERT-family encoder or a decoder language model that returns every hidden state.
+
+    The keywords are the fields of :class:`~layerwise.Settings`; ``Encoder.from_settings(s)`` makes
+    one from such a value, and ``enc.settings`` says what it was made with.
 
     Args:
         model: a hub name, a folder, a GGUF file, or None for the packaged all-MiniLM-L6-v2.
@@ -89,7 +77,11 @@ class Encoder:
         streams: packed batches run at once on the CPU, each on its share of torch's threads
             (streams.py); default 2 for a model up to 512 wide on 2+ threads, else 1.
         allow_nan: keep NaN/inf hidden states (with a warning); else a NonFiniteError names the input.
-        final_norm: a decoder's last hidden state after its final norm (True), before it, or "all" after it.
+        final_norm: a decoder's final norm on its last hidden state (True, as transformers returns
+            it), on none (False) or on every one ("all"): the default of calls that do not say
+            (each call takes ``final_norm=`` too).
+        method: ``"hidden_states"`` (the model's ``output_hidden_states``) or ``"hooks"``: the default
+            of calls (the same numbers).
     Front ends batching across callers use ``inputs.encode`` and ``engine.stream`` directly."""
 
     def __init__(
@@ -104,15 +96,26 @@ class Encoder:
         packed: bool = True,
         streams: int | None = None,
         allow_nan: bool = False,
-        final_norm: bool | Literal["all"] = True,
+        final_norm: FinalNorm = True,
+        method: Method = "hidden_states",
     ) -> None:
-        check_choice("model_dtype", model_dtype, MODEL_DTYPES)
-        check_choice("final_norm", final_norm, (True, False, "all"))  # type: ignore[arg-type]
-        _positive("batch_size", batch_size, optional=False)
-        _positive("max_tokens", max_tokens, optional=True)
+        given = Settings(
+            None if model is None else str(model),
+            device=str(device),
+            model_dtype=model_dtype,
+            max_length=max_length,
+            batch_size=batch_size,
+            max_tokens=max_tokens,
+            packed=packed,
+            streams=streams,
+            allow_nan=allow_nan,
+            final_norm=final_norm,
+            method=method,
+        )  # fmt: skip  (checks every value before anything loads)
         self.source, self.name = resolve_model_source(model)
         self.device = pick_device(device)
         self.model_dtype: ModelDtype = model_dtype
+        self.method: Method = method
         dtype = _TORCH_DTYPES[model_dtype]  # light=packed: the packed forward needs no transformers class
         with gguf_read_once(self.source):
             self.config, self.tokenizer = load_config_and_tokenizer(self.source, self.name)  # fast tokenizer
@@ -129,8 +132,18 @@ class Encoder:
         max_tokens = max_tokens or (CPU_MAX_TOKENS if self.device.type == "cpu" else GPU_MAX_TOKENS)
         self.engine = Engine(self.models, self.tokenizer, device=self.device, max_length=self.max_length,
                              batch_size=batch_size, max_tokens=max_tokens, packed=packed,
-                             streams=streams, allow_nan=allow_nan, final_norm=final_norm)  # fmt: skip
+                             streams=streams, allow_nan=allow_nan)  # fmt: skip
         self.batch_size, self.max_tokens = batch_size, max_tokens  # the defaults of every call
+        # what it was made with; the model by its name (the packaged default's hub name for None),
+        # which any process resolves to the same files (Encoder.source is where they were found)
+        self.settings = given.replace(model=self.name)
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> Encoder:
+        """The Encoder ``settings`` describe (every field of it, none dropped)."""
+        if not isinstance(settings, Settings):
+            raise OptionError(f"settings must be a layerwise.Settings, not {type(settings).__name__}")
+        return cls(**settings.as_dict())
 
     @property
     def model(self):  # the transformers model, built on first use (the packed forward needs none)
@@ -143,6 +156,63 @@ class Encoder:
     def __repr__(self) -> str:
         return (f"Encoder({self.name!r}, n_layers={self.n_layers}, hidden_size={self.hidden_size}, "
                 f"device='{self.device}', model_dtype='{self.model_dtype}')")  # fmt: skip
+
+    def settle(self, plan: OutputPlan) -> OutputPlan:
+        """``plan`` with this model's answer to what it leaves open (its final norm: this
+        Encoder's default), checked against this model (layers in range, no final norm on an
+        encoder): the plan a run carries out and its outputs record."""
+        plan.hidden_states(self.n_hidden_states)  # a layer past the model fails here
+        return plan.with_final_norm(self.final_norm, is_decoder=self.is_decoder)
+
+    def run_meta(self, plan: OutputPlan) -> dict:
+        """How a run of ``plan`` is made, for every output's metadata (``lw.read_meta`` reads it
+        back): layerwise's version, these settings under their Python names (``model`` is the
+        name, ``model_source`` where it was loaded from), the weights' hash, the settled plan."""
+        from .. import __version__
+        from ..model.source import weights_sha256
+
+        settled = self.settle(plan)
+        settings = self.settings.as_dict()
+        settings.update(
+            model_source=str(self.source),
+            device_used=str(self.device),
+            max_length=self.max_length,
+            max_tokens=self.max_tokens,
+            streams=self.engine.pool.streams if self.engine.pool is not None else 1,
+            packed=self.engine.packed is not None,
+        )  # fmt: skip  (what ran, resolved)
+        return {
+            "layerwise_version": __version__,
+            **settings,
+            "weights_sha256": weights_sha256(self.models.current),
+            "hidden_size": self.hidden_size,
+            "decoder": self.is_decoder,
+            **settled.meta(self.n_hidden_states),
+        }
+
+    def iter_results(
+        self,
+        plan: OutputPlan,
+        texts: Sequence[str] | None = None,
+        *,
+        text_pairs: Sequence[str] | None = None,
+        pairs: Sequence[tuple[str, str]] | None = None,
+        words: Sequence[Sequence[str]] | None = None,
+        progress: bool | None = None,
+        report_truncation: bool = True,
+    ) -> Iterator[tuple[int, LayerStack, Result]]:
+        """The one path from a plan to its outputs: ``(input index, LayerStack, result)`` as batches
+        finish. The forward computes the plan's hidden states (its long texts, stride and final
+        norm), and the plan makes each stack its result (a LayerStack, WordVectors or
+        SentenceVector). Every writer, ``embed``, ``embed_words``, Ray and the server read it."""
+        settled = self.settle(plan)
+        stream = self.iter_extract(
+            texts, text_pairs=text_pairs, pairs=pairs, words=words,
+            layers=settled.hidden_states(self.n_hidden_states), long_texts=settled.long_texts,
+            stride=settled.stride, final_norm=settled.final_norm if self.is_decoder else None,
+            progress=progress, report_truncation=report_truncation,
+        )  # fmt: skip
+        return ((index, stack, settled.result(stack, self.n_hidden_states)) for index, stack in stream)
 
     def tokenize(
         self,
@@ -163,7 +233,7 @@ class Encoder:
         pairs: Sequence[tuple[str, str]] | None = None,
         words: Sequence[Sequence[str]] | None = None,
         layers: LayerSpec = "all",
-        method: Method = "hidden_states",
+        method: Method | None = None,
         taps: Sequence[str] = (),
         long_texts: LongTexts = "truncate",
         stride: int | None = None,
@@ -171,13 +241,17 @@ class Encoder:
         max_tokens: int | None = None,
         progress: bool | None = None,
         report_truncation: bool = True,
+        final_norm: FinalNorm | None = None,
     ) -> Iterator[tuple[int, LayerStack]]:
         """Yield ``(input index, LayerStack)`` as batches finish (longest inputs first).
 
         Memory stays bounded by one batch; use :meth:`extract` for results in input order. Arguments
         are checked and inputs tokenised before this returns, so bad input fails here. Callers that
-        run a corpus in blocks pass ``report_truncation=False`` and report once themselves."""
+        run a corpus in blocks pass ``report_truncation=False`` and report once themselves.
+        ``method`` and ``final_norm``: None takes the Encoder's own."""
         layer_ids = resolve_layers(layers, self.n_hidden_states)
+        method = self.method if method is None else method
+        norm = self._final_norm(final_norm)
         taps = _check_extract_options(self, method, taps, long_texts, stride)
         raw = normalize_inputs(texts, text_pairs=text_pairs, pairs=pairs, words=words)
         if long_texts == "window":
@@ -188,8 +262,16 @@ class Encoder:
         report_empty_words(encoded)
         return self.engine.stream(
             encoded, layers=layer_ids, method=method, taps=taps, stride=stride, batch_size=batch_size,
-            max_tokens=max_tokens, progress=progress,
+            max_tokens=max_tokens, progress=progress, final_norm=norm,
         )  # fmt: skip
+
+    def _final_norm(self, value: FinalNorm | None) -> FinalNorm:
+        """A call's final norm: its own, else this Encoder's; "all" and False need a decoder."""
+        if value is None:
+            return self.final_norm
+        check_final_norm(value)
+        OutputPlan(final_norm=value).with_final_norm(self.final_norm, is_decoder=self.is_decoder)
+        return value
 
     @overload
     def extract(self, texts: str, **options: object) -> LayerStack: ...  # type: ignore[overload-overlap]
@@ -197,14 +279,15 @@ class Encoder:
     def extract(self, texts: Sequence[str] | None = None, **options: object) -> list[LayerStack]: ...
 
     def extract(self, texts=None, *, text_pairs=None, pairs=None, words=None, layers="all",
-                method="hidden_states", taps=(), long_texts="truncate", stride=None, batch_size=None,
-                max_tokens=None, progress=None):  # fmt: skip
+                method=None, taps=(), long_texts="truncate", stride=None, batch_size=None,
+                max_tokens=None, progress=None, final_norm=None):  # fmt: skip
         """Hidden states of every requested layer, one :class:`LayerStack` per input, in input order.
         Pass ``texts`` (optionally with ``text_pairs``), ``pairs`` or pre-split ``words``; the
         keywords are those of :meth:`iter_extract`. A single string gives a single LayerStack.
         ``layers`` takes any layer spec ("all", -1, [0, 4, -1], "0:4", "last4"); ``method`` picks
         ``output_hidden_states`` or forward hooks (same numbers); ``taps`` adds sub-layer outputs:
-        attention_probs, attention_output, intermediate."""
+        attention_probs, attention_output, intermediate; ``final_norm`` (decoders): the final norm
+        on the last hidden state (True), none (False) or every one ("all"); None: the Encoder's."""
         single = isinstance(texts, str)
         if single:
             if text_pairs is not None:
@@ -213,116 +296,11 @@ class Encoder:
         stream = self.iter_extract(
             texts, text_pairs=text_pairs, pairs=pairs, words=words, layers=layers, method=method,
             taps=taps, long_texts=long_texts, stride=stride, batch_size=batch_size, max_tokens=max_tokens,
-            progress=progress,
+            progress=progress, final_norm=final_norm,
         )  # fmt: skip
         results = dict(stream)
         ordered = [results[i] for i in range(len(results))]
         return ordered[0] if single else ordered
-
-    # ------------------------------------------------------------------ features
-    def embed(
-        self,
-        texts: str | Sequence[str] | None = None,
-        *,
-        text_pairs: Sequence[str] | None = None,
-        pairs: Sequence[tuple[str, str]] | None = None,
-        layers: LayerSpec | None = None,
-        pool: SentencePool = "mean",
-        fuse: str | None = None,
-        special_tokens: SpecialTokens = "include",
-        normalize: bool = False,
-        long_texts: LongTexts = "truncate",
-        stride: int | None = None,
-        progress: bool | None = None,
-    ) -> np.ndarray:
-        """Sentence vectors: ``(n_texts, n_layers, hidden)``; ``(n_texts, hidden)`` for one int layer
-        or float depth (it drops the axis, as in NumPy); ``(n_texts, dim)`` with ``fuse``.
-
-        ``pool``: cls, mean, max or last (a decoder's convention); ``special_tokens``: include
-        (default, as sentence-transformers) or exclude [CLS]/[SEP]. ``fuse``: a named fusion (last,
-        concat_last4, mean_all, …) or mean/sum/concat over ``layers``. ``normalize``: L2-normalise
-        each vector. A single string gives a single row."""
-        plan = OutputPlan(layers, "sentence", pool, special_tokens, fuse, normalize=normalize)
-        single = isinstance(texts, str)
-        batch = [texts] if single else (as_texts(texts) if texts is not None else None)  # any iterable
-        stream = self.iter_extract(
-            batch, text_pairs=text_pairs, pairs=pairs, layers=plan.hidden_states(self.n_hidden_states),  # type: ignore[arg-type]
-            long_texts=long_texts, stride=stride, progress=progress,
-        )  # fmt: skip
-        n_texts = len(batch) if batch is not None else len(pairs or ())
-        array = sentence_matrix(
-            stream, n_texts, plan, n_hidden_states=self.n_hidden_states, hidden_size=self.hidden_size
-        )
-        if _drops_axis(layers, fuse):
-            array = array[:, 0]
-        return array[0] if single else array
-
-    def encode(self, texts: str | Sequence[str], *, progress: bool | None = None) -> np.ndarray:
-        """sentence-transformers' ``encode()``: the last layer, pooled and normalised as modules.json
-        says, truncated at max_seq_length (else mean pooling, no normalisation)."""
-        pool, normalize = sentence_convention(self.sentence_transformers)
-        return self.embed(texts, layers=-1, pool=pool, normalize=normalize, progress=progress)  # type: ignore[arg-type]
-
-    def embed_words(
-        self,
-        inputs: Sequence[str] | Sequence[Sequence[str]] | None = None,
-        *,
-        text_pairs: Sequence[str] | None = None,
-        pairs: Sequence[tuple[str, str]] | None = None,
-        words: Sequence[Sequence[str]] | None = None,
-        subword: SubwordPool = "first",
-        layers: LayerSpec | None = None,
-        fuse: str | None = None,
-        long_texts: LongTexts = "truncate",
-        stride: int | None = None,
-        progress: bool | None = None,
-    ) -> list[WordVectors]:
-        """Word vectors per input: ``WordVectors.vectors`` is ``(n_layers, n_words, dim)``,
-        ``(n_words, dim)`` for one int layer or with ``fuse``. ``inputs``: raw texts (words found by
-        the tokenizer's pre-tokenizer and character offsets) or pre-split word lists (aligned to your
-        words); or pass ``words=`` / ``texts`` with ``text_pairs=`` as in :meth:`extract`.
-        ``subword``: first (default, as in the BERT paper), last, mean, first_last or max."""
-        plan = OutputPlan(layers, "word", subword, fuse=fuse)
-        texts, words = split_word_inputs(inputs, words)
-        stream = self.iter_extract(
-            texts, text_pairs=text_pairs, pairs=pairs, words=words,
-            layers=plan.hidden_states(self.n_hidden_states), long_texts=long_texts, stride=stride,
-            progress=progress,
-        )  # fmt: skip
-        n_inputs = len(next(x for x in (texts, pairs, words) if x is not None) or ())
-        results = word_vectors(stream, n_inputs, plan, n_hidden_states=self.n_hidden_states)
-        if _drops_axis(layers, fuse):
-            results = [WordVectors(**{**r.__dict__, "vectors": r.vectors[0]}) for r in results]
-        return results
-
-    def features(
-        self,
-        texts: Sequence[str] | None = None,
-        *,
-        text_pairs: Sequence[str] | None = None,
-        pairs: Sequence[tuple[str, str]] | None = None,
-        pools: Sequence[SentencePool] = ("mean",),
-        fuses: Sequence[str] = ("last",),
-        layers: LayerSpec | None = None,
-        special_tokens: SpecialTokens = "include",
-        long_texts: LongTexts = "truncate",
-        stride: int | None = None,
-        progress: bool | None = None,
-    ) -> dict[tuple[str, str], np.ndarray]:
-        """Every (pool, fusion) from ONE forward pass: ``{(pool, fuse): (n_texts, dim)}``."""
-        texts = as_texts(texts) if texts is not None else None  # any iterable; a str is refused
-        pools, fuses = list(pools), list(fuses)
-        extracted = features_layers(fuses, layers, pools, special_tokens, self.n_hidden_states)
-        stream = self.iter_extract(
-            texts, text_pairs=text_pairs, pairs=pairs, layers=extracted, long_texts=long_texts, stride=stride,
-            progress=progress,
-        )  # fmt: skip
-        n_texts = len(texts) if texts is not None else len(pairs or ())
-        results = all_features(
-            stream, n_texts, pools=pools, fuses=fuses, layers=layers, extracted=extracted,
-            special_tokens=special_tokens, n_hidden_states=self.n_hidden_states, hidden_size=self.hidden_size,
-        )  # fmt: skip
-        return {(p, f): results[(p, f)] for p in pools for f in fuses}
 
 
 def _decoder_and_final_norm(config: Any, final_norm: Any, name: str) -> tuple[bool, Any]:
@@ -348,7 +326,7 @@ def _padding_idx(model: object) -> int | None:
 
 def _check_extract_options(
     encoder: Encoder, method: str, taps: Sequence[str], long_texts: str, stride: int | None
-) -> tuple[str, ...]:
+) -> tuple[str, ...]:  # the plan checks these too; extract() and the taps have no plan
     """The options of a call that extracts, checked before any work; the taps as a tuple."""
     check_choice("method", method, METHODS)
     checked = check_taps(taps)
@@ -360,9 +338,3 @@ def _check_extract_options(
     check_choice("long_texts", long_texts, LONG_TEXTS)
     check_window_options(long_texts, stride, encoder.max_length)
     return checked
-
-
-def _drops_axis(layers: LayerSpec | None, fuse: str | None) -> bool:
-    """An int layer index (or a float depth, one layer too) drops the layer axis, as in NumPy; a
-    list, range or string keeps it."""
-    return fuse is None and isinstance(layers, int | float) and not isinstance(layers, bool)

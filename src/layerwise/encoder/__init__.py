@@ -1,0 +1,8 @@
+"""The Encoder: a model and its tokenizer, ready to extract every layer (core.py), with its sentence
+and word features (features.py)."""
+
+from __future__ import annotations
+
+from .core import CPU_MAX_TOKENS, GPU_MAX_TOKENS, LONG_TEXTS, Encoder, LongTexts
+
+__all__ = ["CPU_MAX_TOKENS", "GPU_MAX_TOKENS", "LONG_TEXTS", "Encoder", "LongTexts"]

@@ -1,0 +1,139 @@
+"""Settings: how a model is loaded and run, as one frozen value that travels whole.
+
+    settings = Settings(model="SmolLM2.gguf", model_dtype="bfloat16", max_length=64)
+    enc = Encoder.from_settings(settings)          # or Encoder("SmolLM2.gguf", model_dtype=...)
+    enc.settings                                   # what it was made with (model: its resolved source)
+
+Each front end builds one from its options (the CLI's ``extract`` and ``serve``, the HTTP server,
+``lw.ray``) and hands it on intact: to Ray actors, to the server's model process, to every output's
+metadata and to the store's resume check. None of them rebuilds an Encoder from a subset of its
+settings, so an option cannot be dropped on one path (nanoGPT's one ``GPTConfig`` is the model).
+Adding a setting means adding a field here (and its CLI option; tests/test_option_coverage.py
+fails until every back end honours it or refuses it by name).
+
+What a *run* returns (layers, pooling, fusion, the final norm of a call, long texts) is an
+:class:`~layerwise.OutputPlan`; ``final_norm`` here is the default a plan without one gets.
+Torch-free: a driver builds and checks settings without loading torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from .errors import OptionError, check_choice
+
+ModelDtype = Literal["float32", "float16", "bfloat16"]
+MODEL_DTYPES: tuple[str, ...] = ("float32", "float16", "bfloat16")
+FinalNorm = bool | Literal["all"]
+FINAL_NORMS: tuple[Any, ...] = (True, False, "all")
+Method = Literal["hidden_states", "hooks"]
+METHODS: tuple[str, ...] = ("hidden_states", "hooks")
+
+
+def check_final_norm(value: object, *, optional: bool = False) -> None:
+    """``final_norm`` is True, False or "all" (None where a default applies)."""
+    if value is None and optional:
+        return
+    # True == 1 in Python: compare identities so that final_norm=1 is refused, not taken as True
+    if not any(value is choice or (isinstance(value, str) and value == choice) for choice in FINAL_NORMS):
+        raise OptionError(
+            f"final_norm={value!r} is not valid; choose True (the last hidden state after the decoder's "
+            "final norm, as transformers returns it), False (every state raw) or 'all' (every state normed)"
+        )
+
+
+def parse_final_norm(text: str) -> FinalNorm:
+    """The CLI's and a query string's spelling: ``last`` (True), ``none`` (False) or ``all``."""
+    spelled = {"last": True, "true": True, "none": False, "false": False, "all": "all"}
+    value = spelled.get(str(text).strip().lower())
+    if value is None:
+        raise OptionError(f"--final-norm {text!r} is not valid; choose last, none or all")
+    return value  # type: ignore[return-value]
+
+
+def final_norm_name(value: FinalNorm | None) -> str | None:
+    """The CLI's spelling of a final_norm value (for messages and ``layerwise info``)."""
+    if value is None:
+        return None
+    return "all" if value == "all" else ("last" if value else "none")
+
+
+def _whole(name: str, value: object, *, optional: bool) -> None:
+    if value is None and optional:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise OptionError(
+            f"{name}={value!r} must be a whole number >= 1" + (" (or None)" if optional else "")
+        )
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How a model is loaded and run.
+
+    Args:
+        model: a hub name, a folder, a GGUF file, or None for the packaged all-MiniLM-L6-v2.
+        device: ``"auto"`` (CUDA when available), ``"cpu"``, ``"cuda"``, ``"cuda:1"``…
+        model_dtype: the model's weights and compute dtype; results are always float32.
+        max_length: tokens per input with special tokens; None: the model's (ST max_seq_length).
+        batch_size: at most this many inputs per forward pass.
+        max_tokens: tokens per forward pass (real ones when packed, else inputs x longest input);
+            None: 2048 on CPU (benchmarks/token_budget.py), 32768 on GPU.
+        packed: the unpadded forward where the architecture allows it (same numbers).
+        streams: packed batches run at once on the CPU; None: 2 for a model up to 512 wide on 2+
+            threads, else 1.
+        allow_nan: keep NaN/inf hidden states (with a warning); else a NonFiniteError names the input.
+        final_norm: a decoder's final norm on the last hidden state (True), on none (False) or on
+            every one ("all"): the default of every call that does not say (OutputPlan.final_norm).
+        method: ``output_hidden_states`` or forward hooks (the same numbers): the default of calls.
+    """
+
+    model: str | None = None
+    device: str = "auto"
+    model_dtype: ModelDtype = "float32"
+    max_length: int | None = None
+    batch_size: int = 128
+    max_tokens: int | None = None
+    packed: bool = True
+    streams: int | None = None
+    allow_nan: bool = False
+    final_norm: FinalNorm = True
+    method: Method = "hidden_states"
+
+    def __post_init__(self) -> None:
+        if self.model is not None and not isinstance(self.model, str):
+            object.__setattr__(self, "model", str(self.model))  # a Path: kept as its string
+        if not isinstance(self.device, str):
+            object.__setattr__(self, "device", str(self.device))  # a torch.device
+        check_choice("model_dtype", self.model_dtype, MODEL_DTYPES)
+        _whole("max_length", self.max_length, optional=True)
+        _whole("batch_size", self.batch_size, optional=False)
+        _whole("max_tokens", self.max_tokens, optional=True)
+        _whole("streams", self.streams, optional=True)
+        for name in ("packed", "allow_nan"):
+            if not isinstance(getattr(self, name), bool):
+                raise OptionError(f"{name}={getattr(self, name)!r} must be True or False")
+        check_final_norm(self.final_norm)
+        check_choice("method", self.method, METHODS)
+
+    def replace(self, **changes: Any) -> Settings:
+        """A copy with ``changes`` (checked like the original)."""
+        return dataclasses.replace(self, **changes)
+
+    def as_dict(self) -> dict[str, Any]:
+        """Every field under its Python name (JSON-ready: strings, numbers, booleans, None)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> Settings:
+        """Settings from :meth:`as_dict` (fields it does not know are refused, naming them)."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise OptionError(f"unknown settings {unknown}; known: {sorted(known)}")
+        return cls(**values)
+
+
+SETTINGS_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Settings))

@@ -1,0 +1,202 @@
+"""No option is dropped on any back end: every option of ``layerwise extract`` changes what is
+written or recorded (``lw.read_meta``) on a file, a store and ``--ray``, or is refused there with a
+message naming the option. A new option that is forgotten on one path fails here: the table below
+must list every option the command has.
+
+``--ray`` runs through a stand-in for Ray Data that builds each actor in this process from its
+pickled constructor arguments, as Ray does on another process: what reaches the actors is exactly
+what Ray would carry (tests/test_ray.py runs the real Ray)."""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+from types import SimpleNamespace
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from typer.main import get_command
+from typer.testing import CliRunner
+
+import layerwise as lw
+from layerwise.cli import app
+
+BACKENDS = ("file", "store", "ray")
+TEXTS = [f"text {i} about the river bank" + " and more words" * (i % 4) for i in range(12)]
+
+
+class _Case(SimpleNamespace):
+    """``args`` for a back end (a list, or a function of the back end); ``key``: the metadata entry
+    that must change (``corpus``: how the source was read); ``refused``: back ends that refuse it."""
+
+
+def _cases(other_model: Path) -> dict[str, _Case]:
+    sentence = ["--pool", "sentence:mean"]
+    return {
+        "model": _Case(args=["--model", str(other_model)], key="model"),
+        "layers": _Case(args=["--layers", "0,-1"], key="layers"),
+        "batch_size": _Case(args=["--batch-size", "3"], key="batch_size"),
+        "max_tokens": _Case(args=["--max-tokens", "64"], key="max_tokens"),
+        "dtype": _Case(args=lambda b: ["--dtype", "float16" if b == "file" else "float32"], key="dtype"),
+        "model_dtype": _Case(args=["--model-dtype", "bfloat16"], key="model_dtype"),
+        "max_length": _Case(args=["--max-length", "16"], key="max_length"),
+        "method": _Case(args=["--method", "hooks"], key="method"),
+        "packed": _Case(args=["--no-packed"], key="packed"),
+        "pool": _Case(args=sentence, key="pool"),
+        "fuse": _Case(args=[*sentence, "--fuse", "mean_all"], key="fuse"),
+        "special_tokens": _Case(args=[*sentence, "--special-tokens", "exclude"], key="special_tokens"),
+        "normalize": _Case(args=[*sentence, "--normalize"], key="normalize"),
+        "long_texts": _Case(args=["--long-texts", "window"], key="long_texts"),
+        "stride": _Case(args=["--long-texts", "window", "--stride", "4"], key="stride"),
+        # an encoder has no final norm: refused everywhere, naming it (decoders: test_settings.py)
+        "final_norm": _Case(args=["--final-norm", "all"], refused=BACKENDS),
+        "device": _Case(args=["--device", "cpu"], key="device"),
+        "streams": _Case(args=["--streams", "3"], key="streams"),
+        "encoding_errors": _Case(args=["--encoding-errors", "replace"], key="corpus"),
+        "format": _Case(args=["--format", "parquet"], key="corpus"),
+        "text_column": _Case(args=["--text-column", "other"], key="corpus"),
+        "pair_column": _Case(args=["--pair-column", "pair"], key="corpus"),
+        "id_column": _Case(args=["--id-column", "doc"], key="corpus"),
+        "words_column": _Case(args=["--words-column", "words"], key="corpus"),
+        "limit": _Case(args=["--limit", "5"], key="corpus"),
+        "on_bad_row": _Case(args=["--on-bad-row", "skip"], key="corpus"),
+        "no_text": _Case(args=["--no-text"], key="keep_text", refused=("store", "ray")),
+        "overwrite": _Case(args=["--overwrite"], special="overwrite", refused=("file",)),
+        "block_size": _Case(args=["--block-size", "4"], key="block_size", refused=("file",)),
+        "chunk_rows": _Case(args=["--chunk-rows", "8"], key="chunk_rows", refused=("file",)),
+        "shard_chunks": _Case(args=["--shard-chunks", "2"], key="shard_chunks", refused=("file",)),
+        "workers": _Case(args=["--workers", "1"], key="workers", refused=("file", "store")),
+        "threads_per_worker": _Case(
+            args=["--threads-per-worker", "2"], key="threads_per_worker", refused=("file", "store")
+        ),
+        "shard_size": _Case(args=["--shard-size", "4"], key="shard_size", refused=("file", "store")),
+        "allow_nan": _Case(args=["--allow-nan"], key="allow_nan"),
+        "quiet": _Case(args=["--quiet"], special="quiet"),
+    }
+
+
+# what the command takes that is not an option to vary: the input, the output, and the back end
+STRUCTURAL = {"inputs", "output", "ray"}
+
+
+class _FakeDataset:
+    """Ray Data's ``from_items(...).map_batches(Actor, fn_constructor_args=...)``, in this process:
+    one actor, built from its arguments after a pickle round trip (what Ray ships), fed one row per
+    batch."""
+
+    def __init__(self, rows: list[dict]) -> None:
+        self.rows = rows
+
+    def map_batches(self, fn, *, fn_constructor_args=(), **_: object):
+        import torch
+
+        threads = torch.get_num_threads()  # the actor sets its own: this process keeps its count
+        try:
+            actor = fn(*pickle.loads(pickle.dumps(fn_constructor_args)))
+            out = []
+            for row in self.rows:
+                answer = actor({key: [value] for key, value in row.items()})
+                out.append({key: values[0] for key, values in answer.items()})
+        finally:
+            torch.set_num_threads(threads)
+        return SimpleNamespace(take_all=lambda: out)
+
+
+def _fake_ray() -> SimpleNamespace:
+    context = SimpleNamespace(enable_progress_bars=True, execution_options=SimpleNamespace())
+    data = SimpleNamespace(
+        from_items=lambda rows, **_: _FakeDataset(rows),
+        ActorPoolStrategy=lambda **_: None,
+        DataContext=SimpleNamespace(get_current=lambda: context),
+        Dataset=type("Dataset", (), {}),
+    )
+    return SimpleNamespace(data=data, is_initialized=lambda: True)
+
+
+@pytest.fixture()
+def fake_ray(monkeypatch):
+    import layerwise.ray as lw_ray
+
+    monkeypatch.setattr(lw_ray, "_ray", _fake_ray)
+
+
+def _corpus(folder: Path) -> Path:
+    """A Parquet corpus with every column an option can name."""
+    path = folder / "corpus.parquet"
+    table = pa.table(
+        {
+            "text": TEXTS,
+            "other": [t.upper() for t in TEXTS],
+            "pair": [f"second segment {i}" for i in range(len(TEXTS))],
+            "doc": [f"doc-{i}" for i in range(len(TEXTS))],
+            "words": [t.split() for t in TEXTS],
+        }
+    )
+    pq.write_table(table, path)
+    return path
+
+
+def _run(corpus: Path, out: Path, backend: str, *args: str):
+    where = {"file": [], "store": [], "ray": ["--ray", "local"]}[backend]
+    command = ["extract", str(corpus), "-o", str(out), "--model", *_MODEL, *where, *args]
+    return CliRunner().invoke(app, [str(a) for a in command])
+
+
+_MODEL: list[str] = []
+
+
+def _output(folder: Path, backend: str, name: str) -> Path:
+    return folder / (f"{name}.npz" if backend == "file" else f"{name}.lw")
+
+
+def test_the_table_lists_every_option(make_tiny_model):
+    command = get_command(app).commands["extract"]  # type: ignore[attr-defined]
+    names = {param.name for param in command.params}
+    assert names == set(_cases(make_tiny_model("bert", 2))) | STRUCTURAL, (
+        "an option of `layerwise extract` is not in tests/test_option_coverage.py: say what it changes "
+        "on each back end, or refuse it there"
+    )
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_every_option_changes_the_output_or_is_refused(tmp_path, make_tiny_model, fake_ray, backend):
+    _MODEL[:] = [str(make_tiny_model("bert", 3))]
+    corpus = _corpus(tmp_path)
+    baseline = _output(tmp_path, backend, "baseline")
+    result = _run(corpus, baseline, backend)
+    assert result.exit_code == 0, result.output
+    base_meta = lw.read_meta(baseline)
+    failures = []
+    for option, case in _cases(make_tiny_model("bert", 2)).items():
+        args = case.args(backend) if callable(case.args) else case.args
+        out = _output(tmp_path, backend, option)
+        if getattr(case, "special", None) == "overwrite" and backend != "file":
+            first = _run(corpus, out, backend)  # a store with other settings exists ...
+            assert first.exit_code == 0, first.output
+            again = _run(corpus, out, backend, "--layers", "0")  # ... resuming it with others is refused
+            assert again.exit_code == 2 and "overwrite" in again.output, again.output
+            result = _run(corpus, out, backend, "--layers", "0", *args)
+            if result.exit_code != 0 or lw.read_meta(out)["layers"] != [0]:
+                failures.append(f"{option} on {backend}: {result.output.strip()[:200]}")
+            continue
+        result = _run(corpus, out, backend, *args)
+        if backend in getattr(case, "refused", ()):
+            flag = "--" + option.replace("_", "-")
+            named = flag in result.output or option in result.output
+            if result.exit_code != 2 or not named or out.exists():
+                failures.append(f"{option} on {backend} should be refused naming it: {result.output[:200]!r}")
+            continue
+        if result.exit_code != 0:
+            failures.append(f"{option} on {backend} failed: {result.output.strip()[:300]}")
+            continue
+        if getattr(case, "special", None) == "quiet":
+            if result.output.strip():
+                failures.append(f"--quiet on {backend} still printed {result.output[:100]!r}")
+            continue
+        meta = lw.read_meta(out)
+        if meta.get(case.key) == base_meta.get(case.key):
+            failures.append(
+                f"{option} on {backend} was dropped: {case.key}={meta.get(case.key)!r} as without it"
+            )
+    assert not failures, "\n".join(failures)
