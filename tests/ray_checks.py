@@ -74,13 +74,13 @@ def main() -> None:
     pq.write_table(table, out / "corpus.parquet", row_group_size=64)
     corpus = lw.Corpus(out / "corpus.parquet", text_column="body", id_column="doc", limit=300)
     settings = lw.Settings()  # the packaged model
-    parquet = lw.ray.extract_to_store(settings, corpus, out / "parquet.lw",
-                                      lw.OutputPlan.parse(pool="sentence:mean"), workers=2, shard_size=100)  # fmt: skip
+    pooled = lw.OutputPlan.parse(pool="sentence:mean")
+    parquet = lw.ray.extract_to_store(settings, corpus, out / "parquet.lw", pooled, workers=2, shard_size=100)
     report["parquet_n_texts"] = parquet.n_texts
+    words = lw.OutputPlan.parse(layers="0,-1", pool="word:mean", dtype="float16")
     summary = lw.ray.extract_to_store(
-        settings, texts, out / "killed.lw", lw.OutputPlan.parse(layers="0,-1", pool="word:mean", dtype="float16"),
-        workers=2, shard_size=100, writer=DyingWriter,
-    )  # fmt: skip
+        settings, texts, out / "killed.lw", words, workers=2, shard_size=100, writer=DyingWriter
+    )
     report["killed_marker"] = (out / "died-once").exists()
     report["killed_n_texts"] = summary.n_texts
 

@@ -146,9 +146,9 @@ def test_read_meta_says_how_every_output_was_made(tmp_path, make_tiny_model, suf
     folder = make_tiny_model("bert")
     out = tmp_path / f"out{suffix}"
     pool = "sentence:mean" if suffix == ".parquet" else "token"
-    result = cli("extract", _txt(tmp_path), "-o", out, "--model", folder, "--max-length", 9, "--batch-size", 2,
-                 "--model-dtype", "bfloat16", "--layers", "0,-1", "--pool", pool, "--long-texts", "window",
-                 "--stride", 3, "--method", "hooks")  # fmt: skip
+    result = cli("extract", _txt(tmp_path), "-o", out, "--model", folder, "--max-length", 9,
+                 "--batch-size", 2, "--model-dtype", "bfloat16", "--layers", "0,-1", "--pool", pool,
+                 "--long-texts", "window", "--stride", 3, "--method", "hooks")  # fmt: skip
     assert result.exit_code == 0, result.output
     meta = lw.read_meta(out)
     expected = {

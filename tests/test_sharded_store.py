@@ -78,7 +78,7 @@ def test_progress_without_manifests_agrees_with_the_opened_store(tmp_path, tiny_
     assert (fresh.pending, fresh.n_texts, fresh.n_rows) == ([0, 1, 2], 0, 0)
     for k in (0, 2):
         shard = table["shards"][k]
-        write_shard(tiny_encoder, path, table, k, TEXTS[shard["start"] : shard["stop"]], None, PLAN)  # fmt: skip
+        write_shard(tiny_encoder, path, table, k, TEXTS[shard["start"] : shard["stop"]], None, PLAN)
     progress, opened = shard_progress(path), ShardedStore(path)
     assert progress.pending == opened.pending_shards() == [1]
     assert progress.n_texts == len(opened) == 15
@@ -190,7 +190,7 @@ def test_the_reader_requires_one_models_weights(tmp_path, tiny_encoder, make_tin
     other = lw.Encoder(make_tiny_model("bert", 2), device="cpu")
     shutil.rmtree(path / "shard-00001.lw")
     write_shard(other, path, table, 1, TEXTS[10:20], None, plan)
-    with pytest.raises(StoreDamagedError, match="shard-00001.lw has model="):  # by name first
+    with pytest.raises(StoreDamagedError, match=r"shard-00001\.lw has model="):  # by name first
         lw.open_store(path)
     # the same name (a folder whose weights changed): the weights' hashes tell them apart
     meta_file = path / "shard-00001.lw" / "zarr.json"
