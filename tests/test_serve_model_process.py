@@ -163,3 +163,52 @@ def test_weights_edited_after_loading_are_refused_not_silently_served(make_tiny_
     response = run_app(in_process, embed)
     want = encoder.embed(["a bank"], layers=-1, pool="mean")
     np.testing.assert_allclose([response.json()["data"][0]["embedding"]], want, atol=1e-5)
+
+
+def test_every_layerwise_error_survives_the_process_boundary():
+    """#46, 11: each error a run can raise is pickled to the server with its attributes; one that
+    could not be unpickled used to turn into a 503 model_unavailable."""
+    import pickle
+
+    import layerwise.serve.model_process  # noqa: F401  (its error class joins the tree)
+    from layerwise import errors
+
+    def subclasses(cls):
+        for sub in cls.__subclasses__():
+            yield sub
+            yield from subclasses(sub)
+
+    examples = {
+        errors.InputError: {"index": 3, "line": 4},
+        errors.NonFiniteError: {"index": 1, "layer": 2},
+        errors.StoreDamagedError: {"problems": ["a", "b"], "text_ids": [7]},
+    }
+    for cls in [errors.LayerwiseError, *subclasses(errors.LayerwiseError)]:
+        keywords = next((v for k, v in examples.items() if issubclass(cls, k)), {})
+        error = cls("what went wrong", **keywords)
+        back = pickle.loads(pickle.dumps(error))
+        assert type(back) is cls and str(back) == "what went wrong", cls
+        for name, value in keywords.items():
+            assert getattr(back, name) == value, (cls, name)
+
+
+def test_a_nan_from_the_model_process_is_a_500_nonfinite_output(make_tiny_model, tmp_path):
+    """The documented status for a NaN the model produced: 500 nonfinite_output, not a 503."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    folder = tmp_path / "nan-model"
+    shutil.copytree(make_tiny_model("bert", 2), folder)
+    weights = load_file(folder / "model.safetensors")
+    name = next(k for k in weights if k.endswith("layer.1.output.dense.bias"))
+    weights[name][:] = float("nan")
+    save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
+    app = create_app({"nan": lw.Encoder(folder, device="cpu")}, ServeSettings(model_process=True, streams=1))
+
+    async def scenario(client):
+        return await client.post("/v1/embeddings", json={"input": ["a bank"]})
+
+    response = run_app(app, scenario)
+    assert response.status_code == 500, response.text
+    assert response.json()["error"]["code"] == "nonfinite_output" and "NaN or inf" in response.text

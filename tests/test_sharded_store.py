@@ -115,11 +115,15 @@ def test_a_shard_linked_outside_the_store_is_refused(tmp_path, store):
     (store / "shard-00002.lw").symlink_to(outside)
     with pytest.raises(StoreDamagedError, match="symbolic link"):
         lw.open_store(store)
-    # overwrite leaves the link's target alone
-    from layerwise.store.shard_table import remove_own_shards
-
-    remove_own_shards(store)
-    assert (outside / "zarr.json").is_file()
+    # overwrite refuses before deleting anything (#46, 6): the link's target, the other shards and
+    # the table stay as they were
+    before = sorted(p.name for p in store.iterdir())
+    table = (store / TABLE).read_text()
+    with pytest.raises(lw.StoreError, match="symbolic link"):
+        write_sharded(lw.Encoder(lw.read_meta(store / "shard-00000.lw")["model_source"], device="cpu"), store,
+                      overwrite=True)  # fmt: skip
+    assert sorted(p.name for p in store.iterdir()) == before and (store / TABLE).read_text() == table
+    assert (outside / "zarr.json").is_file() and (store / "shard-00000.lw" / "zarr.json").is_file()
 
 
 @pytest.mark.parametrize(

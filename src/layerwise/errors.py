@@ -21,7 +21,14 @@ from __future__ import annotations
 
 
 class LayerwiseError(Exception):
-    """Base class of all layerwise errors."""
+    """Base class of all layerwise errors.
+
+    Every one survives a pickle round trip with its attributes (the server's model process and Ray
+    actors send them across processes): keyword-only ``__init__`` arguments are restored from the
+    instance's ``__dict__``, not passed positionally as ``BaseException`` would."""
+
+    def __reduce__(self):
+        return _rebuild, (type(self), self.args, dict(self.__dict__))
 
 
 class LayerSpecError(LayerwiseError, ValueError):
@@ -84,6 +91,13 @@ class StoreDamagedError(StoreError):
 
 class MissingDependencyError(LayerwiseError, ImportError):
     """An optional dependency is missing; the message carries the pip command that installs it."""
+
+
+def _rebuild(cls: type[BaseException], args: tuple, state: dict) -> BaseException:
+    error = cls.__new__(cls)
+    error.args = args
+    error.__dict__.update(state)
+    return error
 
 
 def check_choice(name: str, value: object, choices: tuple[str, ...]) -> None:

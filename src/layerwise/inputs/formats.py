@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from ..errors import InputError, MissingDependencyError, OptionError
+from ..errors import InputError, LayerwiseError, MissingDependencyError, OptionError
 
 CHUNK_ROWS = 4096
 COMPRESSIONS = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd", ".bz2": "bz2", ".xz": "xz"}
@@ -98,9 +98,46 @@ def open_binary(path: Path, compression: str | None) -> IO[bytes]:
         raise MissingDependencyError(
             f"{path.name}: reading .zst needs zstandard: pip install 'layerwise[io]' (or zstandard)"
         ) from exc
-    # the stream reader has no readline nor line iteration: a buffered reader over it has both
-    reader = zstandard.ZstdDecompressor().stream_reader(open(path, "rb"), closefd=True)  # noqa: SIM115
-    return io.BufferedReader(reader, buffer_size=1 << 20)
+    # a buffered reader over the frames gives readline and line iteration
+    return io.BufferedReader(_ZstdFrames(open(path, "rb"), zstandard), buffer_size=1 << 20)
+
+
+class _ZstdFrames(io.RawIOBase):
+    """The decompressed bytes of a .zst file's frames, one after another. zstandard's stream reader
+    ends quietly at a file cut in the middle of a frame (a truncated copy read as a shorter corpus
+    with a cut last line); here that is an EOFError, as gzip, bz2 and lzma raise it."""
+
+    def __init__(self, raw: IO[bytes], zstandard: Any) -> None:
+        self.raw, self.zstandard = raw, zstandard
+        self.frame = zstandard.ZstdDecompressor().decompressobj()
+        self.pending = b""
+        self.started = False  # a frame has begun and not ended
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        while not self.pending:
+            data = self.raw.read(1 << 20)
+            if not data:
+                if self.started:
+                    raise EOFError("Compressed file ended before the end-of-stream marker was reached")
+                return 0
+            while data:
+                self.started = True
+                self.pending += self.frame.decompress(data)
+                if not self.frame.eof:
+                    break
+                data, self.started = self.frame.unused_data, False  # the next frame, if any
+                self.frame = self.zstandard.ZstdDecompressor().decompressobj()
+        size = min(len(buffer), len(self.pending))
+        buffer[:size] = self.pending[:size]
+        self.pending = self.pending[size:]
+        return size
+
+    def close(self) -> None:
+        self.raw.close()
+        super().close()
 
 
 @dataclass
@@ -140,13 +177,47 @@ def read_chunks(
 ) -> Iterator[RawChunk]:
     """The rows of ``path`` from ``start`` on. ``columns`` maps a role ("text", "pair", "id",
     "words") to the file's column or field name; ``strict_fields``: a JSON Lines record may hold
-    no other field (the default text/text_pair form, where a misspelt field would be lost)."""
-    if fmt.format == "parquet":
-        yield from _parquet_chunks(path, columns, start.row)
-    elif fmt.format == "csv" or (fmt.format == "tsv" and "text" in columns):
-        yield from _csv_chunks(path, fmt, columns, start.row)
-    else:
-        yield from _line_chunks(path, fmt, columns, encoding_errors, start, strict_fields)
+    no other field (the default text/text_pair form, where a misspelt field would be lost).
+    A file that cannot be read to its end (truncated, not what its suffix says, corrupt pages) is
+    an InputError naming it: never a shorter corpus."""
+    try:
+        if fmt.format == "parquet":
+            yield from _parquet_chunks(path, columns, start.row)
+        elif fmt.format == "csv" or (fmt.format == "tsv" and "text" in columns):
+            yield from _csv_chunks(path, fmt, columns, start.row)
+        else:
+            yield from _line_chunks(path, fmt, columns, encoding_errors, start, strict_fields)
+    except LayerwiseError:
+        raise
+    except Exception as exc:
+        if not _is_damage(exc):
+            raise
+        raise InputError(_damage_message(path, fmt, exc)) from None
+
+
+def _is_damage(exc: BaseException) -> bool:
+    """A read error that says the file itself is damaged or of another kind."""
+    import lzma
+    import zlib
+
+    if isinstance(exc, EOFError | OSError | lzma.LZMAError | zlib.error):
+        return True
+    kind = type(exc)
+    return kind.__module__.startswith(("pyarrow", "zstd")) or kind.__name__ in ("ZstdError", "ArrowInvalid")
+
+
+def _damage_message(path: Path, fmt: FileFormat, exc: BaseException) -> str:
+    import gzip
+
+    what = f"{fmt.compression}-compressed " if fmt.compression else ""
+    if isinstance(exc, EOFError):
+        return (
+            f"{path}: the {what}file ends in the middle of its data (truncated: an interrupted download "
+            "or copy?); nothing was written. Fetch or copy the file again"
+        )
+    if isinstance(exc, gzip.BadGzipFile):
+        return f"{path} is not a gzip file ({exc}); decompress it or rename it to what it is"
+    return f"{path} cannot be read as a {what}{fmt.format} file ({exc}); nothing was written. Check the file"
 
 
 # ---------------------------------------------------------------------------------------- lines

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import glob
+import logging
 import os
 import shutil
 import sys
@@ -15,6 +16,8 @@ from pathlib import Path
 from ..errors import InputError, OptionError
 from .encoding import lone_surrogate
 from .formats import FileFormat, detect_format
+
+logger = logging.getLogger("layerwise")
 
 
 def find_files(source, given_format: str | None) -> tuple[list[Path], Path | None]:
@@ -33,12 +36,15 @@ def find_files(source, given_format: str | None) -> tuple[list[Path], Path | Non
             files.append(spool)
         elif glob.has_magic(name) and not Path(name).exists():
             found = sorted(Path(p) for p in glob.glob(name, recursive=True) if Path(p).is_file())
+            found = _without_outputs(found, name)
             if not found:
                 raise InputError(f"no file matches {name!r}")
             files.extend(found)
         elif Path(name).is_dir():
-            # hidden files and markers such as Spark's _SUCCESS are not part of the data
+            # hidden files (a writer's temporary files among them) and markers such as Spark's
+            # _SUCCESS are not part of the data
             found = sorted(p for p in Path(name).iterdir() if p.is_file() and p.name[0] not in "._")
+            found = _without_outputs(found, name)
             if not found:
                 raise InputError(f"the folder {name!r} holds no files")
             files.extend(found)
@@ -48,6 +54,37 @@ def find_files(source, given_format: str | None) -> tuple[list[Path], Path | Non
         else:
             files.append(Path(name))
     return files, spool
+
+
+def _without_outputs(found: list[Path], pattern: str) -> list[Path]:
+    """The files a glob or a folder matched, less layerwise's own outputs (an earlier run's
+    vectors written next to the corpus would be read as texts, and a rerun would read its own
+    output): said once, naming them. A file named on its own is always read."""
+    outputs = [path for path in found if is_layerwise_output(path)]
+    if outputs:
+        named = ", ".join(str(p) for p in outputs[:3]) + (" …" if len(outputs) > 3 else "")
+        logger.warning(
+            "left out %d layerwise output(s) that %r matches: %s; name a file on its own to read it",
+            len(outputs), pattern, named,
+        )  # fmt: skip
+    return [path for path in found if path not in outputs]
+
+
+def is_layerwise_output(path: Path) -> bool:
+    """Whether ``path`` is a .parquet or .jsonl file that layerwise wrote (its metadata says so)."""
+    suffix = path.suffix.lower()
+    try:
+        if suffix == ".parquet":
+            import pyarrow.parquet as pq
+
+            return b"layerwise" in (pq.read_schema(path).metadata or {})
+        if suffix == ".jsonl":
+            with open(path, "rb") as handle:
+                first = handle.readline(1 << 20)
+            return first.startswith(b"{") and b'"layerwise": {' in first
+    except Exception:  # not readable as such: the reader reports it, naming the file
+        return False
+    return False
 
 
 def spool_stdin(given_format: str | None) -> Path:
@@ -121,6 +158,12 @@ def row_problem(role: str, value: object) -> str | None:
             "id": "a null id: every row needs one to be found again",
         }[role]
     if role == "id":
+        if is_int(value) and not -(2**63) <= value < 2**63:  # type: ignore[operator]
+            # every output keeps integer ids as int64 (.npz, Parquet, the store's manifest)
+            return (
+                f"an id of {value}, past what a 64-bit integer holds (-2**63 … 2**63-1); make the ids "
+                "strings (cast the column to string) or number the rows"
+            )
         return (
             None
             if isinstance(value, int | str) and not isinstance(value, bool)

@@ -25,6 +25,7 @@ from typing import Any
 from ..errors import MissingDependencyError, ModelLoadError, OptionError
 from .decoders import DECODER_MODEL_TYPES
 from .gguf_files import gguf_loading, gguf_parts, loader_args
+from .tokenizer_checks import check_tokenizer_files_agree, check_tokenizer_fits
 
 logger = logging.getLogger("layerwise")
 
@@ -190,37 +191,9 @@ def load_config_and_tokenizer(source: str, name: str):
             "ids and character offsets. Save a tokenizer.json next to the model."
         )
     check_tokenizer_fits(config, tokenizer, name)
+    if local:
+        check_tokenizer_files_agree(Path(source), config, tokenizer, name)
     return config, tokenizer
-
-
-def check_tokenizer_fits(config, tokenizer, name: str) -> None:
-    """The tokenizer's ids must index the model's embedding table: a larger vocabulary, or special
-    tokens past its end, is an error; a vocabulary of special tokens only, too. A vocabulary far
-    smaller than the table is allowed (models pad their tables) but said."""
-    rows = int(config.vocab_size)
-    vocab = tokenizer.get_vocab()  # with added tokens
-    specials = {t: tokenizer.convert_tokens_to_ids(t) for t in tokenizer.all_special_tokens}
-    outside = sorted((i, t) for t, i in vocab.items() if i >= rows)
-    if outside:
-        shown = ", ".join(f"{t!r}={i}" for i, t in outside[:5])
-        bad_specials = [t for t, i in specials.items() if i is not None and i >= rows]
-        what = f" (special tokens among them: {', '.join(bad_specials)})" if bad_specials else ""
-        raise ModelLoadError(
-            f"model {name!r}: its tokenizer has {len(outside):,} token ids at or past the model's vocab size "
-            f"{rows:,}: {shown}{what}. The tokenizer and the weights do not belong together: use the "
-            "tokenizer the model was trained with"
-        )
-    if len(vocab) <= len(specials):
-        raise ModelLoadError(
-            f"model {name!r}: its tokenizer holds only its {len(vocab)} special tokens, no vocabulary; "
-            "every word would be [UNK]. Use the tokenizer files the model was trained with"
-        )
-    if len(vocab) < 0.9 * rows:
-        logger.warning(
-            "model %s: the tokenizer has %s tokens for an embedding table of %s rows; if it is not the "
-            "tokenizer this model was trained with, the ids mean nothing to the model",
-            name, f"{len(vocab):,}", f"{rows:,}",
-        )  # fmt: skip
 
 
 def unused_weights(stored: list[str], model_keys: set[str], base_prefix: str) -> list[str]:

@@ -55,6 +55,9 @@ def read_parts(path: Path):
     except KeyError:
         problems.append(f"the commit marker ({OFFSETS}/) is missing")
         offsets = np.zeros(1, dtype=np.int64)
+    except Exception as exc:  # its zarr.json or chunks damaged (not JSON, not UTF-8, cut short)
+        problems.append(f"the commit marker ({OFFSETS}/) cannot be read: {type(exc).__name__}: {exc}")
+        offsets = np.zeros(1, dtype=np.int64)
     try:
         manifest = read_manifest(path, max(len(offsets) - 1, 0))
     except Exception as exc:  # a damaged part; reported, not raised, by verify

@@ -242,6 +242,14 @@ def remove_own_shards(root: Path) -> None:
     killed writer left); the table's names are not trusted for this."""
     if not root.is_dir():
         return
+    # everything is checked before anything is deleted: a refusal leaves the store as it was
+    for entry in sorted(os.listdir(root)):
+        path = root / entry
+        if SHARD_NAME.fullmatch(entry) and path.is_symlink():
+            raise StoreError(
+                f"{str(path)!r} is a symbolic link (to {str(path.resolve())!r}), not a shard this store "
+                "wrote; layerwise deletes only its own folders: remove the link, then rerun with --overwrite"
+            )
     for entry in sorted(os.listdir(root)):
         path = root / entry
         if not SHARD_NAME.fullmatch(entry) or path.is_symlink() or not path.is_dir():

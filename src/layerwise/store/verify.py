@@ -71,6 +71,10 @@ def structure_problems(path: Path, group, meta: dict, offsets: np.ndarray, manif
         data = group[DATA]
     except KeyError:
         return [f"the data array ({DATA}/) is missing"], affected
+    except Exception as exc:  # its zarr.json damaged: not JSON, not UTF-8, not zarr's metadata
+        return [
+            f"the data array's metadata ({DATA}/zarr.json) cannot be read: {type(exc).__name__}"
+        ], affected
     row_shape = tuple(meta.get("row_shape") or ())
     if tuple(data.shape[1:]) != row_shape:
         problems.append(f"data rows have shape {tuple(data.shape[1:])}, the metadata says {row_shape}")

@@ -1,0 +1,113 @@
+"""Checks that a model's tokenizer belongs to its weights, before any text is encoded.
+
+A tokenizer of another vocabulary gives ids that mean nothing to the model, and nothing fails:
+the vectors are simply wrong (cosine 0.15 to the real model's for ids shifted by 2). Three checks
+catch what can be caught from the files alone:
+
+- every id fits the embedding table (:func:`check_tokenizer_fits`);
+- where a folder carries the fast tokenizer (``tokenizer.json``) and the vocabulary it was made
+  from (``vocab.txt`` of WordPiece, ``vocab.json`` of BPE), the two agree, token by token;
+- the special tokens' ids agree with the config's (``pad_token_id``, ``bos_token_id``,
+  ``eos_token_id``), which are the ids the model was trained with.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from ..errors import ModelLoadError
+
+logger = logging.getLogger("layerwise")
+# more tokens than this share that disagree between the files: not the same vocabulary (a file
+# may legitimately hold a duplicate or two, or an added token over an [unused] slot)
+MAX_DISAGREEING = 0.01
+
+
+def check_tokenizer_fits(config, tokenizer, name: str) -> None:
+    """The tokenizer's ids must index the model's embedding table: a larger vocabulary, or special
+    tokens past its end, is an error; a vocabulary of special tokens only, too. A vocabulary far
+    smaller than the table is allowed (models pad their tables) but said."""
+    rows = int(config.vocab_size)
+    vocab = tokenizer.get_vocab()  # with added tokens
+    specials = {t: tokenizer.convert_tokens_to_ids(t) for t in tokenizer.all_special_tokens}
+    outside = sorted((i, t) for t, i in vocab.items() if i >= rows)
+    if outside:
+        shown = ", ".join(f"{t!r}={i}" for i, t in outside[:5])
+        bad_specials = [t for t, i in specials.items() if i is not None and i >= rows]
+        what = f" (special tokens among them: {', '.join(bad_specials)})" if bad_specials else ""
+        raise ModelLoadError(
+            f"model {name!r}: its tokenizer has {len(outside):,} token ids at or past the model's vocab size "
+            f"{rows:,}: {shown}{what}. The tokenizer and the weights do not belong together: use the "
+            "tokenizer the model was trained with"
+        )
+    if len(vocab) <= len(specials):
+        raise ModelLoadError(
+            f"model {name!r}: its tokenizer holds only its {len(vocab)} special tokens, no vocabulary; "
+            "every word would be [UNK]. Use the tokenizer files the model was trained with"
+        )
+    if len(vocab) < 0.9 * rows:
+        logger.warning(
+            "model %s: the tokenizer has %s tokens for an embedding table of %s rows; if it is not the "
+            "tokenizer this model was trained with, the ids mean nothing to the model",
+            name, f"{len(vocab):,}", f"{rows:,}",
+        )  # fmt: skip
+
+
+def check_tokenizer_files_agree(folder: Path, config: Any, tokenizer: Any, name: str) -> None:
+    """``tokenizer.json`` against the vocabulary file beside it, and the special tokens' ids
+    against the config; a disagreement is a ModelLoadError naming the files and the first entries
+    that differ."""
+    vocab = tokenizer.get_vocab()
+    if (folder / "tokenizer.json").is_file():
+        for file_name, entries in _vocabulary_files(folder):
+            differ = [(t, i, vocab[t]) for t, i in entries.items() if t in vocab and vocab[t] != i]
+            if len(differ) > max(1, MAX_DISAGREEING * len(entries)):
+                shown = "; ".join(
+                    f"{t!r}: {i} in {file_name}, {j} in tokenizer.json" for t, i, j in differ[:3]
+                )
+                raise ModelLoadError(
+                    f"model {name!r}: tokenizer.json and {file_name} in {str(folder)!r} give "
+                    f"{len(differ):,} of {len(entries):,} tokens different ids ({shown}); they are not the "
+                    "same vocabulary. "
+                    "Keep the tokenizer files the model was trained with (tokenizer.save_pretrained(folder))"
+                )
+    wrong = []
+    for field in ("pad_token_id", "bos_token_id", "eos_token_id"):
+        expected = getattr(config, field, None)
+        token = getattr(tokenizer, field.removesuffix("_id"), None)
+        if not isinstance(expected, int) or isinstance(expected, bool) or token is None:
+            continue
+        got = vocab.get(str(token))
+        if got is not None and got != expected:
+            role = field.removesuffix("_id")
+            wrong.append(f"{role} {str(token)!r} is id {got} in the tokenizer, {expected} in config.json")
+    if wrong:
+        raise ModelLoadError(
+            f"model {name!r} in {str(folder)!r}: the tokenizer's special tokens disagree with config.json "
+            f"({'; '.join(wrong)}); the tokenizer is not the one the model was trained with: use its "
+            "own files"
+        )
+
+
+def _vocabulary_files(folder: Path) -> list[tuple[str, dict[str, int]]]:
+    """``(file name, {token: id})`` of WordPiece's ``vocab.txt`` (id = line) and BPE's ``vocab.json``."""
+    found = []
+    if (folder / "vocab.txt").is_file():
+        lines = (folder / "vocab.txt").read_text(encoding="utf-8").split("\n")
+        if lines and lines[-1] == "":
+            lines = lines[:-1]
+        entries: dict[str, int] = {}
+        for i, token in enumerate(lines):
+            entries.setdefault(token.rstrip("\r"), i)
+        found.append(("vocab.txt", entries))
+    if (folder / "vocab.json").is_file():
+        try:
+            entries = json.loads((folder / "vocab.json").read_text(encoding="utf-8"))
+        except ValueError:
+            entries = {}
+        if isinstance(entries, dict):
+            found.append(("vocab.json", {t: i for t, i in entries.items() if isinstance(i, int)}))
+    return found

@@ -1,0 +1,169 @@
+"""The input boundaries answer with a message that names the file and what is wrong, exit 2, and
+nothing written: never a silently shorter corpus, a traceback or a wrong status (#46)."""
+
+from __future__ import annotations
+
+import bz2
+import gzip
+import json
+import lzma
+import shutil
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import zstandard
+from typer.testing import CliRunner
+
+import layerwise as lw
+from layerwise.cli import app
+
+LINES = "".join(f"line number {i} with eight words in it\n" for i in range(20_000)).encode()
+
+
+def cli(*args):
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+@pytest.fixture(scope="module")
+def model(make_tiny_model) -> Path:
+    return make_tiny_model("bert", 2)
+
+
+COMPRESSED = {
+    "gz": gzip.compress,
+    "bz2": bz2.compress,
+    "xz": lzma.compress,
+    "zst": lambda data: zstandard.ZstdCompressor().compress(data),
+}
+
+
+@pytest.mark.parametrize("suffix", sorted(COMPRESSED))
+def test_a_truncated_compressed_file_is_an_error(tmp_path, model, suffix):
+    data = COMPRESSED[suffix](LINES)
+    path = tmp_path / f"t.txt.{suffix}"
+    path.write_bytes(data[: len(data) // 2])
+    out = tmp_path / "out.npz"
+    result = cli("extract", path, "-o", out, "--model", model, "--layers", 0)
+    assert result.exit_code == 2, result.output
+    assert f"{path}: the" in result.output and "ends in the middle of its data" in result.output
+    assert not out.exists()
+
+
+def test_a_zst_of_several_frames_reads_whole(tmp_path, model):
+    frames = [
+        zstandard.ZstdCompressor().compress(b"a b\nc d\n"),
+        zstandard.ZstdCompressor().compress(b"e f\n"),
+    ]
+    path = tmp_path / "t.txt.zst"
+    path.write_bytes(b"".join(frames))
+    assert len(lw.Corpus(path)) == 3
+
+
+def test_a_gz_that_is_not_gzip_is_named(tmp_path, model):
+    path = tmp_path / "t.txt.gz"
+    path.write_bytes(b"plain text\n")
+    result = cli("extract", path, "-o", tmp_path / "o.npz", "--model", model)
+    assert (
+        result.exit_code == 2 and "is not a gzip file" in result.output and "Traceback" not in result.output
+    )
+
+
+def test_corrupt_parquet_pages_are_named(tmp_path, model):
+    path = tmp_path / "c.parquet"
+    pq.write_table(
+        pa.table({"text": [f"text number {i} " * 20 for i in range(2000)]}), path, compression="snappy"
+    )
+    data = bytearray(path.read_bytes())
+    for k in range(200, 5000, 7):  # the data pages; the footer at the end stays valid
+        data[k] ^= 0x5A
+    path.write_bytes(bytes(data))
+    result = cli("extract", path, "-o", tmp_path / "o.npz", "--model", model)
+    assert result.exit_code == 2, result.output
+    assert str(path) in result.output and "cannot be read" in result.output
+    assert not (tmp_path / "o.npz").exists()
+
+
+def test_a_glob_or_folder_leaves_layerwise_outputs_out(tmp_path, model):
+    """#46, 2: a rerun read its own earlier output as more texts (40 rows, then 80)."""
+    folder = tmp_path / "gl"
+    folder.mkdir()
+    for k in range(2):
+        pq.write_table(
+            pa.table({"text": [f"part {k} text {i}" for i in range(10)]}), folder / f"p{k}.parquet"
+        )
+    args = ["--model", model, "--pool", "sentence:mean", "--layers", -1]
+    for _ in range(2):
+        result = cli("extract", f"{folder}/*.parquet", "-o", folder / "out.parquet", *args)
+        assert result.exit_code == 0, result.output
+        assert pq.read_table(folder / "out.parquet").num_rows == 20
+    result = cli("extract", folder, "-o", folder / "out2.parquet", *args)
+    assert result.exit_code == 0 and pq.read_table(folder / "out2.parquet").num_rows == 20
+    # named on its own, an output is read (its text column)
+    assert len(lw.Corpus(folder / "out.parquet")) == 20
+
+
+def test_integer_ids_past_int64_are_refused_while_reading(tmp_path, model):
+    """#46, 10: the OverflowError came after the model had run; a store was left with 0 texts."""
+    jsonl = tmp_path / "big.jsonl"
+    jsonl.write_text(json.dumps({"text": "a b", "id": 2**64 - 1}) + "\n")
+    result = cli("extract", jsonl, "-o", tmp_path / "x.lw", "--model", model, "--id-column", "id")
+    assert result.exit_code == 2 and "past what a 64-bit integer holds" in result.output
+    assert not (tmp_path / "x.lw").exists()
+    parquet = tmp_path / "big.parquet"
+    pq.write_table(pa.table({"text": ["a", "b"], "id": pa.array([1, 2**64 - 1], pa.uint64())}), parquet)
+    result = cli("extract", parquet, "-o", tmp_path / "x.parquet", "--model", model, "--id-column", "id",
+                 "--pool", "sentence:mean")  # fmt: skip
+    assert result.exit_code == 2 and "row 2, column 'id'" in result.output
+
+
+@pytest.mark.parametrize("part", ["data", "offsets"])
+def test_a_flipped_byte_in_a_zarr_json_is_damage(tmp_path, model, part):
+    """#46, 9: verify and export crashed with UnicodeDecodeError."""
+    (tmp_path / "t.txt").write_text("a b c\nd e f\n")
+    store = tmp_path / "s.lw"
+    assert cli("extract", tmp_path / "t.txt", "-o", store, "--model", model).exit_code == 0
+    meta = store / part / "zarr.json"
+    data = bytearray(meta.read_bytes())
+    data[10] = 0xFF
+    meta.write_bytes(bytes(data))
+    verified = cli("verify", store)
+    assert verified.exit_code == 1 and "DAMAGED" in verified.output and f"{part}/" in verified.output
+    exported = cli("export", store, "-o", tmp_path / "e.parquet")
+    assert exported.exit_code == 2 and "is damaged" in exported.output
+    with pytest.raises(lw.StoreDamagedError):
+        lw.open_store(store)
+
+
+def _copy_model(model: Path, folder: Path) -> Path:
+    shutil.copytree(model, folder)
+    return folder
+
+
+def test_a_tokenizer_of_another_vocabulary_is_refused(tmp_path, model):
+    """#46, 4: tokenizer.json with ids shifted by 2 from vocab.txt extracted without a word."""
+    shifted = _copy_model(model, tmp_path / "shifted")
+    document = json.loads((shifted / "tokenizer.json").read_text())
+    size = len(document["model"]["vocab"])
+    document["model"]["vocab"] = {t: (i + 2) % size for t, i in document["model"]["vocab"].items()}
+    for added in document["added_tokens"]:
+        added["id"] = (added["id"] + 2) % size
+    (shifted / "tokenizer.json").write_text(json.dumps(document))
+    with pytest.raises(
+        lw.ModelLoadError, match=r"tokenizer.json and vocab.txt .* give 30,522 of 30,522 tokens"
+    ):
+        lw.Encoder(shifted, device="cpu")
+    (tmp_path / "t.txt").write_text("a bank\n")
+    result = cli("extract", tmp_path / "t.txt", "-o", tmp_path / "x.npz", "--model", shifted)
+    assert result.exit_code == 2 and "not the same vocabulary" in result.output
+    # special tokens whose ids differ from the config's
+    padded = _copy_model(model, tmp_path / "padded")
+    config = json.loads((padded / "config.json").read_text())
+    config["pad_token_id"] = 5
+    (padded / "config.json").write_text(json.dumps(config))
+    with pytest.raises(
+        lw.ModelLoadError, match=r"pad_token '\[PAD\]' is id 0 in the tokenizer, 5 in config.json"
+    ):
+        lw.Encoder(padded, device="cpu")
+    lw.Encoder(_copy_model(model, tmp_path / "same"), device="cpu")  # its own files: loads
