@@ -86,9 +86,9 @@ def _jsonl_meta(path: Path) -> dict:
 
 
 def _parquet_meta(path: Path) -> dict:
-    from ..inputs.formats import _require_pyarrow
+    from ..inputs.tables import require_pyarrow
 
-    _require_pyarrow("Parquet metadata")
+    require_pyarrow("Parquet metadata")
     import pyarrow.parquet as pq
 
     try:

@@ -23,9 +23,10 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import InputError, OptionError, check_choice
+from ..errors import InputError, LayerwiseError, OptionError, check_choice
+from .chunks import read_chunks
 from .encoding import RawInputs, normalize_inputs
-from .formats import MISSING, Bad, FileFormat, Start, detect_format, read_chunks
+from .formats import MISSING, Bad, FileFormat, Start, detect_format
 from .sources import (
     check_ids,
     column_roles,
@@ -159,10 +160,11 @@ class Corpus:
             path = self.files[k]
             begin = start if k == first_file else Start()
             n_rows = begin.row
-            for chunk in read_chunks(
+            chunks = read_chunks(
                 path, self._file_format(path), self.columns, encoding_errors=self.encoding_errors,
                 start=begin, strict_fields=self.strict_fields,
-            ):  # fmt: skip
+            )  # fmt: skip
+            for chunk in self._as_named(chunks, path):
                 offsets = chunk.offsets
                 for i in range(len(chunk)):
                     values = {role: column[i] for role, column in chunk.values.items()}
@@ -201,6 +203,15 @@ class Corpus:
         words = tuple(values["words"]) if "words" in values else None
         text = " ".join(words) if words is not None else values["text"]
         return text, pair, words, values.get("id")
+
+    def _as_named(self, chunks: Iterator, path: Path) -> Iterator:
+        """``chunks``, with standard input named so in their errors, not by its temporary file."""
+        try:
+            yield from chunks
+        except LayerwiseError as exc:
+            if path != self._spool:
+                raise
+            raise type(exc)(str(exc).replace(str(path), "standard input")) from None
 
     def _name(self, k: int) -> str:
         return "standard input" if self.files[k] == self._spool else str(self.files[k])
