@@ -137,9 +137,10 @@ def csv_chunks(
         except pa.ArrowInvalid as exc:
             if ragged:
                 bad = ragged[0]
+                after = f" (after data row {row})" if row else ""
                 raise InputError(
                     f"{path}: a row has {bad.actual_columns} column(s) where the header has "
-                    f"{bad.expected_columns}: {bad.text!r:.80}{f' (after data row {row})' if row else ''}; quote a field that holds "
+                    f"{bad.expected_columns}: {bad.text!r:.80}{after}; quote a field that holds "
                     f"{'a tab' if delimiter == chr(9) else 'a comma'} or a line break, or fix the row"
                 ) from None
             if "straddl" in str(exc) and block < CSV_MAX_BLOCK:
