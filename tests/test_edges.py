@@ -10,10 +10,12 @@ import lzma
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import zstandard
+from conftest import needs_smollm2, smollm2_folder
 from typer.testing import CliRunner
 
 import layerwise as lw
@@ -167,3 +169,76 @@ def test_a_tokenizer_of_another_vocabulary_is_refused(tmp_path, model):
     ):
         lw.Encoder(padded, device="cpu")
     lw.Encoder(_copy_model(model, tmp_path / "same"), device="cpu")  # its own files: loads
+
+
+def test_csv_names_its_bad_rows_and_reads_large_ones(tmp_path, model):
+    """#46, 13: invalid UTF-8 and ragged rows named; --encoding-errors replace works on CSV; a row
+    larger than pyarrow's block is read (the block grows)."""
+    bad = tmp_path / "u.csv"
+    bad.write_bytes(b"text\nok\n\xff\xfe\nfine\n")
+    result = cli("extract", bad, "-o", tmp_path / "x.npz", "--model", model)
+    assert result.exit_code == 2 and f"{bad}: row 2 is not valid UTF-8" in result.output
+    assert (
+        cli(
+            "extract", bad, "-o", tmp_path / "x.npz", "--model", model, "--encoding-errors", "replace"
+        ).exit_code
+        == 0
+    )
+    assert lw.read_npz_texts(np.load(tmp_path / "x.npz"))[1] == "\ufffd\ufffd"
+    skipped = cli("extract", bad, "-o", tmp_path / "s.npz", "--model", model, "--on-bad-row", "skip")
+    assert skipped.exit_code == 0 and lw.read_npz_texts(np.load(tmp_path / "s.npz")) == ["ok", "fine"]
+    ragged = tmp_path / "r.csv"
+    ragged.write_text("text,b\nok,1\nragged\n")
+    result = cli("extract", ragged, "-o", tmp_path / "r.npz", "--model", model)
+    assert result.exit_code == 2 and "a row has 1 column(s) where the header has 2: 'ragged'" in result.output
+    large = tmp_path / "large.csv"
+    large.write_text('text\nshort\n"' + "x " * 1_500_000 + '"\nafter\n')  # 3 MB in one cell
+    assert [len(t) for t in lw.Corpus(large).blocks(10).__next__().texts] == [5, 3_000_000, 5]
+
+
+def test_standard_input_is_named_so(tmp_path, model, monkeypatch):
+    """#46, 17: errors named the temporary file standard input was spooled to."""
+    result = CliRunner().invoke(
+        app, ["extract", "-", "--format", "csv", "-o", str(tmp_path / "x.npz"), "--model", str(model)],
+        input=b"text,b\nok,1\nragged\n",
+    )  # fmt: skip
+    assert result.exit_code == 2 and "standard input: a row has 1 column(s)" in result.output
+    assert "layerwise-stdin" not in result.output
+
+
+@pytest.mark.parametrize("name", ["c.txt.lz4", "c.tar.gz", "c.tgz", "c.txt.br"])
+def test_archives_and_unknown_compressions_are_refused(tmp_path, model, name):
+    """#46, 17: .lz4 and .tar.gz were read as plain text."""
+    path = tmp_path / name
+    path.write_bytes(b"\x04\x22\x4d\x18binary")
+    result = cli("extract", path, "-o", tmp_path / "x.npz", "--model", model)
+    assert result.exit_code == 2 and (
+        "is an archive" in result.output or "compression is not read" in result.output
+    )
+
+
+def test_messages_that_name_what_to_do(tmp_path, model):
+    """#46, 17: export onto a .lw; a plain extract onto a sharded store."""
+    (tmp_path / "t.txt").write_text("a b\nc d\n")
+    assert cli("extract", tmp_path / "t.txt", "-o", tmp_path / "s.lw", "--model", model).exit_code == 0
+    result = cli("export", tmp_path / "s.lw", "-o", tmp_path / "good.lw")
+    assert (
+        result.exit_code == 2 and "names a store" in result.output and "unknown suffix" not in result.output
+    )
+    from test_sharded_store import write_sharded
+
+    write_sharded(lw.Encoder(model, device="cpu"), tmp_path / "sh.lw", shard_size=1, texts=["a b", "c d"])
+    result = cli("extract", tmp_path / "t.txt", "-o", tmp_path / "sh.lw", "--model", model, "--overwrite")
+    assert result.exit_code == 2 and "is a sharded store" in result.output and "--ray" in result.output
+
+
+@needs_smollm2
+def test_a_truncated_gguf_file_says_so(tmp_path):
+    gguf = next(smollm2_folder().glob("*.gguf"))
+    cut = tmp_path / "cut.gguf"
+    with open(gguf, "rb") as source, open(cut, "wb") as out:
+        out.write(source.read(gguf.stat().st_size // 2))
+    with pytest.raises(
+        lw.ModelLoadError, match=r"GGUF file .*cut.gguf' cannot be read .*truncated or damaged"
+    ):
+        lw.Encoder(cut, device="cpu")

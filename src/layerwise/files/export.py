@@ -43,6 +43,11 @@ def export_store(
 
     plan = plan if plan is not None else OutputPlan(level="sentence", mode="mean")
     path = Path(path)
+    if path.suffix.lower() == ".lw":
+        raise OptionError(
+            f"export writes pooled vectors to a file: {str(path)!r} names a store. Give -o a .parquet, .npz "
+            "or .jsonl file; to pool into a store, run extract again with --pool"
+        )
     fmt = output_format(path)
     opened: Any = open_store(store) if isinstance(store, str | os.PathLike) else store
     meta_in: dict = opened.meta

@@ -34,6 +34,9 @@ _BY_SUFFIX = {
     ".parquet": "parquet", ".pq": "parquet",
 }  # fmt: skip
 _REFUSED = {".json": "one JSON document (write one object per line: .jsonl)", ".zip": "an archive"}
+# archives and compressions layerwise does not read: refused, never read as plain text
+_ARCHIVES = {".tar", ".tgz", ".tbz2", ".txz", ".zip", ".7z", ".rar"}
+_OTHER_COMPRESSIONS = {".lz4", ".lzma", ".lz", ".br", ".snappy", ".sz", ".z"}
 MISSING = object()  # a JSON Lines record without the field (None is an explicit null)
 
 
@@ -59,6 +62,17 @@ class FileFormat:
 def detect_format(path: Path, given: str | None) -> FileFormat:
     """The format from ``given`` (--format) or the suffixes: corpus.jsonl.zst is zstd JSON Lines."""
     suffixes = [s.lower() for s in path.suffixes]
+    archive = next((s for s in suffixes if s in _ARCHIVES), None)
+    if archive is not None:
+        raise InputError(
+            f"{str(path)!r} is an archive ({archive}); layerwise reads files, not archives: extract it "
+            "(tar -xf, unzip) and pass the files or their folder"
+        )
+    if suffixes and suffixes[-1] in _OTHER_COMPRESSIONS:
+        raise InputError(
+            f"{str(path)!r}: {suffixes[-1]} compression is not read; decompress it, or recompress it as "
+            ".gz, .zst, .bz2 or .xz"
+        )
     compression = COMPRESSIONS.get(suffixes[-1]) if suffixes else None
     if compression is not None:
         suffixes = suffixes[:-1]

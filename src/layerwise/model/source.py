@@ -139,13 +139,19 @@ def quiet_transformers(*, gguf: bool = False) -> Iterator[None]:
 
 
 def _not_found(name: str, exc: Exception, local: bool) -> ModelLoadError:
+    if str(name).endswith(".gguf"):
+        size = Path(name).stat().st_size if Path(name).is_file() else None
+        return ModelLoadError(
+            f"the GGUF file {name!r} cannot be read ({type(exc).__name__}: {exc})"
+            + (f"; it holds {size:,} bytes: a truncated or damaged copy? Download it again" if size else "")
+        )
     if local:
         return ModelLoadError(f"could not load the model folder {name!r}: {exc}")
     return ModelLoadError(
         f"could not load model {name!r}: {exc}\n"
         "It is not a local folder and could not be fetched or found in the Hugging Face "
         "cache (offline?). Download it once where there is network "
-        f"(huggingface-cli download {name}) or pass a local folder: "
+        f"(hf download {name}) or pass a local folder: "
         "Encoder('/path/to/folder') / --model /path/to/folder"
     )
 
@@ -236,7 +242,7 @@ def load_model(source: str, name: str, dtype, config: Any = None):
                     "with save_pretrained(folder)"
                 ) from None
             if not isinstance(exc, RuntimeError):
-                raise _not_found(name, exc, local) from exc
+                raise _not_found(source if gguf else name, exc, local or bool(gguf)) from exc
             if "mismatched" in str(exc) or "size mismatch" in str(exc):
                 raise ModelLoadError(
                     f"model {name!r}: the weights' shapes do not match its config.json (hidden size, "

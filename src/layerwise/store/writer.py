@@ -402,6 +402,13 @@ def extract_to_store(
         source=source, shard=shard,
     )  # fmt: skip
     if classify(path) == "other":
+        from .shard_table import TABLE, is_sharded
+
+        if is_sharded(path):
+            raise StoreError(
+                f"{str(path)!r} is a sharded store (its {TABLE}: written on Ray); resume or overwrite it "
+                "on Ray (--ray local, lw.ray.extract_to_store), or write this store to a new path"
+            )
         raise not_a_store(path)
     try:
         path.mkdir(parents=True, exist_ok=True)
