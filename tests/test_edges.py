@@ -242,3 +242,15 @@ def test_a_truncated_gguf_file_says_so(tmp_path):
         lw.ModelLoadError, match=r"GGUF file .*cut.gguf' cannot be read .*truncated or damaged"
     ):
         lw.Encoder(cut, device="cpu")
+
+
+def test_help_keeps_every_value_at_80_columns():
+    """#46, 20: rich help cut `word:first|last|…` and `--special-toke…` at 80 columns."""
+    text = (
+        CliRunner().invoke(app, ["extract", "--help"], env={"COLUMNS": "80", "TERMINAL_WIDTH": "80"}).output
+    )
+    flat = " ".join(text.split())
+    for needed in ("word:first|last|mean|first_last|max", "--special-tokens", "--encoding-errors",
+                   "[default: packaged all-MiniLM-L6-v2]", "--final-norm"):  # fmt: skip
+        assert needed in flat, needed
+    assert "…" not in text and max(len(line) for line in text.splitlines()) <= 80

@@ -278,6 +278,8 @@ def extract(
 
         started = time.perf_counter()
         _use_available_cores()  # before the Encoder: its default streams follow the thread count
+        if not quiet:  # a model takes seconds to load (a GGUF file ten): say what is happening
+            err.print(f"loading {settings.model or 'the packaged all-MiniLM-L6-v2'} …", highlight=False)
         enc = Encoder.from_settings(settings)
         progress = False if quiet else None
         if to_store:

@@ -25,7 +25,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
-    rich_markup_mode="rich",
+    rich_markup_mode=None,  # plain click help: it wraps at any width, where rich cut values at 80 columns
 )
 err = Console(stderr=True)
 
