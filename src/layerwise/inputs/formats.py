@@ -35,7 +35,7 @@ _BY_SUFFIX = {
 }  # fmt: skip
 _REFUSED = {".json": "one JSON document (write one object per line: .jsonl)", ".zip": "an archive"}
 # archives and compressions layerwise does not read: refused, never read as plain text
-_ARCHIVES = {".tar", ".tgz", ".tbz2", ".txz", ".zip", ".7z", ".rar"}
+_ARCHIVES = {".tar", ".tgz", ".tbz2", ".txz", ".7z", ".rar"}  # .zip: _REFUSED
 _OTHER_COMPRESSIONS = {".lz4", ".lzma", ".lz", ".br", ".snappy", ".sz", ".z"}
 MISSING = object()  # a JSON Lines record without the field (None is an explicit null)
 
