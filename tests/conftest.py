@@ -7,9 +7,13 @@ from __future__ import annotations
 
 import contextlib
 import os
+import tempfile
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
+# tests write only under temporary folders (#46, 25): the datasets the docs' examples load are
+# cached there too, not in ~/.cache/huggingface (before datasets is imported, which reads it once)
+os.environ["HF_DATASETS_CACHE"] = tempfile.mkdtemp(prefix="layerwise-tests-datasets-")
 
 import shutil
 from collections.abc import Callable

@@ -254,3 +254,15 @@ def test_help_keeps_every_value_at_80_columns():
                    "[default: packaged all-MiniLM-L6-v2]", "--final-norm"):  # fmt: skip
         assert needed in flat, needed
     assert "…" not in text and max(len(line) for line in text.splitlines()) <= 80
+
+
+def test_the_suite_writes_only_under_temporary_folders():
+    """#46, 25: the corpus page's load_dataset wrote into ~/.cache/huggingface."""
+    import tempfile
+
+    datasets = pytest.importorskip("datasets")
+    assert (
+        Path(datasets.config.HF_DATASETS_CACHE)
+        .resolve()
+        .is_relative_to(Path(tempfile.gettempdir()).resolve())
+    )

@@ -77,15 +77,19 @@ def export_store(
     pairs = bool(meta_in.get("pairs"))
     ids = manifest["id" if has_ids else "text_id"].to_pylist()
     id_kind = "int" if all(isinstance(i, int) for i in ids) else "str"
+    # how the store's vectors were made (model, settings, final norm, long texts) carries over;
+    # the pooling is this export's
+    store_only = {"format", "format_version", "row_shape", "n_texts", "pairs", "block_size", "chunk_rows",
+                  "shard_chunks", "shard", "source", "corpus", "n_shards", "table", "shards", "run_id"}  # fmt: skip
     meta = {
-        "model": meta_in.get("model"),
-        "weights_sha256": meta_in.get("weights_sha256"),
+        **{k: v for k, v in meta_in.items() if k not in store_only},
         **plan.meta(n_hidden),
         "long_texts": meta_in.get("long_texts"),
-        "max_length": meta_in.get("max_length"),
+        "stride": meta_in.get("stride"),
+        "final_norm": meta_in.get("final_norm"),
         "stored_dtype": meta_in.get("dtype"),
         "source": str(opened.path),
-        "layerwise_version": __version__,
+        "exported_with": __version__,
     }
     if fmt == ".parquet":
         from .parquet import check_parquet_plan
