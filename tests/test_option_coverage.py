@@ -88,8 +88,13 @@ class _FakeDataset:
     def __init__(self, rows: list[dict]) -> None:
         self.rows = rows
 
-    def map_batches(self, fn, *, fn_constructor_args=(), **_: object):
+    def map_batches(self, fn, *, fn_constructor_args=(), **options: object):
         import torch
+
+        # map_batches' own arguments only: anything else goes to ray.remote as ray_remote_args,
+        # deprecated (RayDeprecationWarning on every run) and removed in Ray 2.64 (#46, 24)
+        allowed = {"batch_size", "compute", "batch_format", "num_cpus", "num_gpus", "concurrency"}
+        assert set(options) <= allowed, f"ray_remote_args passed to map_batches: {set(options) - allowed}"
 
         threads = torch.get_num_threads()  # the actor sets its own: this process keeps its count
         try:

@@ -365,9 +365,9 @@ def extract_to_store(
             fn_constructor_args=(settings, threads_per_worker, plan, str(path), table, layout, corpus),
             num_cpus=threads_per_worker,
             num_gpus=1 if settings.device.startswith("cuda") else 0,  # one GPU per actor
-            # a dead actor is restarted and its shard retried: the shard resumes from its last commit
-            max_restarts=-1,
-            max_task_retries=-1,
+            # a dead actor is restarted and its shard retried (Ray Data's own default for actor pools,
+            # max_restarts=-1 and max_task_retries=-1: passing them is deprecated, RayDeprecationWarning):
+            # the shard resumes from its last commit (tests/test_ray.py kills an actor mid-shard)
         )
         written = results.take_all()
     progress = shard_progress(path)  # not ShardedStore(path): that reads every manifest
