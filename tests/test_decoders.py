@@ -332,9 +332,11 @@ def test_smollm2_knows_the_capital_of_france_at_its_last_layer(smollm2):
 
     lens = logit_lens(smollm2, "The capital of France is", k=3)
     last = lens["masks"][0]["predictions"][-1]
-    assert last[0][0] == "ĠParis", last
+    assert last[0][0] == " Paris", last  # as a person reads it (#46, 23)
+    assert lens["masks"][0]["pieces"][-1][0] == "ĠParis"  # the vocabulary's own piece, kept
     first = lens["masks"][0]["predictions"][0]
-    assert first[0][0] != "ĠParis"  # the embeddings alone do not know it
+    assert first[0][0] != " Paris"  # the embeddings alone do not know it
+    assert lens["tokens"][-1] == " is" and lens["pieces"][-1] == "Ġis"
 
 
 @pytest.mark.parametrize("model_process", [False, True])

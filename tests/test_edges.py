@@ -266,3 +266,17 @@ def test_the_suite_writes_only_under_temporary_folders():
         .resolve()
         .is_relative_to(Path(tempfile.gettempdir()).resolve())
     )
+
+
+def test_tokens_are_shown_as_people_read_them(decoder_encoder, tiny_encoder):
+    """#46, 23: byte-level BPE pieces ('ĠParis', 'Ã©') and SentencePiece's '▁' and '<0x0A>'."""
+    from layerwise.inputs.display import token_display
+
+    gpt2 = decoder_encoder("gpt2").tokenizer
+    shown = token_display(gpt2)
+    assert shown("ĠParis") == " Paris" and shown("Ã©") == "é" and shown("Ċ") == "\n"
+    pieces = gpt2.convert_ids_to_tokens(gpt2("the bank of the river\n")["input_ids"])
+    assert "".join(shown(p) for p in pieces) == "the bank of the river\n"
+    llama = token_display(decoder_encoder("llama").tokenizer)
+    assert llama("▁Paris") == " Paris" and llama("<0x0A>") == "\n"
+    assert token_display(tiny_encoder.tokenizer)("##ing") == "##ing"  # WordPiece reads as it is

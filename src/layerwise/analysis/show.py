@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 from rich.table import Table
 
@@ -25,8 +27,11 @@ def _short(cosine: float) -> str:
     return f"{cosine:.2f}".replace("0.", ".", 1) if abs(cosine) < 1 else f"{cosine:.1f}"
 
 
-def layer_table(stack: LayerStack, *, model: str) -> Table:
+def layer_table(stack: LayerStack, *, model: str, display: Callable[[str], str] | None = None) -> Table:
+    """``display``: a token's piece as a person reads it (inputs/display.py); a leading or trailing
+    space is shown by quoting the token."""
     norms, cosine = layer_norms_and_drift(stack)
+    shown = [_quoted(display(t)) if display is not None else t for t in stack.tokens]
     table = Table(
         title=f"{model}: {stack.n_tokens} tokens x {stack.n_held} hidden states",
         caption="cell: L2 norm, then cosine to the previous column's vector of the same token. "
@@ -35,12 +40,12 @@ def layer_table(stack: LayerStack, *, model: str) -> Table:
     )
     # no column may shrink to nothing on a narrow console: the caller widens the console instead
     table.add_column("#", justify="right", style="dim", no_wrap=True)
-    table.add_column("token", style="bold", no_wrap=True, min_width=max(len(t) for t in stack.tokens))
+    table.add_column("token", style="bold", no_wrap=True, min_width=max(len(t) for t in shown))
     if stack.text_pair is not None:
         table.add_column("seg", justify="right", style="dim", no_wrap=True)
     for layer in stack.layers:
         table.add_column(f"L{layer}", justify="right", no_wrap=True)
-    for t, token in enumerate(stack.tokens):
+    for t, token in enumerate(shown):
         cells = [str(t), token]
         if stack.text_pair is not None:
             cells.append(str(int(stack.segment_ids[t])))
@@ -49,3 +54,7 @@ def layer_table(stack: LayerStack, *, model: str) -> Table:
             cells.append(f"{norms[k, t]:.1f}" + ("" if np.isnan(cos) else f" {_short(cos)}"))
         table.add_row(*cells)
     return table
+
+
+def _quoted(text: str) -> str:
+    return repr(text) if text != text.strip() or not text else text

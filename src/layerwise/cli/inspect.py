@@ -33,7 +33,9 @@ def show(
         stack = enc.extract([text], text_pairs=[pair] if pair is not None else None, layers=layers)[0]
     except LayerwiseError as exc:
         raise _fail(exc) from None
-    table = layer_table(stack, model=enc.name)
+    from ..inputs.display import token_display
+
+    table = layer_table(stack, model=enc.name, display=token_display(enc.tokenizer))
     console = Console()
     needed = Console(width=10_000).measure(table).maximum
     # a pipe or a narrow terminal would squeeze the token column away; print at the table's width

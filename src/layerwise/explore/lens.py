@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import InputError
+from ..inputs.display import token_display
 from ..model.decoders import final_norm_module
 
 if TYPE_CHECKING:
@@ -39,6 +40,7 @@ class MaskedLMHead:
     vocabulary: list[str]
     device: Any = "cpu"
     inputs: Any = None  # an InputEncoder that reads "[MASK]" in a text as the mask token
+    shown_by: Callable[[str], str] = str  # a piece as a person reads it (inputs/display.py)
 
     @classmethod
     def load(cls, encoder: Encoder) -> MaskedLMHead | None:
@@ -74,7 +76,8 @@ class MaskedLMHead:
             special_tokens_in_text=True,
             vocab_size=encoder.inputs.vocab_size,
         )
-        return cls(head, tokenizer.mask_token, [str(t) for t in vocabulary], encoder.device, inputs)
+        return cls(head, tokenizer.mask_token, [str(t) for t in vocabulary], encoder.device, inputs,
+                   shown_by=token_display(tokenizer))  # fmt: skip
 
     def logits(self, hidden: np.ndarray, layers: tuple[int, ...] = ()) -> np.ndarray:
         """``(n, hidden_size)`` -> ``(n, vocab_size)`` float32 (``layers``: unused here)."""
@@ -95,6 +98,7 @@ class CausalLMHead:
     device: Any = "cpu"
     mask_token: None = None
     inputs: Any = None
+    shown_by: Callable[[str], str] = str  # a piece as a person reads it (inputs/display.py)
 
     @classmethod
     def load(cls, encoder: Encoder) -> CausalLMHead | None:
@@ -124,7 +128,8 @@ class CausalLMHead:
             return torch.tanh(logits / cap) * cap if cap else logits
 
         vocabulary = encoder.tokenizer.convert_ids_to_tokens(list(range(config.vocab_size)))
-        return cls(norm, head, [str(t) for t in vocabulary], encoder.device, None, encoder.inputs)
+        return cls(norm, head, [str(t) for t in vocabulary], encoder.device, None, encoder.inputs,
+                   shown_by=token_display(encoder.tokenizer))  # fmt: skip
 
     def logits(self, hidden: np.ndarray, layers: tuple[int, ...] = ()) -> np.ndarray:
         """``(n, hidden_size)`` raw residual stream at hidden states ``layers`` -> ``(n, vocab_size)``
@@ -171,7 +176,9 @@ def logit_lens(
     """Per hidden state, the ``k`` most likely tokens through the model's own head: for an encoder
     at each ``[MASK]`` in ``text`` (InputError when there is none), for a decoder LM at the last
     token (its next token). ``{"kind": "mask" | "next_token", "tokens", "layers", "masks":
-    [{"position", "predictions": [[(token, p)…] per layer]}]}``."""
+    [{"position", "predictions": [[(token, p)…] per layer], "pieces": [[piece…] per layer]}]}``:
+    tokens as a person reads them (``" Paris"``, not ``"ĠParis"``: inputs/display.py), their raw
+    vocabulary pieces in ``pieces``."""
     head = head if head is not None else load_lens_head(encoder)
     if head is None:
         what = "causal-LM head (lm_head)" if encoder.is_decoder else "masked-LM head"
@@ -186,16 +193,19 @@ def logit_lens(
             raise InputError(f"put {head.mask_token} in the text to see each layer's predictions for it")
     k = max(1, min(int(k), len(head.vocabulary)))
     masks = []
+    shown = head.shown_by
     for position in positions:
         logits = head.logits(stack.hidden[:, position], stack.layers)  # (n_layers, vocab)
         shifted = logits - logits.max(axis=-1, keepdims=True)
         probs = np.exp(shifted) / np.exp(shifted).sum(axis=-1, keepdims=True)
-        per_layer = []
+        per_layer, pieces = [], []
         for row in probs:
             top = np.argsort(-row, kind="stable")[:k]
-            per_layer.append([(head.vocabulary[i], float(row[i])) for i in top])
-        masks.append({"position": position, "predictions": per_layer})
-    return {"kind": kind, "tokens": list(stack.tokens), "layers": list(stack.layers), "masks": masks}
+            per_layer.append([(shown(head.vocabulary[i]), float(row[i])) for i in top])
+            pieces.append([head.vocabulary[i] for i in top])
+        masks.append({"position": position, "predictions": per_layer, "pieces": pieces})
+    return {"kind": kind, "tokens": [shown(t) for t in stack.tokens], "pieces": list(stack.tokens),
+            "layers": list(stack.layers), "masks": masks}  # fmt: skip
 
 
 def _extract_with_masks(encoder: Encoder, head: MaskedLMHead | CausalLMHead, text: str) -> LayerStack:

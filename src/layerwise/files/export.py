@@ -79,8 +79,10 @@ def export_store(
     id_kind = "int" if all(isinstance(i, int) for i in ids) else "str"
     # how the store's vectors were made (model, settings, final norm, long texts) carries over;
     # the pooling is this export's
-    store_only = {"format", "format_version", "row_shape", "n_texts", "pairs", "block_size", "chunk_rows",
-                  "shard_chunks", "shard", "source", "corpus", "n_shards", "table", "shards", "run_id"}  # fmt: skip
+    store_only = {
+        "format", "format_version", "row_shape", "n_texts", "pairs", "block_size", "chunk_rows",
+        "shard_chunks", "shard", "source", "corpus", "n_shards", "table", "shards", "run_id",
+    }  # fmt: skip
     meta = {
         **{k: v for k, v in meta_in.items() if k not in store_only},
         **plan.meta(n_hidden),
