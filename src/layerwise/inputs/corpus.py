@@ -99,11 +99,9 @@ class Corpus:
         if text_column is not None and words_column is not None:
             raise OptionError("pass --text-column or --words-column, not both (words make the text)")
         self.limit, self.on_bad_row, self.encoding_errors = limit, on_bad_row, encoding_errors
-        self.reading = {
-            "format": format, "text_column": text_column, "pair_column": pair_column, "id_column": id_column,
-            "words_column": words_column, "limit": limit, "on_bad_row": on_bad_row,
-            "encoding_errors": encoding_errors,
-        }  # fmt: skip
+        self.reading = {"format": format, "text_column": text_column, "pair_column": pair_column,
+                        "id_column": id_column, "words_column": words_column, "limit": limit,
+                        "on_bad_row": on_bad_row, "encoding_errors": encoding_errors}  # fmt: skip
         self._memory: RawInputs | None = None
         self._memory_ids: list | None = None
         self._spool: Path | None = None
@@ -164,7 +162,7 @@ class Corpus:
                 path, self._file_format(path), self.columns, encoding_errors=self.encoding_errors,
                 start=begin, strict_fields=self.strict_fields,
             )  # fmt: skip
-            for chunk in self._as_named(chunks, path):
+            for chunk in chunks if path != self._spool else _stdin_named(chunks, path):
                 offsets = chunk.offsets
                 for i in range(len(chunk)):
                     values = {role: column[i] for role, column in chunk.values.items()}
@@ -203,15 +201,6 @@ class Corpus:
         words = tuple(values["words"]) if "words" in values else None
         text = " ".join(words) if words is not None else values["text"]
         return text, pair, words, values.get("id")
-
-    def _as_named(self, chunks: Iterator, path: Path) -> Iterator:
-        """``chunks``, with standard input named so in their errors, not by its temporary file."""
-        try:
-            yield from chunks
-        except LayerwiseError as exc:
-            if path != self._spool:
-                raise
-            raise type(exc)(str(exc).replace(str(path), "standard input")) from None
 
     def _name(self, k: int) -> str:
         return "standard input" if self.files[k] == self._spool else str(self.files[k])
@@ -334,6 +323,14 @@ class Corpus:
             return "memory"
         names = [self._name(k) for k in range(len(self.files))]
         return names[0] if len(names) == 1 else f"{names[0]} … ({len(names)} files)"
+
+
+def _stdin_named(chunks: Iterator, spool: Path) -> Iterator:
+    """``chunks`` of standard input, named so in their errors, not by its temporary file."""
+    try:
+        yield from chunks
+    except LayerwiseError as exc:
+        raise type(exc)(str(exc).replace(str(spool), "standard input")) from None
 
 
 def _scan_memory(scan: Scan, raw: RawInputs, ids: list | None, ranges: int | None) -> None:
