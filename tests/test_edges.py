@@ -280,3 +280,48 @@ def test_tokens_are_shown_as_people_read_them(decoder_encoder, tiny_encoder):
     llama = token_display(decoder_encoder("llama").tokenizer)
     assert llama("▁Paris") == " Paris" and llama("<0x0A>") == "\n"
     assert token_display(tiny_encoder.tokenizer)("##ing") == "##ing"  # WordPiece reads as it is
+
+
+def test_request_shapes_the_server_refuses_are_in_its_schema(tiny_encoder):
+    """#46, 15: OpenAI's `input` on /v1/layers is named for what it is; an empty list says so on both
+    endpoints with its own field as param; the OpenAPI schema says what is refused."""
+    pytest.importorskip("fastapi")
+    import asyncio
+
+    import httpx
+
+    from layerwise.serve import ServeSettings, create_app
+
+    app = create_app({"m": tiny_encoder}, ServeSettings(model_process=False))
+
+    async def main():
+        transport = httpx.ASGITransport(app=app)
+        async with (
+            app.router.lifespan_context(app),
+            httpx.AsyncClient(transport=transport, base_url="http://t") as c,
+        ):
+            return [
+                (await c.post(path, json=body)).json()["error"]
+                for path, body in [
+                    ("/v1/layers", {"input": ["a"]}),
+                    ("/v1/layers", {"texts": []}),
+                    ("/v1/embeddings", {"input": []}),
+                ]
+            ]
+
+    as_input, empty_texts, empty_input = asyncio.run(main())
+    assert "this endpoint takes texts" in as_input["message"] and as_input["param"] == "input"
+    assert empty_texts == {
+        **empty_texts,
+        "param": "texts",
+        "message": "texts is an empty list; send at least one input",
+    }
+    assert empty_input["param"] == "input" and empty_input["message"].startswith("input is an empty list")
+    schemas = app.openapi()["components"]["schemas"]
+    layers = schemas["LayersRequest"]
+    assert len(layers["oneOf"]) == 3 and {"required": ["texts"]} in [
+        {"required": o["required"]} for o in layers["oneOf"]
+    ]
+    assert any(
+        branch.get("minItems") == 1 for branch in schemas["EmbeddingsRequest"]["properties"]["input"]["anyOf"]
+    )

@@ -417,3 +417,22 @@ def test_a_store_rewritten_under_a_reader_says_so(tmp_path, tiny):
     with pytest.raises(StoreError) as caught:
         reader[0]
     assert "being rewritten" not in str(caught.value)
+
+
+def test_rows_rewritten_under_a_reader_are_not_called_damage(tmp_path, tiny):
+    """#46, 16: a read during --overwrite that found the new rows said "rows of text 1 differ from
+    the checksum" instead of "being rewritten"."""
+    from layerwise.store.lock import writer_lock
+
+    path = tmp_path / "c.lw"
+    lw.extract_to_store(tiny, corpus(5), path, lw.OutputPlan(dtype="float32"))
+    reader = lw.open_store(path)
+    shard = next(p for p in (path / "data").rglob("*") if p.is_file() and p.name != "zarr.json")
+    original = shard.read_bytes()
+    changed = bytearray(original)
+    changed[len(changed) // 2] ^= 0xFF  # the writer has replaced rows under the reader
+    shard.write_bytes(bytes(changed))
+    with writer_lock(path), pytest.raises(StoreError, match="being rewritten by another process"):
+        reader.read_many(list(range(5)))
+    with pytest.raises(lw.StoreDamagedError, match="differ from the checksum"):  # no writer: damage
+        reader.read_many(list(range(5)))

@@ -108,6 +108,8 @@ def layer_item(index: int, result: Any, dtype: str) -> dict:
 def validation_error(errors: list) -> ApiError:
     """pydantic's errors of a request body (locations start with "body", as FastAPI reports them)
     as one 422 naming the fields (at most five) and what they take."""
+    # an empty list in a union (input: str | list[str]) fails both branches: the empty list is the news
+    errors = [e for e in errors if e.get("type") == "too_short"] or errors
     messages = list(dict.fromkeys(describe_validation_error(e) for e in errors[:5]))
     first = errors[0]["loc"][1:2] if errors else ()
     param = first[0] if first and isinstance(first[0], str) else None  # a field, not a JSON position
@@ -119,6 +121,10 @@ def describe_validation_error(error: dict) -> str:
     """One pydantic error as a sentence naming the field and what it takes."""
     path = error.get("loc", ())[1:]
     loc = ".".join(str(p) for p in path) or "body"
+    if path == ("input",) and error.get("type") == "extra_forbidden":  # OpenAI's field on /v1/layers
+        return "this endpoint takes texts (or pairs, or words), not input: input is /v1/embeddings' field"
+    if error.get("type") == "too_short":
+        return f"{path[0] if path else loc} is an empty list; send at least one input"
     if path[:1] == ("input",):
         return "input must be a string or a list of strings (token-id arrays are not supported)"
     if not path and error.get("type") in ("model_attributes_type", "model_type", "dict_type"):

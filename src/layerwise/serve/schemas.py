@@ -3,7 +3,7 @@ are strict (no "3" for 3), and layerwise's own fields take the CLI's string form
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -23,8 +23,8 @@ class _Strict(BaseModel):
 class EmbeddingsRequest(_Strict):
     """OpenAI's ``POST /v1/embeddings`` body, plus layerwise's optional plan fields."""
 
-    input: str | list[str] = Field(
-        description="A text or a list of texts (token-id arrays are not supported)"
+    input: str | Annotated[list[str], Field(min_length=1)] = Field(
+        description="A text or a non-empty list of texts (token-id arrays are not supported)"
     )
     model: str | None = Field(None, description="A served model (GET /v1/models); default: the first")
     encoding_format: Literal["float", "base64"] = "float"
@@ -41,13 +41,31 @@ class EmbeddingsRequest(_Strict):
 
 
 class LayersRequest(_Strict):
-    """``POST /v1/layers``: per input, tokens, offsets, word ids and the requested layers' vectors."""
+    """``POST /v1/layers``: per input, tokens, offsets, word ids and the requested layers' vectors.
+    Exactly one of ``texts`` (with ``text_pairs`` for pairs), ``pairs`` or ``words``, non-empty."""
+
+    # the schema says what the server refuses: exactly one of the three inputs (schemathesis ST202)
+    model_config = ConfigDict(
+        extra="forbid",
+        strict=True,
+        json_schema_extra={
+            "oneOf": [
+                {"required": ["texts"], "not": {"anyOf": [{"required": ["pairs"]}, {"required": ["words"]}]}},
+                {"required": ["pairs"], "not": {"anyOf": [{"required": ["texts"]}, {"required": ["words"]}]}},
+                {"required": ["words"], "not": {"anyOf": [{"required": ["texts"]}, {"required": ["pairs"]}]}},
+            ]
+        },
+    )
 
     model: str | None = None
-    texts: list[str] | None = None
+    texts: Annotated[list[str], Field(min_length=1)] | None = None
     text_pairs: list[str] | None = Field(None, description="Second segments, one per text")
-    pairs: list[list[str]] | None = Field(None, description="[first, second] per input")
-    words: list[list[str]] | None = Field(None, description="Pre-split words, one list per input")
+    pairs: Annotated[list[list[str]], Field(min_length=1)] | None = Field(
+        None, description="[first, second] per input"
+    )
+    words: Annotated[list[list[str]], Field(min_length=1)] | None = Field(
+        None, description="Pre-split words, one list per input"
+    )
     layers: LayerValue = "all"
     pool: str = Field(
         "token", description="token | word:first|last|mean|first_last|max | sentence:mean|cls|max"

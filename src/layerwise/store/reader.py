@@ -14,7 +14,7 @@ import numpy as np
 
 from ..errors import LayerSpecError, OptionError, StoreError
 from ..results import LayerStack, WordVectors
-from .format import DATA, require_store_dependencies
+from .format import DATA, read_store_meta, require_store_dependencies
 from .lock import being_rewritten
 from .parts import damaged, read_parts
 from .verify import VerifyReport, check_structure, rows_checksum, verify_one_store
@@ -113,6 +113,19 @@ class Store(StoreDescription):
             ids = manifest["text_id"].to_numpy()
             self._by_id = {int(t): p for p, t in enumerate(ids)}
 
+    def _changed_under_us(self) -> StoreError | None:
+        """Why rows no longer match what was opened, when it is not damage: a writer holds the
+        store (``--overwrite`` is rewriting it), or one did and left another store there."""
+        rewriting = being_rewritten(self.path)
+        if rewriting is not None:
+            return rewriting
+        if read_store_meta(self.path) != self.meta:
+            return StoreError(
+                f"store {str(self.path)!r} was rewritten by another process since it was opened; open it "
+                "again"
+            )
+        return None
+
     def verify(self) -> VerifyReport:
         """Check everything, including each text's checksum; the report names the texts affected."""
         return verify_one_store(self.path)
@@ -194,8 +207,11 @@ class Store(StoreDescription):
             record = {name: self._manifest[name][position].as_py() for name in self._manifest.column_names}
             # the checksum written at commit: a changed byte is an error, never a wrong number
             if record.get("crc32") is not None and rows_checksum(rows) != record["crc32"]:
-                problem = f"the rows of text {text_id} differ from the checksum written when it was committed"
-                raise damaged(self.path, [problem], [int(text_id)])
+                raise self._changed_under_us() or damaged(
+                    self.path,
+                    [f"the rows of text {text_id} differ from the checksum written when it was committed"],
+                    [int(text_id)],
+                )
             results.append(self._result(record, rows.astype(np.float32)))
         return results
 
