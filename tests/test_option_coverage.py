@@ -205,3 +205,157 @@ def test_every_option_changes_the_output_or_is_refused(tmp_path, make_tiny_model
                 f"{option} on {backend} was dropped: {case.key}={meta.get(case.key)!r} as without it"
             )
     assert not failures, "\n".join(failures)
+
+
+SERVE_CASES = {
+    "model": ["--model", "some/model"],
+    "host": ["--host", "127.0.0.2"],
+    "port": ["--port", "8123"],
+    "api_key_file": ["--api-key-file", "KEYFILE"],
+    "max_batch_tokens": ["--max-batch-tokens", "100"],
+    "max_wait_ms": ["--max-wait-ms", "7"],
+    "max_inputs": ["--max-inputs", "3"],
+    "max_request_tokens": ["--max-request-tokens", "99"],
+    "max_queue_tokens": ["--max-queue-tokens", "200000"],
+    "max_body_mb": ["--max-body-mb", "1"],
+    "max_response_mb": ["--max-response-mb", "2"],
+    "max_queue_mb": ["--max-queue-mb", "300"],
+    "max_explore_tokens": ["--max-explore-tokens", "77"],
+    "header_timeout": ["--header-timeout", "3"],
+    "body_timeout": ["--body-timeout", "4"],
+    "long_texts": ["--long-texts", "window"],
+    "max_length": ["--max-length", "32"],
+    "device": ["--device", "cpu"],
+    "model_dtype": ["--model-dtype", "bfloat16"],
+    "final_norm": ["--final-norm", "all"],
+    "streams": ["--streams", "2"],
+    "model_process": ["--in-process"],
+    "store": ["--store", "STORE"],
+}
+
+
+def test_every_serve_option_reaches_the_server(monkeypatch, tmp_path):
+    """Each option of `layerwise serve` changes the server's settings, its models' Settings, what it
+    serves from or where it listens: none is accepted and dropped."""
+    import layerwise.encoder
+    from layerwise.cli import serve as cli_serve
+    from layerwise.model.source import pick_device
+
+    class Loaded:  # an Encoder that loads nothing: what matters is the Settings it is made from
+        model = None
+
+        def __init__(self, settings):
+            self.settings, self.name = settings, settings.model or "default"
+            self.device = pick_device(settings.device)
+
+        @classmethod
+        def from_settings(cls, settings):
+            return cls(settings)
+
+    seen: list[dict] = []
+    monkeypatch.setattr(layerwise.encoder, "Encoder", Loaded)
+    monkeypatch.setattr(
+        "layerwise.serve.create_app",
+        lambda encoders, settings, **kw: seen.append(
+            {"settings": settings, "models": [e.settings for e in encoders.values()], **kw}
+        ),
+    )
+    monkeypatch.setattr(
+        cli_serve, "_run_server", lambda app, host, port, settings, *a: seen[-1].update(host=host, port=port)
+    )
+    (tmp_path / "key.txt").write_text("a-key-of-sixteen-chars-or-more\n")
+    command = get_command(app).commands["serve"]  # type: ignore[attr-defined]
+    assert {p.name for p in command.params} == set(SERVE_CASES), "a serve option is not in SERVE_CASES"
+
+    def served(*args: str) -> dict:
+        result = CliRunner().invoke(app, ["serve", *args])
+        assert result.exit_code == 0, result.output
+        return seen[-1]
+
+    baseline = served()
+    dropped = []
+    for option, args in SERVE_CASES.items():
+        args = [
+            str(tmp_path / "key.txt") if a == "KEYFILE" else str(tmp_path) if a == "STORE" else a
+            for a in args
+        ]
+        if served(*args) == baseline:
+            dropped.append(option)
+    assert not dropped, f"serve options accepted and dropped: {dropped}"
+
+
+# every field of the HTTP bodies: a value that changes the response, or is refused naming the field
+LAYERS_CASES = {
+    "model": {"model": "dec"},
+    "texts": {"texts": ["another text entirely"]},
+    "text_pairs": {"text_pairs": ["a second segment"]},
+    "pairs": {"texts": None, "pairs": [["a first", "a second"]]},
+    "words": {"texts": None, "words": [["pre", "split", "words"]]},
+    "layers": {"layers": "0"},
+    "pool": {"pool": "word:mean"},
+    "fuse": {"pool": "sentence:mean", "fuse": "mean_all"},
+    "special_tokens": {"pool": "sentence:mean", "special_tokens": "exclude"},
+    "normalize": {"pool": "sentence:mean", "normalize": True},
+    "dtype": {"dtype": "float16"},
+    "final_norm": {"model": "dec", "final_norm": "all"},
+}
+EMBEDDINGS_CASES = {
+    "input": {"input": ["another text entirely"]},
+    "model": {"model": "dec"},
+    "encoding_format": {"encoding_format": "base64"},
+    "dimensions": {"dimensions": 7},  # refused: layerwise does not cut vectors
+    "layers": {"layers": 0},
+    "pool": {"pool": "sentence:max"},
+    "fuse": {"fuse": "mean_all"},
+    "special_tokens": {"special_tokens": "exclude"},
+    "normalize": {"normalize": True},
+    "final_norm": {"final_norm": "all"},  # refused for the encoder
+}
+# OpenAI's end-user id: clients send it; an embedding has nothing to do with it
+ACCEPTED_FOR_COMPATIBILITY = {"user"}
+
+
+def test_every_http_field_changes_the_answer_or_is_refused(tiny_encoder, decoder_encoder):
+    pytest.importorskip("fastapi")
+    import asyncio
+
+    import httpx
+
+    from layerwise.serve import ServeSettings, create_app
+    from layerwise.serve.schemas import EmbeddingsRequest, LayersRequest
+
+    assert set(LayersRequest.model_fields) == set(LAYERS_CASES), "a /v1/layers field is not in LAYERS_CASES"
+    assert set(EmbeddingsRequest.model_fields) == set(EMBEDDINGS_CASES) | ACCEPTED_FOR_COMPATIBILITY
+    app = create_app(
+        {"enc": tiny_encoder, "dec": decoder_encoder("llama")}, ServeSettings(model_process=False)
+    )
+    base = {"/v1/layers": {"model": "enc", "texts": ["The bank raised rates."]},
+            "/v1/embeddings": {"model": "enc", "input": ["The bank raised rates."]}}  # fmt: skip
+    both = (("/v1/layers", LAYERS_CASES), ("/v1/embeddings", EMBEDDINGS_CASES))
+    requests = [(path, {**base[path], **change}) for path, cases in both for change in cases.values()]
+
+    async def main():
+        transport = httpx.ASGITransport(app=app)
+        async with (
+            app.router.lifespan_context(app),
+            httpx.AsyncClient(transport=transport, base_url="http://t") as c,
+        ):
+            answers = {}
+            for path, body in [(p, b) for p, b in base.items()] + requests:
+                body = {k: v for k, v in body.items() if v is not None}
+                answers[(path, repr(body))] = await c.post(path, json=body)
+            return answers
+
+    answers = asyncio.run(main())
+    baseline = {path: answers[(path, repr(body))].json() for path, body in base.items()}
+    dropped = []
+    for path, cases in (("/v1/layers", LAYERS_CASES), ("/v1/embeddings", EMBEDDINGS_CASES)):
+        for field, change in cases.items():
+            body = {k: v for k, v in {**base[path], **change}.items() if v is not None}
+            response = answers[(path, repr(body))]
+            if response.status_code == 422:
+                if field not in response.text:
+                    dropped.append(f"{path} {field}: refused without naming it: {response.text[:120]}")
+            elif response.status_code != 200 or response.json() == baseline[path]:
+                dropped.append(f"{path} {field}: {response.status_code}, the same answer as without it")
+    assert not dropped, "\n".join(dropped)

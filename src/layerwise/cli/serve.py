@@ -224,6 +224,7 @@ def explore(
         bool, typer.Option("--open/--no-open", help="Open a browser when this machine has a display")
     ] = True,
     device: DeviceOption = "auto",
+    final_norm: FinalNormOption = None,
 ) -> None:
     """Open the layer explorer on a text: starts the server (as `layerwise serve`) and prints the URL."""
     from urllib.parse import urlencode
@@ -238,7 +239,10 @@ def explore(
         from ..serve import ServeSettings, create_app
         from ..settings import Settings
 
-        encoders = _load_encoders(model, Settings(device=device, streams=SERVE_STREAMS))
+        # the views' hidden states with the final norm asked for (a decoder's layers on one scale:
+        # --final-norm all); the logit lens reads every state through the norm whatever it is
+        base = Settings(device=device, streams=SERVE_STREAMS, final_norm=final_norm_value(final_norm))
+        encoders = _load_encoders(model, base)
         settings = ServeSettings()
         application = create_app(encoders, settings, reference_store=store)
         sock = _bind(host, port)

@@ -156,6 +156,7 @@ def add_explorer(
                     "lens": head is not None,
                     "mask_token": enc.tokenizer.mask_token,
                     "decoder": enc.is_decoder,  # its lens reads the next token, no [MASK] needed
+                    "final_norm": enc.final_norm if enc.is_decoder else None,  # the views' hidden states
                     "reference": "store" if store_model == enc.name else "sample",
                 }
             )
