@@ -175,20 +175,24 @@ def best_of(repeats: int, fn: Callable[[], object]) -> float:
 
 
 def interleaved_times(
-    methods: dict[str, Callable[[], int]],
+    methods: dict[str, Callable[[], Any]],
     repeats: int,
     expected: int,
     after_round: Callable[[], object] | None = None,
 ) -> dict[str, list[float]]:
     """Seconds of each method, ``repeats`` rounds of all methods in turn (a slow spell of this shared
     machine hits every contender alike); each call returns the tokens it counted, which must be
-    ``expected``. ``after_round`` runs after each round (e.g. measure the matmul rate again)."""
+    ``expected``, or ``(tokens, seconds)`` when it timed itself (a loop in a process of its own:
+    :func:`fresh_loop`). ``after_round`` runs after each round (e.g. measure the matmul rate again)."""
     times: dict[str, list[float]] = {key: [] for key in methods}
     for _ in range(repeats):
         for key, fn in methods.items():
             start = time.perf_counter()
             counted = fn()
-            times[key].append(time.perf_counter() - start)
+            elapsed = time.perf_counter() - start
+            if isinstance(counted, tuple):
+                counted, elapsed = counted
+            times[key].append(elapsed)
             assert counted == expected, (key, counted, expected)
         if after_round is not None:
             after_round()
@@ -261,6 +265,29 @@ def tutorial_loop(tokenizer: Any, model: Any, texts: list[str]) -> int:
             hidden = torch.stack(outputs.hidden_states)[:, 0].numpy()  # (layers, tokens, hidden)
             n_tokens += hidden.shape[1]
     return n_tokens
+
+
+def fresh_loop(model: str, texts: list[str], *, order: str = "tokens") -> Callable[[], tuple[int, float]]:
+    """The best hand-written loop, in a process of its own with the model loaded by plain
+    transformers (benchmarks/handwritten_loops.py memory): batches of 32 sorted by token count
+    (``order="chars"``: by characters, as sentence-transformers sorts), warmed up as layerwise is.
+    Each call starts a fresh process and returns ``(tokens, seconds of its timed pass)``."""
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp(prefix="lw-loop-"))
+    corpus = folder / "texts.json"
+    corpus.write_text(json.dumps(texts), encoding="utf-8")
+
+    def run() -> tuple[int, float]:
+        out = subprocess.run(
+            [sys.executable, str(HERE / "handwritten_loops.py"), "memory", str(corpus), "-", "--model", model,
+             "--order", order],
+            check=True, capture_output=True, text=True,
+        )  # fmt: skip
+        result = json.loads(out.stdout.strip().splitlines()[-1])
+        return int(result["tokens"]), float(result["seconds"])
+
+    return run
 
 
 def best_loop(tokenizer: Any, model: Any, texts: list[str]) -> int:

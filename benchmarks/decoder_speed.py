@@ -10,8 +10,10 @@ truncated at 512 tokens.
 
 Contenders, each producing every hidden state of every real token as a float32 NumPy array:
 
-- the best hand-written loop a user would write: texts sorted by length, batches of 32, padded on
-  the right, ``output_hidden_states=True`` under ``torch.inference_mode``, each text's rows cut out;
+- the best hand-written loop a user would write: texts sorted by token count, batches of 32,
+  padded on the right, ``output_hidden_states=True`` under ``torch.inference_mode``, each text's
+  rows cut out; in a process of its own with the model loaded by plain transformers, warmed up as
+  layerwise is (benchmarks/handwritten_loops.py memory); beside it the same sorted by characters;
 - ``Encoder(model).extract(texts, layers="all")``;
 - ``extract(texts, layers="0.5")``: the middle hidden state only (the forward stops there).
 
@@ -30,7 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch
-from common import best_loop, interleaved_times, mixed_corpus, parser, write_result
+from common import fresh_loop, interleaved_times, mixed_corpus, parser, write_result
 
 import layerwise as lw
 
@@ -44,15 +46,11 @@ def smollm2_file() -> Path:
 
 def measure(name: str, model: str | Path, texts: list[str], repeats: int) -> dict:
     encoder = lw.Encoder(model, device="cpu", max_length=512)
-    tokenizer = encoder.tokenizer
-    if tokenizer.pad_token is None:  # what a user does for a decoder tokenizer without one
-        tokenizer.pad_token = tokenizer.eos_token
-    tokenizer.padding_side = "right"
-    hf = encoder.model  # the transformers model: the loop runs on the very same weights
     n_tokens = sum(len(e) for e in encoder.tokenize(texts))
     middle = lw.resolve_layers("0.5", encoder.n_hidden_states)
     methods = {
-        "best_loop": lambda: best_loop(tokenizer, hf, texts),
+        "best_loop": fresh_loop(str(model), texts),
+        "chars_loop": fresh_loop(str(model), texts, order="chars"),
         "layerwise_all": lambda: sum(
             s.n_tokens for s in encoder.extract(texts, layers="all", progress=False)
         ),
@@ -60,8 +58,7 @@ def measure(name: str, model: str | Path, texts: list[str], repeats: int) -> dic
             s.n_tokens for s in encoder.extract(texts, layers="0.5", progress=False)
         ),
     }
-    best_loop(tokenizer, hf, texts[:8])
-    encoder.extract(texts[:8], progress=False)
+    encoder.extract(texts[:16], progress=False)  # warm-up, as the loops warm up
     times = interleaved_times(methods, repeats, n_tokens)
     rates = {k: n_tokens / statistics.median(v) for k, v in times.items()}
     report = {

@@ -8,8 +8,11 @@ For the default model (all-MiniLM-L6-v2) and a randomly initialised 12-layer ``B
 512), tokens/s of:
 
   tutorial     one text at a time, output_hidden_states, torch.no_grad, stacked to NumPy
-  best loop    texts sorted by length, batches of 32, padding=True, inference_mode, every hidden
-               state to NumPy (the best a user writes by hand)
+  best loop    texts sorted by token count, batches of 32, padded, inference_mode, every hidden
+               state to NumPy: the best a user writes by hand, in a process of its own with the
+               model loaded by plain transformers, warmed up as layerwise is
+               (benchmarks/handwritten_loops.py memory)
+  chars loop   the same, sorted by characters as sentence-transformers sorts
   st tokens    sentence-transformers ``encode(output_value="token_embeddings")`` (last layer only)
   layerwise hf ``Encoder(packed=False).extract(texts, layers="all")``: padded HF forward
   1 stream     ``Encoder(streams=1).extract(texts, layers="all")``: the packed forward, one batch
@@ -40,7 +43,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (
     bert_base_folder,
-    best_loop,
+    fresh_loop,
     interleaved_times,
     matmul_gflops,
     mixed_corpus,
@@ -64,7 +67,8 @@ def measure(name: str, folder: str, texts: list[str], repeats: int, skip_tutoria
     del packed
     n_tokens = sum(lengths)
     methods = {
-        "best_loop": lambda: best_loop(tokenizer, model, texts),
+        "best_loop": fresh_loop(folder, texts),
+        "chars_loop": fresh_loop(folder, texts, order="chars"),
         "layerwise_hf": lambda: sum(s.n_tokens for s in padded.extract(texts, layers="all", progress=False)),
         "packed_1_stream": lambda: sum(
             s.n_tokens for s in by_streams[1].extract(texts, layers="all", progress=False)

@@ -278,7 +278,8 @@ def test_logit_lens_reads_every_layer_through_the_models_own_head(arch, final_no
     top = np.argsort(-own)[:3]
     expected = [(encoder.tokenizer.convert_ids_to_tokens(int(i)), float(own[i])) for i in top]
     got = lens["masks"][0]["predictions"][-1]
-    assert [t for t, _ in got] == [t for t, _ in expected]
+    assert lens["masks"][0]["pieces"][-1] == [t for t, _ in expected]  # the raw pieces
+    assert [t for t, _ in got] == [head.shown_by(t) for t, _ in expected]  # as a person reads them
     np.testing.assert_allclose([p for _, p in got], [p for _, p in expected], atol=1e-5)
     # layer 1 through the same norm and head, computed here from the raw hidden state
     raw = lw.Encoder(folder, device="cpu", final_norm=False).extract(TEXTS[0], layers=[1]).hidden[0, -1]
@@ -288,7 +289,7 @@ def test_logit_lens_reads_every_layer_through_the_models_own_head(arch, final_no
         logits = torch.tanh(logits / cap) * cap if cap else logits
     layer1 = torch.softmax(logits, -1).numpy()
     best = encoder.tokenizer.convert_ids_to_tokens(int(layer1.argmax()))
-    assert lens["masks"][0]["predictions"][1][0][0] == best
+    assert lens["masks"][0]["pieces"][1][0] == best
 
 
 def test_attention_maps_of_a_decoder_are_causal(decoder_encoder):

@@ -165,7 +165,7 @@ def test_a_tokenizer_of_another_vocabulary_is_refused(tmp_path, model):
     config["pad_token_id"] = 5
     (padded / "config.json").write_text(json.dumps(config))
     with pytest.raises(
-        lw.ModelLoadError, match=r"pad_token '\[PAD\]' is id 0 in the tokenizer, 5 in config.json"
+        lw.ModelLoadError, match=r"config.json's pad_token_id 5 is '\[unused4\]' in the tokenizer"
     ):
         lw.Encoder(padded, device="cpu")
     lw.Encoder(_copy_model(model, tmp_path / "same"), device="cpu")  # its own files: loads

@@ -7,8 +7,8 @@ catch what can be caught from the files alone:
 - every id fits the embedding table (:func:`check_tokenizer_fits`);
 - where a folder carries the fast tokenizer (``tokenizer.json``) and the vocabulary it was made
   from (``vocab.txt`` of WordPiece, ``vocab.json`` of BPE), the two agree, token by token;
-- the special tokens' ids agree with the config's (``pad_token_id``, ``bos_token_id``,
-  ``eos_token_id``), which are the ids the model was trained with.
+- the config's special ids (``pad_token_id``, ``bos_token_id``, ``eos_token_id``), which the model
+  was trained with, are special tokens in the tokenizer, not ordinary words.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ModelLoadError
+from .decoders import is_decoder_config
 
 logger = logging.getLogger("layerwise")
 # more tokens than this share that disagree between the files: not the same vocabulary (a file
@@ -74,21 +75,28 @@ def check_tokenizer_files_agree(folder: Path, config: Any, tokenizer: Any, name:
                     "same vocabulary. "
                     "Keep the tokenizer files the model was trained with (tokenizer.save_pretrained(folder))"
                 )
+    # the config's special ids are the ones the model was trained with: in the tokenizer each must be
+    # a special (or added) token. An ordinary word there means another vocabulary. (A tokenizer may
+    # name another special token than the config, e.g. an instruct model's end-of-turn as eos.)
+    special = set(tokenizer.all_special_tokens) | set(tokenizer.get_added_vocab())
     wrong = []
-    for field in ("pad_token_id", "bos_token_id", "eos_token_id"):
+    # an encoder's forward never sees bos/eos ids (its template does), and configs carry their class
+    # defaults for them; its pad id is the embedding table's padding row
+    fields = (
+        ("pad_token_id", "bos_token_id", "eos_token_id") if is_decoder_config(config) else ("pad_token_id",)
+    )
+    for field in fields:
         expected = getattr(config, field, None)
-        token = getattr(tokenizer, field.removesuffix("_id"), None)
-        if not isinstance(expected, int) or isinstance(expected, bool) or token is None:
+        if not isinstance(expected, int) or isinstance(expected, bool) or not 0 <= expected < len(vocab):
             continue
-        got = vocab.get(str(token))
-        if got is not None and got != expected:
-            role = field.removesuffix("_id")
-            wrong.append(f"{role} {str(token)!r} is id {got} in the tokenizer, {expected} in config.json")
+        token = tokenizer.convert_ids_to_tokens(expected)
+        if token is not None and token not in special:
+            wrong.append(f"config.json's {field} {expected} is {token!r} in the tokenizer, an ordinary token")
     if wrong:
         raise ModelLoadError(
-            f"model {name!r} in {str(folder)!r}: the tokenizer's special tokens disagree with config.json "
-            f"({'; '.join(wrong)}); the tokenizer is not the one the model was trained with: use its "
-            "own files"
+            f"model {name!r} in {str(folder)!r}: the tokenizer does not match config.json "
+            f"({'; '.join(wrong)}); "
+            "it is not the tokenizer the model was trained with: use its own files"
         )
 
 
