@@ -142,13 +142,10 @@ def _corpus(folder: Path) -> Path:
     return path
 
 
-def _run(corpus: Path, out: Path, backend: str, *args: str):
+def _run(model: Path, corpus: Path, out: Path, backend: str, *args: str):
     where = {"file": [], "store": [], "ray": ["--ray", "local"]}[backend]
-    command = ["extract", str(corpus), "-o", str(out), "--model", *_MODEL, *where, *args]
+    command = ["extract", str(corpus), "-o", str(out), "--model", str(model), *where, *args]
     return CliRunner().invoke(app, [str(a) for a in command])
-
-
-_MODEL: list[str] = []
 
 
 def _output(folder: Path, backend: str, name: str) -> Path:
@@ -166,10 +163,10 @@ def test_the_table_lists_every_option(make_tiny_model):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_every_option_changes_the_output_or_is_refused(tmp_path, make_tiny_model, fake_ray, backend):
-    _MODEL[:] = [str(make_tiny_model("bert", 3))]
+    model = make_tiny_model("bert", 3)
     corpus = _corpus(tmp_path)
     baseline = _output(tmp_path, backend, "baseline")
-    result = _run(corpus, baseline, backend)
+    result = _run(model, corpus, baseline, backend)
     assert result.exit_code == 0, result.output
     base_meta = lw.read_meta(baseline)
     failures = []
@@ -177,15 +174,17 @@ def test_every_option_changes_the_output_or_is_refused(tmp_path, make_tiny_model
         args = case.args(backend) if callable(case.args) else case.args
         out = _output(tmp_path, backend, option)
         if getattr(case, "special", None) == "overwrite" and backend != "file":
-            first = _run(corpus, out, backend)  # a store with other settings exists ...
+            first = _run(model, corpus, out, backend)  # a store with other settings exists ...
             assert first.exit_code == 0, first.output
-            again = _run(corpus, out, backend, "--layers", "0")  # ... resuming it with others is refused
+            again = _run(
+                model, corpus, out, backend, "--layers", "0"
+            )  # ... resuming it with others is refused
             assert again.exit_code == 2 and "overwrite" in again.output, again.output
-            result = _run(corpus, out, backend, "--layers", "0", *args)
+            result = _run(model, corpus, out, backend, "--layers", "0", *args)
             if result.exit_code != 0 or lw.read_meta(out)["layers"] != [0]:
                 failures.append(f"{option} on {backend}: {result.output.strip()[:200]}")
             continue
-        result = _run(corpus, out, backend, *args)
+        result = _run(model, corpus, out, backend, *args)
         if backend in getattr(case, "refused", ()):
             flag = "--" + option.replace("_", "-")
             named = flag in result.output or option in result.output

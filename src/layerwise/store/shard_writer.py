@@ -44,6 +44,9 @@ _SAME_TO_RESUME = (
 )  # fmt: skip
 
 
+_RECORDED_SINCE_0_3 = {"final_norm", "model_dtype", "max_length", "block_size", "chunk_rows", "shard_chunks"}
+
+
 def begin_sharded_store(
     path: str | os.PathLike,
     *,
@@ -85,7 +88,11 @@ def begin_sharded_store(
         remove_own_shards(path)
     elif is_sharded(path):
         old = read_table(path)
-        differing = [key for key in _SAME_TO_RESUME if old.get(key) != table.get(key)]
+        # a table of layerwise 0.2 did not record the settings and the layout: those are not compared
+        differing = [
+            key for key in _SAME_TO_RESUME
+            if old.get(key) != table.get(key) and (key in old or key not in _RECORDED_SINCE_0_3)
+        ]  # fmt: skip
         if differing:
             raise OptionError(
                 f"{path} was written with other settings or texts ({', '.join(differing)}); pass the same "
