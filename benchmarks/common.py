@@ -290,28 +290,6 @@ def fresh_loop(model: str, texts: list[str], *, order: str = "tokens") -> Callab
     return run
 
 
-def best_loop(tokenizer: Any, model: Any, texts: list[str]) -> int:
-    """The best loop a user would write by hand: texts sorted by length, batches of 32 padded on the
-    right, ``output_hidden_states`` under ``inference_mode``, each text's rows of every hidden state
-    cut out as NumPy. Returns the real tokens it produced."""
-    import torch
-
-    order = sorted(range(len(texts)), key=lambda i: len(texts[i]), reverse=True)
-    n_tokens = 0
-    with torch.inference_mode():
-        for start in range(0, len(order), 32):
-            batch = tokenizer(
-                [texts[i] for i in order[start : start + 32]], padding=True, truncation=True, max_length=512,
-                return_tensors="pt",
-            )  # fmt: skip
-            states = torch.stack(model(**batch, output_hidden_states=True).hidden_states, dim=1)
-            array = states.numpy()
-            for row, n in enumerate(batch["attention_mask"].sum(1).tolist()):
-                _ = array[row, :, :n].copy()  # (hidden states, tokens, hidden) of one text
-                n_tokens += n
-    return n_tokens
-
-
 # --- a served model --------------------------------------------------------------------------------
 
 

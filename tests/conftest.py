@@ -288,6 +288,24 @@ def tiny(tiny_encoder):
     return tiny_encoder
 
 
+def asgi_posts(app, requests: list[tuple[str, dict]]) -> list:
+    """The app's responses to ``requests`` (path, JSON body), in one run of its lifespan (the
+    batcher started once), without a socket."""
+    import asyncio
+
+    import httpx
+
+    async def main():
+        transport = httpx.ASGITransport(app=app)
+        async with (
+            app.router.lifespan_context(app),
+            httpx.AsyncClient(transport=transport, base_url="http://test") as client,
+        ):
+            return [await client.post(path, json=body) for path, body in requests]
+
+    return asyncio.run(main())
+
+
 @contextlib.contextmanager
 def running_server(app, config=None):
     """A real uvicorn serving ``app`` on 127.0.0.1 (an ephemeral port), in a thread: yields its URL.

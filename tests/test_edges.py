@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import zstandard
-from conftest import needs_smollm2, smollm2_folder
+from conftest import asgi_posts, needs_smollm2, smollm2_folder
 from typer.testing import CliRunner
 
 import layerwise as lw
@@ -286,30 +286,16 @@ def test_request_shapes_the_server_refuses_are_in_its_schema(tiny_encoder):
     """#46, 15: OpenAI's `input` on /v1/layers is named for what it is; an empty list says so on both
     endpoints with its own field as param; the OpenAPI schema says what is refused."""
     pytest.importorskip("fastapi")
-    import asyncio
-
-    import httpx
 
     from layerwise.serve import ServeSettings, create_app
 
     app = create_app({"m": tiny_encoder}, ServeSettings(model_process=False))
-
-    async def main():
-        transport = httpx.ASGITransport(app=app)
-        async with (
-            app.router.lifespan_context(app),
-            httpx.AsyncClient(transport=transport, base_url="http://t") as c,
-        ):
-            return [
-                (await c.post(path, json=body)).json()["error"]
-                for path, body in [
-                    ("/v1/layers", {"input": ["a"]}),
-                    ("/v1/layers", {"texts": []}),
-                    ("/v1/embeddings", {"input": []}),
-                ]
-            ]
-
-    as_input, empty_texts, empty_input = asyncio.run(main())
+    requests = [
+        ("/v1/layers", {"input": ["a"]}),
+        ("/v1/layers", {"texts": []}),
+        ("/v1/embeddings", {"input": []}),
+    ]
+    as_input, empty_texts, empty_input = (r.json()["error"] for r in asgi_posts(app, requests))
     assert "this endpoint takes texts" in as_input["message"] and as_input["param"] == "input"
     assert empty_texts == {
         **empty_texts,

@@ -3,14 +3,13 @@ call, command and request; every output says how it was made (lw.read_meta, laye
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import json
 import pickle
 
 import numpy as np
 import pytest
-from conftest import needs_smollm2, smollm2_folder
+from conftest import asgi_posts, needs_smollm2, smollm2_folder
 from test_option_coverage import fake_ray  # noqa: F401  (the in-process stand-in for Ray Data)
 from typer.testing import CliRunner
 
@@ -228,21 +227,6 @@ def test_ray_gets_every_setting(tmp_path, make_tiny_model, fake_ray):  # noqa: F
 
 
 # ------------------------------------------------------------------------------------------- HTTP
-def _posts(app, requests: list[tuple[str, dict]]) -> list:
-    """The responses to ``requests`` (path, body), in one run of the app's lifespan."""
-    import httpx
-
-    async def main():
-        transport = httpx.ASGITransport(app=app)
-        async with (
-            app.router.lifespan_context(app),
-            httpx.AsyncClient(transport=transport, base_url="http://t") as client,
-        ):
-            return [await client.post(path, json=body) for path, body in requests]
-
-    return asyncio.run(main())
-
-
 def _decode(array: dict) -> np.ndarray:
     return np.frombuffer(base64.b64decode(array["data"]), dtype=array["dtype"]).reshape(array["shape"])
 
@@ -253,7 +237,7 @@ def test_final_norm_in_requests(decoder_encoder, tiny_encoder):
 
     enc = decoder_encoder("llama")
     app = create_app({"dec": enc, "enc": tiny_encoder}, ServeSettings(model_process=False))
-    response, embedded, bad, refused = _posts(
+    response, embedded, bad, refused = asgi_posts(
         app,
         [
             ("/v1/layers", {"model": "dec", "texts": TEXTS, "final_norm": "all"}),
