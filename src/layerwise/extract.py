@@ -33,7 +33,7 @@ from .errors import ModelLoadError, NonFiniteError, OptionError
 from .inputs.batches import length_sorted_batches
 from .inputs.encoding import EncodedInput, segment_ids
 from .inputs.windows import Window, plan_windows, stitch
-from .model.decoders import apply_final_norm, hidden_state_convention, is_decoder_config
+from .model.decoders import apply_final_norm, is_decoder_config, raw_hidden_states
 from .model.handle import ModelHandle
 from .model.hooks import HookRecorder, eager_attention_for, find_layer_list, truncated_encoder
 from .model.packed_decoder import packed_forward
@@ -99,7 +99,7 @@ def forward_batch(
         kwargs: dict[str, object] = {"output_hidden_states": method == "hidden_states"}
         if "attention_probs" in taps:
             kwargs["output_attentions"] = True
-        with hidden_state_convention(model, depth=depth, final_norm=False):
+        with raw_hidden_states(model):
             output = model(**batch, **kwargs)
     if method == "hidden_states":
         states = output.hidden_states

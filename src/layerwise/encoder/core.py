@@ -18,14 +18,14 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterator, Sequence
-from typing import Any, Literal, overload
+from typing import Any, overload
 
 import torch
 
 from ..errors import InputError, OptionError, check_choice
 from ..extract import Engine
 from ..features.layers import LayerSpec, resolve_layers
-from ..features.plan import OutputPlan, Result
+from ..features.plan import LONG_TEXTS, LongTexts, OutputPlan, Result, check_final_norm_for
 from ..inputs.encoding import (
     EncodedInput,
     InputEncoder,
@@ -51,8 +51,6 @@ from .features import FeatureCalls
 
 logger = logging.getLogger("layerwise")
 
-LongTexts = Literal["truncate", "window"]
-LONG_TEXTS: tuple[str, ...] = ("truncate", "window")
 CPU_MAX_TOKENS = 2048
 GPU_MAX_TOKENS = 32768
 _TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -209,7 +207,7 @@ class Encoder(FeatureCalls):
         stream = self.iter_extract(
             texts, text_pairs=text_pairs, pairs=pairs, words=words,
             layers=settled.hidden_states(self.n_hidden_states), long_texts=settled.long_texts,
-            stride=settled.stride, final_norm=settled.final_norm if self.is_decoder else None,
+            stride=settled.stride, final_norm=settled.final_norm,  # None for an encoder: nothing to norm
             progress=progress, report_truncation=report_truncation,
         )  # fmt: skip
         return ((index, stack, settled.result(stack, self.n_hidden_states)) for index, stack in stream)
@@ -270,7 +268,7 @@ class Encoder(FeatureCalls):
         if value is None:
             return self.final_norm
         check_final_norm(value)
-        OutputPlan(final_norm=value).with_final_norm(self.final_norm, is_decoder=self.is_decoder)
+        check_final_norm_for(value, is_decoder=self.is_decoder)
         return value
 
     @overload

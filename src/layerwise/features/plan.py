@@ -202,15 +202,9 @@ class OutputPlan:
     def with_final_norm(self, default: FinalNorm, *, is_decoder: bool) -> OutputPlan:
         """This plan with its final norm settled: ``default`` (the Encoder's) where it has none; an
         encoder has no final norm, so "all" and False are refused for it, naming the fix."""
+        check_final_norm_for(self.final_norm, is_decoder=is_decoder)
         value: FinalNorm | None = default if self.final_norm is None else self.final_norm
-        if not is_decoder:
-            if self.final_norm is not None and self.final_norm is not True:
-                raise OptionError(
-                    f"final_norm={self.final_norm!r} passes hidden states through a decoder LM's final norm; "
-                    "this model is an encoder (BERT family), which has none: leave final_norm out"
-                )
-            value = None  # nothing to say: recorded as null
-        return dataclasses.replace(self, final_norm=value)
+        return dataclasses.replace(self, final_norm=value if is_decoder else None)  # an encoder's: null
 
     def meta(self, n_hidden_states: int) -> dict:
         """The plan as metadata for files, stores and responses (one word, one meaning)."""
@@ -228,6 +222,16 @@ class OutputPlan:
             "stride": self.stride,
             "final_norm": self.final_norm,
         }
+
+
+def check_final_norm_for(value: FinalNorm | None, *, is_decoder: bool) -> None:
+    """An encoder has no final norm: asking for it on every state ("all") or on none (False) is an
+    error naming the fix; True (the default) and None say nothing."""
+    if not is_decoder and value is not None and value is not True:
+        raise OptionError(
+            f"final_norm={value!r} passes hidden states through a decoder LM's final norm; this model is "
+            "an encoder (BERT family), which has none: leave final_norm out"
+        )
 
 
 def plan_from_keywords(

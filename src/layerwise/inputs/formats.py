@@ -15,6 +15,7 @@ formats record each row's line number and byte offset; a later reader starts at 
 from __future__ import annotations
 
 import bz2
+import functools
 import gzip
 import io
 import json
@@ -124,29 +125,32 @@ class _ZstdFrames(io.RawIOBase):
     def __init__(self, raw: IO[bytes], zstandard: Any) -> None:
         self.raw, self.zstandard = raw, zstandard
         self.frame = zstandard.ZstdDecompressor().decompressobj()
-        self.pending = b""
+        self.pending, self.given = b"", 0  # decompressed bytes, and how many of them were read
         self.started = False  # a frame has begun and not ended
 
     def readable(self) -> bool:
         return True
 
     def readinto(self, buffer: Any) -> int:
-        while not self.pending:
+        while self.given == len(self.pending):
             data = self.raw.read(1 << 20)
             if not data:
                 if self.started:
                     raise EOFError("Compressed file ended before the end-of-stream marker was reached")
                 return 0
+            pieces = []
             while data:
                 self.started = True
-                self.pending += self.frame.decompress(data)
+                pieces.append(self.frame.decompress(data))
                 if not self.frame.eof:
                     break
                 data, self.started = self.frame.unused_data, False  # the next frame, if any
                 self.frame = self.zstandard.ZstdDecompressor().decompressobj()
-        size = min(len(buffer), len(self.pending))
-        buffer[:size] = self.pending[:size]
-        self.pending = self.pending[size:]
+            self.pending, self.given = b"".join(pieces), 0
+        # hand out the decompressed bytes from an offset: no copy of the rest on every read
+        size = min(len(buffer), len(self.pending) - self.given)
+        buffer[:size] = memoryview(self.pending)[self.given : self.given + size]
+        self.given += size
         return size
 
     def close(self) -> None:
@@ -264,17 +268,22 @@ _JSONL_FIELDS = ("text", "text_pair")
 def _near_miss(record: dict) -> tuple[str, str] | None:
     """``(field, known field)`` for a field of ``record`` that looks like a misspelling of "text"
     or "text_pair" (which the record lacks), else None."""
-    import difflib
-
     for name in record:
         if name in _JSONL_FIELDS or not isinstance(name, str):
             continue
         for known in _JSONL_FIELDS:
-            if known in record:
-                continue
-            if name.lower() == known or difflib.SequenceMatcher(None, name.lower(), known).ratio() >= 0.8:
+            if known not in record and _looks_like(name, known):
                 return name, known
     return None
+
+
+@functools.lru_cache(maxsize=1024)
+def _looks_like(name: str, known: str) -> bool:
+    """``name`` is ``known`` misspelt. Cached: a corpus repeats its field names on every line, and
+    comparing them (difflib) costs more than parsing the line."""
+    import difflib
+
+    return name.lower() == known or difflib.SequenceMatcher(None, name.lower(), known).ratio() >= 0.8
 
 
 def _jsonl_row(raw: bytes, number: int, errors: str, names: dict, strict: bool) -> dict:

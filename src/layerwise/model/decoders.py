@@ -38,22 +38,21 @@ def is_decoder_config(config: Any) -> bool:
 
 
 @contextmanager
-def hidden_state_convention(model: Any, *, depth: int, final_norm: bool) -> Iterator[None]:
-    """Within the block, the model's ``output_hidden_states`` follow layerwise's convention.
+def raw_hidden_states(model: Any) -> Iterator[None]:
+    """Within the block, the model's ``output_hidden_states`` are all the raw residual stream.
 
     transformers reads ``config.tie_last_hidden_states`` at every call (utils/output_capturing.py):
     when true (its default for language models) the last hidden state returned is replaced by the
-    normed ``last_hidden_state``. With the encoder cut at ``depth`` < L layers that would norm an
-    intermediate layer, so the tie is off then; with all L layers it follows ``final_norm``. The
-    caller holds the model alone (Hugging Face forwards run under the exclusive lock)."""
+    normed ``last_hidden_state`` (with the encoder cut early, an intermediate layer's). The tie is off
+    here: :func:`apply_final_norm` applies the call's final norm afterwards. The caller holds the
+    model alone (Hugging Face forwards run under the exclusive lock)."""
     config = model.config
     if not is_decoder_config(config):
         yield
         return
-    tie = final_norm and depth >= int(config.num_hidden_layers)
     missing = object()
     before = getattr(config, "tie_last_hidden_states", missing)
-    config.tie_last_hidden_states = tie
+    config.tie_last_hidden_states = False
     try:
         yield
     finally:

@@ -120,7 +120,6 @@ class StoreWriter:
         for name, value in layout.items():
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise OptionError(f"{name}={value!r} must be a whole number >= 1")
-        self.layers = plan.hidden_states(encoder.n_hidden_states)
         self.fuse, self.special_tokens = plan.fuse, plan.special_tokens
         self.dtype, self.block_size = plan.dtype, block_size
         self.chunk_rows, self.shard_rows = chunk_rows, chunk_rows * shard_chunks
