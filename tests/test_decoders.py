@@ -149,7 +149,7 @@ def test_final_norm_all_passes_every_hidden_state_through_the_norm(arch, decoder
 
 
 def test_final_norm_all_is_for_decoders(tiny_encoder):
-    with pytest.raises(OptionError, match=r"final_norm='all' .* is an encoder, which has none"):
+    with pytest.raises(OptionError, match=r"final_norm=.all. .* is an encoder .*, which has none"):
         lw.Encoder(tiny_encoder.source, device="cpu", final_norm="all")
 
 

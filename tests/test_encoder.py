@@ -180,7 +180,7 @@ def test_hub_name_not_available_offline():
     with pytest.raises(ModelLoadError) as info:
         lw.Encoder("no-such-org/no-such-model-layerwise")
     message = str(info.value)
-    assert "could not load model 'no-such-org/no-such-model-layerwise'" in message
+    assert "'no-such-org/no-such-model-layerwise' is not a local folder and is not in the Hugging" in message
     assert "pass a local folder" in message
 
 

@@ -268,7 +268,7 @@ class Encoder(FeatureCalls):
         if value is None:
             return self.final_norm
         check_final_norm(value)
-        check_final_norm_for(value, is_decoder=self.is_decoder)
+        check_final_norm_for(value, is_decoder=self.is_decoder, name=repr(self.name))
         return value
 
     @overload
@@ -304,11 +304,7 @@ class Encoder(FeatureCalls):
 def _decoder_and_final_norm(config: Any, final_norm: Any, name: str) -> tuple[bool, Any]:
     """Whether the model is a decoder LM, and its ``final_norm`` setting (``"all"`` needs a decoder)."""
     is_decoder = is_decoder_config(config)
-    if final_norm == "all" and not is_decoder:
-        raise OptionError(
-            f"final_norm='all' passes every hidden state through a decoder's final norm; {name!r} is an "
-            "encoder, which has none: leave final_norm out"
-        )
+    check_final_norm_for(final_norm, is_decoder=is_decoder, name=repr(name))
     return is_decoder, final_norm
 
 

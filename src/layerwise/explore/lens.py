@@ -152,7 +152,7 @@ def _untied_lm_head(encoder: Encoder) -> Any:
 
     where, extra = loader_args(encoder.source)
     try:
-        with quiet_transformers(gguf=bool(extra)):
+        with quiet_transformers(gguf="gguf_file" in extra):
             loaded: Any = AutoModelForCausalLM.from_pretrained(
                 where, dtype=torch.float32, output_loading_info=True, **extra
             )

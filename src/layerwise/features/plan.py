@@ -201,7 +201,7 @@ class OutputPlan:
 
     def with_final_norm(self, default: FinalNorm, *, is_decoder: bool) -> OutputPlan:
         """This plan with its final norm settled: ``default`` (the Encoder's) where it has none; an
-        encoder has no final norm, so "all" and False are refused for it, naming the fix."""
+        encoder has no final norm: "all" is refused for it, naming the fix, and its plan records none."""
         check_final_norm_for(self.final_norm, is_decoder=is_decoder)
         value: FinalNorm | None = default if self.final_norm is None else self.final_norm
         return dataclasses.replace(self, final_norm=value if is_decoder else None)  # an encoder's: null
@@ -224,12 +224,13 @@ class OutputPlan:
         }
 
 
-def check_final_norm_for(value: FinalNorm | None, *, is_decoder: bool) -> None:
-    """An encoder has no final norm: asking for it on every state ("all") or on none (False) is an
-    error naming the fix; True (the default) and None say nothing."""
-    if not is_decoder and value is not None and value is not True:
+def check_final_norm_for(value: FinalNorm | None, *, is_decoder: bool, name: str = "this model") -> None:
+    """An encoder has no final norm: asking for it on every state ("all") is an error naming the fix.
+    True and False say the same of an encoder (its states are the only ones there are), so a setting
+    shared by a server's encoders and decoders (``--final-norm none``) works for both."""
+    if not is_decoder and value == "all":
         raise OptionError(
-            f"final_norm={value!r} passes hidden states through a decoder LM's final norm; this model is "
+            f"final_norm='all' passes hidden states through a decoder LM's final norm; {name} is "
             "an encoder (BERT family), which has none: leave final_norm out"
         )
 

@@ -22,12 +22,15 @@ def gguf_parts(source: str) -> tuple[str, str] | None:
     return str(path.parent), path.name
 
 
-def loader_args(source: str) -> tuple[str, dict[str, str]]:
+def loader_args(source: str) -> tuple[str, dict[str, Any]]:
     """What transformers' ``from_pretrained`` takes for ``source``: a GGUF file is its folder plus
-    ``gguf_file`` (transformers de-quantises it to the requested dtype; needs the gguf package)."""
+    ``gguf_file`` (transformers de-quantises it to the requested dtype; needs the gguf package); a hub
+    name is read from the local cache only when the hub cannot be reached (see model.hub)."""
     parts = gguf_parts(source)
     if parts is None:
-        return source, {}
+        from .hub import hub_kwargs
+
+        return source, hub_kwargs(source)
     try:
         import gguf  # noqa: F401
     except ImportError as exc:

@@ -215,7 +215,11 @@ def _weights_file(source: str) -> Path | None:
     try:
         from transformers.utils import cached_file
 
-        found = cached_file(source, "model.safetensors", _raise_exceptions_for_missing_entries=False)
+        from .hub import hub_kwargs
+
+        found = cached_file(
+            source, "model.safetensors", _raise_exceptions_for_missing_entries=False, **hub_kwargs(source)
+        )
     except Exception:  # not cached, offline, gated: the transformers loader says why
         return None
     return Path(found) if found else None

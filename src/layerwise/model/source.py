@@ -147,6 +147,15 @@ def _not_found(name: str, exc: Exception, local: bool) -> ModelLoadError:
         )
     if local:
         return ModelLoadError(f"could not load the model folder {name!r}: {exc}")
+    from .hub import cache_folder, hub_offline
+
+    if hub_offline():
+        return ModelLoadError(
+            f"model {name!r} is not a local folder and is not in the Hugging Face cache ({cache_folder()}); "
+            "the hub cannot be reached from here (no network, or HF_HUB_OFFLINE is set). Download it "
+            f"once where there is network (hf download {name}) or pass a local folder: "
+            "Encoder('/path/to/folder') / --model /path/to/folder"
+        )
     return ModelLoadError(
         f"could not load model {name!r}: {exc}\n"
         "It is not a local folder and could not be fetched or found in the Hugging Face "
@@ -167,12 +176,13 @@ def load_config_and_tokenizer(source: str, name: str):
     from transformers import AutoConfig, AutoTokenizer
 
     local = Path(source).is_dir()
-    where, gguf = loader_args(source)
-    with quiet_transformers(gguf=bool(gguf)):
+    where, extra = loader_args(source)
+    gguf = "gguf_file" in extra
+    with quiet_transformers(gguf=gguf):
         try:
-            config = AutoConfig.from_pretrained(where, **gguf)
+            config = AutoConfig.from_pretrained(where, **extra)
         except Exception as exc:
-            raise _not_found(name, exc, local or bool(gguf)) from exc
+            raise _not_found(name, exc, local or gguf) from exc
         if config.model_type not in SUPPORTED_MODEL_TYPES:
             raise ModelLoadError(
                 f"model {name!r} is a {config.model_type!r} model; layerwise extracts the layers of "
@@ -188,9 +198,9 @@ def load_config_and_tokenizer(source: str, name: str):
             )
         try:
             # with the config, the tokenizer does not read it again (a GGUF file's whole parse)
-            tokenizer = AutoTokenizer.from_pretrained(where, **gguf, **({"config": config} if gguf else {}))
+            tokenizer = AutoTokenizer.from_pretrained(where, **extra, **({"config": config} if gguf else {}))
         except Exception as exc:
-            raise _not_found(name, exc, local or bool(gguf)) from exc
+            raise _not_found(name, exc, local or gguf) from exc
     if not getattr(tokenizer, "is_fast", False):
         raise ModelLoadError(
             f"model {name!r} has no fast (Rust) tokenizer; layerwise needs one for word "
@@ -224,12 +234,13 @@ def load_model(source: str, name: str, dtype, config: Any = None):
     from transformers import AutoModel
 
     local = Path(source).is_dir()
-    where, gguf = loader_args(source)
+    where, extra = loader_args(source)
+    gguf = "gguf_file" in extra
     known = {"config": copy.deepcopy(config)} if gguf and config is not None else {}
-    with quiet_transformers(gguf=bool(gguf)):
+    with quiet_transformers(gguf=gguf):
         try:
             model, info = AutoModel.from_pretrained(
-                where, dtype=dtype, output_loading_info=True, **gguf, **known
+                where, dtype=dtype, output_loading_info=True, **extra, **known
             )
         except Exception as exc:
             if "Weights only load failed" in str(exc):
@@ -242,7 +253,7 @@ def load_model(source: str, name: str, dtype, config: Any = None):
                     "with save_pretrained(folder)"
                 ) from None
             if not isinstance(exc, RuntimeError):
-                raise _not_found(source if gguf else name, exc, local or bool(gguf)) from exc
+                raise _not_found(source if gguf else name, exc, local or gguf) from exc
             if "mismatched" in str(exc) or "size mismatch" in str(exc):
                 raise ModelLoadError(
                     f"model {name!r}: the weights' shapes do not match its config.json (hidden size, "
@@ -343,7 +354,9 @@ def _read_json(source: str, name: str) -> dict | list | None:
         try:
             from transformers.utils import cached_file
 
-            found = cached_file(source, name, _raise_exceptions_for_missing_entries=False)
+            from .hub import hub_kwargs
+
+            found = cached_file(source, name, _raise_exceptions_for_missing_entries=False, **hub_kwargs(source))
         except Exception:  # offline, not cached: it is only a convention file
             return None
         path = Path(found) if found else path
