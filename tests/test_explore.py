@@ -319,7 +319,9 @@ def test_explore_store_of_another_model_is_refused(tiny_encoder, tmp_path):
 
     from layerwise.cli import app
 
-    lw.extract_to_store(tiny_encoder, ud_sentences("dev", 5), tmp_path / "c.lw", layers="all")
+    lw.extract_to_store(
+        tiny_encoder, ud_sentences("dev", 5), tmp_path / "c.lw", lw.OutputPlan.parse(layers="all")
+    )
     result = CliRunner().invoke(
         app, ["explore", "--store", str(tmp_path / "c.lw"), "--no-open", "--device", "cpu"]
     )

@@ -24,7 +24,9 @@ def _closed_port() -> int:
 
 def _run(code: str, cache, tmp_path) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
-    env.update(HF_ENDPOINT=f"http://127.0.0.1:{_closed_port()}", HF_HUB_CACHE=str(cache), HF_HOME=str(tmp_path))
+    env.update(
+        HF_ENDPOINT=f"http://127.0.0.1:{_closed_port()}", HF_HUB_CACHE=str(cache), HF_HOME=str(tmp_path)
+    )
     return subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path
     )

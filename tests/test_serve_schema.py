@@ -61,3 +61,31 @@ def test_the_api_pages_load_nothing_from_elsewhere(served):
         ):
             if asset in html:
                 assert httpx.get(f"{served}{asset}").status_code == 200
+
+
+def test_the_schema_says_what_this_server_accepts(served):
+    """The served models' names, their depth and the encoder-only final norm are in /openapi.json,
+    and every pool and fuse spelling the schema lists is answered 200 (the schema is never wider
+    than the server)."""
+    schemas = httpx.get(f"{served}/openapi.json").json()["components"]["schemas"]
+    layers, embeddings = schemas["LayersRequest"]["properties"], schemas["EmbeddingsRequest"]["properties"]
+    assert {"type": "string", "enum": ["tiny"]} in embeddings["model"]["anyOf"]
+    assert layers["final_norm"]["anyOf"] == [{"type": "boolean"}, {"type": "null"}]  # no decoder served
+    assert schemas["AttentionRequest"]["properties"]["layer"]["maximum"] == 3
+    assert "sentence:mean" in layers["pool"]["enum"] and "word:first" in layers["pool"]["enum"]
+    sentence_pools = embeddings["pool"]["anyOf"][0]["enum"]
+    assert "mean" in sentence_pools and "word:first" not in sentence_pools
+    for pool in layers["pool"]["enum"]:
+        answer = httpx.post(f"{served}/v1/layers", json={"texts": ["a b"], "pool": pool}, headers=AUTH)
+        assert answer.status_code == 200, (pool, answer.text)
+    for pool in sentence_pools:
+        answer = httpx.post(f"{served}/v1/embeddings", json={"input": "a b", "pool": pool}, headers=AUTH)
+        assert answer.status_code == 200, (pool, answer.text)
+    bare, levelled = (
+        httpx.post(f"{served}/v1/embeddings", json={"input": "a b", "pool": p}, headers=AUTH).json()
+        for p in ("max", "sentence:max")
+    )
+    assert bare["data"][0]["embedding"] == levelled["data"][0]["embedding"]
+    for fuse in embeddings["fuse"]["anyOf"][0]["enum"]:
+        answer = httpx.post(f"{served}/v1/embeddings", json={"input": "a b", "fuse": fuse}, headers=AUTH)
+        assert answer.status_code == 200, (fuse, answer.text)

@@ -113,13 +113,14 @@ def test_the_packed_and_padded_forwards_norm_alike(decoder_folder):
 def test_an_encoder_refuses_a_final_norm(tiny_encoder, tmp_path):
     with pytest.raises(OptionError, match="final_norm='all' passes hidden states through a decoder"):
         tiny_encoder.extract(TEXTS, final_norm="all")
-    with pytest.raises(OptionError, match="is an encoder .*, which has none: leave final_norm out"):
+    with pytest.raises(OptionError, match=r"is an encoder .*, which has none: leave final_norm out"):
         lw.Encoder(tiny_encoder.source, final_norm="all")
     # True and False say the same of an encoder's states: both taken, here and at construction
     expected = tiny_encoder.embed(TEXTS)
     for value in (True, False):
         np.testing.assert_array_equal(tiny_encoder.embed(TEXTS, final_norm=value), expected)
-        np.testing.assert_array_equal(lw.Encoder(tiny_encoder.source, final_norm=value).embed(TEXTS), expected)
+        built = lw.Encoder(tiny_encoder.source, final_norm=value)
+        np.testing.assert_array_equal(built.embed(TEXTS), expected)
     result = cli("extract", _txt(tmp_path), "-o", tmp_path / "x.npz", "--model", tiny_encoder.source,
                  "--final-norm", "all")  # fmt: skip
     assert result.exit_code == 2 and "final_norm='all'" in result.output and not (tmp_path / "x.npz").exists()

@@ -51,6 +51,12 @@ def _pool_choices() -> list[str]:
     return ["token"] + [f"word:{m}" for m in SUBWORD_POOLS] + [f"sentence:{m}" for m in SENTENCE_POOLS]
 
 
+def pool_spellings() -> list[str]:
+    """Every ``pool`` string ``OutputPlan.parse`` takes: the levelled forms and the bare modes."""
+    bare = [*SENTENCE_POOLS, *(m for m in SUBWORD_POOLS if m not in SENTENCE_POOLS)]
+    return _pool_choices() + bare
+
+
 @dataclass(frozen=True)
 class OutputPlan:
     """Layers, level, pooling mode, special-token rule, fusion and output dtype of a run.

@@ -356,7 +356,9 @@ def _read_json(source: str, name: str) -> dict | list | None:
 
             from .hub import hub_kwargs
 
-            found = cached_file(source, name, _raise_exceptions_for_missing_entries=False, **hub_kwargs(source))
+            found = cached_file(
+                source, name, _raise_exceptions_for_missing_entries=False, **hub_kwargs(source)
+            )
         except Exception:  # offline, not cached: it is only a convention file
             return None
         path = Path(found) if found else path

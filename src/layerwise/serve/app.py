@@ -27,6 +27,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..errors import OptionError
 from ..features.plan import OutputPlan
+from ..features.pool import SENTENCE_POOLS
 from .admission import check_response_size, result_values, tokenise
 from .batcher import Batcher, Finish, Job
 from .docs_pages import add_docs_pages
@@ -44,6 +45,7 @@ from .schemas import (
     ModelsResponse,
     error_responses,
 )
+from .served_schema import describe_served
 
 if TYPE_CHECKING:
     from ..encoder import Encoder
@@ -114,9 +116,10 @@ def create_app(
         lifespan=lifespan,
         docs_url=None,  # served from this machine's files (docs_pages.py), not FastAPI's CDN pages
         redoc_url=None,
-        description="Every encoder layer of BERT-family models over HTTP. OpenAI-compatible "
+        description="Every layer of BERT-family encoders and decoder LMs over HTTP. OpenAI-compatible "
         "/v1/embeddings; /v1/layers for tokens, words and sentences at any layer.",
     )
+    describe_served(app, encoders)
     app.state.batcher, app.state.metrics, app.state.settings = batcher, metrics, settings
     app.router.route_class = mapped_route_class()  # every route's errors through the one mapping
     add_docs_pages(app)
@@ -388,11 +391,14 @@ def _embeddings_plan(encoder: Encoder, body: EmbeddingsRequest) -> OutputPlan:
         except OptionError as exc:
             raise ApiError(422, f"{exc}: pass pool (e.g. sentence:mean)", param="pool") from None
     normalize = body.normalize if body.normalize is not None else bool(st and st.normalize)
+    if pool in SENTENCE_POOLS:  # "mean" as Encoder.embed takes it
+        pool = f"sentence:{pool}"
     if not pool.startswith("sentence:"):
         raise ApiError(
             422,
-            f"pool={pool!r}: /v1/embeddings returns one vector per input; use sentence:mean, "
-            "sentence:cls or sentence:max, or /v1/layers for token and word vectors",
+            f"pool={pool!r}: /v1/embeddings returns one vector per input; use "
+            f"{', '.join(f'sentence:{mode}' for mode in SENTENCE_POOLS)} (or the bare mode), "
+            "or /v1/layers for token and word vectors",
             param="pool",
         )
     layers = body.layers if body.layers is not None or body.fuse is not None else -1

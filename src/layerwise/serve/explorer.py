@@ -13,7 +13,7 @@ import threading
 from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import numpy as np
 from fastapi import FastAPI
@@ -49,7 +49,9 @@ class TextRequest(_Strict):
 
 
 class NeighboursRequest(TextRequest):
-    token: int = Field(ge=0, description="Index of the token in the text's tokens ([CLS] = 0)")
+    token: int = Field(
+        ge=0, description="Index of the token in the text's tokens ([CLS] = 0); past the last one: 422"
+    )
     k: int = Field(5, ge=1, le=50)
 
 
@@ -58,12 +60,17 @@ class AttentionRequest(TextRequest):
 
 
 class LensRequest(TextRequest):
+    """The logit lens reads the model's language-model head: a model whose checkpoint has none (a
+    sentence-embedding model) answers 422 naming it."""
+
     k: int = Field(5, ge=1, le=50)
 
 
 class ProjectionRequest(_Strict):
     model: str | None = None
-    words: list[str] = Field(min_length=1, max_length=20)
+    words: list[Annotated[str, Field(pattern=r"\S")]] = Field(
+        min_length=1, max_length=20, description="Words to place (each with a non-space character)"
+    )
     projection: Literal["pca", "tsne", "umap"] = "pca"
 
 
