@@ -98,6 +98,14 @@ def main() -> None:
     rows = by_decoder.take_all()
     np.save(out / "decoder.npy", np.stack([r["embedding"] for r in rows]))
     report["decoder_texts"] = [r["text"] for r in rows]
+    # every setting that changes the numbers reaches the actors: bfloat16 weights, a 12-token cut, the
+    # final norm on every state (the middle layer's last token moves under each of the three)
+    chosen = lw.Settings(str(decoder), model_dtype="bfloat16", max_length=12, final_norm="all")
+    rows = lw.ray.embed(
+        ds, chosen, lw.OutputPlan.parse(layers="0.5", pool="sentence:last"), workers=2
+    ).take_all()
+    np.save(out / "decoder_settings.npy", np.stack([r["embedding"] for r in rows]))
+    report["decoder_settings_texts"] = [r["text"] for r in rows]
     (out / "report.json").write_text(json.dumps(report), encoding="utf-8")
 
 

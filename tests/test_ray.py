@@ -142,6 +142,14 @@ def test_ray_runs_equal_single_process(tmp_path, default_encoder, decoder_folder
     want = decoder_encoder("llama").embed(report["decoder_texts"], layers="0.5", pool="last")
     np.testing.assert_allclose(got, want, atol=1e-5)
 
+    # 3c. the settings travel to real Ray actors: bfloat16, max_length and final_norm as one process
+    got = np.load(tmp_path / "decoder_settings.npy")
+    texts_c = report["decoder_settings_texts"]
+    chosen = lw.Encoder(decoder, device="cpu", model_dtype="bfloat16", max_length=12, final_norm="all")
+    np.testing.assert_allclose(got, chosen.embed(texts_c, layers="0.5", pool="last"), atol=1e-5)
+    plain = decoder_encoder("llama").embed(texts_c, layers="0.5", pool="last")
+    assert np.abs(got - plain).max() > 1e-2  # each setting moves these vectors: a dropped one shows
+
 
 def test_ray_options_are_checked_before_ray_starts(tmp_path):
     from typer.testing import CliRunner
