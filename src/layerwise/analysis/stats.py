@@ -7,6 +7,10 @@
     intra_sentence_similarity
                        per layer: mean cosine between each word and its sentence's mean vector
 
+and, without labels, which layer to try (label_free.py, Skean et al. 2025): prompt_entropy,
+dataset_entropy, curvature, effective_rank, intrinsic_dimension, lidar, dime, infonce, and all of
+them at once with layer_metrics.
+
 Self- and intra-sentence similarity are reported minus the anisotropy of the same layer, as
 Ethayarajh (2019) does, so that 0 means "no more similar than two random words". Every function
 accepts LayerStacks (token level), WordVectors (word level) or an open store; the arrays of a
@@ -24,6 +28,18 @@ import numpy as np
 from ..errors import InputError, OptionError, check_choice
 from ..features.pool import pool_words
 from ..results import LayerStack, WordVectors
+from .label_free import (  # noqa: F401  (lw.analyze.<metric>: this module is lw.analyze)
+    LayerMetrics,
+    curvature,
+    dataset_entropy,
+    dime,
+    effective_rank,
+    infonce,
+    intrinsic_dimension,
+    layer_metrics,
+    lidar,
+    prompt_entropy,
+)
 
 Measure = Literal["cka", "cosine"]
 

@@ -1,0 +1,331 @@
+"""Which layer, without labels: the layer metrics of Skean et al., "Layer by Layer: Uncovering
+Hidden Representations in Language Models" (ICML 2025), one value per hidden state, all from one
+pass over the texts (or over a token-level store, with no model at all).
+
+    prompt_entropy       per text: how spread its tokens are (matrix entropy of their Gram)
+    dataset_entropy      over the set: how spread the texts' mean vectors are
+    curvature            per text: how sharply its token trajectory turns
+    effective_rank       over the set: RankMe (Garrido et al. 2023) of the texts' mean vectors
+    intrinsic_dimension  per text: TwoNN dimension of its tokens
+    lidar, dime, infonce over augmented views of each text (augment.py: extra forward passes)
+    layer_metrics        every metric at once, as a :class:`LayerMetrics` table
+
+Every metric is computed per text or over the whole set, never per mini-batch, so the values do not
+depend on the batch size or the order of the texts (the paper's code centres each mini-batch on its
+own). What is kept while streaming: running sums for the per-text metrics, and one mean vector per
+text and hidden state (n_texts x hidden states x width, float32) for the set-level ones.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..errors import InputError, OptionError
+from .spectra import center_unit, curvature_of, gram_eigenvalues, matrix_entropy, max_entropy, two_nn
+
+# For each metric: does a higher value mark a better layer? The paper's reading of each, fixed before
+# any labelled score was looked at (benchmarks/label_free_layers.py measures how well each picks).
+HIGHER_IS_BETTER: dict[str, bool] = {
+    "prompt_entropy": False,  # compression: intermediate layers discard token-level detail
+    "dataset_entropy": True,  # texts spread apart: more of the set's variety kept
+    "curvature": False,  # straighter token trajectories (Hosseini & Fedorenko 2023)
+    "effective_rank": True,  # RankMe: more dimensions in use
+    "intrinsic_dimension": True,  # the high-dimensional abstraction phase (Cheng et al. 2025)
+    "lidar": True,  # views of a text together, texts apart
+    "dime": True,  # views of a text agree more than random pairs
+    "infonce": False,  # a contrastive loss: lower is better
+}
+ONE_PASS_METRICS = ("prompt_entropy", "dataset_entropy", "curvature", "effective_rank", "intrinsic_dimension")
+VIEW_METRICS = ("lidar", "dime", "infonce")
+METRICS = ONE_PASS_METRICS + VIEW_METRICS
+
+
+# ---------------------------------------------------------------------------------------------- sources
+def token_stacks(source: Any, texts: Sequence[str] | None = None, **extract: Any) -> Iterator[Any]:
+    """LayerStacks (token level, every hidden state) of a source: LayerStacks, a token-level store,
+    or an Encoder with ``texts`` (extracted in one streaming pass; ``extract`` goes to iter_extract)."""
+    from ..store.reader import Store
+
+    if hasattr(source, "iter_extract"):
+        if texts is None:
+            raise OptionError("an Encoder source needs texts: layer_metrics(enc, texts)")
+        for _, stack in source.iter_extract(list(texts), layers="all", **extract):
+            yield stack
+        return
+    if texts is not None:
+        raise OptionError("texts go with an Encoder source; stacks and stores hold their own")
+    if isinstance(source, Store) and source.level != "token":
+        raise InputError(
+            f"a {source.level}-level store holds no token vectors; the label-free metrics read a "
+            "token-level store (layerwise extract ... --pool token)"
+        )
+    for item in source:
+        if not hasattr(item, "hidden") or np.ndim(item.hidden) != 3:
+            raise InputError(
+                f"cannot compute layer metrics of {type(item).__name__}; pass LayerStacks "
+                "(enc.extract(texts, layers='all')), a token-level store, or an Encoder and texts"
+            )
+        yield item
+
+
+# ---------------------------------------------------------------------------------------------- one pass
+@dataclass
+class _Running:
+    """Sums of the per-text metrics and the texts' mean vectors, filled one text at a time."""
+
+    alpha: float
+    sums: dict[str, np.ndarray] = field(default_factory=dict)
+    counts: dict[str, np.ndarray] = field(default_factory=dict)
+    means: list[np.ndarray] = field(default_factory=list)
+    layers: tuple[int, ...] | None = None
+
+    def add(self, stack: Any, wanted: set[str]) -> None:
+        if self.layers is None:
+            self.layers = tuple(stack.layers)
+        elif tuple(stack.layers) != self.layers:
+            raise InputError(
+                f"the stacks hold different hidden states: {self.layers} and {tuple(stack.layers)}"
+            )
+        hidden = np.asarray(stack.hidden, dtype=np.float64)  # (states, tokens, width)
+        self.means.append(hidden.mean(axis=1).astype(np.float32))
+        n, d = hidden.shape[1:]
+        units = center_unit(hidden)  # the paper's per-text normalisation of its tokens
+        if "prompt_entropy" in wanted and n >= 2:
+            self._put("prompt_entropy", matrix_entropy(units, self.alpha) / max_entropy(n, d))
+            self._put("prompt_entropy_raw", matrix_entropy(units, self.alpha))
+        if "curvature" in wanted and n >= 3:
+            self._put("curvature", curvature_of(hidden))  # the states themselves: see curvature()
+        if "intrinsic_dimension" in wanted and n >= 4:
+            self._put("intrinsic_dimension", np.array([two_nn(state) for state in units]))
+
+    def _put(self, name: str, values: np.ndarray) -> None:
+        finite = np.isfinite(values)
+        self.sums[name] = self.sums.get(name, 0.0) + np.where(finite, values, 0.0)
+        self.counts[name] = self.counts.get(name, 0) + finite
+
+    def mean_of(self, name: str) -> np.ndarray:
+        if name not in self.sums:
+            return np.full(len(self.layers or ()), np.nan)
+        return self.sums[name] / np.maximum(self.counts[name], 1) + np.where(self.counts[name] > 0, 0, np.nan)
+
+
+def set_entropy(means: np.ndarray, alpha: float = 1.0, *, normalized: bool = True) -> np.ndarray:
+    """Dataset entropy per hidden state of ``means`` (texts, states, width): the vectors centred on the
+    whole set's mean and scaled to unit length, then :func:`spectra.matrix_entropy` of their Gram."""
+    x = center_unit(np.asarray(means, dtype=np.float64).transpose(1, 0, 2))
+    values = matrix_entropy(x, alpha)
+    return values / max_entropy(*x.shape[1:]) if normalized else values
+
+
+def rankme(means: np.ndarray, eps: float = 1e-7) -> np.ndarray:
+    """RankMe per hidden state (Garrido et al. 2023): ``exp(-sum p_k ln p_k)``, p_k = sigma_k / sum sigma
+    + eps, of the singular values sigma of the texts' mean vectors as they are (uncentred, as RankMe
+    takes an encoder's output matrix)."""
+    x = np.asarray(means, dtype=np.float64).transpose(1, 0, 2)
+    sigma = np.sqrt(np.maximum(gram_eigenvalues(x, clamp=False), 0.0))  # of the trace-normalised Gram
+    p = sigma / sigma.sum(axis=-1, keepdims=True) + eps
+    return np.exp(-np.sum(p * np.log(p), axis=-1))
+
+
+def _one_pass(
+    source: Any, texts: Sequence[str] | None, wanted: set[str], alpha: float, extract: dict
+) -> tuple[_Running, np.ndarray]:
+    running = _Running(alpha)
+    for stack in token_stacks(source, texts, **extract):
+        running.add(stack, wanted)
+    if not running.means:
+        raise InputError("nothing to measure: the source holds no texts")
+    return running, np.stack(running.means)
+
+
+# ---------------------------------------------------------------------------------------------- the calls
+def prompt_entropy(
+    source: Any,
+    texts: Sequence[str] | None = None,
+    *,
+    alpha: float = 1.0,
+    normalized: bool = True,
+    **extract: Any,
+) -> np.ndarray:
+    """Prompt entropy per hidden state: for each text (of 2 tokens or more), its tokens centred and
+    scaled to unit length, the Gram matrix (its d x d dual when tokens outnumber dimensions) with
+    negative entries clamped to 0, divided by its trace; the alpha-Renyi entropy of its eigenvalues
+    (alpha = 1: von Neumann, nats); ``normalized``: divided by min(ln n_tokens, ln width) as the paper
+    plots it; averaged over texts. Every token counts, special tokens included, as in the paper."""
+    running, _ = _one_pass(source, texts, {"prompt_entropy"}, alpha, extract)
+    return running.mean_of("prompt_entropy" if normalized else "prompt_entropy_raw")
+
+
+def dataset_entropy(
+    source: Any,
+    texts: Sequence[str] | None = None,
+    *,
+    alpha: float = 1.0,
+    normalized: bool = True,
+    **extract: Any,
+) -> np.ndarray:
+    """Dataset entropy per hidden state: one mean vector per text (all its tokens), the set centred
+    on its own mean and each vector scaled to unit length, then the matrix entropy of the set as in
+    :func:`prompt_entropy` (normalised by min(ln n_texts, ln width)). Differs from the paper's code,
+    which normalises the tokens of each mini-batch together before pooling (its values change with
+    the batch size): here the raw states are pooled and the whole set is centred once."""
+    _, means = _one_pass(source, texts, set(), alpha, extract)
+    return set_entropy(means, alpha, normalized=normalized)
+
+
+def curvature(source: Any, texts: Sequence[str] | None = None, **extract: Any) -> np.ndarray:
+    """Curvature per hidden state (radians): for each text of 3 tokens or more, the mean angle between
+    consecutive differences of its token states, ``arccos(|v_k . v_k+1| / (|v_k| |v_k+1|))`` with the
+    paper's absolute value; averaged over texts. A straight trajectory has curvature 0. Computed on
+    the states as they are, as the paper defines it (after Hosseini & Fedorenko 2023); its code
+    centres and unit-scales the tokens first, which folds a straight trajectory onto two points and
+    turns its curvature into rounding noise (a test shows it)."""
+    running, _ = _one_pass(source, texts, {"curvature"}, 1.0, extract)
+    return running.mean_of("curvature")
+
+
+def effective_rank(source: Any, texts: Sequence[str] | None = None, **extract: Any) -> np.ndarray:
+    """RankMe per hidden state (Garrido et al. 2023), from the singular values of the matrix of the
+    texts' mean vectors (all tokens), uncentred: between 1 and min(n_texts, width)."""
+    _, means = _one_pass(source, texts, set(), 1.0, extract)
+    return rankme(means)
+
+
+def intrinsic_dimension(source: Any, texts: Sequence[str] | None = None, **extract: Any) -> np.ndarray:
+    """TwoNN intrinsic dimension per hidden state (Facco et al. 2017): for each text of 4 tokens or
+    more, the TwoNN estimate over its tokens (centred and scaled to unit length, as the paper's code
+    prepares them); averaged over texts. The paper's code reports 0 for the embeddings (hidden state
+    0) without computing it; here it is computed like any other."""
+    running, _ = _one_pass(source, texts, {"intrinsic_dimension"}, 1.0, extract)
+    return running.mean_of("intrinsic_dimension")
+
+
+def lidar(
+    encoder: Any, texts: Sequence[str], *, views: int = 8, seed: int = 0, alpha: float = 1.0, **extract: Any
+) -> np.ndarray:
+    """LiDAR per hidden state (Thilak et al. 2024, as Skean et al. compute it): see
+    :func:`augment.lidar_of`. ``views`` augmented copies of each text: ``views`` extra forward passes."""
+    from .augment import lidar_of, view_means
+
+    return lidar_of(view_means(encoder, texts, views=views, seed=seed, **extract), alpha=alpha)
+
+
+def dime(
+    encoder: Any,
+    texts: Sequence[str],
+    *,
+    seed: int = 0,
+    alpha: float = 1.0,
+    permutations: int = 10,
+    **extract: Any,
+) -> np.ndarray:
+    """DiME per hidden state (Skean et al. 2023): see :func:`augment.dime_of`. Two augmented views of
+    each text: two extra forward passes."""
+    from .augment import dime_of, view_means
+
+    means = view_means(encoder, texts, views=2, seed=seed, **extract)
+    return dime_of(means, alpha=alpha, permutations=permutations, seed=seed)
+
+
+def infonce(
+    encoder: Any, texts: Sequence[str], *, seed: int = 0, temperature: float = 0.1, **extract: Any
+) -> np.ndarray:
+    """InfoNCE per hidden state: see :func:`augment.infonce_of`. Two augmented views of each text:
+    two extra forward passes."""
+    from .augment import infonce_of, view_means
+
+    return infonce_of(view_means(encoder, texts, views=2, seed=seed, **extract), temperature=temperature)
+
+
+# ---------------------------------------------------------------------------------------------- the table
+@dataclass(frozen=True)
+class LayerMetrics:
+    """Label-free metrics per hidden state: ``values[metric]`` has one value per ``layers`` entry."""
+
+    layers: tuple[int, ...]
+    values: dict[str, np.ndarray]
+    n_texts: int
+
+    def best(self, metric: str) -> int:
+        """The hidden state a metric picks: its best value (see HIGHER_IS_BETTER) among the layers'
+        outputs, hidden states 1.. (the embeddings, state 0, are not contextual)."""
+        values = np.asarray(self.values[metric], dtype=np.float64)
+        candidates = [k for k, layer in enumerate(self.layers) if layer > 0 and np.isfinite(values[k])]
+        if not candidates:
+            raise InputError(f"{metric} has no value for any layer past the embeddings")
+        sign = 1.0 if HIGHER_IS_BETTER[metric] else -1.0
+        return self.layers[max(candidates, key=lambda k: sign * values[k])]
+
+    def as_dict(self) -> dict:
+        return {
+            "layers": list(self.layers),
+            "n_texts": self.n_texts,
+            "metrics": {
+                name: [None if not np.isfinite(v) else float(v) for v in vals]
+                for name, vals in self.values.items()
+            },
+            "best": {name: self.best(name) for name in self.values},
+        }
+
+
+def layer_metrics(
+    source: Any,
+    texts: Sequence[str] | None = None,
+    *,
+    metrics: str | Iterable[str] = "all",
+    alpha: float = 1.0,
+    seed: int = 0,
+    views: int = 8,
+    **extract: Any,
+) -> LayerMetrics:
+    """Every requested metric for every hidden state, from one pass over ``source`` (LayerStacks, a
+    token-level store, or an Encoder with ``texts``). ``metrics``: "all" (the view metrics need an
+    Encoder and add ``views`` forward passes; without one, "all" means the one-pass metrics), "one-pass",
+    or names from METRICS."""
+    names = _metric_names(metrics, has_encoder=hasattr(source, "iter_extract"))
+    running, means = _one_pass(source, texts, set(names), alpha, extract)
+    values: dict[str, np.ndarray] = {}
+    for name in names:
+        if name in ("prompt_entropy", "curvature", "intrinsic_dimension"):
+            values[name] = running.mean_of(name)
+        elif name == "dataset_entropy":
+            values[name] = set_entropy(means, alpha)
+        elif name == "effective_rank":
+            values[name] = rankme(means)
+    viewed = [name for name in names if name in VIEW_METRICS]
+    if viewed:
+        from .augment import dime_of, infonce_of, lidar_of, view_means
+
+        view_vectors = view_means(
+            source, texts or [], views=views if "lidar" in viewed else 2, seed=seed, **extract
+        )
+        if "lidar" in viewed:
+            values["lidar"] = lidar_of(view_vectors, alpha=alpha)
+        if "dime" in viewed:
+            values["dime"] = dime_of(view_vectors[:, :2], alpha=alpha, seed=seed)
+        if "infonce" in viewed:
+            values["infonce"] = infonce_of(view_vectors[:, :2])
+    return LayerMetrics(running.layers or (), values, len(means))
+
+
+def _metric_names(metrics: str | Iterable[str], *, has_encoder: bool) -> list[str]:
+    if metrics == "all":
+        return list(METRICS if has_encoder else ONE_PASS_METRICS)
+    if metrics == "one-pass":
+        return list(ONE_PASS_METRICS)
+    names = [metrics] if isinstance(metrics, str) else list(metrics)
+    unknown = [n for n in names if n not in METRICS]
+    if unknown:
+        raise OptionError(
+            f"unknown metric {unknown[0]!r}; choose from {', '.join(METRICS)}, 'all' or 'one-pass'"
+        )
+    if not has_encoder and any(n in VIEW_METRICS for n in names):
+        raise OptionError(
+            f"{', '.join(n for n in names if n in VIEW_METRICS)} compare augmented views of each text, which "
+            "needs the model: pass an Encoder and texts, or leave them out"
+        )
+    return names

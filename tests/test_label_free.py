@@ -1,0 +1,254 @@
+"""Label-free layer metrics (Skean et al. 2025) against references written here with explicit loops
+and numpy.linalg.eigvalsh of explicit Gram matrices, known answers, and the invariances the paper's
+code lacks (batch size, input order)."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import numpy as np
+import pytest
+from conftest import needs_smollm2, ud_sentences
+
+import layerwise as lw
+from layerwise.analysis import augment, label_free, spectra
+from layerwise.errors import InputError, OptionError
+
+TEXTS = ud_sentences("dev", 40)
+
+
+# ---------------------------------------------------------------------------------------------- references
+def ref_normalise(rows: np.ndarray) -> np.ndarray:
+    mean = [sum(rows[i][j] for i in range(len(rows))) / len(rows) for j in range(rows.shape[1])]
+    out = np.array([[r[j] - mean[j] for j in range(len(mean))] for r in rows])
+    return np.array([r / math.sqrt(sum(v * v for v in r)) for r in out])
+
+
+def ref_entropy_of(rows: np.ndarray, alpha: float) -> float:
+    """The paper's recipe spelled out: Gram (its d x d dual when n > d), clamp, trace, eigvalsh."""
+    n, d = rows.shape
+    vectors = rows.T if n > d else rows
+    gram = np.array([[max(float(np.dot(a, b)), 0.0) for b in vectors] for a in vectors])
+    eigenvalues = [e for e in np.linalg.eigvalsh(gram / np.trace(gram)) if e > 0]
+    p = np.array(eigenvalues) / sum(eigenvalues)
+    if alpha == 1:
+        return -sum(x * math.log(x) for x in p)
+    return math.log(sum(x**alpha for x in p)) / (1 - alpha)
+
+
+def ref_prompt_entropy(stacks, alpha: float = 1.0) -> np.ndarray:
+    out = []
+    for s in range(stacks[0].hidden.shape[0]):
+        values = []
+        for stack in stacks:
+            rows = stack.hidden[s].astype(np.float64)
+            n, d = rows.shape
+            if n < 2:
+                continue  # one token has no spread: left out, as layerwise leaves it out
+            values.append(ref_entropy_of(ref_normalise(rows), alpha) / min(math.log(n), math.log(d)))
+        out.append(sum(values) / len(values))
+    return np.array(out)
+
+
+def ref_curvature(stacks) -> np.ndarray:
+    out = []
+    for s in range(stacks[0].hidden.shape[0]):
+        per_text = []
+        for stack in stacks:
+            x = stack.hidden[s].astype(np.float64)
+            if len(x) < 3:
+                continue
+            angles = []
+            for k in range(1, len(x) - 1):
+                a, b = x[k] - x[k - 1], x[k + 1] - x[k]
+                cosine = abs(float(np.dot(a, b))) / (np.linalg.norm(a) * np.linalg.norm(b))
+                angles.append(math.acos(min(cosine, 1.0)))
+            per_text.append(sum(angles) / len(angles))
+        out.append(sum(per_text) / len(per_text))
+    return np.array(out)
+
+
+def ref_two_nn(x: np.ndarray) -> float:
+    x = [np.array(row) for row in sorted({tuple(row) for row in x.tolist()})]  # a repeated row counts once
+    n = len(x)
+    mus = []
+    for i in range(n):
+        distances = sorted(math.dist(x[i], x[j]) for j in range(n) if j != i)
+        mus.append(distances[1] / distances[0])
+    logs = sorted(math.log(m) for m in mus)[: int(n * 0.9)]
+    y = [-math.log(1 - (i + 1) / n) for i in range(len(logs))]
+    return sum(a * b for a, b in zip(logs, y, strict=True)) / sum(a * a for a in logs)
+
+
+# ---------------------------------------------------------------------------------------------- known answers
+def test_known_answers():
+    rng = np.random.default_rng(0)
+    basis = np.linalg.qr(rng.normal(size=(32, 32)))[0][:10]  # 10 orthonormal rows in 32 dimensions
+    for alpha in (1.0, 2.0, 0.5):
+        assert spectra.matrix_entropy(basis, alpha) == pytest.approx(math.log(10), abs=1e-12)
+    # centred, 10 orthonormal rows have 9 equal eigenvalues (ln 9); their cosines are all -1/9, which
+    # the paper's clamp sets to 0: the identity again (ln 10)
+    centred = spectra.center_unit(basis)
+    assert spectra.matrix_entropy(centred, clamp=False) == pytest.approx(math.log(9), abs=1e-12)
+    assert spectra.matrix_entropy(centred) == pytest.approx(math.log(10), abs=1e-12)
+    line = np.outer(np.sort(rng.normal(size=12)), rng.normal(size=16)) + rng.normal(size=16)
+    assert spectra.curvature_of(line) == pytest.approx(0.0, abs=1e-7)
+    # the paper's code centres and unit-scales tokens first: a straight line folds onto two points and
+    # its curvature becomes rounding noise (why layerwise measures the states as they are)
+    assert spectra.curvature_of(spectra.center_unit(line)) > 0.5
+    square = np.array([[0, 0], [1, 0], [1, 1], [0, 1]], dtype=float)  # every turn a right angle
+    assert spectra.curvature_of(square) == pytest.approx(math.pi / 2)
+    plane = rng.uniform(size=(1500, 2)) @ rng.normal(size=(2, 10))  # a 2-d sheet in 10 dimensions
+    assert spectra.two_nn(plane) == pytest.approx(2.0, abs=0.15)
+
+
+def test_two_nn_and_entropy_match_the_loops():
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(40, 6))
+    assert spectra.two_nn(x) == pytest.approx(ref_two_nn(x), rel=1e-9)
+    for shape in ((12, 30), (50, 8)):  # the n x n Gram and the d x d dual, each with its clamp
+        rows = spectra.center_unit(rng.normal(size=shape))
+        for alpha in (1.0, 2.0):
+            assert spectra.matrix_entropy(rows, alpha) == pytest.approx(ref_entropy_of(rows, alpha), abs=1e-9)
+
+
+# ---------------------------------------------------------------------------------------------- real models
+def _check_one_pass(stacks):
+    np.testing.assert_allclose(lw.analyze.prompt_entropy(stacks), ref_prompt_entropy(stacks), atol=1e-6)
+    np.testing.assert_allclose(
+        lw.analyze.prompt_entropy(stacks, alpha=2, normalized=False),
+        ref_prompt_entropy(stacks, 2.0) * 0 + [
+            np.mean([ref_entropy_of(ref_normalise(s.hidden[k].astype(np.float64)), 2.0) for s in stacks
+                     if s.n_tokens >= 2])
+            for k in range(stacks[0].hidden.shape[0])
+        ],
+        atol=1e-6,
+    )  # fmt: skip
+    np.testing.assert_allclose(lw.analyze.curvature(stacks), ref_curvature(stacks), atol=1e-6)
+    dims = [
+        np.mean(
+            [ref_two_nn(ref_normalise(s.hidden[k].astype(np.float64))) for s in stacks if s.n_tokens >= 4]
+        )
+        for k in range(stacks[0].hidden.shape[0])
+    ]
+    np.testing.assert_allclose(lw.analyze.intrinsic_dimension(stacks), dims, atol=1e-6)
+    means = np.array([[s.hidden[k].astype(np.float64).mean(axis=0) for k in range(s.hidden.shape[0])]
+                      for s in stacks])  # fmt: skip
+    n, states, d = means.shape
+    expected_entropy, expected_rank = [], []
+    for k in range(states):
+        rows = ref_normalise(means[:, k])
+        expected_entropy.append(ref_entropy_of(rows, 1.0) / min(math.log(n), math.log(d)))
+        sigma = np.linalg.svd(means[:, k], compute_uv=False)
+        p = sigma / sigma.sum() + 1e-7
+        expected_rank.append(math.exp(-sum(x * math.log(x) for x in p)))
+    np.testing.assert_allclose(lw.analyze.dataset_entropy(stacks), expected_entropy, atol=1e-6)
+    np.testing.assert_allclose(lw.analyze.effective_rank(stacks), expected_rank, rtol=1e-6)
+
+
+def test_one_pass_metrics_match_the_references_on_the_default_model(default_encoder):
+    _check_one_pass(default_encoder.extract(TEXTS[:12], layers="all"))
+
+
+@needs_smollm2
+def test_one_pass_metrics_match_the_references_on_smollm2(smollm2):
+    _check_one_pass(smollm2.extract(TEXTS[:6], layers="all"))
+
+
+def test_view_metrics_match_the_references(default_encoder):
+    texts = TEXTS[:10]
+    means = augment.view_means(default_encoder, texts, views=3, seed=5)
+    ordered = sorted(texts)
+    for i, text in enumerate(ordered):  # each view is the mean of its augmented copy's tokens
+        copy = augment.augment(text, seed=5, view=2)
+        assert copy != text
+        expected = default_encoder.extract(copy, layers="all").hidden.mean(axis=1)
+        np.testing.assert_allclose(means[i, 2], expected, atol=1e-5)
+    n, v, states, d = means.shape
+    lidar, dime, infonce = [], [], []
+    for k in range(states):
+        z = ref_normalise(means[:, :, k].reshape(n * v, d).astype(np.float64)).reshape(n, v, d)
+        class_means = z.mean(axis=1)
+        grand = z.reshape(-1, d).mean(axis=0)
+        between = sum(np.outer(m - grand, m - grand) for m in class_means) / n
+        within = sum(np.outer(z[i, j] - class_means[i], z[i, j] - class_means[i]) for i in range(n)
+                     for j in range(v)) / (n * v) + 1e-4 * np.eye(d)  # fmt: skip
+        eigenvalues, vectors = np.linalg.eigh(within)
+        root = vectors @ np.diag(eigenvalues**-0.5) @ vectors.T
+        lda = np.linalg.eigvalsh(root @ between @ root)
+        p = lda[lda > 0] / lda[lda > 0].sum()
+        lidar.append(-sum(x * math.log(x) for x in p) / min(math.log(n), math.log(d)))
+        # DiME and InfoNCE on the first two views, centred over those two
+        z2 = ref_normalise(means[:, :2, k].reshape(2 * n, d).astype(np.float64)).reshape(n, 2, d)
+        a, b = z2[:, 0], z2[:, 1]
+
+        def h(joint):
+            e = np.linalg.eigvalsh(joint / np.trace(joint))
+            e = e[e > 0] / e[e > 0].sum()
+            return -sum(x * math.log(x) for x in e)
+
+        ka, kb = a @ a.T, b @ b.T
+        perms = [np.random.default_rng([7, t]).permutation(n) for t in range(4)]
+        shuffled = sum(h(ka * kb[p][:, p]) for p in perms) / 4
+        dime.append((shuffled - h(ka * kb)) / min(math.log(n), math.log(d)))
+        z_all = list(a) + list(b)
+        losses = []
+        for i in range(2 * n):
+            pos = math.exp(float(z_all[i] @ z_all[(i + n) % (2 * n)]) / 0.1)
+            neg = sum(math.exp(float(z_all[i] @ z_all[j]) / 0.1) for j in range(2 * n) if j % n != i % n)
+            losses.append(-math.log(pos / (pos + neg)))
+        infonce.append(sum(losses) / len(losses))
+    np.testing.assert_allclose(augment.lidar_of(means), lidar, atol=1e-6)
+    np.testing.assert_allclose(augment.dime_of(means, permutations=4, seed=7), dime, atol=1e-6)
+    np.testing.assert_allclose(augment.infonce_of(means), infonce, atol=1e-6)
+
+
+# ---------------------------------------------------------------------------------------------- invariances
+def test_values_do_not_depend_on_batch_size_or_order(default_encoder):
+    texts = TEXTS[:24]
+    shuffled = texts[:]
+    random.Random(3).shuffle(shuffled)
+    runs = [
+        lw.analyze.layer_metrics(default_encoder, order, views=3, batch_size=size)
+        for size, order in ((1, texts), (7, texts), (32, texts), (32, shuffled))
+    ]
+    assert set(runs[0].values) == set(label_free.METRICS)
+    for run in runs[1:]:
+        for name, values in runs[0].values.items():
+            np.testing.assert_allclose(run.values[name], values, rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def test_sources_agree_and_wrong_ones_are_refused(default_encoder, tmp_path):
+    texts = TEXTS[:8]
+    stacks = default_encoder.extract(texts, layers="all")
+    from_stacks = lw.analyze.layer_metrics(stacks)
+    store = lw.extract_to_store(
+        default_encoder, texts, tmp_path / "t.lw", lw.OutputPlan.parse(dtype="float32")
+    )
+    from_store = lw.analyze.layer_metrics(lw.open_store(store.path))
+    assert from_store.layers == from_stacks.layers == tuple(range(7)) and from_store.n_texts == 8
+    for name in label_free.ONE_PASS_METRICS:
+        np.testing.assert_allclose(from_store.values[name], from_stacks.values[name], atol=1e-6)
+    table = from_stacks.as_dict()
+    assert table["best"]["prompt_entropy"] == 1 + int(np.argmin(from_stacks.values["prompt_entropy"][1:]))
+    assert table["best"]["effective_rank"] == 1 + int(np.argmax(from_stacks.values["effective_rank"][1:]))
+
+    pooled = lw.extract_to_store(default_encoder, texts, tmp_path / "s.lw", lw.OutputPlan.parse(pool="mean"))
+    with pytest.raises(InputError, match="a sentence-level store holds no token vectors"):
+        lw.analyze.layer_metrics(lw.open_store(pooled.path))
+    with pytest.raises(OptionError, match=r"lidar compare augmented views .* pass an Encoder and texts"):
+        lw.analyze.layer_metrics(stacks, metrics=["lidar"])
+    with pytest.raises(OptionError, match="unknown metric 'entropy'; choose from prompt_entropy"):
+        lw.analyze.layer_metrics(stacks, metrics=["entropy"])
+    with pytest.raises(OptionError, match="an Encoder source needs texts"):
+        lw.analyze.layer_metrics(default_encoder)
+
+
+def test_augmentations_are_seeded_and_positionless():
+    text = "the quick brown fox jumps over the lazy dog while the cat sleeps on the warm mat"
+    views = [augment.augment(text, seed=0, view=v) for v in range(6)]
+    assert views == [augment.augment(text, seed=0, view=v) for v in range(6)]
+    assert len(set(views)) == 6 and text not in views
+    assert augment.augment("word", seed=0, view=0) != "word" and augment.augment("", seed=0, view=0) == ""
+    assert augment.augment(text, seed=1, view=0) != views[0]
