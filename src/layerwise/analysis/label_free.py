@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import InputError, OptionError
-from .spectra import center_unit, curvature_of, gram_eigenvalues, matrix_entropy, max_entropy, two_nn
+from .spectra import center_unit, curvature_of, gram_eigenvalues, matrix_entropy, max_entropy, two_nn_states
 
 # For each metric: does a higher value mark a better layer? The paper's reading of each, fixed before
 # any labelled score was looked at (benchmarks/label_free_layers.py measures how well each picks).
@@ -100,7 +100,7 @@ class _Running:
         if "curvature" in wanted and n >= 3:
             self._put("curvature", curvature_of(hidden))  # the states themselves: see curvature()
         if "intrinsic_dimension" in wanted and n >= 4:
-            self._put("intrinsic_dimension", np.array([two_nn(state) for state in units]))
+            self._put("intrinsic_dimension", two_nn_states(units))
 
     def _put(self, name: str, values: np.ndarray) -> None:
         finite = np.isfinite(values)
@@ -287,15 +287,19 @@ def layer_metrics(
     Encoder and add ``views`` forward passes; without one, "all" means the one-pass metrics), "one-pass",
     or names from METRICS."""
     names = _metric_names(metrics, has_encoder=hasattr(source, "iter_extract"))
-    running, means = _one_pass(source, texts, set(names), alpha, extract)
     values: dict[str, np.ndarray] = {}
-    for name in names:
-        if name in ("prompt_entropy", "curvature", "intrinsic_dimension"):
-            values[name] = running.mean_of(name)
-        elif name == "dataset_entropy":
-            values[name] = set_entropy(means, alpha)
-        elif name == "effective_rank":
-            values[name] = rankme(means)
+    layers: tuple[int, ...] = ()
+    n_texts = len(texts or ())
+    if any(name in ONE_PASS_METRICS for name in names):
+        running, means = _one_pass(source, texts, set(names), alpha, extract)
+        layers, n_texts = running.layers or (), len(means)
+        for name in names:
+            if name in ("prompt_entropy", "curvature", "intrinsic_dimension"):
+                values[name] = running.mean_of(name)
+            elif name == "dataset_entropy":
+                values[name] = set_entropy(means, alpha)
+            elif name == "effective_rank":
+                values[name] = rankme(means)
     viewed = [name for name in names if name in VIEW_METRICS]
     if viewed:
         from .augment import dime_of, infonce_of, lidar_of, view_means
@@ -303,13 +307,14 @@ def layer_metrics(
         view_vectors = view_means(
             source, texts or [], views=views if "lidar" in viewed else 2, seed=seed, **extract
         )
+        layers = layers or tuple(range(view_vectors.shape[2]))
         if "lidar" in viewed:
             values["lidar"] = lidar_of(view_vectors, alpha=alpha)
         if "dime" in viewed:
             values["dime"] = dime_of(view_vectors[:, :2], alpha=alpha, seed=seed)
         if "infonce" in viewed:
             values["infonce"] = infonce_of(view_vectors[:, :2])
-    return LayerMetrics(running.layers or (), values, len(means))
+    return LayerMetrics(layers, {name: values[name] for name in names}, n_texts)
 
 
 def _metric_names(metrics: str | Iterable[str], *, has_encoder: bool) -> list[str]:

@@ -88,21 +88,39 @@ def two_nn(x: np.ndarray, *, fraction: float = 0.9) -> float:
     sorted ln mu_i regressed through the origin against -ln(1 - i/n), i = 1.., as dadapy's
     ``compute_id_2NN`` does. Repeated rows count once (dadapy's ``remove_identical_points``): a
     decoder's embeddings repeat for a repeated token. NaN below 3 distinct points."""
-    x = np.unique(np.asarray(x, dtype=np.float64), axis=0)
-    if x.shape[0] < 3:
-        return float("nan")
-    squared = np.sum(x * x, axis=1)
-    distances = np.sqrt(np.maximum(squared[:, None] + squared[None, :] - 2.0 * x @ x.T, 0.0))
-    np.fill_diagonal(distances, np.inf)
-    nearest = np.sort(distances, axis=1)[:, :2]
-    if not np.all(nearest[:, 0] > 0):  # distinct rows closer than rounding can tell apart
-        return float("nan")
-    mus = nearest[:, 1] / nearest[:, 0]
-    n = mus.shape[0]
-    n_fit = int(n * fraction)
-    if n_fit < 2:
-        return float("nan")
-    log_mu = np.sort(np.log(mus))[:n_fit]
-    y = -np.log(1.0 - np.arange(1, n_fit + 1) / n)
-    denominator = float(log_mu @ log_mu)
-    return float(log_mu @ y / denominator) if denominator > 0 else float("nan")
+    return float(two_nn_states(np.asarray(x)[None], fraction=fraction)[0])
+
+
+def two_nn_states(x: np.ndarray, *, fraction: float = 0.9) -> np.ndarray:
+    """:func:`two_nn` of each of ``x``'s leading entries (states, n, d), with one batched distance
+    computation for all of them."""
+    x = np.asarray(x, dtype=np.float64)
+    states, n = x.shape[:2]
+    squared = np.sum(x * x, axis=-1)
+    d2 = np.maximum(squared[:, :, None] + squared[:, None, :] - 2.0 * (x @ np.swapaxes(x, -1, -2)), 0.0)
+    d2[:, np.arange(n), np.arange(n)] = np.inf
+    repeated = np.zeros((states, n), dtype=bool)  # a later copy of an earlier row: left out
+    tiny = 1e-9 * max(1.0, float(squared.max(initial=0.0)))  # candidates, checked for equality below
+    for s, i, j in np.argwhere(d2 <= tiny):
+        if i < j and not repeated[s, i] and np.array_equal(x[s, i], x[s, j]):
+            repeated[s, j] = True
+    d2[repeated[:, :, None] | repeated[:, None, :]] = np.inf
+    nearest = np.sort(np.partition(d2, min(1, n - 1), axis=-1)[..., :2], axis=-1) if n >= 2 else None
+    out = np.full(states, np.nan)
+    for s in range(states):
+        kept = ~repeated[s]
+        if nearest is None or kept.sum() < 3:
+            continue
+        r1, r2 = nearest[s, kept, 0], nearest[s, kept, 1]
+        if not np.all(r1 > 0):  # distinct rows closer than rounding can tell apart
+            continue
+        mus = np.sqrt(r2 / r1)
+        m = mus.shape[0]
+        n_fit = int(m * fraction)
+        if n_fit < 2:
+            continue
+        log_mu = np.sort(np.log(mus))[:n_fit]
+        y = -np.log(1.0 - np.arange(1, n_fit + 1) / m)
+        denominator = float(log_mu @ log_mu)
+        out[s] = float(log_mu @ y / denominator) if denominator > 0 else np.nan
+    return out
