@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 
@@ -9,6 +10,7 @@ import numpy as np
 import pytest
 
 import layerwise as lw
+from layerwise.analysis.label_free import ONE_PASS_METRICS
 from layerwise.analysis.stats import linear_cka
 
 RNG = np.random.default_rng(0)
@@ -66,7 +68,7 @@ def test_intra_sentence_similarity(tiny_encoder):
 
 def test_statistics_on_a_store_match_memory(tmp_path, tiny_encoder):
     texts = ["The bank raised rates.", "We sat on the river bank.", "Hi there, friend."]
-    lw.extract_to_store(tiny_encoder, texts, tmp_path / "c.lw", dtype="float32")
+    lw.extract_to_store(tiny_encoder, texts, tmp_path / "c.lw", lw.OutputPlan.parse(dtype="float32"))
     store = lw.open_store(tmp_path / "c.lw")
     from_store = lw.analyze.layer_similarity(store)
     from_memory = lw.analyze.layer_similarity(tiny_encoder.extract(texts))
@@ -101,6 +103,13 @@ def test_report_embeds_figures_and_tables(report):
     assert html.count("<table>") >= 3 and "<td>bank</td>" in html
     assert (report.parent / "stats.json").exists() and (report.parent / "projection.png").exists()
     assert 'src="http' not in html  # self-contained
+    # the label-free section: a figure per metric with its pick, the table, the layer to try first
+    stats = json.loads((report.parent / "stats.json").read_text(encoding="utf-8"))
+    label_free = stats["label_free"]
+    assert set(label_free["metrics"]) == set(ONE_PASS_METRICS)
+    assert "Which layer, without labels?" in html and "Try hidden state " in html
+    for name, best in label_free["best"].items():
+        assert (report.parent / f"{name}.png").exists() and 1 <= best <= 3
 
 
 def test_report_renders_in_headless_chromium(report, tmp_path):

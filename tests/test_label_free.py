@@ -4,6 +4,7 @@ code lacks (batch size, input order)."""
 
 from __future__ import annotations
 
+import json
 import math
 import random
 
@@ -252,3 +253,67 @@ def test_augmentations_are_seeded_and_positionless():
     assert len(set(views)) == 6 and text not in views
     assert augment.augment("word", seed=0, view=0) != "word" and augment.augment("", seed=0, view=0) == ""
     assert augment.augment(text, seed=1, view=0) != views[0]
+
+
+# ---------------------------------------------------------------------------------------------- the answer
+def test_the_recommendation_follows_the_best_measured_rule(monkeypatch):
+    from layerwise.analysis import layer_choice
+
+    values = {"curvature": np.array([0.9, 0.5, 0.2, 0.4, 0.6]), "dime": np.array([0.0, 0.1, 0.2, 0.5, 0.3])}
+    metrics = label_free.LayerMetrics((0, 1, 2, 3, 4), values, n_texts=10)
+    rules = {
+        "rules": {
+            "dime": {"mean_regret_points": 0.5, "within_one_point": "5/6"},
+            "curvature": {"mean_regret_points": 2.0, "within_one_point": "2/6"},
+            "middle (L/2)": {"mean_regret_points": 1.2, "within_one_point": "4/6"},
+            "last (L)": {"mean_regret_points": 6.0, "within_one_point": "1/6"},
+        },
+        "ranked": ["dime", "middle (L/2)", "curvature", "last (L)"],
+        "cases": 6,
+    }
+    monkeypatch.setattr(layer_choice, "benchmark_rules", lambda: rules)
+    choice = layer_choice.recommend(metrics)
+    assert (choice.layer, choice.rule) == (3, "dime")  # dime's highest value past the embeddings
+    assert str(choice).startswith("Try hidden state 3 first: the layer with the highest dime.")
+    assert "0.5 points below the best layer (within one point in 5/6 cases)" in choice.reason
+    assert "the next rules: the middle layer (hidden state L/2) (1.2)" in choice.reason
+    # without the view metrics, the next rule that applies: the middle layer, round(4 / 2)
+    one_pass = label_free.LayerMetrics((0, 1, 2, 3, 4), {"curvature": values["curvature"]}, n_texts=10)
+    assert (layer_choice.recommend(one_pass).layer, layer_choice.recommend(one_pass).rule) == (
+        2,
+        "middle (L/2)",
+    )
+
+
+def test_the_shipped_rules_are_the_benchmarks_own():
+    from layerwise.analysis import layer_choice
+
+    rules = layer_choice.benchmark_rules()
+    ranked = rules["ranked"]
+    assert set(ranked) == {*label_free.METRICS, "middle (L/2)", "last (L)"}
+    regrets = [rules["rules"][rule]["mean_regret_points"] for rule in ranked]
+    assert regrets == sorted(regrets) and rules["cases"] >= 9
+
+
+def test_layers_command(tmp_path, tiny_encoder):
+    from typer.testing import CliRunner
+
+    from layerwise.analysis.layer_choice import recommend
+    from layerwise.cli import app
+
+    source = tmp_path / "texts.txt"
+    source.write_text("\n".join(TEXTS[:12]) + "\n", encoding="utf-8")
+    runner = CliRunner()
+    result = runner.invoke(app, ["layers", str(source), "--model", tiny_encoder.source, "--views", "2",
+                                 "--json", str(tmp_path / "l.json"), "--quiet"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    table = json.loads((tmp_path / "l.json").read_text())
+    expected = recommend(lw.analyze.layer_metrics(tiny_encoder, TEXTS[:12], views=2))
+    assert (
+        table["recommendation"]["layer"] == expected.layer
+        and f"Try hidden state {expected.layer} first" in result.output
+    )
+    assert set(table["metrics"]) == set(label_free.METRICS) and table["layers"] == [0, 1, 2, 3]
+    assert "hidden state" in result.output and "(higher)" in result.output
+    refused = runner.invoke(app, ["layers", str(source), "--model", tiny_encoder.source, "--views", "1"])
+    assert refused.exit_code == 2 and "--views 1 compares nothing" in refused.output

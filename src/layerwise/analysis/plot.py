@@ -108,11 +108,18 @@ def plot_lines(
     title: str,
     ylabel: str,
     xlabel: str = "layer (0 = embeddings)",
+    best: int | None = None,
 ) -> Path:
+    """One line per series over the layers; ``best``: a layer to mark (a star on every series)."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6, 3.6), dpi=110)
     for name, values in series.items():
         ax.plot(list(layers), values, "o-", label=name)
+        if best is not None and best in layers:
+            k = list(layers).index(best)
+            ax.plot([best], [values[k]], "*", color="#d62728", markersize=16, zorder=5)
+    if best is not None:
+        ax.axvline(best, color="#d62728", lw=1, ls="--", alpha=0.6, label=f"pick: hidden state {best}")
     ax.set_xticks(list(layers))
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)

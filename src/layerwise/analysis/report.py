@@ -21,6 +21,7 @@ from .. import __version__
 from ..errors import InputError, check_choice
 from ..features.pool import pool_words
 from ..results import LayerStack
+from .label_free import HIGHER_IS_BETTER, LayerMetrics, layer_metrics
 from .plot import plot_heatmap, plot_lines, plot_projections
 from .stats import anisotropy, drift, intra_sentence_similarity, layer_similarity, self_similarity
 
@@ -104,6 +105,7 @@ def write_report(
     intra = intra_sentence_similarity(word_vectors)
     selfsim = self_similarity(word_vectors, chosen) if chosen else {}
     n_tokens = sum(s.n_tokens for s in stacks)
+    label_free = layer_metrics(stacks, metrics="one-pass")
 
     figures = {
         "cka": plot_heatmap(cka, layers, folder / "cka.png", title="Linear CKA between layers (tokens)"),
@@ -126,6 +128,12 @@ def write_report(
             ylabel="cosine",
         ),
     }
+    for name, values in label_free.values.items():
+        figures[name] = plot_lines(
+            {name.replace("_", " "): values}, layers, folder / f"{name}.png", best=label_free.best(name),
+            title=f"{name.replace('_', ' ').capitalize()} ({'higher' if HIGHER_IS_BETTER[name] else 'lower'} "
+            "marks the pick)", ylabel=name.replace("_", " "),
+        )  # fmt: skip
     if selfsim:
         figures["self"] = plot_lines(selfsim, layers, folder / "self_similarity.png",
                                      title="Self-similarity across contexts (adjusted)", ylabel="cosine - anisotropy")  # fmt: skip
@@ -154,6 +162,7 @@ def write_report(
         "anisotropy": aniso.tolist(),
         "intra_sentence_similarity": intra.tolist(),
         "self_similarity": {w: v.tolist() for w, v in selfsim.items()},
+        "label_free": label_free.as_dict(),
         "layerwise_version": __version__,
     }
     (folder / "stats.json").write_text(json.dumps(stats, indent=2) + "\n", encoding="utf-8")
@@ -191,6 +200,7 @@ def write_report(
             per_layer,
         ),
     ]
+    sections += label_free_section(label_free, figures)
     if selfsim:
         sections += [
             "<h2>Do the same words drift apart in different contexts?</h2>",
@@ -219,3 +229,35 @@ def write_report(
     report = folder / "report.html"
     report.write_text(page, encoding="utf-8")
     return report
+
+
+EXPLAINED = {
+    "prompt_entropy": "how evenly a text's tokens spread over directions (matrix entropy of their Gram "
+    "matrix, 1 = as spread as possible); low values mean the layer compresses the text",
+    "dataset_entropy": "the same over the texts' mean vectors: how far apart the layer keeps different texts",
+    "curvature": "the mean angle (radians) between consecutive steps of a text's token trajectory; "
+    "straighter trajectories are easier to extrapolate",
+    "effective_rank": "RankMe: how many dimensions the texts' mean vectors really use",
+    "intrinsic_dimension": "TwoNN: the dimension of the surface a text's tokens lie on",
+}
+
+
+def label_free_section(metrics: LayerMetrics, figures: dict) -> list[str]:
+    """The report's "which layer, without labels" section: a sentence per metric, its figure with
+    the pick marked, a table, and the layer ``layerwise layers`` would recommend."""
+    from .layer_choice import recommend
+
+    choice = recommend(metrics)
+    names = list(metrics.values)
+    parts = [
+        "<h2>Which layer, without labels?</h2>",
+        '<p class="explain">Label-free metrics of Skean et al., "Layer by Layer" (ICML 2025), one value per '
+        "hidden state; each figure marks the layer the metric picks (its best value past the embeddings). "
+        + " ".join(f"<b>{n.replace('_', ' ').capitalize()}</b>: {html.escape(EXPLAINED[n])}." for n in names)
+        + "</p>",
+        f'<p class="meta"><b>{html.escape(str(choice))}</b></p>',
+    ]
+    parts += [_figure(figures[name]) for name in names]
+    rows = [[f"L{layer}", *[metrics.values[n][k] for n in names]] for k, layer in enumerate(metrics.layers)]
+    parts.append(_table(["layer", *[n.replace("_", " ") for n in names]], rows))
+    return parts

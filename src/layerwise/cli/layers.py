@@ -1,0 +1,97 @@
+"""``layerwise layers``: which layer to try first, without labels (the label-free metrics of
+analysis/label_free.py and the rule of analysis/layer_choice.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from ..errors import LayerwiseError, OptionError
+from .options import (
+    DeviceOption,
+    EncodingErrorsChoice,
+    EncodingErrorsOption,
+    FinalNormOption,
+    ModelOption,
+    _fail,
+    _setup_logging,
+    _use_available_cores,
+    app,
+    err,
+    final_norm_value,
+)
+
+
+@app.command()
+def layers(
+    input: Annotated[Path, typer.Argument(help="Your texts: one per line (.txt) or JSONL with 'text'")],
+    model: ModelOption = None,
+    max_texts: Annotated[int, typer.Option(min=2, help="Use the first N texts")] = 1000,
+    views: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            help="Augmented views per text for LiDAR, DiME and InfoNCE (each view is one more forward "
+            "pass over the texts); 0: only the one-pass metrics",
+        ),
+    ] = 0,
+    final_norm: FinalNormOption = None,
+    json_path: Annotated[Path | None, typer.Option("--json", help="Also write the table as JSON")] = None,
+    seed: Annotated[int, typer.Option(help="Seed of the augmentations and permutations")] = 0,
+    device: DeviceOption = "auto",
+    encoding_errors: EncodingErrorsOption = EncodingErrorsChoice.strict,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar")] = False,
+) -> None:
+    """Which layer to try first, without labels: label-free metrics per hidden state (Skean et al.
+    2025), and the layer the best-measured rule picks, with how reliable that rule has been."""
+    _setup_logging(quiet)
+    try:
+        from ..analysis.label_free import layer_metrics
+        from ..analysis.layer_choice import recommend
+        from ..encoder import Encoder
+        from .analysis import _read_single_texts
+
+        if views == 1:
+            raise OptionError("--views 1 compares nothing: pass 0 (no view metrics) or 2 or more")
+        texts = [t for t in _read_single_texts(input, encoding_errors, "layers") if t.strip()][:max_texts]
+        if len(texts) < 2:
+            raise OptionError(
+                f"{str(input)!r} holds {len(texts)} non-empty text(s); the metrics need 2 or more"
+            )
+        _use_available_cores()
+        err.print(f"loading {model or 'the default model'} …", highlight=False)
+        enc = Encoder(model, device=device, final_norm=final_norm_value(final_norm))
+        names = "all" if views >= 2 else "one-pass"
+        metrics = layer_metrics(enc, texts, metrics=names, views=max(views, 2), seed=seed,
+                                progress=False if quiet else None)  # fmt: skip
+        choice = recommend(metrics)
+    except LayerwiseError as exc:
+        raise _fail(exc) from None
+    _print_table(metrics, choice.layer)
+    typer.echo(str(choice))
+    if json_path is not None:
+        table = {**metrics.as_dict(), "model": enc.name, "recommendation": {"layer": choice.layer,
+                 "rule": choice.rule, "reason": choice.reason}}  # fmt: skip
+        json_path.write_text(json.dumps(table, indent=1) + "\n", encoding="utf-8")
+
+
+def _print_table(metrics, chosen: int) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from ..analysis.label_free import HIGHER_IS_BETTER
+
+    table = Table(title=f"label-free metrics over {metrics.n_texts} texts (* marks each metric's pick)")
+    table.add_column("hidden state", justify="right")
+    names = list(metrics.values)
+    for name in names:
+        header = name.replace("_", "\n") + ("\n(higher)" if HIGHER_IS_BETTER[name] else "\n(lower)")
+        table.add_column(header, justify="right")
+    best = {name: metrics.best(name) for name in names}
+    for k, layer in enumerate(metrics.layers):
+        cells = [f"{metrics.values[name][k]:.4g}" + (" *" if best[name] == layer else "  ") for name in names]
+        table.add_row(f"{layer}" + (" <- try first" if layer == chosen else ""), *cells)
+    Console(width=max(100, 11 * (len(names) + 1) + 16)).print(table)
