@@ -132,7 +132,7 @@ def write_report(
         figures[name] = plot_lines(
             {name.replace("_", " "): values}, layers, folder / f"{name}.png", best=label_free.best(name),
             title=f"{name.replace('_', ' ').capitalize()} ({'higher' if HIGHER_IS_BETTER[name] else 'lower'} "
-            "marks the pick)", ylabel=name.replace("_", " "),
+            "is better; the star marks the pick)", ylabel=name.replace("_", " "),
         )  # fmt: skip
     if selfsim:
         figures["self"] = plot_lines(selfsim, layers, folder / "self_similarity.png",
