@@ -317,3 +317,21 @@ def test_layers_command(tmp_path, tiny_encoder):
     assert "hidden state" in result.output and "(higher)" in result.output
     refused = runner.invoke(app, ["layers", str(source), "--model", tiny_encoder.source, "--views", "1"])
     assert refused.exit_code == 2 and "--views 1 compares nothing" in refused.output
+
+
+def test_texts_too_short_for_a_metric_leave_it_empty_not_an_error(tmp_path, tiny_encoder):
+    from typer.testing import CliRunner
+
+    from layerwise.cli import app
+
+    metrics = lw.analyze.layer_metrics(tiny_encoder.extract(["a", "b"], layers="all"))
+    assert np.isnan(metrics.values["intrinsic_dimension"]).all()  # 3 tokens each: TwoNN needs 4
+    assert metrics.picks()["intrinsic_dimension"] is None and metrics.as_dict()["best"]["curvature"] in (
+        1,
+        2,
+        3,
+    )
+    source = tmp_path / "short.txt"
+    source.write_text("a\nb\n", encoding="utf-8")
+    result = CliRunner().invoke(app, ["layers", str(source), "--model", tiny_encoder.source, "--quiet"])
+    assert result.exit_code == 0 and "Try hidden state" in result.output, result.output

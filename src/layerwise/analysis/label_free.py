@@ -260,6 +260,16 @@ class LayerMetrics:
         sign = 1.0 if HIGHER_IS_BETTER[metric] else -1.0
         return self.layers[max(candidates, key=lambda k: sign * values[k])]
 
+    def picks(self) -> dict[str, int | None]:
+        """Each metric's pick; None for a metric with no value past the embeddings (texts too short)."""
+        out: dict[str, int | None] = {}
+        for name in self.values:
+            try:
+                out[name] = self.best(name)
+            except InputError:
+                out[name] = None
+        return out
+
     def as_dict(self) -> dict:
         return {
             "layers": list(self.layers),
@@ -268,7 +278,7 @@ class LayerMetrics:
                 name: [None if not np.isfinite(v) else float(v) for v in vals]
                 for name, vals in self.values.items()
             },
-            "best": {name: self.best(name) for name in self.values},
+            "best": self.picks(),
         }
 
 

@@ -40,7 +40,7 @@ def layer_by_rule(metrics: LayerMetrics, rule: str) -> int | None:
         return round(last / 2)
     if rule == LAST:
         return last
-    return metrics.best(rule) if rule in metrics.values else None
+    return metrics.picks().get(rule)
 
 
 @dataclass(frozen=True)

@@ -90,7 +90,7 @@ def _print_table(metrics, chosen: int) -> None:
     for name in names:
         header = name.replace("_", "\n") + ("\n(higher)" if HIGHER_IS_BETTER[name] else "\n(lower)")
         table.add_column(header, justify="right")
-    best = {name: metrics.best(name) for name in names}
+    best = metrics.picks()
     for k, layer in enumerate(metrics.layers):
         cells = [f"{metrics.values[name][k]:.4g}" + (" *" if best[name] == layer else "  ") for name in names]
         table.add_row(f"{layer}" + (" <- try first" if layer == chosen else ""), *cells)
