@@ -335,3 +335,10 @@ def test_texts_too_short_for_a_metric_leave_it_empty_not_an_error(tmp_path, tiny
     source.write_text("a\nb\n", encoding="utf-8")
     result = CliRunner().invoke(app, ["layers", str(source), "--model", tiny_encoder.source, "--quiet"])
     assert result.exit_code == 0 and "Try hidden state" in result.output, result.output
+
+
+def test_long_texts_measure_their_states_a_few_at_a_time(default_encoder, monkeypatch):
+    stacks = default_encoder.extract(TEXTS[:4], layers="all")
+    whole = lw.analyze.intrinsic_dimension(stacks)
+    monkeypatch.setattr(label_free, "_DISTANCE_BYTES", 1)  # one state's distances at a time
+    np.testing.assert_array_equal(lw.analyze.intrinsic_dimension(stacks), whole)

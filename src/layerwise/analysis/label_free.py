@@ -42,6 +42,7 @@ HIGHER_IS_BETTER: dict[str, bool] = {
 ONE_PASS_METRICS = ("prompt_entropy", "dataset_entropy", "curvature", "effective_rank", "intrinsic_dimension")
 VIEW_METRICS = ("lidar", "dime", "infonce")
 METRICS = ONE_PASS_METRICS + VIEW_METRICS
+_DISTANCE_BYTES = 256 * 2**20  # TwoNN's distance matrices held at once, per text
 
 
 # ---------------------------------------------------------------------------------------------- sources
@@ -100,7 +101,10 @@ class _Running:
         if "curvature" in wanted and n >= 3:
             self._put("curvature", curvature_of(hidden))  # the states themselves: see curvature()
         if "intrinsic_dimension" in wanted and n >= 4:
-            self._put("intrinsic_dimension", two_nn_states(units))
+            # n x n distances per state: a few states at a time keep a long (windowed) text in bounds
+            step = max(1, _DISTANCE_BYTES // (8 * n * n))
+            dims = [two_nn_states(units[i : i + step]) for i in range(0, units.shape[0], step)]
+            self._put("intrinsic_dimension", np.concatenate(dims))
 
     def _put(self, name: str, values: np.ndarray) -> None:
         finite = np.isfinite(values)
