@@ -10,7 +10,7 @@ import random
 
 import numpy as np
 import pytest
-from conftest import needs_smollm2, ud_sentences
+from conftest import REPO, needs_smollm2, ud_sentences
 
 import layerwise as lw
 from layerwise.analysis import augment, label_free, spectra
@@ -342,3 +342,23 @@ def test_long_texts_measure_their_states_a_few_at_a_time(default_encoder, monkey
     whole = lw.analyze.intrinsic_dimension(stacks)
     monkeypatch.setattr(label_free, "_DISTANCE_BYTES", 1)  # one state's distances at a time
     np.testing.assert_array_equal(lw.analyze.intrinsic_dimension(stacks), whole)
+
+
+def test_layers_reads_any_corpus(tmp_path, tiny_encoder):
+    from typer.testing import CliRunner
+
+    from layerwise.cli import app
+
+    corpus = REPO / "examples" / "corpus.parquet"
+    runner = CliRunner()
+    options = ["--text-column", "text", "--max-texts", "5", "--json", str(tmp_path / "p.json"), "--quiet"]
+    result = runner.invoke(app, ["layers", str(corpus), "--model", tiny_encoder.source, *options])
+    assert result.exit_code == 0, result.output
+    assert json.loads((tmp_path / "p.json").read_text())["n_texts"] == 5
+    piped = runner.invoke(app, ["layers", "-", "--format", "txt", "--model", tiny_encoder.source, "--quiet"],
+                          input="one text here\nand another one\n")  # fmt: skip
+    assert piped.exit_code == 0 and "Try hidden state" in piped.output, piped.output
+    missing = runner.invoke(
+        app, ["layers", str(corpus), "--text-column", "nope", "--model", tiny_encoder.source]
+    )
+    assert missing.exit_code == 2 and "no column 'nope'" in missing.output

@@ -10,6 +10,7 @@ from typing import Annotated
 import typer
 
 from ..errors import LayerwiseError, OptionError
+from .extract import FormatChoice
 from .options import (
     DeviceOption,
     EncodingErrorsChoice,
@@ -27,8 +28,19 @@ from .options import (
 
 @app.command()
 def layers(
-    input: Annotated[Path, typer.Argument(help="Your texts: one per line (.txt) or JSONL with 'text'")],
+    input: Annotated[
+        str,
+        typer.Argument(
+            help="Your texts: a corpus as extract reads it (.txt, .jsonl, .csv, .parquet, a glob, -)"
+        ),
+    ],
     model: ModelOption = None,
+    text_column: Annotated[
+        str | None, typer.Option(help="The column of the texts (CSV, Parquet) [default: text]")
+    ] = None,
+    format: Annotated[
+        FormatChoice | None, typer.Option("--format", help="Input format [default: from the suffix]")
+    ] = None,
     max_texts: Annotated[int, typer.Option(min=2, help="Use the first N texts")] = 1000,
     views: Annotated[
         int,
@@ -52,15 +64,12 @@ def layers(
         from ..analysis.label_free import layer_metrics
         from ..analysis.layer_choice import recommend
         from ..encoder import Encoder
-        from .analysis import _read_single_texts
 
         if views == 1:
             raise OptionError("--views 1 compares nothing: pass 0 (no view metrics) or 2 or more")
-        texts = [t for t in _read_single_texts(input, encoding_errors, "layers") if t.strip()][:max_texts]
-        if len(texts) < 2:
-            raise OptionError(
-                f"{str(input)!r} holds {len(texts)} non-empty text(s); the metrics need 2 or more"
-            )
+        texts = _first_texts(
+            input, format.value if format else None, text_column, max_texts, encoding_errors.value
+        )
         _use_available_cores()
         err.print(f"loading {model or 'the default model'} …", highlight=False)
         enc = Encoder(model, device=device, final_norm=final_norm_value(final_norm))
@@ -76,6 +85,28 @@ def layers(
         table = {**metrics.as_dict(), "model": enc.name, "recommendation": {"layer": choice.layer,
                  "rule": choice.rule, "reason": choice.reason}}  # fmt: skip
         json_path.write_text(json.dumps(table, indent=1) + "\n", encoding="utf-8")
+
+
+def _first_texts(source: str, format: str | None, text_column: str | None, limit: int,
+                 encoding_errors: str) -> list[str]:  # fmt: skip
+    """The first ``limit`` non-empty texts of a corpus; pairs are refused (their second segment
+    would be dropped)."""
+    from ..inputs.corpus import Corpus
+
+    corpus = Corpus(source, format=format, text_column=text_column, encoding_errors=encoding_errors)
+    texts: list[str] = []
+    for block in corpus.blocks(1024):
+        if block.text_pairs is not None and any(pair is not None for pair in block.text_pairs):
+            raise OptionError(
+                f"{source!r} holds text pairs; `layerwise layers` measures single texts and would drop "
+                "the second segment: pass single texts (a .txt file, or a table without a pair column)"
+            )
+        texts += [text for text in block.texts if text.strip()]
+        if len(texts) >= limit:
+            break
+    if len(texts) < 2:
+        raise OptionError(f"{source!r} holds {len(texts)} non-empty text(s); the metrics need 2 or more")
+    return texts[:limit]
 
 
 def _print_table(metrics, chosen: int) -> None:
