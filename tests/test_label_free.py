@@ -362,3 +362,6 @@ def test_layers_reads_any_corpus(tmp_path, tiny_encoder):
         app, ["layers", str(corpus), "--text-column", "nope", "--model", tiny_encoder.source]
     )
     assert missing.exit_code == 2 and "no column 'nope'" in missing.output
+    nowhere = runner.invoke(app, ["layers", str(corpus), "--json", str(tmp_path / "no" / "l.json")])
+    assert nowhere.exit_code == 2 and "does not exist; create it first" in nowhere.output
+    assert "loading" not in nowhere.output  # refused before the model is loaded

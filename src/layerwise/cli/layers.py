@@ -17,6 +17,7 @@ from .options import (
     EncodingErrorsOption,
     FinalNormOption,
     ModelOption,
+    _check_output_file,
     _fail,
     _setup_logging,
     _use_available_cores,
@@ -67,6 +68,8 @@ def layers(
 
         if views == 1:
             raise OptionError("--views 1 compares nothing: pass 0 (no view metrics) or 2 or more")
+        if json_path is not None:
+            _check_output_file(json_path, "--json")  # before the work, not after it
         texts = _first_texts(
             input, format.value if format else None, text_column, max_texts, encoding_errors.value
         )
