@@ -119,7 +119,7 @@ def _check_one_pass(stacks):
     np.testing.assert_allclose(lw.analyze.prompt_entropy(stacks), ref_prompt_entropy(stacks), atol=1e-6)
     np.testing.assert_allclose(
         lw.analyze.prompt_entropy(stacks, alpha=2, normalized=False),
-        ref_prompt_entropy(stacks, 2.0) * 0 + [
+        [
             np.mean([ref_entropy_of(ref_normalise(s.hidden[k].astype(np.float64)), 2.0) for s in stacks
                      if s.n_tokens >= 2])
             for k in range(stacks[0].hidden.shape[0])

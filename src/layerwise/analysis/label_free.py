@@ -94,12 +94,15 @@ class _Running:
         hidden = np.asarray(stack.hidden, dtype=np.float64)  # (states, tokens, width)
         self.means.append(hidden.mean(axis=1).astype(np.float32))
         n, d = hidden.shape[1:]
-        units = center_unit(hidden)  # the paper's per-text normalisation of its tokens
-        if "prompt_entropy" in wanted and n >= 2:
-            self._put("prompt_entropy", matrix_entropy(units, self.alpha) / max_entropy(n, d))
-            self._put("prompt_entropy_raw", matrix_entropy(units, self.alpha))
         if "curvature" in wanted and n >= 3:
             self._put("curvature", curvature_of(hidden))  # the states themselves: see curvature()
+        if not wanted & {"prompt_entropy", "intrinsic_dimension"}:
+            return
+        units = center_unit(hidden)  # the paper's per-text normalisation of its tokens
+        if "prompt_entropy" in wanted and n >= 2:
+            entropy = matrix_entropy(units, self.alpha)
+            self._put("prompt_entropy", entropy / max_entropy(n, d))
+            self._put("prompt_entropy_raw", entropy)
         if "intrinsic_dimension" in wanted and n >= 4:
             # n x n distances per state: a few states at a time keep a long (windowed) text in bounds
             step = max(1, _DISTANCE_BYTES // (8 * n * n))

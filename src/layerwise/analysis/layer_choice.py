@@ -33,14 +33,15 @@ def rule_in_words(rule: str) -> str:
     return f"the layer with the {'highest' if HIGHER_IS_BETTER[rule] else 'lowest'} {rule.replace('_', ' ')}"
 
 
-def layer_by_rule(metrics: LayerMetrics, rule: str) -> int | None:
-    """The hidden state ``rule`` picks, or None when the rule's metric was not computed."""
+def layer_by_rule(metrics: LayerMetrics, rule: str, picks: dict[str, int | None] | None = None) -> int | None:
+    """The hidden state ``rule`` picks, or None when the rule's metric was not computed (or has no
+    value). ``picks``: ``metrics.picks()`` when the caller has it already."""
     last = metrics.layers[-1]
     if rule == MIDDLE:
         return round(last / 2)
     if rule == LAST:
         return last
-    return metrics.picks().get(rule)
+    return (metrics.picks() if picks is None else picks).get(rule)
 
 
 @dataclass(frozen=True)
@@ -57,8 +58,9 @@ def recommend(metrics: LayerMetrics) -> Recommendation:
     """The layer to try first and why, by the rule that has picked best on the benchmark."""
     summary = benchmark_rules()
     rules = summary["rules"]
+    picks = metrics.picks()
     for rule in summary["ranked"]:
-        layer = layer_by_rule(metrics, rule)
+        layer = layer_by_rule(metrics, rule, picks)
         if layer is not None:
             break
     else:  # pragma: no cover - the middle and last rules need no metric

@@ -128,9 +128,10 @@ def write_report(
             ylabel="cosine",
         ),
     }
+    picks = label_free.picks()
     for name, values in label_free.values.items():
         figures[name] = plot_lines(
-            {name.replace("_", " "): values}, layers, folder / f"{name}.png", best=label_free.picks()[name],
+            {name.replace("_", " "): values}, layers, folder / f"{name}.png", best=picks[name],
             title=f"{name.replace('_', ' ').capitalize()} ({'higher' if HIGHER_IS_BETTER[name] else 'lower'} "
             "is better; the star marks the pick)", ylabel=name.replace("_", " "),
         )  # fmt: skip

@@ -51,6 +51,16 @@ def _pool_choices() -> list[str]:
     return ["token"] + [f"word:{m}" for m in SUBWORD_POOLS] + [f"sentence:{m}" for m in SENTENCE_POOLS]
 
 
+def levelled_pool(pool: str) -> str:
+    """``pool`` with its level: a bare sentence mode ("mean", as ``Encoder.embed`` takes it) is
+    ``"sentence:MODE"``, a bare word-only mode ("first") ``"word:MODE"``; anything else as given."""
+    if pool in SENTENCE_POOLS:
+        return f"sentence:{pool}"
+    if pool in SUBWORD_POOLS:
+        return f"word:{pool}"
+    return pool
+
+
 def pool_spellings() -> list[str]:
     """Every ``pool`` string ``OutputPlan.parse`` takes: the levelled forms and the bare modes."""
     bare = [*SENTENCE_POOLS, *(m for m in SUBWORD_POOLS if m not in SENTENCE_POOLS)]
@@ -145,11 +155,7 @@ class OutputPlan:
             raise OptionError(
                 f"pool={pool!r} must be a string such as 'token', 'word:first' or 'sentence:mean'"
             )
-        if pool in SENTENCE_POOLS:
-            pool = f"sentence:{pool}"
-        elif pool in SUBWORD_POOLS:
-            pool = f"word:{pool}"
-        level, _, mode = pool.partition(":")
+        level, _, mode = levelled_pool(pool).partition(":")
         if level not in ("token", "word", "sentence") or (level == "token") == bool(mode):
             raise OptionError(f"pool {pool!r} is not valid; choose one of {', '.join(_pool_choices())}")
         # a named fusion picks its own layers: the CLI's default "all" then means "not given"

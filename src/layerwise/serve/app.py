@@ -26,7 +26,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..errors import OptionError
-from ..features.plan import OutputPlan
+from ..features.plan import OutputPlan, levelled_pool
 from ..features.pool import SENTENCE_POOLS
 from .admission import check_response_size, result_values, tokenise
 from .batcher import Batcher, Finish, Job
@@ -391,9 +391,7 @@ def _embeddings_plan(encoder: Encoder, body: EmbeddingsRequest) -> OutputPlan:
         except OptionError as exc:
             raise ApiError(422, f"{exc}: pass pool (e.g. sentence:mean)", param="pool") from None
     normalize = body.normalize if body.normalize is not None else bool(st and st.normalize)
-    if pool in SENTENCE_POOLS:  # "mean" as Encoder.embed takes it
-        pool = f"sentence:{pool}"
-    if not pool.startswith("sentence:"):
+    if not levelled_pool(pool).startswith("sentence:"):  # "mean" as Encoder.embed takes it is one
         raise ApiError(
             422,
             f"pool={pool!r}: /v1/embeddings returns one vector per input; use "
