@@ -354,7 +354,9 @@ def test_layers_reads_any_corpus(tmp_path, tiny_encoder):
     options = ["--text-column", "text", "--max-texts", "5", "--json", str(tmp_path / "p.json"), "--quiet"]
     result = runner.invoke(app, ["layers", str(corpus), "--model", tiny_encoder.source, *options])
     assert result.exit_code == 0, result.output
-    assert json.loads((tmp_path / "p.json").read_text())["n_texts"] == 5
+    written = json.loads((tmp_path / "p.json").read_text())
+    assert written["n_texts"] == 5 and written["made"]["source"] == str(corpus)
+    assert written["made"]["settings"] == lw.Encoder(tiny_encoder.source).settings.as_dict()
     piped = runner.invoke(app, ["layers", "-", "--format", "txt", "--model", tiny_encoder.source, "--quiet"],
                           input="one text here\nand another one\n")  # fmt: skip
     assert piped.exit_code == 0 and "Try hidden state" in piped.output, piped.output

@@ -9,6 +9,7 @@ from typing import Annotated
 
 import typer
 
+from .. import __version__
 from ..errors import LayerwiseError, OptionError
 from .extract import FormatChoice
 from .options import (
@@ -85,8 +86,11 @@ def layers(
     _print_table(metrics, choice.layer)
     typer.echo(str(choice))
     if json_path is not None:
-        table = {**metrics.as_dict(), "model": enc.name, "recommendation": {"layer": choice.layer,
-                 "rule": choice.rule, "reason": choice.reason}}  # fmt: skip
+        # how the table was made, as every layerwise output says
+        made = {"layerwise": __version__, "settings": enc.settings.as_dict(), "source": input, "views": views,
+                "seed": seed}  # fmt: skip
+        choice_fields = {"layer": choice.layer, "rule": choice.rule, "reason": choice.reason}
+        table = {**metrics.as_dict(), "model": enc.name, "made": made, "recommendation": choice_fields}
         json_path.write_text(json.dumps(table, indent=1) + "\n", encoding="utf-8")
 
 
