@@ -72,11 +72,9 @@ def export_store(
             "them with --layers"
         )
     picks = [stored.index(i) for i in wanted]
-    manifest = opened.manifest.sort_by("text_id")
-    has_ids = "id" in manifest.column_names
+    id_column = "id" if "id" in opened.manifest_column_names() else "text_id"
     pairs = bool(meta_in.get("pairs"))
-    ids = manifest["id" if has_ids else "text_id"].to_pylist()
-    id_kind = "int" if all(isinstance(i, int) for i in ids) else "str"
+    id_kind = _id_kind(opened, id_column, n_texts)
     # how the store's vectors were made (model, settings, final norm, long texts) carries over;
     # the pooling is this export's
     store_only = {
@@ -106,11 +104,12 @@ def export_store(
             task = bar.add_task("export", total=n_texts) if bar is not None else None
             for lo in range(0, n_texts, BLOCK):
                 hi = min(lo + BLOCK, n_texts)
-                rows = manifest.slice(lo, hi - lo)
-                texts = rows["text"].to_pylist()
-                block_pairs = [p or "" for p in rows["text_pair"].to_pylist()] if pairs else None
-                writer.begin(Block(lo, texts, block_pairs, None, ids[lo:hi]))
-                for k, stack in enumerate(opened.read_many(list(range(lo, hi)))):
+                stacks = opened.read_many(list(range(lo, hi)))
+                texts = [stack.text for stack in stacks]
+                block_pairs = [stack.text_pair or "" for stack in stacks] if pairs else None
+                ids = opened.manifest_rows(range(lo, hi), [id_column])[id_column].to_pylist()
+                writer.begin(Block(lo, texts, block_pairs, None, ids))
+                for k, stack in enumerate(stacks):
                     chosen = _layers(stack, picks, wanted)
                     writer.put(lo + k, plan.result(chosen, n_hidden), stack.n_tokens)
                 writer.end_block()
@@ -121,6 +120,20 @@ def export_store(
     writer_class = _writer_class(fmt)
     options: dict = {"n_texts": n_texts, "has_pairs": pairs, "id_kind": id_kind, "keep_text": keep_text}
     return _write(path, lambda tmp: writer_class(tmp, meta, plan.dtype, **options), fill)
+
+
+def _id_kind(opened: Any, column: str, n_texts: int) -> str:
+    """ "int" when every id is an integer, else "str": from the manifest's column type when the
+    store was written at once (one type), else by reading the ids a block at a time."""
+    import pyarrow as pa
+
+    kinds = set()
+    for lo in range(0, n_texts, BLOCK):
+        values = opened.manifest_rows(range(lo, min(lo + BLOCK, n_texts)), [column])[column]
+        kinds.add("int" if pa.types.is_integer(values.type) else "str")
+        if "str" in kinds:
+            return "str"
+    return "int"
 
 
 def _layers(stack: LayerStack, picks: list[int], wanted: tuple[int, ...]) -> LayerStack:

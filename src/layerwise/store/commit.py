@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from .columns import records_table
-from .format import DATA, MANIFEST, OFFSETS
+from .format import DATA, MANIFEST, OFFSETS, POSITIONS
 
 logger = logging.getLogger("layerwise")
 
@@ -112,6 +112,7 @@ class Committer(threading.Thread):
         self.group, self.path = group, path
         self.jobs: queue.Queue[Flush | None] = queue.Queue(maxsize=2)
         self.shards = ShardFiles.for_array(path / DATA)
+        self.positions = group[POSITIONS]
         self.error: BaseException | None = None
 
     def run(self) -> None:
@@ -158,6 +159,7 @@ class Committer(threading.Thread):
             except BaseException:  # a full disk must not leave the half-written part behind
                 tmp.unlink(missing_ok=True)
                 raise
+            self._write_positions(job)
             marker = self.group[OFFSETS]
             needed = job.first_position + len(job.records) + 1
             if marker.shape[0] < needed:
@@ -170,6 +172,15 @@ class Committer(threading.Thread):
             job.first_position,
             job.first_position + len(job.records),
         )
+
+    def _write_positions(self, job: Flush) -> None:
+        """``positions[text_id]`` of the texts this commit completes, before the commit marker:
+        one read-modify-write of the id range they span (a block or two of input texts)."""
+        ids = np.fromiter((r["text_id"] for r in job.records), dtype=np.int64, count=len(job.records))
+        lo, hi = int(ids.min()), int(ids.max()) + 1
+        span = np.asarray(self.positions[lo:hi])
+        span[ids - lo] = np.arange(job.first_position, job.first_position + len(ids))
+        self.positions[lo:hi] = span
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,11 @@
                                 the p-th stored text, offsets[p + 1] one past its last. Written after
                                 the rows it covers: it is the commit marker. A reader trusts the
                                 prefix up to the first -1.
+      positions/                Zarr v3 int64 array, fill value -1: positions[text_id] is the text's
+                                store position, written with its manifest part, before the commit
+                                marker; trusted only below the committed count (and checked against
+                                the manifest row it points to). Lets a reader find one text without
+                                reading every manifest part. Stores without it still open.
       manifest/part-*.parquet   one row per stored text: text_id (input line order), position
                                 (store order), text, text_pair, text_sha1, start, n_rows, crc32 (of
                                 the text's rows, as stored), truncated, and per level: tokens,
@@ -43,6 +48,7 @@ FORMAT = "layerwise-store"
 FORMAT_VERSION = 1
 DATA = "data"
 OFFSETS = "offsets"
+POSITIONS = "positions"
 MANIFEST = "manifest"
 LOCK = ".lock"
 ATTRIBUTE = "layerwise"
@@ -52,7 +58,7 @@ OFFSETS_CHUNK = 4096
 BLOCK_SIZE = 2048
 # The store's own entries, in the order overwrite removes them: the commit marker first (so that a
 # crash half way leaves a store with nothing committed), the group metadata last.
-OWN_ENTRIES = (OFFSETS, MANIFEST, DATA, "zarr.json")
+OWN_ENTRIES = (OFFSETS, POSITIONS, MANIFEST, DATA, "zarr.json")
 
 StoreKind = Literal["missing", "empty", "store", "other"]
 

@@ -1,48 +1,64 @@
-"""A store's parts as they are on disk, read without judging whether they agree (verify.py does):
-the committed prefix of the offsets, the committed manifest rows, and the error that says a
-store is damaged."""
+"""A store's parts as they are on disk, opened without judging whether they agree (verify.py
+does): the commit marker's valid length, the manifest parts, the id -> position map, and the error
+that says a store is damaged. Nothing here reads per-text data whole (index.py)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from ..errors import StoreDamagedError
-from .format import MANIFEST, OFFSETS, classify, not_a_store, read_store_meta
+from .format import OFFSETS, POSITIONS, classify, not_a_store, read_store_meta
+from .index import IdPositions, ManifestParts, committed_count
+
+
+def commit_window(meta: dict) -> int | None:
+    """The most texts one commit writes: a flush holds at most one shard's rows of texts, each at
+    least one row, plus the one that crossed the boundary (commit.ShardBuffer)."""
+    shard_rows = int(meta.get("chunk_rows", 0) or 0) * int(meta.get("shard_chunks", 0) or 0)
+    return shard_rows + 1 if shard_rows > 0 else None
 
 
 def committed_offsets(offsets_array) -> np.ndarray:
-    """The valid prefix of the offsets array: entries before the first fill value (-1)."""
-    values = offsets_array[:]
+    """The valid prefix of the offsets array, read whole (readers count it without reading it all:
+    :func:`index.committed_count`)."""
+    values = np.asarray(offsets_array[:])
     invalid = np.flatnonzero(values < 0)
     return values[: invalid[0]] if invalid.size else values
 
 
-def read_manifest(path: Path, n_committed: int):
-    """The manifest rows of committed texts (a pyarrow Table sorted by position)."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+@dataclass
+class OpenedParts:
+    """What opening a store reads: constant in the number of texts."""
 
-    folder = path / MANIFEST
-    parts = sorted(p for p in folder.glob("part-*.parquet")) if folder.is_dir() else []
-    if not parts:
-        return None
-    try:
-        # ParquetFile, not read_table: that one goes through pyarrow.dataset, which imports pandas
-        table = pa.concat_tables([pq.ParquetFile(p).read() for p in parts], promote_options="default")
-    except (OSError, pa.ArrowException) as exc:
-        raise damaged(path, [f"a manifest part cannot be read ({exc})"], []) from exc
-    table = table.sort_by("position")
-    # the committed rows are a prefix once sorted (without pyarrow.compute, whose import cost 0.06 s
-    # of every `layerwise extract`: this function runs, and returns early, for a new store too)
-    committed = int(np.searchsorted(table["position"].to_numpy(), n_committed, side="left"))
-    return table.slice(0, committed)
+    path: Path
+    group: Any
+    meta: dict
+    offsets: Any  # the zarr array (None when missing or unreadable)
+    n_valid: int  # valid offsets entries = committed texts + 1 (0 when the marker is unusable)
+    manifest: ManifestParts
+    positions: IdPositions
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def n_committed(self) -> int:
+        return max(self.n_valid - 1, 0)
+
+    def offsets_span(self, lo: int, hi: int) -> np.ndarray:
+        """``offsets[lo:hi]`` (within the valid prefix)."""
+        if self.offsets is None or hi <= lo:
+            return np.zeros(0, dtype=np.int64)
+        return np.asarray(self.offsets[lo:hi], dtype=np.int64)
+
+    end: int = 0  # one past the last committed row, as opened
 
 
-def read_parts(path: Path):
-    """``(group, meta, committed offsets, manifest, problems)`` of the store at ``path``, without
-    judging whether they agree (see verify.py). Raises NotAStoreError for anything else."""
+def open_parts(path: Path) -> OpenedParts:
+    """Open the store at ``path`` (raises NotAStoreError for anything else); problems with its
+    commit marker or manifest listing are collected, not raised."""
     import zarr
 
     if classify(path) != "store":
@@ -50,20 +66,41 @@ def read_parts(path: Path):
     meta = read_store_meta(path) or {}
     group = zarr.open_group(str(path), mode="r")
     problems: list[str] = []
+    offsets: Any = None
+    n_valid = 0
     try:
-        offsets = committed_offsets(group[OFFSETS])
+        offsets = group[OFFSETS]
+        n_valid = committed_count(offsets, commit_window(meta))
     except KeyError:
         problems.append(f"the commit marker ({OFFSETS}/) is missing")
-        offsets = np.zeros(1, dtype=np.int64)
     except Exception as exc:  # its zarr.json or chunks damaged (not JSON, not UTF-8, cut short)
+        offsets = None
         problems.append(f"the commit marker ({OFFSETS}/) cannot be read: {type(exc).__name__}: {exc}")
-        offsets = np.zeros(1, dtype=np.int64)
+    manifest = ManifestParts(path, max(n_valid - 1, 0))
+    problems += manifest.problems
     try:
-        manifest = read_manifest(path, max(len(offsets) - 1, 0))
-    except Exception as exc:  # a damaged part; reported, not raised, by verify
-        problems.append(str(exc))
-        manifest = None
-    return group, meta, offsets, manifest, problems
+        positions_array = group[POSITIONS]
+    except KeyError:  # a store written before the map existed: built from the manifest if asked
+        positions_array = None
+    positions = IdPositions(positions_array, manifest, int(meta.get("n_texts", 0)))
+    end = int(offsets[n_valid - 1]) if offsets is not None and n_valid else 0
+    return OpenedParts(path, group, meta, offsets, n_valid, manifest, positions, problems, end)
+
+
+def read_manifest(path: Path, n_committed: int, columns: tuple[str, ...] | None = None):
+    """The manifest rows of committed texts, whole (a pyarrow Table sorted by position), or None.
+    Costs the whole manifest: readers go through :class:`index.ManifestParts` instead."""
+    import pyarrow as pa
+
+    parts = ManifestParts(path, n_committed)
+    if not len(parts):
+        return None
+    try:
+        tables = [table for _, table in parts.iter_tables(columns)]
+        table = pa.concat_tables(tables, promote_options="default")
+    except (OSError, pa.ArrowException) as exc:
+        raise damaged(path, [f"a manifest part cannot be read ({exc})"], []) from exc
+    return table
 
 
 def _missing(path: Path):

@@ -19,7 +19,6 @@ import numpy as np
 
 from ..errors import OptionError, StoreDamagedError
 from .format import OFFSETS, classify, read_store_meta
-from .parts import read_manifest
 from .reader import LayerView, Store, StoreDescription
 from .shard_table import is_sharded, read_table, shard_name, shard_path, shard_problems, texts_sha256
 from .verify import VerifyReport, verify_one_store
@@ -222,9 +221,55 @@ class ShardedStore(StoreDescription):
             return False
         return True
 
-    def __getitem__(self, text_id: int):
-        shard, local = self._locate(text_id)
+    def __getitem__(self, key):
+        if isinstance(key, slice):
+            ids = range(*key.indices(self.n_texts_total))
+            return [r for lo in range(0, len(ids), 4096) for r in self.read_many(list(ids[lo : lo + 4096]))]
+        shard, local = self._locate(key)
         return shard[local]
+
+    def committed_in(self, lo: int, hi: int) -> np.ndarray:
+        """The committed global text ids in ``lo .. hi - 1``, ascending."""
+        found = []
+        for start, stop, shard in zip(self._starts, self._stops(), self._shards, strict=True):
+            if shard is not None and start < hi and lo < stop:
+                found.append(start + shard.committed_in(max(lo - start, 0), min(hi, stop) - start))
+        return np.concatenate(found) if found else np.zeros(0, dtype=np.int64)
+
+    def _stops(self) -> list[int]:
+        return [*self._starts[1:], self.n_texts_total]
+
+    def manifest_column_names(self) -> list[str]:
+        present = self._present()
+        return present[0].manifest_column_names() if present else []
+
+    def manifest_rows(self, text_ids: Sequence[int], columns: Sequence[str] | None = None):
+        """The manifest rows of ``text_ids`` (global ids, in that order), ``text_id`` global."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        tables: list[tuple[Store, int, list[int]]] = []
+        for text_id in text_ids:  # consecutive ids of one shard are read together
+            shard, local = self._locate(text_id)
+            if tables and tables[-1][0] is shard:
+                tables[-1][2].append(local)
+            else:
+                tables.append((shard, int(text_id) - local, [local]))
+        pieces = []
+        for shard, start, locals_ in tables:
+            table = shard.manifest_rows(locals_, columns)
+            if "text_id" in table.column_names:
+                index = table.column_names.index("text_id")
+                table = table.set_column(index, "text_id", pc.add(table["text_id"], start))
+            pieces.append(table)
+        return pa.concat_tables(pieces) if pieces else pa.table({c: [] for c in columns or []})
+
+    @property
+    def ids(self):
+        """The inputs' own ids of the committed texts in input order, read on demand."""
+        from .reader import StoreIds
+
+        return StoreIds(self)
 
     def read_many(self, text_ids: Sequence[int]) -> list:
         """The results of ``text_ids``: one read per shard they fall in (see Store.read_many)."""
@@ -241,6 +286,7 @@ class ShardedStore(StoreDescription):
         return results
 
     def text_ids(self) -> list[int]:
+        """Every committed global text id, ascending (a list as long as the store)."""
         return [
             start + i
             for start, shard in zip(self._starts, self._shards, strict=True)
@@ -313,9 +359,8 @@ def shard_report(root: str | os.PathLike) -> VerifyReport:
         damaged_ids += [start + t for t in report.text_ids]
         if report.ok and report.n_texts == stop - start:
             # the texts the shard holds, read from its own manifest, against the table's hash
-            manifest = read_manifest(folder, report.n_texts).sort_by("text_id")
-            pairs = manifest["text_pair"].to_pylist() if meta.get("pairs") else None
-            if texts_sha256(manifest["text"].to_pylist(), pairs) != shard["texts_sha256"]:
+            texts, pairs = _texts_in_order(Store(folder), bool(meta.get("pairs")))
+            if texts_sha256(texts, pairs) != shard["texts_sha256"]:
                 problems.append(
                     f"{shard['name']} holds other texts than the table says (texts_sha256 differ)"
                 )
@@ -326,3 +371,19 @@ def shard_report(root: str | os.PathLike) -> VerifyReport:
             f"the shards were computed by {len(weights)} different models (first shards: {names})"
         )
     return VerifyReport(root, n_texts, n_rows, problems, sorted(set(damaged_ids)))
+
+
+def _texts_in_order(store: Store, pairs: bool):
+    """``(texts, second segments or None)`` of a complete store in input order, as two iterators
+    that read the manifest a few thousand texts at a time (for :func:`texts_sha256`)."""
+    import itertools
+
+    def rows():
+        for lo in range(0, len(store), 4096):
+            table = store.manifest_rows(range(lo, min(lo + 4096, len(store))), ["text", "text_pair"])
+            yield from zip(table["text"].to_pylist(), table["text_pair"].to_pylist(), strict=True)
+
+    if not pairs:
+        return (t for t, _ in rows()), None
+    first, second = itertools.tee(rows())  # read in step: tee keeps one row between them
+    return (t for t, _ in first), (p for _, p in second)

@@ -1,15 +1,18 @@
-"""Is a store whole? Two levels of checking.
+"""Is a store whole? Two levels of checking, neither of which holds the store in memory.
 
-* :func:`check_structure` runs whenever a store is opened, for reading or to resume writing. It
-  costs one pass over the manifest's small columns and a directory listing: the manifest has one
-  row per committed position and no other, text ids are unique, each row's ``start``/``n_rows``
-  equal the offsets, offsets grow and stay within the data, every level's row count matches its
-  tokens or words, the data has the shape and dtype of the metadata, and every committed shard
-  file exists. Without it a deleted manifest part or data shard silently returned another text's
-  vectors or zeros.
-* :func:`verify_one_store` (``Store.verify()``, ``layerwise verify``) adds a checksum of every text's
-  rows, written at commit time (``crc32`` in the manifest), so changed bytes are found too, and
-  names the texts affected.
+* Opening a store (:func:`layout_problems`) checks what does not grow with the texts: the data
+  array's shape and dtype against the metadata, the commit marker's first entry and last row
+  against the data, the manifest parts' names, and that every committed data shard file exists
+  (a directory listing). Each text read is then checked on its own: its manifest row must be at
+  its position, name its id, and agree with the offsets about its rows; its rows must match the
+  checksum written at commit (reader.py). Without these a deleted manifest part or data shard
+  silently returned another text's vectors or zeros.
+* :func:`scan_store` (``Store.verify()``, ``layerwise verify``, and a writer before it resumes)
+  goes through every manifest part in order, with the offsets it covers: the manifest has one row
+  per committed position and no other, text ids are unique, each row's ``start``/``n_rows`` equal
+  the offsets, offsets grow, every level's row count matches its tokens or words; and, for verify,
+  every text's checksum (``crc32``), naming the texts affected. Memory: one part, one data shard
+  and a bit per text id.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from .format import DATA, OFFSETS
-from .parts import damaged, read_parts
+from .parts import OpenedParts, damaged, open_parts
 
 _LIST_COLUMN = {"token": "tokens", "word": "words"}
 
@@ -54,100 +57,38 @@ class VerifyReport:
         return "\n".join(lines)
 
 
-def _texts_in_rows(offsets: np.ndarray, text_ids: np.ndarray | None, lo: int, hi: int) -> list[int]:
-    """Text ids whose rows overlap ``[lo, hi)``."""
-    if text_ids is None or len(offsets) < 2:
-        return []
-    first = max(int(np.searchsorted(offsets, lo, side="right")) - 1, 0)
-    last = int(np.searchsorted(offsets, hi, side="left"))
-    return [int(t) for t in text_ids[first : min(last, len(text_ids))]]
-
-
-def structure_problems(path: Path, group, meta: dict, offsets: np.ndarray, manifest) -> tuple[list, set]:
-    """Everything :func:`check_structure` checks, as ``(problems, affected text ids)``."""
-    problems: list[str] = []
-    affected: set[int] = set()
+def layout_problems(opened: OpenedParts) -> tuple[list[str], list[tuple[int, int]]]:
+    """What opening checks (module docstring): ``(problems, row ranges of missing data shards)``."""
+    problems = list(opened.problems)
+    meta, path = opened.meta, opened.path
     try:
-        data = group[DATA]
+        data = opened.group[DATA]
     except KeyError:
-        return [f"the data array ({DATA}/) is missing"], affected
+        return [*problems, f"the data array ({DATA}/) is missing"], []
     except Exception as exc:  # its zarr.json damaged: not JSON, not UTF-8, not zarr's metadata
         return [
-            f"the data array's metadata ({DATA}/zarr.json) cannot be read: {type(exc).__name__}"
-        ], affected
+            *problems,
+            f"the data array's metadata ({DATA}/zarr.json) cannot be read: {type(exc).__name__}",
+        ], []
     row_shape = tuple(meta.get("row_shape") or ())
     if tuple(data.shape[1:]) != row_shape:
         problems.append(f"data rows have shape {tuple(data.shape[1:])}, the metadata says {row_shape}")
     if str(data.dtype) != meta.get("dtype"):
         problems.append(f"data has dtype {data.dtype}, the metadata says {meta.get('dtype')}")
-    if len(offsets) == 0 or offsets[0] != 0:
-        problems.append(f"{OFFSETS}[0] is not 0; the commit marker is damaged")
-        return problems, affected
-    n = len(offsets) - 1
-    n_texts = int(meta.get("n_texts", 0))
+    if opened.offsets is None:
+        return problems, []
+    if opened.n_valid == 0 or int(opened.offsets[0]) != 0:
+        return [*problems, f"{OFFSETS}[0] is not 0; the commit marker is damaged"], []
+    n, n_texts = opened.n_committed, int(meta.get("n_texts", 0))
     if n > n_texts:
         problems.append(f"{n} texts are committed but the store was started for {n_texts}")
-    falling = np.flatnonzero(np.diff(offsets) < 0)
-    if falling.size:
-        problems.append(f"{OFFSETS} decrease at position {int(falling[0]) + 1}; the commit marker is damaged")
-    end = int(offsets[-1])
+    end = opened.end
     if end > data.shape[0]:
         problems.append(f"{OFFSETS} point to row {end} but the data array holds {data.shape[0]} rows")
-
-    text_ids: np.ndarray | None = None
-    if manifest is None:
-        if n:
-            problems.append(f"the manifest is missing ({n} texts are committed)")
-    else:
-        positions = manifest["position"].to_numpy()
-        if len(positions) != n or not np.array_equal(positions, np.arange(n)):
-            present = set(positions.tolist())
-            missing = sorted(set(range(n)) - present)
-            duplicated = sorted({int(p) for p in positions[1:][positions[1:] == positions[:-1]]})
-            detail = []
-            if missing:
-                detail.append(f"{len(missing)} positions missing (first {missing[0]})")
-            if duplicated:
-                detail.append(f"{len(duplicated)} duplicated (first {duplicated[0]})")
-                ids = manifest["text_id"].to_numpy()
-                affected.update(int(t) for t, p in zip(ids, positions, strict=True) if int(p) in duplicated)
-            problems.append(
-                f"the manifest has {len(positions)} rows for {n} committed texts ({'; '.join(detail)}); "
-                "a manifest part was deleted, copied or changed"
-            )
-        else:
-            text_ids = manifest["text_id"].to_numpy()
-            unique, counts = np.unique(text_ids, return_counts=True)
-            if (counts > 1).any():
-                twice = unique[counts > 1]
-                problems.append(
-                    f"{len(twice)} text ids appear more than once in the manifest (first {twice[0]})"
-                )
-                affected.update(int(t) for t in twice)
-            out_of_range = text_ids[(text_ids < 0) | (text_ids >= n_texts)]
-            if out_of_range.size:
-                problems.append(f"text id {int(out_of_range[0])} is outside 0..{n_texts - 1}")
-            starts, n_rows = manifest["start"].to_numpy(), manifest["n_rows"].to_numpy()
-            bad = np.flatnonzero((starts != offsets[:-1]) | (n_rows != np.diff(offsets)))
-            if bad.size:
-                problems.append(
-                    f"{bad.size} manifest rows disagree with {OFFSETS} about where their rows are "
-                    f"(first: text {int(text_ids[bad[0]])})"
-                )
-                affected.update(int(t) for t in text_ids[bad])
-            level = meta.get("level")
-            if level in _LIST_COLUMN and _LIST_COLUMN[level] in manifest.column_names:
-                import pyarrow.compute as pc
-
-                lengths = pc.list_value_length(manifest[_LIST_COLUMN[level]]).to_numpy(zero_copy_only=False)
-                wrong = np.flatnonzero(lengths != n_rows)
-                if wrong.size:
-                    problems.append(f"{wrong.size} texts have a row count that differs from their {level}s")
-                    affected.update(int(t) for t in text_ids[wrong])
-            elif level == "sentence" and (n_rows != 1).any():
-                problems.append("a sentence store holds more than one row for some texts")
-
+    if n and not len(opened.manifest):
+        problems.append(f"the manifest is missing ({n} texts are committed)")
     # every shard that holds committed rows must exist: zarr reads a missing one as fill values
+    missing: list[tuple[int, int]] = []
     shard_rows = int(meta.get("chunk_rows", 0)) * int(meta.get("shard_chunks", 0))
     if shard_rows > 0 and end > 0:
         tail = (0,) * (data.ndim - 1)
@@ -156,15 +97,182 @@ def structure_problems(path: Path, group, meta: dict, offsets: np.ndarray, manif
             if not (path / DATA / key).is_file():
                 lo, hi = shard * shard_rows, (shard + 1) * shard_rows
                 problems.append(f"data shard {DATA}/{key} (rows {lo}..{hi - 1}) is missing")
-                affected.update(_texts_in_rows(offsets, text_ids, lo, hi))
-    return problems, affected
+                missing.append((lo, hi))
+    return problems, missing
 
 
-def check_structure(path: Path, group, meta: dict, offsets: np.ndarray, manifest) -> None:
-    """Raise :class:`StoreDamagedError` naming every inconsistency (see the module docstring)."""
-    problems, affected = structure_problems(path, group, meta, offsets, manifest)
-    if problems:
-        raise damaged(path, problems, sorted(affected))
+class _Scan:
+    """The per-part checks of :func:`scan_store`, accumulated over the parts."""
+
+    def __init__(self, opened: OpenedParts, missing_shards: list[tuple[int, int]], checksums: bool) -> None:
+        self.opened, self.missing_shards, self.checksums = opened, missing_shards, checksums
+        self.n_texts = int(opened.meta.get("n_texts", 0))
+        self.level = opened.meta.get("level")
+        self.seen = np.zeros((self.n_texts + 8) // 8, dtype=np.uint8)  # a bit per text id
+        self.problems: list[str] = []
+        self.affected: set[int] = set()
+        self.rows_read = 0
+        self.missing: list[int] = []  # per part, its first position without a manifest row
+        self.n_missing = self.n_duplicated = 0
+        self.first_duplicated: int | None = None
+        self.counts = {"twice": 0, "outside": 0, "disagree": 0, "length": 0, "sentence": 0, "crc": 0}
+        self.firsts: dict[str, int] = {}
+        self.unreadable: list[str] = []
+        self._block_lo, self._block_len = 0, 0
+        self._block: np.ndarray | None = None
+        shard_rows = int(opened.meta.get("chunk_rows", 0)) * int(opened.meta.get("shard_chunks", 0))
+        self.step = shard_rows or 65536
+
+    def _count(self, what: str, ids: np.ndarray) -> None:
+        if ids.size:
+            self.counts[what] += int(ids.size)
+            self.firsts.setdefault(what, int(ids[0]))
+            self.affected.update(int(t) for t in ids)
+
+    def part(self, k: int, table) -> None:
+        lo, hi = self.opened.manifest.span(k)
+        positions = table["position"].to_numpy()
+        ids = table["text_id"].to_numpy()
+        self.rows_read += len(positions)
+        if len(positions) != hi - lo or not np.array_equal(positions, np.arange(lo, hi)):
+            present = set(positions.tolist())
+            absent = [p for p in range(lo, hi) if p not in present]
+            if absent:
+                self.n_missing += len(absent)
+                self.missing.append(absent[0])
+            repeated = positions[1:][positions[1:] == positions[:-1]]
+            if repeated.size:
+                self.n_duplicated += int(repeated.size)
+                self.first_duplicated = self.first_duplicated or int(repeated[0])
+                self.affected.update(
+                    int(t) for t, p in zip(ids, positions, strict=True) if p in set(repeated)
+                )
+            return
+        outside = ids[(ids < 0) | (ids >= self.n_texts)]
+        self._count("outside", outside)
+        inside = ids[(ids >= 0) & (ids < self.n_texts)]
+        byte, bit = inside >> 3, (1 << (inside & 7)).astype(np.uint8)
+        unique, counts = np.unique(inside, return_counts=True)
+        twice = np.union1d(unique[counts > 1], inside[(self.seen[byte] & bit) != 0])
+        self._count("twice", twice)
+        np.bitwise_or.at(self.seen, byte, bit)
+        offsets = self.opened.offsets_span(lo, hi + 1)
+        falling = np.flatnonzero(np.diff(offsets) < 0)
+        if falling.size:
+            self.problems.append(
+                f"{OFFSETS} decrease at position {lo + int(falling[0]) + 1}; the commit marker is damaged"
+            )
+            return
+        starts, n_rows = table["start"].to_numpy(), table["n_rows"].to_numpy()
+        self._count("disagree", ids[(starts != offsets[:-1]) | (n_rows != np.diff(offsets))])
+        column = _LIST_COLUMN.get(str(self.level))
+        if column is not None and column in table.column_names:
+            import pyarrow.compute as pc
+
+            lengths = pc.list_value_length(table[column]).to_numpy(zero_copy_only=False)
+            self._count("length", ids[lengths != n_rows])
+        elif self.level == "sentence":
+            self._count("sentence", ids[n_rows != 1])
+        for shard_lo, shard_hi in self.missing_shards:
+            self.affected.update(int(t) for t in ids[(offsets[1:] > shard_lo) & (offsets[:-1] < shard_hi)])
+        if self.checksums and "crc32" in table.column_names:
+            self._checksums(offsets, ids, table["crc32"].to_numpy())
+
+    def _checksums(self, offsets: np.ndarray, ids: np.ndarray, expected: np.ndarray) -> None:
+        data = self.opened.group[DATA]
+        end = self.opened.end
+        for i in range(len(ids)):
+            row, stop = int(offsets[i]), int(offsets[i + 1])
+            running, broken = 0, False
+            while row < stop:
+                if not self._block_lo <= row < self._block_lo + self._block_len:
+                    self._block_lo = (row // self.step) * self.step  # one bad shard spoils one block
+                    self._block_len = min(self._block_lo + self.step, end) - self._block_lo
+                    try:
+                        self._block = np.asarray(data[self._block_lo : self._block_lo + self._block_len])
+                    except Exception as exc:  # zarr raises ValueError for a shard it cannot decode
+                        self._block = None
+                        last = self._block_lo + self._block_len - 1
+                        self.unreadable.append(f"rows {self._block_lo}..{last} cannot be read ({exc})")
+                take = min(stop, self._block_lo + self._block_len) - row
+                if self._block is None:
+                    broken = True
+                else:
+                    piece = self._block[row - self._block_lo : row - self._block_lo + take]
+                    running = zlib.crc32(np.ascontiguousarray(piece), running)  # type: ignore[arg-type]
+                row += take
+            if broken or running != int(expected[i]):
+                self.counts["crc"] += 0 if broken else 1
+                self.affected.add(int(ids[i]))
+
+    def finish(self, n: int) -> list[str]:
+        problems = list(self.problems)
+        if self.n_missing or self.n_duplicated:
+            detail = []
+            if self.n_missing:
+                detail.append(f"{self.n_missing} positions missing (first {min(self.missing)})")
+            if self.n_duplicated:
+                detail.append(f"{self.n_duplicated} duplicated (first {self.first_duplicated})")
+            problems.append(
+                f"the manifest has {self.rows_read} rows for {n} committed texts ({'; '.join(detail)}); "
+                "a manifest part was deleted, copied or changed"
+            )
+        c, f = self.counts, self.firsts
+        if c["twice"]:
+            problems.append(
+                f"{c['twice']} text ids appear more than once in the manifest (first {f['twice']})"
+            )
+        if c["outside"]:
+            problems.append(f"text id {f['outside']} is outside 0..{self.n_texts - 1}")
+        if c["disagree"]:
+            problems.append(
+                f"{c['disagree']} manifest rows disagree with {OFFSETS} about where their rows are "
+                f"(first: text {f['disagree']})"
+            )
+        if c["length"]:
+            problems.append(f"{c['length']} texts have a row count that differs from their {self.level}s")
+        if c["sentence"]:
+            problems.append("a sentence store holds more than one row for some texts")
+        problems += self.unreadable
+        if c["crc"] and not self.unreadable:
+            problems.append(
+                f"{c['crc']} texts' rows differ from the checksum written when they were committed"
+            )
+        return problems
+
+
+def scan_store(path: str | os.PathLike, *, checksums: bool = True) -> VerifyReport:
+    """Check one (unsharded) store part by part (module docstring); never raises for damage,
+    reports it. ``checksums=False``: the structure only (what a writer checks before resuming)."""
+    opened = open_parts(Path(path))
+    problems, missing_shards = layout_problems(opened)
+    n = opened.n_committed
+    report = VerifyReport(Path(path), n, opened.end if opened.offsets is not None and opened.n_valid else 0)
+    columns = ("text_id", "position", "start", "n_rows", "crc32", *_LIST_COLUMN.values())
+    names = opened.manifest.column_names()
+    report.checksums = checksums and "crc32" in names
+    fatal = opened.offsets is None or any(
+        p.startswith(f"{OFFSETS}[0]") or "data array" in p for p in problems
+    )
+    if fatal or not len(opened.manifest):
+        report.problems = problems
+        return report
+    scan = _Scan(opened, missing_shards, report.checksums and not problems)
+    try:
+        for k, table in opened.manifest.iter_tables(columns):
+            scan.part(k, table)
+    except Exception as exc:  # a damaged part: reported, not raised
+        problems.append(f"a manifest part cannot be read ({exc})")
+    report.problems = problems + scan.finish(n)
+    report.text_ids = sorted(scan.affected)
+    return report
+
+
+def check_structure(path: Path) -> None:
+    """Raise :class:`StoreDamagedError` naming every structural inconsistency (no checksums)."""
+    report = scan_store(path, checksums=False)
+    if report.problems:
+        raise damaged(path, report.problems, report.text_ids)
 
 
 def rows_checksum(rows: np.ndarray) -> int:
@@ -173,58 +281,17 @@ def rows_checksum(rows: np.ndarray) -> int:
 
 
 def verify_one_store(path: str | os.PathLike, *, block_rows: int = 65536) -> VerifyReport:
-    """Check one (unsharded) store's structure and every text's checksum; never raises for damage,
-    reports it. ``layerwise.verify_store`` also takes a sharded store (api.py)."""
-    path = Path(path)
-    group, meta, offsets, manifest, part_problems = read_parts(path)
-    problems, affected = structure_problems(path, group, meta, offsets, manifest)
-    problems = part_problems + problems
-    n = max(len(offsets) - 1, 0)
-    report = VerifyReport(path, n, int(offsets[-1]) if len(offsets) else 0)
-    has_checksums = manifest is not None and "crc32" in manifest.column_names
-    report.checksums = has_checksums
-    if not problems and has_checksums and n:
-        data = group[DATA]
-        ids = manifest["text_id"].to_numpy()
-        expected = manifest["crc32"].to_numpy()
-        end = int(offsets[-1])
-        shard_rows = int(meta.get("chunk_rows", 0)) * int(meta.get("shard_chunks", 0))
-        step = shard_rows or block_rows  # one shard per read, so one bad shard spoils only its own texts
-        block_lo, block_len, block = 0, 0, None
-        unreadable: list[str] = []
-        for position in range(n):
-            row, stop = int(offsets[position]), int(offsets[position + 1])
-            running, broken = 0, False
-            while row < stop:
-                if not block_lo <= row < block_lo + block_len:
-                    block_lo = (row // step) * step  # whole shards, so one bad shard spoils one block
-                    block_len = min(block_lo + step, end) - block_lo
-                    try:
-                        block = np.asarray(data[block_lo : block_lo + block_len])
-                    except Exception as exc:  # zarr raises ValueError for a shard it cannot decode
-                        block = None
-                        last = block_lo + block_len - 1
-                        unreadable.append(f"rows {block_lo}..{last} cannot be read ({exc})")
-                take = min(stop, block_lo + block_len) - row
-                if block is None:
-                    broken = True
-                else:
-                    part = np.ascontiguousarray(block[row - block_lo : row - block_lo + take])
-                    running = zlib.crc32(part, running)  # type: ignore[arg-type]
-                row += take
-            if broken:
-                affected.add(int(ids[position]))
-                continue
-            if running != int(expected[position]):
-                affected.add(int(ids[position]))
-        problems.extend(unreadable)
-        if affected and not unreadable:
-            problems.append(
-                f"{len(affected)} texts' rows differ from the checksum written when they were committed"
-            )
-    report.problems = problems
-    report.text_ids = sorted(affected)
-    return report
+    """Check one (unsharded) store's structure and every text's checksum (:func:`scan_store`).
+    ``layerwise.verify_store`` also takes a sharded store (api.py). ``block_rows`` is kept for
+    callers; data is read a shard at a time."""
+    return scan_store(path, checksums=True)
 
 
-__all__ = ["VerifyReport", "check_structure", "rows_checksum", "verify_one_store"]
+__all__ = [
+    "VerifyReport",
+    "check_structure",
+    "layout_problems",
+    "rows_checksum",
+    "scan_store",
+    "verify_one_store",
+]

@@ -1,0 +1,180 @@
+"""Where a committed text is, found without reading the whole store.
+
+Opening a store reads what does not grow with the texts: the metadata, the manifest folder's
+listing (one name per part) and a few chunks of the commit marker. Everything per text is read
+when asked, a chunk or a part at a time:
+
+* how many texts are committed: a binary search over the offsets array's chunks for the last one
+  whose first entry is written, then a scan of the last commit's window (a commit writes at most
+  one shard's texts, and zarr may write its chunks in any order, so a gap can only be there);
+* a text's rows: two offsets entries;
+* a text's position from its id: ``positions[text_id]`` (format.py), written before the commit
+  marker and trusted only when the manifest row at that position names the same text. Stores
+  written before that array existed get the same map from the manifest's ``text_id`` column, read
+  once (8 bytes a text);
+* a text's manifest row: the part whose first position is the last one at or below it (part
+  names carry their first position), read with only the columns asked for, a few parts cached.
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+from collections import OrderedDict
+from pathlib import Path
+
+import numpy as np
+
+from .format import MANIFEST
+
+_PARTS_CACHED = 4
+
+
+def committed_count(offsets_array, window: int | None) -> int:
+    """How many entries of the offsets array are valid: those before the first fill value (-1).
+    ``window``: the most texts one commit writes (None: scan the whole array, as for a store that
+    does not record its layout)."""
+    size = int(offsets_array.shape[0])
+    chunk = int(offsets_array.chunks[0])
+    if window is None or size <= chunk:
+        values = np.asarray(offsets_array[:])
+        invalid = np.flatnonzero(values < 0)
+        return int(invalid[0]) if invalid.size else size
+    lo, hi = 0, (size - 1) // chunk  # the last chunk whose first entry is written
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if int(offsets_array[mid * chunk]) >= 0:
+            lo = mid
+        else:
+            hi = mid - 1
+    start = max(0, lo * chunk - window - 1)
+    stop = min(size, (lo + 1) * chunk)
+    invalid = np.flatnonzero(np.asarray(offsets_array[start:stop]) < 0)
+    return start + int(invalid[0]) if invalid.size else stop
+
+
+def part_firsts(path: Path) -> tuple[np.ndarray, list[str], list[str]]:
+    """``(first positions, file names, problems)`` of the manifest parts, sorted by first position.
+    A name that is not ``part-<position>.parquet`` (a copy, say) is a problem: the part it copies
+    would be read twice."""
+    folder = path / MANIFEST
+    try:
+        names = [n for n in os.listdir(folder) if n.startswith("part-") and n.endswith(".parquet")]
+    except FileNotFoundError:
+        names = []
+    firsts: dict[int, str] = {}
+    problems: list[str] = []
+    for name in names:
+        digits = name[len("part-") : -len(".parquet")]
+        if not digits.isdigit():
+            problems.append(f"manifest part {name!r} is not one the writer makes (duplicated?)")
+            continue
+        firsts[int(digits)] = name
+    order = sorted(firsts)
+    return np.asarray(order, dtype=np.int64), [firsts[f] for f in order], problems
+
+
+class ManifestParts:
+    """The committed manifest, read part by part with the columns asked for."""
+
+    def __init__(self, path: Path, n_committed: int) -> None:
+        self.path = path
+        firsts, names, self.problems = part_firsts(path)
+        keep = int(np.searchsorted(firsts, n_committed, side="left"))  # parts past the marker: stale
+        self.firsts, self.names, self.n = firsts[:keep], names[:keep], n_committed
+        if self.n and (not len(self.firsts) or self.firsts[0] != 0):
+            self.problems.append("the manifest part holding position 0 is missing")
+        self._cache: OrderedDict[tuple[int, tuple[str, ...] | None], object] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self.firsts)
+
+    def span(self, k: int) -> tuple[int, int]:
+        """The positions part ``k`` must hold: up to the next part's first, or the commit."""
+        stop = int(self.firsts[k + 1]) if k + 1 < len(self.firsts) else self.n
+        return int(self.firsts[k]), stop
+
+    def part_of(self, position: int) -> int:
+        return bisect.bisect_right(self.firsts, position) - 1
+
+    def read(self, k: int, columns: tuple[str, ...] | None = None):
+        """Part ``k`` as a pyarrow Table (cut to the committed positions), cached."""
+        import pyarrow.parquet as pq
+
+        key = (k, columns)
+        table = self._cache.get(key)
+        if table is None:
+            file = pq.ParquetFile(self.path / MANIFEST / self.names[k])
+            wanted = None if columns is None else [c for c in columns if c in file.schema_arrow.names]
+            table = file.read(columns=wanted)
+            lo, hi = self.span(k)
+            table = table.slice(0, max(0, min(table.num_rows, hi - lo)))  # rows past the commit
+            self._cache[key] = table
+            while len(self._cache) > _PARTS_CACHED:
+                self._cache.popitem(last=False)
+        else:
+            self._cache.move_to_end(key)
+        return table
+
+    def column_names(self) -> list[str]:
+        import pyarrow.parquet as pq
+
+        if not len(self.names):
+            return []
+        return list(pq.ParquetFile(self.path / MANIFEST / self.names[0]).schema_arrow.names)
+
+    def iter_tables(self, columns: tuple[str, ...] | None = None):
+        """``(k, table)`` for each part in position order, uncached (bounded memory)."""
+        import pyarrow.parquet as pq
+
+        for k, name in enumerate(self.names):
+            file = pq.ParquetFile(self.path / MANIFEST / name)
+            wanted = None if columns is None else [c for c in columns if c in file.schema_arrow.names]
+            table = file.read(columns=wanted)
+            lo, hi = self.span(k)
+            yield k, table.slice(0, max(0, min(table.num_rows, hi - lo)))
+
+
+class IdPositions:
+    """text id -> store position, or -1 when the id is not committed."""
+
+    def __init__(self, array, parts: ManifestParts, n_texts: int) -> None:
+        self._array, self._parts, self._n_texts = array, parts, n_texts
+        self._built: np.ndarray | None = None
+
+    def lookup(self, text_ids: np.ndarray) -> np.ndarray:
+        """Positions of ``text_ids`` (all within 0..n_texts-1), -1 where not committed; to be
+        confirmed against the manifest row (an entry past the commit may be stale)."""
+        if self._array is not None:
+            if len(text_ids) == 1:
+                found = np.asarray([self._array[int(text_ids[0])]], dtype=np.int64)
+            else:
+                lo, hi = int(text_ids.min()), int(text_ids.max()) + 1
+                if hi - lo <= 64 * len(text_ids) + 4096:  # one read of the range they span
+                    found = np.asarray(self._array[lo:hi], dtype=np.int64)[text_ids - lo]
+                else:
+                    found = np.asarray(self._array.get_coordinate_selection(text_ids), dtype=np.int64)
+        else:
+            found = self._fallback()[text_ids]
+        found[found >= self._parts.n] = -1
+        return found
+
+    def _fallback(self) -> np.ndarray:
+        """The map built from the manifest's text_id column (stores without ``positions/``)."""
+        if self._built is None:
+            built = np.full(self._n_texts, -1, dtype=np.int64)
+            for k, table in self._parts.iter_tables(("text_id",)):
+                first = self._parts.span(k)[0]
+                ids = table["text_id"].to_numpy()
+                inside = (ids >= 0) & (ids < self._n_texts)
+                built[ids[inside]] = first + np.flatnonzero(inside)
+            self._built = built
+        return self._built
+
+    def committed_ids(self, lo: int, hi: int) -> np.ndarray:
+        """The committed text ids in ``lo..hi-1``, ascending (not confirmed against the manifest)."""
+        if self._array is not None:
+            found = np.asarray(self._array[lo:hi], dtype=np.int64)
+        else:
+            found = self._fallback()[lo:hi]
+        return lo + np.flatnonzero((found >= 0) & (found < self._parts.n))
