@@ -60,6 +60,9 @@ _EXPORTS = {
     "resolve_layers": "features.layers",
     "Settings": "settings",
     "read_meta": "files.meta",
+    "cache_activations": "cache",
+    "CacheSummary": "cache",
+    "verify_cache": "cache",
 }
 
 # submodules exposed as namespaces (lw.analyze.layer_similarity(...)): name -> module
@@ -70,6 +73,7 @@ __all__ = sorted([*_EXPORTS, *_SUBMODULES, "__version__"])
 if TYPE_CHECKING:
     from . import ray
     from .analysis import stats as analyze
+    from .cache import CacheSummary, cache_activations, verify_cache
     from .encoder import Encoder
     from .errors import (
         InputError,

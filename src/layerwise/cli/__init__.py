@@ -10,7 +10,7 @@ from __future__ import annotations
 import signal
 import sys
 
-from . import analysis, extract, inspect, layers, probe, serve  # noqa: F401  (they register their commands)
+from . import analysis, cache, extract, inspect, layers, probe, serve  # noqa: F401  (they register their commands)
 from .options import app, err
 
 __all__ = ["app", "main"]

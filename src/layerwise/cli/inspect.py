@@ -44,13 +44,20 @@ def show(
 
 @app.command()
 def verify(
-    store: Annotated[Path, typer.Argument(help="A store folder (*.lw)")],
+    store: Annotated[Path, typer.Argument(help="A store folder (*.lw) or an activation cache folder")],
 ) -> None:
-    """Check a store: offsets, manifest, shards and every text's checksum. Exit 1 if it is damaged."""
+    """Check a store (offsets, manifest, shards, every text's checksum) or an activation cache
+    (record, contexts, shards, every context's token ids). Exit 1 if it is damaged."""
     try:
+        from ..cache.format import read_meta as read_cache_meta
         from ..store import verify_store
 
-        report = verify_store(store)
+        if read_cache_meta(store) is not None:
+            from ..cache import verify_cache
+
+            report = verify_cache(store)
+        else:
+            report = verify_store(store)
     except StoreDamagedError as exc:  # a sharded store's table that cannot be trusted: damaged too
         from rich.markup import escape
 

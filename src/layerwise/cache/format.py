@@ -1,0 +1,122 @@
+"""The activation cache on disk: a Hugging Face ``datasets`` folder in SAELens' schema.
+
+    acts/
+      layerwise-cache.json          what made it (model, weights' hash, layers, context, tokens,
+                                    dtype, seed, final norm, the contexts' hash) and its shards;
+                                    written first: from then on the folder says it is a cache
+      contexts.i32                  every context's token ids, int32 (n_contexts, context), in
+                                    source order (before shuffling): the input of every shard
+      data-00000-of-00012.arrow     Arrow IPC streams, as ``Dataset.save_to_disk`` writes them: one
+      data-00001-of-00012.arrow     column per hook, ``Array2D((context, d_model), dtype)``, and
+      ...                           ``token_ids`` (``int32[context]``); rows in shuffled order;
+                                    each written as a hidden temp file and renamed when whole
+      dataset_info.json, state.json written last, when every shard is there: ``load_from_disk``
+                                    opens the folder from then on
+      .lock                         held (flock) by the one process that writes
+
+Hook names follow TransformerLens (what SAELens' ``hook_name`` means): hidden state ``i + 1`` (the
+output of block ``i``) is ``blocks.{i}.hook_resid_post``; hidden state 0 (the embeddings, the input
+of block 0) is ``blocks.0.hook_resid_pre``. These are the raw residual stream: a decoder's final
+norm is not applied (``final_norm=False``, the default of the cache). With ``final_norm=True`` the
+last hidden state is the final norm's output and is named ``ln_final.hook_normalized``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from pathlib import Path
+from typing import Literal
+
+from ..errors import NotAStoreError, StoreError
+
+FORMAT = "layerwise-activation-cache"
+FORMAT_VERSION = 1
+META = "layerwise-cache.json"
+CONTEXTS = "contexts.i32"
+STATE = "state.json"
+INFO = "dataset_info.json"
+LOCK = ".lock"
+TOKEN_IDS = "token_ids"
+
+CacheKind = Literal["missing", "empty", "cache", "other"]
+
+
+def hook_name(hidden_state: int, n_layers: int, final_norm: bool) -> str:
+    """The TransformerLens name of hidden state ``hidden_state`` (module docstring)."""
+    if hidden_state == 0:
+        return "blocks.0.hook_resid_pre"
+    if hidden_state == n_layers and final_norm:
+        return "ln_final.hook_normalized"
+    return f"blocks.{hidden_state - 1}.hook_resid_post"
+
+
+def shard_name(k: int, n_shards: int) -> str:
+    return f"data-{k:05d}-of-{n_shards:05d}.arrow"
+
+
+def read_meta(path: Path) -> dict | None:
+    """The cache's own record when ``path`` is a layerwise activation cache, else None."""
+    try:
+        meta = json.loads((path / META).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return meta if isinstance(meta, dict) and meta.get("format") == FORMAT else None
+
+
+def classify(path: Path) -> CacheKind:
+    if not path.exists() and not path.is_symlink():
+        return "missing"
+    if not path.is_dir():
+        raise NotAStoreError(f"{str(path)!r} exists and is a file; a cache is a folder: choose another path")
+    entries = set(os.listdir(path))
+    if entries <= {LOCK}:
+        return "empty"
+    return "cache" if read_meta(path) is not None else "other"
+
+
+def not_a_cache(path: Path) -> NotAStoreError:
+    return NotAStoreError(
+        f"{str(path)!r} is a folder that is not a layerwise activation cache (no {META}); layerwise will "
+        "not write into it or remove anything from it: choose another path"
+    )
+
+
+def owned_entries(path: Path) -> list[Path]:
+    """What the cache owns, in the order overwrite removes it (the dataset's index first, so a
+    crash half way leaves no folder that load_from_disk would open; the record last)."""
+    names = [STATE, INFO]
+    names += sorted(n for n in os.listdir(path) if n.startswith("data-") and n.endswith(".arrow"))
+    names += sorted(n for n in os.listdir(path) if n.startswith(".") and n.endswith(".partial"))
+    names += [CONTEXTS, META]
+    return [path / n for n in names]
+
+
+def remove_owned(path: Path) -> None:
+    for entry in owned_entries(path):
+        try:
+            with contextlib.suppress(FileNotFoundError):
+                entry.unlink()
+        except OSError as exc:
+            raise StoreError(f"cannot remove {str(entry)!r}: {exc.strerror}") from exc
+
+
+def write_json(path: Path, document: dict) -> None:
+    """Write ``document`` atomically (temp file, fsync, rename)."""
+    tmp = path.with_name(f".{path.name}.partial")
+    with open(tmp, "w", encoding="utf-8") as handle:
+        json.dump(document, handle, indent=1)
+        handle.write("\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+
+
+def features(columns: dict[str, int], context: int, dtype: str):
+    """The ``datasets.Features`` of a cache: ``columns`` maps each hook name to its width."""
+    from datasets import Array2D, Features, Sequence, Value
+
+    schema: dict = {name: Array2D(shape=(context, width), dtype=dtype) for name, width in columns.items()}
+    schema[TOKEN_IDS] = Sequence(Value("int32"), length=context)
+    return Features(schema)

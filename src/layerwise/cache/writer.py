@@ -1,0 +1,314 @@
+"""``lw.cache_activations``: token activations of several layers, from one forward pass per
+context, into a shuffled, resumable ``datasets`` folder that SAE and probe trainers load.
+
+The run, in order (format.py has the layout):
+
+1. every check that can fail on the settings alone (layers, context, tokens, dtype, the output
+   folder), before anything is written;
+2. the writer lock, then the record (``layerwise-cache.json``): a cache started with other
+   settings refuses to resume, naming each difference;
+3. the token pass (contexts.py) into ``contexts.i32``: on a resume the corpus is tokenised again
+   and must give the same contexts (their SHA-256), or the run refuses;
+4. the shards: slot ``s`` of the cache holds context ``permutation[s]`` (a seeded permutation of
+   every context of the run, so a contiguous read sees contexts from all over the corpus); shard
+   ``k`` holds slots ``k * S .. (k + 1) * S - 1``, computed in fixed batches, written as a hidden temp
+   file and renamed. A killed run loses at most the shard it was writing; the rerun skips the
+   shards that exist and computes the others with the same batches: the same bytes;
+5. ``dataset_info.json`` and ``state.json``: from now on ``datasets.load_from_disk`` opens it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import NonFiniteError, OptionError, StoreError
+from ..store.lock import writer_lock
+from .contexts import framing_for, read_contexts, write_contexts
+from .format import (
+    CONTEXTS,
+    FORMAT,
+    FORMAT_VERSION,
+    META,
+    classify,
+    features,
+    hook_name,
+    not_a_cache,
+    read_meta,
+    remove_owned,
+    shard_name,
+    write_json,
+)
+from .shards import write_dataset_index, write_shard
+
+DTYPES = ("float16", "float32")
+SHARD_BYTES = 128 * 2**20  # a shard's activations: what one killed run can lose, and RAM while writing
+# what must match for a run to resume a cache (the rest of the record says how it ran)
+RESUME_KEYS = (
+    "weights_sha256", "model_dtype", "layers", "context", "tokens", "dtype", "shuffle_seed",
+    "final_norm", "framing", "shard_contexts",
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class CacheSummary:
+    path: Path
+    n_contexts: int
+    context: int
+    n_shards: int
+    n_written: int  # shards written by this run
+    columns: tuple[str, ...]
+    exhausted: bool  # the corpus ended before the tokens asked for
+    seconds: float
+
+    @property
+    def n_tokens(self) -> int:
+        return self.n_contexts * self.context
+
+
+def cache_activations(
+    encoder: Any,
+    corpus: object,
+    path: str | os.PathLike,
+    *,
+    layers: object = (-1,),
+    context: int = 128,
+    tokens: int = 1_000_000,
+    dtype: str = "float16",
+    shuffle_seed: int | None = 0,
+    final_norm: bool = False,
+    overwrite: bool = False,
+    progress: bool | None = None,
+    shard_bytes: int = SHARD_BYTES,
+    shards: tuple[int, int] | None = None,
+    **corpus_options: object,
+) -> CacheSummary:
+    """Cache the activations of ``layers`` (hidden-state indices, relative depths such as 0.5, or
+    a spec string "0.25,0.5,0.75") of ``tokens`` tokens of ``corpus``, cut into contexts of
+    ``context`` tokens, into the folder ``path`` (format.py). ``shuffle_seed=None`` keeps source
+    order. ``shards=(i, n)``: write only shards ``k`` with ``k % n == i`` (one of ``n`` workers on
+    one cache; the last to finish writes the index). Returns a :class:`CacheSummary`."""
+    from ..features.layers import resolve_layers
+    from ..inputs.corpus import as_corpus
+
+    started = time.perf_counter()
+    path = Path(path)
+    hidden_states = resolve_layers(layers, encoder.n_hidden_states)  # type: ignore[arg-type]
+    _check_numbers(encoder, context, tokens, dtype, shuffle_seed, final_norm, shard_bytes)
+    kind = classify(path)
+    if kind == "other":
+        raise not_a_cache(path)
+    source = as_corpus(corpus, **corpus_options)  # type: ignore[arg-type]  # a missing file fails here, before anything is written
+    n_layers = encoder.n_hidden_states - 1
+    columns = {hook_name(i, n_layers, bool(final_norm)): encoder.hidden_size for i in hidden_states}
+    framing = framing_for(encoder.tokenizer, encoder.is_decoder)
+    if context <= len(framing.begin) + len(framing.end):
+        raise OptionError(f"context={context} leaves no room for text between {framing.as_dict()}")
+    width_bytes = sum(columns.values()) * np.dtype(dtype).itemsize + 4
+    meta = {
+        "format": FORMAT, "format_version": FORMAT_VERSION, **_model_record(encoder),
+        "layers": list(hidden_states), "columns": list(columns), "context": context, "tokens": tokens,
+        "dtype": dtype, "shuffle_seed": shuffle_seed, "final_norm": bool(final_norm),
+        "framing": framing.as_dict(),
+        "shard_contexts": max(1, shard_bytes // (context * width_bytes)), "source": source.describe(),
+    }  # fmt: skip
+    path.mkdir(parents=True, exist_ok=True)
+    with writer_lock(path):
+        stored = read_meta(path)
+        if stored is not None and overwrite:
+            remove_owned(path)
+            stored = None
+        if stored is not None:
+            different = [k for k in RESUME_KEYS if stored.get(k) != meta.get(k)]
+            if different:
+                details = "; ".join(f"{k}: cached {stored.get(k)!r}, now {meta.get(k)!r}" for k in different)
+                raise StoreError(
+                    f"cache {str(path)!r} was written with other settings ({details}); write to a new "
+                    "path, or pass --overwrite (Python: overwrite=True) to start it again"
+                )
+        else:
+            write_json(path / META, meta)
+        meta = _contexts(path, meta, stored, source, encoder, framing, context, tokens)
+        return _write_shards(path, meta, encoder, columns, progress, shards, started)
+
+
+def _check_numbers(encoder, context, tokens, dtype, shuffle_seed, final_norm, shard_bytes) -> None:
+    def whole(name: str, value: object, least: int) -> None:
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise OptionError(f"{name}={value!r} must be a whole number >= {least}")
+
+    whole("context", context, 2)
+    if context > encoder.max_length:
+        raise OptionError(
+            f"context={context} is longer than this model takes ({encoder.max_length} tokens): choose "
+            f"--context {encoder.max_length} or less"
+        )
+    whole("tokens", tokens, 1)
+    if tokens < context:
+        raise OptionError(
+            f"tokens={tokens} is less than one context of {context} tokens: ask for {context} or more"
+        )
+    if dtype not in DTYPES:
+        raise OptionError(f"dtype={dtype!r} is not one the cache stores; choose {' or '.join(DTYPES)}")
+    if shuffle_seed is not None:
+        whole("shuffle_seed", shuffle_seed, 0)
+    if final_norm not in (True, False):
+        raise OptionError(
+            f"final_norm={final_norm!r}: the cache takes True (the last hidden state through the final norm, "
+            "named ln_final.hook_normalized) or False (the raw residual stream, TransformerLens' hooks)"
+        )
+    whole("shard_bytes", shard_bytes, 1)
+
+
+def _model_record(encoder: Any) -> dict:
+    from .. import __version__
+    from ..model.source import weights_sha256
+
+    return {
+        "layerwise_version": __version__, "model": encoder.name, "model_source": str(encoder.source),
+        "weights_sha256": weights_sha256(encoder.models.current), "model_dtype": encoder.settings.model_dtype,
+        "decoder": encoder.is_decoder, "d_model": encoder.hidden_size,
+        "n_hidden_states": encoder.n_hidden_states,
+    }  # fmt: skip
+
+
+def _contexts(
+    path: Path, meta: dict, stored: dict | None, source, encoder, framing, context: int, tokens: int
+) -> dict:
+    """The token pass (module docstring, 3): the record completed with the contexts' count and hash."""
+    tmp = path / f".{CONTEXTS}.partial"
+    try:
+        found = write_contexts(
+            (block.texts for block in source.blocks(1024)), encoder.tokenizer, framing, context,
+            tokens // context, tmp,
+        )  # fmt: skip
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    if found.n_contexts == 0:
+        tmp.unlink(missing_ok=True)
+        raise OptionError(
+            f"the corpus holds fewer than {context} tokens ({found.n_documents} documents): no whole "
+            "context; choose a smaller --context or a larger corpus"
+        )
+    if stored is not None and stored.get("contexts_sha256") not in (None, found.sha256):
+        tmp.unlink(missing_ok=True)
+        raise StoreError(
+            f"cache {str(path)!r} was made from other texts: its contexts differ from this corpus' "
+            "(contexts_sha256); write to a new path, or pass --overwrite (Python: overwrite=True)"
+        )
+    os.replace(tmp, path / CONTEXTS)
+    n = found.n_contexts
+    per_shard = int(meta["shard_contexts"])
+    record = {**meta, "n_contexts": n, "n_documents": found.n_documents, "contexts_sha256": found.sha256,
+              "exhausted": found.exhausted, "n_shards": -(-n // per_shard)}  # fmt: skip
+    if stored is None or any(stored.get(k) != v for k, v in record.items() if k != "source"):
+        write_json(path / META, record)
+    return record
+
+
+def permutation(n_contexts: int, seed: int | None) -> np.ndarray:
+    """Slot -> context: the cache's order (identity when unshuffled)."""
+    if seed is None:
+        return np.arange(n_contexts)
+    return np.random.default_rng(seed).permutation(n_contexts)
+
+
+@dataclass(frozen=True)
+class _Unit:
+    """One context as the engine takes it."""
+
+    ids: tuple[int, ...]
+    type_ids: tuple[int, ...]
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+
+def _write_shards(path: Path, meta: dict, encoder, columns: dict[str, int], progress, shards, started: float):
+    from ..progress import progress_bar
+
+    n, context, per_shard, n_shards = (
+        meta["n_contexts"],
+        meta["context"],
+        meta["shard_contexts"],
+        meta["n_shards"],
+    )
+    contexts = read_contexts(path / CONTEXTS, context, n)
+    order = permutation(n, meta["shuffle_seed"])
+    mine = [k for k in range(n_shards) if shards is None or k % shards[1] == shards[0]]
+    todo = [k for k in mine if not (path / shard_name(k, n_shards)).exists()]
+    bar = progress_bar("caching", "contexts", progress)
+    written = 0
+    with bar if bar is not None else contextlib.nullcontext():
+        task = (
+            bar.add_task("cache", total=len(mine) * per_shard, completed=(len(mine) - len(todo)) * per_shard)
+            if bar
+            else None
+        )
+        for k in todo:
+            slots = order[k * per_shard : min((k + 1) * per_shard, n)]
+            token_ids = np.asarray(contexts[slots])
+            arrays = _activations(encoder, token_ids, meta, columns, slots)
+            write_shard(
+                path, shard_name(k, n_shards), features(columns, context, meta["dtype"]), arrays, token_ids
+            )
+            written += 1
+            if bar is not None and task is not None:
+                bar.advance(task, len(slots))
+    if all((path / shard_name(k, n_shards)).exists() for k in range(n_shards)):
+        write_dataset_index(
+            path, features(columns, context, meta["dtype"]), n_shards, meta["contexts_sha256"]
+        )
+    return CacheSummary(path, n, context, n_shards, written, tuple(columns), bool(meta["exhausted"]),
+                        time.perf_counter() - started)  # fmt: skip
+
+
+def _check_finite(batch: list[int], rows, layers: tuple[int, ...], context_ids: np.ndarray) -> None:
+    """The batch's sum was not finite: find the context and hidden state that are not (a sum can
+    also overflow with every value finite) and name them."""
+    for u, (hidden, _) in zip(batch, rows, strict=True):
+        for j, layer in enumerate(layers):
+            if not np.isfinite(hidden[j]).all():
+                context = int(context_ids[u])
+                raise NonFiniteError(
+                    f"the model produced NaN or inf in hidden state {layer} of context {context} (row "
+                    f"{context} of contexts.i32): with model_dtype='float16' try float32, else check the "
+                    "weights",
+                    index=context,
+                    layer=layer,
+                )
+
+
+def _activations(
+    encoder, token_ids: np.ndarray, meta: dict, columns: dict[str, int], context_ids: np.ndarray
+) -> dict[str, np.ndarray]:
+    """Every requested hidden state of each context, in the cache's dtype: ``{column: (B, T, H)}``."""
+    import torch
+
+    zeros = (0,) * token_ids.shape[1]
+    units = [_Unit(tuple(row.tolist()), zeros) for row in token_ids]
+    out = {
+        name: np.empty((len(units), token_ids.shape[1], width), dtype=meta["dtype"])
+        for name, width in columns.items()
+    }
+    names = list(columns)
+    layers = tuple(meta["layers"])
+    threads = torch.get_num_threads()
+    for batch, rows in encoder.engine.forward_units(units, layers=layers, final_norm=meta["final_norm"]):
+        if rows.nonfinite:
+            _check_finite(batch, rows, layers, context_ids)
+        torch.set_num_threads(1)  # one context's copy is small; the forward's streams hold the cores
+        try:
+            for u, (hidden, _) in zip(batch, rows, strict=True):
+                for j, name in enumerate(names):  # torch's cast: vectorised, NumPy's runs element by element
+                    torch.from_numpy(out[name][u]).copy_(torch.from_numpy(np.ascontiguousarray(hidden[j])))
+        finally:
+            torch.set_num_threads(threads)
+    return out

@@ -1,0 +1,125 @@
+"""``layerwise cache``: token activations of several layers for SAE and probe training, in a
+shuffled, resumable ``datasets`` folder (layerwise/cache)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from ..errors import LayerwiseError, OptionError
+from .extract import FormatChoice
+from .options import (
+    DeviceOption,
+    EncodingErrorsChoice,
+    EncodingErrorsOption,
+    ModelOption,
+    _fail,
+    _setup_logging,
+    _use_available_cores,
+    app,
+    err,
+)
+
+_SCALE = {"": 1, "K": 10**3, "M": 10**6, "G": 10**9, "B": 10**9}
+
+
+def parse_count(value: str, option: str) -> int:
+    """A count written ``1000000``, ``1_000_000``, ``1e6``, ``500K``, ``10M`` or ``1G``."""
+    text = value.strip().replace("_", "").upper()
+    match = re.fullmatch(r"(\d+(?:\.\d+)?(?:E\d+)?)([KMGB]?)", text)
+    if match is None:
+        raise OptionError(f"{option} {value!r} is not a count: write e.g. 1000000, 1e6, 500K, 10M or 1G")
+    count = float(match.group(1)) * _SCALE[match.group(2)]
+    if count != int(count):
+        raise OptionError(f"{option} {value!r} is not a whole number of tokens")
+    return int(count)
+
+
+@app.command()
+def cache(
+    input: Annotated[
+        str,
+        typer.Argument(
+            help="Your texts: a corpus as extract reads it (.txt, .jsonl, .csv, .parquet, a glob, -)"
+        ),
+    ],
+    output: Annotated[Path, typer.Option("--output", "-o", help="The cache folder (a datasets folder)")],
+    model: ModelOption = None,
+    layers: Annotated[
+        str, typer.Option("--layers", "-l", help="Hidden states: 0.25,0.5,0.75 (depths) | 8,15,23 | -1 | all")
+    ] = "-1",
+    context: Annotated[int, typer.Option(min=2, help="Tokens per context (one forward sequence each)")] = 128,
+    tokens: Annotated[str, typer.Option(help="Tokens to cache: 1000000, 1e6, 500K, 10M")] = "1M",
+    dtype: Annotated[str, typer.Option(help="float16 | float32")] = "float16",
+    shuffle_seed: Annotated[
+        str,
+        typer.Option(
+            help="Seed of the permutation of contexts over the whole cache; 'none' keeps source order"
+        ),
+    ] = "0",
+    final_norm: Annotated[
+        bool,
+        typer.Option(
+            "--final-norm/--no-final-norm",
+            help="Decoders: the last hidden state through the final norm (ln_final.hook_normalized) "
+            "instead of the raw residual stream (blocks.L-1.hook_resid_post)",
+        ),
+    ] = False,
+    text_column: Annotated[
+        str | None, typer.Option(help="The column of the texts (CSV, Parquet) [default: text]")
+    ] = None,
+    format: Annotated[
+        FormatChoice | None, typer.Option("--format", help="Input format [default: from the suffix]")
+    ] = None,
+    overwrite: Annotated[
+        bool, typer.Option(help="Start again: remove what the cache holds (nothing else)")
+    ] = False,
+    model_dtype: Annotated[
+        str, typer.Option(help="Compute dtype of the model: float32 | bfloat16 | float16")
+    ] = "float32",
+    device: DeviceOption = "auto",
+    encoding_errors: EncodingErrorsOption = EncodingErrorsChoice.strict,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar")] = False,
+) -> None:
+    """Cache the activations of several layers from one forward pass per context, for SAE and probe
+    training: a shuffled, resumable Hugging Face datasets folder in SAELens' cached-activations
+    schema (datasets.load_from_disk opens it). Rerun the same command to resume after a crash."""
+    _setup_logging(quiet)
+    try:
+        from ..cache import cache_activations
+        from ..cache.format import classify, not_a_cache
+        from ..encoder import Encoder
+
+        count = parse_count(tokens, "--tokens")
+        seed = (
+            None
+            if shuffle_seed.strip().lower() == "none"
+            else int(parse_count(shuffle_seed, "--shuffle-seed"))
+        )
+        if classify(output) == "other":
+            raise not_a_cache(output)  # before the model loads
+        _use_available_cores()
+        err.print(f"loading {model or 'the default model'} …", highlight=False)
+        enc = Encoder(model, device=device, model_dtype=model_dtype)  # type: ignore[arg-type]
+        summary = cache_activations(
+            enc, input, output, layers=layers, context=context, tokens=count, dtype=dtype, shuffle_seed=seed,
+            final_norm=final_norm, overwrite=overwrite, progress=False if quiet else None,
+            format=format.value if format else None, text_column=text_column,
+            encoding_errors=encoding_errors.value,
+        )  # fmt: skip
+    except LayerwiseError as exc:
+        raise _fail(exc) from None
+    if summary.exhausted:
+        err.print(
+            f"the corpus ended after {summary.n_tokens:,} tokens (asked for {count:,})", highlight=False
+        )
+    if not quiet:
+        err.print(
+            f"{output}: {summary.n_contexts:,} contexts x {summary.context} tokens, columns "
+            f"{', '.join(summary.columns)}; {summary.n_written} of {summary.n_shards} shards written now "
+            f"({summary.seconds:.1f} s)",
+            highlight=False,
+        )

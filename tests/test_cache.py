@@ -1,0 +1,251 @@
+"""The activation cache: what datasets.load_from_disk reads equals transformers' own hidden states
+on the stored token ids; the order is a seeded permutation over the whole run; a killed run resumes
+to the same bytes; settings, second writers and foreign folders are refused; verify finds damage."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import datasets
+import numpy as np
+import pytest
+import torch
+from conftest import corpus, needs_smollm2
+
+import layerwise as lw
+from layerwise.cache.contexts import framing_for
+from layerwise.cache.format import read_meta
+from layerwise.errors import LayerSpecError, NotAStoreError, OptionError, StoreError
+
+_SENTENCES = corpus(180, seed=11)
+TEXTS = [" ".join(_SENTENCES[k : k + 3]) + f" doc{k}" for k in range(0, 180, 3)]  # 60 documents
+
+
+def _shard_bytes(path: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(path.glob("data-*.arrow"))}
+
+
+def _source_contexts(enc, context: int, texts=TEXTS) -> np.ndarray:
+    """The contexts cut independently: documents joined with the separator, framed windows."""
+    framing = framing_for(enc.tokenizer, enc.is_decoder)
+    stream: list[int] = []
+    for k, text in enumerate(texts):
+        stream += (list(framing.separator) if k else []) + enc.tokenizer(text, add_special_tokens=False)[
+            "input_ids"
+        ]
+    body = context - len(framing.begin) - len(framing.end)
+    rows, start = [], 0
+    while True:
+        if (
+            framing.begin
+            and framing.begin == framing.separator
+            and stream[start : start + 1] == list(framing.separator)
+        ):
+            start += 1
+        if len(stream) - start < body:
+            break
+        rows.append(list(framing.begin) + stream[start : start + body] + list(framing.end))
+        start += body
+    return np.asarray(rows, dtype=np.int32)
+
+
+def test_cached_activations_equal_transformers_on_the_stored_token_ids(tmp_path, tiny):
+    path = tmp_path / "acts"
+    summary = lw.cache_activations(tiny, TEXTS, path, layers="all", context=24, tokens=24 * 30, dtype="float32",
+                                   shard_bytes=40_000)  # fmt: skip
+    assert summary.n_contexts == 30 and summary.n_shards > 2
+    ds = datasets.load_from_disk(str(path)).with_format("torch")
+    names = ["blocks.0.hook_resid_pre"] + [f"blocks.{i}.hook_resid_post" for i in range(3)]
+    assert ds.column_names == [*names, "token_ids"] and len(ds) == 30
+    features = ds.features
+    assert features[names[1]].shape == (24, 32) and features[names[1]].dtype == "float32"
+    assert features["token_ids"].length == 24 and features["token_ids"].feature.dtype == "int32"
+    rows = ds[0:30]
+    with torch.no_grad():
+        want = tiny.model(input_ids=rows["token_ids"].long(), output_hidden_states=True).hidden_states
+    for i, name in enumerate(names):
+        np.testing.assert_allclose(rows[name].numpy(), want[i].numpy(), atol=1e-5, rtol=1e-5)
+    assert lw.verify_cache(path).ok
+
+
+@pytest.mark.parametrize("final_norm", [False, True])
+def test_decoder_cache_is_the_residual_stream_or_the_final_norm(tmp_path, decoder_encoder, final_norm):
+    enc = decoder_encoder("llama")
+    path = tmp_path / "acts"
+    lw.cache_activations(enc, TEXTS, path, layers="0,2,3", context=16, tokens=16 * 12, dtype="float32",
+                         final_norm=final_norm)  # fmt: skip
+    ds = datasets.load_from_disk(str(path)).with_format("numpy")
+    last = "ln_final.hook_normalized" if final_norm else "blocks.2.hook_resid_post"
+    assert ds.column_names == ["blocks.0.hook_resid_pre", "blocks.1.hook_resid_post", last, "token_ids"]
+    model = enc.model
+    outputs: list[torch.Tensor] = []
+    hook = model.layers[2].register_forward_hook(
+        lambda m, a, out: outputs.append(out[0] if isinstance(out, tuple) else out)
+    )
+    try:
+        with torch.no_grad():
+            states = model(
+                input_ids=torch.as_tensor(ds["token_ids"]).long(), output_hidden_states=True
+            ).hidden_states
+    finally:
+        hook.remove()
+    np.testing.assert_allclose(ds["blocks.0.hook_resid_pre"], states[0].numpy(), atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(ds["blocks.1.hook_resid_post"], states[2].numpy(), atol=1e-5, rtol=1e-5)
+    want = states[3] if final_norm else outputs[0]  # transformers' last state carries the final norm
+    np.testing.assert_allclose(ds[last], want.numpy(), atol=1e-5, rtol=1e-5)
+
+
+def test_contexts_are_a_seeded_permutation_of_the_whole_run(tmp_path, tiny):
+    path = tmp_path / "acts"
+    lw.cache_activations(
+        tiny, TEXTS, path, layers=-1, context=16, tokens=16 * 80, shuffle_seed=7, shard_bytes=20_000
+    )
+    stored = np.asarray(datasets.load_from_disk(str(path)).with_format("numpy")["token_ids"], dtype=np.int32)
+    source = _source_contexts(tiny, 16)[:80]
+    index = {row.tobytes(): k for k, row in enumerate(source)}
+    assert len(index) == 80  # every source context is distinct: positions identify them
+    order = np.asarray([index[row.tobytes()] for row in stored])
+    assert sorted(order) == list(range(80))  # every context exactly once
+    np.testing.assert_array_equal(order, np.random.default_rng(7).permutation(80))
+    first_shard = order[: read_meta(path)["shard_contexts"]]
+    assert first_shard.max() - first_shard.min() > 40  # a contiguous read mixes the whole corpus
+    unshuffled = tmp_path / "plain"
+    lw.cache_activations(tiny, TEXTS, unshuffled, layers=-1, context=16, tokens=16 * 80, shuffle_seed=None)
+    plain = np.asarray(
+        datasets.load_from_disk(str(unshuffled)).with_format("numpy")["token_ids"], dtype=np.int32
+    )
+    np.testing.assert_array_equal(plain, source)
+
+
+RUN = """
+import sys, layerwise as lw
+sys.path.insert(0, {tests!r})
+from test_cache import TEXTS
+enc = lw.Encoder({model!r}, device="cpu")
+lw.cache_activations(enc, TEXTS, {path!r}, layers="all", context=16, tokens=16 * 100, shuffle_seed=3,
+                     shard_bytes=6_000, progress=False)
+"""
+
+
+def test_a_killed_run_resumes_to_the_same_bytes(tmp_path, tiny):
+    """SIGKILL once some shards are written, rerun: every shard equals an uninterrupted run's."""
+    whole, killed = tmp_path / "whole", tmp_path / "killed"
+    tests = str(Path(__file__).parent)
+    run = lambda path: [sys.executable, "-c", RUN.format(tests=tests, model=str(tiny.source), path=str(path))]  # noqa: E731
+    subprocess.run(run(whole), check=True)
+    n_shards = read_meta(whole)["n_shards"]
+    process = subprocess.Popen(run(killed))
+    deadline = time.time() + 120
+    while len(list(killed.glob("data-*.arrow"))) < 2 and time.time() < deadline and process.poll() is None:
+        time.sleep(0.01)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    written = len(list(killed.glob("data-*.arrow")))
+    assert 0 < written < n_shards, "the kill came too late to test a resume"
+    assert not (killed / "state.json").exists()
+    subprocess.run(run(killed), check=True)
+    assert _shard_bytes(killed) == _shard_bytes(whole) and len(_shard_bytes(whole)) == n_shards
+    assert not list(killed.glob(".*.partial"))
+    assert lw.verify_cache(killed).ok
+
+
+def test_resume_refuses_other_settings_and_a_second_writer(tmp_path, tiny):
+    from layerwise.store.lock import writer_lock
+
+    path = tmp_path / "acts"
+    lw.cache_activations(tiny, TEXTS, path, layers="0,2", context=16, tokens=16 * 10)
+    with pytest.raises(StoreError, match=r"other settings \(layers: cached \[0, 2\], now \[0, 3\]\)"):
+        lw.cache_activations(tiny, TEXTS, path, layers="0,3", context=16, tokens=16 * 10)
+    with pytest.raises(StoreError, match="context: cached 16, now 20"):
+        lw.cache_activations(tiny, TEXTS, path, layers="0,2", context=20, tokens=16 * 10)
+    with pytest.raises(StoreError, match="made from other texts"):
+        lw.cache_activations(tiny, TEXTS[::-1], path, layers="0,2", context=16, tokens=16 * 10)
+    with writer_lock(path), pytest.raises(StoreError, match="being written by another process"):
+        lw.cache_activations(tiny, TEXTS, path, layers="0,2", context=16, tokens=16 * 10)
+    before = _shard_bytes(path)
+    summary = lw.cache_activations(tiny, TEXTS, path, layers="0,2", context=16, tokens=16 * 10)
+    assert summary.n_written == 0 and _shard_bytes(path) == before  # complete: nothing to do
+
+
+def test_overwrite_removes_only_what_the_cache_owns(tmp_path, tiny):
+    path = tmp_path / "acts"
+    lw.cache_activations(tiny, TEXTS, path, layers="0,2", context=16, tokens=16 * 10)
+    (path / "notes.txt").write_text("mine")
+    lw.cache_activations(tiny, TEXTS, path, layers="1", context=16, tokens=16 * 10, overwrite=True)
+    assert (path / "notes.txt").read_text() == "mine"
+    assert datasets.load_from_disk(str(path)).column_names == ["blocks.0.hook_resid_post", "token_ids"]
+
+
+def test_bad_input_writes_nothing(tmp_path, tiny):
+    path = tmp_path / "acts"
+    cases = [
+        (LayerSpecError, "layer 9 out of range", {"layers": 9}),
+        (OptionError, "context=600 is longer than this model takes", {"context": 600}),
+        (OptionError, "tokens=10 is less than one context of 16 tokens", {"tokens": 10}),
+        (OptionError, "dtype='bfloat16' is not one the cache stores", {"dtype": "bfloat16"}),
+    ]
+    for error, message, bad in cases:
+        options = {"layers": -1, "context": 16, "tokens": 160, **bad}
+        with pytest.raises(error, match=message):
+            lw.cache_activations(tiny, TEXTS, path, **options)
+        assert not path.exists()
+    other = tmp_path / "mine"
+    other.mkdir()
+    (other / "data.csv").write_text("a,b\n")
+    with pytest.raises(NotAStoreError, match="is a folder that is not a layerwise activation cache"):
+        lw.cache_activations(tiny, TEXTS, other, context=16, tokens=160)
+    assert os.listdir(other) == ["data.csv"]
+
+
+def test_cli_cache_and_verify(tmp_path, tiny):
+    from typer.testing import CliRunner
+
+    from layerwise.cli import app
+
+    source = tmp_path / "corpus.txt"
+    source.write_text("\n".join(TEXTS) + "\n")
+    out = tmp_path / "acts"
+    runner = CliRunner()
+    args = ["cache", str(source), "-o", str(out), "--model", str(tiny.source), "--layers", "0.5,-1"]
+    result = runner.invoke(app, [*args, "--context", "16", "--tokens", "0.4K", "-q"])
+    assert result.exit_code == 0, result.output
+    ds = datasets.load_from_disk(str(out))
+    assert len(ds) == 25 and ds.column_names == [
+        "blocks.1.hook_resid_post",
+        "blocks.2.hook_resid_post",
+        "token_ids",
+    ]
+    verified = runner.invoke(app, ["verify", str(out)])
+    assert verified.exit_code == 0 and "OK: 25 contexts, 400 tokens" in verified.output
+    bad = runner.invoke(app, [*args, "--context", "16", "--tokens", "8"])
+    assert bad.exit_code == 2 and "tokens=8 is less than one context" in bad.output
+    shard = sorted(out.glob("data-*.arrow"))[-1]
+    raw = bytearray(shard.read_bytes())
+    raw[-200:-190] = b"\x00" * 10  # token ids or activations of the last rows
+    shard.write_bytes(bytes(raw))
+    damaged = runner.invoke(app, ["verify", str(out)])
+    assert damaged.exit_code == 1 and "DAMAGED" in damaged.output
+
+
+@needs_smollm2
+def test_smollm2_cache_equals_transformers(tmp_path, smollm2):
+    path = tmp_path / "acts"
+    lw.cache_activations(smollm2, TEXTS[:20], path, layers="0.25,0.5,0.75", context=32, tokens=32 * 4,
+                         dtype="float32")  # fmt: skip
+    ds = datasets.load_from_disk(str(path)).with_format("numpy")
+    assert ds.column_names[:3] == [
+        "blocks.7.hook_resid_post",
+        "blocks.14.hook_resid_post",
+        "blocks.22.hook_resid_post",
+    ]
+    with torch.no_grad():
+        states = smollm2.model(
+            input_ids=torch.as_tensor(ds["token_ids"]).long(), output_hidden_states=True
+        ).hidden_states
+    for name, i in zip(ds.column_names[:3], (8, 15, 23), strict=True):
+        np.testing.assert_allclose(ds[name], states[i].numpy(), atol=1e-4, rtol=1e-4)
