@@ -56,8 +56,8 @@ def _source_contexts(enc, context: int, texts=TEXTS) -> np.ndarray:
 
 def test_cached_activations_equal_transformers_on_the_stored_token_ids(tmp_path, tiny):
     path = tmp_path / "acts"
-    summary = lw.cache_activations(tiny, TEXTS, path, layers="all", context=24, tokens=24 * 30, dtype="float32",
-                                   shard_bytes=40_000)  # fmt: skip
+    options = {"layers": "all", "context": 24, "tokens": 24 * 30, "dtype": "float32", "shard_bytes": 40_000}
+    summary = lw.cache_activations(tiny, TEXTS, path, **options)
     assert summary.n_contexts == 30 and summary.n_shards > 2
     ds = datasets.load_from_disk(str(path)).with_format("torch")
     names = ["blocks.0.hook_resid_pre"] + [f"blocks.{i}.hook_resid_post" for i in range(3)]
@@ -249,3 +249,38 @@ def test_smollm2_cache_equals_transformers(tmp_path, smollm2):
         ).hidden_states
     for name, i in zip(ds.column_names[:3], (8, 15, 23), strict=True):
         np.testing.assert_allclose(ds[name], states[i].numpy(), atol=1e-4, rtol=1e-4)
+
+
+def test_sae_lens_trains_from_the_cache(tmp_path, default_encoder):
+    """SAELens' own cached-activations path (ActivationsStore(cached_activations_path=...)) reads
+    the cache, and its trainer fits an SAE from it: reconstruction error falls."""
+    pytest.importorskip("sae_lens")
+    from sae_lens import SAETrainer, StandardTrainingSAE, StandardTrainingSAEConfig
+    from sae_lens.config import LoggingConfig, SAETrainerConfig
+    from sae_lens.training.activations_store import ActivationsStore
+
+    path = tmp_path / "acts"
+    lw.cache_activations(default_encoder, TEXTS, path, layers=3, context=32, tokens=32 * 64)
+    store = ActivationsStore(
+        model=None, dataset=None, streaming=False, hook_name="blocks.2.hook_resid_post", hook_head_index=None,
+        context_size=32, d_in=384, n_batches_in_buffer=16, total_training_tokens=32 * 64,
+        store_batch_size_prompts=8, train_batch_size_tokens=256, prepend_bos=False,
+        normalize_activations="none",
+        device=torch.device("cpu"), dtype="float32", cached_activations_path=str(path),
+    )  # fmt: skip
+    sae = StandardTrainingSAE(
+        StandardTrainingSAEConfig(d_in=384, d_sae=768, l1_coefficient=1.0, device="cpu")
+    )
+    config = SAETrainerConfig(
+        total_training_samples=256 * 20, train_batch_size_samples=256, lr_end=3e-5,
+        n_batches_for_norm_estimate=10, logger=LoggingConfig(log_to_wandb=False),
+    )  # fmt: skip
+    batch = next(iter(store))
+    assert batch.shape == (256, 384) and batch.dtype == torch.float32
+    with torch.no_grad():
+        before = float(((sae(batch) - batch) ** 2).mean())
+    trainer = SAETrainer(cfg=config, sae=sae, data_provider=store)
+    trainer.fit()
+    with torch.no_grad():
+        after = float(((sae(batch) - batch) ** 2).mean())
+    assert trainer.n_training_steps == 20 and after < 0.6 * before

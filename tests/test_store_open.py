@@ -72,13 +72,15 @@ def test_far_apart_texts_are_read_apart(token_store, monkeypatch):
     """read_many of the first and last text reads their rows, not every row between them."""
     store = lw.open_store(token_store)
     spans: list[tuple[int, int]] = []
-    original = type(store)._read_rows
+    from layerwise.store.lookup import TextLookup
+
+    original = TextLookup.read_rows
 
     def spy(self, start, stop, text_ids):
         spans.append((start, stop))
         return original(self, start, stop, text_ids)
 
-    monkeypatch.setattr(type(store), "_read_rows", spy)
+    monkeypatch.setattr(TextLookup, "read_rows", spy)
     first, last = store.read_many([0, 89])
     assert len(spans) == 2 and sum(b - a for a, b in spans) == first.n_tokens + last.n_tokens
 

@@ -289,24 +289,13 @@ class Engine:
         return self._run(encoded, units, owners, n_windows, batches, run, progress)
 
     def forward_units(
-        self,
-        units: Sequence[Any],
-        *,
-        layers: tuple[int, ...],
-        final_norm: FinalNorm,
-        max_tokens: int | None = None,
-        taps: tuple[str, ...] = (),
+        self, units: Sequence[Any], *, layers: tuple[int, ...], final_norm: FinalNorm
     ) -> Iterator[tuple[list[int], Rows]]:
-        """Token sequences that need no windows (``.ids``, ``.type_ids``, ``len``: the activation
-        cache's contexts) through the forward: ``(unit indices, Rows)`` per batch, in a fixed order
-        (the same units give the same batches, so the same bytes)."""
-        method: Method = "hidden_states" if not taps else "hooks"
-        packed = self._runs_packed(method, taps)
-        lengths = [len(u) for u in units]
-        batches = length_sorted_batches(
-            lengths, self.batch_size, max_tokens or self.max_tokens, padded=not packed
-        )
-        return self._batch_rows(list(units), batches, _Call(layers, method, taps, final_norm))
+        """Sequences that need no windows (``.ids``, ``.type_ids``, ``len``: the cache's contexts) through
+        the forward: ``(unit indices, Rows)`` per batch; the same units give the same batches (bytes)."""
+        lengths, packed = [len(u) for u in units], self._runs_packed("hidden_states", ())
+        batches = length_sorted_batches(lengths, self.batch_size, self.max_tokens, padded=not packed)
+        return self._batch_rows(list(units), batches, _Call(layers, "hidden_states", (), final_norm))
 
     def _run(
         self,

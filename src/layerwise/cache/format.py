@@ -113,6 +113,22 @@ def write_json(path: Path, document: dict) -> None:
     os.replace(tmp, path)
 
 
+def require_cache_dependencies() -> None:
+    """datasets and pyarrow are an extra: say how to install them when they are missing."""
+    from ..errors import MissingDependencyError
+
+    missing = []
+    for module in ("datasets", "pyarrow"):
+        try:
+            __import__(module)
+        except ModuleNotFoundError:
+            missing.append(module)
+    if missing:
+        raise MissingDependencyError(
+            f"the activation cache needs {' and '.join(missing)}: pip install 'layerwise[cache]'"
+        )
+
+
 def features(columns: dict[str, int], context: int, dtype: str):
     """The ``datasets.Features`` of a cache: ``columns`` maps each hook name to its width."""
     from datasets import Array2D, Features, Sequence, Value

@@ -42,6 +42,7 @@ from .format import (
     not_a_cache,
     read_meta,
     remove_owned,
+    require_cache_dependencies,
     shard_name,
     write_json,
 )
@@ -98,6 +99,7 @@ def cache_activations(
     from ..inputs.corpus import as_corpus
 
     started = time.perf_counter()
+    require_cache_dependencies()
     path = Path(path)
     hidden_states = resolve_layers(layers, encoder.n_hidden_states)  # type: ignore[arg-type]
     _check_numbers(encoder, context, tokens, dtype, shuffle_seed, final_norm, shard_bytes)

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .format import MANIFEST
+from .format import MANIFEST, OFFSETS_CHUNK, POSITIONS
 
 _PARTS_CACHED = 4
 
@@ -178,3 +178,28 @@ class IdPositions:
         else:
             found = self._fallback()[lo:hi]
         return lo + np.flatnonzero((found >= 0) & (found < self._parts.n))
+
+
+def create_positions(group, n_texts: int):
+    """The id -> position map (format.py), every entry -1 until its text is committed."""
+    return group.create_array(
+        POSITIONS, shape=(max(n_texts, 1),), chunks=(OFFSETS_CHUNK,), dtype="int64", fill_value=-1
+    )
+
+
+def renew_positions(group, n_texts: int, manifest) -> None:
+    """Before resuming: the id -> position map holds exactly the committed texts. A run killed
+    between a manifest part and its commit left entries for texts it never committed (their
+    positions will be reused); a store written before the map existed gets it now."""
+    try:
+        positions = group[POSITIONS]
+    except KeyError:
+        positions = create_positions(group, n_texts)
+    want = np.full(positions.shape[0], -1, dtype=np.int64)
+    if manifest is not None and len(manifest):
+        ids = manifest["text_id"].to_numpy()
+        want[ids] = np.arange(len(ids))
+    for lo in range(0, len(want), 1 << 20):
+        hi = min(lo + (1 << 20), len(want))
+        if not np.array_equal(np.asarray(positions[lo:hi]), want[lo:hi]):
+            positions[lo:hi] = want[lo:hi]

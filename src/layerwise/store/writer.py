@@ -45,7 +45,6 @@ from .format import (
     MANIFEST,
     OFFSETS,
     OFFSETS_CHUNK,
-    POSITIONS,
     SHARD_CHUNKS,
     classify,
     not_a_store,
@@ -53,6 +52,7 @@ from .format import (
     remove_store_entries,
     require_store_dependencies,
 )
+from .index import create_positions, renew_positions
 from .lock import writer_lock
 from .parts import committed_offsets, read_manifest
 from .resume import RESUME_KEYS, check_inputs, text_sha1
@@ -194,7 +194,7 @@ class StoreWriter:
             OFFSETS, shape=(1,), chunks=(OFFSETS_CHUNK,), dtype="int64", fill_value=-1
         )
         marker[0:1] = np.zeros(1, dtype=np.int64)
-        _create_positions(group, self.n_texts)
+        create_positions(group, self.n_texts)
         (self.path / MANIFEST).mkdir(exist_ok=True)
         return group
 
@@ -260,7 +260,7 @@ class StoreWriter:
         manifest = read_manifest(self.path, n_committed, ("text_id", "text_sha1"))
         committed_ids = manifest["text_id"].to_pylist() if manifest is not None else []
         check_inputs(self.path, manifest, self.corpus)
-        _renew_positions(group, self.n_texts, manifest)
+        renew_positions(group, self.n_texts, manifest)
         if n_committed == self.n_texts:
             return StoreSummary(self.path, self.n_texts, n_committed, 0, int(offsets[-1]), 0, 0.0)
 
@@ -425,28 +425,3 @@ def extract_to_store(
         if overwrite and kind == "store":
             remove_store_entries(path)
         return writer.run(progress)
-
-
-def _create_positions(group, n_texts: int):
-    """The id -> position map (format.py), every entry -1 until its text is committed."""
-    return group.create_array(
-        POSITIONS, shape=(max(n_texts, 1),), chunks=(OFFSETS_CHUNK,), dtype="int64", fill_value=-1
-    )
-
-
-def _renew_positions(group, n_texts: int, manifest) -> None:
-    """Before resuming: the id -> position map holds exactly the committed texts. A run killed
-    between a manifest part and its commit left entries for texts it never committed (their
-    positions will be reused); a store written before the map existed gets it now."""
-    try:
-        positions = group[POSITIONS]
-    except KeyError:
-        positions = _create_positions(group, n_texts)
-    want = np.full(positions.shape[0], -1, dtype=np.int64)
-    if manifest is not None and len(manifest):
-        ids = manifest["text_id"].to_numpy()
-        want[ids] = np.arange(len(ids))
-    for lo in range(0, len(want), 1 << 20):
-        hi = min(lo + (1 << 20), len(want))
-        if not np.array_equal(np.asarray(positions[lo:hi]), want[lo:hi]):
-            positions[lo:hi] = want[lo:hi]

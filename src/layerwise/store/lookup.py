@@ -1,0 +1,205 @@
+"""Finding and reading committed texts of an opened store, a few at a time: id -> position ->
+manifest row and rows, each checked against the others (verify.py says what opening checks)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from .format import OFFSETS, POSITIONS
+from .lock import being_rewritten
+from .parts import damaged
+from .verify import rows_checksum
+
+if TYPE_CHECKING:
+    from .reader import Store
+
+IDS_AT_ONCE = 4096  # texts read together when slicing or iterating
+# the manifest columns each level's results are built from (texts only where the result has them)
+RESULT_COLUMNS = {
+    "sentence": ("text_id", "position", "start", "n_rows", "crc32"),
+    "token": (
+        "text_id", "position", "start", "n_rows", "crc32", "tokens", "char_start", "char_end", "word_ids",
+        "segment_ids", "text", "text_pair", "truncated", "n_windows",
+    ),
+    "word": (
+        "text_id", "position", "start", "n_rows", "crc32", "words", "char_start", "char_end", "segment_ids",
+        "n_subwords", "text", "text_pair", "words_lost",
+    ),
+}  # fmt: skip
+
+
+def _close_groups(starts: np.ndarray, stops: np.ndarray, gap: int) -> list[np.ndarray]:
+    """Texts (their rows ``starts``/``stops``, in store order) cut where more than ``gap`` rows
+    lie between one and the next: each group is read with one zarr read."""
+    cuts = np.flatnonzero(starts[1:] - stops[:-1] > gap) + 1
+    return np.split(np.arange(len(starts)), cuts)
+
+
+class TextLookup:
+    """The reads behind ``store[i]``, ``read_many``, ``rows`` and ``in`` of one :class:`Store`."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def positions(self, text_ids: Sequence[int]) -> np.ndarray:
+        """Store positions of ``text_ids``; TypeError/KeyError naming the first bad one."""
+        for text_id in text_ids:
+            if isinstance(text_id, bool) or not isinstance(text_id, int | np.integer):
+                raise TypeError(
+                    f"store[{text_id!r}]: a text id is an int (the 0-based input line), "
+                    f"not {type(text_id).__name__}"
+                )
+            if not 0 <= int(text_id) < self.store.n_texts_total:
+                raise KeyError(self.absent(text_id))
+        ids = np.asarray([int(t) for t in text_ids], dtype=np.int64)
+        try:
+            positions = self.store._parts.positions.lookup(ids) if len(ids) else ids
+        except (FileNotFoundError, ValueError) as exc:
+            raise self.store._changed_under_us() or damaged(
+                self.store.path, [f"{POSITIONS}/ cannot be read ({exc})"], []
+            ) from exc
+        missing = np.flatnonzero(positions < 0)
+        if missing.size:
+            raise self.store._changed_under_us() or KeyError(self.absent(int(ids[missing[0]])))
+        return positions
+
+    def absent(self, text_id) -> str:
+        return (
+            f"text {text_id!r} is not in the store: {len(self.store)} of {self.store.n_texts_total} texts "
+            "are committed (ids are 0-based input lines)"
+        )
+
+    def record(self, text_id: int, position: int, columns: tuple[str, ...] | None, strict: bool = True):
+        """The manifest row at ``position`` as a dict, checked to be that position's and to name
+        ``text_id``. A row that is missing or names another text is damage (``strict``) or, when
+        asking whether a text is committed, a no."""
+        parts = self.store._parts.manifest
+        k = parts.part_of(position)
+        try:
+            table = parts.read(k, columns) if k >= 0 else None
+        except OSError as exc:  # removed, or pyarrow cannot read it (ArrowException is an OSError)
+            raise self.store._changed_under_us() or damaged(
+                self.store.path, [f"manifest part {parts.names[k]} cannot be read ({exc})"], [text_id]
+            ) from exc
+        local = position - int(parts.firsts[k]) if k >= 0 else -1
+        if table is None or not 0 <= local < table.num_rows:
+            if not strict:
+                return None
+            problem = f"the manifest row of position {position} is missing"
+            raise self.store._changed_under_us() or damaged(self.store.path, [problem], [text_id])
+        record = {name: table[name][local].as_py() for name in table.column_names}
+        if record["position"] != position or record["text_id"] != text_id:
+            if not strict:
+                return None
+            raise self.store._changed_under_us() or damaged(
+                self.store.path,
+                [f"the manifest row at position {position} names text {record['text_id']}, not {text_id}"],
+                [text_id],
+            )
+        return record
+
+    def read(self, text_ids: list[int]) -> list[tuple[dict, np.ndarray]]:
+        """``(manifest row, float32 rows)`` of each of ``text_ids``, checked (:meth:`check`). Texts
+        whose rows lie close together are read with one zarr read; texts far apart, one per group."""
+        positions = self.positions(text_ids)
+        if not len(positions):
+            return []
+        order = np.argsort(positions, kind="stable")
+        starts, stops = self.row_spans(positions[order])
+        results: list = [None] * len(text_ids)
+        columns = RESULT_COLUMNS.get(self.store.level)
+        for group in _close_groups(starts, stops, self.gap()):
+            lo, hi = int(starts[group[0]]), int(stops[group].max())
+            stored = self.read_rows(lo, hi, [text_ids[i] for i in order[group]])
+            for j in group:
+                i = int(order[j])
+                record = self.record(int(text_ids[i]), int(positions[i]), columns)
+                rows = stored[int(starts[j]) - lo : int(stops[j]) - lo]
+                self.check(record, rows, int(starts[j]), int(stops[j]))
+                results[i] = (record, rows.astype(np.float32))
+        return results
+
+    def row_spans(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(starts, stops)``: the rows of the texts at ``positions`` (ascending)."""
+        lo, hi = int(positions[0]), int(positions[-1])
+        if hi - lo <= 4 * len(positions) + 8192:  # one read of the offsets they span
+            offsets = self.store._parts.offsets_span(lo, hi + 2)
+            return offsets[positions - lo], offsets[positions - lo + 1]
+        array = self.store._parts.offsets
+        both = np.asarray(array.get_coordinate_selection(np.concatenate([positions, positions + 1])))
+        return both[: len(positions)].astype(np.int64), both[len(positions) :].astype(np.int64)
+
+    def gap(self) -> int:
+        """Rows between two texts that are cheaper read through than read apart: one shard."""
+        return max(
+            int(self.store.meta.get("chunk_rows", 128)) * int(self.store.meta.get("shard_chunks", 64)), 1
+        )
+
+    def read_rows(self, start: int, stop: int, text_ids: list[int]) -> np.ndarray:
+        try:
+            return np.asarray(self.store.data[start:stop])
+        except (ValueError, FileNotFoundError) as exc:  # zarr cannot decode the shard: its bytes changed
+            rewriting = being_rewritten(self.store.path)
+            if rewriting is not None:
+                raise rewriting from None
+            problem = f"rows {start}..{stop - 1} of texts {text_ids[:5]} cannot be read ({exc})"
+            raise damaged(self.store.path, [problem], [int(t) for t in text_ids]) from exc
+
+    def check(self, record: dict, rows: np.ndarray, start: int, stop: int) -> None:
+        """A text's manifest row agrees with the offsets, and its rows with the checksum written
+        at commit: a changed byte is an error, never a wrong number."""
+        text_id = int(record["text_id"])
+        if record.get("start") != start or record.get("n_rows") != stop - start:
+            raise self.store._changed_under_us() or damaged(
+                self.store.path,
+                [f"the manifest row of text {text_id} disagrees with {OFFSETS} about where its rows are"],
+                [text_id],
+            )
+        if record.get("crc32") is not None and rows_checksum(rows) != record["crc32"]:
+            raise self.store._changed_under_us() or damaged(
+                self.store.path,
+                [f"the rows of text {text_id} differ from the checksum written when it was committed"],
+                [text_id],
+            )
+
+
+class StoreIds(Sequence):
+    """The inputs' own ids of a store's committed texts, in input order, read on demand."""
+
+    def __init__(self, store) -> None:
+        self._store = store  # a Store or a ShardedStore
+        self._column = "id" if "id" in store.manifest_column_names() else "text_id"
+
+    def __len__(self) -> int:
+        return len(self._store)
+
+    def _values(self, text_ids: list[int]) -> list:
+        return self._store.manifest_rows(text_ids, [self._column])[self._column].to_pylist()
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            ids = range(*index.indices(len(self)))
+            return [v for lo in range(0, len(ids), IDS_AT_ONCE) for v in self[ids[lo : lo + IDS_AT_ONCE]]]
+        if isinstance(index, range | list):
+            text_ids = self._nth(list(index))
+            return self._values(text_ids)
+        if not -len(self) <= index < len(self):
+            raise IndexError(f"id {index} out of range for {len(self)} committed texts")
+        return self._values(self._nth([index % len(self)]))[0]
+
+    def _nth(self, indices: list[int]) -> list[int]:
+        """The text ids of the ``indices``-th committed texts."""
+        if self._store.complete:
+            return indices
+        everything = self._store.text_ids()
+        return [everything[i] for i in indices]
+
+    def __iter__(self):
+        store = self._store
+        for lo in range(0, store.n_texts_total, IDS_AT_ONCE):
+            ids = [int(t) for t in store.committed_in(lo, lo + IDS_AT_ONCE)]
+            if ids:
+                yield from self._values(ids)
