@@ -7,7 +7,8 @@
    then the same command SIGKILLed mid-run and run again (resume);
 2. the Python API with an actor that dies in the middle of its first shard (os._exit);
 3. ``lw.ray.embed`` over a Ray Dataset, saved for comparison with ``Encoder().embed``; the same
-   with the tiny decoder LM in the folder DECODER (its middle layer, last-token pooling).
+   with the tiny decoder LM in the folder DECODER (its middle layer, last-token pooling);
+4. ``lw.ray.cache_activations``: an activation cache written by two actors.
 The test compares the results with single-process runs outside the namespace.
 """
 
@@ -26,6 +27,8 @@ import numpy as np
 
 import layerwise as lw
 from layerwise.ray import ShardWriter
+
+CACHE_OPTIONS = {"layers": "0.5,-1", "context": 32, "tokens": 32 * 60, "shard_bytes": 200_000}
 
 
 class DyingWriter(ShardWriter):
@@ -106,6 +109,9 @@ def main() -> None:
     ).take_all()
     np.save(out / "decoder_settings.npy", np.stack([r["embedding"] for r in rows]))
     report["decoder_settings_texts"] = [r["text"] for r in rows]
+    # 4. the activation cache: the driver's token pass, each actor every other shard
+    cached = lw.ray.cache_activations(settings, source, out / "cache-ray", workers=2, **CACHE_OPTIONS)
+    report["cache_shards"], report["cache_written"] = cached.n_shards, cached.n_written
     (out / "report.json").write_text(json.dumps(report), encoding="utf-8")
 
 

@@ -284,3 +284,73 @@ def test_sae_lens_trains_from_the_cache(tmp_path, default_encoder):
     with torch.no_grad():
         after = float(((sae(batch) - batch) ** 2).mean())
     assert trainer.n_training_steps == 20 and after < 0.6 * before
+
+
+def test_cli_ray_gets_every_option(tmp_path, monkeypatch):
+    """--ray passes the same options as a local run (checked without starting Ray: the real run is
+    tests/test_ray.py's)."""
+    from typer.testing import CliRunner
+
+    import layerwise.ray as lw_ray
+    from layerwise.cli import app
+
+    calls: dict = {}
+    monkeypatch.setattr(lw_ray, "init", lambda mode, **kw: calls.update(init=(mode, kw)))
+
+    def fake(settings, corpus, path, **options):
+        calls.update(settings=settings, corpus=corpus, path=path, options=options)
+        raise lw.OptionError("stop here")
+
+    monkeypatch.setattr(lw_ray, "cache_activations", fake)
+    source = tmp_path / "c.csv"
+    source.write_text("body\nsome text\n")
+    args = ["cache", str(source), "-o", str(tmp_path / "acts"), "--ray", "local", "--workers", "3",
+            "--threads-per-worker", "2", "--layers", "0.5", "--hooks", "mlp_out,resid", "--context", "64",
+            "--tokens", "2M", "--dtype", "float32", "--shuffle-seed", "9", "--final-norm", "--model-dtype",
+            "bfloat16", "--text-column", "body", "--overwrite"]  # fmt: skip
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2 and "stop here" in result.output
+    assert calls["init"] == ("local", {"workers": 3, "threads_per_worker": 2})
+    assert calls["settings"].model_dtype == "bfloat16" and calls["corpus"] == str(source)
+    assert calls["options"] == {
+        "workers": 3, "threads_per_worker": 2, "layers": "0.5", "hooks": ("mlp_out", "resid"), "context": 64,
+        "tokens": 2_000_000, "dtype": "float32", "shuffle_seed": 9, "final_norm": True, "overwrite": True,
+        "format": None, "text_column": "body", "encoding_errors": "strict",
+    }  # fmt: skip
+
+
+def test_attn_out_and_mlp_out_columns_equal_hooks_on_transformers(tmp_path, decoder_encoder):
+    from layerwise.model.hooks import tap_module
+
+    enc = decoder_encoder("llama")
+    path = tmp_path / "acts"
+    lw.cache_activations(enc, TEXTS, path, layers="1,3", hooks=("attn_out", "resid", "mlp_out"), context=16,
+                         tokens=16 * 8, dtype="float32")  # fmt: skip
+    ds = datasets.load_from_disk(str(path)).with_format("numpy")
+    assert ds.column_names == [
+        "blocks.0.hook_attn_out", "blocks.0.hook_resid_post", "blocks.0.hook_mlp_out",
+        "blocks.2.hook_attn_out", "blocks.2.hook_resid_post", "blocks.2.hook_mlp_out", "token_ids",
+    ]  # fmt: skip
+    recorded: dict = {}
+
+    def keep(key):
+        def hook(module, args, out):
+            recorded[key] = (out[0] if isinstance(out, tuple) else out).detach().numpy()
+
+        return hook
+
+    model = enc.model
+    handles = [tap_module(model.layers[i], "llama", tap).register_forward_hook(keep(f"blocks.{i}.hook_{tap}"))
+               for tap in ("attn_out", "mlp_out") for i in (0, 2)]  # fmt: skip
+    try:
+        with torch.no_grad():
+            model(input_ids=torch.as_tensor(ds["token_ids"]).long())
+    finally:
+        for handle in handles:
+            handle.remove()
+    for name, want in recorded.items():
+        np.testing.assert_allclose(ds[name], want, atol=1e-5, rtol=1e-5)
+    with pytest.raises(OptionError, match=r"hidden state 0 .* has none"):
+        lw.cache_activations(
+            enc, TEXTS, tmp_path / "b", layers="0,1", hooks=("mlp_out",), context=16, tokens=160
+        )

@@ -470,3 +470,43 @@ def test_an_input_without_tokens_is_refused_by_name(decoder_encoder):
     answer = asyncio.run(post())
     assert answer.status_code == 422, answer.text
     assert "input 1 ('') gives no tokens" in answer.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma2", "qwen3", "gpt2"])
+def test_attn_out_and_mlp_out_taps_equal_hooks_on_transformers_modules(arch, decoder_encoder):
+    """The packed forward's attn_out and mlp_out equal forward hooks on the same modules of the
+    transformers model run on each text alone; and what the blocks add is the residual step."""
+    from layerwise.model.hooks import tap_module
+
+    encoder = decoder_encoder(arch, final_norm=False)
+    assert encoder.engine._runs_packed("hidden_states", ("attn_out", "mlp_out"))
+    stacks = encoder.extract(TEXTS, layers=[0, 1, 2], taps=["attn_out", "mlp_out"])
+    model = encoder.model
+    for text, stack in zip(TEXTS, stacks, strict=True):
+        assert stack.tap_layers == (1, 2) and stack.taps["attn_out"].shape == (2, stack.n_tokens, 64)
+        recorded: dict = {}
+
+        def keep(key, recorded=recorded):
+            def hook(module, args, out):
+                recorded[key] = (out[0] if isinstance(out, tuple) else out)[0].detach().numpy()
+
+            return hook
+
+        blocks = model.layers if hasattr(model, "layers") else model.h
+        handles = [
+            tap_module(blocks[i], model.config.model_type, tap).register_forward_hook(keep((tap, i)))
+            for tap in ("attn_out", "mlp_out")
+            for i in (0, 1)
+        ]
+        try:
+            with torch.no_grad():
+                model(input_ids=torch.tensor([encoder.tokenize([text])[0].ids]))
+        finally:
+            for handle in handles:
+                handle.remove()
+        for j, i in enumerate((0, 1)):
+            for tap in ("attn_out", "mlp_out"):
+                np.testing.assert_allclose(stack.taps[tap][j], recorded[(tap, i)], atol=1e-5, rtol=1e-5)
+        if arch in ("llama", "qwen3", "gpt2"):  # no norms after the blocks: the stream adds them as they are
+            step = stack.hidden[1] + stack.taps["attn_out"][1] + stack.taps["mlp_out"][1]
+            np.testing.assert_allclose(stack.hidden[2], step, atol=1e-5)

@@ -103,6 +103,7 @@ def test_sub_layer_taps(make_tiny_model, arch):
         np.testing.assert_allclose(stack.taps["attention_probs"].sum(-1), 1.0, atol=1e-5)
         assert stack.taps["attention_output"].shape == (2, n, 32)
         assert stack.taps["intermediate"].shape == (2, n, 64)
+        assert stack.taps["attn_out"].shape == stack.taps["mlp_out"].shape == (2, n, 32)
         # eager attention (switched on for the taps) agrees with the default path
         np.testing.assert_allclose(stack.hidden, reference.hidden, atol=1e-5)
     # the switch is undone afterwards
@@ -113,15 +114,23 @@ def test_taps_known_answer_bert(tiny_encoder):
     """intermediate = GELU(attention_output W1 + b1);
     layer output = LN(intermediate W2 + b2 + attention_output)."""
     stack = tiny_encoder.extract(
-        ["Known answers for the taps."], layers=[2], taps=["attention_output", "intermediate"]
+        ["Known answers for the taps."],
+        layers=[1, 2],
+        taps=["attention_output", "intermediate", "attn_out", "mlp_out"],
     )[0]
     layer = tiny_encoder.model.encoder.layer[1]  # hidden state 2 is the output of the second layer
-    attended = torch.from_numpy(stack.taps["attention_output"][0])
+    attended = torch.from_numpy(stack.taps["attention_output"][1])
     with torch.inference_mode():
         inner = torch.nn.functional.gelu(layer.intermediate.dense(attended))
         out = layer.output.LayerNorm(layer.output.dense(inner) + attended)
-    np.testing.assert_allclose(stack.taps["intermediate"][0], inner.numpy(), atol=1e-6)
-    np.testing.assert_allclose(stack.hidden[0], out.numpy(), atol=1e-6)
+        # attn_out, mlp_out: what each block adds before its residual add and LayerNorm
+        before = torch.from_numpy(stack.hidden[0])
+        normed = layer.attention.output.LayerNorm(torch.from_numpy(stack.taps["attn_out"][1]) + before)
+        after = layer.output.LayerNorm(torch.from_numpy(stack.taps["mlp_out"][1]) + attended)
+    np.testing.assert_allclose(stack.taps["intermediate"][1], inner.numpy(), atol=1e-6)
+    np.testing.assert_allclose(stack.hidden[1], out.numpy(), atol=1e-6)
+    np.testing.assert_allclose(normed.numpy(), stack.taps["attention_output"][1], atol=1e-5)
+    np.testing.assert_allclose(after.numpy(), stack.hidden[1], atol=1e-5)
 
 
 def test_bad_tap_and_method(tiny_encoder):

@@ -150,6 +150,24 @@ def test_ray_runs_equal_single_process(tmp_path, default_encoder, decoder_folder
     plain = decoder_encoder("llama").embed(texts_c, layers="0.5", pool="last")
     assert np.abs(got - plain).max() > 1e-2  # each setting moves these vectors: a dropped one shows
 
+    # 4. the activation cache written by two actors equals one process's, context for context
+    import datasets
+    from ray_checks import CACHE_OPTIONS
+
+    assert report["cache_written"] == report["cache_shards"] > 2
+    single_cache = lw.cache_activations(default_encoder, source, tmp_path / "cache-one", **CACHE_OPTIONS)
+    assert single_cache.n_shards == report["cache_shards"] and lw.verify_cache(tmp_path / "cache-ray").ok
+    on_ray = datasets.load_from_disk(str(tmp_path / "cache-ray")).with_format("numpy")
+    one = datasets.load_from_disk(str(tmp_path / "cache-one")).with_format("numpy")
+    assert (
+        on_ray.column_names
+        == one.column_names
+        == ["blocks.2.hook_resid_post", "blocks.5.hook_resid_post", "token_ids"]
+    )
+    np.testing.assert_array_equal(on_ray["token_ids"], one["token_ids"])
+    for name in on_ray.column_names[:2]:
+        np.testing.assert_allclose(on_ray[name], one[name], atol=2e-3, rtol=2e-3)  # float16, other threads
+
 
 def test_ray_options_are_checked_before_ray_starts(tmp_path):
     from typer.testing import CliRunner

@@ -27,89 +27,22 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch import nn
 
 from .errors import ModelLoadError, NonFiniteError, OptionError
 from .inputs.batches import length_sorted_batches
 from .inputs.encoding import EncodedInput, segment_ids
 from .inputs.windows import Window, plan_windows, stitch
-from .model.decoders import apply_final_norm, is_decoder_config, raw_hidden_states
+from .model.decoders import apply_final_norm, is_decoder_config
 from .model.handle import ModelHandle
-from .model.hooks import HookRecorder, eager_attention_for, find_layer_list, truncated_encoder
-from .model.packed_decoder import packed_forward
+from .model.hooks import eager_attention_for, find_layer_list
+from .model.packed_decoder import PACKED_TAPS, PackedDecoder, packed_forward
+from .model.padded import collate, forward_batch
 from .model.streams import ForwardLock, ForwardPool, check_streams
 from .progress import progress_bar
 from .results import LayerStack
 from .settings import FinalNorm, Method
 
 logger = logging.getLogger("layerwise")
-
-
-def collate(
-    items: Sequence[EncodedInput | Window], *, pad_id: int, with_token_types: bool, device: torch.device
-) -> dict[str, torch.Tensor]:
-    """Pad a batch to its own longest item (never beyond)."""
-    width = max(len(item) for item in items)
-    ids = torch.full((len(items), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(items), width), dtype=torch.long)
-    types = torch.zeros((len(items), width), dtype=torch.long)
-    for row, item in enumerate(items):
-        n = len(item)
-        ids[row, :n] = torch.tensor(item.ids, dtype=torch.long)
-        mask[row, :n] = 1
-        types[row, :n] = torch.tensor(item.type_ids, dtype=torch.long)
-    batch = {"input_ids": ids, "attention_mask": mask}
-    if with_token_types:
-        batch["token_type_ids"] = types
-    if device.type == "cuda":  # page-locked host memory lets the copy overlap with compute
-        return {k: v.pin_memory().to(device, non_blocking=True) for k, v in batch.items()}
-    return batch
-
-
-def forward_batch(
-    model: nn.Module,
-    batch: Mapping[str, torch.Tensor],
-    *,
-    layers: Sequence[int],
-    method: Method,
-    layer_owner: nn.Module,
-    layer_attr: str,
-    layer_list: nn.ModuleList,
-    model_type: str,
-    taps: Sequence[str] = (),
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Run the encoder up to the deepest requested layer.
-
-    Returns hidden states ``(n_layers, B, T, H)`` and taps ``{name: (n_tap_layers, B, ...)}``.
-    Hidden state 0 is read at the input of the first layer, so at least one layer always runs.
-    A decoder's states are all the raw residual stream: the engine applies the final norm a call
-    asks for (:func:`apply_final_norm`)."""
-    depth = max(1, max(layers))
-    tap_layers = [i for i in layers if i >= 1]
-    with (
-        truncated_encoder(layer_owner, layer_attr, layer_list, depth),
-        HookRecorder(
-            list(layer_list)[:depth],
-            hidden=method == "hooks",
-            tap_layers=tap_layers,
-            taps=taps,
-            model_type=model_type,
-        ) as recorder,
-    ):
-        kwargs: dict[str, object] = {"output_hidden_states": method == "hidden_states"}
-        if "attention_probs" in taps:
-            kwargs["output_attentions"] = True
-        with raw_hidden_states(model):
-            output = model(**batch, **kwargs)
-    if method == "hidden_states":
-        states = output.hidden_states
-        if len(states) != depth + 1:
-            raise RuntimeError(f"model returned {len(states)} hidden states after {depth} layers")
-    else:
-        states = dict(recorder.hidden)
-    hidden = torch.stack([states[i] for i in layers])
-    tapped = {t: torch.stack([recorder.taps[t][i] for i in tap_layers]) for t in taps if tap_layers}
-    return hidden, tapped
 
 
 def _to_numpy(tensor: torch.Tensor) -> np.ndarray:
@@ -289,13 +222,21 @@ class Engine:
         return self._run(encoded, units, owners, n_windows, batches, run, progress)
 
     def forward_units(
-        self, units: Sequence[Any], *, layers: tuple[int, ...], final_norm: FinalNorm
+        self,
+        units: Sequence[Any],
+        *,
+        layers: tuple[int, ...],
+        final_norm: FinalNorm,
+        taps: tuple[str, ...] = (),
     ) -> Iterator[tuple[list[int], Rows]]:
         """Sequences that need no windows (``.ids``, ``.type_ids``, ``len``: the cache's contexts) through
         the forward: ``(unit indices, Rows)`` per batch; the same units give the same batches (bytes)."""
-        lengths, packed = [len(u) for u in units], self._runs_packed("hidden_states", ())
+        run = _Call(
+            layers, "hidden_states" if self._runs_packed("hidden_states", taps) else "hooks", taps, final_norm
+        )
+        packed, lengths = self._runs_packed(run.method, taps), [len(u) for u in units]
         batches = length_sorted_batches(lengths, self.batch_size, self.max_tokens, padded=not packed)
-        return self._batch_rows(list(units), batches, _Call(layers, "hidden_states", (), final_norm))
+        return self._batch_rows(list(units), batches, run)
 
     def _run(
         self,
@@ -385,24 +326,31 @@ class Engine:
         return rows
 
     def _runs_packed(self, method: Method, taps: tuple[str, ...]) -> bool:
-        """The packed forward gives hidden states only: taps and hooks need the Hugging Face modules'
-        own forward. The batching (real or padded token budget) follows the same choice."""
-        return self.packed is not None and method == "hidden_states" and not taps
+        """The packed forward gives hidden states, and a decoder's attn_out and mlp_out: other taps
+        and hooks need the Hugging Face modules' own forward. The batching (real or padded token
+        budget) follows the same choice."""
+        if self.packed is None or method != "hidden_states":
+            return False
+        return not taps or (isinstance(self.packed, PackedDecoder) and set(taps) <= set(PACKED_TAPS))
 
     def _forward_packed(self, units: Sequence[EncodedInput | Window], run: _Call) -> Rows:
         packed: Any = self.packed  # one packed forward for the whole batch (_adopt may replace it)
         assert packed is not None
         batch = packed.prepare(units, with_token_types=self.with_token_types, device=self.device)
         with self.lock.shared(), torch.inference_mode():
-            hidden = packed.forward(batch, run.layers)  # (L, N, H): real tokens only
+            tapped: dict[str, torch.Tensor] = {}
+            if run.taps:  # (L, N, H), and {tap: (L', N, H)}: real tokens only
+                hidden, tapped = packed.forward_with_taps(batch, run.layers, run.taps)
+            else:
+                hidden = packed.forward(batch, run.layers)
             hidden = apply_final_norm(self.models.current, hidden, run.layers, run.final_norm)
-        array = _to_numpy(hidden)
+        array, taps = _to_numpy(hidden), {name: _to_numpy(t) for name, t in tapped.items()}
         rows = Rows()
         start = 0
         for n in batch.lengths:
             # a view of the batch's array, not a copy: the rows are contiguous per layer, and every
             # consumer (the store's transposing cast, pooling, npz) reads them once anyway
-            rows.append((array[:, start : start + n], {}))
+            rows.append((array[:, start : start + n], {k: t[:, start : start + n] for k, t in taps.items()}))
             start += n
         rows.nonfinite = not bool(torch.isfinite(hidden.sum()))  # see _forward_units
         return rows

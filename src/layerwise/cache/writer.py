@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -53,8 +54,55 @@ SHARD_BYTES = 128 * 2**20  # a shard's activations: what one killed run can lose
 # what must match for a run to resume a cache (the rest of the record says how it ran)
 RESUME_KEYS = (
     "weights_sha256", "model_dtype", "layers", "context", "tokens", "dtype", "shuffle_seed",
-    "final_norm", "framing", "shard_contexts",
+    "final_norm", "framing", "shard_contexts", "hooks",
 )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class CacheOptions:
+    """What a cache is made of, besides its model and corpus (:func:`cache_activations`)."""
+
+    layers: object = (-1,)
+    context: int = 128
+    tokens: int = 1_000_000
+    dtype: str = "float16"
+    shuffle_seed: int | None = 0
+    final_norm: bool = False
+    overwrite: bool = False
+    shard_bytes: int = SHARD_BYTES
+    hooks: tuple[str, ...] = ("resid",)
+
+
+HOOKS = ("resid", "attn_out", "mlp_out")
+
+
+def _columns(hidden_states: tuple[int, ...], hooks: tuple[str, ...], n_layers: int, final_norm: bool):
+    """The cache's columns and where each comes from: ``(names, [[kind, index], ...])``, index into
+    the forward's hidden states (``resid``) or its taps (of the hidden states >= 1)."""
+    if (
+        isinstance(hooks, str)
+        or not hooks
+        or any(h not in HOOKS for h in hooks)
+        or len(set(hooks)) < len(hooks)
+    ):
+        raise OptionError(f"hooks={hooks!r}: name one or more of {', '.join(HOOKS)}, each once")
+    taps = [h for h in hooks if h != "resid"]
+    if taps and 0 in hidden_states:
+        raise OptionError(
+            f"hooks {', '.join(taps)} belong to blocks; hidden state 0 (the embeddings) has none: ask for "
+            "layers >= 1, or hooks=('resid',)"
+        )
+    names: list[str] = []
+    sources: list[list] = []
+    for j, i in enumerate(hidden_states):
+        for hook in hooks:  # in the order asked for, layer by layer
+            if hook == "resid":
+                names.append(hook_name(i, n_layers, final_norm))
+                sources.append(["resid", j])
+            else:
+                names.append(f"blocks.{i - 1}.hook_{hook}")
+                sources.append([hook, sum(1 for k in hidden_states[:j] if k >= 1)])
+    return names, sources
 
 
 @dataclass(frozen=True)
@@ -87,35 +135,61 @@ def cache_activations(
     overwrite: bool = False,
     progress: bool | None = None,
     shard_bytes: int = SHARD_BYTES,
-    shards: tuple[int, int] | None = None,
+    hooks: tuple[str, ...] = ("resid",),
     **corpus_options: object,
 ) -> CacheSummary:
     """Cache the activations of ``layers`` (hidden-state indices, relative depths such as 0.5, or
-    a spec string "0.25,0.5,0.75") of ``tokens`` tokens of ``corpus``, cut into contexts of
-    ``context`` tokens, into the folder ``path`` (format.py). ``shuffle_seed=None`` keeps source
-    order. ``shards=(i, n)``: write only shards ``k`` with ``k % n == i`` (one of ``n`` workers on
-    one cache; the last to finish writes the index). Returns a :class:`CacheSummary`."""
+    a spec string "0.25,0.5,0.75") of ``tokens`` tokens of ``corpus`` (a path, a Corpus or a list
+    of texts; ``corpus_options`` are Corpus's keywords), cut into contexts of ``context`` tokens,
+    into the folder ``path`` (format.py). ``hooks``: the residual stream (``"resid"``) and/or what
+    each block's attention and feed-forward add (``"attn_out"``, ``"mlp_out"``, of the blocks behind
+    the hidden states asked for). ``shuffle_seed=None`` keeps source order. Rerun the same call to
+    resume. Returns a :class:`CacheSummary`."""
+    started = time.perf_counter()
+    options = CacheOptions(
+        layers, context, tokens, dtype, shuffle_seed, final_norm, overwrite, shard_bytes, tuple(hooks)
+    )
+    with begin_cache(encoder, corpus, path, options, **corpus_options) as meta:
+        written = write_shards(encoder, Path(path), meta, progress=progress)
+        finish_cache(Path(path), meta)
+    return summary_of(Path(path), meta, written, started)
+
+
+def summary_of(path: Path, meta: dict, written: int, started: float) -> CacheSummary:
+    return CacheSummary(
+        path, meta["n_contexts"], meta["context"], meta["n_shards"], written, tuple(meta["columns"]),
+        bool(meta["exhausted"]), time.perf_counter() - started,
+    )  # fmt: skip
+
+
+@contextlib.contextmanager
+def begin_cache(
+    encoder: Any, corpus: object, path: str | os.PathLike, options: CacheOptions, **corpus_options: object
+) -> Iterator[dict]:
+    """Steps 1-3 of the module docstring: the cache's record, under the writer lock, held until
+    the block ends (the shards are written inside it, here or by Ray's actors)."""
     from ..features.layers import resolve_layers
     from ..inputs.corpus import as_corpus
 
-    started = time.perf_counter()
     require_cache_dependencies()
     path = Path(path)
+    layers, context, tokens, dtype = options.layers, options.context, options.tokens, options.dtype
+    shuffle_seed, final_norm, shard_bytes = options.shuffle_seed, options.final_norm, options.shard_bytes
     hidden_states = resolve_layers(layers, encoder.n_hidden_states)  # type: ignore[arg-type]
     _check_numbers(encoder, context, tokens, dtype, shuffle_seed, final_norm, shard_bytes)
-    kind = classify(path)
-    if kind == "other":
+    if classify(path) == "other":
         raise not_a_cache(path)
-    source = as_corpus(corpus, **corpus_options)  # type: ignore[arg-type]  # a missing file fails here, before anything is written
+    source = as_corpus(corpus, **corpus_options)  # type: ignore[arg-type]  # a missing file fails here
     n_layers = encoder.n_hidden_states - 1
-    columns = {hook_name(i, n_layers, bool(final_norm)): encoder.hidden_size for i in hidden_states}
+    columns, sources = _columns(hidden_states, options.hooks, n_layers, bool(final_norm))
     framing = framing_for(encoder.tokenizer, encoder.is_decoder)
     if context <= len(framing.begin) + len(framing.end):
         raise OptionError(f"context={context} leaves no room for text between {framing.as_dict()}")
-    width_bytes = sum(columns.values()) * np.dtype(dtype).itemsize + 4
+    width_bytes = len(columns) * encoder.hidden_size * np.dtype(dtype).itemsize + 4
     meta = {
         "format": FORMAT, "format_version": FORMAT_VERSION, **_model_record(encoder),
-        "layers": list(hidden_states), "columns": list(columns), "context": context, "tokens": tokens,
+        "layers": list(hidden_states), "hooks": list(options.hooks), "columns": columns, "sources": sources,
+        "context": context, "tokens": tokens,
         "dtype": dtype, "shuffle_seed": shuffle_seed, "final_norm": bool(final_norm),
         "framing": framing.as_dict(),
         "shard_contexts": max(1, shard_bytes // (context * width_bytes)), "source": source.describe(),
@@ -123,7 +197,7 @@ def cache_activations(
     path.mkdir(parents=True, exist_ok=True)
     with writer_lock(path):
         stored = read_meta(path)
-        if stored is not None and overwrite:
+        if stored is not None and options.overwrite:
             remove_owned(path)
             stored = None
         if stored is not None:
@@ -136,8 +210,7 @@ def cache_activations(
                 )
         else:
             write_json(path / META, meta)
-        meta = _contexts(path, meta, stored, source, encoder, framing, context, tokens)
-        return _write_shards(path, meta, encoder, columns, progress, shards, started)
+        yield _contexts(path, meta, stored, source, encoder, framing, context, tokens)
 
 
 def _check_numbers(encoder, context, tokens, dtype, shuffle_seed, final_norm, shard_bytes) -> None:
@@ -233,9 +306,22 @@ class _Unit:
         return len(self.ids)
 
 
-def _write_shards(path: Path, meta: dict, encoder, columns: dict[str, int], progress, shards, started: float):
+def write_shards(
+    encoder: Any,
+    path: Path,
+    meta: dict,
+    *,
+    shards: tuple[int, int] | None = None,
+    progress: bool | None = None,
+) -> int:
+    """Step 4: the shards not yet written (of those ``k % n == i`` when ``shards=(i, n)``: one of
+    ``n`` workers on one cache), by ``encoder``, which must hold the cache's weights. Called under
+    :func:`begin_cache`'s lock. Returns how many it wrote."""
+    from ..model.source import weights_sha256
     from ..progress import progress_bar
 
+    if weights_sha256(encoder.models.current) != meta["weights_sha256"]:
+        raise StoreError(f"cache {str(path)!r} was begun with other weights than {encoder.name!r} holds")
     n, context, per_shard, n_shards = (
         meta["n_contexts"],
         meta["context"],
@@ -244,32 +330,43 @@ def _write_shards(path: Path, meta: dict, encoder, columns: dict[str, int], prog
     )
     contexts = read_contexts(path / CONTEXTS, context, n)
     order = permutation(n, meta["shuffle_seed"])
+    columns = {name: int(meta["d_model"]) for name in meta["columns"]}
+    schema = features(columns, context, meta["dtype"])
     mine = [k for k in range(n_shards) if shards is None or k % shards[1] == shards[0]]
     todo = [k for k in mine if not (path / shard_name(k, n_shards)).exists()]
     bar = progress_bar("caching", "contexts", progress)
-    written = 0
     with bar if bar is not None else contextlib.nullcontext():
+        done = sum(min(per_shard, n - k * per_shard) for k in mine if k not in todo)
         task = (
-            bar.add_task("cache", total=len(mine) * per_shard, completed=(len(mine) - len(todo)) * per_shard)
+            bar.add_task("cache", total=sum(min(per_shard, n - k * per_shard) for k in mine), completed=done)
             if bar
             else None
         )
         for k in todo:
             slots = order[k * per_shard : min((k + 1) * per_shard, n)]
             token_ids = np.asarray(contexts[slots])
-            arrays = _activations(encoder, token_ids, meta, columns, slots)
             write_shard(
-                path, shard_name(k, n_shards), features(columns, context, meta["dtype"]), arrays, token_ids
+                path,
+                shard_name(k, n_shards),
+                schema,
+                _activations(encoder, token_ids, meta, columns, slots),
+                token_ids,
             )
-            written += 1
             if bar is not None and task is not None:
                 bar.advance(task, len(slots))
-    if all((path / shard_name(k, n_shards)).exists() for k in range(n_shards)):
-        write_dataset_index(
-            path, features(columns, context, meta["dtype"]), n_shards, meta["contexts_sha256"]
-        )
-    return CacheSummary(path, n, context, n_shards, written, tuple(columns), bool(meta["exhausted"]),
-                        time.perf_counter() - started)  # fmt: skip
+    return len(todo)
+
+
+def finish_cache(path: Path, meta: dict) -> bool:
+    """Step 5, once every shard is there: the index files. Whether the cache is complete."""
+    n_shards = meta["n_shards"]
+    if not all((path / shard_name(k, n_shards)).exists() for k in range(n_shards)):
+        return False
+    columns = {name: int(meta["d_model"]) for name in meta["columns"]}
+    write_dataset_index(
+        path, features(columns, meta["context"], meta["dtype"]), n_shards, meta["contexts_sha256"]
+    )
+    return True
 
 
 def _check_finite(batch: list[int], rows, layers: tuple[int, ...], context_ids: np.ndarray) -> None:
@@ -300,17 +397,20 @@ def _activations(
         name: np.empty((len(units), token_ids.shape[1], width), dtype=meta["dtype"])
         for name, width in columns.items()
     }
-    names = list(columns)
     layers = tuple(meta["layers"])
+    taps = tuple(h for h in meta.get("hooks", ["resid"]) if h != "resid")
+    sources = [(name, kind, int(j)) for name, (kind, j) in zip(columns, meta["sources"], strict=True)]
     threads = torch.get_num_threads()
-    for batch, rows in encoder.engine.forward_units(units, layers=layers, final_norm=meta["final_norm"]):
+    forward = encoder.engine.forward_units(units, layers=layers, final_norm=meta["final_norm"], taps=taps)
+    for batch, rows in forward:
         if rows.nonfinite:
             _check_finite(batch, rows, layers, context_ids)
         torch.set_num_threads(1)  # one context's copy is small; the forward's streams hold the cores
         try:
-            for u, (hidden, _) in zip(batch, rows, strict=True):
-                for j, name in enumerate(names):  # torch's cast: vectorised, NumPy's runs element by element
-                    torch.from_numpy(out[name][u]).copy_(torch.from_numpy(np.ascontiguousarray(hidden[j])))
+            for u, (hidden, tapped) in zip(batch, rows, strict=True):
+                for name, kind, j in sources:  # torch's cast: vectorised, NumPy's runs element by element
+                    value = hidden[j] if kind == "resid" else tapped[kind][j]
+                    torch.from_numpy(out[name][u]).copy_(torch.from_numpy(np.ascontiguousarray(value)))
         finally:
             torch.set_num_threads(threads)
     return out

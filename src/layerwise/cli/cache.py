@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -51,6 +51,13 @@ def cache(
     layers: Annotated[
         str, typer.Option("--layers", "-l", help="Hidden states: 0.25,0.5,0.75 (depths) | 8,15,23 | -1 | all")
     ] = "-1",
+    hooks: Annotated[
+        str,
+        typer.Option(
+            help="What to cache of each layer: resid (the residual stream), attn_out, mlp_out (what the "
+            "block's attention / feed-forward adds), comma-separated"
+        ),
+    ] = "resid",
     context: Annotated[int, typer.Option(min=2, help="Tokens per context (one forward sequence each)")] = 128,
     tokens: Annotated[str, typer.Option(help="Tokens to cache: 1000000, 1e6, 500K, 10M")] = "1M",
     dtype: Annotated[str, typer.Option(help="float16 | float32")] = "float16",
@@ -81,6 +88,14 @@ def cache(
         str, typer.Option(help="Compute dtype of the model: float32 | bfloat16 | float16")
     ] = "float32",
     device: DeviceOption = "auto",
+    ray: Annotated[
+        str | None,
+        typer.Option(
+            "--ray", help="Write the shards on Ray: local (start one here) or auto (join a cluster)"
+        ),
+    ] = None,
+    workers: Annotated[int, typer.Option(min=1, help="Ray actors, each with its model")] = 2,
+    threads_per_worker: Annotated[int, typer.Option(min=1, help="torch threads (CPUs) per actor")] = 1,
     encoding_errors: EncodingErrorsOption = EncodingErrorsChoice.strict,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar")] = False,
 ) -> None:
@@ -92,6 +107,7 @@ def cache(
         from ..cache import cache_activations
         from ..cache.format import classify, not_a_cache
         from ..encoder import Encoder
+        from ..settings import Settings
 
         count = parse_count(tokens, "--tokens")
         seed = (
@@ -101,15 +117,32 @@ def cache(
         )
         if classify(output) == "other":
             raise not_a_cache(output)  # before the model loads
+        settings = Settings(model, device=device, model_dtype=model_dtype)  # type: ignore[arg-type]
+        options: dict[str, Any] = {
+            "layers": layers,
+            "hooks": tuple(h.strip() for h in hooks.split(",")),
+            "context": context,
+            "tokens": count,
+            "dtype": dtype,
+            "shuffle_seed": seed,
+            "final_norm": final_norm,
+            "overwrite": overwrite,
+            "format": format.value if format else None,
+            "text_column": text_column,
+            "encoding_errors": encoding_errors.value,
+        }  # fmt: skip  (one set of options, whichever back end runs them)
         _use_available_cores()
         err.print(f"loading {model or 'the default model'} …", highlight=False)
-        enc = Encoder(model, device=device, model_dtype=model_dtype)  # type: ignore[arg-type]
-        summary = cache_activations(
-            enc, input, output, layers=layers, context=context, tokens=count, dtype=dtype, shuffle_seed=seed,
-            final_norm=final_norm, overwrite=overwrite, progress=False if quiet else None,
-            format=format.value if format else None, text_column=text_column,
-            encoding_errors=encoding_errors.value,
-        )  # fmt: skip
+        if ray is not None:
+            from .. import ray as lw_ray
+
+            lw_ray.init(ray, workers=workers, threads_per_worker=threads_per_worker)
+            summary = lw_ray.cache_activations(
+                settings, input, output, workers=workers, threads_per_worker=threads_per_worker, **options
+            )
+        else:
+            enc = Encoder.from_settings(settings)
+            summary = cache_activations(enc, input, output, progress=False if quiet else None, **options)
     except LayerwiseError as exc:
         raise _fail(exc) from None
     if summary.exhausted:

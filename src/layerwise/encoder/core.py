@@ -37,7 +37,7 @@ from ..inputs.windows import check_window_memory, check_window_options
 from ..model.decoders import is_decoder_config
 from ..model.gguf_files import gguf_read_once
 from ..model.handle import ModelHandle
-from ..model.hooks import check_taps
+from ..model.hooks import DECODER_TAPS, check_taps
 from ..model.source import (
     load_config_and_tokenizer,
     pick_device,
@@ -324,9 +324,10 @@ def _check_extract_options(
     """The options of a call that extracts, checked before any work; the taps as a tuple."""
     check_choice("method", method, METHODS)
     checked = check_taps(taps)
-    if encoder.is_decoder and set(checked) - {"attention_probs"}:
+    if encoder.is_decoder and set(checked) - set(DECODER_TAPS):
         raise OptionError(
-            f"taps={list(checked)!r}: a decoder LM ({encoder.model_type}) has the attention_probs tap only; "
+            f"taps={list(checked)!r}: a decoder LM ({encoder.model_type}) has the taps "
+            f"{', '.join(DECODER_TAPS)}; "
             "its blocks are pre-norm, with no module for attention_output or intermediate"
         )
     check_choice("long_texts", long_texts, LONG_TEXTS)

@@ -11,6 +11,13 @@ Sub-layer taps (per encoder layer, recorded for the requested layers >= 1):
                                       which layerwise switches on for that call only
     attention_output   (T, hidden)    the attention block's output after residual + LayerNorm
     intermediate       (T, ffn)       the feed-forward activations after GELU
+    attn_out           (T, hidden)    what the attention block adds to the residual stream (before
+                                      the add; TransformerLens' hook_attn_out)
+    mlp_out            (T, hidden)    what the feed-forward block adds (TransformerLens' hook_mlp_out)
+
+Decoder LMs have attention_probs, attn_out and mlp_out; attn_out and mlp_out come from the packed
+forward too (packed_decoder.py). Gemma 2 and 3 normalise each block's output before the add: their
+attn_out and mlp_out are the outputs of those norms, what the residual stream receives.
 """
 
 from __future__ import annotations
@@ -25,33 +32,52 @@ from torch import nn
 from ..errors import OptionError
 from .decoders import DECODER_MODEL_TYPES
 
-Tap = Literal["attention_probs", "attention_output", "intermediate"]
-TAPS: tuple[str, ...] = ("attention_probs", "attention_output", "intermediate")
+Tap = Literal["attention_probs", "attention_output", "intermediate", "attn_out", "mlp_out"]
+TAPS: tuple[str, ...] = ("attention_probs", "attention_output", "intermediate", "attn_out", "mlp_out")
+DECODER_TAPS: tuple[str, ...] = ("attention_probs", "attn_out", "mlp_out")
 
 # Sub-module paths inside one encoder layer. BERT, RoBERTa and ELECTRA share the BERT layout.
 _BERT_LAYOUT = {
     "attention_probs": "attention.self",
     "attention_output": "attention",
     "intermediate": "intermediate",
+    "attn_out": "attention.output.dense",
+    "mlp_out": "output.dense",
 }
 _TAP_PATHS: dict[str, dict[str, str]] = {
     "distilbert": {
         "attention_probs": "attention",
         "attention_output": "sa_layer_norm",
         "intermediate": "ffn.activation",
+        "attn_out": "attention.out_lin",
+        "mlp_out": "ffn.lin2",
     },
     "mpnet": {
         "attention_probs": "attention.attn",
         "attention_output": "attention",
         "intermediate": "intermediate",
+        "attn_out": "attention.attn.o",
+        "mlp_out": "output.dense",
     },
-    # decoder LMs: attention probabilities only (their blocks are pre-norm: no module outputs the
-    # attention block's normed output or the feed-forward activations as the BERT taps mean them)
-    **{kind: {"attention_probs": "self_attn"} for kind in DECODER_MODEL_TYPES if kind != "gpt2"},
-    "gpt2": {"attention_probs": "attn"},
+    # decoder LMs (pre-norm blocks): no module outputs the attention block's normed output or the
+    # feed-forward activations as the BERT taps mean them; attn_out and mlp_out are what each adds
+    **{
+        kind: {"attention_probs": "self_attn", "attn_out": "self_attn", "mlp_out": "mlp"}
+        for kind in DECODER_MODEL_TYPES
+        if kind != "gpt2"
+    },
+    **{
+        kind: {
+            "attention_probs": "self_attn",
+            "attn_out": "post_attention_layernorm",
+            "mlp_out": "post_feedforward_layernorm",
+        }
+        for kind in ("gemma2", "gemma3_text")
+    },
+    "gpt2": {"attention_probs": "attn", "attn_out": "attn", "mlp_out": "mlp"},
 }
 # Which element of a module's tuple output holds the tap (attention modules return (context, probs)).
-_TAP_INDEX = {"attention_probs": 1, "attention_output": 0, "intermediate": 0}
+_TAP_INDEX = {"attention_probs": 1, "attention_output": 0, "intermediate": 0, "attn_out": 0, "mlp_out": 0}
 
 
 def check_taps(taps: Sequence[str]) -> tuple[str, ...]:

@@ -38,9 +38,11 @@ from torch import nn
 
 from .cpu_gemm import PrepackedLinears
 from .decoders import is_decoder_config
+from .hooks import tap_module
 from .packed import AttentionGroup, PackedEncoder, plan_groups
 
 ATTENTION = "layerwise_packed"
+PACKED_TAPS = ("attn_out", "mlp_out")  # the sub-layer outputs the packed forward records
 PACKED_DECODER_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "gpt2")
 _local = threading.local()  # the packed forward running in this thread, if any
 
@@ -58,6 +60,8 @@ class _Run:
     stop_after: int
     states: dict[int, torch.Tensor]
     linear: PrepackedLinears
+    taps: tuple[str, ...] = ()  # attn_out, mlp_out of the blocks of hidden states ``wanted`` >= 1
+    tapped: dict[str, dict[int, torch.Tensor]] | None = None
 
 
 @dataclass
@@ -156,8 +160,11 @@ class PackedDecoder:
         if getattr(self.model, "_layerwise_packed_hooks", False):
             return
         self.layers[0].register_forward_pre_hook(_record_input, with_kwargs=True)
+        model_type = self.model.config.model_type
         for depth, layer in enumerate(self.layers, start=1):
             layer.register_forward_hook(_recorder(depth))
+            for tap in PACKED_TAPS:  # what the block's attention and feed-forward add to the stream
+                tap_module(layer, model_type, tap).register_forward_hook(_tap_recorder(tap, depth))
             for module in layer.modules():
                 if type(module) is nn.Linear:
                     module.forward = types.MethodType(_switched_linear, module)  # type: ignore[method-assign]
@@ -176,15 +183,24 @@ class PackedDecoder:
     def forward(self, batch: PackedDecoderBatch, layers: Sequence[int]) -> torch.Tensor:
         """Hidden states ``layers`` of the packed batch: ``(len(layers), N, H)``, every one the raw
         residual stream (the engine applies the final norm a call asks for: model/decoders.py)."""
+        return self.forward_with_taps(batch, layers, ())[0]
+
+    def forward_with_taps(
+        self, batch: PackedDecoderBatch, layers: Sequence[int], taps: Sequence[str]
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """:meth:`forward`, and the ``taps`` (of :data:`PACKED_TAPS`) of the blocks behind hidden
+        states ``layers`` >= 1: ``{tap: (n, N, H)}``, as hooks on those modules record them."""
         deepest = max(layers)
         n_layers = len(self.layers)
         # all layers: run to the end, where the model applies its final norm; else stop after the deepest
         stop_after = deepest if deepest < n_layers else n_layers + 1
-        run = _Run(batch.groups, set(layers), stop_after, {}, self.linear)
+        run = _Run(batch.groups, set(layers), stop_after, {}, self.linear, tuple(taps), {t: {} for t in taps})
         with _running(run), _implementation(self.model.config, ATTENTION), contextlib.suppress(_Stop):
             self.model(input_ids=batch.ids[None], position_ids=batch.positions[None], use_cache=False)
-        states = run.states
-        return torch.stack([states[i] for i in layers])
+        states, tapped = run.states, run.tapped or {}
+        tap_layers = [i for i in layers if i >= 1]
+        taps_out = {t: torch.stack([tapped[t][i] for i in tap_layers]) for t in taps if tap_layers}
+        return torch.stack([states[i] for i in layers]), taps_out
 
 
 @contextmanager
@@ -245,6 +261,17 @@ def _recorder(depth: int):
             run.states[depth] = hidden[0]
         if depth >= run.stop_after:
             raise _Stop
+
+    return hook
+
+
+def _tap_recorder(tap: str, depth: int):
+    def hook(module: nn.Module, args: tuple, output: Any) -> None:
+        run: _Run | None = getattr(_local, "run", None)
+        if run is None or tap not in run.taps or depth not in run.wanted or run.tapped is None:
+            return
+        value = output[0] if isinstance(output, tuple | list) else output
+        run.tapped[tap][depth] = value[0]
 
     return hook
 

@@ -382,3 +382,6 @@ def extract_to_store(
         n_rows=progress.n_rows,
         seconds=time.perf_counter() - started,
     )
+
+
+from .cache import cache_activations as cache_activations  # noqa: E402  (it builds on the actors above)
