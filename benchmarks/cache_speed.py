@@ -73,7 +73,7 @@ def measure(
     options = {"layers": list(layers), "context": context, "tokens": tokens, "progress": False}
     probe = lw.cache_activations(enc, documents, work / "probe", **options)  # warm-up, and the contexts
     meta = read_meta(work / "probe")
-    contexts = np.asarray(read_contexts(work / "probe" / "contexts.i32", context, meta["n_contexts"]))
+    contexts = read_contexts(work / "probe" / "contexts.i32", context, np.arange(meta["n_contexts"]))
     shutil.rmtree(work / "probe")
     forward_times, cache_times, written = [], [], 0
     for k in range(repeats):

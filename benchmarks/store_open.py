@@ -80,7 +80,7 @@ def build(folder: Path, n_texts: int) -> tuple[Path, float]:
         "--pool",
         "sentence:mean",
     ]
-    subprocess.run([*command, "--no-progress"], check=True, stdout=subprocess.DEVNULL)
+    subprocess.run([*command, "--quiet"], check=True, stdout=subprocess.DEVNULL)
     corpus.unlink()
     return store, time.perf_counter() - started
 

@@ -135,6 +135,16 @@ def _cut(stream: np.ndarray, body: int, drop_leading: np.ndarray | None) -> tupl
     return windows, stream[start:]
 
 
-def read_contexts(path: Path, context: int, n_contexts: int) -> np.ndarray:
-    """The contexts file as a read-only memory map ``(n_contexts, context)`` int32."""
-    return np.memmap(path, dtype=np.int32, mode="r", shape=(n_contexts, context))
+def read_contexts(path: Path, context: int, rows: np.ndarray) -> np.ndarray:
+    """Rows ``rows`` of the contexts file, ``(len(rows), context)`` int32, read row by row in file
+    order. Not a memory map: the pages a map touches count in the process' resident memory, and a
+    shuffled run touches all of them (4 bytes a token); these reads leave them to the page cache."""
+    rows = np.asarray(rows, dtype=np.int64)
+    out = np.empty((len(rows), context), dtype=np.int32)
+    width = context * 4
+    with open(path, "rb", buffering=0) as handle:
+        for i in np.argsort(rows, kind="stable"):
+            handle.seek(int(rows[i]) * width)
+            if handle.readinto(memoryview(out[i]).cast("B")) != width:
+                raise ValueError(f"{path} ends before context {int(rows[i])}")
+    return out

@@ -64,7 +64,6 @@ def verify_cache(path: str | os.PathLike) -> VerifyReport:
     if digest.hexdigest() != meta["contexts_sha256"]:
         problems.append(f"{CONTEXTS} differs from the contexts the cache was computed from (SHA-256)")
         return report
-    contexts = read_contexts(file, context, n)
     order = permutation(n, meta["shuffle_seed"])
     schema = features({c: meta["d_model"] for c in meta["columns"]}, context, meta["dtype"]).arrow_schema
     missing = []
@@ -84,7 +83,7 @@ def verify_cache(path: str | os.PathLike) -> VerifyReport:
                 for batch in reader:
                     rows = batch.num_rows
                     ids = batch.column(TOKEN_IDS).flatten().to_numpy().reshape(rows, context)
-                    want = contexts[order[slot : slot + rows]]
+                    want = read_contexts(file, context, order[slot : slot + rows])
                     wrong = (
                         np.flatnonzero((ids != want).any(axis=1)) if len(want) == rows else np.arange(rows)
                     )

@@ -328,7 +328,6 @@ def write_shards(
         meta["shard_contexts"],
         meta["n_shards"],
     )
-    contexts = read_contexts(path / CONTEXTS, context, n)
     order = permutation(n, meta["shuffle_seed"])
     columns = {name: int(meta["d_model"]) for name in meta["columns"]}
     schema = features(columns, context, meta["dtype"])
@@ -344,7 +343,7 @@ def write_shards(
         )
         for k in todo:
             slots = order[k * per_shard : min((k + 1) * per_shard, n)]
-            token_ids = np.asarray(contexts[slots])
+            token_ids = read_contexts(path / CONTEXTS, context, slots)
             write_shard(
                 path,
                 shard_name(k, n_shards),

@@ -74,6 +74,20 @@ def column(values: list) -> Any:
     return pa.array(values)
 
 
+def numbers(values: Any) -> np.ndarray:
+    """An integer pyarrow column (Array or ChunkedArray, no nulls) as NumPy, from its buffers.
+    pyarrow's ``to_numpy`` imports pandas on its first call, zero-copy or not: 0.2 s and 45 MB for
+    one store lookup."""
+    parts = []
+    for chunk in getattr(values, "chunks", [values]):
+        if chunk.null_count:
+            return np.asarray(values.to_pylist())  # never for the manifest's integer columns
+        dtype = np.dtype(str(chunk.type))
+        data = chunk.buffers()[1]
+        parts.append(np.frombuffer(data, dtype=dtype, count=len(chunk), offset=chunk.offset * dtype.itemsize))
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+
 def _buffers(kind: Any, data: np.ndarray) -> Any:
     import pyarrow as pa
 

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .columns import numbers
 from .format import MANIFEST, OFFSETS_CHUNK, POSITIONS
 
 _PARTS_CACHED = 4
@@ -165,7 +166,7 @@ class IdPositions:
             built = np.full(self._n_texts, -1, dtype=np.int64)
             for k, table in self._parts.iter_tables(("text_id",)):
                 first = self._parts.span(k)[0]
-                ids = table["text_id"].to_numpy()
+                ids = numbers(table["text_id"])
                 inside = (ids >= 0) & (ids < self._n_texts)
                 built[ids[inside]] = first + np.flatnonzero(inside)
             self._built = built
@@ -197,7 +198,7 @@ def renew_positions(group, n_texts: int, manifest) -> None:
         positions = create_positions(group, n_texts)
     want = np.full(positions.shape[0], -1, dtype=np.int64)
     if manifest is not None and len(manifest):
-        ids = manifest["text_id"].to_numpy()
+        ids = numbers(manifest["text_id"])
         want[ids] = np.arange(len(ids))
     for lo in range(0, len(want), 1 << 20):
         hi = min(lo + (1 << 20), len(want))

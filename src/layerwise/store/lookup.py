@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from .columns import numbers
 from .format import OFFSETS, POSITIONS
 from .lock import being_rewritten
 from .parts import damaged
@@ -100,6 +101,38 @@ class TextLookup:
                 [text_id],
             )
         return record
+
+    def rows_table(self, text_ids: list[int], columns: tuple[str, ...] | None):
+        """The manifest rows of ``text_ids`` as a pyarrow Table: ``take`` on the parts that hold
+        them, no Python objects per row (and no pandas import, which ``pa.table`` of lists costs)."""
+        import pyarrow as pa
+
+        from .columns import column
+
+        positions = self.positions(text_ids)
+        parts = self.store._parts.manifest
+        wanted = None if columns is None else tuple(dict.fromkeys(("text_id", "position", *columns)))
+        pieces, k = [], 0
+        while k < len(text_ids):  # runs of texts in one part, in the order asked for
+            part = parts.part_of(int(positions[k]))
+            end = k
+            while end < len(text_ids) and parts.part_of(int(positions[end])) == part:
+                end += 1
+            local = [int(p) - int(parts.firsts[part]) for p in positions[k:end]]
+            table = parts.read(part, wanted)
+            if max(local) >= table.num_rows:  # a row the part lacks: damage, said as one text's read says it
+                far = k + int(np.argmax(local))
+                self.record(int(text_ids[far]), int(positions[far]), wanted)
+            pieces.append(table.take(column(local)))
+            k = end
+        if not pieces:
+            return pa.table({name: column([]) for name in columns or ()})
+        result = pa.concat_tables(pieces)
+        got_ids, got_positions = numbers(result["text_id"]), numbers(result["position"])
+        wrong = np.flatnonzero((got_ids != np.asarray(text_ids)) | (got_positions != positions))
+        if wrong.size:  # the same checks and messages as one text's read
+            self.record(int(text_ids[wrong[0]]), int(positions[wrong[0]]), wanted)
+        return result if columns is None else result.select(list(columns))
 
     def read(self, text_ids: list[int]) -> list[tuple[dict, np.ndarray]]:
         """``(manifest row, float32 rows)`` of each of ``text_ids``, checked (:meth:`check`). Texts

@@ -138,13 +138,7 @@ class Store(StoreDescription):
     def manifest_rows(self, text_ids: Sequence[int], columns: Sequence[str] | None = None):
         """The manifest rows of ``text_ids`` (in that order) as a pyarrow Table, reading only the
         parts that hold them and only ``columns`` (all when None)."""
-        import pyarrow as pa
-
-        positions = self._lookup.positions(text_ids)
-        wanted = None if columns is None else tuple(dict.fromkeys(("text_id", "position", *columns)))
-        rows = [self._lookup.record(int(t), int(p), wanted) for t, p in zip(text_ids, positions, strict=True)]
-        names = list(columns) if columns is not None else (list(rows[0]) if rows else [])
-        return pa.table({name: [row[name] for row in rows] for name in names})
+        return self._lookup.rows_table(list(text_ids), None if columns is None else tuple(columns))
 
     @property
     def data(self):

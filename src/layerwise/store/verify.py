@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .columns import numbers
 from .format import DATA, OFFSETS
 from .parts import OpenedParts, damaged, open_parts
 
@@ -131,8 +132,8 @@ class _Scan:
 
     def part(self, k: int, table) -> None:
         lo, hi = self.opened.manifest.span(k)
-        positions = table["position"].to_numpy()
-        ids = table["text_id"].to_numpy()
+        positions = numbers(table["position"])
+        ids = numbers(table["text_id"])
         self.rows_read += len(positions)
         if len(positions) != hi - lo or not np.array_equal(positions, np.arange(lo, hi)):
             present = set(positions.tolist())
@@ -163,7 +164,7 @@ class _Scan:
                 f"{OFFSETS} decrease at position {lo + int(falling[0]) + 1}; the commit marker is damaged"
             )
             return
-        starts, n_rows = table["start"].to_numpy(), table["n_rows"].to_numpy()
+        starts, n_rows = numbers(table["start"]), numbers(table["n_rows"])
         self._count("disagree", ids[(starts != offsets[:-1]) | (n_rows != np.diff(offsets))])
         column = _LIST_COLUMN.get(str(self.level))
         if column is not None and column in table.column_names:
@@ -176,7 +177,7 @@ class _Scan:
         for shard_lo, shard_hi in self.missing_shards:
             self.affected.update(int(t) for t in ids[(offsets[1:] > shard_lo) & (offsets[:-1] < shard_hi)])
         if self.checksums and "crc32" in table.column_names:
-            self._checksums(offsets, ids, table["crc32"].to_numpy())
+            self._checksums(offsets, ids, numbers(table["crc32"]))
 
     def _checksums(self, offsets: np.ndarray, ids: np.ndarray, expected: np.ndarray) -> None:
         data = self.opened.group[DATA]
