@@ -99,6 +99,22 @@ def make_stack(
     )
 
 
+def warm_up(model: Any, ids: list[int], device: torch.device, name: str) -> None:
+    """One full-depth forward with ``output_hidden_states`` before any truncated one.
+
+    transformers 5 installs its hidden-state capture hooks lazily, on the layers present at the
+    first such call; if that call ran on a truncated encoder, later full runs would miss layers.
+    This also checks that the model returns one hidden state per layer plus the embeddings."""
+    expected = model.config.num_hidden_layers + 1
+    with torch.inference_mode():
+        states = model(input_ids=torch.tensor([ids], device=device), output_hidden_states=True).hidden_states
+    if len(states) != expected:
+        raise ModelLoadError(
+            f"{name!r} returned {len(states)} hidden states, expected {expected} "
+            "(embeddings + one per layer); is it a BERT-family encoder?"
+        )
+
+
 class Engine:
     """The extraction loop: inputs (or their windows) in length-sorted batches under a token
     budget, the forward pass cut at the deepest requested layer, windows stitched back, results
@@ -154,25 +170,9 @@ class Engine:
             self.layer_owner, self.layer_attr, self.layer_list = find_layer_list(
                 model, model.config.num_hidden_layers
             )
-            self._warm_up(model)
+            warm_up(model, self._warm_up_ids, self.device, self.models.name)
             if self.packed is not None:
                 self.packed = packed_forward(model)
-
-    def _warm_up(self, model: Any) -> None:
-        """One full-depth forward with ``output_hidden_states`` before any truncated one.
-
-        transformers 5 installs its hidden-state capture hooks lazily, on the layers present at the
-        first such call; if that call ran on a truncated encoder, later full runs would miss layers.
-        This also checks that the model returns one hidden state per layer plus the embeddings."""
-        expected = model.config.num_hidden_layers + 1
-        with torch.inference_mode():
-            batch = torch.tensor([self._warm_up_ids], device=self.device)
-            states = model(input_ids=batch, output_hidden_states=True).hidden_states
-        if len(states) != expected:
-            raise ModelLoadError(
-                f"{self.models.name!r} returned {len(states)} hidden states, expected {expected} "
-                "(embeddings + one per layer); is it a BERT-family encoder?"
-            )
 
     def stream(
         self,
