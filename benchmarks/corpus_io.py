@@ -9,8 +9,9 @@
          encoder layer, so this measures the data path.
   full   RSS, sampled every second, of the whole path on 200k UD EWT sentences (repeated) from
          .parquet to sentence-level Parquet with the default model: flat after the first minute?
-  ray    the driver's peak RSS (VmHWM) for `--ray local --layers 0` on 100k and 2M texts (.txt):
-         the driver plans shards from one streamed pass and the actors read their own rows.
+  ray    the driver's peak RSS (VmHWM) for `--ray local --layers 0` on 100k and 2M texts (.txt), and
+         the seconds it plans before any actor starts: the driver plans shards from one streamed
+         pass and the actors read their own rows.
   speed  `extract_to_file` on the same 2,000 texts from .txt and from .parquet, alternating, 5 rounds
          each: the median seconds and their ratio.
   trim   what giving free heap pages back costs (src/layerwise/memory.py): 30,000 texts to sentence-level
@@ -28,6 +29,7 @@ import argparse
 import gzip
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -95,7 +97,11 @@ def peak_rss_mib(command: list[str], *, sample: float | None = None) -> tuple[fl
     stderr = process.stderr.read().decode() if process.stderr else ""
     if process.returncode != 0:
         raise SystemExit(f"{' '.join(command)} failed:\n{stderr}")
+    LAST_STDERR[:] = [stderr]
     return hwm, seconds, samples
+
+
+LAST_STDERR: list[str] = [""]  # what the last peak_rss_mib command printed (its summary)
 
 
 def _status(pid: int) -> dict[str, float]:
@@ -170,10 +176,14 @@ def part_ray(scratch: Path) -> dict:
         path = write_corpus(scratch, n, ("txt",))["txt"]
         target = scratch / f"ray_{n}.lw"
         command = [*CLI, str(path), "--ray", "local", "--workers", "2", "--layers", "0", "--pool",
-                   "sentence:mean", "-o", str(target), "--overwrite", "-q"]  # fmt: skip
+                   "sentence:mean", "-o", str(target), "--overwrite"]  # fmt: skip
         peak, seconds, _ = peak_rss_mib(command)
-        out[f"{n:,} texts"] = {"driver_peak_rss_mib": round(peak, 1), "seconds": round(seconds, 1)}
-        print(f"ray   {n:>11,} texts: driver peak RSS {peak:7.1f} MiB, {seconds:5.1f} s", flush=True)
+        # the driver's one pass over the corpus and its table, before any actor starts (its summary)
+        planned = float(re.search(r"planned in ([\d.]+) s", LAST_STDERR[0]).group(1))  # type: ignore[union-attr]
+        out[f"{n:,} texts"] = {"driver_peak_rss_mib": round(peak, 1), "seconds": round(seconds, 1),
+                               "plan_seconds": planned}  # fmt: skip
+        print(f"ray   {n:>11,} texts: driver peak RSS {peak:7.1f} MiB, planned in {planned:.1f} s, {seconds:5.1f} s",
+              flush=True)  # fmt: skip
     small, big = out["100,000 texts"], out["2,000,000 texts"]
     out["growth"] = round(big["driver_peak_rss_mib"] / small["driver_peak_rss_mib"] - 1, 4)
     return out

@@ -325,3 +325,42 @@ def test_sharded_store_from_a_file_keeps_ids(tmp_path, tiny_encoder):
         write_shard(tiny_encoder, tmp_path / "s.lw", table, k, block.texts, None, plan, ids=block.ids)
     store = lw.open_store(tmp_path / "s.lw")
     assert store.complete and store.manifest.sort_by("text_id")["id"].to_pylist() == IDS
+
+
+def test_the_ray_plan_reads_a_file_corpus_once(tmp_path, monkeypatch):
+    """One pass counts the texts, records where shards start and hashes the shards of every size
+    the plan may pick; the table is the one a pass with the picked size alone gives."""
+    from layerwise.ray import PLANNED_SIZES, auto_shard_size
+    from layerwise.store.shard_table import new_table
+
+    source = tmp_path / "big.txt"
+    source.write_text("".join(f"text number {i}\n" for i in range(5000)), encoding="utf-8")
+    passes = []
+    original = Corpus._good_rows
+
+    def counted(self, *args, **kwargs):
+        passes.append(1)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Corpus, "_good_rows", counted)
+    corpus = Corpus(source)
+    n = corpus.scan(ranges=PLANNED_SIZES).n_texts
+    size = auto_shard_size(n, workers=2)
+    assert (n, size) == (5000, 1024) and size in PLANNED_SIZES
+    table = new_table(model="m", plan_meta={}, corpus=corpus, shard_size=size, settings={})
+    assert len(passes) == 1 and len(table["shards"]) == 5
+    alone = new_table(model="m", plan_meta={}, corpus=Corpus(source), shard_size=size, settings={})
+    assert [s["texts_sha256"] for s in table["shards"]] == [s["texts_sha256"] for s in alone["shards"]]
+    assert table["texts_sha256"] == alone["texts_sha256"] and len(passes) == 2
+    block = next(corpus.blocks(1024, start=3072))  # a shard reads from its recorded start
+    assert block.texts[0] == "text number 3072" and len(passes) == 3
+
+
+def test_auto_shard_size_picks_a_planned_size_for_large_corpora():
+    from layerwise.ray import PLANNED_SIZES, auto_shard_size
+
+    assert auto_shard_size(500, workers=2) == 250  # one shard per worker
+    assert auto_shard_size(2047, workers=2) == 1024
+    for n in (2048, 50_000, 100_000, 2_000_000, 10**8):
+        assert auto_shard_size(n, workers=2) in PLANNED_SIZES
+    assert auto_shard_size(50_000, workers=2) == 2048 and auto_shard_size(2_000_000, workers=2) == 4096

@@ -349,7 +349,8 @@ def _extract_on_ray(mode, settings, data, output, plan, workers, threads, shard_
         resumed = f" ({summary.n_shards_skipped} already complete)" if summary.n_shards_skipped else ""
         err.print(
             f"stored {summary.n_texts} texts in {summary.n_shards} shards{resumed}, {summary.n_rows} rows, "
-            f"in {summary.path} in {summary.seconds:.1f} s with {workers} Ray actors",
+            f"in {summary.path} in {summary.seconds:.1f} s with {workers} Ray actors (planned in "
+            f"{summary.plan_seconds:.1f} s)",
             highlight=False,
             soft_wrap=True,
         )

@@ -73,6 +73,8 @@ class Scan:
     # text -> (file index, where the text's row starts, global row of that file's row 0)
     starts: dict[int, tuple[int, Start, int]] = field(default_factory=dict)
     range_hashes: list[str] = field(default_factory=list)  # SHA-256 of each range of texts asked for
+    # the same for every range size asked for at once (one pass plans shards of any of them)
+    hashes_by_size: dict[int, list[str]] = field(default_factory=dict)
     sha256: str = ""  # of all texts (and pairs), in order
 
 
@@ -227,34 +229,44 @@ class Corpus:
                 continue
             yield base + here.row, *checked, (k, here, base)
 
-    def scan(self, *, ranges: int | None = None) -> Scan:
+    def scan(self, *, ranges: int | Sequence[int] | None = None) -> Scan:
         """Read the whole corpus once (up to ``limit``): every row is checked, texts counted. With
-        ``ranges``, the start of every ``ranges``-th text is recorded and each range's texts hashed
-        (a sharded store's plan). The result is kept: later calls return it."""
-        if self._scan is not None and (ranges is None or self._scan.range_hashes):
+        ``ranges`` (a size, or several), the start of every ``ranges``-th text is recorded and each
+        range's texts hashed, for each size at once (a sharded store's plan, whichever size it picks
+        after the count). The result is kept: later calls that ask for no new size return it."""
+        sizes = _range_sizes(ranges)
+        if self._scan is not None and all(size in self._scan.hashes_by_size for size in sizes):
+            _pick_ranges(self._scan, sizes)
             return self._scan
         scan = Scan()
         if self._memory is not None:
-            _scan_memory(scan, self._memory, self._memory_ids, ranges)
+            _scan_memory(scan, self._memory, self._memory_ids, sizes)
             self._scan = scan
             return scan
-        whole, part = hashlib.sha256(), hashlib.sha256()
+        whole = hashlib.sha256()
+        parts = {size: hashlib.sha256() for size in sizes}
         id_kinds: set[str] = set()
         for _, text, pair, _, ident, origin in self._good_rows(scan, count=True):
             if not scan.pairs_decided:  # the first good row decides: from here on, every row agrees
                 scan.has_pairs, scan.pairs_decided = pair is not None, True
-            if ranges and scan.n_texts % ranges == 0:
-                if scan.n_texts:
-                    scan.range_hashes.append(part.hexdigest())
-                    part = hashlib.sha256()
-                scan.starts[scan.n_texts] = origin
-            hash_into((whole, part), text, pair if scan.has_pairs else None)
+            hashes = [whole]
+            for size, part in parts.items():
+                if scan.n_texts % size == 0:
+                    if scan.n_texts:
+                        scan.hashes_by_size.setdefault(size, []).append(part.hexdigest())
+                        part = parts[size] = hashlib.sha256()
+                    scan.starts[scan.n_texts] = origin
+                hashes.append(part)
+            hash_into(tuple(hashes), text, pair if scan.has_pairs else None)
             id_kinds.add("int" if ident is None or is_int(ident) else "str")
             scan.n_texts += 1
             if self.limit is not None and scan.n_texts >= self.limit:
                 break
-        if ranges and scan.n_texts:
-            scan.range_hashes.append(part.hexdigest())
+        for size, part in parts.items():
+            scan.hashes_by_size.setdefault(size, [])
+            if scan.n_texts:
+                scan.hashes_by_size[size].append(part.hexdigest())
+        _pick_ranges(scan, sizes)
         scan.id_kind = "str" if "str" in id_kinds else "int"
         scan.sha256 = whole.hexdigest()
         self._scan = scan
@@ -333,7 +345,19 @@ def _stdin_named(chunks: Iterator, spool: Path) -> Iterator:
         raise type(exc)(str(exc).replace(str(spool), "standard input")) from None
 
 
-def _scan_memory(scan: Scan, raw: RawInputs, ids: list | None, ranges: int | None) -> None:
+def _range_sizes(ranges: int | Sequence[int] | None) -> tuple[int, ...]:
+    if ranges is None:
+        return ()
+    return (ranges,) if isinstance(ranges, int) else tuple(dict.fromkeys(ranges))
+
+
+def _pick_ranges(scan: Scan, sizes: tuple[int, ...]) -> None:
+    """``range_hashes``: the hashes of the one size asked for (of several, none is picked)."""
+    if len(sizes) == 1:
+        scan.range_hashes = scan.hashes_by_size[sizes[0]]
+
+
+def _scan_memory(scan: Scan, raw: RawInputs, ids: list | None, sizes: tuple[int, ...]) -> None:
     scan.n_texts, scan.has_pairs = len(raw), raw.text_pairs is not None
     scan.id_kind = "int" if ids is None or all(is_int(i) for i in ids) else "str"
     whole = hashlib.sha256()
@@ -341,13 +365,15 @@ def _scan_memory(scan: Scan, raw: RawInputs, ids: list | None, ranges: int | Non
         pair = raw.text_pairs[i] if raw.text_pairs is not None else None
         hash_into((whole,), text, pair)
     scan.sha256 = whole.hexdigest()
-    if ranges:
-        for lo in range(0, len(raw), ranges):
+    for size in sizes:
+        hashes = scan.hashes_by_size.setdefault(size, [])
+        for lo in range(0, len(raw), size):
             part = hashlib.sha256()
-            for i in range(lo, min(lo + ranges, len(raw))):
+            for i in range(lo, min(lo + size, len(raw))):
                 pair = raw.text_pairs[i] if raw.text_pairs is not None else None
                 hash_into((part,), raw.texts[i], pair)
-            scan.range_hashes.append(part.hexdigest())
+            hashes.append(part.hexdigest())
+    _pick_ranges(scan, sizes)
 
 
 def as_corpus(

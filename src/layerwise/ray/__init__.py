@@ -32,16 +32,22 @@ from ..features.plan import OutputPlan
 from ..settings import Settings
 
 MAX_SHARD_SIZE = 4096
+# the sizes :func:`auto_shard_size` picks for a corpus of workers x 1,024 texts or more: the driver
+# hashes every one of them in its one pass over the corpus, before it knows the count
+PLANNED_SIZES = (1024, 2048, 3072, 4096)
 
 
 def auto_shard_size(n_texts: int, workers: int = 1) -> int:
-    """About 32 shards (enough to balance a few actors), each 1,024..4,096 texts (smaller shards
-    cost more: 256-text shards +11% over one store, 1,024-text +3%, docs/guide/ray.md); a corpus
-    too small for that is cut into one shard per worker, so that every actor has work. A rerun
-    that leaves the size to this function keeps the size the store was started with
-    (begin_sharded_store), whatever its --workers."""
+    """About 32 shards (enough to balance a few actors), each 1,024..4,096 texts, a multiple of
+    1,024 (smaller shards cost more: 256-text shards +11% over one store, 1,024-text +3%,
+    docs/guide/ray.md); a corpus too small for that is cut into one shard per worker, so that
+    every actor has work. A rerun that leaves the size to this function keeps the size the store
+    was started with (begin_sharded_store), whatever its --workers."""
     per_worker = -(-n_texts // max(1, workers))
-    return max(1, min(MAX_SHARD_SIZE, max(min(1024, per_worker), -(-n_texts // 32))))
+    if per_worker < 1024:
+        return max(1, per_worker)
+    thirty_second = -(-n_texts // 32)
+    return min(MAX_SHARD_SIZE, max(1024, -(-thirty_second // 1024) * 1024))
 
 
 def _ray():
@@ -143,6 +149,15 @@ class ShardWriter(_ModelActor):
         return write_shard(
             self.encoder, self.path, self.table, index, texts, text_pairs, self.plan, ids=ids, **self.layout
         )
+
+
+def _resumed_shard_size(path: Path, overwrite: bool) -> int | None:
+    """The shard size of the sharded store a rerun resumes (None: a new one)."""
+    from ..store.shard_table import is_sharded, read_table
+
+    if overwrite or not is_sharded(path):
+        return None
+    return read_table(path).get("shard_size")
 
 
 def _texts_of(data: Any, column: str) -> list[str]:
@@ -266,6 +281,7 @@ class ShardedSummary:
     n_written: int
     n_rows: int
     seconds: float
+    plan_seconds: float = 0.0  # the driver's: its pass over the corpus and the table, before any actor
 
 
 def extract_to_store(
@@ -321,9 +337,13 @@ def extract_to_store(
     corpus: Corpus | None = None
     if isinstance(data, str | os.PathLike):
         data = Corpus(data, text_column=None if column == "text" else column)
+    planning = time.perf_counter()
     if isinstance(data, Corpus):
         corpus, texts = data, []
-        n_texts = len(corpus)  # one streamed pass: rows checked and counted, nothing held
+        # one streamed pass: rows checked and counted, nothing held, each shard's texts hashed for
+        # every size the plan may pick (the store's own when resuming), its first row recorded
+        sizes = shard_size or (_resumed_shard_size(Path(path), overwrite) or PLANNED_SIZES)
+        n_texts = corpus.scan(ranges=sizes).n_texts
     else:
         texts = _texts_of(data, column)
         n_texts = len(texts)
@@ -338,6 +358,7 @@ def extract_to_store(
         run={"workers": workers, "threads_per_worker": threads_per_worker},
     )  # fmt: skip
     ranges = [(shard["start"], shard["stop"]) for shard in table["shards"]]
+    plan_seconds = time.perf_counter() - planning
 
     from ..store.sharded import shard_progress
 
@@ -381,6 +402,7 @@ def extract_to_store(
         n_written=sum(int(r["n_written"]) for r in written),
         n_rows=progress.n_rows,
         seconds=time.perf_counter() - started,
+        plan_seconds=plan_seconds,
     )
 
 
