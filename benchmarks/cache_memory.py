@@ -12,7 +12,6 @@ Results go to benchmarks/results/cache_memory.json.
 
 from __future__ import annotations
 
-import argparse
 import os
 import random
 import shutil
@@ -24,6 +23,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+from common import parser as common_parser  # noqa: E402
 from common import timed_process, write_result  # noqa: E402
 
 WORDS = ("the of and to in a is that for it as was with be by on not he this are or his from at which but "
@@ -53,9 +53,7 @@ def corpus(path: Path, n_words: int) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = common_parser(__doc__)
     parser.add_argument("--small", type=int, default=1_000_000)
     parser.add_argument("--large", type=int, default=20_000_000)
     args = parser.parse_args()

@@ -19,7 +19,6 @@ limit is the one that binds. Results go to benchmarks/results/cache_speed.json.
 
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import shutil
@@ -33,6 +32,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+from common import parser as common_parser  # noqa: E402
 from common import read_documents, write_result  # noqa: E402
 
 
@@ -100,9 +100,7 @@ def measure(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = common_parser(__doc__)
     parser.add_argument("--tokens-minilm", type=int, default=65_536)
     parser.add_argument("--tokens-smollm2", type=int, default=16_384)
     parser.add_argument("--context", type=int, default=128)

@@ -14,7 +14,6 @@ benchmarks/results/store_open.json. ``--keep DIR`` keeps the stores (and reuses 
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import random
@@ -29,6 +28,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+from common import parser as common_parser  # noqa: E402
 from common import write_result  # noqa: E402
 
 PROBE = r"""
@@ -93,9 +93,7 @@ def probe(store: Path, mode: str) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = common_parser(__doc__)
     parser.add_argument("--small", type=int, default=10_000)
     parser.add_argument("--large", type=int, default=2_000_000)
     parser.add_argument("--keep", type=Path, default=None)

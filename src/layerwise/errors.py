@@ -105,3 +105,19 @@ def check_choice(name: str, value: object, choices: tuple[str, ...]) -> None:
     if value not in choices:
         listed = ", ".join(repr(c) for c in choices)
         raise OptionError(f"{name}={value!r} is not valid; choose one of {listed}")
+
+
+def require_extra(modules: tuple[str, ...], what: str, extra: str) -> None:
+    """Raise MissingDependencyError naming the ``modules`` of an extra that are not installed and
+    the command that installs them (``what``: "the store", "the activation cache")."""
+    missing = []
+    for module in modules:
+        try:
+            __import__(module)
+        except ImportError:
+            missing.append(module)
+    if missing:
+        raise MissingDependencyError(
+            f"{what} needs {' and '.join(missing)}: pip install 'layerwise[{extra}]' "
+            f"(or pip install {' '.join(missing)})"
+        )

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Literal
 
 from ..errors import NotAStoreError, StoreError
+from ..store.format import folder_kind
 
 FORMAT = "layerwise-activation-cache"
 FORMAT_VERSION = 1
@@ -66,14 +67,9 @@ def read_meta(path: Path) -> dict | None:
 
 
 def classify(path: Path) -> CacheKind:
-    if not path.exists() and not path.is_symlink():
-        return "missing"
-    if not path.is_dir():
-        raise NotAStoreError(f"{str(path)!r} exists and is a file; a cache is a folder: choose another path")
-    entries = set(os.listdir(path))
-    if entries <= {LOCK}:
-        return "empty"
-    return "cache" if read_meta(path) is not None else "other"
+    """What is at ``path``: nothing, an empty folder, a cache, or something else (never written)."""
+    kind = folder_kind(path, "a cache", lambda p: read_meta(p) is not None)
+    return "cache" if kind == "ours" else kind  # type: ignore[return-value]
 
 
 def not_a_cache(path: Path) -> NotAStoreError:
@@ -115,18 +111,9 @@ def write_json(path: Path, document: dict) -> None:
 
 def require_cache_dependencies() -> None:
     """datasets and pyarrow are an extra: say how to install them when they are missing."""
-    from ..errors import MissingDependencyError
+    from ..errors import require_extra
 
-    missing = []
-    for module in ("datasets", "pyarrow"):
-        try:
-            __import__(module)
-        except ModuleNotFoundError:
-            missing.append(module)
-    if missing:
-        raise MissingDependencyError(
-            f"the activation cache needs {' and '.join(missing)}: pip install 'layerwise[cache]'"
-        )
+    require_extra(("datasets", "pyarrow"), "the activation cache", "cache")
 
 
 def features(columns: dict[str, int], context: int, dtype: str):

@@ -10,7 +10,7 @@ from typing import Annotated, Any
 import typer
 
 from ..errors import LayerwiseError, OptionError
-from .extract import FormatChoice
+from .extract import InputFormatOption, TextColumnOption
 from .options import (
     DeviceOption,
     EncodingErrorsChoice,
@@ -75,12 +75,8 @@ def cache(
             "instead of the raw residual stream (blocks.L-1.hook_resid_post)",
         ),
     ] = False,
-    text_column: Annotated[
-        str | None, typer.Option(help="The column of the texts (CSV, Parquet) [default: text]")
-    ] = None,
-    format: Annotated[
-        FormatChoice | None, typer.Option("--format", help="Input format [default: from the suffix]")
-    ] = None,
+    text_column: TextColumnOption = None,
+    format: InputFormatOption = None,
     overwrite: Annotated[
         bool, typer.Option(help="Start again: remove what the cache holds (nothing else)")
     ] = False,

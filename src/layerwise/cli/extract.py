@@ -43,6 +43,15 @@ class FormatChoice(StrEnum):
     parquet = "parquet"
 
 
+# a corpus' text column and format, as every command that reads one names them
+TextColumnOption = Annotated[
+    str | None, typer.Option(help="The column of the texts (CSV, Parquet) [default: text]")
+]
+InputFormatOption = Annotated[
+    FormatChoice | None, typer.Option("--format", help="Input format [default: from the suffix]")
+]
+
+
 class BadRowChoice(StrEnum):
     error = "error"
     skip = "skip"

@@ -11,7 +11,7 @@ import typer
 
 from .. import __version__
 from ..errors import LayerwiseError, OptionError
-from .extract import FormatChoice
+from .extract import InputFormatOption, TextColumnOption
 from .options import (
     DeviceOption,
     EncodingErrorsChoice,
@@ -37,12 +37,8 @@ def layers(
         ),
     ],
     model: ModelOption = None,
-    text_column: Annotated[
-        str | None, typer.Option(help="The column of the texts (CSV, Parquet) [default: text]")
-    ] = None,
-    format: Annotated[
-        FormatChoice | None, typer.Option("--format", help="Input format [default: from the suffix]")
-    ] = None,
+    text_column: TextColumnOption = None,
+    format: InputFormatOption = None,
     max_texts: Annotated[int, typer.Option(min=2, help="Use the first N texts")] = 1000,
     views: Annotated[
         int,

@@ -81,14 +81,20 @@ def read_store_meta(path: Path) -> dict | None:
 def classify(path: Path) -> StoreKind:
     """What is at ``path``: nothing, an empty folder (or one holding only a lock file), a layerwise
     store, or something else (which layerwise never writes into)."""
+    kind = folder_kind(path, "a store", lambda p: read_store_meta(p) is not None)
+    return "store" if kind == "ours" else kind  # type: ignore[return-value]
+
+
+def folder_kind(path: Path, what: str, is_ours) -> str:
+    """"missing", "empty" (nothing, or only a lock file), "ours" (``is_ours(path)``) or "other",
+    for a folder layerwise writes (``what``: "a store", "a cache"); a file there is an error."""
     if not path.exists() and not path.is_symlink():
         return "missing"
     if not path.is_dir():
-        raise NotAStoreError(f"{str(path)!r} exists and is a file; a store is a folder: choose another path")
-    entries = set(os.listdir(path))
-    if entries <= {LOCK}:
+        raise NotAStoreError(f"{str(path)!r} exists and is a file; {what} is a folder: choose another path")
+    if set(os.listdir(path)) <= {LOCK}:
         return "empty"
-    return "store" if read_store_meta(path) is not None else "other"
+    return "ours" if is_ours(path) else "other"
 
 
 def not_a_store(path: Path) -> NotAStoreError:
@@ -114,16 +120,6 @@ def remove_store_entries(path: Path) -> None:
 
 def require_store_dependencies() -> None:
     """zarr and pyarrow are an extra: say how to install them when they are missing."""
-    from ..errors import MissingDependencyError
+    from ..errors import require_extra
 
-    missing = []
-    for module in ("zarr", "pyarrow"):
-        try:
-            __import__(module)
-        except ImportError:
-            missing.append(module)
-    if missing:
-        raise MissingDependencyError(
-            f"the store needs {' and '.join(missing)}: pip install 'layerwise[store]' "
-            "(or pip install zarr pyarrow)"
-        )
+    require_extra(("zarr", "pyarrow"), "the store", "store")
