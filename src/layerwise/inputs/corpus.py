@@ -241,34 +241,9 @@ class Corpus:
         scan = Scan()
         if self._memory is not None:
             _scan_memory(scan, self._memory, self._memory_ids, sizes)
-            self._scan = scan
-            return scan
-        whole = hashlib.sha256()
-        parts = {size: hashlib.sha256() for size in sizes}
-        id_kinds: set[str] = set()
-        for _, text, pair, _, ident, origin in self._good_rows(scan, count=True):
-            if not scan.pairs_decided:  # the first good row decides: from here on, every row agrees
-                scan.has_pairs, scan.pairs_decided = pair is not None, True
-            hashes = [whole]
-            for size, part in parts.items():
-                if scan.n_texts % size == 0:
-                    if scan.n_texts:
-                        scan.hashes_by_size.setdefault(size, []).append(part.hexdigest())
-                        part = parts[size] = hashlib.sha256()
-                    scan.starts[scan.n_texts] = origin
-                hashes.append(part)
-            hash_into(tuple(hashes), text, pair if scan.has_pairs else None)
-            id_kinds.add("int" if ident is None or is_int(ident) else "str")
-            scan.n_texts += 1
-            if self.limit is not None and scan.n_texts >= self.limit:
-                break
-        for size, part in parts.items():
-            scan.hashes_by_size.setdefault(size, [])
-            if scan.n_texts:
-                scan.hashes_by_size[size].append(part.hexdigest())
+        else:
+            _scan_rows(scan, self._good_rows(scan, count=True), sizes, self.limit)
         _pick_ranges(scan, sizes)
-        scan.id_kind = "str" if "str" in id_kinds else "int"
-        scan.sha256 = whole.hexdigest()
         self._scan = scan
         return scan
 
@@ -345,6 +320,35 @@ def _stdin_named(chunks: Iterator, spool: Path) -> Iterator:
         raise type(exc)(str(exc).replace(str(spool), "standard input")) from None
 
 
+def _scan_rows(scan: Scan, rows: Iterator[tuple], sizes: tuple[int, ...], limit: int | None) -> None:
+    """:meth:`Corpus.scan`'s pass over a file corpus' good rows."""
+    whole = hashlib.sha256()
+    parts = {size: hashlib.sha256() for size in sizes}
+    id_kinds: set[str] = set()
+    for _, text, pair, _, ident, origin in rows:
+        if not scan.pairs_decided:  # the first good row decides: from here on, every row agrees
+            scan.has_pairs, scan.pairs_decided = pair is not None, True
+        hashes = [whole]
+        for size, part in parts.items():
+            if scan.n_texts % size == 0:
+                if scan.n_texts:
+                    scan.hashes_by_size.setdefault(size, []).append(part.hexdigest())
+                    part = parts[size] = hashlib.sha256()
+                scan.starts[scan.n_texts] = origin
+            hashes.append(part)
+        hash_into(tuple(hashes), text, pair if scan.has_pairs else None)
+        id_kinds.add("int" if ident is None or is_int(ident) else "str")
+        scan.n_texts += 1
+        if limit is not None and scan.n_texts >= limit:
+            break
+    for size, part in parts.items():
+        scan.hashes_by_size.setdefault(size, [])
+        if scan.n_texts:
+            scan.hashes_by_size[size].append(part.hexdigest())
+    scan.id_kind = "str" if "str" in id_kinds else "int"
+    scan.sha256 = whole.hexdigest()
+
+
 def _range_sizes(ranges: int | Sequence[int] | None) -> tuple[int, ...]:
     if ranges is None:
         return ()
@@ -373,7 +377,6 @@ def _scan_memory(scan: Scan, raw: RawInputs, ids: list | None, sizes: tuple[int,
                 pair = raw.text_pairs[i] if raw.text_pairs is not None else None
                 hash_into((part,), raw.texts[i], pair)
             hashes.append(part.hexdigest())
-    _pick_ranges(scan, sizes)
 
 
 def as_corpus(
