@@ -38,7 +38,9 @@ def tiny_llama(folder: Path) -> Path:
 
     tokenizer = AutoTokenizer.from_pretrained(lw.default_model_path())
     config = LlamaConfig(vocab_size=tokenizer.vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)  # fmt: skip
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                         bos_token_id=tokenizer.cls_token_id, eos_token_id=tokenizer.sep_token_id,
+                         pad_token_id=tokenizer.pad_token_id)  # fmt: skip
     torch.manual_seed(0)
     LlamaForCausalLM(config).save_pretrained(folder)
     tokenizer.save_pretrained(folder)

@@ -74,7 +74,8 @@ def write_contexts(
     exhausted = True
     with open(out, "wb") as handle:
         for texts in texts_blocks:
-            encoded = tokenizer(list(texts), add_special_tokens=False)["input_ids"]
+            # whole documents, longer than the model takes: they are cut into contexts below
+            encoded = tokenizer(list(texts), add_special_tokens=False, verbose=False)["input_ids"]
             pieces = [pending]
             for ids in encoded:
                 if documents:
