@@ -86,7 +86,7 @@ def classify(path: Path) -> StoreKind:
 
 
 def folder_kind(path: Path, what: str, is_ours) -> str:
-    """"missing", "empty" (nothing, or only a lock file), "ours" (``is_ours(path)``) or "other",
+    """One of "missing", "empty" (nothing, or only a lock file), "ours" (``is_ours(path)``) or "other",
     for a folder layerwise writes (``what``: "a store", "a cache"); a file there is an error."""
     if not path.exists() and not path.is_symlink():
         return "missing"
