@@ -354,3 +354,21 @@ def test_attn_out_and_mlp_out_columns_equal_hooks_on_transformers(tmp_path, deco
         lw.cache_activations(
             enc, TEXTS, tmp_path / "b", layers="0,1", hooks=("mlp_out",), context=16, tokens=160
         )
+
+
+def test_a_corpus_shorter_than_the_tokens_asked_for_says_so(tmp_path, tiny):
+    from typer.testing import CliRunner
+
+    from layerwise.cli import app
+
+    summary = lw.cache_activations(tiny, TEXTS[:5], tmp_path / "acts", context=16, tokens=10**6)
+    assert summary.exhausted and 0 < summary.n_contexts < 10**6 // 16
+    assert len(datasets.load_from_disk(str(tmp_path / "acts"))) == summary.n_contexts
+    source = tmp_path / "few.txt"
+    source.write_text("\n".join(TEXTS[:5]) + "\n")
+    args = ["cache", str(source), "-o", str(tmp_path / "cli"), "--model", str(tiny.source), "--context", "16"]
+    result = CliRunner().invoke(app, [*args, "--tokens", "1M"])
+    assert result.exit_code == 0 and f"the corpus ended after {summary.n_tokens:,} tokens" in result.output
+    with pytest.raises(OptionError, match="fewer than 16 tokens"):
+        lw.cache_activations(tiny, ["a b"], tmp_path / "tiny", context=16, tokens=160)
+    assert not list((tmp_path / "tiny").glob("*.arrow"))

@@ -295,3 +295,14 @@ def test_overwrite_leaves_other_entries_alone(tmp_path, store, tiny_encoder):
 def test_shard_ranges_refuse_a_bad_size():
     with pytest.raises(OptionError, match="shard_size=0"):
         shard_ranges(10, 0)
+
+
+def test_a_sharded_store_slices_and_reads_ids_across_shards(store):
+    opened = lw.open_store(store)
+    across = opened[8:13]  # shards 0 and 1
+    assert [s.text for s in across] == TEXTS[8:13]
+    assert [s.text for s in opened[::10]] == [TEXTS[0], TEXTS[10], TEXTS[20]]
+    assert list(opened.ids) == list(range(25)) and opened.ids[-1] == 24 and opened.ids[9:11] == [9, 10]
+    rows = opened.manifest_rows([21, 3], ["text_id", "text"])
+    assert rows["text_id"].to_pylist() == [21, 3] and rows["text"].to_pylist() == [TEXTS[21], TEXTS[3]]
+    assert list(opened.committed_in(8, 12)) == [8, 9, 10, 11]

@@ -123,7 +123,8 @@ def write_shard(
     shard_chunks: int | None = None,
 ) -> StoreSummary:
     """Write (or resume) shard ``index`` of ``table``: ``texts`` are its range's texts (``ids``
-    their ids, kept in the shard's manifest); the layout: the store's defaults where None."""
+    their ids, kept in the shard's manifest; None: their global 0-based rows, as a store of the
+    whole corpus keeps them); the layout: the store's defaults where None."""
     from ..inputs.corpus import Corpus
     from .format import BLOCK_SIZE, CHUNK_ROWS, SHARD_CHUNKS
     from .writer import extract_to_store
@@ -134,6 +135,8 @@ def write_shard(
             f"these {len(texts)} texts are not the texts of shard {index} (texts {shard['start']}.."
             f"{shard['stop'] - 1} of the table); pass texts[start:stop] of the corpus the table was made for"
         )
+    if ids is None:  # the shard's texts are rows start.. of the corpus: their ids say so
+        ids = list(range(shard["start"], shard["stop"]))
     return extract_to_store(
         encoder,
         Corpus.from_inputs(texts, text_pairs=text_pairs, ids=ids),
