@@ -36,6 +36,7 @@ from .format import (
     CONTEXTS,
     FORMAT,
     FORMAT_VERSION,
+    LOCK,
     META,
     classify,
     features,
@@ -194,6 +195,7 @@ def begin_cache(
         "framing": framing.as_dict(),
         "shard_contexts": max(1, shard_bytes // (context * width_bytes)), "source": source.describe(),
     }  # fmt: skip
+    created = not path.exists()
     path.mkdir(parents=True, exist_ok=True)
     with writer_lock(path):
         stored = read_meta(path)
@@ -210,7 +212,17 @@ def begin_cache(
                 )
         else:
             write_json(path / META, meta)
-        yield _contexts(path, meta, stored, source, encoder, framing, context, tokens)
+        try:
+            record = _contexts(path, meta, stored, source, encoder, framing, context, tokens)
+        except BaseException:
+            if stored is None:  # a new cache whose corpus fails its token pass leaves nothing behind
+                remove_owned(path)
+                if created:
+                    (path / LOCK).unlink(missing_ok=True)
+                    with contextlib.suppress(OSError):
+                        path.rmdir()
+            raise
+        yield record
 
 
 def _check_numbers(encoder, context, tokens, dtype, shuffle_seed, final_norm, shard_bytes) -> None:
