@@ -267,7 +267,7 @@ class ShardedStore(StoreDescription):
     @property
     def ids(self):
         """The inputs' own ids of the committed texts in input order, read on demand."""
-        from .reader import StoreIds
+        from .lookup import StoreIds
 
         return StoreIds(self)
 
