@@ -104,7 +104,7 @@ class Store(StoreDescription):
         StoreError when that is because another process is rewriting the store (--overwrite)."""
         try:
             opened = open_parts(self.path)
-            problems, _ = layout_problems(opened)
+            problems, _, _ = layout_problems(opened)
             if problems:
                 raise damaged(self.path, problems, [])
         except (StoreError, KeyError, FileNotFoundError) as exc:

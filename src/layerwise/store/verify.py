@@ -58,28 +58,33 @@ class VerifyReport:
         return "\n".join(lines)
 
 
-def layout_problems(opened: OpenedParts) -> tuple[list[str], list[tuple[int, int]]]:
-    """What opening checks (module docstring): ``(problems, row ranges of missing data shards)``."""
+def layout_problems(opened: OpenedParts) -> tuple[list[str], list[tuple[int, int]], bool]:
+    """What opening checks (module docstring): ``(problems, row ranges of missing data shards,
+    whether the manifest can be scanned against the offsets at all)``."""
     problems = list(opened.problems)
     meta, path = opened.meta, opened.path
     try:
         data = opened.group[DATA]
     except KeyError:
-        return [*problems, f"the data array ({DATA}/) is missing"], []
+        return [*problems, f"the data array ({DATA}/) is missing"], [], False
     except Exception as exc:  # its zarr.json damaged: not JSON, not UTF-8, not zarr's metadata
-        return [
-            *problems,
-            f"the data array's metadata ({DATA}/zarr.json) cannot be read: {type(exc).__name__}",
-        ], []
+        return (
+            [
+                *problems,
+                f"the data array's metadata ({DATA}/zarr.json) cannot be read: {type(exc).__name__}",
+            ],
+            [],
+            False,
+        )
     row_shape = tuple(meta.get("row_shape") or ())
     if tuple(data.shape[1:]) != row_shape:
         problems.append(f"data rows have shape {tuple(data.shape[1:])}, the metadata says {row_shape}")
     if str(data.dtype) != meta.get("dtype"):
         problems.append(f"data has dtype {data.dtype}, the metadata says {meta.get('dtype')}")
     if opened.offsets is None:
-        return problems, []
+        return problems, [], False
     if opened.n_valid == 0 or int(opened.offsets[0]) != 0:
-        return [*problems, f"{OFFSETS}[0] is not 0; the commit marker is damaged"], []
+        return [*problems, f"{OFFSETS}[0] is not 0; the commit marker is damaged"], [], False
     n, n_texts = opened.n_committed, int(meta.get("n_texts", 0))
     if n > n_texts:
         problems.append(f"{n} texts are committed but the store was started for {n_texts}")
@@ -99,7 +104,7 @@ def layout_problems(opened: OpenedParts) -> tuple[list[str], list[tuple[int, int
                 lo, hi = shard * shard_rows, (shard + 1) * shard_rows
                 problems.append(f"data shard {DATA}/{key} (rows {lo}..{hi - 1}) is missing")
                 missing.append((lo, hi))
-    return problems, missing
+    return problems, missing, True
 
 
 class _Scan:
@@ -144,7 +149,8 @@ class _Scan:
             repeated = positions[1:][positions[1:] == positions[:-1]]
             if repeated.size:
                 self.n_duplicated += int(repeated.size)
-                self.first_duplicated = self.first_duplicated or int(repeated[0])
+                if self.first_duplicated is None:
+                    self.first_duplicated = int(repeated[0])
                 self.affected.update(
                     int(t) for t, p in zip(ids, positions, strict=True) if p in set(repeated)
                 )
@@ -246,16 +252,13 @@ def scan_store(path: str | os.PathLike, *, checksums: bool = True) -> VerifyRepo
     """Check one (unsharded) store part by part (module docstring); never raises for damage,
     reports it. ``checksums=False``: the structure only (what a writer checks before resuming)."""
     opened = open_parts(Path(path))
-    problems, missing_shards = layout_problems(opened)
+    problems, missing_shards, scannable = layout_problems(opened)
     n = opened.n_committed
     report = VerifyReport(Path(path), n, opened.end if opened.offsets is not None and opened.n_valid else 0)
     columns = ("text_id", "position", "start", "n_rows", "crc32", *_LIST_COLUMN.values())
     names = opened.manifest.column_names()
     report.checksums = checksums and "crc32" in names
-    fatal = opened.offsets is None or any(
-        p.startswith(f"{OFFSETS}[0]") or "data array" in p for p in problems
-    )
-    if fatal or not len(opened.manifest):
+    if not scannable or not len(opened.manifest):
         report.problems = problems
         return report
     scan = _Scan(opened, missing_shards, report.checksums and not problems)
