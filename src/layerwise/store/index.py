@@ -100,17 +100,10 @@ class ManifestParts:
 
     def read(self, k: int, columns: tuple[str, ...] | None = None):
         """Part ``k`` as a pyarrow Table (cut to the committed positions), cached."""
-        import pyarrow.parquet as pq
-
         key = (k, columns)
         table = self._cache.get(key)
         if table is None:
-            file = pq.ParquetFile(self.path / MANIFEST / self.names[k])
-            wanted = None if columns is None else [c for c in columns if c in file.schema_arrow.names]
-            table = file.read(columns=wanted)
-            lo, hi = self.span(k)
-            table = table.slice(0, max(0, min(table.num_rows, hi - lo)))  # rows past the commit
-            self._cache[key] = table
+            table = self._cache[key] = self._load(k, columns)
             while len(self._cache) > _PARTS_CACHED:
                 self._cache.popitem(last=False)
         else:
@@ -126,14 +119,18 @@ class ManifestParts:
 
     def iter_tables(self, columns: tuple[str, ...] | None = None):
         """``(k, table)`` for each part in position order, uncached (bounded memory)."""
+        for k in range(len(self.names)):
+            yield k, self._load(k, columns)
+
+    def _load(self, k: int, columns: tuple[str, ...] | None):
+        """Part ``k``'s ``columns`` (those it has; all when None), cut to its committed positions."""
         import pyarrow.parquet as pq
 
-        for k, name in enumerate(self.names):
-            file = pq.ParquetFile(self.path / MANIFEST / name)
-            wanted = None if columns is None else [c for c in columns if c in file.schema_arrow.names]
-            table = file.read(columns=wanted)
-            lo, hi = self.span(k)
-            yield k, table.slice(0, max(0, min(table.num_rows, hi - lo)))
+        file = pq.ParquetFile(self.path / MANIFEST / self.names[k])
+        wanted = None if columns is None else [c for c in columns if c in file.schema_arrow.names]
+        table = file.read(columns=wanted)
+        lo, hi = self.span(k)
+        return table.slice(0, max(0, min(table.num_rows, hi - lo)))  # rows past the commit
 
 
 class IdPositions:

@@ -22,12 +22,11 @@ def commit_window(meta: dict) -> int | None:
     return shard_rows + 1 if shard_rows > 0 else None
 
 
-def committed_offsets(offsets_array) -> np.ndarray:
-    """The valid prefix of the offsets array, read whole (readers count it without reading it all:
-    :func:`index.committed_count`)."""
-    values = np.asarray(offsets_array[:])
-    invalid = np.flatnonzero(values < 0)
-    return values[: invalid[0]] if invalid.size else values
+def committed_prefix(offsets_array, meta: dict) -> tuple[int, int]:
+    """``(committed texts, one past their last row)`` from the commit marker, read a few chunks at
+    a time (:func:`index.committed_count`); ``(-1, 0)`` when even ``offsets[0]`` is unwritten."""
+    n_valid = committed_count(offsets_array, commit_window(meta))
+    return n_valid - 1, int(offsets_array[n_valid - 1]) if n_valid else 0
 
 
 @dataclass

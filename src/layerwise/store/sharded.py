@@ -85,7 +85,7 @@ def shard_progress(root: str | os.PathLike) -> ShardProgress:
     not belong, or of different weights, raise StoreDamagedError as when opening the store."""
     import zarr
 
-    from .parts import committed_offsets
+    from .parts import committed_prefix
 
     root = Path(root)
     table = read_table(root)
@@ -104,12 +104,12 @@ def shard_progress(root: str | os.PathLike) -> ShardProgress:
             continue
         metas.append((shard["name"], meta))
         try:
-            offsets = committed_offsets(zarr.open_array(str(folder / OFFSETS), mode="r"))
+            committed, end = committed_prefix(zarr.open_array(str(folder / OFFSETS), mode="r"), meta)
         except (FileNotFoundError, KeyError, ValueError):
-            offsets = np.zeros(0, dtype=np.int64)  # begun, killed before its first commit
-        committed = max(len(offsets) - 1, 0)
+            committed, end = 0, 0  # begun, killed before its first commit
+        committed = max(committed, 0)
         n_texts += committed
-        n_rows += int(offsets[-1]) if len(offsets) else 0
+        n_rows += end
         if committed < shard["stop"] - shard["start"]:
             pending.append(k)
     problems += _one_model(metas)

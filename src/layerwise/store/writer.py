@@ -54,7 +54,7 @@ from .format import (
 )
 from .index import create_positions, renew_positions
 from .lock import writer_lock
-from .parts import committed_offsets, read_manifest
+from .parts import committed_prefix, read_manifest
 from .resume import RESUME_KEYS, check_inputs, text_sha1
 from .rows import stored_rows
 from .verify import check_structure, rows_checksum
@@ -157,7 +157,7 @@ class StoreWriter:
             return self._create()
         group = zarr.open_group(str(self.path), mode="r+")
         try:
-            n_committed = len(committed_offsets(group[OFFSETS])) - 1
+            n_committed, _ = committed_prefix(group[OFFSETS], stored)
             complete_layout = DATA in group
         except KeyError:  # a crash while the store was being created
             n_committed, complete_layout = 0, False
@@ -253,8 +253,7 @@ class StoreWriter:
     def _run(self, progress: bool | None) -> StoreSummary:
         started = time.perf_counter()
         group = self._open()
-        offsets = committed_offsets(group[OFFSETS])
-        n_committed = len(offsets) - 1
+        n_committed, committed_end = committed_prefix(group[OFFSETS], self.meta)
         clean_stale(self.path, n_committed)
         check_structure(self.path)  # never resume onto damage
         manifest = read_manifest(self.path, n_committed, ("text_id", "text_sha1"))
@@ -262,11 +261,10 @@ class StoreWriter:
         check_inputs(self.path, manifest, self.corpus)
         renew_positions(group, self.n_texts, manifest)
         if n_committed == self.n_texts:
-            return StoreSummary(self.path, self.n_texts, n_committed, 0, int(offsets[-1]), 0, 0.0)
+            return StoreSummary(self.path, self.n_texts, n_committed, 0, committed_end, 0, 0.0)
 
         done = set(committed_ids)
         first_block = min(i for i in range(self.n_texts) if i not in done) // self.block_size
-        committed_end = int(offsets[-1])
         buffer_start = (committed_end // self.shard_rows) * self.shard_rows
         buffer = ShardBuffer(
             self.shard_rows, self.dtype, start=buffer_start, position=n_committed, end=committed_end
@@ -312,7 +310,7 @@ class StoreWriter:
                 committer.close()
             if isinstance(exc, StoreError):
                 raise
-            committed = len(committed_offsets(group[OFFSETS])) - 1
+            committed, _ = committed_prefix(group[OFFSETS], self.meta)
             with contextlib.suppress(OSError):  # what the failed writes left (zarr's temp files too)
                 clean_stale(self.path, committed)
             raise _disk_error(self.path, exc, committed, self.n_texts) from exc
