@@ -231,10 +231,9 @@ class Engine:
     ) -> Iterator[tuple[list[int], Rows]]:
         """Sequences that need no windows (``.ids``, ``.type_ids``, ``len``: the cache's contexts) through
         the forward: ``(unit indices, Rows)`` per batch; the same units give the same batches (bytes)."""
-        run = _Call(
-            layers, "hidden_states" if self._runs_packed("hidden_states", taps) else "hooks", taps, final_norm
-        )
-        packed, lengths = self._runs_packed(run.method, taps), [len(u) for u in units]
+        packed = self._runs_packed("hidden_states", taps)  # else the taps need Hugging Face's forward
+        run = _Call(layers, "hidden_states" if packed else "hooks", taps, final_norm)
+        lengths = [len(u) for u in units]
         batches = length_sorted_batches(lengths, self.batch_size, self.max_tokens, padded=not packed)
         return self._batch_rows(list(units), batches, run)
 
