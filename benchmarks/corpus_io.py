@@ -1,6 +1,6 @@
 """Corpus in, vectors out: does memory follow the batch or the corpus, and does the format cost time?
 
-    python benchmarks/corpus_io.py                   # all five parts (about 30 minutes on 2 cores)
+    python benchmarks/corpus_io.py                   # all five parts (about 36 minutes on 2 cores)
     python benchmarks/corpus_io.py --part read       # or: full, ray, speed, trim
 
   read   peak RSS of `layerwise extract BIG --limit 50000 --layers 0 --pool sentence:mean -o x.parquet`
@@ -15,8 +15,8 @@
   speed  `extract_to_file` on the same 2,000 texts from .txt and from .parquet, alternating, 5 rounds
          each: the median seconds and their ratio.
   trim   what giving free heap pages back costs (src/layerwise/memory.py): 30,000 texts to sentence-level
-         Parquet in one process, without a trim and with one every 3 s, alternating, 2 rounds: seconds
-         and the median RSS of each run's second half.
+         Parquet in one process, without a trim and with one every 3, 10 and 30 s, alternating, 2
+         rounds: seconds, the median RSS of each run's second half and at each whole minute.
 
 Corpora are UD English EWT train sentences (CC BY-SA 4.0, benchmarks/data/ud_ewt) repeated in
 order. Results: benchmarks/results/corpus_io.json (with the machine). Ray runs in a network
@@ -208,7 +208,9 @@ def part_speed(scratch: Path, n: int = 2000, rounds: int = 5) -> dict:
             "parquet_over_txt": round(parquet / txt, 4), "runs": times}  # fmt: skip
 
 
-def part_trim(scratch: Path, n: int = 30_000, rounds: int = 2) -> dict:
+def part_trim(
+    scratch: Path, n: int = 30_000, rounds: int = 2, intervals: tuple[float, ...] = (3, 10, 30)
+) -> dict:
     import threading
 
     import layerwise as lw
@@ -218,7 +220,7 @@ def part_trim(scratch: Path, n: int = 30_000, rounds: int = 2) -> dict:
     encoder = lw.Encoder(device="cpu")
     plan = lw.OutputPlan.parse(pool="sentence:mean")
     lw.extract_to_file(encoder, lw.Corpus(path, limit=2000), scratch / "warm.parquet", plan, progress=False)
-    variants = {"no trim": float("inf"), "every 3 s": memory.TRIM_EVERY_S}
+    variants = {"no trim": float("inf"), **{f"every {t:g} s": t for t in intervals}}
     runs: dict[str, list[dict]] = {name: [] for name in variants}
     for _ in range(rounds):
         for name, every in variants.items():
@@ -238,21 +240,32 @@ def part_trim(scratch: Path, n: int = 30_000, rounds: int = 2) -> dict:
             done.set()
             thread.join()
             half = samples[len(samples) // 2 :]
+            minutes = {  # the median RSS within 15 s of each whole minute: does it creep?
+                f"{m} min": round(statistics.median(samples[m * 60 - 15 : m * 60 + 15]))
+                for m in range(1, len(samples) // 60 + 1)
+            }
             runs[name].append(
-                {"seconds": round(seconds, 1), "median_rss_mib": round(statistics.median(half))}
+                {
+                    "seconds": round(seconds, 1),
+                    "median_rss_mib": round(statistics.median(half)),
+                    "minutes": minutes,
+                }
             )
             print(
-                f"trim  {name:9s}: {seconds:5.1f} s, median RSS (second half) {statistics.median(half):.0f} MiB"
+                f"trim  {name:10s}: {seconds:5.1f} s, median RSS (second half) {statistics.median(half):.0f} MiB"
             )
     memory.release_free_memory.__kwdefaults__["every"] = memory.TRIM_EVERY_S
     summary = {
         name: {key: statistics.median(r[key] for r in rs) for key in ("seconds", "median_rss_mib")}
         for name, rs in runs.items()
     }
-    base, trim = summary["no trim"], summary["every 3 s"]
-    return {"n_texts": n, "runs": runs, "median": summary,
-            "time_cost": round(trim["seconds"] / base["seconds"] - 1, 4),
-            "rss_saved": round(1 - trim["median_rss_mib"] / base["median_rss_mib"], 4)}  # fmt: skip
+    base = summary["no trim"]
+    versus = {name: {"time_cost": round(s["seconds"] / base["seconds"] - 1, 4),
+                     "rss_saved": round(1 - s["median_rss_mib"] / base["median_rss_mib"], 4)}
+              for name, s in summary.items() if name != "no trim"}  # fmt: skip
+    for name, v in versus.items():
+        print(f"trim  {name:10s}: {v['time_cost']:+.1%} time, {v['rss_saved']:.1%} less RSS than no trim")
+    return {"n_texts": n, "runs": runs, "median": summary, "versus_no_trim": versus}
 
 
 def main() -> None:

@@ -13,9 +13,9 @@ Each is timed as a whole process (start-up and model loading included, the same 
 ``--repeats`` times (default 3) in interleaved rounds, and the median is reported, with each run's time
 in the json; tokens/s, the ratios and the share of the machine's fp32 matmul rate (measured before and after each run, the best
 of them) are
-printed; each contender's start-up is its time on a one-line corpus (median of the same rounds). In this process, the store's
-own cost: ``extract_to_store`` against in-memory ``extract`` of the same texts (best of 3,
-alternating), as a ratio (target <= 1.10). Then peak RSS of ``layerwise extract`` for a small and a large corpus shows that memory
+printed; each contender's start-up is its time on a one-line corpus (median of the same rounds). Then the store's
+own cost: ``extract_to_store`` against in-memory ``extract`` of the same texts (medians of 3,
+alternating, each run a fresh process: benchmarks/store_cost.py), as a ratio (target <= 1.05). Then peak RSS of ``layerwise extract`` for a small and a large corpus shows that memory
 stays flat as the corpus grows (``--layers 0`` keeps that run short: the pipeline, tokenisation,
 batching and store writes are the same). Results go to benchmarks/results/store_speed.json.
 """
@@ -36,6 +36,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from common import matmul_gflops, mixed_corpus, model_gflop, read_documents, write_result  # noqa: E402
 from common import timed_process as timed  # noqa: E402
+from store_cost import store_cost  # noqa: E402
 
 
 def main() -> None:
@@ -117,24 +118,11 @@ def main() -> None:
             print(f"start-up (one-line corpus) {name:28s} {seconds:5.2f} s "
                   f"(runs {', '.join(f'{t:.2f}' for t in startup_runs[name])})")  # fmt: skip
 
-        # the store's own cost, in one process: extract_to_store vs in-memory extract
-        import logging
-        import time
-
-        logging.getLogger("layerwise").setLevel(logging.ERROR)
-        enc.extract(texts[:16], progress=False)
-        in_memory, to_store = [], []
-        for k in range(3):
-            started = time.perf_counter()
-            enc.extract(texts, progress=False)
-            in_memory.append(time.perf_counter() - started)
-            started = time.perf_counter()
-            lw.extract_to_store(enc, texts, work / f"inproc-{k}.lw", progress=False)
-            to_store.append(time.perf_counter() - started)
-            shutil.rmtree(work / f"inproc-{k}.lw")
-        store_ratio = min(to_store) / min(in_memory)
-        print(f"in one process: extract {min(in_memory):.2f} s, extract_to_store {min(to_store):.2f} s -> "
-              f"store/in-memory {store_ratio:.2f} (target <= 1.10)")  # fmt: skip
+        # the store's own cost: extract_to_store vs in-memory extract, each run its own process
+        cost = store_cost(copies=1, rounds=3, sentences=args.sentences, documents=args.documents)
+        in_memory, to_store, store_ratio = cost["extract_s"], cost["extract_to_store_s"], cost["ratio_median"]
+        print(f"extract {statistics.median(in_memory):.2f} s, extract_to_store {statistics.median(to_store):.2f} s "
+              f"(medians of 3, each a fresh process) -> store/in-memory {store_ratio:.3f} (target <= 1.05)")  # fmt: skip
 
         store = lw.open_store(work / "c.lw")  # what the last round's command wrote
         assert store.complete and store.n_rows == n_tokens, store

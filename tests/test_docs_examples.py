@@ -209,8 +209,16 @@ def run_python_in_netns(code: str, where: str, folder: Path, env: dict) -> None:
     run_shell(f"{shlex.quote(sys.executable)} {shlex.quote(script.name)}", folder, env, netns=True)
 
 
+def _exclusive(page: Path):
+    """A page that serves on SERVER_PORT or starts Ray runs on one pytest-xdist worker with the other
+    such tests (``--dist loadgroup``), never beside them: one port 8000, one Ray at a time."""
+    marks = {block.mark for block in blocks(page)}
+    shared = marks & {"server", "server-up", "netns"}
+    return pytest.param(page, marks=pytest.mark.xdist_group("exclusive")) if shared else page
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("page", PAGES, ids=page_id)
+@pytest.mark.parametrize("page", [_exclusive(page) for page in PAGES], ids=page_id)
 def test_examples_run(page: Path, tmp_path: Path) -> None:
     found = blocks(page)
     if not found:

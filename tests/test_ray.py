@@ -76,6 +76,7 @@ def _netns_available() -> str | None:
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("exclusive")  # one Ray at a time under pytest-xdist (test_docs_examples.py)
 def test_ray_runs_equal_single_process(tmp_path, default_encoder, decoder_folder, decoder_encoder):
     pytest.importorskip("ray")
     reason = _netns_available()

@@ -98,7 +98,7 @@ def test_a_store_without_positions_still_opens_and_resumes(tmp_path, tiny, token
     assert lw.open_store(path).verify().ok
 
 
-def test_a_stale_position_entry_is_not_trusted(tmp_path, tiny):
+def test_a_stale_position_entry_is_not_trusted(tmp_path, tiny, monkeypatch):
     """A run killed between writing positions and its commit leaves entries for texts it never
     committed; they point past the commit, and resuming clears them before positions are reused."""
     import zarr
@@ -111,6 +111,13 @@ def test_a_stale_position_entry_is_not_trusted(tmp_path, tiny):
     store = lw.open_store(path)
     assert len(store) == 10
     committed = {int(t) for t in store.text_ids()}
+    from layerwise.store import lookup
+
+    monkeypatch.setattr(lookup, "IDS_AT_ONCE", 4)  # blocks of 4 ids: some hold no committed text
+    in_order = sorted(committed)
+    assert [store.ids[k] for k in range(10)] == in_order == list(store.ids)
+    assert store.ids[-1] == in_order[-1] and store.ids[3:7] == in_order[3:7]
+    monkeypatch.undo()
     stale = next(t for t in range(30) if t not in committed)
     assert stale not in store
     with pytest.raises(KeyError, match=f"text {stale} is not in the store"):

@@ -3,22 +3,23 @@
 A forward pass allocates and frees large, short-lived buffers (hidden states, attention scores:
 0.1 to 30 MB each). glibc's dynamic mmap threshold rises to the size of each freed mmap'd block,
 so after the first batches these buffers come from the heap, and freed heap memory that is not at
-the top of the heap stays in the process: without a trim, the RSS of a sentence-level extraction
-climbs for minutes (default model, 2 cores: 1.6 GB at one minute, 1.9 GB at four). A
-``malloc_trim(0)`` at most every TRIM_EVERY_S seconds gives the free pages back: the file and
-store writers call it as results come.
+the top of the heap stays in the process. A ``malloc_trim(0)`` gives the free pages back; the file
+and store writers call it at most every TRIM_EVERY_S seconds as results come, the server after a
+run at most every SERVE_TRIM_EVERY_S seconds.
 
-Measured on 30,000 texts to sentence-level Parquet in one process, alternating, two rounds
-(``benchmarks/corpus_io.py --part trim``): median RSS of each run's second half 1,563 MiB without a
-trim, 1,147 MiB with one every 3 s, for 6 % more time (76.1 against 80.7 s); every second gave
-0.94 GB for 8 % in an earlier A/B. The pages given back are faulted in again when reused, so a trim
-costs in proportion to how often it runs. A fixed mmap threshold
+A trim costs the page faults that follow it: most of what it gives back is the forward's own
+working set, faulted in again within seconds, so the more often it runs, the more it costs and the
+lower the RSS it holds. Measured on 30,000 texts to sentence-level Parquet in one process,
+alternating, two rounds, against no trim (``benchmarks/corpus_io.py --part trim``): every 3 s, +6.0 %
+time for a median RSS 29 % lower; every 10 s, +3.2 % for 12 % lower; every 30 s, +1.8 % for 3 %.
+Every 10 s bounds the slow creep of a long run (``--part full``: 200,000 texts) for a cost near
+the noise: ``extract_to_store`` takes 1.5-3 % more time than in-memory ``extract``
+(``benchmarks/store_cost.py``). A fixed mmap threshold
 (``MALLOC_MMAP_THRESHOLD_=262144``) bounds RSS too, for +40 % in page faults.
 
-The server trims after a run at most every SERVE_TRIM_EVERY_S seconds: under steady load at 32
-clients its RSS crept from 709 to 849 MiB over 4 minutes, still rising (Python's own allocations
-flat under tracemalloc); trimmed every 10 s it moved within 560-790 MiB with no trend, at no
-measurable cost in tokens/s. Elsewhere than glibc this does nothing.
+The server's RSS under steady load at 32 clients crept from 709 to 849 MiB over 4 minutes, still
+rising (Python's own allocations flat under tracemalloc); trimmed every 10 s it moved within 560-790
+MiB with no trend, at no measurable cost in tokens/s. Elsewhere than glibc this does nothing.
 """
 
 from __future__ import annotations
@@ -29,8 +30,8 @@ import functools
 import sys
 import time
 
-TRIM_EVERY_S = 3.0  # a trim costs the page faults that follow it: not per batch (see above)
-SERVE_TRIM_EVERY_S = 10.0  # the server's runs are short and many: rarer trims bound it as well
+TRIM_EVERY_S = 10.0  # a trim costs the page faults that follow it: rare enough to cost ~1-3 % (above)
+SERVE_TRIM_EVERY_S = 10.0  # the server's runs are short and many: the same bound holds its RSS flat
 _last_trim = 0.0
 
 

@@ -205,6 +205,7 @@ class StoreIds(Sequence):
     def __init__(self, store) -> None:
         self._store = store  # a Store or a ShardedStore
         self._column = "id" if "id" in store.manifest_column_names() else "text_id"
+        self._before: np.ndarray | None = None  # committed texts before each block of IDS_AT_ONCE ids
 
     def __len__(self) -> int:
         return len(self._store)
@@ -224,11 +225,21 @@ class StoreIds(Sequence):
         return self._values(self._nth([index % len(self)]))[0]
 
     def _nth(self, indices: list[int]) -> list[int]:
-        """The text ids of the ``indices``-th committed texts."""
-        if self._store.complete:
+        """The text ids of the ``indices``-th committed texts. An incomplete store has gaps: a count
+        per block of input ids (8 B per 4,096 texts, one pass, renewed when the store's count
+        changes) finds each index's block, and only those blocks' ids are read."""
+        store = self._store
+        if store.complete:
             return indices
-        everything = self._store.text_ids()
-        return [everything[i] for i in indices]
+        if self._before is None or self._before[-1] != len(store):
+            starts = range(0, store.n_texts_total, IDS_AT_ONCE)
+            counts = [len(store.committed_in(lo, lo + IDS_AT_ONCE)) for lo in starts]
+            self._before = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)])
+        blocks = np.searchsorted(self._before, indices, side="right") - 1
+        ids_of: dict[int, np.ndarray] = {}
+        for block in np.unique(blocks).tolist():
+            ids_of[block] = store.committed_in(block * IDS_AT_ONCE, (block + 1) * IDS_AT_ONCE)
+        return [int(ids_of[b][i - self._before[b]]) for b, i in zip(blocks.tolist(), indices, strict=True)]
 
     def __iter__(self):
         store = self._store
