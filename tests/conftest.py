@@ -21,14 +21,6 @@ from pathlib import Path
 
 import pytest
 
-# under pytest-xdist, the workers share the cores: torch's default (one thread per core in each
-# worker) would oversubscribe them (the README's test command runs 2 workers)
-if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
-    import torch
-
-    _cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    torch.set_num_threads(max(1, _cores // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
-
 REPO = Path(__file__).resolve().parents[1]
 # The first 500 dev sentences of UD English EWT (CC BY-SA 4.0; licence and attribution beside them),
 # committed so that the tests run on a bare clone (scripts/vendor_ud_ewt.py made the file).

@@ -144,6 +144,27 @@ def test_new_settings_replace_old_ones_while_nothing_is_committed(tmp_path, make
     assert summary.n_written == 2 and lw.open_store(path).meta["long_texts"] == "truncate"
 
 
+@pytest.mark.parametrize("missing", [["manifest"], ["positions", "manifest"]])
+def test_a_writer_killed_while_creating_the_store_is_resumed(tmp_path, tiny, missing):
+    """_create makes the group (with the metadata), data, offsets, positions, then the manifest
+    folder: a kill between two steps leaves a prefix of them and nothing committed, and the same
+    call then writes the whole store (it once resumed into the missing manifest folder: ENOENT)."""
+    import zarr
+
+    texts = corpus(12, seed=2)
+    path, fresh = tmp_path / "c.lw", tmp_path / "fresh.lw"
+    lw.extract_to_store(tiny, texts, fresh, **LAYOUT)
+    shutil.copytree(fresh, path)
+    group = zarr.open_group(str(path), mode="r+")
+    group["offsets"][1:] = np.full(group["offsets"].shape[0] - 1, -1)  # nothing committed
+    for name in missing:
+        shutil.rmtree(path / name)
+    summary = lw.extract_to_store(tiny, texts, path, **LAYOUT)
+    assert summary.n_written == 12 and lw.open_store(path).verify().ok
+    for i in range(12):
+        np.testing.assert_array_equal(lw.open_store(path)[i].hidden, lw.open_store(fresh)[i].hidden)
+
+
 # ---------------------------------------------------------------------------- damage
 @pytest.fixture(scope="module")
 def good_store(tmp_path_factory, tiny):
