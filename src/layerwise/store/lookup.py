@@ -3,7 +3,7 @@ manifest row and rows, each checked against the others (verify.py says what open
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -30,6 +30,13 @@ RESULT_COLUMNS = {
         "n_subwords", "text", "text_pair", "words_lost",
     ),
 }  # fmt: skip
+
+
+def committed_blocks(store) -> Iterator[list[int]]:
+    """The committed text ids of ``store`` (a Store or a ShardedStore), ascending, a block of
+    IDS_AT_ONCE input ids at a time (a block may hold none)."""
+    for lo in range(0, store.n_texts_total, IDS_AT_ONCE):
+        yield [int(t) for t in store.committed_in(lo, lo + IDS_AT_ONCE)]
 
 
 def _close_groups(starts: np.ndarray, stops: np.ndarray, gap: int) -> list[np.ndarray]:
@@ -232,8 +239,7 @@ class StoreIds(Sequence):
         if store.complete:
             return indices
         if self._before is None or self._before[-1] != len(store):
-            starts = range(0, store.n_texts_total, IDS_AT_ONCE)
-            counts = [len(store.committed_in(lo, lo + IDS_AT_ONCE)) for lo in starts]
+            counts = [len(block) for block in committed_blocks(store)]
             self._before = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)])
         blocks = np.searchsorted(self._before, indices, side="right") - 1
         ids_of: dict[int, np.ndarray] = {}
@@ -242,8 +248,6 @@ class StoreIds(Sequence):
         return [int(ids_of[b][i - self._before[b]]) for b, i in zip(blocks.tolist(), indices, strict=True)]
 
     def __iter__(self):
-        store = self._store
-        for lo in range(0, store.n_texts_total, IDS_AT_ONCE):
-            ids = [int(t) for t in store.committed_in(lo, lo + IDS_AT_ONCE)]
+        for ids in committed_blocks(self._store):
             if ids:
                 yield from self._values(ids)

@@ -16,7 +16,7 @@ from ..errors import LayerSpecError, OptionError, StoreError
 from ..results import LayerStack, WordVectors
 from .format import DATA, read_store_meta, require_store_dependencies
 from .lock import being_rewritten
-from .lookup import IDS_AT_ONCE, StoreIds, TextLookup
+from .lookup import IDS_AT_ONCE, StoreIds, TextLookup, committed_blocks
 from .parts import damaged, open_parts, read_manifest
 from .verify import VerifyReport, layout_problems, verify_one_store
 
@@ -170,8 +170,7 @@ class Store(StoreDescription):
         """Every committed text id, ascending (a list as long as the store)."""
         if self.complete:
             return list(range(len(self)))
-        step = IDS_AT_ONCE
-        return [int(t) for lo in range(0, self.n_texts_total, step) for t in self.committed_in(lo, lo + step)]
+        return [text_id for block in committed_blocks(self) for text_id in block]
 
     def committed_in(self, lo: int, hi: int) -> np.ndarray:
         """The committed text ids in ``lo .. hi - 1``, ascending."""
@@ -224,8 +223,7 @@ class Store(StoreDescription):
 
     def items(self) -> Iterator[tuple[int, object]]:
         """``(text_id, result)`` in input order, reading a few thousand texts at a time."""
-        for lo in range(0, self.n_texts_total, IDS_AT_ONCE):
-            ids = [int(t) for t in self.committed_in(lo, lo + IDS_AT_ONCE)]
+        for ids in committed_blocks(self):
             yield from zip(ids, self.read_many(ids), strict=True)
 
     def array(self, layer: int | None = -1) -> LayerView:
