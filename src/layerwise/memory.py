@@ -13,7 +13,7 @@ lower the RSS it holds. Measured on 30,000 texts to sentence-level Parquet in on
 alternating, two rounds, against no trim (``benchmarks/corpus_io.py --part trim``): every 3 s, +6.0 %
 time for a median RSS 29 % lower; every 10 s, +3.2 % for 12 % lower; every 30 s, +1.8 % for 3 %.
 Every 10 s bounds the slow creep of a long run (``--part full``: 200,000 texts) for a cost near
-the noise: ``extract_to_store`` takes 1.5-3 % more time than in-memory ``extract``
+the noise: ``extract_to_store`` takes 1-3 % more time than in-memory ``extract``
 (``benchmarks/store_cost.py``). A fixed mmap threshold
 (``MALLOC_MMAP_THRESHOLD_=262144``) bounds RSS too, for +40 % in page faults.
 
