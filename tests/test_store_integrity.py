@@ -312,8 +312,10 @@ def test_rerun_removes_zarr_temp_files_a_kill_left(tmp_path, tiny):
     planted = [
         path / "offsets" / "c" / "0.1cce03f491724fdfb9e79aa9ec9a4d37.partial",
         path / "data" / "c" / "0" / "0" / "0.0123456789abcdef0123456789abcdef.partial",
+        path / "positions" / "c" / "0.80e0d6957d764d92b7081b9203bfd107.partial",
     ]
     for leftover in planted:
+        assert leftover.parent.parent.is_dir()  # the store's own arrays: data, offsets, positions
         leftover.parent.mkdir(parents=True, exist_ok=True)
         leftover.write_bytes(b"half a chunk")
     summary = lw.extract_to_store(tiny, texts, path)

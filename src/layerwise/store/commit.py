@@ -283,6 +283,6 @@ def clean_stale(path: Path, n_committed: int) -> None:
         leftover.unlink(missing_ok=True)
     # zarr writes each chunk/shard file as "<key>.<uuid>.partial" and renames it; a SIGKILL between
     # the two leaves the temp file, which zarr never reads (the writer lock is held: none is live)
-    for folder in (DATA, OFFSETS):
+    for folder in (DATA, OFFSETS, POSITIONS):
         for leftover in (path / folder).rglob("*.partial"):
             leftover.unlink(missing_ok=True)
