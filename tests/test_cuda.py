@@ -1,0 +1,148 @@
+"""The CUDA path: what layerwise computes on a GPU equals transformers' own forward on the same GPU
+(float32, TF32 off), and the store and the activation cache write from it what an in-memory GPU
+extract returns. Skipped on a machine without CUDA (CI has none); run them on one with
+``python -m pytest -q tests/test_cuda.py``."""
+
+from __future__ import annotations
+
+import datasets
+import numpy as np
+import pytest
+import torch
+from conftest import corpus
+
+import layerwise as lw
+from layerwise.model.hooks import tap_module
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+
+TEXTS = [*corpus(40, seed=3), " ".join(corpus(12, seed=5))]  # mixed lengths, one long text
+# What one float32 forward differs by on the GPU when the batch's shape changes (cuBLAS picks other
+# kernels and reduction orders for other shapes): TF32 is off, so this is float32 rounding only.
+ATOL = RTOL = 1e-5
+DEVICE = "cuda"
+
+
+@pytest.fixture(autouse=True)
+def exact_float32():
+    """float32 matmuls and convolutions in full float32 (torch's default on most builds; stated here
+    so that a TF32 default elsewhere cannot loosen the comparisons)."""
+    before = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
+
+
+def _reference_states(model, ids: list[int]) -> np.ndarray:
+    """transformers' hidden states of one text alone (no padding), on the model's own device."""
+    with torch.no_grad():
+        out = model(input_ids=torch.tensor([ids], device=model.device), output_hidden_states=True)
+    return torch.stack(out.hidden_states)[:, 0].float().cpu().numpy()
+
+
+@pytest.mark.parametrize("packed", [True, False])
+def test_encoder_on_cuda_equals_transformers_on_cuda(make_tiny_model, packed):
+    enc = lw.Encoder(make_tiny_model("bert", 4), device=DEVICE, packed=packed)
+    assert enc.device.type == "cuda" and next(enc.model.parameters()).is_cuda
+    assert enc.engine._runs_packed("hidden_states", ()) is packed
+    stacks = enc.extract(TEXTS, layers="all")
+    for item, stack in zip(enc.tokenize(TEXTS), stacks, strict=True):
+        want = _reference_states(enc.model, item.ids)
+        np.testing.assert_allclose(stack.hidden, want, atol=ATOL, rtol=RTOL)
+    on_cpu = lw.Encoder(make_tiny_model("bert", 4), device="cpu").extract(TEXTS, layers="all")
+    for gpu, cpu in zip(stacks, on_cpu, strict=True):
+        np.testing.assert_allclose(gpu.hidden, cpu.hidden, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma2", "gpt2"])
+def test_decoder_on_cuda_equals_transformers_on_cuda(decoder_folder, arch):
+    enc = lw.Encoder(decoder_folder(arch), device=DEVICE, final_norm=True)
+    assert enc.engine._runs_packed("hidden_states", ())
+    texts = [s for s in TEXTS if s][:20]
+    stacks = enc.extract(texts, layers="all")
+    for item, stack in zip(enc.tokenize(texts), stacks, strict=True):
+        np.testing.assert_allclose(stack.hidden, _reference_states(enc.model, item.ids), atol=ATOL, rtol=RTOL)
+
+
+def test_decoder_taps_on_cuda_equal_hooks_on_transformers_modules(decoder_folder):
+    enc = lw.Encoder(decoder_folder("llama"), device=DEVICE, final_norm=False)
+    taps = ("attn_out", "mlp_out")
+    assert enc.engine._runs_packed("hidden_states", taps)
+    texts = TEXTS[:10]
+    stacks = enc.extract(texts, layers=[0, 1, 2], taps=list(taps))
+    model = enc.model
+    for item, stack in zip(enc.tokenize(texts), stacks, strict=True):
+        recorded: dict = {}
+        handles = [
+            tap_module(model.layers[i], model.config.model_type, tap).register_forward_hook(
+                lambda m, a, out, key=(tap, i), recorded=recorded: recorded.__setitem__(
+                    key, (out[0] if isinstance(out, tuple) else out)[0].float().cpu().numpy()
+                )
+            )
+            for tap in taps
+            for i in (0, 1)
+        ]
+        try:
+            with torch.no_grad():
+                model(input_ids=torch.tensor([item.ids], device=DEVICE))
+        finally:
+            for handle in handles:
+                handle.remove()
+        for j, i in enumerate((0, 1)):
+            for tap in taps:
+                np.testing.assert_allclose(stack.taps[tap][j], recorded[(tap, i)], atol=ATOL, rtol=RTOL)
+
+
+def test_store_from_cuda_holds_what_extract_returns(tmp_path, make_tiny_model):
+    enc = lw.Encoder(make_tiny_model("bert", 4), device=DEVICE)
+    path = tmp_path / "gpu.lw"
+    summary = lw.extract_to_store(enc, TEXTS, path, lw.OutputPlan.parse(layers="all", dtype="float32"))
+    assert summary.n_written == len(TEXTS)
+    store = lw.open_store(path)
+    assert store.complete and store.verify().ok
+    for i, stack in enumerate(enc.extract(TEXTS, layers="all")):
+        np.testing.assert_array_equal(store[i].hidden, stack.hidden)  # the same forward, stored as is
+
+
+def test_cache_from_cuda_equals_transformers_on_the_stored_token_ids(tmp_path, decoder_folder):
+    enc = lw.Encoder(decoder_folder("llama"), device=DEVICE)
+    path = tmp_path / "acts"
+    documents = [" ".join(TEXTS[k : k + 4]) for k in range(0, 40, 4)]
+    summary = lw.cache_activations(enc, documents, path, layers="1,3", context=16, tokens=16 * 20,
+                                   dtype="float32", hooks=("resid", "attn_out", "mlp_out"))  # fmt: skip
+    assert summary.n_contexts == 20 and lw.verify_cache(path).ok
+    ds = datasets.load_from_disk(str(path)).with_format("torch")
+    rows = ds[0:20]
+    model, recorded = enc.model, {}
+
+    def keep(key):
+        return lambda m, a, out: recorded.__setitem__(key, out[0] if isinstance(out, tuple) else out)
+
+    handles = [model.layers[2].register_forward_hook(keep("blocks.2.hook_resid_post"))]  # the raw stream
+    handles += [
+        tap_module(model.layers[i], "llama", tap).register_forward_hook(keep(f"blocks.{i}.hook_{tap}"))
+        for tap in ("attn_out", "mlp_out")
+        for i in (0, 2)  # the blocks behind hidden states 1 and 3
+    ]
+    try:
+        with torch.no_grad():
+            ids = rows["token_ids"].long().to(DEVICE)
+            states = model(input_ids=ids, output_hidden_states=True).hidden_states
+    finally:
+        for handle in handles:
+            handle.remove()
+    want = {"blocks.0.hook_resid_post": states[1], **recorded}
+    assert sorted(ds.column_names) == sorted([*want, "token_ids"])
+    for name, tensor in want.items():
+        np.testing.assert_allclose(rows[name].numpy(), tensor.float().cpu().numpy(), atol=ATOL, rtol=RTOL)
+
+
+@pytest.mark.parametrize("model_dtype", ["float16", "bfloat16"])
+def test_half_precision_on_cuda_is_close_to_float32(make_tiny_model, model_dtype):
+    folder = make_tiny_model("bert", 4)
+    exact = lw.Encoder(folder, device=DEVICE).extract(TEXTS, layers="all")
+    half = lw.Encoder(folder, device=DEVICE, model_dtype=model_dtype).extract(TEXTS, layers="all")
+    tolerance = {"float16": 1e-2, "bfloat16": 5e-2}[model_dtype]  # 10 and 7 mantissa bits, 4 layers
+    for h, e in zip(half, exact, strict=True):
+        assert h.hidden.dtype == np.float32 and np.isfinite(h.hidden).all()
+        np.testing.assert_allclose(h.hidden, e.hidden, atol=tolerance, rtol=tolerance)
