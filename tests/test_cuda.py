@@ -12,6 +12,7 @@ import torch
 from conftest import corpus
 
 import layerwise as lw
+from layerwise.errors import NonFiniteError
 from layerwise.model.hooks import tap_module
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
@@ -40,9 +41,10 @@ def _reference_states(model, ids: list[int]) -> np.ndarray:
     return torch.stack(out.hidden_states)[:, 0].float().cpu().numpy()
 
 
-@pytest.mark.parametrize("packed", [True, False])
-def test_encoder_on_cuda_equals_transformers_on_cuda(make_tiny_model, packed):
-    enc = lw.Encoder(make_tiny_model("bert", 4), device=DEVICE, packed=packed)
+@pytest.mark.parametrize(("packed", "batch_size"), [(True, 128), (True, 3), (False, 128)])
+def test_encoder_on_cuda_equals_transformers_on_cuda(make_tiny_model, packed, batch_size):
+    # batch_size=3: 14 batches, each launched before the one before it is read (host_copy.py)
+    enc = lw.Encoder(make_tiny_model("bert", 4), device=DEVICE, packed=packed, batch_size=batch_size)
     assert enc.device.type == "cuda" and next(enc.model.parameters()).is_cuda
     assert enc.engine._runs_packed("hidden_states", ()) is packed
     stacks = enc.extract(TEXTS, layers="all")
@@ -135,6 +137,22 @@ def test_cache_from_cuda_equals_transformers_on_the_stored_token_ids(tmp_path, d
     assert sorted(ds.column_names) == sorted([*want, "token_ids"])
     for name, tensor in want.items():
         np.testing.assert_allclose(rows[name].numpy(), tensor.float().cpu().numpy(), atol=ATOL, rtol=RTOL)
+
+
+def test_nan_on_cuda_names_the_input_and_allow_nan_keeps_it(make_tiny_model):
+    enc = lw.Encoder(make_tiny_model("bert", 4), device=DEVICE, batch_size=3)
+    enc.extract(TEXTS[:2])  # the packed forward now runs on the model's own modules
+    with torch.no_grad():
+        enc.model.encoder.layer[1].output.dense.bias[0] = float("nan")
+    with pytest.raises(NonFiniteError, match="at hidden state 2") as raised:
+        enc.extract(TEXTS, layers="all")
+    assert raised.value.index == len(TEXTS) - 1  # the longest input comes in the first batch
+    kept = lw.Encoder(make_tiny_model("bert", 4), device=DEVICE, batch_size=3, allow_nan=True)
+    kept.extract(TEXTS[:2])
+    with torch.no_grad():
+        kept.model.encoder.layer[1].output.dense.bias[0] = float("nan")
+    stacks = kept.extract(TEXTS, layers="all")
+    assert all(np.isnan(s.hidden[2:]).any() and np.isfinite(s.hidden[:2]).all() for s in stacks)
 
 
 @pytest.mark.parametrize("model_dtype", ["float16", "bfloat16"])

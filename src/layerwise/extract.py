@@ -35,6 +35,8 @@ from .inputs.windows import Window, plan_windows, stitch
 from .model.decoders import apply_final_norm, is_decoder_config
 from .model.handle import ModelHandle
 from .model.hooks import eager_attention_for, find_layer_list
+from .model.host_copy import HostCopy
+from .model.host_copy import to_float32_numpy as _to_numpy
 from .model.packed_decoder import PACKED_TAPS, PackedDecoder, packed_forward
 from .model.padded import collate, forward_batch
 from .model.streams import ForwardLock, ForwardPool, check_streams
@@ -43,10 +45,6 @@ from .results import LayerStack
 from .settings import FinalNorm, Method
 
 logger = logging.getLogger("layerwise")
-
-
-def _to_numpy(tensor: torch.Tensor) -> np.ndarray:
-    return tensor.detach().to("cpu", dtype=torch.float32).numpy()
 
 
 class Rows(list[tuple[np.ndarray, dict[str, np.ndarray]]]):
@@ -286,7 +284,19 @@ class Engine:
     ) -> Iterator[tuple[list[int], Rows]]:
         """Each batch with its rows, in order; on the forward pool's streams when it has one (a few
         batches ahead of the caller, who consumes the rows meanwhile)."""
-        if self.pool is None or not self._runs_packed(run.method, run.taps):
+        packed = self._runs_packed(run.method, run.taps)
+        if packed and self.device.type == "cuda":
+            # launch batch k+1 before reading batch k: the GPU computes while the host copies (host_copy.py)
+            waiting: tuple[list[int], list[int], HostCopy] | None = None
+            for batch_ids in batches:
+                launched = (batch_ids, *self._launch_packed([units[u] for u in batch_ids], run))
+                if waiting is not None:
+                    yield waiting[0], _rows(*waiting[1:])
+                waiting = launched
+            if waiting is not None:
+                yield waiting[0], _rows(*waiting[1:])
+            return
+        if self.pool is None or not packed:
             for batch_ids in batches:
                 yield batch_ids, self._forward_units([units[u] for u in batch_ids], run)
             return
@@ -333,6 +343,12 @@ class Engine:
         return not taps or (isinstance(self.packed, PackedDecoder) and set(taps) <= set(PACKED_TAPS))
 
     def _forward_packed(self, units: Sequence[EncodedInput | Window], run: _Call) -> Rows:
+        return _rows(*self._launch_packed(units, run))
+
+    def _launch_packed(
+        self, units: Sequence[EncodedInput | Window], run: _Call
+    ) -> tuple[list[int], HostCopy]:
+        """The batch's packed forward, launched, and its results on their way to the host."""
         packed: Any = self.packed  # one packed forward for the whole batch (_adopt may replace it)
         assert packed is not None
         batch = packed.prepare(units, with_token_types=self.with_token_types, device=self.device)
@@ -343,16 +359,20 @@ class Engine:
             else:
                 hidden = packed.forward(batch, run.layers)
             hidden = apply_final_norm(self.models.current, hidden, run.layers, run.final_norm)
-        array, taps = _to_numpy(hidden), {name: _to_numpy(t) for name, t in tapped.items()}
-        rows = Rows()
-        start = 0
-        for n in batch.lengths:
-            # a view of the batch's array, not a copy: the rows are contiguous per layer, and every
-            # consumer (the store's transposing cast, pooling, npz) reads them once anyway
-            rows.append((array[:, start : start + n], {k: t[:, start : start + n] for k, t in taps.items()}))
-            start += n
-        rows.nonfinite = not bool(torch.isfinite(hidden.sum()))  # see _forward_units
-        return rows
+            return list(batch.lengths), HostCopy(hidden, tapped)
+
+
+def _rows(lengths: list[int], copy: HostCopy) -> Rows:
+    """A packed batch's rows: views of the batch's arrays, not copies (the rows are contiguous per
+    layer, and every consumer (the store's transposing cast, pooling, npz) reads them once anyway)."""
+    array, taps, finite = copy.arrays()
+    rows = Rows()
+    start = 0
+    for n in lengths:
+        rows.append((array[:, start : start + n], {k: t[:, start : start + n] for k, t in taps.items()}))
+        start += n
+    rows.nonfinite = not finite  # see _forward_units
+    return rows
 
 
 @dataclass(frozen=True)

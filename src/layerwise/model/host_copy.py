@@ -1,0 +1,67 @@
+"""A forward's outputs on their way from a GPU to the host, started without waiting for them.
+
+On a CUDA device the engine copies each batch's hidden states into page-locked (pinned) host
+memory with ``non_blocking=True`` right after launching its forward, and reads them only when the
+next batch's forward has been launched: the GPU computes batch k+1 while the host turns batch k
+into float32 NumPy (benchmarks/gpu_speed.py measures it). Three things make that fast:
+
+- the copy leaves the GPU in the model's own dtype (half the bytes of float32 for float16 and
+  bfloat16 models) and is widened to float32 on the host;
+- the pinned buffers come from torch's caching host allocator, so after the first batches no new
+  page-locked memory is allocated (and none is handed to the caller: results live in ordinary
+  memory, filled by torch's multithreaded CPU copy);
+- the NaN/inf test's sum stays on the device until the batch is read, so launching never waits.
+
+On the CPU there is nothing to overlap: the tensors are read at once, as before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+import torch
+
+
+def to_float32_numpy(tensor: torch.Tensor) -> np.ndarray:
+    """A host float32 copy of ``tensor`` (any device, any float dtype)."""
+    return tensor.detach().to("cpu", dtype=torch.float32).numpy()
+
+
+class HostCopy:
+    """``hidden`` and ``taps`` of one batch, copied to the host; :meth:`arrays` waits for them."""
+
+    def __init__(self, hidden: torch.Tensor, taps: Mapping[str, torch.Tensor]) -> None:
+        self._check = hidden.sum()  # NaN/inf when any term is (or when it overflows): Rows.nonfinite
+        self._event = None
+        tensors = {"": hidden, **taps}
+        if hidden.device.type != "cuda":
+            self._host = {name: to_float32_numpy(t) for name, t in tensors.items()}
+            return
+        self._staged = {name: _pinned_copy(t) for name, t in tensors.items()}
+        self._event = torch.cuda.Event()
+        self._event.record()
+
+    def arrays(self) -> tuple[np.ndarray, dict[str, np.ndarray], bool]:
+        """``(hidden, taps, finite)`` as float32 NumPy in ordinary host memory."""
+        if self._event is not None:
+            self._event.synchronize()
+            self._host = {name: _widened(t) for name, t in self._staged.items()}
+            self._staged, self._event = {}, None  # the pinned buffers go back to torch's cache
+        finite = bool(torch.isfinite(self._check))
+        host = dict(self._host)
+        hidden = host.pop("")
+        return hidden, host, finite
+
+
+def _pinned_copy(tensor: torch.Tensor) -> torch.Tensor:
+    staging = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+    staging.copy_(tensor.detach(), non_blocking=True)
+    return staging
+
+
+def _widened(staging: torch.Tensor) -> np.ndarray:
+    """float32 in fresh pageable memory (torch's CPU copy runs on its threads, page faults too)."""
+    out = torch.empty(staging.shape, dtype=torch.float32)
+    out.copy_(staging)
+    return out.numpy()
