@@ -3,6 +3,9 @@ activation cache against the forward alone.
 
     python benchmarks/gpu_speed.py [--sentences 2000] [--documents 50] [--repeats 3]
                                    [--decoder-tokenizer FOLDER|FILE.gguf] [--skip-1b] [--output FILE]
+                                   [--part all|extract|cache]
+
+``--part extract`` or ``cache`` reruns one part and keeps the other's figures in the result file.
 
 (``--device cpu`` with a few texts is a dry run of the script itself, not a figure.)
 
@@ -43,7 +46,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch
-from common import bert_base_folder, interleaved_times, mixed_corpus, parser, read_documents, write_result
+from common import (
+    bert_base_folder,
+    interleaved_times,
+    mixed_corpus,
+    parser,
+    read_documents,
+    read_result,
+    write_result,
+)
 
 import layerwise as lw
 
@@ -180,6 +191,7 @@ def main() -> None:
     args_parser.add_argument("--skip-1b", action="store_true")
     args_parser.add_argument("--output", type=Path, default=None, help="the result file (default: results/)")
     args_parser.add_argument("--device", default="cuda")
+    args_parser.add_argument("--part", choices=["all", "extract", "cache"], default="all")
     args = args_parser.parse_args()
     device = args.device
     if device == "cuda" and not torch.cuda.is_available():
@@ -190,6 +202,14 @@ def main() -> None:
     gpu = torch.cuda.get_device_name() if device == "cuda" else "none (a dry run on the CPU)"
     print(f"{gpu}; torch {torch.__version__}", flush=True)
     report: dict = {"gpu": gpu, "torch": torch.__version__, "extract": [], "cache": []}
+    if args.part != "all":  # keep the other part's figures (and the command that made them)
+        if args.output is None:
+            kept = read_result("gpu_speed")
+        else:
+            kept = json.loads(args.output.read_text(encoding="utf-8")) if args.output.exists() else {}
+        report.update({k: v for k, v in kept.items() if k not in ("machine", args.part)})
+        report["gpu"], report["torch"], report[args.part] = gpu, torch.__version__, []
+    report[f"{args.part}_command"] = "python benchmarks/gpu_speed.py " + " ".join(sys.argv[1:])
 
     def save() -> None:
         write_result("gpu_speed", report, args.output)
@@ -197,23 +217,26 @@ def main() -> None:
     tokenizer = smollm2_tokenizer(args.decoder_tokenizer)
     made: list[Path] = []
     try:
-        folders = {"all-MiniLM-L6-v2 shape": minilm_folder()}
-        made.append(folders["all-MiniLM-L6-v2 shape"])
-        with bert_base_folder() as base:
-            for name, folder in (*folders.items(), ("BERT-base shape", base)):
-                for dtype in ("float32", "float16"):
-                    report["extract"].append(measure(name, folder, dtype, texts, args.repeats, device))
-                    save()
-                    free(device)
+        if args.part in ("all", "extract"):
+            folders = {"all-MiniLM-L6-v2 shape": minilm_folder()}
+            made.append(folders["all-MiniLM-L6-v2 shape"])
+            with bert_base_folder() as base:
+                for name, folder in (*folders.items(), ("BERT-base shape", base)):
+                    for dtype in ("float32", "float16"):
+                        report["extract"].append(measure(name, folder, dtype, texts, args.repeats, device))
+                        save()
+                        free(device)
         decoders = {"SmolLM2-135M shape": decoder_folder(tokenizer, "smollm2", device)}
         if not args.skip_1b:
             decoders["Llama-3.2-1B shape"] = decoder_folder(tokenizer, "1b", device)
         made += decoders.values()
-        for name, folder in decoders.items():
+        for name, folder in decoders.items() if args.part in ("all", "extract") else ():
             subset = texts if "SmolLM2" in name else texts[:: args.stride_1b]
             report["extract"].append(measure(name, folder, "bfloat16", subset, args.repeats, device))
             save()
             free(device)
+        if args.part == "extract":
+            return
         from cache_speed import measure as cache_measure
         from cache_speed import write_bandwidth
 

@@ -154,6 +154,32 @@ def test_a_killed_run_resumes_to_the_same_bytes(tmp_path, tiny):
     assert lw.verify_cache(killed).ok
 
 
+def test_a_failed_shard_write_raises_and_the_rerun_completes_it(tmp_path, tiny, monkeypatch):
+    """Shards are written on a thread while the next one is computed: a write that fails (a full
+    disk) still stops the run with its own error, leaves no temp file, and the rerun fills the gap."""
+    import layerwise.cache.writer as cache_writer
+
+    options = {"layers": "all", "context": 16, "tokens": 16 * 40, "shuffle_seed": 3, "shard_bytes": 6_000}
+    lw.cache_activations(tiny, TEXTS, tmp_path / "whole", **options)
+    real, calls = cache_writer.write_shard, []
+
+    def full_disk(path, name, *args):
+        calls.append(name)
+        if len(calls) == 3:
+            raise OSError(28, "No space left on device")
+        return real(path, name, *args)
+
+    monkeypatch.setattr(cache_writer, "write_shard", full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        lw.cache_activations(tiny, TEXTS, tmp_path / "acts", **options)
+    assert len(list((tmp_path / "acts").glob("data-*.arrow"))) == 2 and len(calls) == 3  # none after it
+    assert not (tmp_path / "acts" / "state.json").exists()  # not complete: load_from_disk refuses it
+    monkeypatch.setattr(cache_writer, "write_shard", real)
+    lw.cache_activations(tiny, TEXTS, tmp_path / "acts", **options)
+    assert _shard_bytes(tmp_path / "acts") == _shard_bytes(tmp_path / "whole")
+    assert not list((tmp_path / "acts").glob(".*.partial")) and lw.verify_cache(tmp_path / "acts").ok
+
+
 def test_resume_refuses_other_settings_and_a_second_writer(tmp_path, tiny):
     from layerwise.store.lock import writer_lock
 

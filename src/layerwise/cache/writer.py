@@ -12,8 +12,10 @@ The run, in order (format.py has the layout):
 4. the shards: slot ``s`` of the cache holds context ``permutation[s]`` (a seeded permutation of
    every context of the run, so a contiguous read sees contexts from all over the corpus); shard
    ``k`` holds slots ``k * S .. (k + 1) * S - 1``, computed in fixed batches, written as a hidden temp
-   file and renamed. A killed run loses at most the shard it was writing; the rerun skips the
-   shards that exist and computes the others with the same batches: the same bytes;
+   file and renamed, on a thread of its own while the next shard is computed (at most one shard
+   waits to be written: memory stays bounded). A killed run loses at most the shards it was
+   computing and writing; the rerun skips the shards that exist and computes the others with the
+   same batches: the same bytes;
 5. ``dataset_info.json`` and ``state.json``: from now on ``datasets.load_from_disk`` opens it.
 """
 
@@ -23,6 +25,7 @@ import contextlib
 import os
 import time
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -353,19 +356,28 @@ def write_shards(
             if bar
             else None
         )
-        for k in todo:
-            slots = order[k * per_shard : min((k + 1) * per_shard, n)]
-            token_ids = read_contexts(path / CONTEXTS, context, slots)
-            write_shard(
-                path,
-                shard_name(k, n_shards),
-                schema,
-                _activations(encoder, token_ids, meta, columns, slots),
-                token_ids,
-            )
-            if bar is not None and task is not None:
-                bar.advance(task, len(slots))
+        # the write (Arrow, fsync) releases the GIL: the next shard's forward runs meanwhile
+        with ThreadPoolExecutor(1, thread_name_prefix="layerwise-cache-write") as writer:
+            writing: tuple[Future, int] | None = None
+            for k in todo:
+                slots = order[k * per_shard : min((k + 1) * per_shard, n)]
+                token_ids = read_contexts(path / CONTEXTS, context, slots)
+                arrays = _activations(encoder, token_ids, meta, columns, slots)
+                if writing is not None:
+                    _written(*writing, bar, task)
+                writing = (
+                    writer.submit(write_shard, path, shard_name(k, n_shards), schema, arrays, token_ids),
+                    len(slots),
+                )
+            if writing is not None:
+                _written(*writing, bar, task)
     return len(todo)
+
+
+def _written(future: Future, n_contexts: int, bar: Any, task: Any) -> None:
+    future.result()  # a failed write (a full disk) raises here; its temp file is gone already
+    if bar is not None and task is not None:
+        bar.advance(task, n_contexts)
 
 
 def finish_cache(path: Path, meta: dict) -> bool:
