@@ -283,7 +283,7 @@ class Engine:
         run: _Call,
     ) -> Iterator[tuple[list[int], Rows]]:
         """Each batch with its rows, in order; on the forward pool's streams when it has one (a few
-        batches ahead of the caller, who consumes the rows meanwhile)."""
+        batches ahead of the caller, who consumes the rows meanwhile); on a GPU one batch ahead."""
         packed = self._runs_packed(run.method, run.taps)
         if packed and self.device.type == "cuda":
             # launch batch k+1 before reading batch k: the GPU computes while the host copies (host_copy.py)
