@@ -142,7 +142,13 @@ def test_explorer_texts_are_bounded_and_go_through_the_batcher(tiny_encoder):
         fine = await client.post(
             "/v1/explore/tokens", json={"text": "the bank " * 100}
         )  # 202 tokens: windows
-        return refused, seconds, lens, fine, await client.get("/metrics")
+        # the batcher answers a request before it records the run's metrics: give it a moment
+        for _ in range(100):
+            metrics = await client.get("/metrics")
+            if "layerwise_batch_requests_count 1.0" in metrics.text:
+                break
+            await asyncio.sleep(0.05)
+        return refused, seconds, lens, fine, metrics
 
     refused, seconds, attention, fine, metrics = run_app(app, scenario)
     assert refused.status_code == 413 and seconds < 5
