@@ -40,7 +40,8 @@ class HostCopy:
             return
         self._staged = {name: _pinned_copy(t) for name, t in tensors.items()}
         self._event = torch.cuda.Event()
-        self._event.record()
+        # on the stream the copies went to: the tensors' device's (cuda:1 need not be the current device)
+        self._event.record(torch.cuda.current_stream(hidden.device))
 
     def arrays(self) -> tuple[np.ndarray, dict[str, np.ndarray], bool]:
         """``(hidden, taps, finite)`` as float32 NumPy in ordinary host memory."""
