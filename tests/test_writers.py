@@ -101,10 +101,12 @@ def nan_model(tmp_path, make_tiny_model):
     return folder
 
 
-def test_nan_in_a_hidden_state_is_an_error_naming_the_input_and_layer(tmp_path, nan_model):
+@pytest.mark.parametrize("packed", [True, False])  # each forward's batches take the same way to the host
+def test_nan_in_a_hidden_state_is_an_error_naming_the_input_and_layer(tmp_path, nan_model, packed):
     import layerwise as lw
 
-    encoder = lw.Encoder(nan_model, device="cpu")
+    encoder = lw.Encoder(nan_model, device="cpu", packed=packed)
+    assert encoder.engine._runs_packed("hidden_states", ()) is packed
     with pytest.raises(
         lw.errors.NonFiniteError, match=r"input 0 \('first text'\) at hidden state 2"
     ) as caught:

@@ -36,7 +36,6 @@ from .model.decoders import apply_final_norm, is_decoder_config
 from .model.handle import ModelHandle
 from .model.hooks import eager_attention_for, find_layer_list
 from .model.host_copy import HostCopy
-from .model.host_copy import to_float32_numpy as _to_numpy
 from .model.packed_decoder import PACKED_TAPS, PackedDecoder, packed_forward
 from .model.padded import collate, forward_batch
 from .model.streams import ForwardLock, ForwardPool, check_streams
@@ -53,11 +52,11 @@ class Rows(list[tuple[np.ndarray, dict[str, np.ndarray]]]):
     nonfinite: bool = False
 
 
-def split_rows(hidden: torch.Tensor, tapped: Mapping[str, torch.Tensor], lengths: Sequence[int]) -> Rows:
+def split_rows(copy: HostCopy, lengths: Sequence[int]) -> Rows:
     """Cut a padded batch into per-row arrays without padding: ``(hidden (L, n, H), taps)``."""
-    hidden_np = _to_numpy(hidden)
-    taps_np = {name: _to_numpy(t) for name, t in tapped.items()}
+    hidden_np, taps_np, finite = copy.arrays()
     rows = Rows()
+    rows.nonfinite = not finite  # padding is summed too: then the rows are looked at one by one
     for row, n in enumerate(lengths):
         taps = {}
         for name, array in taps_np.items():
@@ -328,11 +327,7 @@ class Engine:
                 layer_attr=self.layer_attr, layer_list=self.layer_list, model_type=self.model_type, taps=taps,
             )  # fmt: skip
             hidden = apply_final_norm(model, hidden, layers, run.final_norm)
-        rows = split_rows(hidden, tapped, [len(u) for u in units])
-        # one cheap whole-batch test (a sum is NaN/inf when any term is, or overflows: then the rows
-        # are looked at one by one; isfinite().all() costs 30x more, 2% of a run); padding is summed too
-        rows.nonfinite = not bool(torch.isfinite(hidden.sum()))
-        return rows
+        return split_rows(HostCopy(hidden, tapped), [len(u) for u in units])
 
     def _runs_packed(self, method: Method, taps: tuple[str, ...]) -> bool:
         """The packed forward gives hidden states, and a decoder's attn_out and mlp_out: other taps
@@ -371,7 +366,7 @@ def _rows(lengths: list[int], copy: HostCopy) -> Rows:
     for n in lengths:
         rows.append((array[:, start : start + n], {k: t[:, start : start + n] for k, t in taps.items()}))
         start += n
-    rows.nonfinite = not finite  # see _forward_units
+    rows.nonfinite = not finite
     return rows
 
 
