@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 import layerwise as lw
 from layerwise.cli import app
 from layerwise.errors import OptionError, StoreDamagedError
+from layerwise.store.format import sealed
 from layerwise.store.shard_table import TABLE, shard_ranges
 from layerwise.store.shard_writer import begin_sharded_store, write_shard
 from layerwise.store.sharded import ShardedStore, shard_progress
@@ -34,10 +35,12 @@ def write_sharded(encoder, path: Path, texts=TEXTS, plan=PLAN, shard_size=10, ov
     return table
 
 
-def edit_table(path: Path, change) -> None:
+def edit_table(path: Path, change, *, reseal: bool = True) -> None:
+    """Change the table as a hostile hand would, recomputing its seal (the checks behind the seal
+    must hold on their own), or not (the seal alone catches it)."""
     table = json.loads((path / TABLE).read_text())
     change(table)
-    (path / TABLE).write_text(json.dumps(table))
+    (path / TABLE).write_text(json.dumps(sealed(table) if reseal else table))
 
 
 def problems_of(path: Path) -> str:
@@ -170,6 +173,7 @@ def test_a_forged_identity_is_caught_by_verify_from_the_texts(tmp_path, store, t
     document["attributes"]["layerwise"]["shard"].update(
         run_id=mine["run_id"], texts_sha256=mine["shards"][1]["texts_sha256"]
     )
+    document["attributes"]["layerwise"] = sealed(document["attributes"]["layerwise"])  # a careful forger
     (store / "shard-00001.lw" / "zarr.json").write_text(json.dumps(document))
     report = lw.verify_store(store)
     assert not report.ok and "shard-00001.lw holds other texts than the table says" in str(report)
@@ -200,6 +204,7 @@ def test_the_reader_requires_one_models_weights(tmp_path, tiny_encoder, make_tin
     meta_file = path / "shard-00001.lw" / "zarr.json"
     document = json.loads(meta_file.read_text())
     document["attributes"]["layerwise"]["model"] = table["model"]
+    document["attributes"]["layerwise"] = sealed(document["attributes"]["layerwise"])
     meta_file.write_text(json.dumps(document))
     with pytest.raises(StoreDamagedError, match="other weights"):
         lw.open_store(path)

@@ -19,6 +19,7 @@ import logging
 import os
 import queue
 import threading
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,8 +31,20 @@ from .format import DATA, MANIFEST, OFFSETS, POSITIONS
 logger = logging.getLogger("layerwise")
 
 
-def part_name(first_position: int) -> str:
-    return f"part-{first_position:012d}.parquet"
+def part_name(first_position: int, crc32: int) -> str:
+    """A manifest part's file name: its first position, and the CRC-32 of its bytes (index.py
+    checks every read of the part against it; 0.2's parts carry no checksum)."""
+    return f"part-{first_position:012d}-{crc32:08x}.parquet"
+
+
+def part_bytes(records: list[dict]) -> bytes:
+    """The Parquet file of a manifest part, in memory: its checksum goes into its name."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    sink = pa.BufferOutputStream()
+    pq.write_table(records_table(records), sink)
+    return sink.getvalue().to_pybytes()
 
 
 @dataclass
@@ -139,8 +152,6 @@ class Committer(threading.Thread):
             raise self.error
 
     def commit(self, job: Flush) -> None:
-        import pyarrow.parquet as pq
-
         data = self.group[DATA]
         end = job.start + job.n_rows
         if end > data.shape[0]:
@@ -151,10 +162,12 @@ class Committer(threading.Thread):
             else:  # the last, partial shard: zarr pads it
                 data[job.start : end] = job.pieces[0] if len(job.pieces) == 1 else np.concatenate(job.pieces)
         if job.records:
-            part = self.path / MANIFEST / part_name(job.first_position)
+            content = part_bytes(job.records)
+            part = self.path / MANIFEST / part_name(job.first_position, zlib.crc32(content))
             tmp = part.with_name(f".{part.name}.partial")
             try:
-                pq.write_table(records_table(job.records), tmp)
+                with open(tmp, "wb") as handle:
+                    handle.write(content)
                 os.replace(tmp, part)
             except BaseException:  # a full disk must not leave the half-written part behind
                 tmp.unlink(missing_ok=True)

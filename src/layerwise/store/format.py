@@ -36,13 +36,15 @@ order extraction runs in; ``text_id`` maps back to input order.
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import itertools
 import json
 import os
 import shutil
 from pathlib import Path
 from typing import Literal
 
-from ..errors import NotAStoreError, StoreError
+from ..errors import NotAStoreError, StoreDamagedError, StoreError
 
 FORMAT = "layerwise-store"
 FORMAT_VERSION = 1
@@ -60,21 +62,90 @@ BLOCK_SIZE = 2048
 # crash half way leaves a store with nothing committed), the group metadata last.
 OWN_ENTRIES = (OFFSETS, POSITIONS, MANIFEST, DATA, "zarr.json")
 
+# The metadata's own checksum: SHA-256 of the rest of the record as canonical JSON. A record that
+# was edited (a layer list reordered, a model renamed) or hit by a flipped byte no longer matches.
+SEAL = "meta_sha256"
+
 StoreKind = Literal["missing", "empty", "store", "other"]
 
 
+def record_digest(record: dict) -> str:
+    """SHA-256 of ``record`` without its seal, as canonical JSON (sorted keys, no spaces)."""
+    body = {k: v for k, v in record.items() if k != SEAL}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def sealed(record: dict) -> dict:
+    """``record`` with its seal (:data:`SEAL`), as every store and cache writes its metadata."""
+    return {**{k: v for k, v in record.items() if k != SEAL}, SEAL: record_digest(record)}
+
+
+def seal_problem(record: dict, what: str) -> str | None:
+    """Why ``record`` cannot be trusted, or None. Records written before 0.3 carry no seal."""
+    if SEAL in record and record[SEAL] != record_digest(record):
+        return f"{what} differs from what was written (its {SEAL} does not match its content)"
+    return None
+
+
+def damaged(path: Path, problems: list[str], text_ids: list[int]) -> StoreDamagedError:
+    hit = (
+        f" Texts affected: {', '.join(map(str, text_ids[:10]))}{' …' if len(text_ids) > 10 else ''}."
+        if text_ids
+        else ""
+    )
+    return StoreDamagedError(
+        f"store {str(path)!r} is damaged: {'; '.join(problems)}.{hit} Its numbers cannot be trusted: "
+        f"run 'layerwise verify {path}' for the full list, then rewrite it with --overwrite "
+        "(Python: overwrite=True)",
+        problems=problems,
+        text_ids=text_ids,
+    )
+
+
+def _has_store_entries(path: Path) -> bool:
+    """The folder holds a store's arrays and manifest: a zarr.json that does not say so was damaged."""
+    return all((path / name).is_dir() for name in (DATA, OFFSETS, MANIFEST))
+
+
 def read_store_meta(path: Path) -> dict | None:
-    """The "layerwise" attribute of ``path/zarr.json`` when that is a layerwise store, else None."""
+    """The "layerwise" attribute of ``path/zarr.json`` when that is a layerwise store, else None.
+    Raises StoreDamagedError when the folder holds a store's entries but its metadata cannot be
+    read or was changed since it was written (its seal): damage, not another kind of folder."""
+    problem = None
     try:
         with open(path / "zarr.json", encoding="utf-8") as handle:
             document = json.load(handle)
-    except (OSError, ValueError):
+    except FileNotFoundError:
         return None
-    if not isinstance(document, dict):
-        return None
-    meta = (document.get("attributes") or {}).get(ATTRIBUTE)
+    except (OSError, ValueError) as exc:
+        document, problem = None, f"zarr.json cannot be read ({type(exc).__name__}: {exc})"
+    meta = (document.get("attributes") or {}).get(ATTRIBUTE) if isinstance(document, dict) else None
     if isinstance(meta, dict) and meta.get("format") == FORMAT:
-        return meta
+        problem = seal_problem(meta, f"the store's metadata (zarr.json attribute {ATTRIBUTE!r})")
+        problem = problem or meta_layers_problem(meta)
+        if problem is None:
+            return meta
+    if not _has_store_entries(path):
+        return None
+    raise damaged(
+        path, [problem or f"zarr.json has no layerwise metadata, but the folder holds a store's {DATA}/, "
+               f"{OFFSETS}/ and {MANIFEST}/"], [],
+    )  # fmt: skip
+
+
+def meta_layers_problem(meta: dict) -> str | None:
+    """The metadata's ``layers`` must be hidden-state indices, ascending, each once, below its
+    ``n_hidden_states``: the checks that hold for stores written before the seal, too."""
+    layers, n = meta.get("layers"), meta.get("n_hidden_states")
+    if not isinstance(layers, list) or not all(type(i) is int for i in layers):
+        return f"the metadata's layers {layers!r} are not a list of hidden-state indices"
+    if any(b <= a for a, b in itertools.pairwise(layers)):
+        return f"the metadata's layers {layers} are not ascending, each once"
+    if layers and (layers[0] < 0 or (isinstance(n, int) and layers[-1] >= n)):
+        return f"the metadata's layers {layers} are outside 0..{n - 1 if isinstance(n, int) else '?'}"
+    shape = meta.get("row_shape")
+    if meta.get("fuse") is None and isinstance(shape, list) and len(shape) == 2 and shape[0] != len(layers):
+        return f"the metadata's layers {layers} are {len(layers)}, its rows hold {shape[0]} hidden states"
     return None
 
 

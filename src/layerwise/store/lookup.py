@@ -8,10 +8,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..errors import StoreDamagedError
 from .columns import numbers
 from .format import OFFSETS, POSITIONS
 from .lock import being_rewritten
 from .parts import damaged
+from .resume import text_sha1
 from .verify import rows_checksum
 
 if TYPE_CHECKING:
@@ -23,11 +25,11 @@ RESULT_COLUMNS = {
     "sentence": ("text_id", "position", "start", "n_rows", "crc32"),
     "token": (
         "text_id", "position", "start", "n_rows", "crc32", "tokens", "char_start", "char_end", "word_ids",
-        "segment_ids", "text", "text_pair", "truncated", "n_windows",
+        "segment_ids", "text", "text_pair", "text_sha1", "truncated", "n_windows",
     ),
     "word": (
         "text_id", "position", "start", "n_rows", "crc32", "words", "char_start", "char_end", "segment_ids",
-        "n_subwords", "text", "text_pair", "words_lost",
+        "n_subwords", "text", "text_pair", "text_sha1", "words_lost",
     ),
 }  # fmt: skip
 
@@ -63,15 +65,36 @@ class TextLookup:
             if not 0 <= int(text_id) < self.store.n_texts_total:
                 raise KeyError(self.absent(text_id))
         ids = np.asarray([int(t) for t in text_ids], dtype=np.int64)
-        try:
-            positions = self.store._parts.positions.lookup(ids) if len(ids) else ids
-        except (FileNotFoundError, ValueError) as exc:
-            raise self.store._changed_under_us() or damaged(
-                self.store.path, [f"{POSITIONS}/ cannot be read ({exc})"], []
-            ) from exc
+        positions = self.lookup(ids)
         missing = np.flatnonzero(positions < 0)
         if missing.size:
             raise self.store._changed_under_us() or KeyError(self.absent(int(ids[missing[0]])))
+        return positions
+
+    def lookup(self, ids: np.ndarray) -> np.ndarray:
+        """``positions[ids]`` (-1: not committed). The map cannot say "not committed" of a text that
+        must be: every text of a store written whole, and every text of the blocks before the last
+        commit's (blocks are committed in input order). There it is damage, as is a chunk zarr
+        cannot decode."""
+        try:
+            positions = self.store._parts.positions.lookup(ids) if len(ids) else ids
+        except Exception as exc:  # zarr's codecs raise ValueError, RuntimeError (zstd), …
+            raise self.store._changed_under_us() or damaged(
+                self.store.path, [f"{POSITIONS}/ cannot be read ({type(exc).__name__}: {exc})"], []
+            ) from exc
+        store = self.store
+        block = int(store.meta.get("block_size") or 0)
+        sure = store.n_texts_total if len(store) == store.n_texts_total else (
+            (len(store) // block) * block if block > 0 else 0
+        )  # fmt: skip
+        lost = ids[(positions < 0) & (ids < sure)]
+        if lost.size:
+            raise store._changed_under_us() or damaged(
+                store.path,
+                [f"{POSITIONS}/ says text {int(lost[0])} is not committed, but it must be "
+                 f"({len(store)} of {store.n_texts_total} texts are, in blocks of {block})"],
+                [int(t) for t in lost],
+            )  # fmt: skip
         return positions
 
     def absent(self, text_id) -> str:
@@ -88,10 +111,9 @@ class TextLookup:
         k = parts.part_of(position)
         try:
             table = parts.read(k, columns) if k >= 0 else None
-        except OSError as exc:  # removed, or pyarrow cannot read it (ArrowException is an OSError)
-            raise self.store._changed_under_us() or damaged(
-                self.store.path, [f"manifest part {parts.names[k]} cannot be read ({exc})"], [text_id]
-            ) from exc
+        except OSError as exc:  # removed, or its bytes differ from its checksum (StoreDamagedError)
+            unreadable = self.part_unreadable(parts.names[k], exc, [text_id])
+            raise self.store._changed_under_us() or unreadable from exc
         local = position - int(parts.firsts[k]) if k >= 0 else -1
         if table is None or not 0 <= local < table.num_rows:
             if not strict:
@@ -108,6 +130,11 @@ class TextLookup:
                 [text_id],
             )
         return record
+
+    def part_unreadable(self, name: str, exc: OSError, text_ids: list[int]) -> StoreDamagedError:
+        if isinstance(exc, StoreDamagedError):
+            return StoreDamagedError(str(exc), problems=exc.problems, text_ids=text_ids)
+        return damaged(self.store.path, [f"manifest part {name} cannot be read ({exc})"], text_ids)
 
     def rows_table(self, text_ids: list[int], columns: tuple[str, ...] | None):
         """The manifest rows of ``text_ids`` as a pyarrow Table: ``take`` on the parts that hold
@@ -126,7 +153,12 @@ class TextLookup:
             while end < len(text_ids) and parts.part_of(int(positions[end])) == part:
                 end += 1
             local = [int(p) - int(parts.firsts[part]) for p in positions[k:end]]
-            table = parts.read(part, wanted)
+            try:
+                table = parts.read(part, wanted)
+            except OSError as exc:
+                hit = [int(t) for t in text_ids[k:end]]
+                unreadable = self.part_unreadable(parts.names[part], exc, hit)
+                raise self.store._changed_under_us() or unreadable from exc
             if max(local) >= table.num_rows:  # a row the part lacks: damage, said as one text's read says it
                 far = k + int(np.argmax(local))
                 self.record(int(text_ids[far]), int(positions[far]), wanted)
@@ -204,6 +236,11 @@ class TextLookup:
                 [f"the rows of text {text_id} differ from the checksum written when it was committed"],
                 [text_id],
             )
+        digest = record.get("text_sha1")
+        text = record.get("text")
+        if text is not None and digest is not None and text_sha1(text, record["text_pair"]) != digest:
+            problem = f"the text of text {text_id} differs from its text_sha1 in the manifest"
+            raise damaged(self.store.path, [problem], [text_id])
 
 
 class StoreIds(Sequence):

@@ -10,8 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import StoreDamagedError
-from .format import OFFSETS, POSITIONS, classify, not_a_store, read_store_meta
+from .format import OFFSETS, POSITIONS, classify, damaged, not_a_store, read_store_meta
 from .index import IdPositions, ManifestParts, committed_count
 
 
@@ -108,19 +107,4 @@ def _missing(path: Path):
     return NotAStoreError(
         f"{str(path)!r} is not a layerwise store (it does not exist); write one with "
         "layerwise extract INPUT -o corpus.lw"
-    )
-
-
-def damaged(path: Path, problems: list[str], text_ids: list[int]) -> StoreDamagedError:
-    hit = (
-        f" Texts affected: {', '.join(map(str, text_ids[:10]))}{' …' if len(text_ids) > 10 else ''}."
-        if text_ids
-        else ""
-    )
-    return StoreDamagedError(
-        f"store {str(path)!r} is damaged: {'; '.join(problems)}.{hit} Its numbers cannot be trusted: "
-        f"run 'layerwise verify {path}' for the full list, then rewrite it with --overwrite "
-        "(Python: overwrite=True)",
-        problems=problems,
-        text_ids=text_ids,
     )

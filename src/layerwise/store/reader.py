@@ -15,50 +15,11 @@ import numpy as np
 from ..errors import LayerSpecError, OptionError, StoreError
 from ..results import LayerStack, WordVectors
 from .format import DATA, read_store_meta, require_store_dependencies
+from .layer_view import LayerView
 from .lock import being_rewritten
 from .lookup import IDS_AT_ONCE, StoreIds, TextLookup, committed_blocks
 from .parts import damaged, open_parts, read_manifest
 from .verify import VerifyReport, layout_problems, verify_one_store
-
-
-class LayerView:
-    """A lazy ``(n_rows, dim)`` view of one layer over every committed row of a store."""
-
-    def __init__(self, data, layer_position: int | None, n_rows: int) -> None:
-        self._data, self._layer, self._n = data, layer_position, n_rows
-        width = data.shape[-1]
-        self.shape = (n_rows, width)
-        self.dtype = data.dtype
-
-    def __len__(self) -> int:
-        return self._n
-
-    def __getitem__(self, rows) -> np.ndarray:
-        if isinstance(rows, slice):
-            start, stop, step = rows.indices(self._n)
-            rows = slice(start, stop, step)
-        elif isinstance(rows, int | np.integer):
-            if not -self._n <= rows < self._n:
-                raise IndexError(f"row {rows} out of range for {self._n} rows")
-            rows = int(rows) % self._n
-        else:
-            rows = np.asarray(rows)
-            if rows.size and (rows.min() < 0 or rows.max() >= self._n):
-                raise IndexError(f"rows out of range for {self._n} rows")
-        if self._layer is None:
-            return np.asarray(self._data[rows])
-        if isinstance(rows, np.ndarray):
-            return np.asarray(self._data.get_orthogonal_selection((rows, self._layer, slice(None))))
-        return np.asarray(self._data[rows, self._layer])
-
-    def iter_chunks(self, rows: int = 8192) -> Iterator[np.ndarray]:
-        """Consecutive blocks of rows, for statistics over corpora larger than memory."""
-        for start in range(0, self._n, rows):
-            yield self[start : min(start + rows, self._n)]
-
-    def __array__(self, dtype=None, copy=None) -> np.ndarray:
-        array = self[0 : self._n]
-        return array.astype(dtype) if dtype is not None else array
 
 
 class StoreDescription:
@@ -160,7 +121,7 @@ class Store(StoreDescription):
             return False
         if not 0 <= int(text_id) < self.n_texts_total:
             return False
-        position = int(self._parts.positions.lookup(np.asarray([int(text_id)]))[0])
+        position = int(self._lookup.lookup(np.asarray([int(text_id)], dtype=np.int64))[0])
         return (
             position >= 0
             and self._lookup.record(int(text_id), position, ("text_id", "position"), strict=False) is not None
@@ -177,7 +138,12 @@ class Store(StoreDescription):
         hi = min(hi, self.n_texts_total)
         if self.complete:
             return np.arange(lo, hi)
-        return self._parts.positions.committed_ids(lo, hi)
+        try:
+            return self._parts.positions.committed_ids(lo, hi)
+        except Exception as exc:  # zarr's codecs raise ValueError, RuntimeError (zstd), …
+            raise self._changed_under_us() or damaged(
+                self.path, [f"positions/ cannot be read ({type(exc).__name__}: {exc})"], []
+            ) from exc
 
     def manifest_column_names(self) -> list[str]:
         return self._parts.manifest.column_names()
@@ -233,14 +199,14 @@ class Store(StoreDescription):
         if data.ndim == 2:
             if layer not in (None, -1):
                 raise OptionError("this store holds fused vectors (one per row); use store.array(None)")
-            return LayerView(data, None, self.n_rows)
+            return LayerView(self, None)
         layers = self.layers
         if layer is None:
             raise OptionError(f"pass one of the store's layers {layers}")
         resolved = layers[layer] if layer < 0 and -len(layers) <= layer else layer
         if resolved not in layers:
             raise LayerSpecError(f"layer {layer} is not in this store; it holds hidden states {layers}")
-        return LayerView(data, layers.index(resolved), self.n_rows)
+        return LayerView(self, layers.index(resolved))
 
     def _result(self, record: dict, rows: np.ndarray):
         level = self.level

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import NotAStoreError, OptionError, StoreDamagedError, StoreError
-from .format import classify
+from .format import classify, seal_problem, sealed
 
 if TYPE_CHECKING:
     from ..inputs.corpus import Corpus
@@ -125,6 +125,9 @@ def read_table(root: Path) -> dict:
             problems=[problem],
         )
 
+    changed = seal_problem(table, "the table")
+    if changed:
+        raise bad(changed)
     n_texts, shards = table.get("n_texts"), table.get("shards")
     if isinstance(n_texts, bool) or not isinstance(n_texts, int) or n_texts < 0:
         raise bad(f"n_texts is {n_texts!r}, not a count")
@@ -186,7 +189,7 @@ def write_table(root: Path, table: dict) -> None:
     """Write the table atomically (temp file + rename): a reader sees the old or the new one."""
     root.mkdir(parents=True, exist_ok=True)
     tmp = root / f".{TABLE}.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps(table, indent=1) + "\n", encoding="utf-8")
+    tmp.write_text(json.dumps(sealed(table), indent=1) + "\n", encoding="utf-8")
     os.replace(tmp, root / TABLE)
 
 

@@ -24,8 +24,9 @@ from pathlib import Path
 
 import numpy as np
 
+from ..errors import StoreDamagedError
 from .columns import numbers
-from .format import DATA, OFFSETS
+from .format import DATA, OFFSETS, POSITIONS
 from .parts import OpenedParts, damaged, open_parts
 
 _LIST_COLUMN = {"token": "tokens", "word": "words"}
@@ -121,7 +122,12 @@ class _Scan:
         self.missing: list[int] = []  # per part, its first position without a manifest row
         self.n_missing = self.n_duplicated = 0
         self.first_duplicated: int | None = None
-        self.counts = {"twice": 0, "outside": 0, "disagree": 0, "length": 0, "sentence": 0, "crc": 0}
+        self.counts = {
+            "twice": 0, "outside": 0, "disagree": 0, "length": 0, "sentence": 0, "crc": 0, "positions": 0,
+        }  # fmt: skip
+        self.positions_unreadable: list[str] = []
+        self.parts_skipped = 0
+        self.check_positions = True
         self.firsts: dict[str, int] = {}
         self.unreadable: list[str] = []
         self._block_lo, self._block_len = 0, 0
@@ -180,10 +186,54 @@ class _Scan:
             self._count("length", ids[lengths != n_rows])
         elif self.level == "sentence":
             self._count("sentence", ids[n_rows != 1])
+        if self.check_positions:
+            self._positions(ids, lo, hi)
         for shard_lo, shard_hi in self.missing_shards:
             self.affected.update(int(t) for t in ids[(offsets[1:] > shard_lo) & (offsets[:-1] < shard_hi)])
         if self.checksums and "crc32" in table.column_names:
             self._checksums(offsets, ids, numbers(table["crc32"]))
+
+    def _positions(self, ids: np.ndarray, lo: int, hi: int) -> None:
+        """``positions[text_id]`` of this part's texts must be their positions (format.py)."""
+        array = self.opened.positions.array
+        inside = ids[(ids >= 0) & (ids < self.n_texts)]
+        if array is None or not inside.size:
+            return
+        try:
+            first = int(inside.min())
+            found = np.asarray(array[first : int(inside.max()) + 1], dtype=np.int64)[inside - first]
+        except Exception as exc:  # zarr cannot decode a chunk
+            self.positions_unreadable.append(f"{POSITIONS}/ cannot be read ({type(exc).__name__}: {exc})")
+            return
+        want = np.arange(lo, hi)[(ids >= 0) & (ids < self.n_texts)]
+        self._count("positions", inside[found != want])
+
+    def positions_problems(self) -> list[str]:
+        """The entries of texts not committed must not point into the committed positions (a read
+        of such a text would find another's row). One pass over the map, a million ids at a time."""
+        problems = list(dict.fromkeys(self.positions_unreadable))
+        array, n = self.opened.positions.array, self.opened.n_committed
+        if self.counts["positions"]:
+            problems.append(
+                f"{POSITIONS}/ gives {self.counts['positions']} committed texts another position than "
+                f"their manifest row (first: text {self.firsts['positions']})"
+            )
+        if array is None or problems or self.parts_skipped:  # which ids are committed is not known
+            return problems
+        step = 1 << 20
+        for lo in range(0, self.n_texts, step):
+            hi = min(lo + step, self.n_texts)
+            try:
+                found = np.asarray(array[lo:hi], dtype=np.int64)
+            except Exception as exc:
+                return [f"{POSITIONS}/ cannot be read ({type(exc).__name__}: {exc})"]
+            committed = (self.seen[np.arange(lo, hi) >> 3] & (1 << (np.arange(lo, hi) & 7))) != 0
+            stray = np.flatnonzero(~committed & (found >= 0) & (found < n))
+            if stray.size:
+                self.affected.update(int(lo + i) for i in stray[:1000])
+                return [f"{POSITIONS}/ gives {stray.size} texts that are not committed a committed "
+                        f"position (first: text {lo + int(stray[0])})"]  # fmt: skip
+        return []
 
     def _checksums(self, offsets: np.ndarray, ids: np.ndarray, expected: np.ndarray) -> None:
         data = self.opened.group[DATA]
@@ -251,7 +301,10 @@ class _Scan:
 def scan_store(path: str | os.PathLike, *, checksums: bool = True) -> VerifyReport:
     """Check one (unsharded) store part by part (module docstring); never raises for damage,
     reports it. ``checksums=False``: the structure only (what a writer checks before resuming)."""
-    opened = open_parts(Path(path))
+    try:
+        opened = open_parts(Path(path))
+    except StoreDamagedError as exc:  # its metadata cannot be read or was changed
+        return VerifyReport(Path(path), 0, 0, list(exc.problems))
     problems, missing_shards, scannable = layout_problems(opened)
     n = opened.n_committed
     report = VerifyReport(Path(path), n, opened.end if opened.offsets is not None and opened.n_valid else 0)
@@ -262,12 +315,23 @@ def scan_store(path: str | os.PathLike, *, checksums: bool = True) -> VerifyRepo
         report.problems = problems
         return report
     scan = _Scan(opened, missing_shards, report.checksums and not problems)
-    try:
-        for k, table in opened.manifest.iter_tables(columns):
-            scan.part(k, table)
-    except Exception as exc:  # a damaged part: reported, not raised
-        problems.append(f"a manifest part cannot be read ({exc})")
-    report.problems = problems + scan.finish(n)
+    scan.check_positions = checksums
+    for k in range(len(opened.manifest)):
+        try:
+            table = opened.manifest.load(k, columns)
+        except StoreDamagedError as exc:  # its bytes differ from its checksum, or it is not Parquet
+            problems += exc.problems
+            scan.rows_read += max(0, opened.manifest.span(k)[1] - opened.manifest.span(k)[0])
+            scan.parts_skipped += 1
+            continue
+        except OSError as exc:  # removed while we read
+            problems.append(f"manifest part {opened.manifest.names[k]} cannot be read ({exc})")
+            scan.parts_skipped += 1
+            continue
+        scan.part(k, table)
+    # a writer rebuilds the id -> position map before it resumes (index.renew_positions): its
+    # structural check (checksums=False) leaves the map out
+    report.problems = problems + scan.finish(n) + (scan.positions_problems() if checksums else [])
     report.text_ids = sorted(scan.affected)
     return report
 

@@ -51,6 +51,7 @@ from .format import (
     read_store_meta,
     remove_store_entries,
     require_store_dependencies,
+    sealed,
 )
 from .index import create_positions, renew_positions
 from .lock import writer_lock
@@ -179,7 +180,7 @@ class StoreWriter:
         import zarr
 
         # the metadata goes in with the group: from its first byte the folder says it is a store
-        group = zarr.create_group(str(self.path), zarr_format=3, attributes={ATTRIBUTE: self.meta})
+        group = zarr.create_group(str(self.path), zarr_format=3, attributes={ATTRIBUTE: sealed(self.meta)})
         shape = self._row_shape()
         group.create_array(
             DATA,
