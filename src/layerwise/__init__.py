@@ -63,6 +63,7 @@ _EXPORTS = {
     "cache_activations": "cache",
     "CacheSummary": "cache",
     "verify_cache": "cache",
+    "load_cache": "cache",
 }
 
 # submodules exposed as namespaces (lw.analyze.layer_similarity(...)): name -> module
@@ -73,7 +74,7 @@ __all__ = sorted([*_EXPORTS, *_SUBMODULES, "__version__"])
 if TYPE_CHECKING:
     from . import ray
     from .analysis import stats as analyze
-    from .cache import CacheSummary, cache_activations, verify_cache
+    from .cache import CacheSummary, cache_activations, load_cache, verify_cache
     from .encoder import Encoder
     from .errors import (
         InputError,

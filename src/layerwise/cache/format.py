@@ -2,14 +2,18 @@
 
     acts/
       layerwise-cache.json          what made it (model, weights' hash, layers, context, tokens,
-                                    dtype, seed, final norm, the contexts' hash) and its shards;
-                                    written first: from then on the folder says it is a cache
+                                    dtype, seed, final norm, the contexts' hash) and its shards,
+                                    sealed by its own SHA-256 (``meta_sha256``); written first:
+                                    from then on the folder says it is a cache. Once every shard is
+                                    there it also holds each shard's CRC-32 (``shard_crc32``)
       contexts.i32                  every context's token ids, int32 (n_contexts, context), in
                                     source order (before shuffling): the input of every shard
       data-00000-of-00012.arrow     Arrow IPC streams, as ``Dataset.save_to_disk`` writes them: one
       data-00001-of-00012.arrow     column per hook, ``Array2D((context, d_model), dtype)``, and
       ...                           ``token_ids`` (``int32[context]``); rows in shuffled order;
-                                    each written as a hidden temp file and renamed when whole
+                                    each written as a hidden temp file and renamed when whole,
+      .data-00000-of-00012.arrow.crc32  its CRC-32, written before the shard's rename; moved into
+                                    the record when the cache is finished
       dataset_info.json, state.json written last, when every shard is there: ``load_from_disk``
                                     opens the folder from then on
       .lock                         held (flock) by the one process that writes
@@ -29,11 +33,11 @@ import os
 from pathlib import Path
 from typing import Literal
 
-from ..errors import NotAStoreError, StoreError
-from ..store.format import folder_kind
+from ..errors import NotAStoreError, StoreDamagedError, StoreError
+from ..store.format import folder_kind, seal_problem, sealed
 
 FORMAT = "layerwise-activation-cache"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: the record is sealed and holds each shard's CRC-32
 META = "layerwise-cache.json"
 CONTEXTS = "contexts.i32"
 STATE = "state.json"
@@ -57,13 +61,40 @@ def shard_name(k: int, n_shards: int) -> str:
     return f"data-{k:05d}-of-{n_shards:05d}.arrow"
 
 
+def checksum_name(shard: str) -> str:
+    """The hidden file that holds a shard's CRC-32 until the record does."""
+    return f".{shard}.crc32"
+
+
+def cache_damaged(path: Path, problems: list[str]) -> StoreDamagedError:
+    return StoreDamagedError(
+        f"cache {str(path)!r} is damaged: {'; '.join(problems)}. Its numbers cannot be trusted: run "
+        f"'layerwise verify {path}' for the full list, then write it again with --overwrite "
+        "(Python: overwrite=True)",
+        problems=problems,
+    )
+
+
 def read_meta(path: Path) -> dict | None:
-    """The cache's own record when ``path`` is a layerwise activation cache, else None."""
+    """The cache's own record when ``path`` is a layerwise activation cache, else None. A record
+    that cannot be read, or whose content differs from its seal, is damage (StoreDamagedError):
+    its name says the folder is a cache."""
     try:
-        meta = json.loads((path / META).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        text = (path / META).read_text(encoding="utf-8")
+    except FileNotFoundError:
         return None
-    return meta if isinstance(meta, dict) and meta.get("format") == FORMAT else None
+    except (OSError, ValueError) as exc:  # not UTF-8, unreadable
+        raise cache_damaged(path, [f"{META} cannot be read ({type(exc).__name__}: {exc})"]) from None
+    try:
+        meta = json.loads(text)
+    except ValueError as exc:
+        raise cache_damaged(path, [f"{META} is not JSON ({exc})"]) from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise cache_damaged(path, [f"{META} is not a layerwise activation cache's record"])
+    problem = seal_problem(meta, f"the cache's record ({META})")
+    if problem is not None:
+        raise cache_damaged(path, [problem])
+    return meta
 
 
 def classify(path: Path) -> CacheKind:
@@ -84,7 +115,9 @@ def owned_entries(path: Path) -> list[Path]:
     crash half way leaves no folder that load_from_disk would open; the record last)."""
     names = [STATE, INFO]
     names += sorted(n for n in os.listdir(path) if n.startswith("data-") and n.endswith(".arrow"))
-    names += sorted(n for n in os.listdir(path) if n.startswith(".") and n.endswith(".partial"))
+    names += sorted(
+        n for n in os.listdir(path) if n.startswith(".") and (n.endswith(".partial") or n.endswith(".crc32"))
+    )
     names += [CONTEXTS, META]
     return [path / n for n in names]
 
@@ -98,11 +131,11 @@ def remove_owned(path: Path) -> None:
             raise StoreError(f"cannot remove {str(entry)!r}: {exc.strerror}") from exc
 
 
-def write_json(path: Path, document: dict) -> None:
-    """Write ``document`` atomically (temp file, fsync, rename)."""
+def write_json(path: Path, document: dict, *, seal: bool = False) -> None:
+    """Write ``document`` atomically (temp file, fsync, rename); ``seal``: with its SHA-256."""
     tmp = path.with_name(f".{path.name}.partial")
     with open(tmp, "w", encoding="utf-8") as handle:
-        json.dump(document, handle, indent=1)
+        json.dump(sealed(document) if seal else document, handle, indent=1)
         handle.write("\n")
         handle.flush()
         os.fsync(handle.fileno())

@@ -11,14 +11,16 @@ int32 list offsets); a shard file stays far below 2 GB (writer.SHARD_BYTES).
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 import tempfile
+import zlib
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from .format import INFO, STATE, TOKEN_IDS, shard_name, write_json
+from .format import INFO, STATE, TOKEN_IDS, checksum_name, shard_name, write_json
 
 _MAX_VALUES = 2**30
 
@@ -48,10 +50,25 @@ def record_batch(schema: Any, arrays: dict[str, np.ndarray], token_ids: np.ndarr
     return pa.RecordBatch.from_arrays(columns, schema=schema)
 
 
+class _Checksummed(io.RawIOBase):
+    """A file written through, with the CRC-32 of every byte that passed."""
+
+    def __init__(self, handle: Any) -> None:
+        self.handle, self.crc32 = handle, 0
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        self.crc32 = zlib.crc32(data, self.crc32)
+        return self.handle.write(data)
+
+
 def write_shard(
     path: Path, name: str, features: Any, arrays: dict[str, np.ndarray], token_ids: np.ndarray
 ) -> None:
-    """Write one shard file whole: a hidden temp file, fsync, rename (a crash leaves no shard)."""
+    """Write one shard file whole: a hidden temp file, fsync, rename (a crash leaves no shard).
+    Its CRC-32, taken as the bytes are written, goes to its checksum file first (format.py)."""
     import pyarrow as pa
 
     schema = features.arrow_schema
@@ -60,16 +77,51 @@ def write_shard(
     tmp = path / f".{name}.partial"
     try:
         with open(tmp, "wb") as handle:
-            with pa.ipc.new_stream(pa.PythonFile(handle, mode="w"), schema) as writer:
+            sink = _Checksummed(handle)
+            with pa.ipc.new_stream(pa.PythonFile(sink, mode="w"), schema) as writer:
                 for lo in range(0, n, step):
                     part = {k: v[lo : lo + step] for k, v in arrays.items()}
                     writer.write_batch(record_batch(schema, part, token_ids[lo : lo + step]))
             handle.flush()
             os.fsync(handle.fileno())
+        write_text_atomically(path / checksum_name(name), f"{sink.crc32:08x}\n")
         os.replace(tmp, path / name)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def write_text_atomically(path: Path, text: str) -> None:
+    tmp = path.with_name(f"{path.name}.partial")
+    try:
+        with open(tmp, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def file_crc32(path: Path) -> int:
+    """CRC-32 of a file's bytes, read 16 MiB at a time."""
+    crc = 0
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 24), b""):
+            crc = zlib.crc32(block, crc)
+    return crc
+
+
+def shard_checksums(path: Path, n_shards: int) -> list[str | None]:
+    """Each shard's CRC-32 (hex) from its checksum file, None where there is none."""
+    found: list[str | None] = []
+    for k in range(n_shards):
+        try:
+            found.append((path / checksum_name(shard_name(k, n_shards))).read_text(encoding="utf-8").strip())
+        except (OSError, ValueError):
+            found.append(None)
+    return found
 
 
 def write_dataset_index(path: Path, features: Any, n_shards: int, contexts_sha256: str) -> None:

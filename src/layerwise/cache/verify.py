@@ -1,7 +1,8 @@
 """Is an activation cache whole? ``layerwise verify acts/`` and ``lw.cache.verify_cache``.
 
-Checks, shard by shard (memory: one record batch): the record; the contexts file's size and
-SHA-256; every shard present, with the cache's schema and its rows' count; each row's
+Checks, shard by shard (memory: one record batch): the record (its seal); the contexts file's
+size and SHA-256; every shard present, its bytes against the CRC-32 written with it, with the
+cache's schema and its rows' count; each row's
 ``token_ids`` equal to the context its slot holds (``contexts[permutation[slot]]``: the shuffle
 and the placement, proven from the data); every activation finite; and, once complete, the index
 files ``load_from_disk`` needs.
@@ -15,9 +16,11 @@ from pathlib import Path
 
 import numpy as np
 
+from ..errors import StoreDamagedError
 from ..store.verify import VerifyReport
 from .contexts import read_contexts
 from .format import CONTEXTS, INFO, STATE, TOKEN_IDS, features, read_meta, shard_name
+from .shards import file_crc32, shard_checksums
 
 
 class CacheReport(VerifyReport):
@@ -38,7 +41,10 @@ def verify_cache(path: str | os.PathLike) -> VerifyReport:
     from .writer import permutation
 
     path = Path(path)
-    meta = read_meta(path)
+    try:
+        meta = read_meta(path)
+    except StoreDamagedError as exc:  # the record cannot be read, or was changed
+        return CacheReport(path, 0, 0, list(exc.problems))
     if meta is None or "n_contexts" not in meta:
         what = "has no record" if meta is None else "was stopped before its token pass ended"
         return CacheReport(
@@ -66,12 +72,23 @@ def verify_cache(path: str | os.PathLike) -> VerifyReport:
         return report
     order = permutation(n, meta["shuffle_seed"])
     schema = features({c: meta["d_model"] for c in meta["columns"]}, context, meta["dtype"]).arrow_schema
-    missing = []
+    missing: list[str] = []
+    unchecked: list[int] = []  # the slots of shards whose bytes changed
+    crcs = meta.get("shard_crc32") or shard_checksums(path, n_shards)
     for k in range(n_shards):
         name = shard_name(k, n_shards)
         lo, hi = k * per_shard, min((k + 1) * per_shard, n)
         if not (path / name).exists():
             missing.append(name)
+            continue
+        expected = crcs[k] if k < len(crcs) else None
+        if expected is None and meta.get("format_version", 1) >= 2:
+            problems.append(f"{name} has no checksum (neither in the record nor beside it)")
+            unchecked += list(range(lo, hi))
+            continue
+        if expected is not None and f"{file_crc32(path / name):08x}" != expected:
+            problems.append(f"{name} differs from the CRC-32 written with it (its bytes changed)")
+            unchecked += list(range(lo, hi))
             continue
         try:
             slot = lo
@@ -109,4 +126,5 @@ def verify_cache(path: str | os.PathLike) -> VerifyReport:
         problems.append(
             f"{len(bad)} contexts hold other token ids than their slot's context (first slot {bad[0]})"
         )
+    report.text_ids = sorted(set(bad) | set(unchecked))
     return report

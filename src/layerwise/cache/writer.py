@@ -41,6 +41,7 @@ from .format import (
     FORMAT_VERSION,
     LOCK,
     META,
+    checksum_name,
     classify,
     features,
     hook_name,
@@ -51,7 +52,7 @@ from .format import (
     shard_name,
     write_json,
 )
-from .shards import write_dataset_index, write_shard
+from .shards import file_crc32, shard_checksums, write_dataset_index, write_shard
 
 DTYPES = ("float16", "float32")
 SHARD_BYTES = 128 * 2**20  # a shard's activations: what one killed run can lose, and RAM while writing
@@ -214,7 +215,7 @@ def begin_cache(
                     "path, or pass --overwrite (Python: overwrite=True) to start it again"
                 )
         else:
-            write_json(path / META, meta)
+            write_json(path / META, meta, seal=True)
         try:
             record = _contexts(path, meta, stored, source, encoder, framing, context, tokens)
         except BaseException:
@@ -248,6 +249,11 @@ def _check_numbers(encoder, context, tokens, dtype, shuffle_seed, final_norm, sh
         raise OptionError(f"dtype={dtype!r} is not one the cache stores; choose {' or '.join(DTYPES)}")
     if shuffle_seed is not None:
         whole("shuffle_seed", shuffle_seed, 0)
+    if final_norm is True and not encoder.is_decoder:
+        raise OptionError(
+            f"final_norm=True passes the last hidden state through a decoder LM's final norm; "
+            f"{encoder.name!r} is an encoder (BERT family), which has none: leave --final-norm out"
+        )
     if final_norm not in (True, False):
         raise OptionError(
             f"final_norm={final_norm!r}: the cache takes True (the last hidden state through the final norm, "
@@ -299,7 +305,7 @@ def _contexts(
     record = {**meta, "n_contexts": n, "n_documents": found.n_documents, "contexts_sha256": found.sha256,
               "exhausted": found.exhausted, "n_shards": -(-n // per_shard)}  # fmt: skip
     if stored is None or any(stored.get(k) != v for k, v in record.items() if k != "source"):
-        write_json(path / META, record)
+        write_json(path / META, record, seal=True)
     return record
 
 
@@ -381,10 +387,22 @@ def _written(future: Future, n_contexts: int, bar: Any, task: Any) -> None:
 
 
 def finish_cache(path: Path, meta: dict) -> bool:
-    """Step 5, once every shard is there: the index files. Whether the cache is complete."""
+    """Step 5, once every shard is there: each shard's CRC-32 into the record (a shard written
+    before checksums existed gets it from its bytes now), then the index files. Whether the cache
+    is complete."""
     n_shards = meta["n_shards"]
     if not all((path / shard_name(k, n_shards)).exists() for k in range(n_shards)):
         return False
+    stored = read_meta(path) or meta
+    if "shard_crc32" not in stored:
+        found = shard_checksums(path, n_shards)
+        crcs = [
+            crc if crc is not None else f"{file_crc32(path / shard_name(k, n_shards)):08x}"
+            for k, crc in enumerate(found)
+        ]
+        write_json(path / META, {**meta, "shard_crc32": crcs}, seal=True)
+    for k in range(n_shards):  # the record holds them now
+        (path / checksum_name(shard_name(k, n_shards))).unlink(missing_ok=True)
     columns = {name: int(meta["d_model"]) for name in meta["columns"]}
     write_dataset_index(
         path, features(columns, meta["context"], meta["dtype"]), n_shards, meta["contexts_sha256"]

@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from ..errors import LayerwiseError, StoreDamagedError
+from ..errors import LayerwiseError
 from .options import DeviceOption, LayersOption, ModelOption, _fail, _setup_logging, app, err
 
 
@@ -58,12 +58,7 @@ def verify(
             report = verify_cache(store)
         else:
             report = verify_store(store)
-    except StoreDamagedError as exc:  # a sharded store's table that cannot be trusted: damaged too
-        from rich.markup import escape
-
-        err.print(f"[bold red]DAMAGED:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
-        raise typer.Exit(code=1) from None
-    except LayerwiseError as exc:
+    except LayerwiseError as exc:  # damage (a sharded store's table, a record): DAMAGED, exit 1
         raise _fail(exc) from None
     (Console() if report.ok else err).print(str(report), highlight=False, markup=False, soft_wrap=True)
     if not report.ok:

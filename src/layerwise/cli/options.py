@@ -141,9 +141,16 @@ def _check_output_file(path: Path, option: str, suffixes: tuple[str, ...] | None
 
 
 def _fail(exc: Exception) -> typer.Exit:
+    """Print ``exc`` and the exit to raise: 1 for damage found on disk (as ``verify`` reports it),
+    2 for everything else a user can fix by changing the command."""
     from rich.markup import escape
 
+    from ..errors import StoreDamagedError
+
     # the message quotes user values ("[/bold]", "corpus [draft].txt"): never read them as markup
+    if isinstance(exc, StoreDamagedError):
+        err.print(f"[bold red]DAMAGED:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
+        return typer.Exit(code=1)
     err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
     return typer.Exit(code=2)
 

@@ -1,0 +1,62 @@
+"""``lw.load_cache``: an activation cache as a ``datasets.Dataset``, checked before it is used.
+
+``datasets.load_from_disk`` (and SAELens, which calls it) reads the Arrow files as they are: a
+flipped byte in a shard comes back as a number. This reads each shard once, checks its bytes
+against the CRC-32 written with it, and the record against its seal, then opens the folder with
+``load_from_disk`` (memory-mapped: nothing is held in memory). Cost: one read of the cache,
+about 3.7 GB/s of CRC on one core; the page cache keeps it for the reads that follow.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from ..errors import NotAStoreError
+from .format import INFO, META, STATE, cache_damaged, read_meta, require_cache_dependencies, shard_name
+from .shards import file_crc32, shard_checksums
+
+
+def check_shards(path: Path, meta: dict) -> None:
+    """Every shard's bytes against its CRC-32 (the record's, else the file beside it);
+    StoreDamagedError naming the shards that differ or lack one."""
+    n_shards = int(meta["n_shards"])
+    crcs = meta.get("shard_crc32") or shard_checksums(path, n_shards)
+    problems = []
+    for k in range(n_shards):
+        name = shard_name(k, n_shards)
+        expected = crcs[k] if k < len(crcs) else None
+        if not (path / name).is_file():
+            problems.append(f"{name} is missing")
+        elif expected is None:
+            if meta.get("format_version", 1) >= 2:
+                problems.append(f"{name} has no checksum")
+        elif f"{file_crc32(path / name):08x}" != expected:
+            problems.append(f"{name} differs from the CRC-32 written with it (its bytes changed)")
+    if problems:
+        raise cache_damaged(path, problems)
+
+
+def load_cache(path: str | os.PathLike, *, check: bool = True) -> Any:
+    """The activation cache at ``path`` as a ``datasets.Dataset`` (columns: one per hook, and
+    ``token_ids``), its record and shards checked first (module docstring); ``check=False`` skips
+    the shards' read (the record is always checked). StoreDamagedError when anything differs,
+    NotAStoreError when ``path`` is not a finished cache."""
+    require_cache_dependencies()
+    path = Path(path)
+    meta = read_meta(path)
+    if meta is None:
+        raise NotAStoreError(
+            f"{str(path)!r} is not a layerwise activation cache (no {META}); make one with "
+            "layerwise cache CORPUS -o FOLDER"
+        )
+    if "n_shards" not in meta or not (path / STATE).is_file() or not (path / INFO).is_file():
+        raise NotAStoreError(
+            f"cache {str(path)!r} is not finished: rerun the command that made it, it resumes"
+        )
+    if check:
+        check_shards(path, meta)
+    from datasets import load_from_disk
+
+    return load_from_disk(str(path))
