@@ -171,6 +171,35 @@ def test_a_tokenizer_of_another_vocabulary_is_refused(tmp_path, model):
     lw.Encoder(_copy_model(model, tmp_path / "same"), device="cpu")  # its own files: loads
 
 
+def test_two_swapped_ids_in_tokenizer_json_are_refused(tmp_path, model):
+    """#55, 6: "the" and "bank" swapped in tokenizer.json against vocab.txt extracted with no
+    warning (the check allowed 1 % of the entries to differ); a token listed twice in vocab.txt
+    is still accepted."""
+    swapped = _copy_model(model, tmp_path / "swapped")
+    document = json.loads((swapped / "tokenizer.json").read_text())
+    vocab = document["model"]["vocab"]
+    vocab["the"], vocab["bank"] = vocab["bank"], vocab["the"]
+    (swapped / "tokenizer.json").write_text(json.dumps(document))
+    with pytest.raises(
+        lw.ModelLoadError, match=r"give 2 of 30,522 tokens different ids \('the': 1996 in vocab"
+    ):
+        lw.Encoder(swapped, device="cpu")
+    (tmp_path / "t.txt").write_text("the bank\n")
+    result = cli("extract", tmp_path / "t.txt", "-o", tmp_path / "x.npz", "--model", swapped)
+    assert result.exit_code == 2 and "'bank': 2924 in vocab.txt, 1996 in tokenizer.json" in result.output
+    # a duplicated line in vocab.txt: WordPiece keeps one of its ids, either is the file's
+    twice = _copy_model(model, tmp_path / "twice")
+    lines = (twice / "vocab.txt").read_text().split("\n")
+    lines[-2] = lines[1000]  # the last token becomes a second copy of token 1000
+    (twice / "vocab.txt").write_text("\n".join(lines))
+    document = json.loads((twice / "tokenizer.json").read_text())
+    del document["model"]["vocab"][
+        next(t for t, i in document["model"]["vocab"].items() if i == len(lines) - 2)
+    ]
+    (twice / "tokenizer.json").write_text(json.dumps(document))
+    lw.Encoder(twice, device="cpu")
+
+
 def test_csv_names_its_bad_rows_and_reads_large_ones(tmp_path, model):
     """#46, 13: invalid UTF-8 and ragged rows named; --encoding-errors replace works on CSV; a row
     larger than pyarrow's block is read (the block grows)."""
@@ -194,6 +223,19 @@ def test_csv_names_its_bad_rows_and_reads_large_ones(tmp_path, model):
     large = tmp_path / "large.csv"
     large.write_text('text\nshort\n"' + "x " * 1_500_000 + '"\nafter\n')  # 3 MB in one cell
     assert [len(t) for t in lw.Corpus(large).blocks(10).__next__().texts] == [5, 3_000_000, 5]
+
+
+def test_csv_with_a_quote_left_open_at_the_end_is_an_error(tmp_path, model):
+    """#55, 7: an unterminated quote swallowed the rest of the file into one text, exit 0."""
+    open_quote = tmp_path / "unq.csv"
+    open_quote.write_text('text\nok\n"a,b\nmore lines here\nand another\n')
+    result = cli("extract", open_quote, "-o", tmp_path / "x.npz", "--model", model)
+    assert result.exit_code == 2 and "row 2 opens a quoted field that is never closed" in result.output
+    assert not (tmp_path / "x.npz").exists()
+    # a bare quote inside an unquoted field, and escaped quotes, are CSV: read as they are
+    inches = tmp_path / "inch.csv"
+    inches.write_text('text\n5" screen\n"say ""hi"""\n')
+    assert [t for b in lw.Corpus(inches).blocks(10) for t in b.texts] == ['5" screen', 'say "hi"']
 
 
 def test_standard_input_is_named_so(tmp_path, model, monkeypatch):

@@ -7,6 +7,7 @@ row (or is replaced, with ``--encoding-errors replace``), as in the line formats
 
 from __future__ import annotations
 
+import io
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
@@ -160,7 +161,8 @@ def _csv_blocks(path, fmt, columns, kinds, delimiter, block, start_row, ragged, 
         ragged.append(row)
         return "error"
 
-    with open_binary(path, fmt.compression) as handle:
+    with open_binary(path, fmt.compression) as raw:
+        handle = _QuoteCounter(raw)
         reader = pcsv.open_csv(
             handle,
             read_options=pcsv.ReadOptions(block_size=block),
@@ -180,6 +182,46 @@ def _csv_blocks(path, fmt, columns, kinds, delimiter, block, start_row, ragged, 
                     skip = max(0, start_row - row)
                     yield _table_chunk(piece.slice(skip), columns, row + skip, errors)
                 row += piece.num_rows
+    if handle.quotes % 2:
+        _check_quotes_closed(path, fmt, delimiter)
+
+
+class _QuoteCounter(io.RawIOBase):
+    """The file as pyarrow reads it, counting its quote characters on the way (C speed): in CSV
+    every quote that opens a field is closed and an escaped one is doubled, so an odd count means
+    a quoted field that runs to the end of the file (pyarrow reads it as one text) or a bare
+    quote inside an unquoted field (allowed): :func:`_check_quotes_closed` tells which."""
+
+    def __init__(self, raw: IO[bytes]) -> None:
+        self.raw, self.quotes = raw, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        data = self.raw.read(len(buffer))
+        buffer[: len(data)] = data
+        self.quotes += data.count(b'"')
+        return len(data)
+
+
+def _check_quotes_closed(path: Path, fmt: FileFormat, delimiter: str) -> None:
+    """Python's csv reader in strict mode fails only at a quoted field left open at the end."""
+    import csv
+
+    with open_binary(path, fmt.compression) as raw:
+        text = io.TextIOWrapper(raw, encoding="utf-8", errors="replace", newline="")
+        rows = csv.reader(text, delimiter=delimiter, strict=True)
+        n = -1  # rows read whole; the header is row 0
+        try:
+            for n, _ in enumerate(rows):
+                pass
+        except csv.Error:
+            raise InputError(
+                f"{path}: row {n + 1} opens a quoted field that is never closed: the quote runs to the end "
+                "of the file. Close the quote (a quote inside a quoted field is written twice) or remove it",
+                index=n,
+            ) from None
 
 
 def _pieces(batch: Any) -> Iterator[Any]:
