@@ -113,9 +113,11 @@ def _folder_meta(path: Path) -> dict:
                 first = read_store_meta(shard_path(path, shards[0]["name"])) or {}
             except NotAStoreError:
                 first = {}
-        # the shard's record fills in what an older table did not keep; the table has the last word
-        skip = {"shard", "n_texts", "format", "format_version"}
-        merged = {**{k: v for k, v in first.items() if k not in skip}, **table}
+        # the shard's record fills in what the table did not keep, or kept as given (max_length None:
+        # the model's, which each shard records resolved); else the table has the last word
+        skip = {"shard", "n_texts", "format", "format_version", "meta_sha256"}
+        merged = {**{k: v for k, v in first.items() if k not in skip}}
+        merged.update({k: v for k, v in table.items() if v is not None or merged.get(k) is None})
         return {"kind": "sharded store", **merged, "n_shards": len(shards), "table": TABLE}
     meta = read_store_meta(path)
     if meta is None:

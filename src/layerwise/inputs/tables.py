@@ -214,8 +214,8 @@ def _check_quotes_closed(path: Path, fmt: FileFormat, delimiter: str) -> None:
         rows = csv.reader(text, delimiter=delimiter, strict=True)
         n = -1  # rows read whole; the header is row 0
         try:
-            for n, _ in enumerate(rows):
-                pass
+            for _ in rows:
+                n += 1
         except csv.Error:
             raise InputError(
                 f"{path}: row {n + 1} opens a quoted field that is never closed: the quote runs to the end "

@@ -20,6 +20,7 @@ pip install 'layerwise[distributed]'.
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Sequence
@@ -30,6 +31,8 @@ from typing import Any
 from ..errors import MissingDependencyError, OptionError
 from ..features.plan import OutputPlan
 from ..settings import Settings
+
+logger = logging.getLogger("layerwise")
 
 MAX_SHARD_SIZE = 4096
 # the sizes :func:`auto_shard_size` picks for a corpus of workers x 1,024 texts or more: the driver
@@ -123,7 +126,9 @@ class ShardWriter(_ModelActor):
         self.plan, self.path, self.table, self.layout, self.corpus = plan, Path(path), table, layout, corpus
 
     def __call__(self, batch: dict) -> dict:
-        out: dict[str, list] = {"shard": [], "n_texts": [], "n_written": [], "n_rows": [], "seconds": []}
+        out: dict[str, list] = {
+            "shard": [], "n_texts": [], "n_written": [], "n_rows": [], "seconds": [], "n_truncated": [],
+        }  # fmt: skip
         for row, k in enumerate(batch["shard"]):
             if self.corpus is not None:  # a file corpus: this actor reads its shard's rows itself
                 shard = self.table["shards"][int(k)]
@@ -139,6 +144,7 @@ class ShardWriter(_ModelActor):
             out["n_written"].append(summary.n_written)
             out["n_rows"].append(summary.n_rows)
             out["seconds"].append(summary.seconds)
+            out["n_truncated"].append(summary.n_truncated)
         return out
 
     def write_shard(
@@ -282,6 +288,7 @@ class ShardedSummary:
     n_rows: int
     seconds: float
     plan_seconds: float = 0.0  # the driver's: its pass over the corpus and the table, before any actor
+    n_truncated: int = 0  # texts of this run longer than the model's max length (cut, or windowed)
 
 
 def extract_to_store(
@@ -355,7 +362,8 @@ def extract_to_store(
         path, model=name, plan=plan, n_hidden_states=n_hidden, texts=corpus or texts, text_pairs=text_pairs,
         shard_size=shard_size, auto_shard_size=auto_shard_size(n_texts, workers), settings=settings,
         layout=layout, overwrite=overwrite,
-        run={"workers": workers, "threads_per_worker": threads_per_worker},
+        run={"workers": workers, "threads_per_worker": threads_per_worker,
+             "source": corpus.describe() if corpus is not None else "memory"},
     )  # fmt: skip
     ranges = [(shard["start"], shard["stop"]) for shard in table["shards"]]
     plan_seconds = time.perf_counter() - planning
@@ -394,6 +402,13 @@ def extract_to_store(
     progress = shard_progress(path)  # not ShardedStore(path): that reads every manifest
     if progress.pending:
         raise RuntimeError(f"{path}: {progress.n_texts} of {n_texts} texts after the run; rerun to finish")
+    truncated = sum(int(r.get("n_truncated", 0)) for r in written)
+    if truncated:  # what one process says (store/writer.py), with the whole run's numbers
+        logger.warning(
+            "%d of %d texts were longer than the model's max length and were truncated; the manifest's "
+            "'truncated' column marks them. Pass long_texts='window' to keep every token.",
+            truncated, sum(int(r["n_written"]) for r in written),
+        )  # fmt: skip
     return ShardedSummary(
         path=path,
         n_texts=n_texts,
@@ -403,6 +418,7 @@ def extract_to_store(
         n_rows=progress.n_rows,
         seconds=time.perf_counter() - started,
         plan_seconds=plan_seconds,
+        n_truncated=truncated,
     )
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable
+from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
@@ -23,6 +24,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.staticfiles import StaticFiles
 
 from ..errors import LayerwiseError, OptionError
+from ..inputs.display import token_display
 from .responses import ApiError, b64_array, json_response
 from .schemas import _Strict, error_responses
 
@@ -185,7 +187,7 @@ def add_explorer(
             stats = token_statistics(stack)
             return {
                 "model": served.name,
-                **_token_fields(stack),
+                **_token_fields(stack, _shown(served.encoder)),
                 "statistics": {name: _nullable(values) for name, values in stats.items()},
             }
 
@@ -209,13 +211,15 @@ def add_explorer(
             reference = explorer.reference(served.name, served.encoder)
             rows = [stack.layers.index(layer) for layer in reference.layers]
             found = reference.neighbours(stack.hidden[rows, body.token], k=body.k)
+            shown = _shown(served.encoder)
             return {
                 "model": served.name,
                 "token": body.token,
-                "token_text": stack.tokens[body.token],
+                "token_text": shown(stack.tokens[body.token]),
+                "token_piece": stack.tokens[body.token],
                 "reference": reference.name,
                 "layers": list(reference.layers),
-                "neighbours": [[_neighbour(n) for n in row] for row in found],
+                "neighbours": [[_neighbour(n, shown) for n in row] for row in found],
             }
 
         return json_response(await compute(work))
@@ -241,7 +245,7 @@ def add_explorer(
                 stack, maps = attention_maps(served.encoder, body.text, body.text_pair)
             return {
                 "model": served.name,
-                **_token_fields(stack),
+                **_token_fields(stack, _shown(served.encoder)),
                 "layer": body.layer,
                 "attention": b64_array(maps[body.layer - 1], "float32"),
             }
@@ -364,11 +368,23 @@ def _check_size(encoder: Encoder, body: TextRequest, max_tokens: int) -> int:
     return n_tokens
 
 
-def _token_fields(stack) -> dict:
+def _shown(encoder) -> Callable[[str], str]:
+    """The tokenizer's pieces as a person reads them (``" capital"``, not ``"Ġcapital"``), as the
+    lens and ``layerwise show`` print them (inputs/display.py); made once per tokenizer."""
+    return _display_of(encoder.tokenizer)
+
+
+@lru_cache(maxsize=16)
+def _display_of(tokenizer: Any) -> Callable[[str], str]:
+    return token_display(tokenizer)
+
+
+def _token_fields(stack, shown: Callable[[str], str]) -> dict:
     return {
         "text": stack.text,
         "text_pair": stack.text_pair,
-        "tokens": list(stack.tokens),
+        "tokens": [shown(t) for t in stack.tokens],  # as read; "pieces": the vocabulary's own
+        "pieces": list(stack.tokens),
         "offsets": stack.offsets.tolist(),
         "segment_ids": stack.segment_ids.tolist(),
         "layers": list(stack.layers),
@@ -382,8 +398,11 @@ def _nullable(values: np.ndarray) -> list:
     return [[None if np.isnan(v) else float(v) for v in row] for row in values]
 
 
-def _neighbour(n) -> dict:
-    return {"cosine": n.cosine, "text": n.text, "token": n.token_text, "start": n.start, "end": n.end}
+def _neighbour(n, shown: Callable[[str], str]) -> dict:
+    return {
+        "cosine": n.cosine, "text": n.text, "token": shown(n.token_text), "piece": n.token_text,
+        "start": n.start, "end": n.end,
+    }  # fmt: skip
 
 
 def _site(reference: ReferenceSet, s: int, segment: int, start: int, end: int) -> dict:
