@@ -170,7 +170,11 @@ def test_a_failed_shard_write_raises_and_the_rerun_completes_it(tmp_path, tiny, 
         return real(path, name, *args)
 
     monkeypatch.setattr(cache_writer, "write_shard", full_disk)
-    with pytest.raises(OSError, match="No space left"):
+    with pytest.raises(
+        lw.StoreError,
+        match=r"writing cache .*acts' failed: the disk is full\. 2 of \d+ shards are "
+        r"written and kept; fix the cause and run the same command again to resume",
+    ):
         lw.cache_activations(tiny, TEXTS, tmp_path / "acts", **options)
     assert len(list((tmp_path / "acts").glob("data-*.arrow"))) == 2 and len(calls) == 3  # none after it
     assert not (tmp_path / "acts" / "state.json").exists()  # not complete: load_from_disk refuses it

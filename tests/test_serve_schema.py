@@ -70,7 +70,14 @@ def test_the_schema_says_what_this_server_accepts(served):
     schemas = httpx.get(f"{served}/openapi.json").json()["components"]["schemas"]
     layers, embeddings = schemas["LayersRequest"]["properties"], schemas["EmbeddingsRequest"]["properties"]
     assert {"type": "string", "enum": ["tiny"]} in embeddings["model"]["anyOf"]
-    assert layers["final_norm"]["anyOf"] == [{"type": "boolean"}, {"type": "null"}]  # no decoder served
+    assert layers["final_norm"]["anyOf"] == [  # no decoder served: no "all"
+        {"type": "boolean"}, {"type": "string", "enum": ["last", "none"]}, {"type": "null"},
+    ]  # fmt: skip
+    for spelled in ("last", "none", True, False):  # #55, 17: the CLI's spellings too
+        answer = httpx.post(
+            f"{served}/v1/embeddings", json={"input": "a b", "final_norm": spelled}, headers=AUTH
+        )
+        assert answer.status_code == 200, (spelled, answer.text)
     assert schemas["AttentionRequest"]["properties"]["layer"]["maximum"] == 3
     assert "sentence:mean" in layers["pool"]["enum"] and "word:first" in layers["pool"]["enum"]
     sentence_pools = embeddings["pool"]["anyOf"][0]["enum"]

@@ -107,15 +107,36 @@ def check_choice(name: str, value: object, choices: tuple[str, ...]) -> None:
         raise OptionError(f"{name}={value!r} is not valid; choose one of {listed}")
 
 
+def import_optional(module: str, what: str) -> object | None:
+    """``module`` imported, or None when it is not installed. One that is installed but fails to
+    import (a numpy it was not built for, a missing library) raises MissingDependencyError in one
+    line naming the cause; what its import printed on the way (numpy prints a page) is kept back."""
+    import contextlib
+    import importlib
+    import io
+
+    noise = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(noise):
+            return importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        if exc.name == module or (exc.name or "").startswith(module + "."):
+            return None
+        cause: BaseException = exc
+    except Exception as exc:  # ImportError, AttributeError (_ARRAY_API), ValueError (dtype size)
+        cause = exc
+    first = (str(cause).strip().splitlines() or [type(cause).__name__])[0]
+    raise MissingDependencyError(
+        f"{what} needs {module}, which is installed but fails to import ({type(cause).__name__}: "
+        f"{first}); reinstall it for this Python and numpy: pip install --force-reinstall {module}"
+    ) from None
+
+
 def require_extra(modules: tuple[str, ...], what: str, extra: str) -> None:
     """Raise MissingDependencyError naming the ``modules`` of an extra that are not installed and
-    the command that installs them (``what``: "the store", "the activation cache")."""
-    missing = []
-    for module in modules:
-        try:
-            __import__(module)
-        except ImportError:
-            missing.append(module)
+    the command that installs them (``what``: "the store", "the activation cache"), or the one
+    that is installed but cannot be imported, and why."""
+    missing = [module for module in modules if import_optional(module, what) is None]
     if missing:
         raise MissingDependencyError(
             f"{what} needs {' and '.join(missing)}: pip install 'layerwise[{extra}]' "

@@ -154,10 +154,32 @@ def cache_activations(
     options = CacheOptions(
         layers, context, tokens, dtype, shuffle_seed, final_norm, overwrite, shard_bytes, tuple(hooks)
     )
-    with begin_cache(encoder, corpus, path, options, **corpus_options) as meta:
+    with disk_errors(Path(path)), begin_cache(encoder, corpus, path, options, **corpus_options) as meta:
         written = write_shards(encoder, Path(path), meta, progress=progress)
         finish_cache(Path(path), meta)
     return summary_of(Path(path), meta, written, started)
+
+
+@contextlib.contextmanager
+def disk_errors(path: Path) -> Iterator[None]:
+    """A write that fails (a full disk, a read-only folder) as a StoreError saying why, what is
+    kept (the whole shards) and that a rerun resumes; layerwise's own errors pass as they are."""
+    from ..errors import LayerwiseError
+    from ..store.writer import disk_error
+
+    try:
+        yield
+    except OSError as exc:
+        if isinstance(exc, LayerwiseError):
+            raise
+        try:
+            meta = read_meta(path) or {}
+            n_shards = int(meta.get("n_shards", 0))
+            done = sum((path / shard_name(k, n_shards)).exists() for k in range(n_shards))
+            kept = f"{done} of {n_shards} shards are written and kept" if n_shards else "nothing is kept yet"
+        except Exception:  # the folder itself cannot be read
+            kept = "nothing is kept yet"
+        raise disk_error("cache", path, exc, kept) from exc
 
 
 def summary_of(path: Path, meta: dict, written: int, started: float) -> CacheSummary:
@@ -201,7 +223,7 @@ def begin_cache(
     }  # fmt: skip
     created = not path.exists()
     path.mkdir(parents=True, exist_ok=True)
-    with writer_lock(path):
+    with writer_lock(path, "cache"):
         stored = read_meta(path)
         if stored is not None and options.overwrite:
             remove_owned(path)

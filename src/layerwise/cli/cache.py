@@ -3,6 +3,7 @@ shuffled, resumable ``datasets`` folder (layerwise/cache)."""
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 from typing import Annotated, Any
@@ -26,6 +27,9 @@ from .options import (
 _SCALE = {"": 1, "K": 10**3, "M": 10**6, "G": 10**9, "B": 10**9}
 
 
+MAX_COUNT = 10**15  # a thousand trillion tokens: more than any corpus
+
+
 def parse_count(value: str, option: str) -> int:
     """A count written ``1000000``, ``1_000_000``, ``1e6``, ``500K``, ``10M`` or ``1G``."""
     text = value.strip().replace("_", "").upper()
@@ -33,6 +37,8 @@ def parse_count(value: str, option: str) -> int:
     if match is None:
         raise OptionError(f"{option} {value!r} is not a count: write e.g. 1000000, 1e6, 500K, 10M or 1G")
     count = float(match.group(1)) * _SCALE[match.group(2)]
+    if not math.isfinite(count) or count > MAX_COUNT:
+        raise OptionError(f"{option} {value!r} is too large: at most {MAX_COUNT:.0e}")
     if count != int(count):
         raise OptionError(f"{option} {value!r} is not a whole number of tokens")
     return int(count)

@@ -4,6 +4,7 @@ analysis/label_free.py and the rule of analysis/layer_choice.py)."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Annotated
 
@@ -87,7 +88,14 @@ def layers(
                 "seed": seed}  # fmt: skip
         choice_fields = {"layer": choice.layer, "rule": choice.rule, "reason": choice.reason}
         table = {**metrics.as_dict(), "model": enc.name, "made": made, "recommendation": choice_fields}
-        json_path.write_text(json.dumps(table, indent=1) + "\n", encoding="utf-8")
+        try:  # atomically: a failed write leaves no half-written file
+            tmp = json_path.with_name(f".{json_path.name}.partial")
+            tmp.write_text(json.dumps(table, indent=1) + "\n", encoding="utf-8")
+            os.replace(tmp, json_path)
+        except OSError as exc:
+            tmp.unlink(missing_ok=True)
+            failed = OptionError(f"--json {str(json_path)!r} cannot be written: {exc.strerror or exc}")
+            raise _fail(failed) from None
 
 
 def _first_texts(source: str, format: str | None, text_column: str | None, limit: int,

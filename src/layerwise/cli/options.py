@@ -132,12 +132,23 @@ def _check_output_file(path: Path, option: str, suffixes: tuple[str, ...] | None
     if path.is_dir():
         raise OptionError(f"{option} {str(path)!r} is a folder; give a file name")
     folder = path.parent
+    if folder.exists() and not folder.is_dir():
+        raise OptionError(f"{option} {str(path)!r}: {str(folder)!r} is a file, not a folder; name a file")
     if not folder.is_dir():
         raise OptionError(
             f"{option} {str(path)!r}: the folder {str(folder)!r} does not exist; create it first"
         )
-    if not os.access(folder, os.W_OK):
-        raise OptionError(f"{option} {str(path)!r}: the folder {str(folder)!r} is not writable")
+    # the only proof that a file can be made there (root passes os.access; /proc refuses anyway)
+    import tempfile
+
+    try:
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".layerwise-", suffix=".tmp"):
+            pass
+    except OSError as exc:
+        raise OptionError(
+            f"{option} {str(path)!r}: a file cannot be written in {str(folder)!r} ({exc.strerror or exc}); "
+            "choose another folder"
+        ) from None
 
 
 def _fail(exc: Exception) -> typer.Exit:

@@ -13,7 +13,8 @@ settings the model was loaded and run with under their Python names (``model``, 
 - ``.parquet``: the schema's ``layerwise`` metadata;
 - a store: the ``layerwise`` attribute of its ``zarr.json``;
 - a sharded store: its table (``layerwise-shards.json``), with what its first shard records for
-  settings a table before layerwise 0.3 did not keep.
+  settings a table before layerwise 0.3 did not keep;
+- an activation cache: its record (``layerwise-cache.json``).
 
 Only the metadata is read: no vectors, no texts, no model. NumPy only (pyarrow for ``.parquet``).
 """
@@ -62,11 +63,11 @@ def _npz_meta(path: Path) -> dict:
         with np.load(path, allow_pickle=False) as npz:
             if "meta" not in npz.files:
                 raise InputError(f"{str(path)!r} is an .npz without layerwise metadata (no 'meta' array)")
-            return _object(json.loads(str(npz["meta"])), path)
-    except (OSError, ValueError, zipfile.BadZipFile) as exc:
+            return _object(_json(str(npz["meta"]), path, "its 'meta' array"), path)
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:  # EOFError: an empty file
         if isinstance(exc, InputError):
             raise
-        raise InputError(f"{str(path)!r} cannot be read as an .npz: {exc}") from None
+        raise InputError(f"{str(path)!r} cannot be read as an .npz: {exc or type(exc).__name__}") from None
 
 
 def _jsonl_meta(path: Path) -> dict:
@@ -79,8 +80,8 @@ def _jsonl_meta(path: Path) -> dict:
     meta = record.get("layerwise") if isinstance(record, dict) else None
     if not isinstance(meta, dict):
         raise InputError(
-            f"{str(path)!r} has no layerwise metadata on its first line (written by layerwise before 0.3, "
-            "or by another tool)"
+            f"{str(path)!r} has no layerwise metadata on its first line (written by layerwise 0.2.0 or "
+            "earlier, which did not record it, or by another tool)"
         )
     return meta
 
@@ -97,7 +98,7 @@ def _parquet_meta(path: Path) -> dict:
         raise InputError(f"{str(path)!r} cannot be read as Parquet: {exc}") from None
     if b"layerwise" not in metadata:
         raise InputError(f"{str(path)!r} is a Parquet file without layerwise metadata")
-    return _object(json.loads(metadata[b"layerwise"]), path)
+    return _object(_json(metadata[b"layerwise"], path, "its 'layerwise' schema metadata"), path)
 
 
 def _folder_meta(path: Path) -> dict:
@@ -119,12 +120,25 @@ def _folder_meta(path: Path) -> dict:
         merged = {**{k: v for k, v in first.items() if k not in skip}}
         merged.update({k: v for k, v in table.items() if v is not None or merged.get(k) is None})
         return {"kind": "sharded store", **merged, "n_shards": len(shards), "table": TABLE}
-    meta = read_store_meta(path)
-    if meta is None:
-        raise InputError(
-            f"{str(path)!r} is a folder that is not a layerwise store (no zarr.json with layerwise metadata)"
-        )
-    return {"kind": "store", **meta}
+    meta = read_store_meta(path)  # StoreDamagedError when its zarr.json was damaged
+    if meta is not None:
+        return {"kind": "store", **meta}
+    from ..cache.format import read_meta as read_cache_meta
+
+    cache = read_cache_meta(path)
+    if cache is not None:
+        return {"kind": "activation cache", **cache}
+    raise InputError(
+        f"{str(path)!r} is a folder that is neither a layerwise store (no zarr.json with layerwise "
+        "metadata) nor an activation cache (no layerwise-cache.json)"
+    )
+
+
+def _json(text: str | bytes, path: Path, where: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise InputError(f"{str(path)!r}: {where} is not JSON ({exc}); the file was changed") from None
 
 
 def _object(value: Any, path: Path) -> dict:

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
-from ..errors import InputError, MissingDependencyError, OptionError
+from ..errors import InputError, MissingDependencyError, OptionError, import_optional
 from .formats import CHUNK_ROWS, FileFormat, RawChunk, _decode, open_binary
 
 
@@ -26,12 +26,9 @@ def _check_columns(path: Path, columns: dict[str, str], present: list[str]) -> N
 
 
 def require_pyarrow(what: str) -> Any:
-    try:
-        import pyarrow
-    except ModuleNotFoundError as exc:
-        if exc.name != "pyarrow":  # pyarrow is there but something it needs is not: say that
-            raise
-        raise MissingDependencyError(f"reading {what} needs pyarrow: pip install 'layerwise[io]'") from exc
+    pyarrow = import_optional("pyarrow", f"reading {what}")  # broken: one line naming the cause
+    if pyarrow is None:
+        raise MissingDependencyError(f"reading {what} needs pyarrow: pip install 'layerwise[io]'")
     return pyarrow
 
 

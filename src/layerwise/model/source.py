@@ -64,7 +64,10 @@ def _looks_like_path(name: str) -> bool:
 def resolve_model_source(model: str | os.PathLike | None) -> tuple[str, str]:
     """``(what to pass to from_pretrained, display name)`` for a model argument: the packaged
     default, a folder, a GGUF file (or a folder holding one and no config.json), or a hub name."""
-    if model is None or (isinstance(model, str) and model == DEFAULT_MODEL):
+    # the bundled model by its full name or its short one (as the server's ids and its guide name
+    # it), unless a folder of that name is here
+    short = DEFAULT_MODEL.rsplit("/", 1)[-1]
+    if model is None or model == DEFAULT_MODEL or (model == short and not Path(short).exists()):
         return str(default_model_path()), DEFAULT_MODEL
     path = Path(os.fspath(model)).expanduser()
     if path.is_dir():

@@ -46,7 +46,7 @@ def cache_activations(
     final_norm, overwrite, shard_bytes) and Corpus's keywords. Returns a CacheSummary."""
     import time
 
-    from ..cache.writer import CacheOptions, begin_cache, finish_cache, summary_of
+    from ..cache.writer import CacheOptions, begin_cache, disk_errors, finish_cache, summary_of
     from ..encoder import Encoder
     from ..errors import OptionError
 
@@ -59,7 +59,7 @@ def cache_activations(
     corpus_options = {k: v for k, v in options.items() if k not in names}
     # the driver tokenises and checks (it needs the tokenizer and the weights' hash), on the CPU
     driver = Encoder.from_settings(settings.replace(device="cpu") if settings.device == "auto" else settings)
-    with begin_cache(driver, corpus, path, cache_options, **corpus_options) as meta:
+    with disk_errors(Path(path)), begin_cache(driver, corpus, path, cache_options, **corpus_options) as meta:
         context = ray.data.DataContext.get_current()
         context.enable_progress_bars = False
         rows = ray.data.from_items([{"worker": i} for i in range(workers)], override_num_blocks=workers)

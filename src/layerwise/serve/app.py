@@ -45,7 +45,7 @@ from .schemas import (
     ModelsResponse,
     error_responses,
 )
-from .served_schema import describe_served
+from .served_schema import describe_served, model_ids
 
 if TYPE_CHECKING:
     from ..encoder import Encoder
@@ -65,16 +65,9 @@ class Served:
 
 
 def served_names(encoders: Mapping[str, Encoder]) -> dict[str, Served]:
-    """Model ids a request may name: each model's full name, and its last path component
-    ("all-MiniLM-L6-v2") when no other model shares it."""
-    table = {name: Served(name, enc) for name, enc in encoders.items()}
-    short: dict[str, list[str]] = {}
-    for name in encoders:
-        short.setdefault(name.rstrip("/").rsplit("/", 1)[-1], []).append(name)
-    for alias, names in short.items():
-        if len(names) == 1 and alias not in table:
-            table[alias] = table[names[0]]
-    return table
+    """Model ids a request may name (served_schema.model_ids: full names and unique short ones)."""
+    served = {name: Served(name, enc) for name, enc in encoders.items()}
+    return {alias: served[name] for alias, name in model_ids(list(encoders)).items()}
 
 
 def create_app(

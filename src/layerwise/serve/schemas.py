@@ -5,14 +5,32 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 LayerValue = str | int | list[int]
-FinalNormValue = bool | Literal["all"]
+
+
+def _final_norm(value: object) -> object:
+    """The CLI's spellings mean what they mean there: "last" is true, "none" is false."""
+    if isinstance(value, str):
+        spelled = {"last": True, "none": False, "all": "all"}
+        if value not in spelled:
+            raise ValueError(
+                f"final_norm {value!r} is not valid; choose true, false, 'last', 'none' or 'all'"
+            )
+        return spelled[value]
+    return value
+
+
+# validated as bool | "all" once the CLI's spellings are read; the schema lists all of them
+FinalNormValue = Annotated[
+    bool | Literal["all"],
+    BeforeValidator(_final_norm, json_schema_input_type=bool | Literal["last", "none", "all"]),
+]
 FINAL_NORM_HELP = (
-    "Decoder LMs: the final norm on the last hidden state (true, as transformers returns it), on none "
-    '(false) or on every one ("all", so that layers compare on one scale); default: the server\'s '
-    "(--final-norm). An encoder has no final norm: leave it out"
+    'Decoder LMs: the final norm on the last hidden state (true or "last", as transformers returns '
+    'it), on none (false or "none") or on every one ("all", so that layers compare on one scale); '
+    "default: the server's (--final-norm). An encoder has no final norm: leave it out"
 )
 
 

@@ -37,9 +37,22 @@ def describe_served(app: FastAPI, encoders: Mapping[str, Any]) -> None:
     app.openapi = openapi  # type: ignore[method-assign]
 
 
+def model_ids(names: list[str]) -> dict[str, str]:
+    """The ids a request may name, each to its model's full name: the full names, and each one's
+    last path component ("all-MiniLM-L6-v2") when no other model shares it."""
+    ids = {name: name for name in names}
+    short: dict[str, list[str]] = {}
+    for name in names:
+        short.setdefault(name.rstrip("/").rsplit("/", 1)[-1], []).append(name)
+    for alias, full in short.items():
+        if len(full) == 1 and alias not in ids:
+            ids[alias] = full[0]
+    return ids
+
+
 def narrow_to_served(schema: dict[str, Any], encoders: Mapping[str, Any]) -> None:
     """Edit a generated schema in place (see the module docstring)."""
-    names = list(encoders)
+    names = list(model_ids(list(encoders)))
     any_decoder = any(getattr(enc, "is_decoder", False) for enc in encoders.values())
     deepest = max(int(enc.n_layers) for enc in encoders.values())
     for name, body in schema.get("components", {}).get("schemas", {}).items():
@@ -60,7 +73,9 @@ def narrow_to_served(schema: dict[str, Any], encoders: Mapping[str, Any]) -> Non
             fields["model"]["anyOf"] = [{"type": "string", "enum": names}, {"type": "null"}]
             fields["model"]["description"] = f"A served model (GET /v1/models); default: {names[0]!r}"
         if "final_norm" in fields and not any_decoder:
-            fields["final_norm"]["anyOf"] = [{"type": "boolean"}, {"type": "null"}]
+            fields["final_norm"]["anyOf"] = [
+                {"type": "boolean"}, {"type": "string", "enum": ["last", "none"]}, {"type": "null"},
+            ]  # fmt: skip
             fields["final_norm"]["description"] += ' (this server serves encoders only: "all" is refused)'
         if name == "AttentionRequest" and "layer" in fields:
             fields["layer"]["maximum"] = deepest

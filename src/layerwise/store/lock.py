@@ -53,8 +53,9 @@ def _holder(fd: int) -> str:
 
 
 @contextlib.contextmanager
-def writer_lock(path: Path) -> Iterator[None]:
-    """Hold an exclusive flock on ``path/.lock``; the OS releases it if the process dies."""
+def writer_lock(path: Path, what: str = "store") -> Iterator[None]:
+    """Hold an exclusive flock on ``path/.lock``; the OS releases it if the process dies.
+    ``what`` names the folder in the message ("store", "cache")."""
     lock_path = path / LOCK
     while True:
         fd = _open_lock_file(lock_path)
@@ -64,7 +65,7 @@ def writer_lock(path: Path) -> Iterator[None]:
             holder = _holder(fd)
             os.close(fd)
             raise StoreError(
-                f"store {str(path)!r} is being written by another process ({holder}); wait for it to "
+                f"{what} {str(path)!r} is being written by another process ({holder}); wait for it to "
                 "finish, or write to another path"
             ) from None
         # Someone may have removed or replaced the file between open and flock: then our lock

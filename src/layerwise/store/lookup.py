@@ -12,7 +12,7 @@ from ..errors import StoreDamagedError
 from .columns import numbers
 from .format import OFFSETS, POSITIONS
 from .lock import being_rewritten
-from .parts import damaged
+from .parts import damaged, settle_zarr_reads
 from .resume import text_sha1
 from .verify import rows_checksum
 
@@ -213,7 +213,8 @@ class TextLookup:
     def read_rows(self, start: int, stop: int, text_ids: list[int]) -> np.ndarray:
         try:
             return np.asarray(self.store.data[start:stop])
-        except (ValueError, FileNotFoundError) as exc:  # zarr cannot decode the shard: its bytes changed
+        except (ValueError, FileNotFoundError, RuntimeError) as exc:  # zarr cannot decode the shard
+            settle_zarr_reads()
             rewriting = being_rewritten(self.store.path)
             if rewriting is not None:
                 raise rewriting from None

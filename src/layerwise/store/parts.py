@@ -108,3 +108,23 @@ def _missing(path: Path):
         f"{str(path)!r} is not a layerwise store (it does not exist); write one with "
         "layerwise extract INPUT -o corpus.lw"
     )
+
+
+def settle_zarr_reads() -> None:
+    """After a failed zarr read, let the chunk reads it started beside the failing one finish on
+    zarr's event loop: left pending, they print pages of "Task was destroyed but it is pending!"
+    and "Event loop is closed" when the process exits."""
+    import asyncio
+
+    async def finish_others() -> None:
+        current = asyncio.current_task()
+        others = [task for task in asyncio.all_tasks() if task is not current]
+        if others:
+            await asyncio.wait(others, timeout=10)
+
+    try:
+        from zarr.core.sync import sync
+
+        sync(finish_others())
+    except Exception:  # nothing to settle, or another zarr: the noise is only noise
+        pass

@@ -27,7 +27,7 @@ import numpy as np
 from ..errors import StoreDamagedError
 from .columns import numbers
 from .format import DATA, OFFSETS, POSITIONS
-from .parts import OpenedParts, damaged, open_parts
+from .parts import OpenedParts, damaged, open_parts, settle_zarr_reads
 
 _LIST_COLUMN = {"token": "tokens", "word": "words"}
 
@@ -248,6 +248,7 @@ class _Scan:
                     try:
                         self._block = np.asarray(data[self._block_lo : self._block_lo + self._block_len])
                     except Exception as exc:  # zarr raises ValueError for a shard it cannot decode
+                        settle_zarr_reads()
                         self._block = None
                         last = self._block_lo + self._block_len - 1
                         self.unreadable.append(f"rows {self._block_lo}..{last} cannot be read ({exc})")

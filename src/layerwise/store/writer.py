@@ -82,16 +82,24 @@ class StoreSummary:
         return self.n_already_committed > 0
 
 
-def _disk_error(path: Path, exc: OSError, committed: int, total: int) -> StoreError:
+def disk_error(what: str, path: Path, exc: OSError, kept: str) -> StoreError:
+    """A failed write said plainly: ``what`` ("store", "cache") at ``path``, why (the disk is full,
+    read-only, …) and ``kept`` (what is safe on disk), with the fix: rerun to resume."""
     reason = {
         errno.ENOSPC: "the disk is full",
+        errno.EDQUOT: "the disk quota is exceeded",
         errno.EACCES: "permission denied",
-        errno.EROFS: "read-only",
+        errno.EPERM: "permission denied",
+        errno.EROFS: "the file system is read-only",
     }.get(exc.errno or 0, exc.strerror or str(exc))
     return StoreError(
-        f"writing store {str(path)!r} failed: {reason}. {committed} of {total} texts are committed and "
-        "readable; fix the cause and run the same command again to resume"
+        f"writing {what} {str(path)!r} failed: {reason}. {kept}; fix the cause and run the same command "
+        "again to resume"
     )
+
+
+def _disk_error(path: Path, exc: OSError, committed: int, total: int) -> StoreError:
+    return disk_error("store", path, exc, f"{committed} of {total} texts are committed and readable")
 
 
 class StoreWriter:
