@@ -29,6 +29,9 @@ from .spectra import center_unit, curvature_of, gram_eigenvalues, matrix_entropy
 
 # For each metric: does a higher value mark a better layer? The paper's reading of each, fixed before
 # any labelled score was looked at (benchmarks/label_free_layers.py measures how well each picks).
+# a metric whose values across layers differ by less than this, relative to their size, picks
+# nothing: its differences are rounding, not signal
+NO_SIGNAL = 1e-4
 HIGHER_IS_BETTER: dict[str, bool] = {
     "prompt_entropy": False,  # compression: intermediate layers discard token-level detail
     "dataset_entropy": True,  # texts spread apart: more of the set's variety kept
@@ -264,11 +267,19 @@ class LayerMetrics:
         candidates = [k for k, layer in enumerate(self.layers) if layer > 0 and np.isfinite(values[k])]
         if not candidates:
             raise InputError(f"{metric} has no value for any layer past the embeddings")
+        spread = float(np.ptp(values[candidates]))
+        if len(candidates) > 1 and spread <= NO_SIGNAL * max(float(np.abs(values[candidates]).max()), 1e-12):
+            raise InputError(
+                f"{metric} is the same at every layer ({values[candidates[0]]:.6g}, spread {spread:.2g}): no "
+                "signal to pick a layer by (duplicate or near-empty texts?)"
+            )
         sign = 1.0 if HIGHER_IS_BETTER[metric] else -1.0
         return self.layers[max(candidates, key=lambda k: sign * values[k])]
 
     def picks(self) -> dict[str, int | None]:
-        """Each metric's pick; None for a metric with no value past the embeddings (texts too short)."""
+        """Each metric's pick; None for a metric with no signal: no value past the embeddings (texts
+        too short), or the same value at every layer (duplicate texts give effective rank 1.0000015
+        everywhere, and a pick by rounding noise)."""
         out: dict[str, int | None] = {}
         for name in self.values:
             try:

@@ -211,7 +211,12 @@ def begin_cache(
     columns, sources = _columns(hidden_states, options.hooks, n_layers, bool(final_norm))
     framing = framing_for(encoder.tokenizer, encoder.is_decoder)
     if context <= len(framing.begin) + len(framing.end):
-        raise OptionError(f"context={context} leaves no room for text between {framing.as_dict()}")
+        framed = len(framing.begin) + len(framing.end)
+        raise OptionError(
+            f"context={context} leaves no room for text: each context holds {framed} framing token(s) "
+            f"({len(framing.begin)} before the text, {len(framing.end)} after); the smallest context that "
+            f"works is {framed + 1}: choose --context {framed + 1} or more"
+        )
     width_bytes = len(columns) * encoder.hidden_size * np.dtype(dtype).itemsize + 4
     meta = {
         "format": FORMAT, "format_version": FORMAT_VERSION, **_model_record(encoder),

@@ -84,7 +84,9 @@ def layers(
     typer.echo(str(choice))
     if json_path is not None:
         # how the table was made, as every layerwise output says
-        made = {"layerwise": __version__, "settings": enc.settings.as_dict(), "source": input, "views": views,
+        settings = enc.settings.as_dict()
+        settings["final_norm"] = settings["final_norm"] if enc.is_decoder else None  # as output files say
+        made = {"layerwise": __version__, "settings": settings, "source": input, "views": views,
                 "seed": seed}  # fmt: skip
         choice_fields = {"layer": choice.layer, "rule": choice.rule, "reason": choice.reason}
         table = {**metrics.as_dict(), "model": enc.name, "made": made, "recommendation": choice_fields}

@@ -94,7 +94,9 @@ class OutputPlan:
             object.__setattr__(self, "mode", self.mode[len(self.level) + 1 :])  # both spellings
         modes = {"token": (None,), "word": SUBWORD_POOLS, "sentence": SENTENCE_POOLS}[self.level]
         if self.mode not in modes:
-            raise OptionError(f"pool {self.pool!r} is not valid; choose one of {', '.join(_pool_choices())}")
+            choices = ", ".join(_pool_choices())
+            wrong = _wrong_level(self.level, self.mode)
+            raise OptionError(wrong or f"pool {self.pool!r} is not valid; choose one of {choices}")
         check_choice("special_tokens", self.special_tokens, SPECIAL_TOKENS)
         check_choice("dtype", self.dtype, OUTPUT_DTYPES)
         if self.special_tokens != "include" and self.level != "sentence":
@@ -245,6 +247,26 @@ def check_final_norm_for(value: FinalNorm | None, *, is_decoder: bool, name: str
             f"final_norm='all' passes hidden states through a decoder LM's final norm; {name} is "
             "an encoder (BERT family), which has none: leave final_norm out"
         )
+
+
+def _wrong_level(level: str, mode: object) -> str | None:
+    """The message for a pool of the other level (``embed(pool="word:first")``): name both calls."""
+    if not isinstance(mode, str):
+        return None
+    other, _, name = mode.rpartition(":")
+    if level == "sentence" and (other == "word" or (not other and name in SUBWORD_POOLS)):
+        return (
+            f"pool {mode!r} pools subwords into words, and this asks for sentence vectors: embed (and "
+            f"--pool sentence:…) takes {', '.join(SENTENCE_POOLS)}. For word vectors use "
+            f"embed_words(words, subword={name!r}), or --pool word:{name}"
+        )
+    if level == "word" and (other == "sentence" or (not other and name in SENTENCE_POOLS)):
+        return (
+            f"pool {mode!r} pools a whole text, and this asks for word vectors: embed_words (and --pool "
+            f"word:…) takes {', '.join(SUBWORD_POOLS)}. For sentence vectors use "
+            f"embed(texts, pool={name!r}), or --pool sentence:{name}"
+        )
+    return None
 
 
 def plan_from_keywords(
