@@ -7,6 +7,7 @@ import bz2
 import gzip
 import json
 import lzma
+import os
 import shutil
 from pathlib import Path
 
@@ -353,3 +354,179 @@ def test_request_shapes_the_server_refuses_are_in_its_schema(tiny_encoder):
     assert any(
         branch.get("minItems") == 1 for branch in schemas["EmbeddingsRequest"]["properties"]["input"]["anyOf"]
     )
+
+
+# ---------------------------------------------------------------------------- #55: edges and messages
+def test_cache_final_norm_on_an_encoder_is_refused(tmp_path, model):
+    """#55, 8: the last hidden state was stored unchanged as ln_final.hook_normalized, exit 0."""
+    (tmp_path / "t.txt").write_text("a b c d e f g h i j k l m n o p q r s t u v w x y z\n" * 20)
+    result = cli("cache", tmp_path / "t.txt", "-o", tmp_path / "acts", "--model", model, "--final-norm",
+                 "--context", "8", "--tokens", "64")  # fmt: skip
+    assert result.exit_code == 2 and "is an encoder (BERT family), which has none" in result.output
+    assert not (tmp_path / "acts").exists()
+
+
+def test_cache_counts_and_context_name_the_fix(tmp_path, model):
+    """#55, 10 and 19: --tokens 1e400 raised OverflowError; --context 2 printed the framing dict."""
+    (tmp_path / "t.txt").write_text("a b c\n")
+    huge = cli("cache", tmp_path / "t.txt", "-o", tmp_path / "a", "--model", model, "--tokens", "1e400")
+    assert huge.exit_code == 2 and "--tokens '1e400' is too large" in huge.output
+    tight = cli("cache", tmp_path / "t.txt", "-o", tmp_path / "a", "--model", model, "--context", "2")
+    assert tight.exit_code == 2 and "the smallest context that works is 3: choose --context 3" in tight.output
+
+
+def test_cache_on_a_read_only_folder_says_so(tmp_path, model, monkeypatch):
+    """#55, 11: a read-only folder (or a full disk, test_cache.py) gave a raw OSError, exit 1."""
+    import errno
+
+    import layerwise.cache.writer as cache_writer
+
+    def read_only(*args, **kwargs):
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(cache_writer, "write_contexts", read_only)
+    (tmp_path / "t.txt").write_text("a b c d e f g h\n" * 20)
+    result = cli("cache", tmp_path / "t.txt", "-o", tmp_path / "acts", "--model", model, "--context", "8",
+                 "--tokens", "64")  # fmt: skip
+    assert result.exit_code == 2
+    assert "writing cache" in result.output and "failed: the file system is read-only" in result.output
+
+
+def test_a_second_cache_writer_is_told_it_is_a_cache(tmp_path, tiny_encoder):
+    """#55, 21: the cache's lock error said "store 'CC'"."""
+    from layerwise.store.lock import writer_lock
+
+    path = tmp_path / "CC"
+    path.mkdir()
+    with writer_lock(path), pytest.raises(lw.StoreError, match=r"^cache .*CC' is being written by another"):
+        lw.cache_activations(tiny_encoder, ["a b c d e f g h i j"] * 20, path, context=8, tokens=64)
+
+
+def test_info_names_bad_metadata_and_reads_a_cache(tmp_path, model):
+    """#55, 13: bad JSON in a Parquet file's layerwise key gave JSONDecodeError; an empty .npz
+    "Aborted!"; a cache folder "not a layerwise store", in the CLI and in lw.read_meta."""
+    table = pa.table({"x": [1]}).replace_schema_metadata({b"layerwise": b"{not json"})
+    pq.write_table(table, tmp_path / "bad.parquet")
+    bad = cli("info", tmp_path / "bad.parquet")
+    assert bad.exit_code == 2 and "its 'layerwise' schema metadata is not JSON" in bad.output
+    (tmp_path / "empty.npz").write_bytes(b"")
+    empty = cli("info", tmp_path / "empty.npz")
+    assert (
+        empty.exit_code == 2 and "cannot be read as an .npz" in empty.output and "Aborted" not in empty.output
+    )
+    (tmp_path / "t.txt").write_text("a b c d e f g h\n" * 20)
+    assert cli("cache", tmp_path / "t.txt", "-o", tmp_path / "acts", "--model", model, "--context", "8",
+               "--tokens", "64").exit_code == 0  # fmt: skip
+    meta = lw.read_meta(tmp_path / "acts")
+    assert meta["kind"] == "activation cache" and meta["context"] == 8 and meta["layers"] == [2]
+    assert cli("info", tmp_path / "acts").exit_code == 0
+    (tmp_path / "old.jsonl").write_text('{"text": "a"}\n')
+    old = cli("info", tmp_path / "old.jsonl")
+    assert "written by layerwise 0.2.0 or earlier" in old.output
+
+
+def test_layers_json_path_is_checked_before_the_work(tmp_path, model):
+    """#55, 14: --json /proc/x.json failed after the whole computation; --json FILE/x.json said
+    the folder does not exist."""
+    (tmp_path / "two.txt").write_text("one text here\ntwo texts there\n")
+    unwritable = cli("layers", tmp_path / "two.txt", "--model", model, "--json", "/proc/x.json")
+    assert unwritable.exit_code == 2 and "a file cannot be written in '/proc'" in unwritable.output
+    assert "loading" not in unwritable.output  # refused before the model loads
+    under_file = cli(
+        "layers", tmp_path / "two.txt", "--model", model, "--json", tmp_path / "two.txt" / "x.json"
+    )
+    assert under_file.exit_code == 2 and "is a file, not a folder" in under_file.output
+
+
+def test_layers_json_says_an_encoder_has_no_final_norm(tmp_path, model):
+    """#55, 21: the layers JSON recorded final_norm true for an encoder; output files record null."""
+    (tmp_path / "two.txt").write_text("one text here\ntwo texts there\nand a third one\n")
+    result = cli("layers", tmp_path / "two.txt", "--model", model, "--json", tmp_path / "l.json")
+    assert result.exit_code == 0, result.output
+    assert json.loads((tmp_path / "l.json").read_text())["made"]["settings"]["final_norm"] is None
+
+
+def test_a_damaged_shard_index_is_one_message_at_exit(tmp_path, model):
+    """#55, 15: export printed the right error, then ~100 lines of asyncio's "Task was destroyed
+    but it is pending!" and "Event loop is closed" as the process exited."""
+    import subprocess
+    import sys
+
+    (tmp_path / "t.txt").write_text("\n".join(f"sentence number {i} of the corpus" for i in range(60)) + "\n")
+    store = tmp_path / "s.lw"
+    assert cli("extract", tmp_path / "t.txt", "-o", store, "--model", model, "--chunk-rows", "8",
+               "--shard-chunks", "4").exit_code == 0  # fmt: skip
+    index_of = store / "data" / "c" / "3" / "0" / "0"
+    data = bytearray(index_of.read_bytes())
+    data[-10] ^= 0xFF  # the shard's index of chunks, and its CRC32C
+    index_of.write_bytes(bytes(data))
+    run = subprocess.run(
+        [sys.executable, "-m", "layerwise.cli", "export", str(store), "-o", str(tmp_path / "e.parquet")],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert run.returncode == 1 and "DAMAGED" in run.stderr
+    assert "Task was destroyed" not in run.stderr and "Event loop is closed" not in run.stderr, run.stderr
+
+
+def test_a_pyarrow_that_fails_to_import_is_one_line(tmp_path):
+    """#55, 16: a pyarrow broken by another cause (a numpy it was not built for) printed 40 lines."""
+    import subprocess
+    import sys
+
+    fake = tmp_path / "fake" / "pyarrow"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text(
+        "import sys\nsys.stderr.write('A module that was compiled using NumPy 1.x cannot be run in\\n' + "
+        "'  File x\\n' * 40)\nraise ImportError('numpy.core.multiarray failed to import')\n"
+    )
+    (tmp_path / "t.csv").write_text("text\nhello\n")
+    command = ["extract", str(tmp_path / "t.csv"), "-o", str(tmp_path / "x.npz")]
+    run = subprocess.run(
+        [sys.executable, "-m", "layerwise.cli", *command],
+        capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(tmp_path / "fake")},
+    )  # fmt: skip
+    assert run.returncode == 2, run.stderr
+    assert "pyarrow, which is installed but fails to import (ImportError: numpy.core.multiarray" in run.stderr
+    assert "File x" not in run.stderr and len(run.stderr.strip().splitlines()) <= 3, run.stderr
+
+
+def test_a_word_pool_given_to_embed_names_embed_words(model):
+    """#55, 18: embed(pool="word:first") said "pool 'sentence:word:first' is not valid"."""
+    enc = lw.Encoder(model, device="cpu")
+    with pytest.raises(lw.OptionError, match=r"pool 'word:first' pools subwords into words.*embed_words"):
+        enc.embed(["a b"], pool="word:first")
+    with pytest.raises(lw.OptionError, match=r"pool 'sentence:mean' pools a whole text.*embed\(texts"):
+        enc.embed_words([["a", "b"]], subword="sentence:mean")
+
+
+def test_a_metric_with_no_signal_picks_nothing():
+    """#55, 20: duplicate texts gave effective rank 1.0000015 at every layer, and "best": 1."""
+    from layerwise.analysis.label_free import LayerMetrics
+    from layerwise.analysis.layer_choice import recommend
+
+    flat = np.asarray([1.0, 1.0000015, 1.0000012, 1.0000015])
+    metrics = LayerMetrics((0, 1, 2, 3), {"effective_rank": flat, "dataset_entropy": np.full(4, np.nan)}, 5)
+    assert metrics.picks() == {"effective_rank": None, "dataset_entropy": None}
+    assert metrics.as_dict()["best"]["effective_rank"] is None
+    assert recommend(metrics).rule.startswith(("middle", "last"))  # a rule that needs no metric
+    varied = LayerMetrics((0, 1, 2, 3), {"effective_rank": np.asarray([1.0, 3.0, 9.0, 4.0])}, 5)
+    assert varied.picks() == {"effective_rank": 2}
+
+
+def test_the_bundled_model_by_its_short_name(tmp_path, monkeypatch):
+    """#55, 21: the serving guide's --model all-MiniLM-L6-v2 failed offline."""
+    from layerwise.model.source import DEFAULT_MODEL, default_model_path, resolve_model_source
+
+    monkeypatch.chdir(tmp_path)
+    assert resolve_model_source("all-MiniLM-L6-v2") == (str(default_model_path()), DEFAULT_MODEL)
+    (tmp_path / "all-MiniLM-L6-v2").mkdir()  # a folder of that name here is that folder
+    with pytest.raises(lw.ModelLoadError):
+        resolve_model_source("all-MiniLM-L6-v2")
+
+
+def test_the_openapi_model_enum_lists_short_names(tiny_encoder):
+    from layerwise.serve import create_app
+
+    app = create_app({"org/tiny-model": tiny_encoder})
+    schema = app.openapi()["components"]["schemas"]["EmbeddingsRequest"]["properties"]["model"]
+    assert {"type": "string", "enum": ["org/tiny-model", "tiny-model"]} in schema["anyOf"]
