@@ -1,6 +1,6 @@
 """Faults against the store: SIGKILL at random moments, and damaged files. Zero silent wrong reads.
 
-    python benchmarks/fault_injection.py [--kills 20] [--sentences 4000] [--seed 0]
+    python benchmarks/fault_injection.py [--kills 20] [--sentences 4000] [--flips 24] [--seed 0]
 
 1. An uninterrupted reference store is written in-process (default model, UD EWT sentences,
    small shards so that a run commits often).
@@ -13,7 +13,17 @@
    A damage is *detected* when each of the three either raises StoreDamagedError or reports it;
    *silent* when any of them returns numbers as if nothing happened.
 
-Prints one line per kill and per damage kind; results go to benchmarks/results/fault_injection.json.
+4. A byte-flip sweep (``--flips`` per file): one byte of every file of a store, and of an activation
+   cache, is flipped at evenly spaced offsets, one flip at a time; after each, every read layerwise
+   offers is run and compared with the undamaged copy (store: ``store[:]`` with tokens, texts and
+   offsets, ``store.array(layer)`` of every layer, ``store.ids``, ``store.manifest``,
+   ``lw.read_meta``, ``verify_store``; cache: ``lw.load_cache`` and ``verify_cache``). A flip is
+   *harmless* when every read returns the same values and verify says OK, *reported* when a read
+   raises StoreDamagedError or verify reports damage, and *silent* when any read returns other
+   values without an error. Other exceptions are counted apart (*crashed*). Target: 0 silent.
+
+Prints one line per kill, per damage kind and per file; results go to
+benchmarks/results/fault_injection.json.
 """
 
 from __future__ import annotations
@@ -175,6 +185,157 @@ def try_damage(name, damage, reference: Path, work: Path, encoder, texts) -> dic
     return outcome
 
 
+SWEEP_LAYOUT = {"chunk_rows": 32, "shard_chunks": 2, "block_size": 40}  # many small files
+
+
+def _flip(file: Path, at: int) -> bytes:
+    original = file.read_bytes()
+    data = bytearray(original)
+    data[at] ^= 0x5A
+    file.write_bytes(bytes(data))
+    return original
+
+
+def _offsets(size: int, flips: int) -> list[int]:
+    return sorted({min(size - 1, (k * size) // flips) for k in range(flips)} | {size - 1})
+
+
+def _store_reads(path: Path) -> dict:
+    """Every read of a store layerwise offers, as plain values (or the exception it raised)."""
+    import layerwise as lw
+
+    out: dict = {}
+
+    def attempt(name, read):
+        try:
+            out[name] = read()
+        except lw.StoreDamagedError:
+            out[name] = "damaged"
+        except Exception as exc:  # not the documented error: counted as crashed
+            out[name] = f"crashed: {type(exc).__name__}: {str(exc)[:100]}"
+
+    attempt("meta", lambda: lw.read_meta(path))
+    try:
+        store = lw.open_store(path)
+    except lw.StoreDamagedError:
+        out["open"] = "damaged"
+        return out
+    except Exception as exc:
+        out["open"] = f"crashed: {type(exc).__name__}: {str(exc)[:100]}"
+        return out
+    attempt("texts", lambda: [
+        (r.hidden.tobytes(), r.tokens, r.text, r.offsets.tobytes(), r.word_ids.tobytes()) for r in store[:]
+    ])  # fmt: skip
+    for layer in store.layers:
+        attempt(f"array({layer})", lambda layer=layer: np.asarray(store.array(layer)).tobytes())
+    attempt("ids", lambda: list(store.ids))
+    attempt("manifest", lambda: store.manifest.to_pylist())
+    return out
+
+
+def _verdict(reads: dict, reference: dict, verified_ok: bool) -> str:
+    values = list(reads.values())
+    if any(isinstance(v, str) and v.startswith("crashed") for v in values):
+        return "crashed"
+    wrong = [k for k, v in reads.items() if v != "damaged" and v != reference.get(k)]
+    if wrong:
+        return "silent"
+    if verified_ok and all(v != "damaged" for v in values):
+        return "harmless"
+    return "reported"
+
+
+def sweep_store(work: Path, encoder, texts: list[str], flips: int) -> dict:
+    import layerwise as lw
+
+    reference = work / "sweep.lw"
+    lw.extract_to_store(
+        encoder, texts, reference, lw.OutputPlan(dtype="float16"), progress=False, **SWEEP_LAYOUT
+    )
+    expected = _store_reads(reference)
+    files = sorted(p for p in reference.rglob("*") if p.is_file() and p.name != ".lock")
+    per_file: dict = {}
+    for file in files:
+        counts = {"harmless": 0, "reported": 0, "silent": 0, "crashed": 0}
+        examples: list = []
+        for at in _offsets(file.stat().st_size, flips):
+            original = _flip(file, at)
+            try:
+                reads = _store_reads(reference)
+                try:
+                    verified_ok = lw.verify_store(reference).ok
+                except lw.StoreDamagedError:
+                    verified_ok = False
+                except Exception as exc:
+                    verified_ok, reads["verify"] = False, f"crashed: {type(exc).__name__}: {str(exc)[:100]}"
+                verdict = _verdict(reads, expected, verified_ok)
+                counts[verdict] += 1
+                if verdict in ("silent", "crashed") and len(examples) < 3:
+                    bad = {k: (v if isinstance(v, str) else "other values") for k, v in reads.items()
+                           if v != expected.get(k)}  # fmt: skip
+                    examples.append({"byte": at, "reads": bad})
+            finally:
+                file.write_bytes(original)
+        name = str(file.relative_to(reference))
+        per_file[name] = {**counts, "examples": examples}
+        print(f"store {name:48s} {counts}")
+    return per_file
+
+
+def _cache_reads(path: Path) -> dict:
+    import layerwise as lw
+
+    out: dict = {}
+    try:
+        rows = lw.load_cache(path).with_format("numpy")[:]  # every column, every row
+        out["load_cache"] = {name: np.asarray(values).tobytes() for name, values in rows.items()}
+    except lw.StoreDamagedError:
+        out["load_cache"] = "damaged"
+    except Exception as exc:
+        out["load_cache"] = f"crashed: {type(exc).__name__}: {str(exc)[:100]}"
+    try:
+        out["read_meta"] = lw.read_meta(path)
+    except lw.StoreDamagedError:
+        out["read_meta"] = "damaged"
+    except Exception as exc:
+        out["read_meta"] = f"crashed: {type(exc).__name__}: {str(exc)[:100]}"
+    return out
+
+
+def sweep_cache(work: Path, encoder, texts: list[str], flips: int) -> dict:
+    import layerwise as lw
+
+    reference = work / "sweep-cache"
+    lw.cache_activations(
+        encoder, texts, reference, layers="1,-1", context=32, tokens=32 * 40, shard_bytes=100_000
+    )
+    expected = _cache_reads(reference)
+    files = sorted(p for p in reference.iterdir() if p.is_file() and p.name != ".lock")
+    per_file: dict = {}
+    for file in files:
+        counts = {"harmless": 0, "reported": 0, "silent": 0, "crashed": 0}
+        examples: list = []
+        for at in _offsets(file.stat().st_size, flips):
+            original = _flip(file, at)
+            try:
+                reads = _cache_reads(reference)
+                try:
+                    verified_ok = lw.verify_cache(reference).ok
+                except Exception as exc:
+                    verified_ok, reads["verify"] = False, f"crashed: {type(exc).__name__}: {str(exc)[:100]}"
+                verdict = _verdict(reads, expected, verified_ok)
+                counts[verdict] += 1
+                if verdict in ("silent", "crashed") and len(examples) < 3:
+                    bad = {k: (v if isinstance(v, str) else "other values") for k, v in reads.items()
+                           if v != expected.get(k)}  # fmt: skip
+                    examples.append({"byte": at, "reads": bad})
+            finally:
+                file.write_bytes(original)
+        per_file[file.name] = {**counts, "examples": examples}
+        print(f"cache {file.name:48s} {counts}")
+    return per_file
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -182,6 +343,7 @@ def main() -> None:
     parser.add_argument("--kills", type=int, default=20)
     parser.add_argument("--sentences", type=int, default=4000)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--flips", type=int, default=24, help="byte flips per file in the sweep (0: none)")
     args = parser.parse_args()
 
     import layerwise as lw
@@ -206,9 +368,22 @@ def main() -> None:
             )
         silent = [name for name, o in damage.items() if o["silent"]]
         print(f"silent wrong reads: {len(silent)} {silent if silent else ''}")
+        sweep: dict = {}
+        if args.flips:
+            sweep["store"] = sweep_store(work, encoder, texts[:120], args.flips)
+            sweep["cache"] = sweep_cache(work, encoder, texts[:400], args.flips)
+            for kind, files in sweep.items():
+                total = {
+                    k: sum(f[k] for f in files.values())
+                    for k in ("harmless", "reported", "silent", "crashed")
+                }
+                print(f"byte flips in every file of a {kind}: {total} over {len(files)} files")
+                sweep[f"{kind}_total"] = total
         write_result(
-            "fault_injection", {"texts": len(texts), "sigkill": killed, "damage": damage, "silent": silent}
-        )
+            "fault_injection",
+            {"texts": len(texts), "sigkill": killed, "damage": damage, "silent": silent, "flips_per_file": args.flips,
+             "sweep": sweep},
+        )  # fmt: skip
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -80,6 +80,17 @@ def main() -> None:
     pooled = lw.OutputPlan.parse(pool="sentence:mean")
     parquet = lw.ray.extract_to_store(settings, corpus, out / "parquet.lw", pooled, workers=2, shard_size=100)
     report["parquet_n_texts"] = parquet.n_texts
+    # texts cut at 8 tokens: the driver says so once, with the whole run's count (#55, 9)
+    import logging
+
+    warned: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: warned.append(record.getMessage())  # type: ignore[method-assign]
+    logging.getLogger("layerwise").addHandler(handler)
+    cut = lw.ray.extract_to_store(lw.Settings(max_length=8), texts[:40], out / "cut.lw", pooled, workers=2,
+                                  shard_size=20)  # fmt: skip
+    logging.getLogger("layerwise").removeHandler(handler)
+    report["cut_truncated"], report["cut_warnings"] = cut.n_truncated, warned
     words = lw.OutputPlan.parse(layers="0,-1", pool="word:mean", dtype="float16")
     summary = lw.ray.extract_to_store(
         settings, texts, out / "killed.lw", words, workers=2, shard_size=100, writer=DyingWriter

@@ -342,3 +342,13 @@ def test_shards_of_a_killed_run_keep_their_checksums_until_the_record_takes_them
     assert len(list((tmp_path / "acts").glob(".data-*.arrow.crc32"))) == 2
     flip(sorted((tmp_path / "acts").glob("data-*.arrow"))[0], 100)
     assert "differs from the CRC-32" in str(lw.verify_cache(tmp_path / "acts"))
+
+
+@pytest.mark.parametrize("name", ["state.json", "dataset_info.json"])
+def test_a_changed_index_file_is_damage(cache_copy, name):
+    """The files load_from_disk reads first: a flipped byte there renamed a shard or a column."""
+    flip(cache_copy / name, 40, 0x01)
+    assert f"{name} differs from the CRC-32 written with it" in str(lw.verify_cache(cache_copy))
+    for check in (True, False):
+        with pytest.raises(StoreDamagedError, match=name):
+            lw.load_cache(cache_copy, check=check)

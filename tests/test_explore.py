@@ -327,3 +327,28 @@ def test_explore_store_of_another_model_is_refused(tiny_encoder, tmp_path):
     )
     assert result.exit_code != 0
     assert "which is not served here" in result.output and "--model" in result.output
+
+
+def test_token_views_show_tokens_as_read(decoder_encoder):
+    """#55, 9: /v1/explore/tokens, /attention and /neighbours showed byte-level pieces ('Ġcapital');
+    the lens and `layerwise show` decode them. The pieces stay beside them."""
+    from conftest import asgi_posts
+
+    gpt2 = decoder_encoder("gpt2")
+    app = create_app({"gpt2": gpt2})
+    text = "The capital of France is Paris."
+    grid, attention, neighbours = (
+        r.json()
+        for r in asgi_posts(app, [
+            ("/v1/explore/tokens", {"text": text}),
+            ("/v1/explore/attention", {"text": text, "layer": 1}),
+            ("/v1/explore/neighbours", {"text": text, "token": 1}),
+        ])
+    )  # fmt: skip
+    pieces = list(gpt2.extract(text).tokens)
+    assert any(p.startswith("Ġ") for p in pieces)
+    for answer in (grid, attention):
+        assert answer["pieces"] == pieces
+        assert "".join(answer["tokens"]) == text and not any("Ġ" in t for t in answer["tokens"])
+    assert neighbours["token_piece"] == pieces[1] and neighbours["token_text"] == pieces[1].replace("Ġ", " ")
+    assert all("Ġ" not in n["token"] for row in neighbours["neighbours"] for n in row)

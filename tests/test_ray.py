@@ -103,6 +103,14 @@ def test_ray_runs_equal_single_process(tmp_path, default_encoder, decoder_folder
             got.hidden, want.hidden, atol=2e-2, rtol=2e-3
         )  # fp16 rounding of one batch vs another
 
+    # 1a. what the sharded store says of itself: its source and the max length its shards resolved;
+    # and a run that cut texts said so, with the run's numbers (#55, 9)
+    meta = lw.read_meta(tmp_path / "cli.lw")
+    assert meta["source"] == str(source) and meta["max_length"] == default_encoder.max_length == 256
+    assert lw.read_meta(tmp_path / "cut.lw")["max_length"] == 8
+    assert report["cut_truncated"] > 10
+    assert any(f"{report['cut_truncated']} of 40 texts were longer" in m for m in report["cut_warnings"])
+
     # 1b. the driver was killed mid-run; the rerun finished only what was missing, with equal results
     assert report["resume_returncode"] == 0 and report["shards_before_resume"] >= 1
     resumed = lw.open_store(tmp_path / "resume.lw")

@@ -34,8 +34,26 @@ def check_shards(path: Path, meta: dict) -> None:
                 problems.append(f"{name} has no checksum")
         elif f"{file_crc32(path / name):08x}" != expected:
             problems.append(f"{name} differs from the CRC-32 written with it (its bytes changed)")
+    problems += index_problems(path, meta)
     if problems:
         raise cache_damaged(path, problems)
+
+
+def index_problems(path: Path, meta: dict) -> list[str]:
+    """The index files ``load_from_disk`` reads (which shards, which features) against the CRC-32
+    the record holds of them: a changed byte there renames a column or a shard."""
+    recorded = meta.get("index_crc32")
+    if not isinstance(recorded, dict):
+        return (
+            ["the record holds no checksum of the index files"] if meta.get("format_version", 1) >= 2 else []
+        )
+    problems = []
+    for name in (INFO, STATE):
+        if not (path / name).is_file():
+            problems.append(f"{name} is missing")
+        elif f"{file_crc32(path / name):08x}" != recorded.get(name):
+            problems.append(f"{name} differs from the CRC-32 written with it (its bytes changed)")
+    return problems
 
 
 def load_cache(path: str | os.PathLike, *, check: bool = True) -> Any:
@@ -51,12 +69,17 @@ def load_cache(path: str | os.PathLike, *, check: bool = True) -> Any:
             f"{str(path)!r} is not a layerwise activation cache (no {META}); make one with "
             "layerwise cache CORPUS -o FOLDER"
         )
-    if "n_shards" not in meta or not (path / STATE).is_file() or not (path / INFO).is_file():
+    finished = "index_crc32" in meta or meta.get("format_version", 1) < 2
+    if "n_shards" not in meta or not (path / STATE).is_file() or not (path / INFO).is_file() or not finished:
         raise NotAStoreError(
             f"cache {str(path)!r} is not finished: rerun the command that made it, it resumes"
         )
     if check:
         check_shards(path, meta)
+    else:  # the record is always checked, and the index files are small
+        problems = index_problems(path, meta)
+        if problems:
+            raise cache_damaged(path, problems)
     from datasets import load_from_disk
 
     return load_from_disk(str(path))

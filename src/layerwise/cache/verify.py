@@ -20,6 +20,7 @@ from ..errors import StoreDamagedError
 from ..store.verify import VerifyReport
 from .contexts import read_contexts
 from .format import CONTEXTS, INFO, STATE, TOKEN_IDS, features, read_meta, shard_name
+from .load import index_problems
 from .shards import file_crc32, shard_checksums
 
 
@@ -120,8 +121,14 @@ def verify_cache(path: str | os.PathLike) -> VerifyReport:
         first = missing[0]
         problems.append(f"{len(missing)} of {n_shards} shards are not written yet (first {first}): rerun the "
                         "command that made the cache, it resumes")  # fmt: skip
-    elif not (path / STATE).exists() or not (path / INFO).exists():
+    elif (
+        not (path / STATE).exists()
+        or not (path / INFO).exists()
+        or ("index_crc32" not in meta and meta.get("format_version", 1) >= 2)
+    ):
         problems.append(f"{STATE} or {INFO} is missing: rerun the command that made the cache to finish it")
+    else:
+        problems += index_problems(path, meta)
     if bad:
         problems.append(
             f"{len(bad)} contexts hold other token ids than their slot's context (first slot {bad[0]})"

@@ -39,8 +39,10 @@ from .format import (
     CONTEXTS,
     FORMAT,
     FORMAT_VERSION,
+    INFO,
     LOCK,
     META,
+    STATE,
     checksum_name,
     classify,
     features,
@@ -414,26 +416,28 @@ def _written(future: Future, n_contexts: int, bar: Any, task: Any) -> None:
 
 
 def finish_cache(path: Path, meta: dict) -> bool:
-    """Step 5, once every shard is there: each shard's CRC-32 into the record (a shard written
-    before checksums existed gets it from its bytes now), then the index files. Whether the cache
-    is complete."""
+    """Step 5, once every shard is there: the index files, then the record with the CRC-32 of
+    every shard (from the files written beside them; a shard written before checksums existed gets
+    it from its bytes now) and of the index files. Whether the cache is complete."""
     n_shards = meta["n_shards"]
     if not all((path / shard_name(k, n_shards)).exists() for k in range(n_shards)):
         return False
     stored = read_meta(path) or meta
-    if "shard_crc32" not in stored:
-        found = shard_checksums(path, n_shards)
-        crcs = [
-            crc if crc is not None else f"{file_crc32(path / shard_name(k, n_shards)):08x}"
-            for k, crc in enumerate(found)
-        ]
-        write_json(path / META, {**meta, "shard_crc32": crcs}, seal=True)
-    for k in range(n_shards):  # the record holds them now
-        (path / checksum_name(shard_name(k, n_shards))).unlink(missing_ok=True)
+    if "shard_crc32" in stored and "index_crc32" in stored:
+        return True
+    found = shard_checksums(path, n_shards)
+    crcs = stored.get("shard_crc32") or [
+        crc if crc is not None else f"{file_crc32(path / shard_name(k, n_shards)):08x}"
+        for k, crc in enumerate(found)
+    ]
     columns = {name: int(meta["d_model"]) for name in meta["columns"]}
     write_dataset_index(
         path, features(columns, meta["context"], meta["dtype"]), n_shards, meta["contexts_sha256"]
     )
+    index = {name: f"{file_crc32(path / name):08x}" for name in (INFO, STATE)}
+    write_json(path / META, {**meta, "shard_crc32": crcs, "index_crc32": index}, seal=True)
+    for k in range(n_shards):  # the record holds them now
+        (path / checksum_name(shard_name(k, n_shards))).unlink(missing_ok=True)
     return True
 
 

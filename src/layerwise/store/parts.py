@@ -80,6 +80,10 @@ def open_parts(path: Path) -> OpenedParts:
         positions_array = group[POSITIONS]
     except KeyError:  # a store written before the map existed: built from the manifest if asked
         positions_array = None
+    except Exception as exc:  # its zarr.json damaged
+        positions_array = None
+        what = type(exc).__name__
+        problems.append(f"the id -> position map ({POSITIONS}/zarr.json) cannot be read ({what})")
     positions = IdPositions(positions_array, manifest, int(meta.get("n_texts", 0)))
     end = int(offsets[n_valid - 1]) if offsets is not None and n_valid else 0
     return OpenedParts(path, group, meta, offsets, n_valid, manifest, positions, problems, end)
