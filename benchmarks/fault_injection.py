@@ -44,6 +44,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import numpy as np
 
+from layerwise.errors import StoreDamagedError
+
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from common import read_documents, write_result  # noqa: E402
@@ -245,15 +247,10 @@ def _verdict(reads: dict, reference: dict, verified_ok: bool) -> str:
     return "reported"
 
 
-def sweep_store(work: Path, encoder, texts: list[str], flips: int) -> dict:
-    import layerwise as lw
-
-    reference = work / "sweep.lw"
-    lw.extract_to_store(
-        encoder, texts, reference, lw.OutputPlan(dtype="float16"), progress=False, **SWEEP_LAYOUT
-    )
-    expected = _store_reads(reference)
-    files = sorted(p for p in reference.rglob("*") if p.is_file() and p.name != ".lock")
+def _sweep(kind: str, root: Path, files: list[Path], flips: int, reads, verify) -> dict:
+    """Flip one byte of each file at ``flips`` evenly spaced offsets, one flip at a time (restored
+    after each), and judge every read against the undamaged ones (module docstring, 4)."""
+    expected = reads(root)
     per_file: dict = {}
     for file in files:
         counts = {"harmless": 0, "reported": 0, "silent": 0, "crashed": 0}
@@ -261,25 +258,36 @@ def sweep_store(work: Path, encoder, texts: list[str], flips: int) -> dict:
         for at in _offsets(file.stat().st_size, flips):
             original = _flip(file, at)
             try:
-                reads = _store_reads(reference)
+                got = reads(root)
                 try:
-                    verified_ok = lw.verify_store(reference).ok
-                except lw.StoreDamagedError:
+                    verified_ok = verify(root).ok
+                except Exception as exc:  # StoreDamagedError from a verify is a report too
                     verified_ok = False
-                except Exception as exc:
-                    verified_ok, reads["verify"] = False, f"crashed: {type(exc).__name__}: {str(exc)[:100]}"
-                verdict = _verdict(reads, expected, verified_ok)
+                    if not isinstance(exc, StoreDamagedError):
+                        got["verify"] = f"crashed: {type(exc).__name__}: {str(exc)[:100]}"
+                verdict = _verdict(got, expected, verified_ok)
                 counts[verdict] += 1
                 if verdict in ("silent", "crashed") and len(examples) < 3:
-                    bad = {k: (v if isinstance(v, str) else "other values") for k, v in reads.items()
+                    bad = {k: (v if isinstance(v, str) else "other values") for k, v in got.items()
                            if v != expected.get(k)}  # fmt: skip
                     examples.append({"byte": at, "reads": bad})
             finally:
                 file.write_bytes(original)
-        name = str(file.relative_to(reference))
+        name = str(file.relative_to(root))
         per_file[name] = {**counts, "examples": examples}
-        print(f"store {name:48s} {counts}")
+        print(f"{kind} {name:48s} {counts}")
     return per_file
+
+
+def sweep_store(work: Path, encoder, texts: list[str], flips: int) -> dict:
+    import layerwise as lw
+
+    reference = work / "sweep.lw"
+    lw.extract_to_store(
+        encoder, texts, reference, lw.OutputPlan(dtype="float16"), progress=False, **SWEEP_LAYOUT
+    )
+    files = sorted(p for p in reference.rglob("*") if p.is_file() and p.name != ".lock")
+    return _sweep("store", reference, files, flips, _store_reads, lw.verify_store)
 
 
 def _cache_reads(path: Path) -> dict:
@@ -309,31 +317,8 @@ def sweep_cache(work: Path, encoder, texts: list[str], flips: int) -> dict:
     lw.cache_activations(
         encoder, texts, reference, layers="1,-1", context=32, tokens=32 * 40, shard_bytes=100_000
     )
-    expected = _cache_reads(reference)
     files = sorted(p for p in reference.iterdir() if p.is_file() and p.name != ".lock")
-    per_file: dict = {}
-    for file in files:
-        counts = {"harmless": 0, "reported": 0, "silent": 0, "crashed": 0}
-        examples: list = []
-        for at in _offsets(file.stat().st_size, flips):
-            original = _flip(file, at)
-            try:
-                reads = _cache_reads(reference)
-                try:
-                    verified_ok = lw.verify_cache(reference).ok
-                except Exception as exc:
-                    verified_ok, reads["verify"] = False, f"crashed: {type(exc).__name__}: {str(exc)[:100]}"
-                verdict = _verdict(reads, expected, verified_ok)
-                counts[verdict] += 1
-                if verdict in ("silent", "crashed") and len(examples) < 3:
-                    bad = {k: (v if isinstance(v, str) else "other values") for k, v in reads.items()
-                           if v != expected.get(k)}  # fmt: skip
-                    examples.append({"byte": at, "reads": bad})
-            finally:
-                file.write_bytes(original)
-        per_file[file.name] = {**counts, "examples": examples}
-        print(f"cache {file.name:48s} {counts}")
-    return per_file
+    return _sweep("cache", reference, files, flips, _cache_reads, lw.verify_cache)
 
 
 def main() -> None:

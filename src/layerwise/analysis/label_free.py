@@ -31,7 +31,7 @@ from .spectra import center_unit, curvature_of, gram_eigenvalues, matrix_entropy
 # any labelled score was looked at (benchmarks/label_free_layers.py measures how well each picks).
 # a metric whose values across layers differ by less than this, relative to their size, picks
 # nothing: its differences are rounding, not signal
-NO_SIGNAL = 1e-4
+NO_SIGNAL = 1e-5  # rounding left 1.5e-6 (effective rank of duplicates); a random model differs by 5e-5
 HIGHER_IS_BETTER: dict[str, bool] = {
     "prompt_entropy": False,  # compression: intermediate layers discard token-level detail
     "dataset_entropy": True,  # texts spread apart: more of the set's variety kept

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Literal
 
 from ..errors import NotAStoreError, StoreDamagedError, StoreError
-from ..store.format import folder_kind, seal_problem, sealed
+from ..store.format import damaged, folder_kind, seal_problem, sealed
 
 FORMAT = "layerwise-activation-cache"
 FORMAT_VERSION = 2  # 2: the record is sealed and holds each shard's CRC-32
@@ -67,12 +67,7 @@ def checksum_name(shard: str) -> str:
 
 
 def cache_damaged(path: Path, problems: list[str]) -> StoreDamagedError:
-    return StoreDamagedError(
-        f"cache {str(path)!r} is damaged: {'; '.join(problems)}. Its numbers cannot be trusted: run "
-        f"'layerwise verify {path}' for the full list, then write it again with --overwrite "
-        "(Python: overwrite=True)",
-        problems=problems,
-    )
+    return damaged(path, problems, [], "cache")
 
 
 def read_meta(path: Path) -> dict | None:

@@ -46,7 +46,6 @@ from .format import (
     checksum_name,
     classify,
     features,
-    hook_name,
     not_a_cache,
     read_meta,
     remove_owned,
@@ -54,62 +53,14 @@ from .format import (
     shard_name,
     write_json,
 )
+from .options import SHARD_BYTES, CacheOptions, check_numbers, columns_of
 from .shards import file_crc32, shard_checksums, write_dataset_index, write_shard
 
-DTYPES = ("float16", "float32")
-SHARD_BYTES = 128 * 2**20  # a shard's activations: what one killed run can lose, and RAM while writing
 # what must match for a run to resume a cache (the rest of the record says how it ran)
 RESUME_KEYS = (
     "weights_sha256", "model_dtype", "layers", "context", "tokens", "dtype", "shuffle_seed",
     "final_norm", "framing", "shard_contexts", "hooks",
 )  # fmt: skip
-
-
-@dataclass(frozen=True)
-class CacheOptions:
-    """What a cache is made of, besides its model and corpus (:func:`cache_activations`)."""
-
-    layers: object = (-1,)
-    context: int = 128
-    tokens: int = 1_000_000
-    dtype: str = "float16"
-    shuffle_seed: int | None = 0
-    final_norm: bool = False
-    overwrite: bool = False
-    shard_bytes: int = SHARD_BYTES
-    hooks: tuple[str, ...] = ("resid",)
-
-
-HOOKS = ("resid", "attn_out", "mlp_out")
-
-
-def _columns(hidden_states: tuple[int, ...], hooks: tuple[str, ...], n_layers: int, final_norm: bool):
-    """The cache's columns and where each comes from: ``(names, [[kind, index], ...])``, index into
-    the forward's hidden states (``resid``) or its taps (of the hidden states >= 1)."""
-    if (
-        isinstance(hooks, str)
-        or not hooks
-        or any(h not in HOOKS for h in hooks)
-        or len(set(hooks)) < len(hooks)
-    ):
-        raise OptionError(f"hooks={hooks!r}: name one or more of {', '.join(HOOKS)}, each once")
-    taps = [h for h in hooks if h != "resid"]
-    if taps and 0 in hidden_states:
-        raise OptionError(
-            f"hooks {', '.join(taps)} belong to blocks; hidden state 0 (the embeddings) has none: ask for "
-            "layers >= 1, or hooks=('resid',)"
-        )
-    names: list[str] = []
-    sources: list[list] = []
-    for j, i in enumerate(hidden_states):
-        for hook in hooks:  # in the order asked for, layer by layer
-            if hook == "resid":
-                names.append(hook_name(i, n_layers, final_norm))
-                sources.append(["resid", j])
-            else:
-                names.append(f"blocks.{i - 1}.hook_{hook}")
-                sources.append([hook, sum(1 for k in hidden_states[:j] if k >= 1)])
-    return names, sources
 
 
 @dataclass(frozen=True)
@@ -205,12 +156,12 @@ def begin_cache(
     layers, context, tokens, dtype = options.layers, options.context, options.tokens, options.dtype
     shuffle_seed, final_norm, shard_bytes = options.shuffle_seed, options.final_norm, options.shard_bytes
     hidden_states = resolve_layers(layers, encoder.n_hidden_states)  # type: ignore[arg-type]
-    _check_numbers(encoder, context, tokens, dtype, shuffle_seed, final_norm, shard_bytes)
+    check_numbers(encoder, context, tokens, dtype, shuffle_seed, final_norm, shard_bytes)
     if classify(path) == "other":
         raise not_a_cache(path)
     source = as_corpus(corpus, **corpus_options)  # type: ignore[arg-type]  # a missing file fails here
     n_layers = encoder.n_hidden_states - 1
-    columns, sources = _columns(hidden_states, options.hooks, n_layers, bool(final_norm))
+    columns, sources = columns_of(hidden_states, options.hooks, n_layers, bool(final_norm))
     framing = framing_for(encoder.tokenizer, encoder.is_decoder)
     if context <= len(framing.begin) + len(framing.end):
         framed = len(framing.begin) + len(framing.end)
@@ -256,39 +207,6 @@ def begin_cache(
                         path.rmdir()
             raise
         yield record
-
-
-def _check_numbers(encoder, context, tokens, dtype, shuffle_seed, final_norm, shard_bytes) -> None:
-    def whole(name: str, value: object, least: int) -> None:
-        if isinstance(value, bool) or not isinstance(value, int) or value < least:
-            raise OptionError(f"{name}={value!r} must be a whole number >= {least}")
-
-    whole("context", context, 2)
-    if context > encoder.max_length:
-        raise OptionError(
-            f"context={context} is longer than this model takes ({encoder.max_length} tokens): choose "
-            f"--context {encoder.max_length} or less"
-        )
-    whole("tokens", tokens, 1)
-    if tokens < context:
-        raise OptionError(
-            f"tokens={tokens} is less than one context of {context} tokens: ask for {context} or more"
-        )
-    if dtype not in DTYPES:
-        raise OptionError(f"dtype={dtype!r} is not one the cache stores; choose {' or '.join(DTYPES)}")
-    if shuffle_seed is not None:
-        whole("shuffle_seed", shuffle_seed, 0)
-    if final_norm is True and not encoder.is_decoder:
-        raise OptionError(
-            f"final_norm=True passes the last hidden state through a decoder LM's final norm; "
-            f"{encoder.name!r} is an encoder (BERT family), which has none: leave --final-norm out"
-        )
-    if final_norm not in (True, False):
-        raise OptionError(
-            f"final_norm={final_norm!r}: the cache takes True (the last hidden state through the final norm, "
-            "named ln_final.hook_normalized) or False (the raw residual stream, TransformerLens' hooks)"
-        )
-    whole("shard_bytes", shard_bytes, 1)
 
 
 def _model_record(encoder: Any) -> dict:

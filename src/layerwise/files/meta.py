@@ -129,7 +129,7 @@ def _folder_meta(path: Path) -> dict:
     if cache is not None:
         return {"kind": "activation cache", **cache}
     raise InputError(
-        f"{str(path)!r} is a folder that is neither a layerwise store (no zarr.json with layerwise "
+        f"{str(path)!r} is a folder that is not a layerwise store (no zarr.json with layerwise "
         "metadata) nor an activation cache (no layerwise-cache.json)"
     )
 

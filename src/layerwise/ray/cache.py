@@ -46,7 +46,8 @@ def cache_activations(
     final_norm, overwrite, shard_bytes) and Corpus's keywords. Returns a CacheSummary."""
     import time
 
-    from ..cache.writer import CacheOptions, begin_cache, disk_errors, finish_cache, summary_of
+    from ..cache.options import CacheOptions
+    from ..cache.writer import begin_cache, disk_errors, finish_cache, summary_of
     from ..encoder import Encoder
     from ..errors import OptionError
 

@@ -87,14 +87,15 @@ def seal_problem(record: dict, what: str) -> str | None:
     return None
 
 
-def damaged(path: Path, problems: list[str], text_ids: list[int]) -> StoreDamagedError:
+def damaged(path: Path, problems: list[str], text_ids: list[int], what: str = "store") -> StoreDamagedError:
+    """The error for damage found in the ``what`` ("store", "sharded store", "cache") at ``path``."""
     hit = (
         f" Texts affected: {', '.join(map(str, text_ids[:10]))}{' …' if len(text_ids) > 10 else ''}."
         if text_ids
         else ""
     )
     return StoreDamagedError(
-        f"store {str(path)!r} is damaged: {'; '.join(problems)}.{hit} Its numbers cannot be trusted: "
+        f"{what} {str(path)!r} is damaged: {'; '.join(problems)}.{hit} Its numbers cannot be trusted: "
         f"run 'layerwise verify {path}' for the full list, then rewrite it with --overwrite "
         "(Python: overwrite=True)",
         problems=problems,

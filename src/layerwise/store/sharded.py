@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import OptionError, StoreDamagedError
-from .format import OFFSETS, classify, read_store_meta
+from .format import OFFSETS, classify, damaged, read_store_meta
 from .reader import LayerView, Store, StoreDescription
 from .shard_table import is_sharded, read_table, shard_name, shard_path, shard_problems, texts_sha256
 from .verify import VerifyReport, verify_one_store
@@ -34,12 +34,7 @@ __all__ = [
 
 
 def _damaged(root: Path, problems: list[str]) -> StoreDamagedError:
-    return StoreDamagedError(
-        f"sharded store {str(root)!r} is damaged: {'; '.join(problems)}. Its numbers cannot be trusted: "
-        f"run 'layerwise verify {root}' for the full list, then rewrite it with --overwrite "
-        "(Python: overwrite=True)",
-        problems=problems,
-    )
+    return damaged(root, problems, [], "sharded store")
 
 
 def _begun(folder: Path) -> bool:
