@@ -357,7 +357,10 @@ def test_layers_reads_any_corpus(tmp_path, tiny_encoder):
     written = json.loads((tmp_path / "p.json").read_text())
     assert written["n_texts"] == 5 and written["made"]["source"] == str(corpus)
     # as every output records it: an encoder has no final norm (#55, 21)
-    assert written["made"]["settings"] == {**lw.Encoder(tiny_encoder.source).settings.as_dict(), "final_norm": None}
+    assert written["made"]["settings"] == {
+        **lw.Encoder(tiny_encoder.source).settings.as_dict(),
+        "final_norm": None,
+    }
     piped = runner.invoke(app, ["layers", "-", "--format", "txt", "--model", tiny_encoder.source, "--quiet"],
                           input="one text here\nand another one\n")  # fmt: skip
     assert piped.exit_code == 0 and "Try hidden state" in piped.output, piped.output
