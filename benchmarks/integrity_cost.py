@@ -1,6 +1,6 @@
 """What checking every byte costs: each checked read beside the same read without checks.
 
-    python benchmarks/integrity_cost.py [--sentences 4000] [--rounds 3]
+    python benchmarks/integrity_cost.py [--sentences 4000] [--rounds 5]
 
 One store (the default model, every hidden state of every token, float16) and one activation cache
 (hidden states 3 and 6, float16) of UD EWT train sentences are written once. Then, in the same
@@ -49,7 +49,7 @@ def timed(fn) -> float:
 def main() -> None:
     parser = common_parser(__doc__)
     parser.add_argument("--sentences", type=int, default=4000)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
 
     import datasets

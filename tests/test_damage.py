@@ -184,6 +184,8 @@ def test_text_sha1_is_checked_against_the_text_even_when_the_checksum_is_forged(
     edited = int(table["text_id"][0].as_py())
     with pytest.raises(StoreDamagedError, match=f"the text of text {edited} differs from its text_sha1"):
         store[edited]
+    report = lw.verify_store(copy)
+    assert "1 texts differ from their text_sha1" in str(report) and report.text_ids == [edited]
 
 
 @pytest.mark.parametrize("damage", ["truncated", "not parquet"])

@@ -28,6 +28,7 @@ from ..errors import StoreDamagedError
 from .columns import numbers
 from .format import DATA, OFFSETS, POSITIONS
 from .parts import OpenedParts, damaged, open_parts, settle_zarr_reads
+from .resume import text_sha1
 
 _LIST_COLUMN = {"token": "tokens", "word": "words"}
 
@@ -122,9 +123,8 @@ class _Scan:
         self.missing: list[int] = []  # per part, its first position without a manifest row
         self.n_missing = self.n_duplicated = 0
         self.first_duplicated: int | None = None
-        self.counts = {
-            "twice": 0, "outside": 0, "disagree": 0, "length": 0, "sentence": 0, "crc": 0, "positions": 0,
-        }  # fmt: skip
+        kinds = ("twice", "outside", "disagree", "length", "sentence", "crc", "positions", "sha1")
+        self.counts = dict.fromkeys(kinds, 0)
         self.positions_unreadable: list[str] = []
         self.parts_skipped = 0
         self.check_positions = True
@@ -192,6 +192,12 @@ class _Scan:
             self.affected.update(int(t) for t in ids[(offsets[1:] > shard_lo) & (offsets[:-1] < shard_hi)])
         if self.checksums and "crc32" in table.column_names:
             self._checksums(offsets, ids, numbers(table["crc32"]))
+        if self.check_positions and "text_sha1" in table.column_names and "text" in table.column_names:
+            texts = zip(table["text"].to_pylist(), table["text_pair"].to_pylist(), strict=True)
+            recorded = table["text_sha1"].to_pylist()
+            wrong = [i for i, (pair, want) in enumerate(zip(texts, recorded, strict=True))
+                     if want is not None and text_sha1(*pair) != want]  # fmt: skip
+            self._count("sha1", ids[wrong])
 
     def _positions(self, ids: np.ndarray, lo: int, hi: int) -> None:
         """``positions[text_id]`` of this part's texts must be their positions (format.py)."""
@@ -291,6 +297,10 @@ class _Scan:
             problems.append(f"{c['length']} texts have a row count that differs from their {self.level}s")
         if c["sentence"]:
             problems.append("a sentence store holds more than one row for some texts")
+        if c["sha1"]:
+            problems.append(
+                f"{c['sha1']} texts differ from their text_sha1 in the manifest (first: text {f['sha1']})"
+            )
         problems += self.unreadable
         if c["crc"] and not self.unreadable:
             problems.append(
@@ -310,6 +320,8 @@ def scan_store(path: str | os.PathLike, *, checksums: bool = True) -> VerifyRepo
     n = opened.n_committed
     report = VerifyReport(Path(path), n, opened.end if opened.offsets is not None and opened.n_valid else 0)
     columns = ("text_id", "position", "start", "n_rows", "crc32", *_LIST_COLUMN.values())
+    if checksums:  # each text against its SHA-1 too
+        columns += ("text", "text_pair", "text_sha1")
     names = opened.manifest.column_names()
     report.checksums = checksums and "crc32" in names
     if not scannable or not len(opened.manifest):
