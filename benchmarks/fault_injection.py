@@ -187,7 +187,7 @@ def try_damage(name, damage, reference: Path, work: Path, encoder, texts) -> dic
     return outcome
 
 
-SWEEP_LAYOUT = {"chunk_rows": 32, "shard_chunks": 2, "block_size": 40}  # many small files
+SWEEP_LAYOUT = {"chunk_rows": 64, "shard_chunks": 4, "block_size": 40}  # a dozen shards and parts
 
 
 def _flip(file: Path, at: int) -> bytes:

@@ -354,3 +354,15 @@ def test_a_changed_index_file_is_damage(cache_copy, name):
     for check in (True, False):
         with pytest.raises(StoreDamagedError, match=name):
             lw.load_cache(cache_copy, check=check)
+
+
+def test_an_offsets_entry_past_the_end_at_a_part_boundary_is_damage(copy):
+    """Found by the byte-flip sweep: an entry raised past the last row where one part ends and the
+    next begins passed the part's checks (its offsets still grew) and verify looped for ever."""
+    import zarr
+
+    first_of_third = int(parts(copy)[2].name.split("-")[1])
+    offsets = zarr.open_group(str(copy), mode="r+")["offsets"]
+    offsets[first_of_third] = int(lw.open_store(copy).n_rows) + 5000
+    report = lw.verify_store(copy)
+    assert not report.ok and f"offsets[{first_of_third}] points past the last committed row" in str(report)

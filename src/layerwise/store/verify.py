@@ -176,6 +176,13 @@ class _Scan:
                 f"{OFFSETS} decrease at position {lo + int(falling[0]) + 1}; the commit marker is damaged"
             )
             return
+        beyond = np.flatnonzero(offsets > self.opened.end)
+        if beyond.size:  # past the last committed row: where the next part starts, they fall
+            self.problems.append(
+                f"{OFFSETS}[{lo + int(beyond[0])}] points past the last committed row "
+                f"{self.opened.end}; the commit marker is damaged"
+            )
+            return
         starts, n_rows = numbers(table["start"]), numbers(table["n_rows"])
         self._count("disagree", ids[(starts != offsets[:-1]) | (n_rows != np.diff(offsets))])
         column = _LIST_COLUMN.get(str(self.level))
@@ -259,6 +266,9 @@ class _Scan:
                         last = self._block_lo + self._block_len - 1
                         self.unreadable.append(f"rows {self._block_lo}..{last} cannot be read ({exc})")
                 take = min(stop, self._block_lo + self._block_len) - row
+                if take <= 0:  # nothing more to read (rows past the data): cannot be checked
+                    broken = True
+                    break
                 if self._block is None:
                     broken = True
                 else:
