@@ -357,13 +357,14 @@ def main() -> None:
         if args.flips:
             sweep["store"] = sweep_store(work, encoder, texts[:120], args.flips)
             sweep["cache"] = sweep_cache(work, encoder, texts[:400], args.flips)
+            totals = {}
             for kind, files in sweep.items():
-                total = {
+                totals[kind] = {
                     k: sum(f[k] for f in files.values())
                     for k in ("harmless", "reported", "silent", "crashed")
                 }
-                print(f"byte flips in every file of a {kind}: {total} over {len(files)} files")
-                sweep[f"{kind}_total"] = total
+                print(f"byte flips in every file of a {kind}: {totals[kind]} over {len(files)} files")
+            sweep["totals"] = totals
         write_result(
             "fault_injection",
             {"texts": len(texts), "sigkill": killed, "damage": damage, "silent": silent, "flips_per_file": args.flips,
