@@ -128,7 +128,7 @@ def test_a_flipped_byte_anywhere_in_a_manifest_part_is_damage(copy, reference):
     original = part.read_bytes()
     clean = lw.open_store(reference)
     expected = [clean[i] for i in clean.text_ids()]
-    for at in range(0, len(original), max(1, len(original) // 60)):
+    for at in range(0, len(original), max(1, len(original) // 24)):
         flip(part, at, 0x01)
         assert not lw.verify_store(copy).ok, at
         store = None
