@@ -127,14 +127,23 @@ def remove_owned(path: Path) -> None:
 
 
 def write_json(path: Path, document: dict, *, seal: bool = False) -> None:
-    """Write ``document`` atomically (temp file, fsync, rename); ``seal``: with its SHA-256."""
-    tmp = path.with_name(f".{path.name}.partial")
-    with open(tmp, "w", encoding="utf-8") as handle:
-        json.dump(sealed(document) if seal else document, handle, indent=1)
-        handle.write("\n")
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+    """Write ``document`` atomically; ``seal``: with its SHA-256."""
+    write_text_atomically(path, json.dumps(sealed(document) if seal else document, indent=1) + "\n")
+
+
+def write_text_atomically(path: Path, text: str) -> None:
+    """A hidden temp file (``remove_owned`` clears one a crash left), fsync, rename; a failed write
+    leaves nothing behind."""
+    tmp = path.with_name(f".{path.name.lstrip('.')}.partial")
+    try:
+        with open(tmp, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def require_cache_dependencies() -> None:

@@ -18,23 +18,33 @@ from .format import INFO, META, STATE, cache_damaged, read_meta, require_cache_d
 from .shards import file_crc32, shard_checksums
 
 
-def check_shards(path: Path, meta: dict) -> None:
-    """Every shard's bytes against its CRC-32 (the record's, else the file beside it);
-    StoreDamagedError naming the shards that differ or lack one."""
+def crc_problem(path: Path, name: str, expected: str | None, meta: dict) -> str | None:
+    """Why the file ``name`` cannot be trusted against the CRC-32 (hex) written with it, or None.
+    A cache of format 1 recorded none: its files are not checked."""
+    if not (path / name).is_file():
+        return f"{name} is missing"
+    if expected is None:
+        return f"{name} has no checksum" if meta.get("format_version", 1) >= 2 else None
+    if f"{file_crc32(path / name):08x}" != expected:
+        return f"{name} differs from the CRC-32 written with it (its bytes changed)"
+    return None
+
+
+def shard_crcs(path: Path, meta: dict) -> list[str | None]:
+    """Each shard's recorded CRC-32: the record's, else the files beside the shards."""
     n_shards = int(meta["n_shards"])
     crcs = meta.get("shard_crc32") or shard_checksums(path, n_shards)
-    problems = []
-    for k in range(n_shards):
-        name = shard_name(k, n_shards)
-        expected = crcs[k] if k < len(crcs) else None
-        if not (path / name).is_file():
-            problems.append(f"{name} is missing")
-        elif expected is None:
-            if meta.get("format_version", 1) >= 2:
-                problems.append(f"{name} has no checksum")
-        elif f"{file_crc32(path / name):08x}" != expected:
-            problems.append(f"{name} differs from the CRC-32 written with it (its bytes changed)")
-    problems += index_problems(path, meta)
+    return [crcs[k] if k < len(crcs) else None for k in range(n_shards)]
+
+
+def check_shards(path: Path, meta: dict) -> None:
+    """Every shard's bytes against its CRC-32, and the index files against theirs;
+    StoreDamagedError naming the files that differ or lack one."""
+    n_shards = int(meta["n_shards"])
+    found = [
+        crc_problem(path, shard_name(k, n_shards), crc, meta) for k, crc in enumerate(shard_crcs(path, meta))
+    ]
+    problems = [p for p in found if p is not None] + index_problems(path, meta)
     if problems:
         raise cache_damaged(path, problems)
 
@@ -47,13 +57,8 @@ def index_problems(path: Path, meta: dict) -> list[str]:
         return (
             ["the record holds no checksum of the index files"] if meta.get("format_version", 1) >= 2 else []
         )
-    problems = []
-    for name in (INFO, STATE):
-        if not (path / name).is_file():
-            problems.append(f"{name} is missing")
-        elif f"{file_crc32(path / name):08x}" != recorded.get(name):
-            problems.append(f"{name} differs from the CRC-32 written with it (its bytes changed)")
-    return problems
+    found = (crc_problem(path, name, recorded.get(name), meta) for name in (INFO, STATE))
+    return [problem for problem in found if problem is not None]
 
 
 def load_cache(path: str | os.PathLike, *, check: bool = True) -> Any:

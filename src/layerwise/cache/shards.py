@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from .format import INFO, STATE, TOKEN_IDS, checksum_name, shard_name, write_json
+from .format import INFO, STATE, TOKEN_IDS, checksum_name, shard_name, write_json, write_text_atomically
 
 _MAX_VALUES = 2**30
 
@@ -86,19 +86,6 @@ def write_shard(
             os.fsync(handle.fileno())
         write_text_atomically(path / checksum_name(name), f"{sink.crc32:08x}\n")
         os.replace(tmp, path / name)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
-def write_text_atomically(path: Path, text: str) -> None:
-    tmp = path.with_name(f"{path.name}.partial")
-    try:
-        with open(tmp, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise

@@ -20,8 +20,7 @@ from ..errors import StoreDamagedError
 from ..store.verify import VerifyReport
 from .contexts import read_contexts
 from .format import CONTEXTS, INFO, STATE, TOKEN_IDS, features, read_meta, shard_name
-from .load import index_problems
-from .shards import file_crc32, shard_checksums
+from .load import crc_problem, index_problems, shard_crcs
 
 
 class CacheReport(VerifyReport):
@@ -75,20 +74,15 @@ def verify_cache(path: str | os.PathLike) -> VerifyReport:
     schema = features({c: meta["d_model"] for c in meta["columns"]}, context, meta["dtype"]).arrow_schema
     missing: list[str] = []
     unchecked: list[int] = []  # the slots of shards whose bytes changed
-    crcs = meta.get("shard_crc32") or shard_checksums(path, n_shards)
-    for k in range(n_shards):
+    for k, crc in enumerate(shard_crcs(path, meta)):
         name = shard_name(k, n_shards)
         lo, hi = k * per_shard, min((k + 1) * per_shard, n)
         if not (path / name).exists():
             missing.append(name)
             continue
-        expected = crcs[k] if k < len(crcs) else None
-        if expected is None and meta.get("format_version", 1) >= 2:
-            problems.append(f"{name} has no checksum (neither in the record nor beside it)")
-            unchecked += list(range(lo, hi))
-            continue
-        if expected is not None and f"{file_crc32(path / name):08x}" != expected:
-            problems.append(f"{name} differs from the CRC-32 written with it (its bytes changed)")
+        changed = crc_problem(path, name, crc, meta)
+        if changed is not None:
+            problems.append(changed)
             unchecked += list(range(lo, hi))
             continue
         try:

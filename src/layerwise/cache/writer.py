@@ -53,8 +53,9 @@ from .format import (
     shard_name,
     write_json,
 )
+from .load import shard_crcs
 from .options import SHARD_BYTES, CacheOptions, check_numbers, columns_of
-from .shards import file_crc32, shard_checksums, write_dataset_index, write_shard
+from .shards import file_crc32, write_dataset_index, write_shard
 
 # what must match for a run to resume a cache (the rest of the record says how it ran)
 RESUME_KEYS = (
@@ -163,8 +164,8 @@ def begin_cache(
     n_layers = encoder.n_hidden_states - 1
     columns, sources = columns_of(hidden_states, options.hooks, n_layers, bool(final_norm))
     framing = framing_for(encoder.tokenizer, encoder.is_decoder)
-    if context <= len(framing.begin) + len(framing.end):
-        framed = len(framing.begin) + len(framing.end)
+    framed = len(framing.begin) + len(framing.end)
+    if context <= framed:
         raise OptionError(
             f"context={context} leaves no room for text: each context holds {framed} framing token(s) "
             f"({len(framing.begin)} before the text, {len(framing.end)} after); the smallest context that "
@@ -343,10 +344,9 @@ def finish_cache(path: Path, meta: dict) -> bool:
     stored = read_meta(path) or meta
     if "shard_crc32" in stored and "index_crc32" in stored:
         return True
-    found = shard_checksums(path, n_shards)
-    crcs = stored.get("shard_crc32") or [
+    crcs = [
         crc if crc is not None else f"{file_crc32(path / shard_name(k, n_shards)):08x}"
-        for k, crc in enumerate(found)
+        for k, crc in enumerate(shard_crcs(path, {**meta, **stored}))
     ]
     columns = {name: int(meta["d_model"]) for name in meta["columns"]}
     write_dataset_index(

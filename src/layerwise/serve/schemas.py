@@ -7,18 +7,19 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
+from ..settings import parse_final_norm
+
 LayerValue = str | int | list[int]
 
 
 def _final_norm(value: object) -> object:
     """The CLI's spellings mean what they mean there: "last" is true, "none" is false."""
     if isinstance(value, str):
-        spelled = {"last": True, "none": False, "all": "all"}
-        if value not in spelled:
+        if value not in ("last", "none", "all"):  # not "true": strict types, as every field here
             raise ValueError(
                 f"final_norm {value!r} is not valid; choose true, false, 'last', 'none' or 'all'"
             )
-        return spelled[value]
+        return parse_final_norm(value)  # the CLI's one reading of them
     return value
 
 

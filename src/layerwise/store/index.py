@@ -108,6 +108,7 @@ class ManifestParts:
         if self.n and (not len(self.firsts) or self.firsts[0] != 0):
             self.problems.append("the manifest part holding position 0 is missing")
         self._cache: OrderedDict[tuple[int, tuple[str, ...] | None], object] = OrderedDict()
+        self._bytes: OrderedDict[int, bytes] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self.firsts)
@@ -121,16 +122,27 @@ class ManifestParts:
         return bisect.bisect_right(self.firsts, position) - 1
 
     def read(self, k: int, columns: tuple[str, ...] | None = None):
-        """Part ``k`` as a pyarrow Table (cut to the committed positions), cached."""
+        """Part ``k`` as a pyarrow Table (cut to the committed positions), cached. The part's
+        checked bytes are cached too: another set of columns of it is parsed, not read again."""
         key = (k, columns)
         table = self._cache.get(key)
         if table is None:
-            table = self._cache[key] = self.load(k, columns)
+            table = self._cache[key] = self._parse(k, self._cached_bytes(k), columns)
             while len(self._cache) > _PARTS_CACHED:
                 self._cache.popitem(last=False)
         else:
             self._cache.move_to_end(key)
         return table
+
+    def _cached_bytes(self, k: int) -> bytes:
+        content = self._bytes.get(k)
+        if content is None:
+            content = self._bytes[k] = self.checked_bytes(k)
+            while len(self._bytes) > _PARTS_CACHED:
+                self._bytes.popitem(last=False)
+        else:
+            self._bytes.move_to_end(k)
+        return content
 
     def column_names(self) -> list[str]:
         """The manifest's columns (the first part's schema; the parts share one)."""
@@ -139,8 +151,8 @@ class ManifestParts:
 
         if not len(self.names):
             return []
-        try:
-            return list(pq.read_schema(self.path / MANIFEST / self.names[0]).names)
+        try:  # from the checked bytes: a changed footer could rename a column
+            return list(pq.read_schema(pa.BufferReader(self._cached_bytes(0))).names)
         except (OSError, pa.ArrowException) as exc:
             raise part_damaged(self.path, self.names[0], f"cannot be read as Parquet ({exc})") from None
 
@@ -150,17 +162,26 @@ class ManifestParts:
             yield k, self.load(k, columns)
 
     def load(self, k: int, columns: tuple[str, ...] | None):
-        """Part ``k``'s ``columns`` (those it has; all when None), cut to its committed positions.
-        The whole file is read and checked against the CRC-32 in its name before it is parsed:
-        StoreDamagedError when it differs or pyarrow cannot read it; FileNotFoundError when gone."""
-        import pyarrow as pa
-        import pyarrow.parquet as pq
+        """Part ``k``'s ``columns`` (those it has; all when None), cut to its committed positions,
+        uncached. The whole file is read and checked against the CRC-32 in its name before it is
+        parsed: StoreDamagedError when it differs or pyarrow cannot read it; FileNotFoundError
+        when gone."""
+        return self._parse(k, self.checked_bytes(k), columns)
 
+    def checked_bytes(self, k: int) -> bytes:
+        """Part ``k``'s file, whole, checked against the CRC-32 in its name."""
         name = self.names[k]
         content = (self.path / MANIFEST / name).read_bytes()
         expected = part_checksum(name)
         if expected is not None and zlib.crc32(content) != expected:
             raise part_damaged(self.path, name, "differs from the checksum in its name (its bytes changed)")
+        return content
+
+    def _parse(self, k: int, content: bytes, columns: tuple[str, ...] | None):
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        name = self.names[k]
         try:
             file = pq.ParquetFile(pa.BufferReader(content))
             wanted = None if columns is None else [c for c in columns if c in file.schema_arrow.names]
@@ -175,22 +196,22 @@ class IdPositions:
     """text id -> store position, or -1 when the id is not committed."""
 
     def __init__(self, array, parts: ManifestParts, n_texts: int) -> None:
-        self._array, self._parts, self._n_texts = array, parts, n_texts
         self.array = array  # the zarr array, or None for a store written before it existed
+        self._parts, self._n_texts = parts, n_texts
         self._built: np.ndarray | None = None
 
     def lookup(self, text_ids: np.ndarray) -> np.ndarray:
         """Positions of ``text_ids`` (all within 0..n_texts-1), -1 where not committed; to be
         confirmed against the manifest row (an entry past the commit may be stale)."""
-        if self._array is not None:
+        if self.array is not None:
             if len(text_ids) == 1:
-                found = np.asarray([self._array[int(text_ids[0])]], dtype=np.int64)
+                found = np.asarray([self.array[int(text_ids[0])]], dtype=np.int64)
             else:
                 lo, hi = int(text_ids.min()), int(text_ids.max()) + 1
                 if hi - lo <= 64 * len(text_ids) + 4096:  # one read of the range they span
-                    found = np.asarray(self._array[lo:hi], dtype=np.int64)[text_ids - lo]
+                    found = np.asarray(self.array[lo:hi], dtype=np.int64)[text_ids - lo]
                 else:
-                    found = np.asarray(self._array.get_coordinate_selection(text_ids), dtype=np.int64)
+                    found = np.asarray(self.array.get_coordinate_selection(text_ids), dtype=np.int64)
         else:
             found = self._fallback()[text_ids]
         found[found >= self._parts.n] = -1
@@ -210,8 +231,8 @@ class IdPositions:
 
     def committed_ids(self, lo: int, hi: int) -> np.ndarray:
         """The committed text ids in ``lo..hi-1``, ascending (not confirmed against the manifest)."""
-        if self._array is not None:
-            found = np.asarray(self._array[lo:hi], dtype=np.int64)
+        if self.array is not None:
+            found = np.asarray(self.array[lo:hi], dtype=np.int64)
         else:
             found = self._fallback()[lo:hi]
         return lo + np.flatnonzero((found >= 0) & (found < self._parts.n))

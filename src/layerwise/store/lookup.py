@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..errors import StoreDamagedError
+from ..errors import StoreDamagedError, StoreError
 from .columns import numbers
 from .format import OFFSETS, POSITIONS
 from .lock import being_rewritten
@@ -79,9 +79,7 @@ class TextLookup:
         try:
             positions = self.store._parts.positions.lookup(ids) if len(ids) else ids
         except Exception as exc:  # zarr's codecs raise ValueError, RuntimeError (zstd), …
-            raise self.store._changed_under_us() or damaged(
-                self.store.path, [f"{POSITIONS}/ cannot be read ({type(exc).__name__}: {exc})"], []
-            ) from exc
+            raise self.positions_unreadable(exc) from exc
         store = self.store
         block = int(store.meta.get("block_size") or 0)
         sure = store.n_texts_total if len(store) == store.n_texts_total else (
@@ -96,6 +94,12 @@ class TextLookup:
                 [int(t) for t in lost],
             )  # fmt: skip
         return positions
+
+    def positions_unreadable(self, exc: Exception) -> StoreError:
+        """A read of ``positions/`` that failed: another writer's doing, or damage."""
+        return self.store._changed_under_us() or damaged(
+            self.store.path, [f"{POSITIONS}/ cannot be read ({type(exc).__name__}: {exc})"], []
+        )
 
     def absent(self, text_id) -> str:
         return (

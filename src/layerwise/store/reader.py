@@ -141,9 +141,7 @@ class Store(StoreDescription):
         try:
             return self._parts.positions.committed_ids(lo, hi)
         except Exception as exc:  # zarr's codecs raise ValueError, RuntimeError (zstd), …
-            raise self._changed_under_us() or damaged(
-                self.path, [f"positions/ cannot be read ({type(exc).__name__}: {exc})"], []
-            ) from exc
+            raise self._lookup.positions_unreadable(exc) from exc
 
     def manifest_column_names(self) -> list[str]:
         return self._parts.manifest.column_names()
