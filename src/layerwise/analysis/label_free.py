@@ -288,6 +288,13 @@ class LayerMetrics:
                 out[name] = None
         return out
 
+    @classmethod
+    def from_dict(cls, table: dict) -> LayerMetrics:
+        """The table :meth:`as_dict` wrote (a ``layerwise layers --json`` file, a benchmark record)."""
+        values = {name: np.asarray([np.nan if v is None else v for v in vals], dtype=np.float64)
+                  for name, vals in table["metrics"].items()}  # fmt: skip
+        return cls(tuple(table["layers"]), values, int(table["n_texts"]))
+
     def as_dict(self) -> dict:
         return {
             "layers": list(self.layers),

@@ -77,10 +77,12 @@ def write_report(
     projection: str = "pca",
     max_rows: int = 20000,
     source: str | None = None,
+    kind: str = "encoder",
 ) -> Path:
     """Analyse ``stacks`` (every layer of each text, e.g. ``enc.extract(texts, long_texts="window")``)
     and write ``folder/report.html`` (plus figures and stats.json). ``model`` and ``max_length``
-    are shown in the report's settings."""
+    are shown in the report's settings; ``kind`` ("encoder" or "decoder") picks the layer
+    recommendation's rule."""
     from .plot import PROJECTIONS
 
     started = time.perf_counter()
@@ -201,7 +203,7 @@ def write_report(
             per_layer,
         ),
     ]
-    sections += label_free_section(label_free, figures)
+    sections += label_free_section(label_free, figures, kind)
     if selfsim:
         sections += [
             "<h2>Do the same words drift apart in different contexts?</h2>",
@@ -243,12 +245,12 @@ EXPLAINED = {
 }
 
 
-def label_free_section(metrics: LayerMetrics, figures: dict) -> list[str]:
+def label_free_section(metrics: LayerMetrics, figures: dict, kind: str = "encoder") -> list[str]:
     """The report's "which layer, without labels" section: a sentence per metric, its figure with
     the pick marked, a table, and the layer ``layerwise layers`` would recommend."""
     from .layer_choice import recommend
 
-    choice = recommend(metrics)
+    choice = recommend(metrics, kind=kind)
     names = list(metrics.values)
     parts = [
         "<h2>Which layer, without labels?</h2>",

@@ -49,6 +49,15 @@ def layers(
             "pass over the texts); 0: only the one-pass metrics",
         ),
     ] = 0,
+    pool: Annotated[
+        str,
+        typer.Option(
+            "--pool",
+            "-p",
+            help="How you will use the vectors, as extract's --pool says it: sentence:mean, sentence:last "
+            "(decoders) or token (word:* too); the recommendation uses the rule measured for it",
+        ),
+    ] = "sentence:mean",
     final_norm: FinalNormOption = None,
     json_path: Annotated[Path | None, typer.Option("--json", help="Also write the table as JSON")] = None,
     seed: Annotated[int, typer.Option(help="Seed of the augmentations and permutations")] = 0,
@@ -61,9 +70,10 @@ def layers(
     _setup_logging(quiet)
     try:
         from ..analysis.label_free import layer_metrics
-        from ..analysis.layer_choice import recommend
+        from ..analysis.layer_choice import recommend, use_of_pool
         from ..encoder import Encoder
 
+        use = use_of_pool(pool)
         if views == 1:
             raise OptionError("--views 1 compares nothing: pass 0 (no view metrics) or 2 or more")
         if json_path is not None:
@@ -77,19 +87,21 @@ def layers(
         names = "all" if views >= 2 else "one-pass"
         metrics = layer_metrics(enc, texts, metrics=names, views=max(views, 2), seed=seed,
                                 progress=False if quiet else None)  # fmt: skip
-        choice = recommend(metrics)
+        choice = recommend(metrics, kind="decoder" if enc.is_decoder else "encoder", use=use)
     except LayerwiseError as exc:
         raise _fail(exc) from None
     _print_table(metrics, choice.layer)
     typer.echo(str(choice))
+    if len(choice.candidates) > 1:
+        typer.echo("Candidates, each with the rules that pick it and their regret on the benchmark:")
+        typer.echo(choice.candidates_text())
     if json_path is not None:
         # how the table was made, as every layerwise output says
         settings = enc.settings.as_dict()
         settings["final_norm"] = settings["final_norm"] if enc.is_decoder else None  # as output files say
         made = {"layerwise": __version__, "settings": settings, "source": input, "views": views,
-                "seed": seed}  # fmt: skip
-        choice_fields = {"layer": choice.layer, "rule": choice.rule, "reason": choice.reason}
-        table = {**metrics.as_dict(), "model": enc.name, "made": made, "recommendation": choice_fields}
+                "seed": seed, "pool": pool}  # fmt: skip
+        table = {**metrics.as_dict(), "model": enc.name, "made": made, "recommendation": choice.as_dict()}
         try:  # atomically: a failed write leaves no half-written file
             tmp = json_path.with_name(f".{json_path.name}.partial")
             tmp.write_text(json.dumps(table, indent=1) + "\n", encoding="utf-8")
