@@ -131,28 +131,52 @@ def choose(training: list[dict]) -> str:
     return ranked(summary(training, DEFAULT_RULES))[0]
 
 
-def held_out(cases: list[dict]) -> dict:
-    """Leave-one-model-out: per model and group, the rule chosen on the other models' cases of the
-    group (else of the same kind, else all), scored on the model's own cases of the group."""
+def evidence(cases: list[dict], kind: str, use: str) -> list[dict]:
+    """The cases a group's rule is chosen on: the group's own when they come from two models or more;
+    else every model's cases of that pooling (one model's cases alone chose rules that failed on the
+    next model: see ``PROCEDURES``); else all."""
+    own = [c for c in cases if c["kind"] == kind and c["use"] == use]
+    if len({c["model"] for c in own}) >= 2:
+        return own
+    return [c for c in cases if c["use"] == use] or cases
+
+
+# other ways to choose, measured beside the one used (the docs' second table)
+PROCEDURES = {
+    "kind and pooling, widened to the pooling below two models (used)": evidence,
+    "kind and pooling": lambda cases, kind, use: (
+        [c for c in cases if c["kind"] == kind and c["use"] == use] or [c for c in cases if c["kind"] == kind]
+    ),
+    "pooling only": lambda cases, kind, use: [c for c in cases if c["use"] == use] or cases,
+    "kind only": lambda cases, kind, use: [c for c in cases if c["kind"] == kind] or cases,
+    "one rule for every case": lambda cases, kind, use: cases,
+}
+
+
+def held_out(cases: list[dict], select=evidence) -> dict:
+    """Leave-one-model-out: per model and group, the rule chosen on the other models' cases that
+    ``select`` returns, scored on the model's own cases of the group."""
     rows = []
     for model in sorted({c["model"] for c in cases}):
         own = [c for c in cases if c["model"] == model]
+        others = [c for c in cases if c["model"] != model]
         for group in sorted({c["group"] for c in own}):
-            kind = own[0]["kind"]
-            others = [c for c in cases if c["model"] != model]
-            training = ([c for c in others if c["group"] == group] or [c for c in others if c["kind"] == kind]
-                        or others)  # fmt: skip
-            rule = choose(training)
+            kind, use = group.split("/")
+            rule = choose(select(others, kind, use))
             for case in (c for c in own if c["group"] == group):
                 rows.append({"model": model, "kind": kind, "group": group, "task": case["task"], "rule": rule,
                              "regret": case["regret"][rule]})  # fmt: skip
-    by_kind = {}
-    for kind in ("encoder", "decoder"):
-        values = [r["regret"] for r in rows if r["kind"] == kind]
-        if values:
-            by_kind[kind] = {"mean": round(float(np.mean(values)), 2), "worst": round(float(np.max(values)), 2),
-                             "cases": len(values)}  # fmt: skip
-    return {"by_kind": by_kind, "rows": rows}
+    by_kind = {
+        kind: _figures([r["regret"] for r in rows if r["kind"] == kind]) for kind in ("encoder", "decoder")
+    }
+    return {"by_kind": {kind: figures for kind, figures in by_kind.items() if figures["cases"]}, "rows": rows}
+
+
+def _figures(regrets: list[float]) -> dict:
+    if not regrets:
+        return {"mean": None, "worst": None, "cases": 0}
+    return {"mean": round(float(np.mean(regrets)), 2), "worst": round(float(np.max(regrets)), 2),
+            "cases": len(regrets)}  # fmt: skip
 
 
 def rule_table(models: dict, cases: list[dict], lomo: dict) -> dict:
@@ -161,17 +185,21 @@ def rule_table(models: dict, cases: list[dict], lomo: dict) -> dict:
     groups = {}
     for group in sorted({c["group"] for c in cases}):
         members = [c for c in cases if c["group"] == group]
-        stats = summary(members, RULES)
+        chosen_on = evidence(cases, *group.split("/"))
+        stats = summary(chosen_on, RULES)
         groups[group] = {
-            "ranked": ranked(stats), "rules": stats, "cases": len(members),
-            "models": sorted({c["model"] for c in members}),
+            "ranked": ranked(stats), "rules": stats, "cases": len(chosen_on),
+            "models": sorted({c["model"] for c in chosen_on}),
             "spread": round(float(np.median([c["near_best_width"] for c in members])), 3),
+            "held_out": _figures([r["regret"] for r in lomo["rows"] if r["group"] == group]),
         }  # fmt: skip
     return {
         "version": 2,
         "made_by": "benchmarks/label_free_layers.py",
-        "chosen_by": "per group (kind/pooling), the rule with the lowest mean regret over the benchmark's "
-        "cases; judged by leave-one-model-out (held_out: chosen on the other models, scored on the left-out one)",
+        "chosen_by": "per group (kind/pooling), the rule with the lowest mean regret over the group's cases "
+        "(when they come from two models or more; else over every model's cases of that pooling), among the "
+        "rules the command computes by default; judged by leave-one-model-out (held_out: chosen on the other "
+        "models, scored on the left-out one)",
         "regret": "points (score x 100) below the best hidden state 1..L",
         "spread": f"median over a group's cases of the width, as a fraction of the depth, of the band of layers "
         f"within {NEAR_BEST_POINTS:g} points of the best",
@@ -206,7 +234,15 @@ def docs_table(cases: list[dict], lomo: dict) -> str:
             s = per_kind[kind].get(rule)
             cells.append("– | –" if s is None else f"{s['mean']:.1f} | {s['worst']:.1f}")
         lines.append(f"| {rule.replace('_', ' ')} | " + " | ".join(cells) + " |")
-    lines.append(f"\n{counts['encoder']} encoder cases, {counts['decoder']} decoder cases; regret in points.")
+    lines.append(
+        f"\n{counts['encoder']} encoder cases, {counts['decoder']} decoder cases; regret in points.\n"
+    )
+    lines += ["| how the rule is chosen (leave-one-model-out) | encoders: mean | worst | decoders: mean | worst |",
+              "|---|---|---|---|---|"]  # fmt: skip
+    for name, select in PROCEDURES.items():
+        figures = held_out(cases, select)["by_kind"]
+        lines.append(f"| {name} | " + " | ".join(f"{figures[k]['mean']:.1f} | {figures[k]['worst']:.1f}"
+                                                 for k in kinds) + " |")  # fmt: skip
     return "\n".join(lines)
 
 

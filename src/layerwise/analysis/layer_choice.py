@@ -42,7 +42,8 @@ MAX_CANDIDATES = 3
 @cache
 def benchmark_rules() -> dict:
     """The shipped rule table (see the module's docstring): ``version``, ``groups`` (``"decoder/mean"``
-    -> ranked rules, per-rule regrets, spread, held-out figures), ``held_out`` per kind, ``cases``."""
+    -> ranked rules, per-rule regrets, spread, the group's held-out figures), ``held_out`` per kind,
+    ``cases``."""
     text = resources.files("layerwise.analysis").joinpath("data/label_free_rules.json").read_text("utf-8")
     return json.loads(text)
 
@@ -120,8 +121,12 @@ class Recommendation:
         """One line per candidate layer, with its rules and their regret on the benchmark."""
         lines = []
         for candidate in self.candidates:
-            rules = ", ".join(f"{rule_in_words(r)} ({m:.1f} points on average, worst {w:.1f})"
-                              for r, m, w in candidate.rules)  # fmt: skip
+            shown = [
+                f"{rule_in_words(r)} ({m:.1f} points on average, worst {w:.1f})"
+                for r, m, w in candidate.rules
+            ]
+            more = len(shown) - 2
+            rules = ", ".join(shown[:2]) + (f" and {more} more rule{'s' * (more > 1)}" if more > 0 else "")
             lines.append(f"  hidden state {candidate.layer}: {rules}")
         return "\n".join(lines)
 
@@ -172,16 +177,17 @@ def recommend(metrics: LayerMetrics, *, kind: str = "encoder", use: str = "mean"
     last = metrics.layers[-1]
     spread = float(group["spread"])
     agree = len(top) < 2 or abs(top[0] - top[1]) / max(last, 1) <= spread
-    held = table["held_out"][kind]
+    held = group["held_out"]
     where = f"{kind}s, {'token vectors' if use == 'token' else use + '-pooled sentences'}"
     if name != group_name(kind, use):
         where += f" (the benchmark has no {use} cases for {kind}s: their mean-pooled cases)"
     reason = (
         f"{rule_in_words(rule)}. On layerwise's benchmark ({group['cases']} cases of {where}; "
         f"benchmarks/label_free_layers.py) its pick scored {regrets[rule]['mean']:.1f} points below the "
-        f"best layer on average (worst {regrets[rule]['worst']:.1f}). Chosen this way on the other models, "
-        f"the rule scored {held['mean']:.1f} points below the best on a left-out {kind} (worst "
-        f"{held['worst']:.1f}, {held['cases']} cases)."
+        f"best layer on average (worst {regrets[rule]['worst']:.1f}). Held out: this group's rule, chosen "
+        f"without the model it was scored on, was {held['mean']:.1f} points below the best on average "
+        f"(worst {held['worst']:.1f}, {held['cases']} cases; all {kind} cases: "
+        f"{table['held_out'][kind]['mean']:.1f}, worst {table['held_out'][kind]['worst']:.1f})."
     )
     if not agree:
         gap = abs(top[0] - top[1])
