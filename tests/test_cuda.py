@@ -164,3 +164,15 @@ def test_half_precision_on_cuda_is_close_to_float32(make_tiny_model, model_dtype
     for h, e in zip(half, exact, strict=True):
         assert h.hidden.dtype == np.float32 and np.isfinite(h.hidden).all()
         np.testing.assert_allclose(h.hidden, e.hidden, atol=tolerance, rtol=tolerance)
+
+
+@pytest.mark.parametrize("pool", ["cls", "mean", "max", "last"])
+def test_sentence_pools_on_cuda_equal_the_cpu(make_tiny_model, pool):
+    """Sentence plans pool on the GPU (features/device_pool.py): only (L, B, H) crosses; the numbers
+    equal the CPU's, where the same torch code runs, for both special-token choices."""
+    on_gpu = lw.Encoder(make_tiny_model("bert", 4), device=DEVICE, batch_size=5)
+    on_cpu = lw.Encoder(make_tiny_model("bert", 4), device="cpu")
+    for special_tokens in ("include", "exclude"):
+        got = on_gpu.embed(TEXTS, layers="all", pool=pool, special_tokens=special_tokens)
+        want = on_cpu.embed(TEXTS, layers="all", pool=pool, special_tokens=special_tokens)
+        np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-4)

@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from .errors import ModelLoadError, NonFiniteError, OptionError
+from .features.device_pool import content_mask, pool_packed
 from .inputs.batches import length_sorted_batches
 from .inputs.encoding import EncodedInput, segment_ids
 from .inputs.windows import Window, plan_windows, stitch
@@ -75,10 +76,12 @@ def make_stack(
     layers: Sequence[int],
     *,
     n_windows: int = 1,
+    pooled: np.ndarray | None = None,
 ) -> LayerStack:
     n = len(item)
     return LayerStack(
-        hidden=hidden,
+        hidden=hidden if pooled is None else np.empty((len(layers), n, 0), dtype=np.float32),
+        pooled=pooled,
         layers=tuple(layers),
         tokens=item.tokens,
         offsets=np.asarray(item.offsets, dtype=np.int32).reshape(n, 2),
@@ -183,9 +186,13 @@ class Engine:
         max_tokens: int | None,
         progress: bool | None,
         final_norm: FinalNorm = True,
+        sentence_pool: tuple[str, str] | None = None,
     ) -> Iterator[tuple[int, LayerStack]]:
         """Plan units and batches now (so bad input fails here), run them lazily. ``final_norm``:
-        a decoder's final norm on the last hidden state (True), none (False) or every one ("all")."""
+        a decoder's final norm on the last hidden state (True), none (False) or every one ("all").
+        ``sentence_pool``: ``(pool, special_tokens)`` to pool each input on the model's device when
+        the packed forward runs and no input needs windows; its stacks then carry ``pooled`` and no
+        token states (the other cases pool on the host, from the stacks)."""
         for name, value in (("batch_size", batch_size), ("max_tokens", max_tokens)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise OptionError(f"{name}={value!r} must be a whole number >= 1 (or None)")
@@ -215,7 +222,8 @@ class Engine:
             # requests fits one batch): split the tokens evenly, in at most that many batches
             budget = min(budget, -(-sum(lengths) // self.pool.streams) + max(lengths))
         batches = length_sorted_batches(lengths, batch_size or self.batch_size, budget, padded=not packed)
-        run = _Call(layers, method, taps, final_norm)
+        on_device = sentence_pool if packed and not n_windows and not taps else None
+        run = _Call(layers, method, taps, final_norm, on_device)
         return self._run(encoded, units, owners, n_windows, batches, run, progress)
 
     def forward_units(
@@ -259,7 +267,10 @@ class Engine:
                             raise _nonfinite_error(encoded[index], hidden, layers)
                         nonfinite.add(index)
                     if k < 0:
-                        yield index, make_stack(encoded[index], hidden, tapped, layers)
+                        if run.sentence_pool is not None:  # the rows are the inputs' pooled vectors
+                            yield index, make_stack(encoded[index], hidden, tapped, layers, pooled=hidden)
+                        else:
+                            yield index, make_stack(encoded[index], hidden, tapped, layers)
                         continue
                     pending.setdefault(index, {})[k] = (units[u], hidden, tapped)
                     if len(pending[index]) == n_windows[index]:
@@ -290,10 +301,10 @@ class Engine:
             for batch_ids in batches:
                 launched = (batch_ids, *self._launch_packed([units[u] for u in batch_ids], run))
                 if waiting is not None:
-                    yield waiting[0], _rows(*waiting[1:])
+                    yield waiting[0], _rows(*waiting[1:], pooled=run.sentence_pool is not None)
                 waiting = launched
             if waiting is not None:
-                yield waiting[0], _rows(*waiting[1:])
+                yield waiting[0], _rows(*waiting[1:], pooled=run.sentence_pool is not None)
             return
         if self.pool is None or not packed:
             for batch_ids in batches:
@@ -338,7 +349,7 @@ class Engine:
         return not taps or (isinstance(self.packed, PackedDecoder) and set(taps) <= set(PACKED_TAPS))
 
     def _forward_packed(self, units: Sequence[EncodedInput | Window], run: _Call) -> Rows:
-        return _rows(*self._launch_packed(units, run))
+        return _rows(*self._launch_packed(units, run), pooled=run.sentence_pool is not None)
 
     def _launch_packed(
         self, units: Sequence[EncodedInput | Window], run: _Call
@@ -354,14 +365,26 @@ class Engine:
             else:
                 hidden = packed.forward(batch, run.layers)
             hidden = apply_final_norm(self.models.current, hidden, run.layers, run.final_norm)
+            if run.sentence_pool is not None:  # only (L, B, H) crosses to the host
+                pool, special_tokens = run.sentence_pool
+                content = None
+                if special_tokens == "exclude":
+                    content = content_mask([u.word_ids for u in units], hidden.device)
+                hidden = pool_packed(hidden, list(batch.lengths), pool, content)
             return list(batch.lengths), HostCopy(hidden, tapped)
 
 
-def _rows(lengths: list[int], copy: HostCopy) -> Rows:
+def _rows(lengths: list[int], copy: HostCopy, *, pooled: bool = False) -> Rows:
     """A packed batch's rows: views of the batch's arrays, not copies (the rows are contiguous per
-    layer, and every consumer (the store's transposing cast, pooling, npz) reads them once anyway)."""
+    layer, and every consumer (the store's transposing cast, pooling, npz) reads them once anyway).
+    ``pooled``: the batch was pooled on the device, one ``(L, H)`` row per input."""
     array, taps, finite = copy.arrays()
     rows = Rows()
+    if pooled:
+        for b in range(len(lengths)):
+            rows.append((array[:, b], {}))
+        rows.nonfinite = not finite
+        return rows
     start = 0
     for n in lengths:
         rows.append((array[:, start : start + n], {k: t[:, start : start + n] for k, t in taps.items()}))
@@ -378,6 +401,7 @@ class _Call:
     method: Method
     taps: tuple[str, ...]
     final_norm: FinalNorm
+    sentence_pool: tuple[str, str] | None = None  # (pool, special_tokens): pooled on the device
 
 
 def _stitch(item: EncodedInput, parts: dict[int, tuple], layers: tuple[int, ...]) -> LayerStack:

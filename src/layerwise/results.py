@@ -44,6 +44,10 @@ class LayerStack:
     n_windows: int = 1
     taps: Mapping[str, np.ndarray] = field(default_factory=dict)
     tap_layers: tuple[int, ...] = ()
+    # a sentence plan's pool of every layer, (n_layers, hidden_size), computed where the states were
+    # (features/device_pool.py): the token states then stayed there, and ``hidden`` is (n_layers,
+    # n_tokens, 0). Only ``Encoder.iter_results`` makes such stacks, for sentence plans.
+    pooled: np.ndarray | None = None
 
     @property
     def n_tokens(self) -> int:

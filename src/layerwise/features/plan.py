@@ -198,7 +198,10 @@ class OutputPlan:
                 return words
             fused = fuse_layers(words.vectors, layers, self.fuse, n_hidden_states=n_hidden_states, axis=0)
             return WordVectors(**{**words.__dict__, "vectors": fused, "fuse": self.fuse})
-        vector = pool_sentence(stack, self.mode, self.special_tokens)  # type: ignore[arg-type]
+        if stack.pooled is not None:  # pooled on the model's device (Encoder.iter_results)
+            vector = stack.pooled
+        else:
+            vector = pool_sentence(stack, self.mode, self.special_tokens)  # type: ignore[arg-type]
         if self.fuse is not None:
             vector = fuse_layers(vector, layers, self.fuse, n_hidden_states=n_hidden_states, axis=0)
         if self.normalize:  # as sentence-transformers' Normalize: x / max(||x||, 1e-12), per layer

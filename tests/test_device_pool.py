@@ -1,0 +1,116 @@
+"""Sentence plans pool on the model's device (features/device_pool.py): the same numbers as pooling
+each input's own states on the host, and only the pooled vectors cross from the device. On the CPU
+the same torch code runs with device="cpu"; test_cuda.py runs it on a GPU."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from conftest import corpus, needs_smollm2
+
+import layerwise as lw
+from layerwise.features.device_pool import pool_packed
+from layerwise.features.plan import OutputPlan
+from layerwise.features.pool import SENTENCE_POOLS
+
+# mixed lengths, an empty text (no content tokens: "exclude" falls back to the special tokens), a pair
+TEXTS = [*corpus(14, seed=7), "", "Hi", "One more, with punctuation: yes!"]
+# (layers, fuse): every layer, named fusions (their own layers), a generic fusion over a subset
+FUSES = (("all", None), (None, "mean_last4"), (None, "concat_last4"), (None, "sum_all"), ([1, 3, 5], "mean"))
+
+
+def _host(encoder, plan: OutputPlan, texts, **pairs) -> list[np.ndarray]:
+    """Each input's vector as the host computes it: pool_sentence on its own states, then the plan."""
+    settled = encoder.settle(plan)
+    layers = list(settled.hidden_states(encoder.n_hidden_states))
+    stacks = encoder.extract(texts, layers=layers, final_norm=settled.final_norm, **pairs)
+    return [settled.result(stack, encoder.n_hidden_states).vector for stack in stacks]
+
+
+def _device(encoder, plan: OutputPlan, texts, **pairs) -> list[np.ndarray]:
+    results = {index: (stack, result) for index, stack, result in encoder.iter_results(plan, texts, **pairs)}
+    assert all(stack.pooled is not None and stack.hidden.shape[2] == 0 for stack, _ in results.values())
+    return [results[i][1].vector for i in range(len(texts))]
+
+
+@pytest.mark.parametrize("pool", SENTENCE_POOLS)
+@pytest.mark.parametrize("special_tokens", ["include", "exclude"])
+def test_every_pool_and_fusion_equals_the_host_path(default_encoder, pool, special_tokens):
+    for layers, fuse in FUSES:
+        for normalize in (False, True):
+            plan = OutputPlan(layers, "sentence", pool, special_tokens, fuse, normalize=normalize)
+            for got, want in zip(_device(default_encoder, plan, TEXTS), _host(default_encoder, plan, TEXTS),
+                                 strict=True):  # fmt: skip
+                np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_pairs_and_a_layer_subset(default_encoder):
+    plan = OutputPlan([0, 3, -1], "sentence", "mean", "exclude", None)
+    pairs = {"text_pairs": [t[::-1] for t in TEXTS]}
+    got, want = _device(default_encoder, plan, TEXTS, **pairs), _host(default_encoder, plan, TEXTS, **pairs)
+    for g, w in zip(got, want, strict=True):
+        assert g.shape == (3, 384)
+        np.testing.assert_allclose(g, w, atol=1e-5, rtol=1e-5)
+
+
+@needs_smollm2
+@pytest.mark.parametrize("pool", ["mean", "last"])
+def test_a_decoder_with_its_final_norm(smollm2, pool):
+    for final_norm in (True, "all"):
+        plan = OutputPlan("all", "sentence", pool, "include", None, final_norm=final_norm)
+        texts = TEXTS[:6]
+        for got, want in zip(_device(smollm2, plan, texts), _host(smollm2, plan, texts), strict=True):
+            np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_only_the_pooled_vectors_cross_from_the_device(default_encoder, monkeypatch):
+    import layerwise.extract as engine_module
+
+    crossed: list[tuple[int, ...]] = []
+    real = engine_module.HostCopy
+
+    def counting(hidden, taps):
+        crossed.append(tuple(hidden.shape))
+        return real(hidden, taps)
+
+    monkeypatch.setattr(engine_module, "HostCopy", counting)
+    vectors = default_encoder.embed(TEXTS, layers="all", pool="mean")
+    n_states, width = default_encoder.n_hidden_states, default_encoder.hidden_size
+    assert vectors.shape == (len(TEXTS), n_states, width)
+    # one (hidden states, inputs of the batch, width) array per batch: no token axis
+    assert all(len(shape) == 3 and shape[0] == n_states and shape[2] == width for shape in crossed)
+    assert sum(shape[1] for shape in crossed) == len(TEXTS)
+    crossed.clear()
+    default_encoder.extract(TEXTS, layers="all")  # every token, as asked
+    n_tokens = sum(len(item) for item in default_encoder.tokenize(TEXTS))
+    assert sum(shape[1] for shape in crossed) == n_tokens
+
+
+def test_windows_and_unpacked_models_pool_on_the_host_with_the_same_numbers(default_encoder, make_tiny_model):
+    long_text = " ".join(corpus(40, seed=2))
+    plan = OutputPlan("all", "sentence", "mean", "include", None, long_texts="window", stride=64)
+    results = list(default_encoder.iter_results(plan, [long_text, "short"]))
+    assert all(stack.pooled is None for _, stack, _ in results)  # windows are stitched on the host
+    padded = lw.Encoder(make_tiny_model("bert"), device="cpu", packed=False)
+    plan = OutputPlan("all", "sentence", "max", "exclude", None)
+    assert all(stack.pooled is None for _, stack, _ in padded.iter_results(plan, TEXTS))
+    np.testing.assert_allclose(
+        padded.embed(TEXTS, layers="all", pool="max", special_tokens="exclude"),
+        lw.Encoder(make_tiny_model("bert"), device="cpu").embed(TEXTS, layers="all", pool="max",
+                                                                 special_tokens="exclude"),
+        atol=1e-5, rtol=1e-5,
+    )  # fmt: skip
+
+
+def test_pool_packed_in_half_precision_sums_in_float32():
+    torch.manual_seed(0)
+    states = torch.randn(2, 700, 16) * 40
+    lengths = [300, 400]
+    got = pool_packed(states.half(), lengths, "mean")
+    assert got.dtype == torch.float32
+    halves = states.half().float()
+    want = torch.stack([halves[:, :300].mean(1), halves[:, 300:].mean(1)], dim=1)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="pool 'median'"):
+        pool_packed(states, lengths, "median")
