@@ -23,7 +23,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -190,9 +190,8 @@ class Engine:
     ) -> Iterator[tuple[int, LayerStack]]:
         """Plan units and batches now (so bad input fails here), run them lazily. ``final_norm``:
         a decoder's final norm on the last hidden state (True), none (False) or every one ("all").
-        ``sentence_pool``: ``(pool, special_tokens)`` to pool each input on the model's device when
-        the packed forward runs and no input needs windows; its stacks then carry ``pooled`` and no
-        token states (the other cases pool on the host, from the stacks)."""
+        ``sentence_pool``: ``(pool, special_tokens)``: with the packed forward and no windows, each
+        input is pooled on the device, and its stack carries ``pooled`` and no token states."""
         for name, value in (("batch_size", batch_size), ("max_tokens", max_tokens)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise OptionError(f"{name}={value!r} must be a whole number >= 1 (or None)")
@@ -266,11 +265,9 @@ class Engine:
                         if not self.allow_nan:
                             raise _nonfinite_error(encoded[index], hidden, layers)
                         nonfinite.add(index)
-                    if k < 0:
-                        if run.sentence_pool is not None:  # the rows are the inputs' pooled vectors
-                            yield index, make_stack(encoded[index], hidden, tapped, layers, pooled=hidden)
-                        else:
-                            yield index, make_stack(encoded[index], hidden, tapped, layers)
+                    if k < 0:  # pooled on the device: the rows are the inputs' pooled vectors
+                        pooled = hidden if run.sentence_pool is not None else None
+                        yield index, make_stack(encoded[index], hidden, tapped, layers, pooled=pooled)
                         continue
                     pending.setdefault(index, {})[k] = (units[u], hidden, tapped)
                     if len(pending[index]) == n_windows[index]:
@@ -366,12 +363,18 @@ class Engine:
                 hidden = packed.forward(batch, run.layers)
             hidden = apply_final_norm(self.models.current, hidden, run.layers, run.final_norm)
             if run.sentence_pool is not None:  # only (L, B, H) crosses to the host
-                pool, special_tokens = run.sentence_pool
-                content = None
-                if special_tokens == "exclude":
-                    content = content_mask([u.word_ids for u in units], hidden.device)
-                hidden = pool_packed(hidden, list(batch.lengths), pool, content)
+                hidden = _pool_on_device(hidden, units, list(batch.lengths), *run.sentence_pool)
             return list(batch.lengths), HostCopy(hidden, tapped)
+
+
+def _pool_on_device(
+    hidden: torch.Tensor, units: Sequence[EncodedInput | Window], lengths: list[int], pool: str, special: str
+) -> torch.Tensor:
+    """A packed batch's states pooled per input where they are (features/device_pool.py)."""
+    content = None
+    if special == "exclude":  # no windows on this path (Engine.stream): every unit is an EncodedInput
+        content = content_mask([cast(EncodedInput, u).word_ids for u in units], hidden.device)
+    return pool_packed(hidden, lengths, pool, content)
 
 
 def _rows(lengths: list[int], copy: HostCopy, *, pooled: bool = False) -> Rows:

@@ -206,9 +206,11 @@ class Encoder(FeatureCalls):
         settled = self.settle(plan)
         # a sentence plan pools on the model's device (features/device_pool.py): only the pooled
         # vectors cross to the host, and its stacks carry them (``pooled``) but no token states
-        on_device = (settled.mode, settled.special_tokens) if settled.level == "sentence" else None
-        stream = self._stream(
-            texts, text_pairs=text_pairs, pairs=pairs, words=words,
+        on_device = None
+        if settled.level == "sentence" and settled.mode is not None:
+            on_device = (settled.mode, settled.special_tokens)
+        stream = _stream(
+            self, texts, text_pairs=text_pairs, pairs=pairs, words=words,
             layers=settled.hidden_states(self.n_hidden_states), long_texts=settled.long_texts,
             stride=settled.stride, final_norm=settled.final_norm,  # None for an encoder: nothing to norm
             progress=progress, report_truncation=report_truncation, sentence_pool=on_device,
@@ -250,47 +252,10 @@ class Encoder(FeatureCalls):
         are checked and inputs tokenised before this returns, so bad input fails here. Callers that
         run a corpus in blocks pass ``report_truncation=False`` and report once themselves.
         ``method`` and ``final_norm``: None takes the Encoder's own."""
-        return self._stream(
-            texts, text_pairs=text_pairs, pairs=pairs, words=words, layers=layers, method=method,
+        return _stream(
+            self, texts, text_pairs=text_pairs, pairs=pairs, words=words, layers=layers, method=method,
             taps=taps, long_texts=long_texts, stride=stride, batch_size=batch_size, max_tokens=max_tokens,
             progress=progress, report_truncation=report_truncation, final_norm=final_norm,
-        )  # fmt: skip
-
-    def _stream(
-        self,
-        texts: Sequence[str] | None = None,
-        *,
-        text_pairs: Sequence[str] | None = None,
-        pairs: Sequence[tuple[str, str]] | None = None,
-        words: Sequence[Sequence[str]] | None = None,
-        layers: LayerSpec = "all",
-        method: Method | None = None,
-        taps: Sequence[str] = (),
-        long_texts: LongTexts = "truncate",
-        stride: int | None = None,
-        batch_size: int | None = None,
-        max_tokens: int | None = None,
-        progress: bool | None = None,
-        report_truncation: bool = True,
-        final_norm: FinalNorm | None = None,
-        sentence_pool: tuple[str, str] | None = None,
-    ) -> Iterator[tuple[int, LayerStack]]:
-        """:meth:`iter_extract`, and ``sentence_pool`` (``(pool, special_tokens)``) for
-        :meth:`iter_results`' sentence plans: see ``Engine.stream``."""
-        layer_ids = resolve_layers(layers, self.n_hidden_states)
-        method = self.method if method is None else method
-        norm = self._final_norm(final_norm)
-        taps = _check_extract_options(self, method, taps, long_texts, stride)
-        raw = normalize_inputs(texts, text_pairs=text_pairs, pairs=pairs, words=words)
-        if long_texts == "window":
-            check_window_memory(raw, len(layer_ids), self.hidden_size)
-        encoded = self.inputs.encode(raw, truncate=long_texts == "truncate")
-        if report_truncation:
-            report_truncation_warning(encoded, self.max_length)
-        report_empty_words(encoded)
-        return self.engine.stream(
-            encoded, layers=layer_ids, method=method, taps=taps, stride=stride, batch_size=batch_size,
-            max_tokens=max_tokens, progress=progress, final_norm=norm, sentence_pool=sentence_pool,
         )  # fmt: skip
 
     def _final_norm(self, value: FinalNorm | None) -> FinalNorm:
@@ -329,6 +294,44 @@ class Encoder(FeatureCalls):
         results = dict(stream)
         ordered = [results[i] for i in range(len(results))]
         return ordered[0] if single else ordered
+
+
+def _stream(
+    self: Encoder,
+    texts: Sequence[str] | None = None,
+    *,
+    text_pairs: Sequence[str] | None = None,
+    pairs: Sequence[tuple[str, str]] | None = None,
+    words: Sequence[Sequence[str]] | None = None,
+    layers: LayerSpec = "all",
+    method: Method | None = None,
+    taps: Sequence[str] = (),
+    long_texts: LongTexts = "truncate",
+    stride: int | None = None,
+    batch_size: int | None = None,
+    max_tokens: int | None = None,
+    progress: bool | None = None,
+    report_truncation: bool = True,
+    final_norm: FinalNorm | None = None,
+    sentence_pool: tuple[str, str] | None = None,
+) -> Iterator[tuple[int, LayerStack]]:
+    """``Encoder.iter_extract``, and ``sentence_pool`` (``(pool, special_tokens)``) for
+    ``Encoder.iter_results``' sentence plans: see ``Engine.stream``."""
+    layer_ids = resolve_layers(layers, self.n_hidden_states)
+    method = self.method if method is None else method
+    norm = self._final_norm(final_norm)
+    taps = _check_extract_options(self, method, taps, long_texts, stride)
+    raw = normalize_inputs(texts, text_pairs=text_pairs, pairs=pairs, words=words)
+    if long_texts == "window":
+        check_window_memory(raw, len(layer_ids), self.hidden_size)
+    encoded = self.inputs.encode(raw, truncate=long_texts == "truncate")
+    if report_truncation:
+        report_truncation_warning(encoded, self.max_length)
+    report_empty_words(encoded)
+    return self.engine.stream(
+        encoded, layers=layer_ids, method=method, taps=taps, stride=stride, batch_size=batch_size,
+        max_tokens=max_tokens, progress=progress, final_norm=norm, sentence_pool=sentence_pool,
+    )  # fmt: skip
 
 
 def _decoder_and_final_norm(config: Any, final_norm: Any, name: str) -> tuple[bool, Any]:
