@@ -176,3 +176,12 @@ def test_sentence_pools_on_cuda_equal_the_cpu(make_tiny_model, pool):
         got = on_gpu.embed(TEXTS, layers="all", pool=pool, special_tokens=special_tokens)
         want = on_cpu.embed(TEXTS, layers="all", pool=pool, special_tokens=special_tokens)
         np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-4)
+
+
+def test_float16_results_on_cuda_cross_as_float16(make_tiny_model):
+    """extract(dtype="float16") on the GPU: cast there, copied as float16, no float32 on the host."""
+    on_gpu = lw.Encoder(make_tiny_model("bert", 4), device=DEVICE)
+    on_cpu = lw.Encoder(make_tiny_model("bert", 4), device="cpu")
+    for got, want in zip(on_gpu.extract(TEXTS, dtype="float16"), on_cpu.extract(TEXTS), strict=True):
+        assert got.hidden.dtype == np.float16
+        np.testing.assert_allclose(got.hidden.astype(np.float32), want.hidden, atol=2e-3, rtol=2e-3)

@@ -114,3 +114,28 @@ def test_pool_packed_in_half_precision_sums_in_float32():
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
     with pytest.raises(ValueError, match="pool 'median'"):
         pool_packed(states, lengths, "median")
+
+
+@pytest.mark.parametrize("packed", [True, False])
+def test_float16_results_are_the_float32_states_rounded_once(default_model_dir, packed):
+    """extract(dtype="float16"): cast where the states are (half the bytes cross, no float32 copy is
+    made on the host), and the numbers are the float32 states rounded to float16, whatever the path."""
+    encoder = lw.Encoder(default_model_dir, device="cpu", packed=packed)
+    texts = [*TEXTS, " ".join(corpus(30, seed=4))]
+    for long_texts in ("truncate", "window"):
+        want = encoder.extract(texts, layers=[0, 2, -1], long_texts=long_texts)
+        got = encoder.extract(texts, layers=[0, 2, -1], long_texts=long_texts, dtype="float16")
+        for g, w in zip(got, want, strict=True):
+            assert g.hidden.dtype == np.float16 and g.hidden.shape == w.hidden.shape
+            np.testing.assert_array_equal(g.hidden, w.hidden.astype(np.float16))
+    with pytest.raises(lw.errors.OptionError, match="dtype='bfloat16' is not valid"):
+        encoder.extract(texts, dtype="bfloat16")
+
+
+def test_host_copy_casts_before_the_copy(monkeypatch):
+    from layerwise.model.host_copy import HostCopy
+
+    states = torch.randn(3, 5, 4)
+    hidden, taps, finite = HostCopy(states, {"mlp_out": states * 2}, torch.float16).arrays()
+    assert hidden.dtype == taps["mlp_out"].dtype == np.float16 and finite
+    np.testing.assert_array_equal(hidden, states.numpy().astype(np.float16))

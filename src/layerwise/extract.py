@@ -36,7 +36,7 @@ from .inputs.windows import Window, plan_windows, stitch
 from .model.decoders import apply_final_norm, is_decoder_config
 from .model.handle import ModelHandle
 from .model.hooks import eager_attention_for, find_layer_list
-from .model.host_copy import HostCopy
+from .model.host_copy import RESULT_DTYPES, HostCopy
 from .model.packed_decoder import PACKED_TAPS, PackedDecoder, packed_forward
 from .model.padded import collate, forward_batch
 from .model.streams import ForwardLock, ForwardPool, check_streams
@@ -187,11 +187,11 @@ class Engine:
         progress: bool | None,
         final_norm: FinalNorm = True,
         sentence_pool: tuple[str, str] | None = None,
+        dtype: str = "float32",
     ) -> Iterator[tuple[int, LayerStack]]:
         """Plan units and batches now (so bad input fails here), run them lazily. ``final_norm``:
-        a decoder's final norm on the last hidden state (True), none (False) or every one ("all").
-        ``sentence_pool``: ``(pool, special_tokens)``: with the packed forward and no windows, each
-        input is pooled on the device, and its stack carries ``pooled`` and no token states."""
+        a decoder's final norm on the last hidden state (True), none (False) or every one ("all");
+        ``sentence_pool`` and ``dtype``: see ``_Call``."""
         for name, value in (("batch_size", batch_size), ("max_tokens", max_tokens)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise OptionError(f"{name}={value!r} must be a whole number >= 1 (or None)")
@@ -222,7 +222,7 @@ class Engine:
             budget = min(budget, -(-sum(lengths) // self.pool.streams) + max(lengths))
         batches = length_sorted_batches(lengths, batch_size or self.batch_size, budget, padded=not packed)
         on_device = sentence_pool if packed and not n_windows and not taps else None
-        run = _Call(layers, method, taps, final_norm, on_device)
+        run = _Call(layers, method, taps, final_norm, on_device, RESULT_DTYPES[dtype])
         return self._run(encoded, units, owners, n_windows, batches, run, progress)
 
     def forward_units(
@@ -335,7 +335,7 @@ class Engine:
                 layer_attr=self.layer_attr, layer_list=self.layer_list, model_type=self.model_type, taps=taps,
             )  # fmt: skip
             hidden = apply_final_norm(model, hidden, layers, run.final_norm)
-        return split_rows(HostCopy(hidden, tapped), [len(u) for u in units])
+        return split_rows(HostCopy(hidden, tapped, run.dtype), [len(u) for u in units])
 
     def _runs_packed(self, method: Method, taps: tuple[str, ...]) -> bool:
         """The packed forward gives hidden states, and a decoder's attn_out and mlp_out: other taps
@@ -364,7 +364,7 @@ class Engine:
             hidden = apply_final_norm(self.models.current, hidden, run.layers, run.final_norm)
             if run.sentence_pool is not None:  # only (L, B, H) crosses to the host
                 hidden = _pool_on_device(hidden, units, list(batch.lengths), *run.sentence_pool)
-            return list(batch.lengths), HostCopy(hidden, tapped)
+            return list(batch.lengths), HostCopy(hidden, tapped, run.dtype)
 
 
 def _pool_on_device(
@@ -404,7 +404,10 @@ class _Call:
     method: Method
     taps: tuple[str, ...]
     final_norm: FinalNorm
-    sentence_pool: tuple[str, str] | None = None  # (pool, special_tokens): pooled on the device
+    # (pool, special_tokens): with the packed forward and no windows, each input is pooled on the
+    # device, and its stack carries ``pooled`` and no token states
+    sentence_pool: tuple[str, str] | None = None
+    dtype: torch.dtype = torch.float32  # of the results: cast before they cross to the host
 
 
 def _stitch(item: EncodedInput, parts: dict[int, tuple], layers: tuple[int, ...]) -> LayerStack:

@@ -22,7 +22,8 @@ class LayerStack:
     """Every requested hidden state of one input.
 
     ``hidden[k]`` is hidden state ``layers[k]`` (0 = embedding output, i = output of layer i),
-    shape ``(n_layers, n_tokens, hidden_size)``, float32. Token-level fields have one entry per
+    shape ``(n_layers, n_tokens, hidden_size)``, float32 (float16 when ``extract(dtype="float16")``
+    asked for it). Token-level fields have one entry per
     wordpiece including ``[CLS]``/``[SEP]``: ``offsets`` are character spans into ``text``
     (into ``text_pair`` where ``segment_ids`` is 1; ``(0, 0)`` for special tokens), ``word_ids``
     index the words of the segment (-1 for special tokens). ``taps`` holds sub-layer outputs for

@@ -38,6 +38,7 @@ from ..model.decoders import is_decoder_config
 from ..model.gguf_files import gguf_read_once
 from ..model.handle import ModelHandle
 from ..model.hooks import DECODER_TAPS, check_taps
+from ..model.host_copy import RESULT_DTYPES
 from ..model.source import (
     load_config_and_tokenizer,
     pick_device,
@@ -245,17 +246,19 @@ class Encoder(FeatureCalls):
         progress: bool | None = None,
         report_truncation: bool = True,
         final_norm: FinalNorm | None = None,
+        dtype: str = "float32",
     ) -> Iterator[tuple[int, LayerStack]]:
         """Yield ``(input index, LayerStack)`` as batches finish (longest inputs first).
 
         Memory stays bounded by one batch; use :meth:`extract` for results in input order. Arguments
         are checked and inputs tokenised before this returns, so bad input fails here. Callers that
         run a corpus in blocks pass ``report_truncation=False`` and report once themselves.
-        ``method`` and ``final_norm``: None takes the Encoder's own."""
+        ``method`` and ``final_norm``: None takes the Encoder's own. ``dtype``: of the states
+        (float32, or float16: cast on the device, so half the bytes cross and no float32 is made)."""
         return _stream(
             self, texts, text_pairs=text_pairs, pairs=pairs, words=words, layers=layers, method=method,
             taps=taps, long_texts=long_texts, stride=stride, batch_size=batch_size, max_tokens=max_tokens,
-            progress=progress, report_truncation=report_truncation, final_norm=final_norm,
+            progress=progress, report_truncation=report_truncation, final_norm=final_norm, dtype=dtype,
         )  # fmt: skip
 
     def _final_norm(self, value: FinalNorm | None) -> FinalNorm:
@@ -273,14 +276,15 @@ class Encoder(FeatureCalls):
 
     def extract(self, texts=None, *, text_pairs=None, pairs=None, words=None, layers="all",
                 method=None, taps=(), long_texts="truncate", stride=None, batch_size=None,
-                max_tokens=None, progress=None, final_norm=None):  # fmt: skip
+                max_tokens=None, progress=None, final_norm=None, dtype="float32"):  # fmt: skip
         """Hidden states of every requested layer, one :class:`LayerStack` per input, in input order.
         Pass ``texts`` (optionally with ``text_pairs``), ``pairs`` or pre-split ``words``; the
         keywords are those of :meth:`iter_extract`. A single string gives a single LayerStack.
         ``layers`` takes any layer spec ("all", -1, [0, 4, -1], "0:4", "last4"); ``method`` picks
         ``output_hidden_states`` or forward hooks (same numbers); ``taps`` adds sub-layer outputs:
         attention_probs, attention_output, intermediate; ``final_norm`` (decoders): the final norm
-        on the last hidden state (True), none (False) or every one ("all"); None: the Encoder's."""
+        on the last hidden state (True), none (False) or every one ("all"); None: the Encoder's;
+        ``dtype``: float32 (default) or float16 states."""
         single = isinstance(texts, str)
         if single:
             if text_pairs is not None:
@@ -289,7 +293,7 @@ class Encoder(FeatureCalls):
         stream = self.iter_extract(
             texts, text_pairs=text_pairs, pairs=pairs, words=words, layers=layers, method=method,
             taps=taps, long_texts=long_texts, stride=stride, batch_size=batch_size, max_tokens=max_tokens,
-            progress=progress, final_norm=final_norm,
+            progress=progress, final_norm=final_norm, dtype=dtype,
         )  # fmt: skip
         results = dict(stream)
         ordered = [results[i] for i in range(len(results))]
@@ -314,10 +318,12 @@ def _stream(
     report_truncation: bool = True,
     final_norm: FinalNorm | None = None,
     sentence_pool: tuple[str, str] | None = None,
+    dtype: str = "float32",
 ) -> Iterator[tuple[int, LayerStack]]:
     """``Encoder.iter_extract``, and ``sentence_pool`` (``(pool, special_tokens)``) for
     ``Encoder.iter_results``' sentence plans: see ``Engine.stream``."""
     layer_ids = resolve_layers(layers, self.n_hidden_states)
+    check_choice("dtype", dtype, tuple(RESULT_DTYPES))
     method = self.method if method is None else method
     norm = self._final_norm(final_norm)
     taps = _check_extract_options(self, method, taps, long_texts, stride)
@@ -330,7 +336,7 @@ def _stream(
     report_empty_words(encoded)
     return self.engine.stream(
         encoded, layers=layer_ids, method=method, taps=taps, stride=stride, batch_size=batch_size,
-        max_tokens=max_tokens, progress=progress, final_norm=norm, sentence_pool=sentence_pool,
+        max_tokens=max_tokens, progress=progress, final_norm=norm, sentence_pool=sentence_pool, dtype=dtype,
     )  # fmt: skip
 
 

@@ -23,34 +23,42 @@ from collections.abc import Mapping
 import numpy as np
 import torch
 
+# the dtypes results may be asked in (extract(dtype=...)); NumPy has no bfloat16
+RESULT_DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "float16": torch.float16}
 
-def _to_float32_numpy(tensor: torch.Tensor) -> np.ndarray:
-    """A host float32 copy of ``tensor`` (any device, any float dtype)."""
-    return tensor.detach().to("cpu", dtype=torch.float32).numpy()
+
+def _to_numpy(tensor: torch.Tensor, dtype: torch.dtype = torch.float32) -> np.ndarray:
+    """A host copy of ``tensor`` (any device, any float dtype) in ``dtype``."""
+    return tensor.detach().to("cpu", dtype=dtype).numpy()
 
 
 class HostCopy:
     """``hidden`` and ``taps`` of one batch, copied to the host; :meth:`arrays` waits for them."""
 
-    def __init__(self, hidden: torch.Tensor, taps: Mapping[str, torch.Tensor]) -> None:
+    def __init__(
+        self, hidden: torch.Tensor, taps: Mapping[str, torch.Tensor], dtype: torch.dtype = torch.float32
+    ) -> None:
         # one cheap whole-batch test for Rows.nonfinite: a sum is NaN/inf when any term is (or when it
         # overflows: the caller then looks at the rows one by one); isfinite().all() costs 30x more
         self._check = hidden.sum()
-        self._event = None
+        self._event, self._dtype = None, dtype
         tensors = {"": hidden, **taps}
         if hidden.device.type != "cuda":
-            self._host = {name: _to_float32_numpy(t) for name, t in tensors.items()}
+            self._host = {name: _to_numpy(t, dtype) for name, t in tensors.items()}
             return
-        self._staged = {name: _pinned_copy(t) for name, t in tensors.items()}
+        # float32 results leave in the model's dtype and are widened on the host (fewer bytes);
+        # float16 results are cast on the device, and cross and stay float16
+        narrowed = {name: t if dtype == torch.float32 else t.to(dtype) for name, t in tensors.items()}
+        self._staged = {name: _pinned_copy(t) for name, t in narrowed.items()}
         self._event = torch.cuda.Event()
         # on the stream the copies went to: the tensors' device's (cuda:1 need not be the current device)
         self._event.record(torch.cuda.current_stream(hidden.device))
 
     def arrays(self) -> tuple[np.ndarray, dict[str, np.ndarray], bool]:
-        """``(hidden, taps, finite)`` as float32 NumPy in ordinary host memory."""
+        """``(hidden, taps, finite)`` as NumPy in ordinary host memory, in the dtype asked for."""
         if self._event is not None:
             self._event.synchronize()
-            self._host = {name: _widened(t) for name, t in self._staged.items()}
+            self._host = {name: _widened(t, self._dtype) for name, t in self._staged.items()}
             self._staged, self._event = {}, None  # the pinned buffers go back to torch's cache
         finite = bool(torch.isfinite(self._check))
         host = dict(self._host)
@@ -64,8 +72,8 @@ def _pinned_copy(tensor: torch.Tensor) -> torch.Tensor:
     return staging
 
 
-def _widened(staging: torch.Tensor) -> np.ndarray:
-    """float32 in fresh pageable memory (torch's CPU copy runs on its threads, page faults too)."""
-    out = torch.empty(staging.shape, dtype=torch.float32)
+def _widened(staging: torch.Tensor, dtype: torch.dtype = torch.float32) -> np.ndarray:
+    """``dtype`` in fresh pageable memory (torch's CPU copy runs on its threads, page faults too)."""
+    out = torch.empty(staging.shape, dtype=dtype)
     out.copy_(staging)
     return out.numpy()
