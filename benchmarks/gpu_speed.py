@@ -5,7 +5,9 @@ activation cache against the forward alone.
                                    [--decoder-tokenizer FOLDER|FILE.gguf] [--skip-1b] [--output FILE]
                                    [--part all|extract|cache]
 
-``--part extract`` or ``cache`` reruns one part and keeps the other's figures in the result file.
+``--part extract``, ``cache`` or ``embed`` reruns one part and keeps the others' figures in the result
+file. ``--part embed`` (gpu_limits.py) measures sentence vectors of every layer against the loop that
+pools on the GPU, float16 results, and a fresh Encoder's first call, each beside its limit.
 
 (``--device cpu`` with a few texts is a dry run of the script itself, not a figure.)
 
@@ -191,7 +193,7 @@ def main() -> None:
     args_parser.add_argument("--skip-1b", action="store_true")
     args_parser.add_argument("--output", type=Path, default=None, help="the result file (default: results/)")
     args_parser.add_argument("--device", default="cuda")
-    args_parser.add_argument("--part", choices=["all", "extract", "cache"], default="all")
+    args_parser.add_argument("--part", choices=["all", "extract", "cache", "embed"], default="all")
     args = args_parser.parse_args()
     device = args.device
     if device == "cuda" and not torch.cuda.is_available():
@@ -217,6 +219,17 @@ def main() -> None:
     tokenizer = smollm2_tokenizer(args.decoder_tokenizer)
     made: list[Path] = []
     try:
+        if args.part in ("all", "embed"):  # sentence vectors against the loop that pools on the GPU
+            from gpu_limits import measure_embed
+
+            report["embed"] = []
+            with bert_base_folder() as base:
+                for dtype in ("float16", "bfloat16") if device == "cuda" else ("float32",):
+                    report["embed"].append(measure_embed(base, dtype, texts, max(args.repeats, 3), device))
+                    save()
+                    free(device)
+            if args.part == "embed":
+                return
         if args.part in ("all", "extract"):
             folders = {"all-MiniLM-L6-v2 shape": minilm_folder()}
             made.append(folders["all-MiniLM-L6-v2 shape"])

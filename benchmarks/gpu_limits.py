@@ -1,0 +1,158 @@
+"""The GPU's limits and the sentence-vector contenders of ``gpu_speed.py --part embed``, each figure
+printed beside its limit, measured in the same run:
+
+- ``pinned_d2h_gb_per_s``: a 1 GiB device tensor copied into pinned host memory;
+- ``full_batch_forward``: the model's forward alone on full batches of 64 x 256 tokens (no host copy);
+- ``packed_forward``: layerwise's packed forward of the corpus with nothing copied to the host;
+- ``pooled_loop``: the fifteen-line loop that pools on the GPU (texts sorted by token count, padded
+  batches of at most 16,384 tokens, the masked mean of every hidden state, then ``(B, L, H)`` to the
+  host as float32);
+- ``embed``: ``enc.embed(texts, layers="all", pool="mean")``, from strings;
+- ``extract_float16``: ``enc.extract(texts, layers="all", dtype="float16")``, every token;
+- ``first_call`` and ``second_call``: a fresh Encoder's first ``embed`` and its second, apart from the
+  warm medians.
+
+``--device cpu`` with a few texts is a dry run of the code, not a figure.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from pathlib import Path
+
+import torch
+from common import interleaved_times
+
+import layerwise as lw
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def pinned_bandwidth(device: str, n_bytes: int = 2**30) -> float | None:
+    """GB/s of one device -> pinned host copy of ``n_bytes`` (the best of three); None off a GPU."""
+    if device != "cuda":
+        return None
+    source = torch.empty(n_bytes // 2, dtype=torch.float16, device=device)
+    target = torch.empty(source.shape, dtype=source.dtype, pin_memory=True)
+    best = float("inf")
+    for _ in range(3):
+        _sync(device)
+        started = time.perf_counter()
+        target.copy_(source, non_blocking=True)
+        _sync(device)
+        best = min(best, time.perf_counter() - started)
+    return n_bytes / best / 1e9
+
+
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 1)
+
+
+def pooled_loop(folder: Path, dtype: torch.dtype, texts: list[str], device: str):
+    """The hand-written loop that pools on the GPU; returns a callable counting the tokens it read."""
+    from transformers import AutoModel, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    model = AutoModel.from_pretrained(folder, dtype=dtype).to(device).eval()
+    ids = tokenizer(texts, truncation=True, max_length=512)["input_ids"]
+    order = sorted(range(len(texts)), key=lambda i: len(ids[i]), reverse=True)
+
+    def run() -> int:
+        n_tokens, start = 0, 0
+        with torch.inference_mode():
+            while start < len(order):
+                size = max(1, 16384 // len(ids[order[start]]))  # the longest text first: a token budget
+                chunk = order[start : start + size]
+                batch = tokenizer.pad([{"input_ids": ids[i]} for i in chunk], return_tensors="pt").to(device)
+                states = torch.stack(model(**batch, output_hidden_states=True).hidden_states)  # (L, B, T, H)
+                mask = batch["attention_mask"][None, :, :, None].to(states.dtype)
+                pooled = (states * mask).sum(2).float() / mask.sum(2).float()  # (L, B, H)
+                _ = pooled.transpose(0, 1).cpu().numpy()
+                n_tokens += int(batch["attention_mask"].sum())
+                start += size
+        _sync(device)
+        return n_tokens
+
+    run()  # warm-up
+    return run
+
+
+def full_batch_rate(encoder, device: str, rounds: int = 5) -> float:
+    """Tokens/s of the model's own forward on full 64 x 256 batches, nothing copied out."""
+    model = encoder.model
+    ids = torch.randint(1000, 2000, (64, 256), device=device)
+    with torch.inference_mode():
+        model(input_ids=ids)
+        _sync(device)
+        started = time.perf_counter()
+        for _ in range(rounds):
+            model(input_ids=ids)
+        _sync(device)
+    return rounds * ids.numel() / (time.perf_counter() - started)
+
+
+def measure_embed(folder: Path, dtype: str, texts: list[str], repeats: int, device: str) -> dict:
+    torch_dtype = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[dtype]
+    started = time.perf_counter()
+    fresh = lw.Encoder(folder, device=device, model_dtype=dtype, max_length=512)
+    made_s = time.perf_counter() - started
+    calls = []
+    for _ in range(2):
+        started = time.perf_counter()
+        fresh.embed(texts, layers="all", pool="mean", progress=False)
+        _sync(device)
+        calls.append(time.perf_counter() - started)
+    encoder = fresh
+    n_tokens = sum(len(e) for e in encoder.tokenize(texts))
+    layers = tuple(range(encoder.n_hidden_states))
+
+    def packed_forward() -> int:  # layerwise's own forward, no host copy: the engine's batches
+        engine, counted = encoder.engine, 0
+        packed = engine.packed
+        lengths = [len(e) for e in encoder.tokenize(texts)]
+        from layerwise.inputs.batches import length_sorted_batches
+
+        units = encoder.tokenize(texts)
+        with torch.inference_mode():
+            for batch_ids in length_sorted_batches(
+                lengths, engine.batch_size, engine.max_tokens, padded=False
+            ):
+                batch = packed.prepare([units[u] for u in batch_ids], with_token_types=engine.with_token_types,
+                                       device=engine.device)  # fmt: skip
+                packed.forward(batch, layers)
+                counted += sum(batch.lengths)
+        _sync(device)
+        return counted
+
+    methods = {
+        "embed": lambda: (encoder.embed(texts, layers="all", pool="mean", progress=False), n_tokens)[1],
+        "pooled_loop": pooled_loop(folder, torch_dtype, texts, device),
+        "extract_float16": lambda: sum(
+            s.n_tokens for s in encoder.extract(texts, layers="all", dtype="float16", progress=False)
+        ),
+        "packed_forward": packed_forward,
+    }
+    times = interleaved_times(methods, repeats, n_tokens)
+    rate = {k: round(n_tokens / statistics.median(v)) for k, v in times.items()}
+    report = {
+        "dtype": dtype, "texts": len(texts), "tokens": n_tokens, "tokens_per_s": rate,
+        "limits": {"full_batch_forward_tokens_per_s": round(full_batch_rate(encoder, device)),
+                   "pinned_d2h_gb_per_s": _rounded(pinned_bandwidth(device))},
+        "first_call_s": round(calls[0], 3), "second_call_s": round(calls[1], 3),
+        "first_over_second": round(calls[0] / calls[1], 2), "encoder_made_s": round(made_s, 2),
+        "seconds": {k: [round(t, 3) for t in v] for k, v in times.items()},
+    }  # fmt: skip
+    limits = report["limits"]
+    print(f"BERT-base shape {dtype}, {len(texts)} texts, {n_tokens} tokens (tokens/s, medians of {repeats}):\n"
+          f"  embed(layers='all')   {rate['embed']:>10,}  target >= 1,000,000; the pooled loop {rate['pooled_loop']:,}\n"
+          f"  extract float16       {rate['extract_float16']:>10,}  target >= 0.8 x the packed forward "
+          f"{rate['packed_forward']:,} (= {rate['extract_float16'] / rate['packed_forward']:.2f})\n"
+          f"  limits: full-batch forward {limits['full_batch_forward_tokens_per_s']:,} tokens/s, pinned "
+          f"device->host {limits['pinned_d2h_gb_per_s']} GB/s\n"
+          f"  first call {calls[0]:.2f} s, second {calls[1]:.2f} s (target: first <= 2 x second)",
+          flush=True)  # fmt: skip
+    return report
