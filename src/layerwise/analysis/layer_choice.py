@@ -191,8 +191,9 @@ def recommend(metrics: LayerMetrics, *, kind: str = "encoder", use: str = "mean"
     )
     if not agree:
         gap = abs(top[0] - top[1])
+        away = f"{gap} layer{'s' * (gap != 1)} away"
         reason += (
-            f" The next rule picks hidden state {top[1]}, {gap} layers away: more than the benchmark's "
+            f" The next rule picks hidden state {top[1]}, {away}: more than the benchmark's "
             f"spread ({spread:.0%} of the depth), so try both (layerwise probe scores them with labels)."
         )
     frozen = tuple(Candidate(k, tuple(v)) for k, v in candidates.items())
