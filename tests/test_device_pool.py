@@ -1,6 +1,6 @@
-"""Sentence plans pool on the model's device (features/device_pool.py): the same numbers as pooling
-each input's own states on the host, and only the pooled vectors cross from the device. On the CPU
-the same torch code runs with device="cpu"; test_cuda.py runs it on a GPU."""
+"""Sentence and word plans pool on the model's device (features/device_pool.py): the same numbers as
+pooling each input's own states on the host, and only the pooled vectors cross from the device. On
+the CPU the same torch code runs with device="cpu"; test_cuda.py runs it on a GPU."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import torch
 from conftest import corpus, needs_smollm2
 
 import layerwise as lw
-from layerwise.features.device_pool import pool_packed
+from layerwise.features.device_pool import pool_groups
 from layerwise.features.plan import OutputPlan
-from layerwise.features.pool import SENTENCE_POOLS
+from layerwise.features.pool import SENTENCE_POOLS, SUBWORD_POOLS
 
 # mixed lengths, an empty text (no content tokens: "exclude" falls back to the special tokens), a pair
 TEXTS = [*corpus(14, seed=7), "", "Hi", "One more, with punctuation: yes!"]
@@ -20,18 +20,30 @@ TEXTS = [*corpus(14, seed=7), "", "Hi", "One more, with punctuation: yes!"]
 FUSES = (("all", None), (None, "mean_last4"), (None, "concat_last4"), (None, "sum_all"), ([1, 3, 5], "mean"))
 
 
-def _host(encoder, plan: OutputPlan, texts, **pairs) -> list[np.ndarray]:
-    """Each input's vector as the host computes it: pool_sentence on its own states, then the plan."""
+def _host(encoder, plan: OutputPlan, texts, **inputs) -> list:
+    """Each input's result as the host computes it: the plan applied to its own states."""
     settled = encoder.settle(plan)
     layers = list(settled.hidden_states(encoder.n_hidden_states))
-    stacks = encoder.extract(texts, layers=layers, final_norm=settled.final_norm, **pairs)
-    return [settled.result(stack, encoder.n_hidden_states).vector for stack in stacks]
+    stacks = encoder.extract(texts, layers=layers, final_norm=settled.final_norm, **inputs)
+    return [settled.result(stack, encoder.n_hidden_states) for stack in stacks]
 
 
-def _device(encoder, plan: OutputPlan, texts, **pairs) -> list[np.ndarray]:
-    results = {index: (stack, result) for index, stack, result in encoder.iter_results(plan, texts, **pairs)}
+def _device(encoder, plan: OutputPlan, texts, **inputs) -> list:
+    results = {index: (stack, result) for index, stack, result in encoder.iter_results(plan, texts, **inputs)}
     assert all(stack.pooled is not None and stack.hidden.shape[2] == 0 for stack, _ in results.values())
-    return [results[i][1].vector for i in range(len(texts))]
+    return [results[i][1] for i in range(len(results))]
+
+
+def _same(got: list, want: list) -> None:
+    for g, w in zip(got, want, strict=True):
+        assert type(g) is type(w)
+        got_vectors = g.vectors if hasattr(g, "vectors") else g.vector
+        np.testing.assert_allclose(
+            got_vectors, w.vectors if hasattr(w, "vectors") else w.vector, atol=1e-5, rtol=1e-5
+        )
+        if hasattr(w, "words"):
+            assert (g.words, g.spans.tolist(), g.n_subwords.tolist(), g.segment_ids.tolist()) == (
+                w.words, w.spans.tolist(), w.n_subwords.tolist(), w.segment_ids.tolist())  # fmt: skip
 
 
 @pytest.mark.parametrize("pool", SENTENCE_POOLS)
@@ -40,18 +52,27 @@ def test_every_pool_and_fusion_equals_the_host_path(default_encoder, pool, speci
     for layers, fuse in FUSES:
         for normalize in (False, True):
             plan = OutputPlan(layers, "sentence", pool, special_tokens, fuse, normalize=normalize)
-            for got, want in zip(_device(default_encoder, plan, TEXTS), _host(default_encoder, plan, TEXTS),
-                                 strict=True):  # fmt: skip
-                np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
+            _same(_device(default_encoder, plan, TEXTS), _host(default_encoder, plan, TEXTS))
+
+
+@pytest.mark.parametrize("subword", SUBWORD_POOLS)
+def test_every_word_pool_equals_the_host_path(default_encoder, subword):
+    for layers, fuse in (("all", None), (None, "concat_last4"), ([2, 4], "sum")):
+        plan = OutputPlan(layers, "word", subword, "include", fuse)
+        _same(_device(default_encoder, plan, TEXTS), _host(default_encoder, plan, TEXTS))
+    words = [["Pre", "split", "\u200b", "words", "."], ["one"]]  # a word with no wordpiece keeps its slot
+    plan = OutputPlan("all", "word", subword, "include", None)
+    _same(_device(default_encoder, plan, None, words=words), _host(default_encoder, plan, None, words=words))
+    pairs = {"text_pairs": [t[::-1] for t in TEXTS]}
+    _same(_device(default_encoder, plan, TEXTS, **pairs), _host(default_encoder, plan, TEXTS, **pairs))
 
 
 def test_pairs_and_a_layer_subset(default_encoder):
     plan = OutputPlan([0, 3, -1], "sentence", "mean", "exclude", None)
     pairs = {"text_pairs": [t[::-1] for t in TEXTS]}
     got, want = _device(default_encoder, plan, TEXTS, **pairs), _host(default_encoder, plan, TEXTS, **pairs)
-    for g, w in zip(got, want, strict=True):
-        assert g.shape == (3, 384)
-        np.testing.assert_allclose(g, w, atol=1e-5, rtol=1e-5)
+    assert all(g.vector.shape == (3, 384) for g in got)
+    _same(got, want)
 
 
 @needs_smollm2
@@ -59,9 +80,9 @@ def test_pairs_and_a_layer_subset(default_encoder):
 def test_a_decoder_with_its_final_norm(smollm2, pool):
     for final_norm in (True, "all"):
         plan = OutputPlan("all", "sentence", pool, "include", None, final_norm=final_norm)
-        texts = TEXTS[:6]
-        for got, want in zip(_device(smollm2, plan, texts), _host(smollm2, plan, texts), strict=True):
-            np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
+        _same(_device(smollm2, plan, TEXTS[:6]), _host(smollm2, plan, TEXTS[:6]))
+    words = OutputPlan("all", "word", "mean", "include", None)
+    _same(_device(smollm2, words, TEXTS[:6]), _host(smollm2, words, TEXTS[:6]))
 
 
 def test_only_the_pooled_vectors_cross_from_the_device(default_encoder, monkeypatch):
@@ -70,9 +91,9 @@ def test_only_the_pooled_vectors_cross_from_the_device(default_encoder, monkeypa
     crossed: list[tuple[int, ...]] = []
     real = engine_module.HostCopy
 
-    def counting(hidden, taps):
+    def counting(hidden, taps, *dtype):
         crossed.append(tuple(hidden.shape))
-        return real(hidden, taps)
+        return real(hidden, taps, *dtype)
 
     monkeypatch.setattr(engine_module, "HostCopy", counting)
     vectors = default_encoder.embed(TEXTS, layers="all", pool="mean")
@@ -81,6 +102,9 @@ def test_only_the_pooled_vectors_cross_from_the_device(default_encoder, monkeypa
     # one (hidden states, inputs of the batch, width) array per batch: no token axis
     assert all(len(shape) == 3 and shape[0] == n_states and shape[2] == width for shape in crossed)
     assert sum(shape[1] for shape in crossed) == len(TEXTS)
+    crossed.clear()
+    words = default_encoder.embed_words(TEXTS, layers="all", subword="mean")
+    assert sum(shape[1] for shape in crossed) == sum(len(w.words) for w in words)  # one row per word
     crossed.clear()
     default_encoder.extract(TEXTS, layers="all")  # every token, as asked
     n_tokens = sum(len(item) for item in default_encoder.tokenize(TEXTS))
@@ -103,17 +127,22 @@ def test_windows_and_unpacked_models_pool_on_the_host_with_the_same_numbers(defa
     )  # fmt: skip
 
 
-def test_pool_packed_in_half_precision_sums_in_float32():
+def test_pool_groups_in_half_precision_sums_in_float32():
     torch.manual_seed(0)
     states = torch.randn(2, 700, 16) * 40
-    lengths = [300, 400]
-    got = pool_packed(states.half(), lengths, "mean")
+    owner = torch.cat([torch.zeros(300, dtype=torch.long), torch.ones(400, dtype=torch.long)])
+    owner[5] = -1  # a token no group pools
+    got = pool_groups(states.half(), owner, 2, "mean")
     assert got.dtype == torch.float32
     halves = states.half().float()
-    want = torch.stack([halves[:, :300].mean(1), halves[:, 300:].mean(1)], dim=1)
-    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    first = torch.cat([halves[:, :5], halves[:, 6:300]], dim=1).mean(1)
+    torch.testing.assert_close(
+        got, torch.stack([first, halves[:, 300:].mean(1)], dim=1), atol=1e-5, rtol=1e-5
+    )
+    ends = pool_groups(states, owner, 2, "first_last")
+    torch.testing.assert_close(ends, torch.cat([states[:, [0, 300]], states[:, [299, 699]]], dim=-1))
     with pytest.raises(ValueError, match="pool 'median'"):
-        pool_packed(states, lengths, "median")
+        pool_groups(states, owner, 2, "median")
 
 
 @pytest.mark.parametrize("packed", [True, False])

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from .errors import ModelLoadError, NonFiniteError, OptionError
-from .features.device_pool import content_mask, pool_packed
+from .features.device_pool import pool_batch
 from .inputs.batches import length_sorted_batches
 from .inputs.encoding import EncodedInput, segment_ids
 from .inputs.windows import Window, plan_windows, stitch
@@ -186,12 +186,12 @@ class Engine:
         max_tokens: int | None,
         progress: bool | None,
         final_norm: FinalNorm = True,
-        sentence_pool: tuple[str, str] | None = None,
+        device_pool: tuple[str, str, str] | None = None,
         dtype: str = "float32",
     ) -> Iterator[tuple[int, LayerStack]]:
         """Plan units and batches now (so bad input fails here), run them lazily. ``final_norm``:
         a decoder's final norm on the last hidden state (True), none (False) or every one ("all");
-        ``sentence_pool`` and ``dtype``: see ``_Call``."""
+        ``device_pool`` and ``dtype``: see ``_Call``."""
         for name, value in (("batch_size", batch_size), ("max_tokens", max_tokens)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise OptionError(f"{name}={value!r} must be a whole number >= 1 (or None)")
@@ -221,7 +221,7 @@ class Engine:
             # requests fits one batch): split the tokens evenly, in at most that many batches
             budget = min(budget, -(-sum(lengths) // self.pool.streams) + max(lengths))
         batches = length_sorted_batches(lengths, batch_size or self.batch_size, budget, padded=not packed)
-        on_device = sentence_pool if packed and not n_windows and not taps else None
+        on_device = device_pool if packed and not n_windows and not taps else None
         run = _Call(layers, method, taps, final_norm, on_device, RESULT_DTYPES[dtype])
         return self._run(encoded, units, owners, n_windows, batches, run, progress)
 
@@ -265,8 +265,8 @@ class Engine:
                         if not self.allow_nan:
                             raise _nonfinite_error(encoded[index], hidden, layers)
                         nonfinite.add(index)
-                    if k < 0:  # pooled on the device: the rows are the inputs' pooled vectors
-                        pooled = hidden if run.sentence_pool is not None else None
+                    if k < 0:  # pooled on the device: the rows are the input's pooled vectors
+                        pooled = None if run.device_pool is None else hidden[:, 0] if run.sentence else hidden
                         yield index, make_stack(encoded[index], hidden, tapped, layers, pooled=pooled)
                         continue
                     pending.setdefault(index, {})[k] = (units[u], hidden, tapped)
@@ -298,10 +298,10 @@ class Engine:
             for batch_ids in batches:
                 launched = (batch_ids, *self._launch_packed([units[u] for u in batch_ids], run))
                 if waiting is not None:
-                    yield waiting[0], _rows(*waiting[1:], pooled=run.sentence_pool is not None)
+                    yield waiting[0], _rows(*waiting[1:])
                 waiting = launched
             if waiting is not None:
-                yield waiting[0], _rows(*waiting[1:], pooled=run.sentence_pool is not None)
+                yield waiting[0], _rows(*waiting[1:])
             return
         if self.pool is None or not packed:
             for batch_ids in batches:
@@ -346,7 +346,7 @@ class Engine:
         return not taps or (isinstance(self.packed, PackedDecoder) and set(taps) <= set(PACKED_TAPS))
 
     def _forward_packed(self, units: Sequence[EncodedInput | Window], run: _Call) -> Rows:
-        return _rows(*self._launch_packed(units, run), pooled=run.sentence_pool is not None)
+        return _rows(*self._launch_packed(units, run))
 
     def _launch_packed(
         self, units: Sequence[EncodedInput | Window], run: _Call
@@ -362,32 +362,32 @@ class Engine:
             else:
                 hidden = packed.forward(batch, run.layers)
             hidden = apply_final_norm(self.models.current, hidden, run.layers, run.final_norm)
-            if run.sentence_pool is not None:  # only (L, B, H) crosses to the host
-                hidden = _pool_on_device(hidden, units, list(batch.lengths), *run.sentence_pool)
-            return list(batch.lengths), HostCopy(hidden, tapped, run.dtype)
+            hidden, sizes = _device_pool(hidden, units, run, list(batch.lengths))
+            return sizes, HostCopy(hidden, tapped, run.dtype)
 
 
-def _pool_on_device(
-    hidden: torch.Tensor, units: Sequence[EncodedInput | Window], lengths: list[int], pool: str, special: str
-) -> torch.Tensor:
-    """A packed batch's states pooled per input where they are (features/device_pool.py)."""
-    content = None
-    if special == "exclude":  # no windows on this path (Engine.stream): every unit is an EncodedInput
-        content = content_mask([cast(EncodedInput, u).word_ids for u in units], hidden.device)
-    return pool_packed(hidden, lengths, pool, content)
+def _device_pool(
+    hidden: torch.Tensor, units: Sequence[EncodedInput | Window], run: _Call, lengths: list[int]
+) -> tuple[torch.Tensor, list[int]]:
+    """The batch's states, pooled where they are when the call pools on the device (only the pooled
+    rows then cross to the host), and each input's number of rows."""
+    if run.device_pool is None:
+        return hidden, lengths
+    tokens = [_token_ids(cast(EncodedInput, u)) for u in units]  # no windows on this path
+    return pool_batch(hidden, tokens, *run.device_pool)
 
 
-def _rows(lengths: list[int], copy: HostCopy, *, pooled: bool = False) -> Rows:
+def _token_ids(item: EncodedInput) -> tuple[np.ndarray, np.ndarray]:
+    """An input's (segment ids, word ids with -1 for special tokens), as its LayerStack has them."""
+    return segment_ids(item.sequence_ids), np.asarray([-1 if w is None else w for w in item.word_ids])
+
+
+def _rows(lengths: list[int], copy: HostCopy) -> Rows:
     """A packed batch's rows: views of the batch's arrays, not copies (the rows are contiguous per
     layer, and every consumer (the store's transposing cast, pooling, npz) reads them once anyway).
-    ``pooled``: the batch was pooled on the device, one ``(L, H)`` row per input."""
+    ``lengths``: each input's rows: its tokens, or its pooled vectors (one, or one per word)."""
     array, taps, finite = copy.arrays()
     rows = Rows()
-    if pooled:
-        for b in range(len(lengths)):
-            rows.append((array[:, b], {}))
-        rows.nonfinite = not finite
-        return rows
     start = 0
     for n in lengths:
         rows.append((array[:, start : start + n], {k: t[:, start : start + n] for k, t in taps.items()}))
@@ -404,10 +404,14 @@ class _Call:
     method: Method
     taps: tuple[str, ...]
     final_norm: FinalNorm
-    # (pool, special_tokens): with the packed forward and no windows, each input is pooled on the
-    # device, and its stack carries ``pooled`` and no token states
-    sentence_pool: tuple[str, str] | None = None
+    # (level, pool, special_tokens): with the packed forward and no windows, each input is pooled on
+    # the device (features/device_pool.py), and its stack carries ``pooled`` and no token states
+    device_pool: tuple[str, str, str] | None = None
     dtype: torch.dtype = torch.float32  # of the results: cast before they cross to the host
+
+    @property
+    def sentence(self) -> bool:
+        return self.device_pool is not None and self.device_pool[0] == "sentence"
 
 
 def _stitch(item: EncodedInput, parts: dict[int, tuple], layers: tuple[int, ...]) -> LayerStack:

@@ -205,16 +205,16 @@ class Encoder(FeatureCalls):
         norm), and the plan makes each stack its result (a LayerStack, WordVectors or
         SentenceVector). Every writer, ``embed``, ``embed_words``, Ray and the server read it."""
         settled = self.settle(plan)
-        # a sentence plan pools on the model's device (features/device_pool.py): only the pooled
-        # vectors cross to the host, and its stacks carry them (``pooled``) but no token states
+        # sentence and word plans pool on the model's device (features/device_pool.py): only the
+        # pooled vectors cross to the host, and the stacks carry them (``pooled``), no token states
         on_device = None
-        if settled.level == "sentence" and settled.mode is not None:
-            on_device = (settled.mode, settled.special_tokens)
+        if settled.level in ("sentence", "word") and settled.mode is not None:
+            on_device = (settled.level, settled.mode, settled.special_tokens)
         stream = _stream(
             self, texts, text_pairs=text_pairs, pairs=pairs, words=words,
             layers=settled.hidden_states(self.n_hidden_states), long_texts=settled.long_texts,
             stride=settled.stride, final_norm=settled.final_norm,  # None for an encoder: nothing to norm
-            progress=progress, report_truncation=report_truncation, sentence_pool=on_device,
+            progress=progress, report_truncation=report_truncation, device_pool=on_device,
         )  # fmt: skip
         return ((index, stack, settled.result(stack, self.n_hidden_states)) for index, stack in stream)
 
@@ -317,11 +317,11 @@ def _stream(
     progress: bool | None = None,
     report_truncation: bool = True,
     final_norm: FinalNorm | None = None,
-    sentence_pool: tuple[str, str] | None = None,
+    device_pool: tuple[str, str, str] | None = None,
     dtype: str = "float32",
 ) -> Iterator[tuple[int, LayerStack]]:
-    """``Encoder.iter_extract``, and ``sentence_pool`` (``(pool, special_tokens)``) for
-    ``Encoder.iter_results``' sentence plans: see ``Engine.stream``."""
+    """``Encoder.iter_extract``, and ``device_pool`` (``(level, pool, special_tokens)``) for
+    ``Encoder.iter_results``' sentence and word plans: see ``Engine.stream``."""
     layer_ids = resolve_layers(layers, self.n_hidden_states)
     check_choice("dtype", dtype, tuple(RESULT_DTYPES))
     method = self.method if method is None else method
@@ -336,7 +336,7 @@ def _stream(
     report_empty_words(encoded)
     return self.engine.stream(
         encoded, layers=layer_ids, method=method, taps=taps, stride=stride, batch_size=batch_size,
-        max_tokens=max_tokens, progress=progress, final_norm=norm, sentence_pool=sentence_pool, dtype=dtype,
+        max_tokens=max_tokens, progress=progress, final_norm=norm, device_pool=device_pool, dtype=dtype,
     )  # fmt: skip
 
 

@@ -1,12 +1,13 @@
-"""Sentence pooling where the states are: a packed batch's hidden states ``(L, N, H)`` (the real
-tokens of B inputs, one after another) to one vector per input and layer, ``(L, B, H)`` float32, in
-torch on the model's device, before anything crosses to the host.
+"""Pooling where the states are: a packed batch's hidden states ``(L, N, H)`` (the real tokens of B
+inputs, one after another) to one vector per input (a sentence plan) or per word (a word plan) and
+layer, ``(L, rows, H)`` float32, in torch on the model's device, before anything crosses to the host.
 
-The numbers are those of :func:`pool.pool_sentence` on each input's own states (tests compare every
-pool and special-tokens choice): cls is the first token, last the last (with ``exclude``, the last
-content token), mean the mean, max the element-wise maximum; ``exclude`` pools over content tokens
-only, and an input with none falls back to all of its tokens. Sums are taken in float32 (a float16 or
-bfloat16 model's states are widened first); the host path sums in float64, and the two agree to
+The numbers are those of :func:`pool.pool_sentence` and :func:`pool.pool_words` on each input's own
+states (tests compare every pool and special-tokens choice): a *group* is an input or a word, and
+each pool reduces the tokens of its group: first (cls), last, mean, max, first_last (first and last
+concatenated). A sentence pool with ``exclude`` pools over content tokens only (cls stays the first
+token), and an input with none falls back to all of its tokens. Sums are taken in float32 (a float16
+or bfloat16 model's states are widened first); the host path sums in float64, and the two agree to
 1e-6 relative on inputs of up to 512 tokens.
 """
 
@@ -14,60 +15,83 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
-DEVICE_POOLS = ("cls", "mean", "max", "last")
+from .pool import word_group_ids
+
+GROUP_POOLS = ("first", "last", "mean", "max", "first_last")
+SENTENCE_AS_GROUP = {"cls": "first", "last": "last", "mean": "mean", "max": "max"}
 
 
-def content_mask(word_ids: Sequence[Sequence[int | None]], device: torch.device) -> torch.Tensor:
-    """``(N,)`` bool over the packed tokens: True for a content token (one with a word id)."""
-    flat = [w is not None and w >= 0 for ids in word_ids for w in ids]
-    return torch.tensor(flat, dtype=torch.bool).to(device, non_blocking=True)
-
-
-def pool_packed(
-    hidden: torch.Tensor,
-    lengths: Sequence[int],
-    pool: str,
-    content: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """``hidden`` (L, N, H) of inputs of ``lengths`` -> (L, B, H) float32. ``content``: the tokens to
-    pool over (``exclude``); None pools over every token (``include``)."""
-    if pool not in DEVICE_POOLS:
-        raise ValueError(f"pool {pool!r}: one of {DEVICE_POOLS}")
+def pool_groups(hidden: torch.Tensor, owner: torch.Tensor, n_groups: int, pool: str) -> torch.Tensor:
+    """``hidden`` (L, N, H) -> (L, n_groups, H) float32 ((L, n_groups, 2H) for first_last): each
+    group's ``pool`` over the tokens ``owner`` (N,) assigns to it (-1: no group). Every group must
+    own at least one token."""
+    if pool not in GROUP_POOLS:
+        raise ValueError(f"pool {pool!r}: one of {GROUP_POOLS}")
     device = hidden.device
     n_layers, n_tokens, width = hidden.shape
-    sizes = torch.tensor(list(lengths), dtype=torch.long).to(device, non_blocking=True)
-    n_inputs = len(lengths)
-    starts = torch.cumsum(sizes, 0) - sizes
-    if pool == "cls":
-        return hidden[:, starts].float()
-    owner = torch.repeat_interleave(torch.arange(n_inputs, device=device), sizes, output_size=n_tokens)
-    if content is not None:
-        # an input with no content token (an empty text) pools over its special tokens instead
-        has_content = torch.zeros(n_inputs, dtype=torch.long, device=device).index_add_(
-            0, owner, content.long()
-        )
-        selected = content | (has_content == 0)[owner]
-    else:
-        selected = None
-    if pool == "last":
-        if selected is None:
-            return hidden[:, starts + sizes - 1].float()
-        position = torch.arange(n_tokens, device=device)
-        chosen = torch.full((n_inputs,), -1, dtype=torch.long, device=device)
-        chosen = chosen.scatter_reduce(0, owner[selected], position[selected], reduce="amax")
-        return hidden[:, chosen].float()
-    if selected is not None:
-        hidden, owner = hidden[:, selected], owner[selected]
-    states = hidden.float()
+    kept = owner >= 0
+    position = torch.arange(n_tokens, device=device)[kept]
+    owner = owner[kept]
+    if pool in ("first", "last", "first_last"):
+        ends = {}
+        for end, reduce, fill in (("first", "amin", n_tokens), ("last", "amax", -1)):
+            if pool in (end, "first_last"):
+                start = torch.full((n_groups,), fill, dtype=torch.long, device=device)
+                ends[end] = hidden[:, start.scatter_reduce(0, owner, position, reduce=reduce)].float()
+        return torch.cat([ends["first"], ends["last"]], dim=-1) if pool == "first_last" else ends[pool]
+    states = hidden[:, position].float()
     if pool == "mean":
-        counts = torch.zeros(n_inputs, dtype=torch.float32, device=device).index_add_(
-            0, owner, torch.ones_like(owner, dtype=torch.float32)
-        )
-        sums = torch.zeros(n_layers, n_inputs, width, dtype=torch.float32, device=device)
+        counts = torch.zeros(n_groups, dtype=torch.float32, device=device)
+        counts.index_add_(0, owner, torch.ones_like(owner, dtype=torch.float32))
+        sums = torch.zeros(n_layers, n_groups, width, dtype=torch.float32, device=device)
         sums.index_add_(1, owner, states)
         return sums / counts[None, :, None]
-    out = torch.full((n_layers, n_inputs, width), float("-inf"), dtype=torch.float32, device=device)
+    out = torch.full((n_layers, n_groups, width), float("-inf"), dtype=torch.float32, device=device)
     index = owner[None, :, None].expand(n_layers, -1, width)
     return out.scatter_reduce(1, index, states, reduce="amax", include_self=True)
+
+
+# each input's tokens as (segment ids, word ids with -1 for special tokens), as a LayerStack has them
+Tokens = Sequence[tuple[np.ndarray, np.ndarray]]
+
+
+def sentence_owner(tokens: Tokens, special_tokens: str, pool: str) -> np.ndarray:
+    """Each packed token's input, or -1 for a token the sentence pool leaves out (``exclude``:
+    special tokens, unless the input has no content token; cls always reads the first token)."""
+    parts = []
+    for b, (_, word_ids) in enumerate(tokens):
+        own = np.full(len(word_ids), b, dtype=np.int64)
+        if special_tokens == "exclude" and pool != "cls" and (word_ids >= 0).any():
+            own[word_ids < 0] = -1
+        parts.append(own)
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+
+def word_owner(tokens: Tokens) -> tuple[np.ndarray, list[int]]:
+    """Each packed token's word across the batch (-1 for special tokens) and each input's number of
+    words, in :func:`pool.word_groups`' order."""
+    parts, counts, offset = [], [], 0
+    for segments, word_ids in tokens:
+        group, n_words = word_group_ids(segments, word_ids)
+        parts.append(np.where(group >= 0, group + offset, -1))
+        counts.append(n_words)
+        offset += n_words
+    return (np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)), counts
+
+
+def pool_batch(
+    hidden: torch.Tensor, tokens: Tokens, level: str, pool: str, special_tokens: str
+) -> tuple[torch.Tensor, list[int]]:
+    """A packed batch's states pooled per input (``level`` "sentence") or per word ("word"), where
+    they are: ``(L, rows, H)`` and each input's number of rows (1 per input for a sentence)."""
+    if level == "sentence":
+        owner, sizes, n_groups = sentence_owner(tokens, special_tokens, pool), [1] * len(tokens), len(tokens)
+        group_pool = SENTENCE_AS_GROUP[pool]
+    else:
+        owner, sizes = word_owner(tokens)
+        n_groups, group_pool = sum(sizes), pool
+    index = torch.from_numpy(owner).to(hidden.device, non_blocking=True)
+    return pool_groups(hidden, index, n_groups, group_pool), sizes

@@ -193,7 +193,7 @@ class OutputPlan:
             return stack
         layers = stack.layers
         if self.level == "word":
-            words = pool_words(stack, self.mode)  # type: ignore[arg-type]
+            words = pool_words(stack, self.mode, stack.pooled)  # type: ignore[arg-type]
             if self.fuse is None:
                 return words
             fused = fuse_layers(words.vectors, layers, self.fuse, n_hidden_states=n_hidden_states, axis=0)

@@ -63,19 +63,31 @@ def pool_sentence(
 def word_groups(stack: LayerStack) -> tuple[np.ndarray, list[tuple[int, int]]]:
     """Word number of each token (-1 for special tokens) and the (segment, word id) of each word,
     in order of first appearance."""
+    return word_group_keys(stack.segment_ids, stack.word_ids)
+
+
+def word_group_keys(segments: np.ndarray, word_ids: np.ndarray) -> tuple[np.ndarray, list[tuple[int, int]]]:
+    """:func:`word_groups` from a token's segment and word id arrays (-1: a special token)."""
     keys: dict[tuple[int, int], int] = {}
-    group = np.full(stack.n_tokens, -1, dtype=np.int64)
-    for t, (segment, word) in enumerate(
-        zip(stack.segment_ids.tolist(), stack.word_ids.tolist(), strict=True)
-    ):
+    group = np.full(len(word_ids), -1, dtype=np.int64)
+    for t, (segment, word) in enumerate(zip(segments.tolist(), word_ids.tolist(), strict=True)):
         if word < 0:
             continue
         group[t] = keys.setdefault((segment, word), len(keys))
     return group, list(keys)
 
 
-def pool_words(stack: LayerStack, subword: SubwordPool = "first") -> WordVectors:
-    """Word vectors at every layer of ``stack``."""
+def word_group_ids(segments: np.ndarray, word_ids: np.ndarray) -> tuple[np.ndarray, int]:
+    """Each token's word number (-1 for special tokens) and the number of words."""
+    group, keys = word_group_keys(segments, word_ids)
+    return group, len(keys)
+
+
+def pool_words(
+    stack: LayerStack, subword: SubwordPool = "first", vectors: np.ndarray | None = None
+) -> WordVectors:
+    """Word vectors at every layer of ``stack``. ``vectors``: the words' vectors pooled already, where
+    the states were (features/device_pool.py); the stack then gives the words, spans and counts."""
     check_choice("subword", subword, SUBWORD_POOLS)
     group, keys = word_groups(stack)
     n_words = len(keys)
@@ -88,7 +100,9 @@ def pool_words(stack: LayerStack, subword: SubwordPool = "first") -> WordVectors
     first[owner[::-1]] = tokens[::-1]
     last[owner] = tokens
     hidden = stack.hidden
-    if subword == "first":
+    if vectors is not None:
+        pass
+    elif subword == "first":
         vectors = hidden[:, first]
     elif subword == "last":
         vectors = hidden[:, last]
