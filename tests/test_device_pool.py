@@ -168,3 +168,12 @@ def test_host_copy_casts_before_the_copy(monkeypatch):
     hidden, taps, finite = HostCopy(states, {"mlp_out": states * 2}, torch.float16).arrays()
     assert hidden.dtype == taps["mlp_out"].dtype == np.float16 and finite
     np.testing.assert_array_equal(hidden, states.numpy().astype(np.float16))
+
+
+def test_embed_in_float16_is_the_float32_vectors_rounded_once(default_encoder):
+    want = default_encoder.embed(TEXTS, layers="all", pool="mean", normalize=True)
+    got = default_encoder.embed(TEXTS, layers="all", pool="mean", normalize=True, dtype="float16")
+    assert got.dtype == np.float16
+    np.testing.assert_array_equal(got, want.astype(np.float16))
+    with pytest.raises(lw.errors.OptionError, match="dtype='int8' is not valid"):
+        default_encoder.embed(TEXTS, dtype="int8")

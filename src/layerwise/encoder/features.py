@@ -45,6 +45,7 @@ class FeatureCalls:
         stride: int | None = None,
         progress: bool | None = None,
         final_norm: FinalNorm | None = None,
+        dtype: str = "float32",
     ) -> np.ndarray:
         """Sentence vectors: ``(n_texts, n_layers, hidden)``; ``(n_texts, hidden)`` for one int layer
         or float depth (it drops the axis, as in NumPy); ``(n_texts, dim)`` with ``fuse``.
@@ -53,9 +54,10 @@ class FeatureCalls:
         ``special_tokens``: include (default, as sentence-transformers) or exclude [CLS]/[SEP].
         ``fuse``: a named fusion (last, concat_last4, mean_all, …) or mean/sum/concat over
         ``layers``. ``normalize``: L2-normalise each vector. ``final_norm`` (decoders): see
-        :meth:`extract`. A single string gives a single row."""
+        :meth:`extract`. ``dtype``: float32 or float16 vectors (pooled in float32, then cast once).
+        A single string gives a single row."""
         enc = cast("Encoder", self)
-        plan = OutputPlan(layers, "sentence", pool, special_tokens, fuse, normalize=normalize,
+        plan = OutputPlan(layers, "sentence", pool, special_tokens, fuse, dtype, normalize=normalize,  # type: ignore[arg-type]
                           long_texts=long_texts, stride=stride, final_norm=final_norm)  # fmt: skip
         single = isinstance(texts, str)
         batch = [texts] if single else (as_texts(texts) if texts is not None else None)  # any iterable

@@ -28,7 +28,7 @@ def sentence_matrix(
 ) -> np.ndarray:
     """``(n_texts, n_layers, hidden)``, or ``(n_texts, dim)`` fused: one row per input, in input
     order, from ``Encoder.iter_results``' ``(index, stack, result)``."""
-    out = np.empty((n_texts, *plan.row_shape(hidden_size, n_hidden_states)), dtype=np.float32)
+    out = np.empty((n_texts, *plan.row_shape(hidden_size, n_hidden_states)), dtype=plan.dtype)
     for index, _, result in outputs:
         assert isinstance(result, SentenceVector)
         out[index] = result.vector
