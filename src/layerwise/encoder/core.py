@@ -203,7 +203,9 @@ class Encoder(FeatureCalls):
         """The one path from a plan to its outputs: ``(input index, LayerStack, result)`` as batches
         finish. The forward computes the plan's hidden states (its long texts, stride and final
         norm), and the plan makes each stack its result (a LayerStack, WordVectors or
-        SentenceVector). Every writer, ``embed``, ``embed_words``, Ray and the server read it."""
+        SentenceVector). Every writer, ``embed``, ``embed_words``, Ray and the server read it. For a
+        sentence or word plan the vectors are pooled on the model's device: its stacks then carry
+        them (``pooled``) and every token's metadata, but no token states (``hidden`` is empty)."""
         settled = self.settle(plan)
         # sentence and word plans pool on the model's device (features/device_pool.py): only the
         # pooled vectors cross to the host, and the stacks carry them (``pooled``), no token states
