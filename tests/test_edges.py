@@ -530,3 +530,34 @@ def test_the_openapi_model_enum_lists_short_names(tiny_encoder):
     app = create_app({"org/tiny-model": tiny_encoder})
     schema = app.openapi()["components"]["schemas"]["EmbeddingsRequest"]["properties"]["model"]
     assert {"type": "string", "enum": ["org/tiny-model", "tiny-model"]} in schema["anyOf"]
+
+
+def test_values_past_float16s_range_are_refused_not_stored_as_inf(tmp_path, make_tiny_model):
+    """Gemma 3 270M's residual stream passes 100,000 from hidden state 9 on: a float16 store held
+    inf there, read back as if measured. Every float16 output now refuses it, naming the fix."""
+    import shutil
+
+    from transformers import AutoModel
+
+    from layerwise.errors import OptionError
+
+    folder = tmp_path / "loud"
+    model = AutoModel.from_pretrained(make_tiny_model("bert"))
+    model.embeddings.LayerNorm.weight.data.fill_(2e5)  # hidden state 0 reaches ~4e5
+    model.save_pretrained(folder)
+    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
+        shutil.copy(make_tiny_model("bert") / name, folder / name)
+    enc = lw.Encoder(folder, device="cpu")
+    texts = ["The cat sat on the mat.", "Stocks fell."]
+    fix = r"hidden state 0 of input \d holds [\d,]+, past float16's largest value \(65,504\).*--dtype float32"
+    with pytest.raises(OptionError, match=fix):
+        lw.extract_to_store(enc, texts, tmp_path / "s.lw", progress=False)
+    with pytest.raises(OptionError, match=fix):
+        lw.extract_to_file(enc, texts, tmp_path / "v.npz", lw.OutputPlan(dtype="float16"), progress=False)
+    assert not (tmp_path / "v.npz").exists()  # nothing half-written
+    with pytest.raises(OptionError, match=r"of context \d+ holds [\d,]+, past float16's largest value"):
+        lw.cache_activations(
+            enc, texts * 20, tmp_path / "cache", layers=[0], context=8, tokens=64, progress=False
+        )
+    stored = lw.extract_to_store(enc, texts, tmp_path / "f32.lw", dtype="float32", progress=False)
+    assert stored is not None and np.isfinite(lw.open_store(tmp_path / "f32.lw")[0].hidden).all()

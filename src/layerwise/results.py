@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .errors import LayerSpecError
+from .errors import LayerSpecError, OptionError
 
 
 @dataclass(frozen=True, eq=False)
@@ -126,3 +126,33 @@ class SentenceVector:
 
     vector: np.ndarray
     truncated: bool = False
+
+
+FLOAT16_MAX = float(np.finfo(np.float16).max)  # 65,504
+
+
+def check_float16(values: np.ndarray, where: str, layers: tuple[int, ...] = ()) -> None:
+    """Refuse ``values`` bound for float16 when a finite one lies past float16's range: it would be
+    stored as inf, a wrong number read back as if measured. (Decoders' residual streams grow with
+    depth: Gemma 3 270M's pass 100,000 from hidden state 9 on.) ``layers``: the hidden states along
+    ``values``' first axis, to name the first that overflows."""
+    if values.size == 0:
+        return
+    peak = max(float(values.max()), -float(values.min()))
+    if not FLOAT16_MAX < peak < np.inf:  # NaN and inf are the NaN check's to report
+        return
+    if layers and values.shape[0] == len(layers):
+        peaks = np.abs(values.reshape(len(layers), -1)).max(axis=1)
+        where = f"hidden state {layers[int(np.argmax(peaks > FLOAT16_MAX))]} of {where}"
+    raise OptionError(
+        f"{where} holds {peak:,.0f}, past float16's largest value ({FLOAT16_MAX:,.0f}): stored as "
+        "float16 it would read back as inf. Write float32 (--dtype float32, dtype='float32'), or leave "
+        "out the hidden states that large"
+    )
+
+
+def result_values(result: LayerStack | WordVectors | SentenceVector) -> np.ndarray:
+    """The numbers a result holds: its states, word vectors or sentence vector."""
+    if isinstance(result, LayerStack):
+        return result.hidden if result.pooled is None else result.pooled
+    return result.vectors if isinstance(result, WordVectors) else result.vector

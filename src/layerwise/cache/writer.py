@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import NonFiniteError, OptionError, StoreError
+from ..results import check_float16
 from ..store.lock import writer_lock
 from .contexts import framing_for, read_contexts, write_contexts
 from .format import (
@@ -400,6 +401,8 @@ def _activations(
             for u, (hidden, tapped) in zip(batch, rows, strict=True):
                 for name, kind, j in sources:  # torch's cast: vectorised, NumPy's runs element by element
                     value = hidden[j] if kind == "resid" else tapped[kind][j]
+                    if meta["dtype"] == "float16":  # inf would be cached for a value past its range
+                        check_float16(value, f"{name} of context {int(context_ids[u])}")
                     torch.from_numpy(out[name][u]).copy_(torch.from_numpy(np.ascontiguousarray(value)))
         finally:
             torch.set_num_threads(threads)
