@@ -130,7 +130,7 @@ def test_windows_and_unpacked_models_pool_on_the_host_with_the_same_numbers(defa
 def test_pool_groups_in_half_precision_sums_in_float32():
     torch.manual_seed(0)
     states = torch.randn(2, 700, 16) * 40
-    owner = torch.cat([torch.zeros(300, dtype=torch.long), torch.ones(400, dtype=torch.long)])
+    owner = np.concatenate([np.zeros(300, dtype=np.int64), np.ones(400, dtype=np.int64)])
     owner[5] = -1  # a token no group pools
     got = pool_groups(states.half(), owner, 2, "mean")
     assert got.dtype == torch.float32

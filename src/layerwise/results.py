@@ -135,7 +135,7 @@ def check_float16(values: np.ndarray, where: str, layers: tuple[int, ...] = ()) 
     """Refuse ``values`` bound for float16 when a finite one lies past float16's range: it would be
     stored as inf, a wrong number read back as if measured. (Decoders' residual streams grow with
     depth: Gemma 3 270M's pass 100,000 from hidden state 9 on.) ``layers``: the hidden states along
-    ``values``' first axis, to name the first that overflows."""
+    ``values``' first axis (none for a fused result), to name the first that overflows."""
     if values.size == 0:
         return
     peak = max(float(values.max()), -float(values.min()))
@@ -149,6 +149,12 @@ def check_float16(values: np.ndarray, where: str, layers: tuple[int, ...] = ()) 
         "float16 it would read back as inf. Write float32 (--dtype float32, dtype='float32'), or leave "
         "out the hidden states that large"
     )
+
+
+def layers_along(stack: LayerStack, fuse: str | None) -> tuple[int, ...]:
+    """The hidden states along the first axis of a result of ``stack``: its layers, or none when
+    a fusion made one vector of them."""
+    return stack.layers if fuse is None else ()
 
 
 def result_values(result: LayerStack | WordVectors | SentenceVector) -> np.ndarray:

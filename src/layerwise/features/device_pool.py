@@ -24,34 +24,45 @@ GROUP_POOLS = ("first", "last", "mean", "max", "first_last")
 SENTENCE_AS_GROUP = {"cls": "first", "last": "last", "mean": "mean", "max": "max"}
 
 
-def pool_groups(hidden: torch.Tensor, owner: torch.Tensor, n_groups: int, pool: str) -> torch.Tensor:
+def pool_groups(hidden: torch.Tensor, owner: np.ndarray, n_groups: int, pool: str) -> torch.Tensor:
     """``hidden`` (L, N, H) -> (L, n_groups, H) float32 ((L, n_groups, 2H) for first_last): each
     group's ``pool`` over the tokens ``owner`` (N,) assigns to it (-1: no group). Every group must
-    own at least one token."""
+    own at least one token. ``owner`` is a host array: which tokens count is settled there, so the
+    device never waits on a mask."""
     if pool not in GROUP_POOLS:
         raise ValueError(f"pool {pool!r}: one of {GROUP_POOLS}")
     device = hidden.device
     n_layers, n_tokens, width = hidden.shape
-    kept = owner >= 0
-    position = torch.arange(n_tokens, device=device)[kept]
-    owner = owner[kept]
+    kept = np.flatnonzero(owner >= 0)
+    every_token = len(kept) == n_tokens  # then no gather: the states are reduced as they are
+    position, group = _to_device(kept, device), _to_device(owner[kept], device)
     if pool in ("first", "last", "first_last"):
         ends = {}
         for end, reduce, fill in (("first", "amin", n_tokens), ("last", "amax", -1)):
             if pool in (end, "first_last"):
                 start = torch.full((n_groups,), fill, dtype=torch.long, device=device)
-                ends[end] = hidden[:, start.scatter_reduce(0, owner, position, reduce=reduce)].float()
+                ends[end] = hidden[:, start.scatter_reduce(0, group, position, reduce=reduce)].float()
         return torch.cat([ends["first"], ends["last"]], dim=-1) if pool == "first_last" else ends[pool]
-    states = hidden[:, position].float()
+    states = (hidden if every_token else hidden[:, position]).float()
     if pool == "mean":
         counts = torch.zeros(n_groups, dtype=torch.float32, device=device)
-        counts.index_add_(0, owner, torch.ones_like(owner, dtype=torch.float32))
+        counts.index_add_(0, group, torch.ones_like(group, dtype=torch.float32))
         sums = torch.zeros(n_layers, n_groups, width, dtype=torch.float32, device=device)
-        sums.index_add_(1, owner, states)
+        sums.index_add_(1, group, states)
         return sums / counts[None, :, None]
     out = torch.full((n_layers, n_groups, width), float("-inf"), dtype=torch.float32, device=device)
-    index = owner[None, :, None].expand(n_layers, -1, width)
+    index = group[None, :, None].expand(n_layers, -1, width)
     return out.scatter_reduce(1, index, states, reduce="amax", include_self=True)
+
+
+def _to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
+    """A host index array on ``device`` without waiting for it: on a GPU from pinned memory (torch's
+    caching host allocator reuses it), since a copy from pageable memory would wait for the forward
+    just launched on the stream."""
+    tensor = torch.from_numpy(np.ascontiguousarray(array, dtype=np.int64))
+    if device.type == "cuda":
+        tensor = tensor.pin_memory()
+    return tensor.to(device, non_blocking=True)
 
 
 # each input's tokens as (segment ids, word ids with -1 for special tokens), as a LayerStack has them
@@ -93,5 +104,4 @@ def pool_batch(
     else:
         owner, sizes = word_owner(tokens)
         n_groups, group_pool = sum(sizes), pool
-    index = torch.from_numpy(owner).to(hidden.device, non_blocking=True)
-    return pool_groups(hidden, index, n_groups, group_pool), sizes
+    return pool_groups(hidden, owner, n_groups, group_pool), sizes

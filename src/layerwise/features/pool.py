@@ -99,22 +99,8 @@ def pool_words(
     last = np.full(n_words, -1, dtype=np.int64)
     first[owner[::-1]] = tokens[::-1]
     last[owner] = tokens
-    hidden = stack.hidden
-    if vectors is not None:
-        pass
-    elif subword == "first":
-        vectors = hidden[:, first]
-    elif subword == "last":
-        vectors = hidden[:, last]
-    elif subword == "first_last":
-        vectors = np.concatenate([hidden[:, first], hidden[:, last]], axis=-1)
-    elif subword == "mean":
-        sums = np.zeros((hidden.shape[0], n_words, hidden.shape[2]), dtype=np.float64)
-        np.add.at(sums, (slice(None), owner), hidden[:, tokens])  # type: ignore[arg-type]
-        vectors = (sums / np.maximum(counts, 1)[None, :, None]).astype(np.float32)
-    else:
-        vectors = np.full((hidden.shape[0], n_words, hidden.shape[2]), -np.inf, dtype=np.float32)
-        np.maximum.at(vectors, (slice(None), owner), hidden[:, tokens])  # type: ignore[arg-type]
+    if vectors is None:
+        vectors = _subword_vectors(stack.hidden, subword, tokens, owner, counts, first, last)
     spans = np.zeros((n_words, 2), dtype=np.int32)
     if n_words:
         spans[:, 0] = stack.offsets[first, 0]
@@ -142,6 +128,27 @@ def pool_words(
         words_lost=stack.words_lost,
         words_empty=stack.words_empty,
     )
+
+
+def _subword_vectors(
+    hidden: np.ndarray, subword: str, tokens: np.ndarray, owner: np.ndarray, counts: np.ndarray,
+    first: np.ndarray, last: np.ndarray,
+) -> np.ndarray:  # fmt: skip
+    """``(L, words, H)``: each word's wordpieces (``tokens``, of word ``owner``) pooled."""
+    n_words = len(counts)
+    if subword == "first":
+        return hidden[:, first]
+    if subword == "last":
+        return hidden[:, last]
+    if subword == "first_last":
+        return np.concatenate([hidden[:, first], hidden[:, last]], axis=-1)
+    if subword == "mean":
+        sums = np.zeros((hidden.shape[0], n_words, hidden.shape[2]), dtype=np.float64)
+        np.add.at(sums, (slice(None), owner), hidden[:, tokens])  # type: ignore[arg-type]
+        return (sums / np.maximum(counts, 1)[None, :, None]).astype(np.float32)
+    vectors = np.full((hidden.shape[0], n_words, hidden.shape[2]), -np.inf, dtype=np.float32)
+    np.maximum.at(vectors, (slice(None), owner), hidden[:, tokens])  # type: ignore[arg-type]
+    return vectors
 
 
 def _keep_empty_words(stack: LayerStack, keys, vectors, spans, words, counts) -> tuple:

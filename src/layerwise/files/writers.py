@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 
 from ..errors import LayerwiseError, OptionError, OutputError, check_choice
-from ..results import LayerStack, SentenceVector, WordVectors, check_float16, result_values
+from ..results import LayerStack, SentenceVector, WordVectors, check_float16, layers_along, result_values
 
 if TYPE_CHECKING:
     from ..encoder import Encoder
@@ -251,7 +251,11 @@ def _extract_blocks(
                 )  # fmt: skip
                 for local, stack, result in outputs:
                     if plan.dtype == "float16":  # inf would be written for a value past its range
-                        check_float16(result_values(result), f"input {block.start + local}", stack.layers)
+                        check_float16(
+                            result_values(result),
+                            f"input {block.start + local}",
+                            layers_along(stack, plan.fuse),
+                        )
                     writer.put(block.start + local, result, stack.n_tokens)
                     release_free_memory()  # RSS follows the batch, not the corpus (memory.py)
                     if bar is not None and task is not None:

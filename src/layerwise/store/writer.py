@@ -33,7 +33,7 @@ from ..inputs.windows import check_window_options
 from ..memory import release_free_memory
 from ..model.source import weights_sha256
 from ..progress import progress_bar
-from ..results import LayerStack, SentenceVector, WordVectors, check_float16, result_values
+from ..results import LayerStack, SentenceVector, WordVectors, check_float16, layers_along, result_values
 from .commit import Committer, ShardBuffer, clean_stale
 from .format import (
     ATTRIBUTE,
@@ -302,10 +302,12 @@ class StoreWriter:
                     )
                     for local, stack, result in outputs:
                         text_id = block.start + local
-                        if self.dtype == "float16":  # inf would be stored for a value past its range
-                            check_float16(result_values(result), f"input {text_id}", stack.layers)
                         if text_id in done:
                             continue  # committed before an interruption; recomputed only to replay batches
+                        if self.dtype == "float16":  # inf would be stored for a value past its range
+                            check_float16(
+                                result_values(result), f"input {text_id}", layers_along(stack, self.fuse)
+                            )
                         rows, record = self._rows_and_record(text_id, stack, result, block)
                         committer.submit(buffer.append(rows, record))
                         written, truncated = written + 1, truncated + stack.truncated
