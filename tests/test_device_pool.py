@@ -10,7 +10,8 @@ import torch
 from conftest import corpus, needs_smollm2
 
 import layerwise as lw
-from layerwise.features.device_pool import pool_groups
+from layerwise.features.device_pool import DevicePlan, finish, pool_groups
+from layerwise.features.fuse import GENERIC_FUSIONS, NAMED_FUSIONS, fuse_layers
 from layerwise.features.plan import OutputPlan
 from layerwise.features.pool import SENTENCE_POOLS, SUBWORD_POOLS
 
@@ -106,6 +107,13 @@ def test_only_the_pooled_vectors_cross_from_the_device(default_encoder, monkeypa
     words = default_encoder.embed_words(TEXTS, layers="all", subword="mean")
     assert sum(shape[1] for shape in crossed) == sum(len(w.words) for w in words)  # one row per word
     crossed.clear()
+    fused = default_encoder.embed(TEXTS, fuse="concat_last4", normalize=True)  # fused on the device too
+    assert {shape[0] for shape in crossed} == {1} and {shape[2] for shape in crossed} == {4 * width}
+    np.testing.assert_allclose(np.linalg.norm(fused, axis=-1), 1.0, rtol=1e-6)
+    crossed.clear()
+    default_encoder.embed_words(TEXTS, fuse="mean_last4")
+    assert {(shape[0], shape[2]) for shape in crossed} == {(1, width)}
+    crossed.clear()
     default_encoder.extract(TEXTS, layers="all")  # every token, as asked
     n_tokens = sum(len(item) for item in default_encoder.tokenize(TEXTS))
     assert sum(shape[1] for shape in crossed) == n_tokens
@@ -177,3 +185,28 @@ def test_embed_in_float16_is_the_float32_vectors_rounded_once(default_encoder):
     np.testing.assert_array_equal(got, want.astype(np.float16))
     with pytest.raises(lw.errors.OptionError, match="dtype='int8' is not valid"):
         default_encoder.embed(TEXTS, dtype="int8")
+
+
+@pytest.mark.parametrize("fuse", [*NAMED_FUSIONS, *GENERIC_FUSIONS])
+def test_finish_fuses_as_fuse_layers(fuse):
+    layers = (0, 2, 4, 5, 6) if fuse in GENERIC_FUSIONS else tuple(range(7))
+    pooled = torch.randn(len(layers), 3, 8) * 40
+    plan = DevicePlan("sentence", "mean", fuse=fuse, normalize=False, n_hidden_states=7)
+    got = finish(pooled, layers, plan)
+    want = fuse_layers(pooled.numpy(), layers, fuse, n_hidden_states=7, axis=0)
+    assert got.shape == (1, *want.shape)
+    np.testing.assert_allclose(got[0].numpy(), want, rtol=1e-6, atol=1e-6)
+    normalised = finish(
+        pooled, layers, DevicePlan("sentence", "mean", fuse=fuse, normalize=True, n_hidden_states=7)
+    )
+    np.testing.assert_allclose(
+        normalised[0].numpy(),
+        want / np.maximum(np.linalg.norm(want, axis=-1, keepdims=True), 1e-12),
+        rtol=1e-6,
+    )
+    zero = finish(
+        torch.zeros(len(layers), 1, 8),
+        layers,
+        DevicePlan("sentence", "mean", fuse=fuse, normalize=True, n_hidden_states=7),
+    )
+    assert torch.equal(zero, torch.zeros_like(zero))  # a zero vector stays zero, as the host path

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from .errors import ModelLoadError, NonFiniteError, OptionError
-from .features.device_pool import pool_batch
+from .features.device_pool import DevicePlan, finish, pool_batch
 from .inputs.batches import length_sorted_batches
 from .inputs.encoding import EncodedInput, segment_ids
 from .inputs.windows import Window, plan_windows, stitch
@@ -186,7 +186,7 @@ class Engine:
         max_tokens: int | None,
         progress: bool | None,
         final_norm: FinalNorm = True,
-        device_pool: tuple[str, str, str] | None = None,
+        device_pool: DevicePlan | None = None,
         dtype: str = "float32",
     ) -> Iterator[tuple[int, LayerStack]]:
         """Plan units and batches now (so bad input fails here), run them lazily. ``final_norm``:
@@ -371,10 +371,12 @@ def _device_pool(
 ) -> tuple[torch.Tensor, list[int]]:
     """The batch's states, pooled where they are when the call pools on the device (only the pooled
     rows then cross to the host), and each input's number of rows."""
-    if run.device_pool is None:
+    plan = run.device_pool
+    if plan is None:
         return hidden, lengths
     tokens = [_token_ids(cast(EncodedInput, u)) for u in units]  # no windows on this path
-    return pool_batch(hidden, tokens, *run.device_pool)
+    pooled, sizes = pool_batch(hidden, tokens, plan.level, plan.pool, plan.special_tokens)
+    return finish(pooled, run.layers, plan), sizes
 
 
 def _token_ids(item: EncodedInput) -> tuple[np.ndarray, np.ndarray]:
@@ -404,14 +406,14 @@ class _Call:
     method: Method
     taps: tuple[str, ...]
     final_norm: FinalNorm
-    # (level, pool, special_tokens): with the packed forward and no windows, each input is pooled on
-    # the device (features/device_pool.py), and its stack carries ``pooled`` and no token states
-    device_pool: tuple[str, str, str] | None = None
+    # with the packed forward and no windows, each input's result is made on the device
+    # (features/device_pool.py), and its stack carries it (``pooled``) and no token states
+    device_pool: DevicePlan | None = None
     dtype: torch.dtype = torch.float32  # of the results: cast before they cross to the host
 
     @property
     def sentence(self) -> bool:
-        return self.device_pool is not None and self.device_pool[0] == "sentence"
+        return self.device_pool is not None and self.device_pool.level == "sentence"
 
 
 def _stitch(item: EncodedInput, parts: dict[int, tuple], layers: tuple[int, ...]) -> LayerStack:

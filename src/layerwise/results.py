@@ -45,9 +45,10 @@ class LayerStack:
     n_windows: int = 1
     taps: Mapping[str, np.ndarray] = field(default_factory=dict)
     tap_layers: tuple[int, ...] = ()
-    # a sentence plan's pool of every layer, (n_layers, hidden_size), computed where the states were
-    # (features/device_pool.py): the token states then stayed there, and ``hidden`` is (n_layers,
-    # n_tokens, 0). Only ``Encoder.iter_results`` makes such stacks, for sentence plans.
+    # a sentence or word plan's result, computed where the states were (features/device_pool.py):
+    # pooled, then fused and normalised as the plan says: (n_layers, dim) per sentence, (n_layers,
+    # n_words, dim) for words, with n_layers 1 when fused. The token states then stayed there, and
+    # ``hidden`` is (n_layers, n_tokens, 0). Only ``Encoder.iter_results`` makes such stacks.
     pooled: np.ndarray | None = None
 
     @property

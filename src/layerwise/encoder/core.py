@@ -24,6 +24,7 @@ import torch
 
 from ..errors import InputError, OptionError, check_choice
 from ..extract import Engine
+from ..features.device_pool import DevicePlan
 from ..features.layers import LayerSpec, resolve_layers
 from ..features.plan import LONG_TEXTS, LongTexts, OutputPlan, Result, check_final_norm_for
 from ..inputs.encoding import (
@@ -204,14 +205,15 @@ class Encoder(FeatureCalls):
         finish. The forward computes the plan's hidden states (its long texts, stride and final
         norm), and the plan makes each stack its result (a LayerStack, WordVectors or
         SentenceVector). Every writer, ``embed``, ``embed_words``, Ray and the server read it. For a
-        sentence or word plan the vectors are pooled on the model's device: its stacks then carry
-        them (``pooled``) and every token's metadata, but no token states (``hidden`` is empty)."""
+        sentence or word plan the vectors are pooled, fused and normalised on the model's device: its
+        stacks then carry them (``pooled``) and every token's metadata, but no token states."""
         settled = self.settle(plan)
-        # sentence and word plans pool on the model's device (features/device_pool.py): only the
-        # pooled vectors cross to the host, and the stacks carry them (``pooled``), no token states
+        # sentence and word plans are made on the model's device (features/device_pool.py): only
+        # their results cross to the host, and the stacks carry them (``pooled``), no token states
         on_device = None
         if settled.level in ("sentence", "word") and settled.mode is not None:
-            on_device = (settled.level, settled.mode, settled.special_tokens)
+            on_device = DevicePlan(settled.level, settled.mode, settled.special_tokens, settled.fuse,
+                                   settled.normalize, self.n_hidden_states)  # fmt: skip
         stream = _stream(
             self, texts, text_pairs=text_pairs, pairs=pairs, words=words,
             layers=settled.hidden_states(self.n_hidden_states), long_texts=settled.long_texts,
@@ -319,10 +321,10 @@ def _stream(
     progress: bool | None = None,
     report_truncation: bool = True,
     final_norm: FinalNorm | None = None,
-    device_pool: tuple[str, str, str] | None = None,
+    device_pool: DevicePlan | None = None,
     dtype: str = "float32",
 ) -> Iterator[tuple[int, LayerStack]]:
-    """``Encoder.iter_extract``, and ``device_pool`` (``(level, pool, special_tokens)``) for
+    """``Encoder.iter_extract``, and ``device_pool`` (the plan's pool, fusion, normalisation) for
     ``Encoder.iter_results``' sentence and word plans: see ``Engine.stream``."""
     layer_ids = resolve_layers(layers, self.n_hidden_states)
     check_choice("dtype", dtype, tuple(RESULT_DTYPES))

@@ -9,15 +9,21 @@ concatenated). A sentence pool with ``exclude`` pools over content tokens only (
 token), and an input with none falls back to all of its tokens. Sums are taken in float32 (a float16
 or bfloat16 model's states are widened first); the host path sums in float64, and the two agree to
 1e-6 relative on inputs of up to 512 tokens.
+
+:func:`finish` then does the rest of the plan there too, on the pooled rows: the layer fusion
+(select, sum, mean, concat; sums in float64 as :func:`fuse.fuse_layers`) and a sentence plan's L2
+normalisation. What crosses to the host is the plan's result, and the host only slices it per input.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from .fuse import NAMED_FUSIONS, fusion_layers
 from .pool import word_group_ids
 
 GROUP_POOLS = ("first", "last", "mean", "max", "first_last")
@@ -105,3 +111,39 @@ def pool_batch(
         owner, sizes = word_owner(tokens)
         n_groups, group_pool = sum(sizes), pool
     return pool_groups(hidden, owner, n_groups, group_pool), sizes
+
+
+@dataclass(frozen=True)
+class DevicePlan:
+    """What a sentence or word plan computes on the model's device from a batch's states: the pool
+    (``level`` "sentence" or "word", ``pool``, ``special_tokens``), then the fusion of the hidden
+    states ``layers`` (of ``n_hidden_states``) and a sentence's normalisation."""
+
+    level: str
+    pool: str
+    special_tokens: str = "include"
+    fuse: str | None = None
+    normalize: bool = False
+    n_hidden_states: int = 0
+
+
+def finish(pooled: torch.Tensor, layers: Sequence[int], plan: DevicePlan) -> torch.Tensor:
+    """``pooled`` (L, rows, W) of hidden states ``layers`` -> the plan's result rows, (L, rows, W) or
+    (1, rows, D) when fused: the numbers of :func:`fuse.fuse_layers` and :meth:`OutputPlan.result`'s
+    normalisation, computed where the rows are."""
+    if plan.fuse is not None:
+        wanted = fusion_layers(plan.fuse, plan.n_hidden_states)
+        layers = list(layers)
+        picked = pooled if wanted is None else pooled[[layers.index(i) for i in wanted]]
+        operation = NAMED_FUSIONS[plan.fuse][1] if plan.fuse in NAMED_FUSIONS else plan.fuse
+        if operation == "select":
+            pooled = picked[:1]
+        elif operation == "sum":
+            pooled = picked.double().sum(dim=0, keepdim=True).float()
+        elif operation == "mean":
+            pooled = picked.double().mean(dim=0, keepdim=True).float()
+        else:  # concat, in the model's layer order
+            pooled = torch.cat(list(picked), dim=-1)[None]
+    if plan.normalize and plan.level == "sentence":  # x / max(||x||, 1e-12), as sentence-transformers
+        pooled = pooled / torch.linalg.vector_norm(pooled, dim=-1, keepdim=True).clamp_min(1e-12)
+    return pooled

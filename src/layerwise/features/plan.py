@@ -192,16 +192,20 @@ class OutputPlan:
         if self.level == "token":
             return stack
         layers = stack.layers
+        # pooled, fused and normalised on the model's device (Encoder.iter_results): only sliced here
+        finished = stack.pooled is not None
         if self.level == "word":
             words = pool_words(stack, self.mode, stack.pooled)  # type: ignore[arg-type]
             if self.fuse is None:
                 return words
-            fused = fuse_layers(words.vectors, layers, self.fuse, n_hidden_states=n_hidden_states, axis=0)
+            if finished:
+                fused = words.vectors[0]
+            else:
+                fused = fuse_layers(words.vectors, layers, self.fuse, n_hidden_states=n_hidden_states, axis=0)
             return WordVectors(**{**words.__dict__, "vectors": fused, "fuse": self.fuse})
-        if stack.pooled is not None:  # pooled on the model's device (Encoder.iter_results)
-            vector = stack.pooled
-        else:
-            vector = pool_sentence(stack, self.mode, self.special_tokens)  # type: ignore[arg-type]
+        if stack.pooled is not None:
+            return SentenceVector(stack.pooled if self.fuse is None else stack.pooled[0], stack.truncated)
+        vector = pool_sentence(stack, self.mode, self.special_tokens)  # type: ignore[arg-type]
         if self.fuse is not None:
             vector = fuse_layers(vector, layers, self.fuse, n_hidden_states=n_hidden_states, axis=0)
         if self.normalize:  # as sentence-transformers' Normalize: x / max(||x||, 1e-12), per layer

@@ -235,6 +235,7 @@ def _extract_blocks(
     size: int,
     progress: bool | None,
 ) -> dict:
+    from ..inputs.ahead import ahead
     from ..memory import release_free_memory
     from ..progress import progress_bar
 
@@ -242,13 +243,16 @@ def _extract_blocks(
     bar = progress_bar("extracting", "texts", progress) if progress is not False and n_texts > size else None
     with bar if bar is not None else contextlib.nullcontext():
         task = bar.add_task("extract", total=n_texts) if bar is not None else None
-        for block in corpus.blocks(size):
+
+        def start(block):  # tokenised on a thread while the block before runs (inputs/ahead.py)
+            return encoder.iter_results(
+                plan, block.texts if block.words is None else None, text_pairs=block.text_pairs,
+                words=block.words, progress=False, report_truncation=False,
+            )  # fmt: skip
+
+        for block, outputs in ahead(corpus.blocks(size), start):
             writer.begin(block)
             if len(block):
-                outputs = encoder.iter_results(
-                    plan, block.texts if block.words is None else None, text_pairs=block.text_pairs,
-                    words=block.words, progress=False, report_truncation=False,
-                )  # fmt: skip
                 for local, stack, result in outputs:
                     if plan.dtype == "float16":  # inf would be written for a value past its range
                         check_float16(

@@ -29,6 +29,7 @@ from ..errors import OptionError, StoreError
 from ..features.layers import LayerSpec
 from ..features.plan import OutputPlan, plan_from_keywords
 from ..features.pool import SpecialTokens
+from ..inputs.ahead import ahead
 from ..inputs.windows import check_window_options
 from ..memory import release_free_memory
 from ..model.source import weights_sha256
@@ -250,6 +251,14 @@ class StoreWriter:
         return rows, record
 
     # ------------------------------------------------------------------ the run
+    def _results(self, block: Block):
+        """The block's results: tokenised now (on inputs/ahead.py's thread), computed as they are read."""
+        texts = block.texts if block.words is None else None
+        return self.encoder.iter_results(  # truncation is reported once, with corpus-wide numbers
+            self.plan, texts, text_pairs=block.text_pairs, words=block.words, progress=False,
+            report_truncation=False,
+        )  # fmt: skip
+
     def run(self, progress: bool | None) -> StoreSummary:
         summary = self._run(progress)
         if summary.n_truncated:
@@ -291,15 +300,8 @@ class StoreWriter:
         try:
             with bar if bar is not None else contextlib.nullcontext():
                 task = bar.add_task("store", total=self.n_texts, completed=n_committed) if bar else None
-                for block in self.corpus.blocks(self.block_size, start=first_block * self.block_size):
-                    outputs = self.encoder.iter_results(
-                        self.plan,
-                        block.texts if block.words is None else None,
-                        text_pairs=block.text_pairs,
-                        words=block.words,
-                        progress=False,
-                        report_truncation=False,  # reported once below, with corpus-wide numbers
-                    )
+                blocks = self.corpus.blocks(self.block_size, start=first_block * self.block_size)
+                for block, outputs in ahead(blocks, self._results):  # the next block tokenised meanwhile
                     for local, stack, result in outputs:
                         text_id = block.start + local
                         if text_id in done:
