@@ -1,5 +1,5 @@
-"""Sentence and word plans pool on the model's device (features/device_pool.py): the same numbers as
-pooling each input's own states on the host, and only the pooled vectors cross from the device. On
+"""Sentence and word plans are made on the model's device (features/device_pool.py): the same numbers
+as pooling, fusing and normalising each input's own states on the host, and only the results cross. On
 the CPU the same torch code runs with device="cpu"; test_cuda.py runs it on a GPU."""
 
 from __future__ import annotations
@@ -210,3 +210,11 @@ def test_finish_fuses_as_fuse_layers(fuse):
         DevicePlan("sentence", "mean", fuse=fuse, normalize=True, n_hidden_states=7),
     )
     assert torch.equal(zero, torch.zeros_like(zero))  # a zero vector stays zero, as the host path
+
+
+def test_embed_words_in_float16_is_the_float32_vectors_rounded_once(default_encoder):
+    want = default_encoder.embed_words(TEXTS, layers="all", subword="mean")
+    got = default_encoder.embed_words(TEXTS, layers="all", subword="mean", dtype="float16")
+    for w, g in zip(want, got, strict=True):
+        assert g.vectors.dtype == np.float16 and g.words == w.words
+        np.testing.assert_array_equal(g.vectors, w.vectors.astype(np.float16))

@@ -555,6 +555,10 @@ def test_values_past_float16s_range_are_refused_not_stored_as_inf(tmp_path, make
     with pytest.raises(OptionError, match=fix):
         lw.extract_to_file(enc, texts, tmp_path / "v.npz", lw.OutputPlan(dtype="float16"), progress=False)
     assert not (tmp_path / "v.npz").exists()  # nothing half-written
+    with pytest.raises(OptionError, match=fix):
+        enc.embed(texts, layers="all", dtype="float16")
+    with pytest.raises(OptionError, match=r"input \d holds [\d,]+, past float16's largest value"):
+        enc.embed_words(texts, fuse="mean_all", dtype="float16")
     with pytest.raises(OptionError, match=r"of context \d+ holds [\d,]+, past float16's largest value"):
         lw.cache_activations(
             enc, texts * 20, tmp_path / "cache", layers=[0], context=8, tokens=64, progress=False

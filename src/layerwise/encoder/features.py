@@ -90,20 +90,22 @@ class FeatureCalls:
         stride: int | None = None,
         progress: bool | None = None,
         final_norm: FinalNorm | None = None,
+        dtype: str = "float32",
     ) -> list[WordVectors]:
         """Word vectors per input: ``WordVectors.vectors`` is ``(n_layers, n_words, dim)``,
         ``(n_words, dim)`` for one int layer or with ``fuse``. ``inputs``: raw texts (words found by
         the tokenizer's pre-tokenizer and character offsets) or pre-split word lists (aligned to your
         words); or pass ``words=`` / ``texts`` with ``text_pairs=`` as in :meth:`extract`.
-        ``subword``: first (default, as in the BERT paper), last, mean, first_last or max."""
-        plan = OutputPlan(layers, "word", subword, fuse=fuse, long_texts=long_texts, stride=stride,
-                          final_norm=final_norm)  # fmt: skip
+        ``subword``: first (default, as in the BERT paper), last, mean, first_last or max.
+        ``dtype``: float32 or float16 vectors (pooled in float32, then cast once)."""
+        plan = OutputPlan(layers, "word", subword, fuse=fuse, dtype=dtype, long_texts=long_texts,  # type: ignore[arg-type]
+                          stride=stride, final_norm=final_norm)  # fmt: skip
         texts, words = split_word_inputs(inputs, words)
         outputs = cast("Encoder", self).iter_results(
             plan, texts, text_pairs=text_pairs, pairs=pairs, words=words, progress=progress
         )
         n_inputs = len(next(x for x in (texts, pairs, words) if x is not None) or ())
-        results = word_vectors(outputs, n_inputs)
+        results = word_vectors(outputs, n_inputs, plan.dtype)
         if _drops_axis(layers, fuse):
             results = [WordVectors(**{**r.__dict__, "vectors": r.vectors[0]}) for r in results]
         return results

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 from ..errors import OptionError, check_choice
-from ..results import LayerStack, SentenceVector, WordVectors
+from ..results import LayerStack, SentenceVector, WordVectors, check_float16, layers_along
 from .fuse import check_fusion, fuse_layers, fusion_layers
 from .layers import LayerSpec, resolve_layers
 from .plan import OutputPlan
@@ -29,17 +29,23 @@ def sentence_matrix(
     """``(n_texts, n_layers, hidden)``, or ``(n_texts, dim)`` fused: one row per input, in input
     order, from ``Encoder.iter_results``' ``(index, stack, result)``."""
     out = np.empty((n_texts, *plan.row_shape(hidden_size, n_hidden_states)), dtype=plan.dtype)
-    for index, _, result in outputs:
+    for index, stack, result in outputs:
         assert isinstance(result, SentenceVector)
+        if plan.dtype == "float16":  # a value past its range would become inf
+            check_float16(result.vector, f"input {index}", layers_along(stack, plan.fuse))
         out[index] = result.vector
     return out
 
 
-def word_vectors(outputs: Outputs, n_inputs: int) -> list[WordVectors]:
-    """One WordVectors per input, in input order, from ``Encoder.iter_results``."""
+def word_vectors(outputs: Outputs, n_inputs: int, dtype: str = "float32") -> list[WordVectors]:
+    """One WordVectors per input, in input order, from ``Encoder.iter_results``; ``vectors`` in
+    ``dtype`` (computed in float32, cast once; float16 refuses a value past its range)."""
     results: dict[int, WordVectors] = {}
-    for index, _, result in outputs:
+    for index, stack, result in outputs:
         assert isinstance(result, WordVectors)
+        if dtype == "float16":
+            check_float16(result.vectors, f"input {index}", layers_along(stack, result.fuse))
+            result = WordVectors(**{**result.__dict__, "vectors": result.vectors.astype(np.float16)})
         results[index] = result
     return [results[i] for i in range(n_inputs)]
 
