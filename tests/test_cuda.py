@@ -185,3 +185,26 @@ def test_float16_results_on_cuda_cross_as_float16(make_tiny_model):
     for got, want in zip(on_gpu.extract(TEXTS, dtype="float16"), on_cpu.extract(TEXTS), strict=True):
         assert got.hidden.dtype == np.float16
         np.testing.assert_allclose(got.hidden.astype(np.float32), want.hidden, atol=2e-3, rtol=2e-3)
+
+
+@pytest.mark.parametrize("fuse", ["concat_last4", "mean_all", "sum_last4"])
+def test_fused_and_normalised_sentences_and_words_on_cuda_equal_the_cpu(make_tiny_model, fuse):
+    """The plan's fusion and normalisation run on the GPU too (device_pool.finish)."""
+    on_gpu = lw.Encoder(make_tiny_model("bert", 4), device=DEVICE, batch_size=5)
+    on_cpu = lw.Encoder(make_tiny_model("bert", 4), device="cpu")
+    got = on_gpu.embed(TEXTS, fuse=fuse, normalize=True)
+    np.testing.assert_allclose(got, on_cpu.embed(TEXTS, fuse=fuse, normalize=True), atol=1e-4, rtol=1e-4)
+    for g, w in zip(on_gpu.embed_words(TEXTS, fuse=fuse), on_cpu.embed_words(TEXTS, fuse=fuse), strict=True):
+        assert g.words == w.words
+        np.testing.assert_allclose(g.vectors, w.vectors, atol=1e-4, rtol=1e-4)
+
+
+def test_an_encoder_on_cuda_warms_the_device_once_when_made(make_tiny_model, monkeypatch):
+    from layerwise.encoder import core
+
+    calls = []
+    real = core.warm_device
+    monkeypatch.setattr(core, "warm_device", lambda *a, **k: calls.append(real(*a, **k)) or calls[-1])
+    enc = lw.Encoder(make_tiny_model("bert", 4), device=DEVICE)
+    assert len(calls) == 1 and calls[0] > 0
+    assert enc.extract(["warm"])[0].hidden.shape[0] == enc.n_hidden_states

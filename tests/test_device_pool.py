@@ -218,3 +218,29 @@ def test_embed_words_in_float16_is_the_float32_vectors_rounded_once(default_enco
     for w, g in zip(want, got, strict=True):
         assert g.vectors.dtype == np.float16 and g.words == w.words
         np.testing.assert_array_equal(g.vectors, w.vectors.astype(np.float16))
+
+
+def test_the_gpu_warm_up_runs_one_full_batch_and_only_on_a_gpu(default_encoder, monkeypatch):
+    from layerwise.encoder import core, warm
+
+    engine = default_encoder.engine
+    units = warm.warm_up_units(engine, 100, max_tokens=1024)
+    assert len(units) == 1024 // min(engine.max_length, warm.UNIT_TOKENS)
+    assert {len(u) for u in units} == {min(engine.max_length, warm.UNIT_TOKENS)}
+    assert len(warm.warm_up_units(engine, 100, max_tokens=1)) == 1  # at least one input
+    batches = []
+    real = engine.forward_units
+
+    def counting(units, **options):
+        for ids, rows in real(units, **options):
+            batches.append((len(ids), rows[0][0].shape))
+            yield ids, rows
+
+    monkeypatch.setattr(engine, "forward_units", counting)
+    assert warm.warm_device(engine, 100, default_encoder.n_hidden_states, max_tokens=1024) > 0
+    length = min(engine.max_length, warm.UNIT_TOKENS)
+    assert batches and sum(n for n, _ in batches) == len(units)
+    assert batches[0][1] == (default_encoder.n_hidden_states, length, default_encoder.hidden_size)
+    # a CPU Encoder has nothing to set up: it never runs the warm-up
+    monkeypatch.setattr(core, "warm_device", lambda *a, **k: pytest.fail("warm-up on the CPU"))
+    lw.Encoder(device="cpu")

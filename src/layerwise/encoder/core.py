@@ -50,6 +50,7 @@ from ..model.source import (
 from ..results import LayerStack
 from ..settings import METHODS, FinalNorm, Method, ModelDtype, Settings, check_final_norm
 from .features import FeatureCalls
+from .warm import warm_device
 
 logger = logging.getLogger("layerwise")
 
@@ -134,6 +135,8 @@ class Encoder(FeatureCalls):
                              batch_size=batch_size, max_tokens=max_tokens, packed=packed,
                              streams=streams, allow_nan=allow_nan)  # fmt: skip
         self.batch_size, self.max_tokens = batch_size, max_tokens  # the defaults of every call
+        if self.device.type == "cuda":  # the GPU's set-up paid here, not by the first call (warm.py)
+            warm_device(self.engine, self.tokenizer.unk_token_id or 0, self.n_hidden_states)
         # what it was made with; the model by its name (the packaged default's hub name for None),
         # which any process resolves to the same files (Encoder.source is where they were found)
         self.settings = given.replace(model=self.name)
