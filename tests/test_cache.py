@@ -336,8 +336,8 @@ def test_cli_ray_gets_every_option(tmp_path, monkeypatch):
     source.write_text("body\nsome text\n")
     args = ["cache", str(source), "-o", str(tmp_path / "acts"), "--ray", "local", "--workers", "3",
             "--threads-per-worker", "2", "--layers", "0.5", "--hooks", "mlp_out,resid", "--context", "64",
-            "--tokens", "2M", "--dtype", "float32", "--shuffle-seed", "9", "--final-norm", "--model-dtype",
-            "bfloat16", "--text-column", "body", "--overwrite"]  # fmt: skip
+            "--tokens", "2M", "--dtype", "float32", "--shuffle-seed", "9", "--final-norm", "last",
+            "--model-dtype", "bfloat16", "--text-column", "body", "--overwrite"]  # fmt: skip
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 2 and "stop here" in result.output
     assert calls["init"] == ("local", {"workers": 3, "threads_per_worker": 2})

@@ -230,6 +230,11 @@ SERVE_CASES = {
     "streams": ["--streams", "2"],
     "model_process": ["--in-process"],
     "store": ["--store", "STORE"],
+    "batch_size": ["--batch-size", "5"],
+    "max_tokens": ["--max-tokens", "99"],
+    "packed": ["--no-packed"],
+    "allow_nan": ["--allow-nan"],
+    "method": ["--method", "hooks"],
 }
 
 
@@ -358,3 +363,70 @@ def test_every_http_field_changes_the_answer_or_is_refused(tiny_encoder, decoder
             elif response.status_code != 200 or response.json() == baseline[path]:
                 dropped.append(f"{path} {field}: {response.status_code}, the same answer as without it")
     assert not dropped, "\n".join(dropped)
+
+
+# every command that loads a model, with the least it needs to get there
+MODEL_COMMANDS = {
+    "extract": ["extract", "TEXTS", "-o", "OUT/v.npz"],
+    "cache": ["cache", "TEXTS", "-o", "OUT/cache"],
+    "layers": ["layers", "TEXTS"],
+    "analyze": ["analyze", "TEXTS", "-o", "OUT/report"],
+    "plot": ["plot", "TEXTS", "-o", "OUT/p.png", "--words", "bank"],
+    "show": ["show", "the river bank"],
+    "probe conllu": ["probe", "conllu", "--train", "TEXTS", "--dev", "TEXTS"],
+    "probe conll": ["probe", "conll", "--train", "TEXTS", "--dev", "TEXTS"],
+    "probe tsv": ["probe", "tsv", "--train", "TEXTS", "--dev", "TEXTS"],
+    "probe pairs": ["probe", "pairs", "--data", "TEXTS"],
+    "serve": ["serve"],
+    "explore": ["explore", "--no-open"],
+}
+# each model option, and the Settings field it must set
+MODEL_OPTION_VALUES = {
+    "model": (["--model", "some/model"], "some/model"),
+    "device": (["--device", "cpu"], "cpu"),
+    "model_dtype": (["--model-dtype", "bfloat16"], "bfloat16"),
+    "max_length": (["--max-length", "16"], 16),
+    "batch_size": (["--batch-size", "3"], 3),
+    "max_tokens": (["--max-tokens", "64"], 64),
+    "packed": (["--no-packed"], False),
+    "streams": (["--streams", "3"], 3),
+    "allow_nan": (["--allow-nan"], True),
+    "final_norm": (["--final-norm", "all"], "all"),
+    "method": (["--method", "hooks"], "hooks"),
+}
+
+
+class _Loading(lw.errors.LayerwiseError):
+    """Raised where the model would load: the test has seen the Settings it is made from."""
+
+
+@pytest.mark.parametrize("name", MODEL_COMMANDS)
+def test_every_command_that_loads_a_model_takes_every_model_option(name, tmp_path, monkeypatch):
+    """One group of model options, declared once (cli/options.py): every command takes all of them,
+    and each reaches the Settings its model is made from."""
+    from layerwise.cli.options import MODEL_OPTIONS
+
+    assert set(MODEL_OPTIONS) == set(MODEL_OPTION_VALUES)
+    texts = tmp_path / "texts.txt"
+    texts.write_text("the river bank\nthe bank of England\n")
+    args = [str(texts) if a == "TEXTS" else a.replace("OUT", str(tmp_path)) for a in MODEL_COMMANDS[name]]
+    command = get_command(app)
+    for word in args[: 2 if name.startswith("probe") else 1]:
+        command = command.commands[word]  # type: ignore[attr-defined]
+    assert set(MODEL_OPTIONS) <= {p.name for p in command.params}, f"{name} lacks model options"
+    seen: list = []
+
+    def loading(cls, settings):
+        seen.append(settings)
+        raise _Loading("loading")
+
+    monkeypatch.setattr(lw.Encoder, "from_settings", classmethod(loading))
+    given = [a for flag, _ in MODEL_OPTION_VALUES.values() for a in flag]
+    result = CliRunner().invoke(app, [*args, *given])
+    assert result.exit_code == 2 and "loading" in result.output, result.output
+    wrong = {
+        field: getattr(seen[-1], field)
+        for field, (_, value) in MODEL_OPTION_VALUES.items()
+        if getattr(seen[-1], field) != value and not (name in ("serve", "explore") and field == "streams")
+    }
+    assert not wrong, f"{name}: options that did not reach the model's Settings: {wrong}"

@@ -8,18 +8,19 @@ from typing import Annotated
 import typer
 
 from ..errors import LayerwiseError, OptionError
+from ..settings import Settings
 from .options import (
-    DeviceOption,
+    MODEL_SETTINGS,
     EncodingErrorsChoice,
     EncodingErrorsOption,
     LayersOption,
-    ModelOption,
     _check_output_file,
     _fail,
     _setup_logging,
     _use_available_cores,
     app,
     err,
+    model_options,
 )
 
 
@@ -112,19 +113,19 @@ def _read_single_texts(input: Path, encoding_errors: EncodingErrorsChoice, comma
 
 
 @app.command()
+@model_options()
 def analyze(
     input: Annotated[Path, typer.Argument(help="One text per line (.txt) or JSONL with 'text'")],
     output: Annotated[
         Path, typer.Option("--output", "-o", help="Folder for report.html, figures, stats.json")
     ],
-    model: ModelOption = None,
+    settings: Settings = MODEL_SETTINGS,  # the model options (@model_options)
     words: Annotated[
         str | None,
         typer.Option(help="Comma-separated words for self-similarity [default: the most frequent]"),
     ] = None,
     projection: ProjectionOption = "pca",
     max_texts: Annotated[int | None, typer.Option(min=2, help="Use the first N texts")] = None,
-    device: DeviceOption = "auto",
     encoding_errors: EncodingErrorsOption = EncodingErrorsChoice.strict,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar")] = False,
 ) -> None:
@@ -139,7 +140,7 @@ def analyze(
             raise OptionError(f"--output {str(output)!r} is a file; the report needs a folder")
         texts = _read_single_texts(input, encoding_errors, "analyze")[:max_texts]
         _use_available_cores()
-        enc = Encoder(model, device=device)
+        enc = Encoder.from_settings(settings)
         chosen = [w.strip() for w in words.split(",") if w.strip()] if words else None
         stacks = enc.extract(texts, long_texts="window", progress=False if quiet else None)
         report = write_report(stacks, output, model=enc.name, max_length=enc.max_length, words=chosen,
@@ -151,14 +152,14 @@ def analyze(
 
 
 @app.command()
+@model_options()
 def plot(
     input: Annotated[Path, typer.Argument(help="One text per line (.txt) or JSONL with 'text'")],
     output: Annotated[Path, typer.Option("--output", "-o", help="Image file (.png, .svg, .pdf)")],
     words: Annotated[str, typer.Option(help="Comma-separated words to show, e.g. bank,crane")],
     projection: ProjectionOption = "pca",
-    model: ModelOption = None,
+    settings: Settings = MODEL_SETTINGS,  # the model options (@model_options)
     layers: LayersOption = "all",
-    device: DeviceOption = "auto",
     encoding_errors: EncodingErrorsOption = EncodingErrorsChoice.strict,
 ) -> None:
     """One panel per layer: every occurrence of the given words, projected to 2-D and coloured by word."""
@@ -171,7 +172,7 @@ def plot(
         _check_output_file(output, "--output", (".png", ".svg", ".pdf"))
         texts = _read_single_texts(input, encoding_errors, "plot")
         chosen = [w.strip() for w in words.split(",") if w.strip()]
-        enc = Encoder(model, device=device)
+        enc = Encoder.from_settings(settings)
         stacks = (s for _, s in enc.iter_extract(texts, layers=layers, long_texts="window", progress=False))
         path = plot_word_projections(stacks, chosen, output, projection=projection, model=enc.name)  # type: ignore[arg-type]
     except LayerwiseError as exc:

@@ -11,17 +11,19 @@ from typing import Annotated, Any
 import typer
 
 from ..errors import LayerwiseError, OptionError
+from ..settings import Settings
 from .extract import InputFormatOption, TextColumnOption
 from .options import (
-    DeviceOption,
+    MODEL_SETTINGS,
     EncodingErrorsChoice,
     EncodingErrorsOption,
-    ModelOption,
+    FinalNormChoice,
     _fail,
     _setup_logging,
     _use_available_cores,
     app,
     err,
+    model_options,
 )
 
 _SCALE = {"": 1, "K": 10**3, "M": 10**6, "G": 10**9, "B": 10**9}
@@ -45,6 +47,7 @@ def parse_count(value: str, option: str) -> int:
 
 
 @app.command()
+@model_options(final_norm=FinalNormChoice.none)  # SAELens' default: the raw residual stream
 def cache(
     input: Annotated[
         str,
@@ -53,7 +56,6 @@ def cache(
         ),
     ],
     output: Annotated[Path, typer.Option("--output", "-o", help="The cache folder (a datasets folder)")],
-    model: ModelOption = None,
     layers: Annotated[
         str, typer.Option("--layers", "-l", help="Hidden states: 0.25,0.5,0.75 (depths) | 8,15,23 | -1 | all")
     ] = "-1",
@@ -73,23 +75,11 @@ def cache(
             help="Seed of the permutation of contexts over the whole cache; 'none' keeps source order"
         ),
     ] = "0",
-    final_norm: Annotated[
-        bool,
-        typer.Option(
-            "--final-norm/--no-final-norm",
-            help="Decoders: the last hidden state through the final norm (ln_final.hook_normalized) "
-            "instead of the raw residual stream (blocks.L-1.hook_resid_post)",
-        ),
-    ] = False,
     text_column: TextColumnOption = None,
     format: InputFormatOption = None,
     overwrite: Annotated[
         bool, typer.Option(help="Start again: remove what the cache holds (nothing else)")
     ] = False,
-    model_dtype: Annotated[
-        str, typer.Option(help="Compute dtype of the model: float32 | bfloat16 | float16")
-    ] = "float32",
-    device: DeviceOption = "auto",
     ray: Annotated[
         str | None,
         typer.Option(
@@ -100,6 +90,7 @@ def cache(
     threads_per_worker: Annotated[int, typer.Option(min=1, help="torch threads (CPUs) per actor")] = 1,
     encoding_errors: EncodingErrorsOption = EncodingErrorsChoice.strict,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar")] = False,
+    settings: Settings = MODEL_SETTINGS,  # the model options (@model_options)
 ) -> None:
     """Cache the activations of several layers from one forward pass per context, for SAE and probe
     training: a shuffled, resumable Hugging Face datasets folder in SAELens' cached-activations
@@ -109,7 +100,6 @@ def cache(
         from ..cache import cache_activations
         from ..cache.format import classify, not_a_cache
         from ..encoder import Encoder
-        from ..settings import Settings
 
         count = parse_count(tokens, "--tokens")
         seed = (
@@ -119,7 +109,6 @@ def cache(
         )
         if classify(output) == "other":
             raise not_a_cache(output)  # before the model loads
-        settings = Settings(model, device=device, model_dtype=model_dtype)  # type: ignore[arg-type]
         options: dict[str, Any] = {
             "layers": layers,
             "hooks": tuple(h.strip() for h in hooks.split(",")),
@@ -127,14 +116,14 @@ def cache(
             "tokens": count,
             "dtype": dtype,
             "shuffle_seed": seed,
-            "final_norm": final_norm,
+            "final_norm": settings.final_norm,  # --final-norm: none, unless asked
             "overwrite": overwrite,
             "format": format.value if format else None,
             "text_column": text_column,
             "encoding_errors": encoding_errors.value,
         }  # fmt: skip  (one set of options, whichever back end runs them)
         _use_available_cores()
-        err.print(f"loading {model or 'the default model'} …", highlight=False)
+        err.print(f"loading {settings.model or 'the default model'} …", highlight=False)
         if ray is not None:
             from .. import ray as lw_ray
 

@@ -12,26 +12,22 @@ from typing import Annotated
 import typer
 
 from ..errors import InputError, LayerwiseError, OptionError
+from ..settings import Settings
 from .options import (
-    DeviceOption,
+    MODEL_SETTINGS,
     EncodingErrorsChoice,
     EncodingErrorsOption,
-    FinalNormOption,
     LayersOption,
     LongTextsChoice,
     LongTextsOption,
-    MethodChoice,
-    ModelDtype,
-    ModelOption,
     OutDtype,
     SpecialTokensChoice,
-    StreamsOption,
     _fail,
     _setup_logging,
     _use_available_cores,
     app,
     err,
-    final_norm_value,
+    model_options,
 )
 
 
@@ -78,6 +74,7 @@ NoTextOption = Annotated[
 
 
 @app.command()
+@model_options()
 def extract(
     inputs: Annotated[
         list[str],
@@ -90,34 +87,13 @@ def extract(
     output: Annotated[
         Path, typer.Option("--output", "-o", help="Output: .npz, .jsonl, .parquet (pooled) or a store (*.lw)")
     ],
-    model: ModelOption = None,
     layers: LayersOption = "all",
-    batch_size: Annotated[
-        int, typer.Option("--batch-size", "-b", min=1, help="Most inputs per forward pass")
-    ] = 128,
-    max_tokens: Annotated[
-        int | None,
-        typer.Option(
-            min=1,
-            help="Most tokens per forward pass (padded ones with --no-packed) "
-            "[default: 2048 on CPU, 32768 on GPU]",
-        ),
-    ] = None,
     dtype: Annotated[
         OutDtype | None,
         typer.Option(
             "--dtype", help="Dtype of the written vectors [default: float16 in a store, else float32]"
         ),
     ] = None,
-    model_dtype: Annotated[ModelDtype, typer.Option(help="Compute dtype of the model")] = ModelDtype.float32,
-    max_length: Annotated[int | None, typer.Option(help="Tokens per input [default: model maximum]")] = None,
-    method: Annotated[MethodChoice, typer.Option(help="output_hidden_states or forward hooks")] = (
-        MethodChoice.hidden_states
-    ),
-    packed: Annotated[
-        bool,
-        typer.Option(help="Unpadded forward where the architecture allows it (same numbers; see README)"),
-    ] = True,
     pool: PoolOption = "token",
     fuse: FuseOption = None,
     special_tokens: Annotated[
@@ -133,9 +109,6 @@ def extract(
     stride: Annotated[
         int | None, typer.Option(min=1, help="Window step in tokens [default: half a window]")
     ] = None,
-    final_norm: FinalNormOption = None,
-    device: DeviceOption = "auto",
-    streams: StreamsOption = None,
     encoding_errors: EncodingErrorsOption = EncodingErrorsChoice.strict,
     format: Annotated[
         FormatChoice | None,
@@ -214,13 +187,10 @@ def extract(
             rich_help_panel="Ray",
         ),
     ] = None,
-    allow_nan: Annotated[
-        bool,
-        typer.Option("--allow-nan", help="Keep NaN/inf hidden states (with a warning) instead of an error"),
-    ] = False,
     quiet: Annotated[
         bool, typer.Option("--quiet", "-q", help="No progress bar or summary (warnings and errors show)")
     ] = False,
+    settings: Settings = MODEL_SETTINGS,  # the model options (@model_options)
 ) -> None:
     """Extract hidden states of every requested layer for each input and write them to a file
     (.npz, .jsonl, .parquet for pooled vectors) or to a resumable store (a folder ending in .lw).
@@ -228,7 +198,6 @@ def extract(
     _setup_logging(quiet)
     try:
         from ..features.plan import OutputPlan
-        from ..settings import Settings
 
         to_store = output.suffix.lower() == ".lw" or output.is_dir()
         backend = (
@@ -252,15 +221,15 @@ def extract(
                 )
         default_dtype = OutDtype.float16 if to_store else OutDtype.float32
         plan = OutputPlan.parse(
-            layers=layers, pool=pool, fuse=fuse, special_tokens=special_tokens.value,
-            dtype=(dtype or default_dtype).value, normalize=normalize, long_texts=long_texts.value,
-            stride=stride, final_norm=None if final_norm is None else final_norm_value(final_norm),
-        )  # fmt: skip
-        # how the model is loaded and run: one value, handed whole to every back end
-        settings = Settings(
-            model, device=device, model_dtype=model_dtype.value, max_length=max_length, batch_size=batch_size,
-            max_tokens=max_tokens, packed=packed, streams=streams, allow_nan=allow_nan, method=method.value,
-        )  # fmt: skip
+            layers=layers,
+            pool=pool,
+            fuse=fuse,
+            special_tokens=special_tokens.value,
+            dtype=(dtype or default_dtype).value,
+            normalize=normalize,
+            long_texts=long_texts.value,
+            stride=stride,
+        )  # fmt: skip  (its final norm: the settings' (--final-norm), the one value every back end takes
         if output.suffix.lower() == ".parquet":
             from ..files.parquet import check_parquet_plan
 

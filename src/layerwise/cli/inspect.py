@@ -10,18 +10,19 @@ import typer
 from rich.console import Console
 
 from ..errors import LayerwiseError
-from .options import DeviceOption, LayersOption, ModelOption, _fail, _setup_logging, app, err
+from ..settings import Settings
+from .options import MODEL_SETTINGS, LayersOption, _fail, _setup_logging, app, err, model_options
 
 
 @app.command()
+@model_options()
 def show(
     text: Annotated[str, typer.Argument(help="The text to show")],
     pair: Annotated[
         str | None, typer.Option("--pair", help="Second segment: [CLS] TEXT [SEP] PAIR [SEP]")
     ] = None,
-    model: ModelOption = None,
+    settings: Settings = MODEL_SETTINGS,  # the model options (@model_options)
     layers: LayersOption = "all",
-    device: DeviceOption = "auto",
 ) -> None:
     """Print a tokens x layers table: vector norm and cosine to the previous layer."""
     _setup_logging(quiet=True)
@@ -29,7 +30,7 @@ def show(
         from ..analysis.show import layer_table
         from ..encoder import Encoder
 
-        enc = Encoder(model, device=device)
+        enc = Encoder.from_settings(settings)
         stack = enc.extract([text], text_pairs=[pair] if pair is not None else None, layers=layers)[0]
     except LayerwiseError as exc:
         raise _fail(exc) from None

@@ -12,24 +12,24 @@ import typer
 
 from .. import __version__
 from ..errors import LayerwiseError, OptionError
+from ..settings import Settings
 from .extract import InputFormatOption, TextColumnOption
 from .options import (
-    DeviceOption,
+    MODEL_SETTINGS,
     EncodingErrorsChoice,
     EncodingErrorsOption,
-    FinalNormOption,
-    ModelOption,
     _check_output_file,
     _fail,
     _setup_logging,
     _use_available_cores,
     app,
     err,
-    final_norm_value,
+    model_options,
 )
 
 
 @app.command()
+@model_options()
 def layers(
     input: Annotated[
         str,
@@ -37,7 +37,6 @@ def layers(
             help="Your texts: a corpus as extract reads it (.txt, .jsonl, .csv, .parquet, a glob, -)"
         ),
     ],
-    model: ModelOption = None,
     text_column: TextColumnOption = None,
     format: InputFormatOption = None,
     max_texts: Annotated[int, typer.Option(min=2, help="Use the first N texts")] = 1000,
@@ -58,12 +57,11 @@ def layers(
             "(decoders) or token (word:* too); the recommendation uses the rule measured for it",
         ),
     ] = "sentence:mean",
-    final_norm: FinalNormOption = None,
     json_path: Annotated[Path | None, typer.Option("--json", help="Also write the table as JSON")] = None,
     seed: Annotated[int, typer.Option(help="Seed of the augmentations and permutations")] = 0,
-    device: DeviceOption = "auto",
     encoding_errors: EncodingErrorsOption = EncodingErrorsChoice.strict,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar")] = False,
+    settings: Settings = MODEL_SETTINGS,  # the model options (@model_options)
 ) -> None:
     """Which layer to try first, without labels: label-free metrics per hidden state (Skean et al.
     2025), and the layer the best-measured rule picks, with how reliable that rule has been."""
@@ -82,8 +80,8 @@ def layers(
             input, format.value if format else None, text_column, max_texts, encoding_errors.value
         )
         _use_available_cores()
-        err.print(f"loading {model or 'the default model'} …", highlight=False)
-        enc = Encoder(model, device=device, final_norm=final_norm_value(final_norm))
+        err.print(f"loading {settings.model or 'the default model'} …", highlight=False)
+        enc = Encoder.from_settings(settings)
         names = "all" if views >= 2 else "one-pass"
         metrics = layer_metrics(enc, texts, metrics=names, views=max(views, 2), seed=seed,
                                 progress=False if quiet else None)  # fmt: skip

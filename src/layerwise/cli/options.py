@@ -7,17 +7,21 @@ imported inside the commands.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import logging
 import os
+from collections.abc import Callable
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 
 from .. import __version__
-from ..errors import OptionError
+from ..errors import LayerwiseError, OptionError
+from ..settings import Settings
 
 app = typer.Typer(
     name="layerwise",
@@ -85,17 +89,18 @@ class FinalNormChoice(StrEnum):
     all = "all"
 
 
+_FINAL_NORM_HELP = (
+    "Decoder LMs: the final norm on the last hidden state (last, as transformers returns it), on none "
+    "(the raw residual stream), or on all (layers compare on one scale) [default: {}]; encoders have none"
+)
 FinalNormOption = Annotated[
-    FinalNormChoice | None,
-    typer.Option(
-        help="Decoder LMs: the final norm on the last hidden state (last, as transformers returns it), "
-        "on none, or on all (layers compare on one scale) [default: last]; encoders have none"
-    ),
+    FinalNormChoice | None, typer.Option(help=_FINAL_NORM_HELP.format("last"), rich_help_panel="Model")
 ]
 
 
 def final_norm_value(choice: FinalNormChoice | None):
-    """The Python value of --final-norm (None: not given, the model's default)."""
+    """The Python value of --final-norm: True (last), False (none) or "all"; not given (None):
+    True, the final norm on the last hidden state, as transformers returns it."""
     from ..settings import parse_final_norm
 
     return True if choice is None else parse_final_norm(choice.value)
@@ -104,9 +109,103 @@ def final_norm_value(choice: FinalNormChoice | None):
 StreamsOption = Annotated[
     int | None,
     typer.Option(
-        min=1, help="Packed batches run at once on the CPU [default: 2 for models up to 512 wide, 2+ cores]"
+        min=1, help="Packed batches run at once on the CPU [default: 2 for models up to 512 wide, 2+ cores]",
+        rich_help_panel="Model",
     ),
-]
+]  # fmt: skip
+
+# The options of how a model is loaded and run: declared here once, taken by every command that
+# loads a model (@model_options), which receives them as one Settings.
+_MODEL = "Model"
+_KEYWORD = inspect.Parameter.KEYWORD_ONLY
+
+
+_MANY_MODELS = Annotated[
+    list[str] | None,
+    typer.Option("--model", "-m", help="A model (repeat for several) [default: packaged all-MiniLM-L6-v2]",
+                 rich_help_panel=_MODEL),
+]  # fmt: skip
+
+
+def _model_parameters(final_norm: FinalNormChoice | None, many: bool = False) -> list[inspect.Parameter]:
+    def option(name: str, default: object, annotation: object) -> inspect.Parameter:
+        return inspect.Parameter(name, _KEYWORD, default=default, annotation=annotation)
+
+    return [
+        option("model", None, _MANY_MODELS if many else ModelOption),
+        option("device", "auto", DeviceOption),
+        option("model_dtype", ModelDtype.float32, Annotated[
+            ModelDtype, typer.Option(help="Compute dtype of the model", rich_help_panel=_MODEL)]),
+        option("max_length", None, Annotated[int | None, typer.Option(
+            min=1, help="Tokens per input [default: model maximum]", rich_help_panel=_MODEL)]),
+        option("batch_size", 128, Annotated[int, typer.Option(
+            "--batch-size", "-b", min=1, help="Most inputs per forward pass", rich_help_panel=_MODEL)]),
+        option("max_tokens", None, Annotated[int | None, typer.Option(
+            min=1, help="Most tokens per forward pass (padded ones with --no-packed) [default: 2048 on "
+            "CPU, 32768 on GPU]", rich_help_panel=_MODEL)]),
+        option("packed", True, Annotated[bool, typer.Option(
+            help="Unpadded forward where the architecture allows it (same numbers)",
+            rich_help_panel=_MODEL)]),
+        option("streams", None, StreamsOption),
+        option("allow_nan", False, Annotated[bool, typer.Option(
+            "--allow-nan", help="Keep NaN/inf hidden states (with a warning) instead of stopping",
+            rich_help_panel=_MODEL)]),
+        option("final_norm", final_norm, Annotated[FinalNormChoice | None, typer.Option(
+            help=_FINAL_NORM_HELP.format(final_norm or "last"), rich_help_panel=_MODEL)]),
+        option("method", MethodChoice.hidden_states, Annotated[MethodChoice, typer.Option(
+            help="output_hidden_states or forward hooks (the same numbers)", rich_help_panel=_MODEL)]),
+    ]  # fmt: skip
+
+
+MODEL_OPTIONS: tuple[str, ...] = tuple(p.name for p in _model_parameters(None))
+# a command's ``settings: Settings = MODEL_SETTINGS``: the value @model_options replaces on each run
+MODEL_SETTINGS = Settings()
+
+
+def model_options(
+    final_norm: FinalNormChoice | None = None, *, many: bool = False
+) -> Callable[[Callable], Callable]:
+    """Give a command the model options (--model, --device, --model-dtype, --max-length,
+    --batch-size, --max-tokens, --packed, --streams, --allow-nan, --final-norm, --method); it takes
+    them as one ``settings: Settings`` keyword. ``final_norm``: the command's default of
+    --final-norm (None: last; the activation cache says none, SAELens' raw residual stream).
+    ``many``: --model may be repeated (the server's models): the command takes them as ``models``
+    (None: not given), and ``settings`` without a model."""
+
+    def decorate(command: Callable) -> Callable:
+        own = inspect.signature(command, eval_str=True)
+        taken = {"settings", "models"} if many else {"settings"}
+        kept = [p.replace(kind=_KEYWORD) for p in own.parameters.values() if p.name not in taken]
+        clash = {p.name for p in kept} & set(MODEL_OPTIONS)
+        assert not clash, f"{command.__name__} declares model options itself: {clash}"
+        parameters = [*kept, *_model_parameters(final_norm, many)]
+
+        @functools.wraps(command)
+        def run(**values: Any) -> Any:
+            chosen = {name: values.pop(name) for name in MODEL_OPTIONS}
+            if many:
+                values["models"], chosen["model"] = chosen["model"], None
+            try:
+                settings = settings_from_options(**chosen)
+            except LayerwiseError as exc:
+                raise _fail(exc) from None
+            return command(settings=settings, **values)
+
+        run.__signature__ = own.replace(parameters=parameters)  # type: ignore[attr-defined]  # what Typer reads
+        run.__annotations__ = {p.name: p.annotation for p in parameters}
+        return run
+
+    return decorate
+
+
+def settings_from_options(*, model, device, model_dtype, max_length, batch_size, max_tokens, packed,
+                          streams, allow_nan, final_norm, method):  # fmt: skip
+    """The Settings of the model options' values (checked: a bad value names itself)."""
+    return Settings(
+        model, device=device, model_dtype=model_dtype.value, max_length=max_length, batch_size=batch_size,
+        max_tokens=max_tokens, packed=packed, streams=streams, allow_nan=allow_nan,
+        final_norm=final_norm_value(final_norm), method=method.value,
+    )  # fmt: skip
 
 
 def _version(value: bool) -> None:

@@ -9,7 +9,8 @@ import typer
 from rich.console import Console
 
 from ..errors import LayerwiseError
-from .options import ModelOption, _check_output_file, _fail, _setup_logging, app, err
+from ..settings import Settings
+from .options import MODEL_SETTINGS, _check_output_file, _fail, _setup_logging, app, err, model_options
 
 probe_app = typer.Typer(
     help="Layer-wise probes: one row per layer and per fusion, with controls. Which layer, which fusion?",
@@ -32,10 +33,11 @@ def _controls(value: str) -> tuple[str, ...]:
 
 
 def _run_probe(
-    task: str, json_path: Path | None, plot_path: Path | None, model: str | None, **options
+    task: str, json_path: Path | None, plot_path: Path | None, settings: Settings, **options
 ) -> None:
     _setup_logging(quiet=False)
     try:
+        from ..encoder import Encoder
         from ..probing import probe
 
         # a probe runs for minutes: refuse an unwritable --json/--plot before it starts
@@ -43,7 +45,8 @@ def _run_probe(
             _check_output_file(json_path, "--json")
         if plot_path is not None:
             _check_output_file(plot_path, "--plot", (".png", ".svg", ".pdf"))
-        result = probe(task, model=model, **options)  # type: ignore[arg-type]
+        # the probed model, and the random-model control built as it is (settings whole)
+        result = probe(task, encoder=Encoder.from_settings(settings), **options)  # type: ignore[arg-type]
         Console().print(result.table())
         if json_path is not None:
             result.to_json(json_path)
@@ -56,6 +59,7 @@ def _run_probe(
 
 
 @probe_app.command("conllu")
+@model_options()
 def probe_conllu(
     train: Annotated[Path, typer.Option(help="Training CoNLL-U file")],
     dev: Annotated[Path, typer.Option(help="Dev CoNLL-U file")],
@@ -65,17 +69,18 @@ def probe_conllu(
     subword: Annotated[str, typer.Option(help="first | last | mean | first_last | max")] = "first",
     controls: ControlsOption = "random_model,control_task",
     seed: SeedOption = 0,
-    model: ModelOption = None,
+    settings: Settings = MODEL_SETTINGS,  # the model options (@model_options)
     json_path: JsonOption = None,
     plot_path: PlotOption = None,
 ) -> None:
     """Word-level tags from CoNLL-U (Universal Dependencies): accuracy per layer and fusion."""
-    _run_probe("conllu", json_path, plot_path, model, train=train, dev=dev, column=column,
+    _run_probe("conllu", json_path, plot_path, settings, train=train, dev=dev, column=column,
                max_train=max_train, max_dev=max_dev, subword=subword, controls=_controls(controls),
                seed=seed)  # fmt: skip
 
 
 @probe_app.command("conll")
+@model_options()
 def probe_conll(
     train: Annotated[Path, typer.Option(help="CoNLL-2003 style training file (word POS chunk NER)")],
     dev: Annotated[Path, typer.Option(help="Dev file, e.g. eng.testa")],
@@ -85,16 +90,18 @@ def probe_conll(
     subword: Annotated[str, typer.Option(help="first | last | mean | first_last | max")] = "first",
     controls: ControlsOption = "random_model,control_task",
     seed: SeedOption = 0,
-    model: ModelOption = None,
+    settings: Settings = MODEL_SETTINGS,  # the model options (@model_options)
     json_path: JsonOption = None,
     plot_path: PlotOption = None,
 ) -> None:
     """CoNLL-2003 columns; NER is scored by entity-level F1 with BIO decoding (conlleval rules)."""
-    _run_probe("conll", json_path, plot_path, model, train=train, dev=dev, column=column, max_train=max_train,
-               max_dev=max_dev, subword=subword, controls=_controls(controls), seed=seed)  # fmt: skip
+    _run_probe("conll", json_path, plot_path, settings, train=train, dev=dev, column=column,
+               max_train=max_train, max_dev=max_dev, subword=subword, controls=_controls(controls),
+               seed=seed)  # fmt: skip
 
 
 @probe_app.command("tsv")
+@model_options()
 def probe_tsv(
     train: Annotated[Path, typer.Option(help="TSV/CSV with a header row")],
     dev: Annotated[Path, typer.Option(help="TSV/CSV with the same columns")],
@@ -103,28 +110,29 @@ def probe_tsv(
     max_train: Annotated[int | None, typer.Option(min=1, help="Use the first N training rows")] = None,
     controls: ControlsOption = "random_model",
     seed: SeedOption = 0,
-    model: ModelOption = None,
+    settings: Settings = MODEL_SETTINGS,  # the model options (@model_options)
     json_path: JsonOption = None,
     plot_path: PlotOption = None,
 ) -> None:
     """Sentence classification from mean-pooled layers: accuracy per layer and fusion."""
-    _run_probe("tsv", json_path, plot_path, model, train=train, dev=dev, text_column=text_column,
+    _run_probe("tsv", json_path, plot_path, settings, train=train, dev=dev, text_column=text_column,
                label_column=label_column, max_train=max_train, controls=_controls(controls),
                seed=seed)  # fmt: skip
 
 
 @probe_app.command("pairs")
+@model_options()
 def probe_pairs(
     data: Annotated[Path, typer.Option(help="TSV/CSV with two sentence columns and a similarity score")],
     first_column: Annotated[str, typer.Option(help="First sentence column")] = "sentence1",
     second_column: Annotated[str, typer.Option(help="Second sentence column")] = "sentence2",
     score_column: Annotated[str, typer.Option(help="Gold similarity column")] = "score",
     controls: ControlsOption = "random_model",
-    model: ModelOption = None,
+    settings: Settings = MODEL_SETTINGS,  # the model options (@model_options)
     json_path: JsonOption = None,
     plot_path: PlotOption = None,
 ) -> None:
     """Sentence-pair similarity: Spearman of cosine(mean-pooled layer) with the gold scores."""
-    _run_probe("pairs", json_path, plot_path, model, data=data, first_column=first_column,
+    _run_probe("pairs", json_path, plot_path, settings, data=data, first_column=first_column,
                second_column=second_column, score_column=score_column, controls=_controls(controls),
                scalar_mix=False)  # fmt: skip

@@ -11,18 +11,17 @@ from typing import Annotated
 import typer
 
 from ..errors import LayerwiseError, MissingDependencyError, OptionError
+from ..settings import Settings
 from .options import (
-    DeviceOption,
-    FinalNormOption,
+    MODEL_SETTINGS,
     LongTextsChoice,
     LongTextsOption,
-    ModelDtype,
     _fail,
     _setup_logging,
     _use_available_cores,
     app,
     err,
-    final_norm_value,
+    model_options,
 )
 
 # The Encoders of this process serve tokenisation, metadata and the explorer; the batcher's runs go
@@ -49,13 +48,8 @@ StoreOption = Annotated[
 
 
 @app.command()
+@model_options(many=True)
 def serve(
-    model: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--model", "-m", help="A model to serve (repeat for several) [default: packaged all-MiniLM-L6-v2]"
-        ),
-    ] = None,
     host: Annotated[
         str, typer.Option(help="Address to bind; anything but loopback is reachable by others")
     ] = "127.0.0.1",
@@ -87,20 +81,6 @@ def serve(
         float, typer.Option(min=0.001, max=3600, help="Seconds for a request's body to arrive (else 408)")
     ] = 60.0,
     long_texts: LongTextsOption = LongTextsChoice.truncate,
-    max_length: Annotated[
-        int | None, typer.Option(min=2, help="Tokens per input [default: the model's]")
-    ] = None,
-    device: DeviceOption = "auto",
-    model_dtype: Annotated[ModelDtype, typer.Option(help="Compute dtype of the models")] = ModelDtype.float32,
-    final_norm: FinalNormOption = None,
-    streams: Annotated[
-        int | None,
-        typer.Option(
-            min=1,
-            help="Model runs at once, each on its share of the CPU threads [default: 2 for models up "
-            "to 512 wide on 2+ threads, else 1; as extraction]",
-        ),
-    ] = None,
     model_process: Annotated[
         bool | None,
         typer.Option(
@@ -110,6 +90,8 @@ def serve(
         ),
     ] = None,
     store: StoreOption = None,
+    models: list[str] | None = None,  # --model, repeated (@model_options)
+    settings: Settings = MODEL_SETTINGS,  # the model options (@model_options)
 ) -> None:
     """Serve every layer over HTTP: OpenAI-compatible /v1/embeddings, /v1/layers, /metrics, and the
     layer explorer page at /."""
@@ -118,7 +100,7 @@ def serve(
         _require_uvicorn("serve")
         from ..serve import ServeSettings, create_app, read_api_key
 
-        settings = ServeSettings(
+        served = ServeSettings(
             api_key=read_api_key(api_key_file),
             max_body_bytes=int(max_body_mb * 2**20),
             max_inputs=max_inputs,
@@ -132,33 +114,29 @@ def serve(
             header_timeout_s=header_timeout,
             body_timeout_s=body_timeout,
             long_texts=long_texts.value,
-            streams=streams,
+            streams=settings.streams,  # model runs at once; this process's Encoders run one each
             model_process=bool(model_process),
         )
-        if not _is_loopback(host) and settings.api_key is None:
+        if not _is_loopback(host) and served.api_key is None:
             err.print(
                 f"[yellow]warning:[/] binding {host}, which other machines can reach, without an API key; "
                 "pass --api-key-file or set LAYERWISE_API_KEY",
                 highlight=False,
             )
-        from ..settings import Settings
-
-        base = Settings(device=device, max_length=max_length, model_dtype=model_dtype.value,
-                        final_norm=final_norm_value(final_norm), streams=SERVE_STREAMS)  # fmt: skip
-        encoders = _load_encoders(model, base)
+        encoders = _load_encoders(models, settings.replace(streams=SERVE_STREAMS))
         if model_process is None:  # a GPU runs its kernels without the GIL's help: one process there
             on_cpu = all(encoder.device.type == "cpu" for encoder in encoders.values())
-            settings = dataclasses.replace(settings, model_process=on_cpu)
-        application = create_app(encoders, settings, reference_store=store)
+            served = dataclasses.replace(served, model_process=on_cpu)
+        application = create_app(encoders, served, reference_store=store)
     except LayerwiseError as exc:
         raise _fail(exc) from None
     err.print(
         f"serving {', '.join(encoders)} on http://{host}:{port} (explorer: /, docs: /docs, OpenAI "
-        f"base_url: http://{host}:{port}/v1){'' if settings.api_key else '; no API key'}",
+        f"base_url: http://{host}:{port}/v1){'' if served.api_key else '; no API key'}",
         highlight=False,
         soft_wrap=True,
     )
-    _run_server(application, host, port, settings)
+    _run_server(application, host, port, served)
 
 
 def _require_uvicorn(command: str) -> None:
@@ -211,20 +189,17 @@ def _run_server(application, host: str, port: int, settings, sock=None) -> None:
 
 
 @app.command()
+@model_options(many=True)
 def explore(
     text: Annotated[str | None, typer.Argument(help="A text to open the explorer on")] = None,
-    model: Annotated[
-        list[str] | None,
-        typer.Option("--model", "-m", help="A model to explore (repeat for several) [default: packaged]"),
-    ] = None,
     store: StoreOption = None,
     host: Annotated[str, typer.Option(help="Address to bind")] = "127.0.0.1",
     port: Annotated[int, typer.Option(min=0, max=65535, help="Port (0: any free port)")] = 8000,
     open_browser: Annotated[
         bool, typer.Option("--open/--no-open", help="Open a browser when this machine has a display")
     ] = True,
-    device: DeviceOption = "auto",
-    final_norm: FinalNormOption = None,
+    models: list[str] | None = None,  # --model, repeated (@model_options)
+    settings: Settings = MODEL_SETTINGS,  # the model options (@model_options)
 ) -> None:
     """Open the layer explorer on a text: starts the server (as `layerwise serve`) and prints the URL."""
     from urllib.parse import urlencode
@@ -237,14 +212,12 @@ def explore(
                 f"--host {host!r}: explore binds loopback only; use layerwise serve --host with an API key"
             )
         from ..serve import ServeSettings, create_app
-        from ..settings import Settings
 
         # the views' hidden states with the final norm asked for (a decoder's layers on one scale:
         # --final-norm all); the logit lens reads every state through the norm whatever it is
-        base = Settings(device=device, streams=SERVE_STREAMS, final_norm=final_norm_value(final_norm))
-        encoders = _load_encoders(model, base)
-        settings = ServeSettings()
-        application = create_app(encoders, settings, reference_store=store)
+        encoders = _load_encoders(models, settings.replace(streams=SERVE_STREAMS))
+        served = ServeSettings(streams=settings.streams)
+        application = create_app(encoders, served, reference_store=store)
         sock = _bind(host, port)
     except LayerwiseError as exc:
         raise _fail(exc) from None
@@ -257,7 +230,7 @@ def explore(
         import webbrowser
 
         threading.Timer(1.0, webbrowser.open, args=(url,)).start()
-    _run_server(application, host, bound, settings, sock)
+    _run_server(application, host, bound, served, sock)
 
 
 def _bind(host: str, port: int):

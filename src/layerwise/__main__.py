@@ -1,0 +1,5 @@
+"""``python -m layerwise``: the command line, as ``layerwise``."""
+
+from .cli import main
+
+main()
