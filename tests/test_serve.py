@@ -651,3 +651,26 @@ def test_serve_builds_the_transformers_model_at_start(monkeypatch, default_model
     encoders = cli_serve._load_encoders([str(default_model_dir)], lw.Settings(device="cpu", streams=1))
     (encoder,) = encoders.values()
     assert encoder.models.built and encoder.engine.packed.model is encoder.model
+
+
+def test_the_forward_runs_the_plan_the_response_records(tiny_encoder):
+    """A server with --long-texts window: /v1/embeddings and /v1/layers record windows and the
+    server's stride in their plan, and their vectors are those of that plan run offline."""
+    from layerwise.serve import ServeSettings, create_app
+
+    app = create_app(
+        {"tiny": tiny_encoder}, ServeSettings(long_texts="window", stride=40, model_process=False)
+    )
+    long_text = "the river bank " * 60  # over the tiny model's maximum: windows
+
+    async def scenario(client):
+        embeddings = await client.post("/v1/embeddings", json={"input": [long_text], "pool": "sentence:mean"})
+        layers = await client.post("/v1/layers", json={"texts": [long_text], "pool": "sentence:mean"})
+        return embeddings, layers
+
+    embeddings, layers = run_app(app, scenario)
+    assert embeddings.status_code == 200 and layers.status_code == 200, (embeddings.text, layers.text)
+    meta = layers.json()
+    assert (meta["long_texts"], meta["stride"]) == ("window", 40)
+    want = tiny_encoder.embed([long_text], layers=-1, pool="mean", long_texts="window", stride=40)[0]
+    np.testing.assert_allclose(embeddings.json()["data"][0]["embedding"], want, atol=1e-5)

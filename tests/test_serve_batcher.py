@@ -109,7 +109,9 @@ def test_each_job_gets_its_finish_applied_to_its_own_rows(tiny):
         assert all(r.done.wait(30) for r in recorders.values())
     finally:
         batcher.close(30)
-    assert len(runs) == 1 and len(runs[0].jobs) == 3 and runs[0].layers == (1, 2)  # the union of the three
+    assert (
+        len(runs) == 1 and len(runs[0].jobs) == 3 and runs[0].forward.layers == (1, 2)
+    )  # the union of the three
     tokens = recorders["tokens"].results[0]
     assert tokens.layers == (1,)
     np.testing.assert_allclose(tokens.hidden, tiny.extract(["a river bank"], layers=[1])[0].hidden, atol=1e-6)
@@ -153,7 +155,11 @@ def test_a_run_is_the_jobs_inputs_renumbered_with_their_owners(tiny):
     assert [item.index for item in run.encoded] == [0, 1, 2]
     assert [item.text for item in run.encoded] == ["a", "b", "c"]
     assert run.owners == [(jobs[0], 0), (jobs[0], 1), (jobs[1], 0)]
-    assert run.layers == (0, 1, 2) and run.finishes == [jobs[0].finish, jobs[0].finish, jobs[1].finish]
+    assert run.forward.layers == (0, 1, 2) and run.finishes == [
+        jobs[0].finish,
+        jobs[0].finish,
+        jobs[1].finish,
+    ]
     assert run.n_tokens == sum(len(item) for item in run.encoded)
 
 
@@ -287,3 +293,39 @@ def test_the_vocabulary_check_refuses_an_id_the_model_lacks_at_encode_time(tiny)
     with pytest.raises(InputError, match=expected) as caught:
         small.encode(normalize_inputs(texts=["!", "! river"]))  # "!" = 999
     assert caught.value.index == 1
+
+
+def test_a_run_is_one_forward_and_requests_that_differ_in_it_run_apart(tiny):
+    """A run's forward (model, hidden states, stride, final norm) is one value, sent whole; requests
+    with another window stride or final norm are not merged into it (the forward would not be
+    theirs)."""
+    from layerwise.serve.jobs import Forward
+
+    finish = Finish((1,))
+    a, b = (job_for(tiny, ["the river bank"], finish, lambda r, e: None) for _ in range(2))
+    strided = job_for(tiny, ["the river bank"], finish, lambda r, e: None)
+    strided.stride = 5
+    normed = job_for(tiny, ["the river bank"], finish, lambda r, e: None)
+    normed.final_norm = False
+    assert a.key == b.key and len({a.key, strided.key, normed.key}) == 3
+    assert Run.of([a, b]).forward == Forward("tiny", (1,), None, True)
+    assert Run.of([strided]).forward == Forward("tiny", (1,), 5, True)
+    batcher, runs = counted_batcher(tiny)
+    answered = threading.Event()
+    count = [0]
+
+    def done(results, error):
+        count[0] += 1
+        if count[0] == 3:
+            answered.set()
+
+    jobs = [job_for(tiny, ["the river bank"], finish, done) for _ in range(3)]
+    jobs[1].stride = 7
+    for job in jobs:  # queued before the stream starts: merged where they can be
+        batcher.submit(job)
+    batcher.start()
+    try:
+        assert answered.wait(30)
+    finally:
+        batcher.close(30)
+    assert sorted((r.forward.stride or 0, len(r.jobs)) for r in runs) == [(0, 2), (7, 1)]

@@ -81,9 +81,10 @@ def test_model_process_serves_the_in_process_vectors(default_encoder, tiny_pair)
 def run_on(runner, model, encoded, layers, stride, finish=None):
     """One run on stream 0, as the batcher hands it over (no jobs: results come back as they are)."""
     from layerwise.serve.batcher import Finish, Run
+    from layerwise.serve.jobs import Forward
 
     finishes = [finish or Finish(layers)] * len(encoded)
-    runner.start(0, Run([], model, list(encoded), finishes, [], layers, stride, 0))
+    runner.start(0, Run([], Forward(model, layers, stride), list(encoded), finishes, [], 0))
     return runner.collect(0)
 
 

@@ -153,7 +153,12 @@ def create_app(
         layers = plan.hidden_states(n_hidden) if plan is not None else tuple(range(n_hidden))
         if not len(raw):
             raise ApiError(422, f"{raw.field} is an empty list; send at least one input", param=raw.field)
-        window = settings.long_texts == "window" if window is None else window
+        # what the forward does is what the plan (recorded in the response) says: its long texts, stride
+        if plan is not None:
+            window, stride = plan.long_texts == "window", plan.stride
+        else:  # every hidden state as a LayerStack (the explorer): windows when asked, else the server's
+            window = settings.long_texts == "window" if window is None else window
+            stride = settings.stride
         limit = (
             (max_tokens, "--max-explore-tokens")
             if max_tokens
@@ -169,8 +174,8 @@ def create_app(
             loop.call_soon_threadsafe(_settle, future, results, error)
 
         finish = Finish(layers, plan, n_hidden)
-        job = Job(served.name, encoded, finish, done, stride=settings.stride, final_norm=final_norm,
-                  n_bytes=int(values * 4))  # fmt: skip
+        job = Job(served.name, encoded, finish, done, stride=stride if window else None,
+                  final_norm=final_norm, n_bytes=int(values * 4))  # fmt: skip
         batcher.submit(job)  # a full queue: QueueFullError, 429 (serve/errors.py maps every error)
         results = await future  # this request's own failure in the run (the batcher re-ran it apart)
         return [results[i] for i in range(len(encoded))], job.n_tokens, [item.truncated for item in encoded]
@@ -182,7 +187,7 @@ def create_app(
         texts = [body.input] if isinstance(body.input, str) else body.input
         if not texts:
             raise ApiError(422, "input is an empty list; send at least one text", param="input")
-        plan = _embeddings_plan(served.encoder, body)
+        plan = _embeddings_plan(served.encoder, body, settings)
         width = plan.row_shape(served.encoder.hidden_size, served.encoder.n_hidden_states)
         if len(width) == 2 and width[0] != 1:
             raise ApiError(
@@ -371,7 +376,7 @@ def _raw(**inputs) -> RawInputs:
     return normalize_inputs(**inputs)  # an InputError is a 422 naming the field (serve/errors.py)
 
 
-def _embeddings_plan(encoder: Encoder, body: EmbeddingsRequest) -> OutputPlan:
+def _embeddings_plan(encoder: Encoder, body: EmbeddingsRequest, settings: ServeSettings) -> OutputPlan:
     """Defaults follow the model's sentence-transformers convention (Encoder.encode): last layer,
     its pooling, its normalisation; every field the request sets overrides them."""
     from ..model.source import sentence_convention
@@ -396,6 +401,7 @@ def _embeddings_plan(encoder: Encoder, body: EmbeddingsRequest) -> OutputPlan:
     return encoder.settle(
         OutputPlan.parse(
             layers=layers, pool=pool, fuse=body.fuse, special_tokens=body.special_tokens, normalize=normalize,
-            final_norm=body.final_norm,
+            final_norm=body.final_norm, long_texts=settings.long_texts,
+            stride=settings.stride if settings.long_texts == "window" else None,
         )
     )  # fmt: skip

@@ -47,6 +47,19 @@ class Finish:
         return stack if self.plan is None else self.plan.result(stack, self.n_hidden_states)
 
 
+@dataclass(frozen=True)
+class Forward:
+    """What a run's forward computes, one value for all of its requests and sent whole to the model
+    process: the model, the hidden states (the union of the requests'), the window stride of long
+    inputs (None: a half window; only inputs the requests kept long are windowed) and a decoder's
+    final norm (settled from each request's plan: requests that differ in it run apart)."""
+
+    model: str
+    layers: tuple[int, ...] = ()
+    stride: int | None = None
+    final_norm: bool | str = True
+
+
 @dataclass(eq=False)
 class Job:
     """One request's inputs for one model, and what it wants from them."""
@@ -55,7 +68,7 @@ class Job:
     encoded: Sequence[EncodedInput]
     finish: Finish
     on_done: Done
-    stride: int | None = None
+    stride: int | None = None  # the request's plan's (long_texts="window")
     final_norm: bool | str = True  # a decoder's final norm (OutputPlan.final_norm, settled)
     n_bytes: int = 0  # the vectors its results will hold (admission: Batcher.max_queue_bytes)
     n_tokens: int = 0
@@ -67,9 +80,10 @@ class Job:
         self.n_tokens = sum(len(item) for item in self.encoded)
 
     @property
-    def key(self) -> tuple[str, str]:
-        """Jobs with the same key share a run: one model, one final norm (its forward's output)."""
-        return self.model, repr(self.final_norm)
+    def key(self) -> tuple[str, str, int | None]:
+        """Jobs with the same key share a run: one model, one final norm and one window stride (what
+        its forward computes: :class:`Forward`)."""
+        return self.model, repr(self.final_norm), self.stride
 
     def answer(self, results: dict[int, Result] | None, error: BaseException | None) -> None:
         """Tell the request, once. A request that cannot be told (its event loop closed under it)
@@ -91,15 +105,16 @@ class Run:
     """Jobs merged into one run: inputs renumbered in order, each one's owner and Finish."""
 
     jobs: list[Job]
-    model: str
+    forward: Forward
     encoded: list[EncodedInput]
     finishes: list[Finish]
     owners: list[tuple[Job, int]]
-    layers: tuple[int, ...]
-    stride: int | None
     n_tokens: int
-    final_norm: bool | str = True
     started: float = field(default_factory=time.perf_counter)  # handed to its stream right after
+
+    @property
+    def model(self) -> str:
+        return self.forward.model
 
     @classmethod
     def of(cls, jobs: list[Job]) -> Run:
@@ -113,8 +128,9 @@ class Run:
                 encoded.append(dataclasses.replace(item, index=len(encoded)))
         layers = tuple(sorted(set().union(*(job.finish.layers for job in jobs))))
         n_tokens = sum(job.n_tokens for job in jobs)
-        return cls(jobs, jobs[0].model, encoded, finishes, owners, layers, jobs[0].stride, n_tokens,
-                   jobs[0].final_norm)  # fmt: skip
+        first = jobs[0]  # the jobs share a key: the same model, stride and final norm
+        forward = Forward(first.model, layers, first.stride, first.final_norm)
+        return cls(jobs, forward, encoded, finishes, owners, n_tokens)
 
 
 class ResultBytes:

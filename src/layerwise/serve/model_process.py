@@ -126,9 +126,7 @@ class ProcessRunner:
             # batcher leaves lone jobs to stream 0: Batcher._for_stream_zero)
             alone = self._in_flight == 1 and slot == 0
         try:
-            self._conns[slot].send(
-                (run.model, run.encoded, run.layers, run.stride, run.finishes, run.final_norm, alone)
-            )
+            self._conns[slot].send((run.forward, run.encoded, run.finishes, alone))
         except BaseException as exc:  # not sent: it will not be collected
             self._done()
             if isinstance(exc, (OSError, ValueError)):  # the pipe is closed: the process is gone
@@ -260,7 +258,7 @@ def _serve(conn: Connection, encoders: Mapping[str, Encoder], threads: int, all_
             return  # the server is gone
         if message is None:
             return
-        model, encoded, layers, stride, finishes, final_norm, alone = message
+        forward, encoded, finishes, alone = message
         # alone: all threads (8 clients: +15 % tokens/s in an ad-hoc interleaved A/B; a run sent
         # just after it shares the cores until this one ends)
         wanted = all_threads if alone else threads
@@ -268,7 +266,7 @@ def _serve(conn: Connection, encoders: Mapping[str, Encoder], threads: int, all_
             torch.set_num_threads(wanted)
             current = wanted
         try:
-            reply: Any = ("ok", compute(encoders[model], encoded, layers, stride, finishes, final_norm))
+            reply: Any = ("ok", compute(encoders[forward.model], forward, encoded, finishes))
         except BaseException as exc:
             reply = ("error", _picklable(exc))
         try:

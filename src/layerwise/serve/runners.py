@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, Protocol
 
-from .jobs import Finish, Job, Results, Run
+from .jobs import Finish, Forward, Job, Results, Run
 
 if TYPE_CHECKING:
     from ..encoder import Encoder
@@ -34,19 +34,14 @@ class Runner(Protocol):
 
 
 def compute(
-    encoder: Encoder,
-    encoded: list[EncodedInput],
-    layers: tuple[int, ...],
-    stride: int | None,
-    finishes: Sequence[Finish],
-    final_norm: bool | str = True,
+    encoder: Encoder, forward: Forward, encoded: list[EncodedInput], finishes: Sequence[Finish]
 ) -> Results:
-    """A run's results: the engine's stacks (length-sorted batches under its token budget, with the
-    run's final norm), each through its input's Finish (its request's OutputPlan). The server's
+    """A run's results: the engine's stacks (length-sorted batches under its token budget, as
+    ``forward`` says), each through its input's Finish (its request's OutputPlan). The server's
     runs merge requests, so they take the engine's stream, not Encoder.iter_results."""
     stream = encoder.engine.stream(
-        encoded, layers=layers, method=encoder.method, taps=(), stride=stride,
-        batch_size=None, max_tokens=None, progress=False, final_norm=final_norm,  # type: ignore[arg-type]
+        encoded, layers=forward.layers, method=encoder.method, taps=(), stride=forward.stride,
+        batch_size=None, max_tokens=None, progress=False, final_norm=forward.final_norm,  # type: ignore[arg-type]
     )  # fmt: skip
     return [(index, finishes[index].apply(stack)) for index, stack in stream]
 
@@ -74,9 +69,7 @@ class LocalRunner:
         return pending.result() if isinstance(pending, Future) else self._compute(pending)
 
     def _compute(self, run: Run) -> Results:
-        return compute(
-            self.encoders[run.model], run.encoded, run.layers, run.stride, run.finishes, run.final_norm
-        )
+        return compute(self.encoders[run.model], run.forward, run.encoded, run.finishes)
 
     def wait_ready(self) -> None:
         pass
