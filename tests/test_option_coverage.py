@@ -405,8 +405,10 @@ def test_every_command_that_loads_a_model_takes_every_model_option(name, tmp_pat
     """One group of model options, declared once (cli/options.py): every command takes all of them,
     and each reaches the Settings its model is made from."""
     from layerwise.cli.options import MODEL_OPTIONS
+    from layerwise.settings import SETTINGS_FIELDS
 
-    assert set(MODEL_OPTIONS) == set(MODEL_OPTION_VALUES)
+    # a new setting is a new model option of every command: the table below must say what it sets
+    assert set(MODEL_OPTIONS) == set(MODEL_OPTION_VALUES) == set(SETTINGS_FIELDS)
     texts = tmp_path / "texts.txt"
     texts.write_text("the river bank\nthe bank of England\n")
     args = [str(texts) if a == "TEXTS" else a.replace("OUT", str(tmp_path)) for a in MODEL_COMMANDS[name]]

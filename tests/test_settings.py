@@ -291,3 +291,37 @@ def test_jsonl_ignores_other_fields_and_names_near_misses(tmp_path, tiny_encoder
     cased.write_text(json.dumps({"Text": "a"}) + "\n")
     result = cli("extract", cased, "-o", tmp_path / "c.npz", "--model", tiny_encoder.source)
     assert result.exit_code == 2 and "rename it to 'text'" in result.output
+
+
+def test_a_new_setting_that_changes_the_numbers_is_checked_on_resume_with_no_list_to_edit(
+    tiny_encoder, tmp_path, monkeypatch
+):
+    """Settings grows a field marked NUMBERS (a RoPE scale, say): the store's resume check takes it
+    from the field's metadata, and a run recorded with another value is refused, naming it."""
+    import dataclasses
+
+    import layerwise.settings
+    from layerwise.settings import NUMBERS, Settings
+    from layerwise.store.resume import resume_keys
+
+    @dataclasses.dataclass(frozen=True)
+    class Grown(Settings):
+        rope_scale: float = dataclasses.field(default=1.0, metadata=NUMBERS)
+        log_every: int = 10  # does not change the numbers: not checked
+
+    assert "rope_scale" not in resume_keys()
+    monkeypatch.setattr(layerwise.settings, "Settings", Grown)
+    assert "rope_scale" in resume_keys() and "log_every" not in resume_keys()
+    path = tmp_path / "s.lw"
+    texts = ["the river bank", "a loan from the bank"]
+    real = type(tiny_encoder).run_meta
+    monkeypatch.setattr(
+        type(tiny_encoder), "run_meta", lambda self, plan: {**real(self, plan), "rope_scale": 1.0}
+    )
+    lw.extract_to_store(tiny_encoder, texts, path, progress=False)
+    lw.extract_to_store(tiny_encoder, texts, path, progress=False)  # the same value: resumes (nothing to do)
+    monkeypatch.setattr(
+        type(tiny_encoder), "run_meta", lambda self, plan: {**real(self, plan), "rope_scale": 2.0}
+    )
+    with pytest.raises(lw.StoreError, match="rope_scale: stored 1.0, now 2.0"):
+        lw.extract_to_store(tiny_encoder, texts, path, progress=False)

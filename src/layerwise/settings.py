@@ -8,8 +8,9 @@ Each front end builds one from its options (the CLI's ``extract`` and ``serve``,
 ``lw.ray``) and hands it on intact: to Ray actors, to the server's model process, to every output's
 metadata and to the store's resume check. None of them rebuilds an Encoder from a subset of its
 settings, so an option cannot be dropped on one path (nanoGPT's one ``GPTConfig`` is the model).
-Adding a setting means adding a field here (and its CLI option; tests/test_option_coverage.py
-fails until every back end honours it or refuses it by name).
+Adding a setting means adding a field here (and its CLI option in cli/options.py;
+tests/test_option_coverage.py fails until every command and back end honours it or refuses it by
+name); a field that changes the numbers carries :data:`NUMBERS`, and every resume check follows.
 
 What a *run* returns (layers, pooling, fusion, the final norm of a call, long texts) is an
 :class:`~layerwise.OutputPlan`; ``final_norm`` here is the default a plan without one gets.
@@ -19,7 +20,7 @@ Torch-free: a driver builds and checks settings without loading torch.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from .errors import OptionError, check_choice
@@ -69,6 +70,20 @@ def _whole(name: str, value: object, *, optional: bool) -> None:
         )
 
 
+# Field metadata of a setting (or an OutputPlan entry) that changes the numbers a run makes: runs
+# that differ in it must not resume one another. ``recorded_as``: its key in the run's metadata.
+NUMBERS: dict[str, Any] = {"numbers": True}
+
+
+def numbers_keys(cls: type) -> tuple[str, ...]:
+    """The metadata keys of ``cls``' fields (Settings, OutputPlan) that change the numbers: the
+    resume checks of the store, the sharded store and the cache are made of them, so a new field
+    marked :data:`NUMBERS` is checked there with no list to edit."""
+    return tuple(
+        f.metadata.get("recorded_as", f.name) for f in dataclasses.fields(cls) if f.metadata.get("numbers")
+    )
+
+
 @dataclass(frozen=True)
 class Settings:
     """How a model is loaded and run.
@@ -90,16 +105,16 @@ class Settings:
         method: ``output_hidden_states`` or forward hooks (the same numbers): the default of calls.
     """
 
-    model: str | None = None
+    model: str | None = None  # changes the numbers: the resume checks compare its weights' hash
     device: str = "auto"
-    model_dtype: ModelDtype = "float32"
-    max_length: int | None = None
+    model_dtype: ModelDtype = field(default="float32", metadata=NUMBERS)
+    max_length: int | None = field(default=None, metadata=NUMBERS)
     batch_size: int = 128
     max_tokens: int | None = None
     packed: bool = True
     streams: int | None = None
     allow_nan: bool = False
-    final_norm: FinalNorm = True
+    final_norm: FinalNorm = field(default=True, metadata=NUMBERS)
     method: Method = "hidden_states"
 
     def __post_init__(self) -> None:

@@ -34,6 +34,7 @@ import numpy as np
 
 from ..errors import NonFiniteError, OptionError, StoreError
 from ..results import check_float16
+from ..settings import Settings, numbers_keys
 from ..store.lock import writer_lock
 from .contexts import framing_for, read_contexts, write_contexts
 from .format import (
@@ -58,11 +59,12 @@ from .load import shard_crcs
 from .options import SHARD_BYTES, CacheOptions, check_numbers, columns_of
 from .shards import file_crc32, write_dataset_index, write_shard
 
-# what must match for a run to resume a cache (the rest of the record says how it ran)
-RESUME_KEYS = (
-    "weights_sha256", "model_dtype", "layers", "context", "tokens", "dtype", "shuffle_seed",
+# what must match for a run to resume a cache (the rest of the record says how it ran): the
+# weights, the settings that change the numbers (settings.NUMBERS) and the cache's own options
+RESUME_KEYS = tuple(dict.fromkeys((
+    "weights_sha256", *numbers_keys(Settings), "layers", "context", "tokens", "dtype", "shuffle_seed",
     "final_norm", "framing", "shard_contexts", "hooks",
-)  # fmt: skip
+)))  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -18,14 +18,14 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
 
 from ..errors import LayerwiseError, OptionError, check_choice
 from ..results import LayerStack, SentenceVector, WordVectors
-from ..settings import FinalNorm, check_final_norm
+from ..settings import NUMBERS, FinalNorm, check_final_norm
 from .fuse import GENERIC_FUSIONS, check_fusion, fuse_layers, fusion_layers
 from .layers import LayerSpec, resolve_layers
 from .pool import SENTENCE_POOLS, SPECIAL_TOKENS, SUBWORD_POOLS, pool_sentence, pool_words
@@ -77,16 +77,17 @@ class OutputPlan:
     (None: half a window). ``final_norm``: a decoder's final norm on the last hidden state (True),
     none (False) or every one ("all"); None: the Encoder's default (its ``final_norm``)."""
 
-    layers: LayerSpec | None = None
-    level: Level = "token"
-    mode: str | None = None
-    special_tokens: str = "include"
-    fuse: str | None = None
-    dtype: OutputDtype = "float32"
-    normalize: bool = False
-    long_texts: LongTexts = "truncate"
-    stride: int | None = None
-    final_norm: FinalNorm | None = None
+    # every entry changes the numbers (settings.NUMBERS): a run must not resume another that differs
+    layers: LayerSpec | None = field(default=None, metadata=NUMBERS)
+    level: Level = field(default="token", metadata=NUMBERS)
+    mode: str | None = field(default=None, metadata={**NUMBERS, "recorded_as": "pool"})
+    special_tokens: str = field(default="include", metadata=NUMBERS)
+    fuse: str | None = field(default=None, metadata=NUMBERS)
+    dtype: OutputDtype = field(default="float32", metadata=NUMBERS)
+    normalize: bool = field(default=False, metadata=NUMBERS)
+    long_texts: LongTexts = field(default="truncate", metadata=NUMBERS)
+    stride: int | None = field(default=None, metadata=NUMBERS)
+    final_norm: FinalNorm | None = field(default=None, metadata=NUMBERS)
 
     def __post_init__(self) -> None:
         check_choice("level", self.level, ("token", "word", "sentence"))

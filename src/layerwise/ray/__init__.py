@@ -185,6 +185,7 @@ def _checked(settings: Settings, plan: OutputPlan) -> tuple[Settings, OutputPlan
     (for the store's table) and its number of hidden states."""
     from transformers import AutoConfig
 
+    from ..features.plan import check_final_norm_for
     from ..model.decoders import is_decoder_config
     from ..model.gguf_files import loader_args
     from ..model.source import resolve_model_source
@@ -201,7 +202,9 @@ def _checked(settings: Settings, plan: OutputPlan) -> tuple[Settings, OutputPlan
     config = AutoConfig.from_pretrained(where, **gguf)
     n_hidden = int(config.num_hidden_layers) + 1
     plan.hidden_states(n_hidden)
-    plan = plan.with_final_norm(settings.final_norm, is_decoder=is_decoder_config(config))
+    decoder = is_decoder_config(config)
+    check_final_norm_for(settings.final_norm, is_decoder=decoder, name=repr(name))  # the Encoders' default
+    plan = plan.with_final_norm(settings.final_norm, is_decoder=decoder)
     return settings, plan, name, n_hidden
 
 

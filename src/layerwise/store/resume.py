@@ -12,14 +12,19 @@ from ..errors import StoreError
 if TYPE_CHECKING:
     from ..inputs.corpus import Corpus
 
-# Settings that must match for a run to resume an existing store. The model is compared by its
-# weights, not by how its folder was spelled; the rest of what a store records of its run
-# (Encoder.run_meta: batch size, streams, device, method) does not change the numbers.
-RESUME_KEYS = (
-    "weights_sha256", "layers", "level", "pool", "fuse", "special_tokens", "normalize", "dtype", "row_shape",
-    "long_texts", "stride", "max_length", "model_dtype", "n_texts", "pairs", "block_size", "chunk_rows",
-    "shard_chunks", "shard", "final_norm",
-)  # fmt: skip
+# What the store's layout and inputs fix: a resumed run must find them unchanged too
+LAYOUT_KEYS = ("row_shape", "n_texts", "pairs", "block_size", "chunk_rows", "shard_chunks", "shard")
+
+
+def resume_keys(identity: str = "weights_sha256", layout: tuple[str, ...] = LAYOUT_KEYS) -> tuple[str, ...]:
+    """What must match for a run to resume an existing store: the model (``identity``: by its
+    weights, not by how its folder was spelled), every setting and plan entry that changes the
+    numbers (their fields' metadata, settings.NUMBERS), and the ``layout``. The rest of what a store
+    records of its run (batch size, streams, device, method) does not change the numbers."""
+    from ..features.plan import OutputPlan
+    from ..settings import Settings, numbers_keys
+
+    return tuple(dict.fromkeys((identity, *numbers_keys(OutputPlan), *numbers_keys(Settings), *layout)))
 
 
 def text_sha1(text: str, pair: str | None) -> str:

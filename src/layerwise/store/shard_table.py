@@ -30,6 +30,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import NotAStoreError, OptionError, StoreDamagedError, StoreError
+from ..features.plan import OutputPlan
+from ..settings import Settings, numbers_keys
 from .format import classify, seal_problem, sealed
 
 if TYPE_CHECKING:
@@ -40,21 +42,13 @@ TABLE_FORMAT = "layerwise-sharded-store"
 # 2: shards record their identity (index, range, run, texts' hash); version 1 tables had none
 TABLE_VERSION = 2
 SHARD_NAME = re.compile(r"shard-[0-9]{5,}\.lw")
-# What every shard must share with the table (the plan and how long texts were handled).
-PLAN_KEYS = (
-    "layers",
-    "level",
-    "pool",
-    "fuse",
-    "special_tokens",
-    "normalize",
-    "dtype",
-    "long_texts",
-    "stride",
-)
+# What every shard must share with the table (the plan and how long texts were handled): every plan
+# entry that changes the numbers (settings.NUMBERS) but the final norm, which tables before layerwise
+# 0.3 did not record: it is compared with the settings below.
+PLAN_KEYS = tuple(key for key in numbers_keys(OutputPlan) if key != "final_norm")
 # What every shard must share with the table where the table records it: the settings that change
 # the numbers. The model is compared by name here; the reader also compares the weights' hashes.
-RECORDED_KEYS = ("model", "final_norm", "model_dtype", "max_length")
+RECORDED_KEYS = ("model", *numbers_keys(Settings))
 
 
 def shard_name(index: int) -> str:

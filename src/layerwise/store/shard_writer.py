@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import OptionError
+from .resume import resume_keys
 from .shard_table import (
     TABLE,
     is_sharded,
@@ -35,13 +36,11 @@ if TYPE_CHECKING:
     from ..settings import Settings
     from .writer import StoreSummary
 
-# The table's entries a resumed run must find unchanged (everything but the run id and the shards'
-# names, which follow from the rest).
-_SAME_TO_RESUME = (
-    "model", "n_texts", "shard_size", "texts_sha256", "layers", "level", "pool", "fuse", "special_tokens",
-    "normalize", "dtype", "long_texts", "stride", "final_norm", "model_dtype", "max_length", "block_size",
-    "chunk_rows", "shard_chunks",
-)  # fmt: skip
+# The table's entries a resumed run must find unchanged: the model (by name), what changes the
+# numbers (settings.NUMBERS) and the layout; not the run id and the shards' names, which follow.
+_SAME_TO_RESUME = resume_keys(
+    "model", ("n_texts", "shard_size", "texts_sha256", "block_size", "chunk_rows", "shard_chunks")
+)
 
 
 _RECORDED_SINCE_0_3 = {"final_norm", "model_dtype", "max_length", "block_size", "chunk_rows", "shard_chunks"}

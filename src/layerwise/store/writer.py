@@ -57,7 +57,7 @@ from .format import (
 from .index import create_positions, renew_positions
 from .lock import writer_lock
 from .parts import committed_prefix, read_manifest
-from .resume import RESUME_KEYS, check_inputs, text_sha1
+from .resume import check_inputs, resume_keys, text_sha1
 from .rows import stored_rows
 from .verify import check_structure, rows_checksum
 
@@ -176,7 +176,7 @@ class StoreWriter:
             # tests/test_store_integrity.py), and there is nothing to keep.
             remove_store_entries(self.path)
             return self._create()
-        different = [k for k in RESUME_KEYS if stored.get(k) != self.meta.get(k)]
+        different = [k for k in resume_keys() if stored.get(k) != self.meta.get(k)]
         if different:
             details = "; ".join(f"{k}: stored {stored.get(k)!r}, now {self.meta.get(k)!r}" for k in different)
             raise StoreError(
