@@ -323,5 +323,5 @@ def test_a_new_setting_that_changes_the_numbers_is_checked_on_resume_with_no_lis
     monkeypatch.setattr(
         type(tiny_encoder), "run_meta", lambda self, plan: {**real(self, plan), "rope_scale": 2.0}
     )
-    with pytest.raises(lw.StoreError, match="rope_scale: stored 1.0, now 2.0"):
+    with pytest.raises(lw.StoreError, match=r"rope_scale: stored 1\.0, now 2\.0"):
         lw.extract_to_store(tiny_encoder, texts, path, progress=False)
