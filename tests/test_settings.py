@@ -325,3 +325,17 @@ def test_a_new_setting_that_changes_the_numbers_is_checked_on_resume_with_no_lis
     )
     with pytest.raises(lw.StoreError, match=r"rope_scale: stored 1\.0, now 2\.0"):
         lw.extract_to_store(tiny_encoder, texts, path, progress=False)
+
+
+def test_the_encoders_keywords_are_the_settings_fields(make_tiny_model):
+    """Settings is the constructor's one source of fields: Encoder(model, **options) takes exactly
+    the other fields, and an unknown keyword names the known ones."""
+    import typing
+
+    from layerwise.settings import SETTINGS_FIELDS, SettingsOptions
+
+    assert set(typing.get_type_hints(SettingsOptions)) == set(SETTINGS_FIELDS) - {"model"}
+    enc = lw.Encoder(make_tiny_model("bert", 2), device="cpu", batch_size=3, max_tokens=77, streams=1)
+    assert (enc.settings.batch_size, enc.engine.batch_size, enc.engine.max_tokens) == (3, 3, 77)
+    with pytest.raises(OptionError, match=r"unknown options \['batchsize'\].*batch_size"):
+        lw.Encoder(make_tiny_model("bert", 2), batchsize=3)

@@ -42,7 +42,7 @@ from .model.padded import collate, forward_batch
 from .model.streams import ForwardLock, ForwardPool, check_streams
 from .progress import progress_bar
 from .results import LayerStack
-from .settings import FinalNorm, Method
+from .settings import FinalNorm, Method, Settings
 
 logger = logging.getLogger("layerwise")
 
@@ -124,17 +124,15 @@ class Engine:
         self,
         models: ModelHandle,
         tokenizer: Any,  # its fast tokenizer
+        settings: Settings,  # its batch size, packed, streams, allow_nan (max_length, max_tokens: resolved)
         *,
         device: torch.device,
         max_length: int,
-        batch_size: int,
         max_tokens: int,
-        packed: bool = True,
-        streams: int | None = 1,  # None: the device's default (streams.py)
-        allow_nan: bool = False,
     ) -> None:
         config = models.config
-        self.allow_nan = allow_nan
+        self.allow_nan = settings.allow_nan
+        batch_size, packed, streams = settings.batch_size, settings.packed, settings.streams
         pad_id = tokenizer.pad_token_id
         self.models, self.device, self.max_length = models, device, max_length
         self.pad_id: int = pad_id if pad_id is not None else (getattr(config, "pad_token_id", None) or 0)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict
 
 from .errors import OptionError, check_choice
 
@@ -152,3 +152,30 @@ class Settings:
 
 
 SETTINGS_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Settings))
+
+
+class SettingsOptions(TypedDict, total=False):
+    """The keywords of ``Encoder(model, **options)``: the fields of :class:`Settings` but the model
+    (documented there; a test holds the two equal)."""
+
+    device: Any  # a string or a torch.device
+    model_dtype: ModelDtype
+    max_length: int | None
+    batch_size: int
+    max_tokens: int | None
+    packed: bool
+    streams: int | None
+    allow_nan: bool
+    final_norm: FinalNorm
+    method: Method
+
+
+def settings_of(model: Any, options: dict[str, Any] | SettingsOptions) -> Settings:
+    """The Settings of ``Encoder(model, **options)`` (an unknown keyword names the known ones)."""
+    unknown = sorted(set(options) - set(SETTINGS_FIELDS))
+    if unknown or "model" in options:
+        raise OptionError(
+            f"Encoder() got unknown options {unknown or ['model']}: it takes the model, then "
+            f"{', '.join(f for f in SETTINGS_FIELDS if f != 'model')} (layerwise.Settings documents each)"
+        )
+    return Settings(None if model is None else str(model), **options)

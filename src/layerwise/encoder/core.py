@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterator, Sequence
-from typing import Any, overload
+from typing import Any, Unpack, overload
 
 import torch
 
@@ -48,7 +48,16 @@ from ..model.source import (
     usable_max_length,
 )
 from ..results import LayerStack
-from ..settings import METHODS, FinalNorm, Method, ModelDtype, Settings, check_final_norm
+from ..settings import (
+    METHODS,
+    FinalNorm,
+    Method,
+    ModelDtype,
+    Settings,
+    SettingsOptions,
+    check_final_norm,
+    settings_of,
+)
 from .features import FeatureCalls
 from .warm import warm_device
 
@@ -62,61 +71,20 @@ _TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16":
 class Encoder(FeatureCalls):
     """A BERT-family encoder or a decoder language model that returns every hidden state.
 
-    The keywords are the fields of :class:`~layerwise.Settings`; ``Encoder.from_settings(s)`` makes
-    one from such a value, and ``enc.settings`` says what it was made with.
-
-    Args:
-        model: a hub name, a folder, a GGUF file, or None for the packaged all-MiniLM-L6-v2.
-        device: ``"auto"`` (CUDA when available), ``"cpu"``, ``"cuda"``, ``"cuda:1"``…
-        model_dtype: the model's weights and compute dtype; results are always float32.
-        max_length: tokens per input with special tokens; default: the model's (ST max_seq_length)
-        batch_size: at most this many inputs per forward pass.
-        max_tokens: tokens per forward pass (real ones when packed, else inputs x longest input);
-            2048 on CPU (benchmarks/token_budget.py), 32768 on GPU.
-        packed: the unpadded forward (packed.py) where the architecture allows it; False, taps or
-            ``method="hooks"``: the Hugging Face padded forward (the same numbers).
-        streams: packed batches run at once on the CPU, each on its share of torch's threads
-            (streams.py); default 2 for a model up to 512 wide on 2+ threads, else 1.
-        allow_nan: keep NaN/inf hidden states (with a warning); else a NonFiniteError names the input.
-        final_norm: a decoder's final norm on its last hidden state (True, as transformers returns
-            it), on none (False) or on every one ("all"): the default of calls that do not say
-            (each call takes ``final_norm=`` too).
-        method: ``"hidden_states"`` (the model's ``output_hidden_states``) or ``"hooks"``: the default
-            of calls (the same numbers).
+    ``Encoder(model, **options)``: ``model`` is a hub name, a folder, a GGUF file, or None for the
+    packaged all-MiniLM-L6-v2; the options are the fields of :class:`~layerwise.Settings`, which
+    documents each (device, model_dtype, max_length, batch_size, max_tokens, packed, streams,
+    allow_nan, final_norm, method). ``Encoder.from_settings(s)`` makes one from such a value, and
+    ``enc.settings`` says what it was made with.
     Front ends batching across callers use ``inputs.encode`` and ``engine.stream`` directly."""
 
-    def __init__(
-        self,
-        model: str | os.PathLike | None = None,
-        *,
-        device: str | torch.device = "auto",
-        model_dtype: ModelDtype = "float32",
-        max_length: int | None = None,
-        batch_size: int = 128,
-        max_tokens: int | None = None,
-        packed: bool = True,
-        streams: int | None = None,
-        allow_nan: bool = False,
-        final_norm: FinalNorm = True,
-        method: Method = "hidden_states",
-    ) -> None:
-        given = Settings(
-            None if model is None else str(model),
-            device=str(device),
-            model_dtype=model_dtype,
-            max_length=max_length,
-            batch_size=batch_size,
-            max_tokens=max_tokens,
-            packed=packed,
-            streams=streams,
-            allow_nan=allow_nan,
-            final_norm=final_norm,
-            method=method,
-        )  # fmt: skip  (checks every value before anything loads)
+    def __init__(self, model: str | os.PathLike | None = None, **options: Unpack[SettingsOptions]) -> None:
+        given = settings_of(model, options)  # checks every value before anything loads
+        model_dtype, final_norm, packed = given.model_dtype, given.final_norm, given.packed
         self.source, self.name = resolve_model_source(model)
-        self.device = pick_device(device)
+        self.device = pick_device(given.device)
         self.model_dtype: ModelDtype = model_dtype
-        self.method: Method = method
+        self.method: Method = given.method
         dtype = _TORCH_DTYPES[model_dtype]  # light=packed: the packed forward needs no transformers class
         with gguf_read_once(self.source):
             self.config, self.tokenizer = load_config_and_tokenizer(self.source, self.name)  # fast tokenizer
@@ -126,15 +94,16 @@ class Encoder(FeatureCalls):
         self.sentence_transformers = read_sentence_transformers(self.source)
         convention = self.sentence_transformers.max_seq_length if self.sentence_transformers else None
         padding_idx = _padding_idx(self.models.current)
-        self.max_length = usable_max_length(self.config, self.tokenizer, max_length, convention, padding_idx)
+        self.max_length = usable_max_length(
+            self.config, self.tokenizer, given.max_length, convention, padding_idx
+        )
         vocab = int(self.config.vocab_size)  # token ids past it are refused at encode time
         self.inputs = InputEncoder(self.tokenizer.backend_tokenizer, self.max_length, vocab_size=vocab,
                                    pairs=not self.is_decoder)  # fmt: skip
-        max_tokens = max_tokens or (CPU_MAX_TOKENS if self.device.type == "cpu" else GPU_MAX_TOKENS)
-        self.engine = Engine(self.models, self.tokenizer, device=self.device, max_length=self.max_length,
-                             batch_size=batch_size, max_tokens=max_tokens, packed=packed,
-                             streams=streams, allow_nan=allow_nan)  # fmt: skip
-        self.batch_size, self.max_tokens = batch_size, max_tokens  # the defaults of every call
+        max_tokens = given.max_tokens or (CPU_MAX_TOKENS if self.device.type == "cpu" else GPU_MAX_TOKENS)
+        self.engine = Engine(self.models, self.tokenizer, given, device=self.device,
+                             max_length=self.max_length, max_tokens=max_tokens)  # fmt: skip
+        self.batch_size, self.max_tokens = given.batch_size, max_tokens  # the defaults of every call
         if self.device.type == "cuda":  # the GPU's set-up paid here, not by the first call (warm.py)
             warm_device(self.engine, self.tokenizer.unk_token_id or 0, self.n_hidden_states)
         # what it was made with; the model by its name (the packaged default's hub name for None),
