@@ -9,12 +9,12 @@ features/stream.py that puts the results in input order. :class:`FeatureCalls` i
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, cast
+from typing import Any, Protocol, cast
 
 import numpy as np
 
 from ..features.layers import LayerSpec
-from ..features.plan import OutputPlan
+from ..features.plan import LongTexts, OutputPlan
 from ..features.pool import SentencePool, SpecialTokens, SubwordPool
 from ..features.stream import all_features, features_layers, sentence_matrix, word_vectors
 from ..inputs.encoding import as_texts, split_word_inputs
@@ -22,8 +22,17 @@ from ..model.source import sentence_convention
 from ..results import WordVectors
 from ..settings import FinalNorm
 
-if TYPE_CHECKING:
-    from .core import Encoder, LongTexts
+
+class Extracting(Protocol):
+    """What these calls use of the Encoder they are part of (core.py): its extraction and sizes.
+    Typed by this interface, so that this module does not import core.py back."""
+
+    n_hidden_states: int
+    hidden_size: int
+    sentence_transformers: Any
+
+    def iter_results(self, plan: OutputPlan, texts: Sequence[str] | None = None, **inputs: Any) -> Any: ...
+    def iter_extract(self, texts: Sequence[str] | None = None, **options: Any) -> Any: ...
 
 
 class FeatureCalls:
@@ -56,7 +65,7 @@ class FeatureCalls:
         ``layers``. ``normalize``: L2-normalise each vector. ``final_norm`` (decoders): see
         :meth:`extract`. ``dtype``: float32 or float16 vectors (pooled in float32, then cast once).
         A single string gives a single row."""
-        enc = cast("Encoder", self)
+        enc = cast(Extracting, self)
         plan = OutputPlan(layers, "sentence", pool, special_tokens, fuse, dtype, normalize=normalize,  # type: ignore[arg-type]
                           long_texts=long_texts, stride=stride, final_norm=final_norm)  # fmt: skip
         single = isinstance(texts, str)
@@ -73,7 +82,7 @@ class FeatureCalls:
     def encode(self, texts: str | Sequence[str], *, progress: bool | None = None) -> np.ndarray:
         """sentence-transformers' ``encode()``: the last layer, pooled and normalised as modules.json
         says, truncated at max_seq_length (else mean pooling, no normalisation)."""
-        pool, normalize = sentence_convention(cast("Encoder", self).sentence_transformers)
+        pool, normalize = sentence_convention(cast(Extracting, self).sentence_transformers)
         return self.embed(texts, layers=-1, pool=pool, normalize=normalize, progress=progress)  # type: ignore[arg-type]
 
     def embed_words(
@@ -101,7 +110,7 @@ class FeatureCalls:
         plan = OutputPlan(layers, "word", subword, fuse=fuse, dtype=dtype, long_texts=long_texts,  # type: ignore[arg-type]
                           stride=stride, final_norm=final_norm)  # fmt: skip
         texts, words = split_word_inputs(inputs, words)
-        outputs = cast("Encoder", self).iter_results(
+        outputs = cast(Extracting, self).iter_results(
             plan, texts, text_pairs=text_pairs, pairs=pairs, words=words, progress=progress
         )
         n_inputs = len(next(x for x in (texts, pairs, words) if x is not None) or ())
@@ -126,7 +135,7 @@ class FeatureCalls:
         final_norm: FinalNorm | None = None,
     ) -> dict[tuple[str, str], np.ndarray]:
         """Every (pool, fusion) from ONE forward pass: ``{(pool, fuse): (n_texts, dim)}``."""
-        enc = cast("Encoder", self)
+        enc = cast(Extracting, self)
         texts = as_texts(texts) if texts is not None else None  # any iterable; a str is refused
         pools, fuses = list(pools), list(fuses)
         extracted = features_layers(fuses, layers, pools, special_tokens, enc.n_hidden_states)

@@ -22,7 +22,7 @@ from .parts import damaged
 from .verify import rows_checksum
 
 if TYPE_CHECKING:
-    from .reader import Store
+    from .opened import OpenedStore
 
 _CHUNKS_CACHED = 16
 _CHECK_COLUMNS = ("position", "start", "n_rows", "crc32")
@@ -74,11 +74,11 @@ class LayerView:
     """A lazy ``(n_rows, dim)`` view of one layer over every committed row of a store; every read
     checked against the checksums of the texts it touches (module docstring)."""
 
-    def __init__(self, store: Store, layer_position: int | None) -> None:
+    def __init__(self, store: OpenedStore, layer_position: int | None) -> None:
         self._store, self._layer = store, layer_position
         self._data = store.data
         self._n = store.n_rows
-        self._index = RowIndex(store._parts.offsets, store._parts.n_valid)
+        self._index = RowIndex(store.parts.offsets, store.parts.n_valid)
         self.shape = (self._n, self._data.shape[-1])
         self.dtype = self._data.dtype
 
@@ -132,14 +132,14 @@ class LayerView:
         offsets = self._index.span(first, last + 2)
         positions = np.unique(np.searchsorted(offsets, sorted_rows, side="right") - 1) + first
         starts, stops = offsets[positions - first], offsets[positions - first + 1]
-        gap = self._store._lookup.gap()
+        gap = self._store.lookup.gap()
         cuts = np.flatnonzero(starts[1:] - stops[:-1] > gap) + 1
         for group in np.split(np.arange(len(positions)), cuts):
             yield int(starts[group[0]]), int(stops[group[-1]]), positions[group]
 
     def _checked(self, lo: int, hi: int, positions: np.ndarray) -> np.ndarray:
         """Rows ``lo..hi-1`` (every layer), each text at ``positions`` that lies in them checked."""
-        stored = self._store._lookup.read_rows(lo, hi, [])
+        stored = self._store.lookup.read_rows(lo, hi, [])
         expected = self._expected(int(positions[0]), int(positions[-1]) + 1)
         offsets = self._index.span(int(positions[0]), int(positions[-1]) + 2)
         first = int(positions[0])
@@ -148,7 +148,7 @@ class LayerView:
             start, stop = int(offsets[p - first]), int(offsets[p - first + 1])
             row = expected[p - first]
             if row[0] != start or row[1] != stop - start:
-                raise self._store._changed_under_us() or damaged(
+                raise self._store.changed_under_us() or damaged(
                     self._store.path,
                     [f"the manifest row of position {p} disagrees with {OFFSETS} about where its rows are"],
                     [],
@@ -157,7 +157,7 @@ class LayerView:
                 bad.append(p)
         if bad:
             ids = self._text_ids(bad)
-            raise self._store._changed_under_us() or damaged(
+            raise self._store.changed_under_us() or damaged(
                 self._store.path,
                 [f"rows {lo}..{hi - 1}: the rows of {len(bad)} texts differ from the checksums written "
                  "when they were committed"],
@@ -168,7 +168,7 @@ class LayerView:
     def _expected(self, lo: int, hi: int) -> np.ndarray:
         """``(start, n_rows, crc32)`` of positions ``lo..hi-1`` from the manifest (crc -1 where the
         store has none), each part's rows checked to be its positions."""
-        parts = self._store._parts.manifest
+        parts = self._store.parts.manifest
         out = np.full((hi - lo, 3), -1, dtype=np.int64)
         position = lo
         while position < hi:
@@ -177,18 +177,18 @@ class LayerView:
             try:
                 table = parts.read(k, _CHECK_COLUMNS) if k >= 0 else None
             except OSError as exc:
-                raise self._store._changed_under_us() or self._store._lookup.part_unreadable(
+                raise self._store.changed_under_us() or self._store.lookup.part_unreadable(
                     parts.names[k], exc, []
                 ) from exc
             end = min(stop, hi)
             if table is None or table.num_rows < end - first or end <= position:
-                raise self._store._changed_under_us() or damaged(
+                raise self._store.changed_under_us() or damaged(
                     self._store.path, [f"the manifest row of position {position} is missing"], []
                 )
             local = slice(position - first, end - first)
             got = numbers(table["position"])[local]
             if not np.array_equal(got, np.arange(position, end)):
-                raise self._store._changed_under_us() or damaged(
+                raise self._store.changed_under_us() or damaged(
                     self._store.path, [f"manifest part {parts.names[k]} does not hold its positions"], []
                 )
             out[position - lo : end - lo, 0] = numbers(table["start"])[local]
@@ -199,7 +199,7 @@ class LayerView:
         return out
 
     def _text_ids(self, positions: list[int]) -> list[int]:
-        parts = self._store._parts.manifest
+        parts = self._store.parts.manifest
         ids = []
         for p in positions[:20]:
             k = parts.part_of(p)

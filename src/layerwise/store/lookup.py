@@ -17,7 +17,7 @@ from .resume import text_sha1
 from .verify import rows_checksum
 
 if TYPE_CHECKING:
-    from .reader import Store
+    from .opened import OpenedStore
 
 IDS_AT_ONCE = 4096  # texts read together when slicing or iterating
 # the manifest columns each level's results are built from (texts only where the result has them)
@@ -49,9 +49,9 @@ def _close_groups(starts: np.ndarray, stops: np.ndarray, gap: int) -> list[np.nd
 
 
 class TextLookup:
-    """The reads behind ``store[i]``, ``read_many``, ``rows`` and ``in`` of one :class:`Store`."""
+    """The reads behind ``store[i]``, ``read_many``, ``rows`` and ``in`` of one :class:`OpenedStore`."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: OpenedStore) -> None:
         self.store = store
 
     def positions(self, text_ids: Sequence[int]) -> np.ndarray:
@@ -68,7 +68,7 @@ class TextLookup:
         positions = self.lookup(ids)
         missing = np.flatnonzero(positions < 0)
         if missing.size:
-            raise self.store._changed_under_us() or KeyError(self.absent(int(ids[missing[0]])))
+            raise self.store.changed_under_us() or KeyError(self.absent(int(ids[missing[0]])))
         return positions
 
     def lookup(self, ids: np.ndarray) -> np.ndarray:
@@ -77,7 +77,7 @@ class TextLookup:
         commit's (blocks are committed in input order). There it is damage, as is a chunk zarr
         cannot decode."""
         try:
-            positions = self.store._parts.positions.lookup(ids) if len(ids) else ids
+            positions = self.store.parts.positions.lookup(ids) if len(ids) else ids
         except Exception as exc:  # zarr's codecs raise ValueError, RuntimeError (zstd), …
             raise self.positions_unreadable(exc) from exc
         store = self.store
@@ -87,7 +87,7 @@ class TextLookup:
         )  # fmt: skip
         lost = ids[(positions < 0) & (ids < sure)]
         if lost.size:
-            raise store._changed_under_us() or damaged(
+            raise store.changed_under_us() or damaged(
                 store.path,
                 [f"{POSITIONS}/ says text {int(lost[0])} is not committed, but it must be "
                  f"({len(store)} of {store.n_texts_total} texts are, in blocks of {block})"],
@@ -97,7 +97,7 @@ class TextLookup:
 
     def positions_unreadable(self, exc: Exception) -> StoreError:
         """A read of ``positions/`` that failed: another writer's doing, or damage."""
-        return self.store._changed_under_us() or damaged(
+        return self.store.changed_under_us() or damaged(
             self.store.path, [f"{POSITIONS}/ cannot be read ({type(exc).__name__}: {exc})"], []
         )
 
@@ -111,24 +111,24 @@ class TextLookup:
         """The manifest row at ``position`` as a dict, checked to be that position's and to name
         ``text_id``. A row that is missing or names another text is damage (``strict``) or, when
         asking whether a text is committed, a no."""
-        parts = self.store._parts.manifest
+        parts = self.store.parts.manifest
         k = parts.part_of(position)
         try:
             table = parts.read(k, columns) if k >= 0 else None
         except OSError as exc:  # removed, or its bytes differ from its checksum (StoreDamagedError)
             unreadable = self.part_unreadable(parts.names[k], exc, [text_id])
-            raise self.store._changed_under_us() or unreadable from exc
+            raise self.store.changed_under_us() or unreadable from exc
         local = position - int(parts.firsts[k]) if k >= 0 else -1
         if table is None or not 0 <= local < table.num_rows:
             if not strict:
                 return None
             problem = f"the manifest row of position {position} is missing"
-            raise self.store._changed_under_us() or damaged(self.store.path, [problem], [text_id])
+            raise self.store.changed_under_us() or damaged(self.store.path, [problem], [text_id])
         record = {name: table[name][local].as_py() for name in table.column_names}
         if record["position"] != position or record["text_id"] != text_id:
             if not strict:
                 return None
-            raise self.store._changed_under_us() or damaged(
+            raise self.store.changed_under_us() or damaged(
                 self.store.path,
                 [f"the manifest row at position {position} names text {record['text_id']}, not {text_id}"],
                 [text_id],
@@ -148,7 +148,7 @@ class TextLookup:
         from .columns import column
 
         positions = self.positions(text_ids)
-        parts = self.store._parts.manifest
+        parts = self.store.parts.manifest
         wanted = None if columns is None else tuple(dict.fromkeys(("text_id", "position", *columns)))
         pieces, k = [], 0
         while k < len(text_ids):  # runs of texts in one part, in the order asked for
@@ -162,7 +162,7 @@ class TextLookup:
             except OSError as exc:
                 hit = [int(t) for t in text_ids[k:end]]
                 unreadable = self.part_unreadable(parts.names[part], exc, hit)
-                raise self.store._changed_under_us() or unreadable from exc
+                raise self.store.changed_under_us() or unreadable from exc
             if max(local) >= table.num_rows:  # a row the part lacks: damage, said as one text's read says it
                 far = k + int(np.argmax(local))
                 self.record(int(text_ids[far]), int(positions[far]), wanted)
@@ -202,9 +202,9 @@ class TextLookup:
         """``(starts, stops)``: the rows of the texts at ``positions`` (ascending)."""
         lo, hi = int(positions[0]), int(positions[-1])
         if hi - lo <= 4 * len(positions) + 8192:  # one read of the offsets they span
-            offsets = self.store._parts.offsets_span(lo, hi + 2)
+            offsets = self.store.parts.offsets_span(lo, hi + 2)
             return offsets[positions - lo], offsets[positions - lo + 1]
-        array = self.store._parts.offsets
+        array = self.store.parts.offsets
         both = np.asarray(array.get_coordinate_selection(np.concatenate([positions, positions + 1])))
         return both[: len(positions)].astype(np.int64), both[len(positions) :].astype(np.int64)
 
@@ -230,13 +230,13 @@ class TextLookup:
         at commit: a changed byte is an error, never a wrong number."""
         text_id = int(record["text_id"])
         if record.get("start") != start or record.get("n_rows") != stop - start:
-            raise self.store._changed_under_us() or damaged(
+            raise self.store.changed_under_us() or damaged(
                 self.store.path,
                 [f"the manifest row of text {text_id} disagrees with {OFFSETS} about where its rows are"],
                 [text_id],
             )
         if record.get("crc32") is not None and rows_checksum(rows) != record["crc32"]:
-            raise self.store._changed_under_us() or damaged(
+            raise self.store.changed_under_us() or damaged(
                 self.store.path,
                 [f"the rows of text {text_id} differ from the checksum written when it was committed"],
                 [text_id],

@@ -70,10 +70,10 @@ class Store(StoreDescription):
                 raise damaged(self.path, problems, [])
         except (StoreError, KeyError, FileNotFoundError) as exc:
             raise being_rewritten(self.path) or exc from None
-        self._parts, self._group, self.meta = opened, opened.group, dict(opened.meta)
-        self._lookup = TextLookup(self)
+        self.parts, self._group, self.meta = opened, opened.group, dict(opened.meta)
+        self.lookup = TextLookup(self)
 
-    def _changed_under_us(self) -> StoreError | None:
+    def changed_under_us(self) -> StoreError | None:
         """Why rows no longer match what was opened, when it is not damage: a writer holds the
         store (``--overwrite`` is rewriting it), or one did and left another store there."""
         rewriting = being_rewritten(self.path)
@@ -99,7 +99,7 @@ class Store(StoreDescription):
     def manifest_rows(self, text_ids: Sequence[int], columns: Sequence[str] | None = None):
         """The manifest rows of ``text_ids`` (in that order) as a pyarrow Table, reading only the
         parts that hold them and only ``columns`` (all when None)."""
-        return self._lookup.rows_table(list(text_ids), None if columns is None else tuple(columns))
+        return self.lookup.rows_table(list(text_ids), None if columns is None else tuple(columns))
 
     @property
     def data(self):
@@ -111,20 +111,20 @@ class Store(StoreDescription):
 
     @property
     def n_rows(self) -> int:
-        return self._parts.end
+        return self.parts.end
 
     def __len__(self) -> int:
-        return self._parts.n_committed
+        return self.parts.n_committed
 
     def __contains__(self, text_id: object) -> bool:
         if isinstance(text_id, bool) or not isinstance(text_id, int | np.integer):
             return False
         if not 0 <= int(text_id) < self.n_texts_total:
             return False
-        position = int(self._lookup.lookup(np.asarray([int(text_id)], dtype=np.int64))[0])
+        position = int(self.lookup.lookup(np.asarray([int(text_id)], dtype=np.int64))[0])
         return (
             position >= 0
-            and self._lookup.record(int(text_id), position, ("text_id", "position"), strict=False) is not None
+            and self.lookup.record(int(text_id), position, ("text_id", "position"), strict=False) is not None
         )
 
     def text_ids(self) -> list[int]:
@@ -139,12 +139,12 @@ class Store(StoreDescription):
         if self.complete:
             return np.arange(lo, hi)
         try:
-            return self._parts.positions.committed_ids(lo, hi)
+            return self.parts.positions.committed_ids(lo, hi)
         except Exception as exc:  # zarr's codecs raise ValueError, RuntimeError (zstd), …
-            raise self._lookup.positions_unreadable(exc) from exc
+            raise self.lookup.positions_unreadable(exc) from exc
 
     def manifest_column_names(self) -> list[str]:
-        return self._parts.manifest.column_names()
+        return self.parts.manifest.column_names()
 
     @property
     def ids(self) -> StoreIds:
@@ -162,8 +162,8 @@ class Store(StoreDescription):
     # --------------------------------------------------------------------------- access
     def rows(self, text_id: int) -> tuple[int, int]:
         """``(start, stop)`` rows of ``text_id`` in :attr:`data`."""
-        position = int(self._lookup.positions([text_id])[0])
-        start, stop = self._parts.offsets_span(position, position + 2)
+        position = int(self.lookup.positions([text_id])[0])
+        start, stop = self.parts.offsets_span(position, position + 2)
         return int(start), int(stop)
 
     def __getitem__(self, key):
@@ -179,7 +179,7 @@ class Store(StoreDescription):
     def read_many(self, text_ids: Sequence[int]) -> list:
         """The results of ``text_ids``. Texts whose rows lie close together (a block of texts
         written together) are read with one zarr read; texts far apart, one read per group."""
-        return [self._result(record, rows) for record, rows in self._lookup.read(list(text_ids))]
+        return [self._result(record, rows) for record, rows in self.lookup.read(list(text_ids))]
 
     def __iter__(self) -> Iterator:
         for _, result in self.items():
