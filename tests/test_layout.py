@@ -6,25 +6,57 @@ import ast
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "layerwise"
-MAX_MODULE_LINES = 450
+MAX_MODULE_LINES = 400
 MAX_CLASS_LINES = 250
+MAX_FUNCTION_LINES = 80
+# What is over the limits today, each at most its present size, and why it is not split yet: a ratchet.
+# The test fails when one grows, and when one fits the limits (take it off the list then).
+OVER_THE_LIMIT = {
+    # the 0.2 keywords of the writers (deprecated) and their corpus options: one Corpus and one plan
+    # argument remove them (#56 item 6)
+    "store/writer.py": 441, "store/writer.py:extract_to_store": 94, "ray/__init__.py": 428,
+    "ray/__init__.py:extract_to_store": 129, "files/export.py:export_store": 95,
+    # the Typer commands' option lists: store layout, Ray and input columns want option groups as
+    # @model_options is (#56 item 8)
+    "cli/extract.py": 413, "cli/extract.py:extract": 208, "cli/cache.py:cache": 99, "cli/serve.py:serve": 88,
+    # routes as closures: APIRouters with the served state as a dependency (#56 item 7)
+    "serve/app.py": 407, "serve/app.py:create_app": 255, "serve/explorer.py": 409,
+    "serve/explorer.py:add_explorer": 215,
+    # one concept each, long: the engine's loop, tokenisation with its alignment, model loading, the
+    # corpus reader, the cache writer, the HTML report, the probe runners, BERT pretraining
+    "extract.py": 438, "inputs/encoding.py": 427, "model/source.py": 420, "inputs/corpus.py": 416,
+    "cache/writer.py": 411, "cache/verify.py:verify_cache": 96, "analysis/report.py:write_report": 165,
+    "probing/runners.py:probe": 97, "probing/runners.py:_probe_tokens": 87,
+    "reference/pretrain.py:pretrain": 120,
+}  # fmt: skip
 
 
-def test_no_module_or_class_is_too_large():
-    too_long = []
+def _sizes() -> dict[str, tuple[int, int]]:
+    """``{"module.py": (lines, limit), "module.py:function": (lines, limit), "module.py:Class": ...}``."""
+    sizes = {}
     for path in sorted(SRC.rglob("*.py")):
         source = path.read_text(encoding="utf-8")
-        n_lines = source.count("\n")
-        if n_lines > MAX_MODULE_LINES:
-            too_long.append(f"{path.relative_to(SRC)}: {n_lines} lines > {MAX_MODULE_LINES}")
+        name = str(path.relative_to(SRC))
+        sizes[name] = (source.count("\n"), MAX_MODULE_LINES)
         for node in ast.walk(ast.parse(source)):
-            if isinstance(node, ast.ClassDef) and node.end_lineno is not None:
-                size = node.end_lineno - node.lineno + 1
-                if size > MAX_CLASS_LINES:
-                    too_long.append(
-                        f"{path.relative_to(SRC)}: class {node.name} has {size} lines > {MAX_CLASS_LINES}"
-                    )
+            if isinstance(node, ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+                limit = MAX_CLASS_LINES if isinstance(node, ast.ClassDef) else MAX_FUNCTION_LINES
+                size = (node.end_lineno or node.lineno) - node.lineno + 1
+                key = f"{name}:{node.name}"
+                sizes[key] = max((size, limit), sizes.get(key, (0, limit)))
+    return sizes
+
+
+def test_no_module_class_or_function_is_too_large():
+    sizes = _sizes()
+    too_long = [
+        f"{key}: {size} lines > {OVER_THE_LIMIT.get(key, limit)}"
+        for key, (size, limit) in sizes.items()
+        if size > max(limit, OVER_THE_LIMIT.get(key, 0))
+    ]
     assert not too_long, "split these by concept:\n" + "\n".join(too_long)
+    fitting = [key for key in OVER_THE_LIMIT if key not in sizes or sizes[key][0] <= sizes[key][1]]
+    assert not fitting, f"these fit the limits now: take them off OVER_THE_LIMIT: {fitting}"
 
 
 def test_package_ships_type_information():
