@@ -361,7 +361,7 @@ def test_cache_final_norm_on_an_encoder_is_refused(tmp_path, model):
     """#55, 8: the last hidden state was stored unchanged as ln_final.hook_normalized, exit 0."""
     (tmp_path / "t.txt").write_text("a b c d e f g h i j k l m n o p q r s t u v w x y z\n" * 20)
     result = cli("cache", tmp_path / "t.txt", "-o", tmp_path / "acts", "--model", model, "--final-norm",
-                 "--context", "8", "--tokens", "64")  # fmt: skip
+                 "last", "--context", "8", "--tokens", "64")  # fmt: skip
     assert result.exit_code == 2 and "is an encoder (BERT family), which has none" in result.output
     assert not (tmp_path / "acts").exists()
 
