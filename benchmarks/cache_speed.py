@@ -70,8 +70,10 @@ def measure(
     from layerwise.features.layers import resolve_layers
 
     layers = resolve_layers("0.25,0.5,0.75", enc.n_hidden_states)
-    options = {"layers": list(layers), "context": context, "tokens": tokens, "progress": False}
-    probe = lw.cache_activations(enc, documents, work / "probe", **options)  # warm-up, and the contexts
+    options = lw.CacheOptions(layers=list(layers), context=context, tokens=tokens)
+    probe = lw.cache_activations(
+        enc, documents, work / "probe", options, progress=False
+    )  # warm-up, and the contexts
     meta = read_meta(work / "probe")
     contexts = read_contexts(work / "probe" / "contexts.i32", context, np.arange(meta["n_contexts"]))
     shutil.rmtree(work / "probe")
@@ -80,7 +82,7 @@ def measure(
         forward_times.append(forward_alone(enc, contexts, layers))
         folder = work / f"acts{k}"
         started = time.perf_counter()
-        lw.cache_activations(enc, documents, folder, **options)
+        lw.cache_activations(enc, documents, folder, options, progress=False)
         cache_times.append(time.perf_counter() - started)
         written = sum(p.stat().st_size for p in folder.iterdir() if p.is_file())
         shutil.rmtree(folder)

@@ -45,12 +45,13 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import numpy as np
 
 from layerwise.errors import StoreDamagedError
+from layerwise.store.format import StoreLayout
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from common import read_documents, write_result  # noqa: E402
 
-LAYOUT = {"chunk_rows": 64, "shard_chunks": 4, "block_size": 300}
+LAYOUT = StoreLayout(chunk_rows=64, shard_chunks=4, block_size=300)
 CLI_LAYOUT = ["--chunk-rows", "64", "--shard-chunks", "4", "--block-size", "300"]
 
 
@@ -174,7 +175,7 @@ def try_damage(name, damage, reference: Path, work: Path, encoder, texts) -> dic
     except Exception as exc:  # an honest failure, but not the documented one
         outcome["open"], outcome["open_silent"] = f"{type(exc).__name__}: {str(exc)[:80]}", False
     try:
-        summary = lw.extract_to_store(encoder, texts, path, **LAYOUT, progress=False)
+        summary = lw.extract_to_store(encoder, texts, path, layout=LAYOUT, progress=False)
         outcome["resume"] = f"resumed: {summary.n_written} written"
     except lw.StoreDamagedError as exc:
         outcome["resume"] = "StoreDamagedError: " + exc.problems[0]
@@ -187,7 +188,7 @@ def try_damage(name, damage, reference: Path, work: Path, encoder, texts) -> dic
     return outcome
 
 
-SWEEP_LAYOUT = {"chunk_rows": 64, "shard_chunks": 4, "block_size": 40}  # a dozen shards and parts
+SWEEP_LAYOUT = StoreLayout(chunk_rows=64, shard_chunks=4, block_size=40)  # a dozen shards and parts
 
 
 def _flip(file: Path, at: int) -> bytes:
@@ -284,7 +285,7 @@ def sweep_store(work: Path, encoder, texts: list[str], flips: int) -> dict:
 
     reference = work / "sweep.lw"
     lw.extract_to_store(
-        encoder, texts, reference, lw.OutputPlan(dtype="float16"), progress=False, **SWEEP_LAYOUT
+        encoder, texts, reference, lw.OutputPlan(dtype="float16"), progress=False, layout=SWEEP_LAYOUT
     )
     files = sorted(p for p in reference.rglob("*") if p.is_file() and p.name != ".lock")
     return _sweep("store", reference, files, flips, _store_reads, lw.verify_store)
@@ -315,7 +316,10 @@ def sweep_cache(work: Path, encoder, texts: list[str], flips: int) -> dict:
 
     reference = work / "sweep-cache"
     lw.cache_activations(
-        encoder, texts, reference, layers="1,-1", context=32, tokens=32 * 40, shard_bytes=100_000
+        encoder,
+        texts,
+        reference,
+        lw.CacheOptions(layers="1,-1", context=32, tokens=32 * 40, shard_bytes=100_000),
     )
     files = sorted(p for p in reference.iterdir() if p.is_file() and p.name != ".lock")
     return _sweep("cache", reference, files, flips, _cache_reads, lw.verify_cache)
@@ -342,7 +346,7 @@ def main() -> None:
         source.write_text("\n".join(texts) + "\n", encoding="utf-8")
         encoder = lw.Encoder(device="cpu")
         reference = work / "reference.lw"
-        lw.extract_to_store(encoder, texts, reference, source=str(source), progress=False, **LAYOUT)
+        lw.extract_to_store(encoder, texts, reference, source=str(source), progress=False, layout=LAYOUT)
         killed = kill_and_resume(source, work / "killed.lw", reference, args.kills, rng)
         damage = {}
         for name, damage_fn in damage_kinds().items():

@@ -62,7 +62,11 @@ def main() -> None:
         encoder = lw.Encoder(device="cpu")
         lw.extract_to_store(encoder, texts, work / "s.lw", lw.OutputPlan(dtype="float16"), progress=False)
         lw.cache_activations(
-            encoder, texts, work / "acts", layers="3,6", context=128, tokens=10**9, progress=False
+            encoder,
+            texts,
+            work / "acts",
+            lw.CacheOptions(layers="3,6", context=128, tokens=10**9),
+            progress=False,
         )
         store = lw.open_store(work / "s.lw")
         data, rows, last = store.data, store.n_rows, len(store.layers) - 1

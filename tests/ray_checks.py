@@ -28,7 +28,7 @@ import numpy as np
 import layerwise as lw
 from layerwise.ray import ShardWriter
 
-CACHE_OPTIONS = {"layers": "0.5,-1", "context": 32, "tokens": 32 * 60, "shard_bytes": 200_000}
+CACHE_OPTIONS = lw.CacheOptions(layers="0.5,-1", context=32, tokens=32 * 60, shard_bytes=200_000)
 
 
 class DyingWriter(ShardWriter):
@@ -121,7 +121,7 @@ def main() -> None:
     np.save(out / "decoder_settings.npy", np.stack([r["embedding"] for r in rows]))
     report["decoder_settings_texts"] = [r["text"] for r in rows]
     # 4. the activation cache: the driver's token pass, each actor every other shard
-    cached = lw.ray.cache_activations(settings, source, out / "cache-ray", workers=2, **CACHE_OPTIONS)
+    cached = lw.ray.cache_activations(settings, source, out / "cache-ray", CACHE_OPTIONS, workers=2)
     report["cache_shards"], report["cache_written"] = cached.n_shards, cached.n_written
     (out / "report.json").write_text(json.dumps(report), encoding="utf-8")
 

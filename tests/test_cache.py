@@ -56,8 +56,8 @@ def _source_contexts(enc, context: int, texts=TEXTS) -> np.ndarray:
 
 def test_cached_activations_equal_transformers_on_the_stored_token_ids(tmp_path, tiny):
     path = tmp_path / "acts"
-    options = {"layers": "all", "context": 24, "tokens": 24 * 30, "dtype": "float32", "shard_bytes": 40_000}
-    summary = lw.cache_activations(tiny, TEXTS, path, **options)
+    options = lw.CacheOptions(layers="all", context=24, tokens=24 * 30, dtype="float32", shard_bytes=40_000)
+    summary = lw.cache_activations(tiny, TEXTS, path, options)
     assert summary.n_contexts == 30 and summary.n_shards > 2
     ds = datasets.load_from_disk(str(path)).with_format("torch")
     names = ["blocks.0.hook_resid_pre"] + [f"blocks.{i}.hook_resid_post" for i in range(3)]
@@ -77,8 +77,12 @@ def test_cached_activations_equal_transformers_on_the_stored_token_ids(tmp_path,
 def test_decoder_cache_is_the_residual_stream_or_the_final_norm(tmp_path, decoder_encoder, final_norm):
     enc = decoder_encoder("llama")
     path = tmp_path / "acts"
-    lw.cache_activations(enc, TEXTS, path, layers="0,2,3", context=16, tokens=16 * 12, dtype="float32",
-                         final_norm=final_norm)  # fmt: skip
+    lw.cache_activations(
+        enc,
+        TEXTS,
+        path,
+        lw.CacheOptions(layers="0,2,3", context=16, tokens=16 * 12, dtype="float32", final_norm=final_norm),
+    )
     ds = datasets.load_from_disk(str(path)).with_format("numpy")
     last = "ln_final.hook_normalized" if final_norm else "blocks.2.hook_resid_post"
     assert ds.column_names == ["blocks.0.hook_resid_pre", "blocks.1.hook_resid_post", last, "token_ids"]
@@ -103,7 +107,10 @@ def test_decoder_cache_is_the_residual_stream_or_the_final_norm(tmp_path, decode
 def test_contexts_are_a_seeded_permutation_of_the_whole_run(tmp_path, tiny):
     path = tmp_path / "acts"
     lw.cache_activations(
-        tiny, TEXTS, path, layers=-1, context=16, tokens=16 * 80, shuffle_seed=7, shard_bytes=20_000
+        tiny,
+        TEXTS,
+        path,
+        lw.CacheOptions(layers=-1, context=16, tokens=16 * 80, shuffle_seed=7, shard_bytes=20_000),
     )
     stored = np.asarray(datasets.load_from_disk(str(path)).with_format("numpy")["token_ids"], dtype=np.int32)
     source = _source_contexts(tiny, 16)[:80]
@@ -115,7 +122,9 @@ def test_contexts_are_a_seeded_permutation_of_the_whole_run(tmp_path, tiny):
     first_shard = order[: read_meta(path)["shard_contexts"]]
     assert first_shard.max() - first_shard.min() > 40  # a contiguous read mixes the whole corpus
     unshuffled = tmp_path / "plain"
-    lw.cache_activations(tiny, TEXTS, unshuffled, layers=-1, context=16, tokens=16 * 80, shuffle_seed=None)
+    lw.cache_activations(
+        tiny, TEXTS, unshuffled, lw.CacheOptions(layers=-1, context=16, tokens=16 * 80, shuffle_seed=None)
+    )
     plain = np.asarray(
         datasets.load_from_disk(str(unshuffled)).with_format("numpy")["token_ids"], dtype=np.int32
     )
@@ -127,8 +136,8 @@ import sys, layerwise as lw
 sys.path.insert(0, {tests!r})
 from test_cache import TEXTS
 enc = lw.Encoder({model!r}, device="cpu")
-lw.cache_activations(enc, TEXTS, {path!r}, layers="all", context=16, tokens=16 * 100, shuffle_seed=3,
-                     shard_bytes=6_000, progress=False)
+lw.cache_activations(enc, TEXTS, {path!r}, lw.CacheOptions(layers="all", context=16, tokens=16 * 100,
+                     shuffle_seed=3, shard_bytes=6_000), progress=False)
 """
 
 
@@ -159,8 +168,8 @@ def test_a_failed_shard_write_raises_and_the_rerun_completes_it(tmp_path, tiny, 
     disk) still stops the run with its own error, leaves no temp file, and the rerun fills the gap."""
     import layerwise.cache.writer as cache_writer
 
-    options = {"layers": "all", "context": 16, "tokens": 16 * 40, "shuffle_seed": 3, "shard_bytes": 6_000}
-    lw.cache_activations(tiny, TEXTS, tmp_path / "whole", **options)
+    options = lw.CacheOptions(layers="all", context=16, tokens=16 * 40, shuffle_seed=3, shard_bytes=6_000)
+    lw.cache_activations(tiny, TEXTS, tmp_path / "whole", options)
     real, calls = cache_writer.write_shard, []
 
     def full_disk(path, name, *args):
@@ -175,11 +184,11 @@ def test_a_failed_shard_write_raises_and_the_rerun_completes_it(tmp_path, tiny, 
         match=r"writing cache .*acts' failed: the disk is full\. 2 of \d+ shards are "
         r"written and kept; fix the cause and run the same command again to resume",
     ):
-        lw.cache_activations(tiny, TEXTS, tmp_path / "acts", **options)
+        lw.cache_activations(tiny, TEXTS, tmp_path / "acts", options)
     assert len(list((tmp_path / "acts").glob("data-*.arrow"))) == 2 and len(calls) == 3  # none after it
     assert not (tmp_path / "acts" / "state.json").exists()  # not complete: load_from_disk refuses it
     monkeypatch.setattr(cache_writer, "write_shard", real)
-    lw.cache_activations(tiny, TEXTS, tmp_path / "acts", **options)
+    lw.cache_activations(tiny, TEXTS, tmp_path / "acts", options)
     assert _shard_bytes(tmp_path / "acts") == _shard_bytes(tmp_path / "whole")
     assert not list((tmp_path / "acts").glob(".*.partial")) and lw.verify_cache(tmp_path / "acts").ok
 
@@ -188,25 +197,31 @@ def test_resume_refuses_other_settings_and_a_second_writer(tmp_path, tiny):
     from layerwise.store.lock import writer_lock
 
     path = tmp_path / "acts"
-    lw.cache_activations(tiny, TEXTS, path, layers="0,2", context=16, tokens=16 * 10)
+    lw.cache_activations(tiny, TEXTS, path, lw.CacheOptions(layers="0,2", context=16, tokens=16 * 10))
     with pytest.raises(StoreError, match=r"other settings \(layers: cached \[0, 2\], now \[0, 3\]\)"):
-        lw.cache_activations(tiny, TEXTS, path, layers="0,3", context=16, tokens=16 * 10)
+        lw.cache_activations(tiny, TEXTS, path, lw.CacheOptions(layers="0,3", context=16, tokens=16 * 10))
     with pytest.raises(StoreError, match="context: cached 16, now 20"):
-        lw.cache_activations(tiny, TEXTS, path, layers="0,2", context=20, tokens=16 * 10)
+        lw.cache_activations(tiny, TEXTS, path, lw.CacheOptions(layers="0,2", context=20, tokens=16 * 10))
     with pytest.raises(StoreError, match="made from other texts"):
-        lw.cache_activations(tiny, TEXTS[::-1], path, layers="0,2", context=16, tokens=16 * 10)
+        lw.cache_activations(
+            tiny, TEXTS[::-1], path, lw.CacheOptions(layers="0,2", context=16, tokens=16 * 10)
+        )
     with writer_lock(path), pytest.raises(StoreError, match="being written by another process"):
-        lw.cache_activations(tiny, TEXTS, path, layers="0,2", context=16, tokens=16 * 10)
+        lw.cache_activations(tiny, TEXTS, path, lw.CacheOptions(layers="0,2", context=16, tokens=16 * 10))
     before = _shard_bytes(path)
-    summary = lw.cache_activations(tiny, TEXTS, path, layers="0,2", context=16, tokens=16 * 10)
+    summary = lw.cache_activations(
+        tiny, TEXTS, path, lw.CacheOptions(layers="0,2", context=16, tokens=16 * 10)
+    )
     assert summary.n_written == 0 and _shard_bytes(path) == before  # complete: nothing to do
 
 
 def test_overwrite_removes_only_what_the_cache_owns(tmp_path, tiny):
     path = tmp_path / "acts"
-    lw.cache_activations(tiny, TEXTS, path, layers="0,2", context=16, tokens=16 * 10)
+    lw.cache_activations(tiny, TEXTS, path, lw.CacheOptions(layers="0,2", context=16, tokens=16 * 10))
     (path / "notes.txt").write_text("mine")
-    lw.cache_activations(tiny, TEXTS, path, layers="1", context=16, tokens=16 * 10, overwrite=True)
+    lw.cache_activations(
+        tiny, TEXTS, path, lw.CacheOptions(layers="1", context=16, tokens=16 * 10, overwrite=True)
+    )
     assert (path / "notes.txt").read_text() == "mine"
     assert datasets.load_from_disk(str(path)).column_names == ["blocks.0.hook_resid_post", "token_ids"]
 
@@ -222,13 +237,13 @@ def test_bad_input_writes_nothing(tmp_path, tiny):
     for error, message, bad in cases:
         options = {"layers": -1, "context": 16, "tokens": 160, **bad}
         with pytest.raises(error, match=message):
-            lw.cache_activations(tiny, TEXTS, path, **options)
+            lw.cache_activations(tiny, TEXTS, path, lw.CacheOptions(**options))
         assert not path.exists()
     other = tmp_path / "mine"
     other.mkdir()
     (other / "data.csv").write_text("a,b\n")
     with pytest.raises(NotAStoreError, match="is a folder that is not a layerwise activation cache"):
-        lw.cache_activations(tiny, TEXTS, other, context=16, tokens=160)
+        lw.cache_activations(tiny, TEXTS, other, lw.CacheOptions(context=16, tokens=160))
     assert os.listdir(other) == ["data.csv"]
 
 
@@ -265,8 +280,12 @@ def test_cli_cache_and_verify(tmp_path, tiny):
 @needs_smollm2
 def test_smollm2_cache_equals_transformers(tmp_path, smollm2):
     path = tmp_path / "acts"
-    lw.cache_activations(smollm2, TEXTS[:20], path, layers="0.25,0.5,0.75", context=32, tokens=32 * 4,
-                         dtype="float32")  # fmt: skip
+    lw.cache_activations(
+        smollm2,
+        TEXTS[:20],
+        path,
+        lw.CacheOptions(layers="0.25,0.5,0.75", context=32, tokens=32 * 4, dtype="float32"),
+    )
     ds = datasets.load_from_disk(str(path)).with_format("numpy")
     assert ds.column_names[:3] == [
         "blocks.7.hook_resid_post",
@@ -290,7 +309,7 @@ def test_sae_lens_trains_from_the_cache(tmp_path, default_encoder):
     from sae_lens.training.activations_store import ActivationsStore
 
     path = tmp_path / "acts"
-    lw.cache_activations(default_encoder, TEXTS, path, layers=3, context=32, tokens=32 * 64)
+    lw.cache_activations(default_encoder, TEXTS, path, lw.CacheOptions(layers=3, context=32, tokens=32 * 64))
     store = ActivationsStore(
         model=None, dataset=None, streaming=False, hook_name="blocks.2.hook_resid_post", hook_head_index=None,
         context_size=32, d_in=384, n_batches_in_buffer=16, total_training_tokens=32 * 64,
@@ -327,8 +346,9 @@ def test_cli_ray_gets_every_option(tmp_path, monkeypatch):
     calls: dict = {}
     monkeypatch.setattr(lw_ray, "init", lambda mode, **kw: calls.update(init=(mode, kw)))
 
-    def fake(settings, corpus, path, **options):
-        calls.update(settings=settings, corpus=corpus, path=path, options=options)
+    def fake(settings, corpus, path, options, *, workers, threads_per_worker):
+        calls.update(settings=settings, corpus=corpus, path=path, options=options, workers=workers,
+                     threads=threads_per_worker)  # fmt: skip
         raise lw.OptionError("stop here")
 
     monkeypatch.setattr(lw_ray, "cache_activations", fake)
@@ -341,12 +361,18 @@ def test_cli_ray_gets_every_option(tmp_path, monkeypatch):
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 2 and "stop here" in result.output
     assert calls["init"] == ("local", {"workers": 3, "threads_per_worker": 2})
-    assert calls["settings"].model_dtype == "bfloat16" and calls["corpus"] == str(source)
-    assert calls["options"] == {
-        "workers": 3, "threads_per_worker": 2, "layers": "0.5", "hooks": ("mlp_out", "resid"), "context": 64,
-        "tokens": 2_000_000, "dtype": "float32", "shuffle_seed": 9, "final_norm": True, "overwrite": True,
-        "format": None, "text_column": "body", "encoding_errors": "strict",
-    }  # fmt: skip
+    assert calls["settings"].model_dtype == "bfloat16" and (calls["workers"], calls["threads"]) == (3, 2)
+    assert calls["corpus"].describe() == str(source) and calls["corpus"].reading["text_column"] == "body"
+    assert calls["options"] == lw.CacheOptions(
+        layers="0.5",
+        hooks=("mlp_out", "resid"),
+        context=64,
+        tokens=2_000_000,
+        dtype="float32",
+        shuffle_seed=9,
+        final_norm=True,
+        overwrite=True,
+    )
 
 
 def test_attn_out_and_mlp_out_columns_equal_hooks_on_transformers(tmp_path, decoder_encoder):
@@ -354,8 +380,14 @@ def test_attn_out_and_mlp_out_columns_equal_hooks_on_transformers(tmp_path, deco
 
     enc = decoder_encoder("llama")
     path = tmp_path / "acts"
-    lw.cache_activations(enc, TEXTS, path, layers="1,3", hooks=("attn_out", "resid", "mlp_out"), context=16,
-                         tokens=16 * 8, dtype="float32")  # fmt: skip
+    lw.cache_activations(
+        enc,
+        TEXTS,
+        path,
+        lw.CacheOptions(
+            layers="1,3", context=16, tokens=16 * 8, dtype="float32", hooks=("attn_out", "resid", "mlp_out")
+        ),
+    )
     ds = datasets.load_from_disk(str(path)).with_format("numpy")
     assert ds.column_names == [
         "blocks.0.hook_attn_out", "blocks.0.hook_resid_post", "blocks.0.hook_mlp_out",
@@ -382,7 +414,10 @@ def test_attn_out_and_mlp_out_columns_equal_hooks_on_transformers(tmp_path, deco
         np.testing.assert_allclose(ds[name], want, atol=1e-5, rtol=1e-5)
     with pytest.raises(OptionError, match=r"hidden state 0 .* has none"):
         lw.cache_activations(
-            enc, TEXTS, tmp_path / "b", layers="0,1", hooks=("mlp_out",), context=16, tokens=160
+            enc,
+            TEXTS,
+            tmp_path / "b",
+            lw.CacheOptions(layers="0,1", context=16, tokens=160, hooks=("mlp_out",)),
         )
 
 
@@ -391,7 +426,9 @@ def test_a_corpus_shorter_than_the_tokens_asked_for_says_so(tmp_path, tiny):
 
     from layerwise.cli import app
 
-    summary = lw.cache_activations(tiny, TEXTS[:5], tmp_path / "acts", context=16, tokens=10**6)
+    summary = lw.cache_activations(
+        tiny, TEXTS[:5], tmp_path / "acts", lw.CacheOptions(context=16, tokens=10**6)
+    )
     assert summary.exhausted and 0 < summary.n_contexts < 10**6 // 16
     assert len(datasets.load_from_disk(str(tmp_path / "acts"))) == summary.n_contexts
     source = tmp_path / "few.txt"
@@ -400,5 +437,5 @@ def test_a_corpus_shorter_than_the_tokens_asked_for_says_so(tmp_path, tiny):
     result = CliRunner().invoke(app, [*args, "--tokens", "1M"])
     assert result.exit_code == 0 and f"the corpus ended after {summary.n_tokens:,} tokens" in result.output
     with pytest.raises(OptionError, match="fewer than 16 tokens"):
-        lw.cache_activations(tiny, ["a b"], tmp_path / "tiny", context=16, tokens=160)
+        lw.cache_activations(tiny, ["a b"], tmp_path / "tiny", lw.CacheOptions(context=16, tokens=160))
     assert not (tmp_path / "tiny").exists()  # a new cache that fails its token pass leaves nothing

@@ -43,7 +43,9 @@ def read_parquet_vectors(path, n_layers):
 def test_parquet_in_parquet_out_keeps_ids_and_numbers(tmp_path, tiny_encoder):
     source = write_parquet(tmp_path / "corpus.parquet")
     out = tmp_path / "vectors.parquet"
-    summary = lw.extract_to_file(tiny_encoder, source, out, MEAN, text_column="body", id_column="doc_id")
+    summary = lw.extract_to_file(
+        tiny_encoder, lw.Corpus(source, text_column="body", id_column="doc_id"), out, MEAN
+    )
     assert summary["n_texts"] == len(TEXTS) and summary["n_skipped"] == 0
     table, vectors = read_parquet_vectors(out, tiny_encoder.n_hidden_states)
     assert table["id"].to_pylist() == IDS and table["text"].to_pylist() == TEXTS
@@ -69,7 +71,9 @@ def test_csv_pairs_with_ids(tmp_path, tiny_encoder, suffix):
     path = tmp_path / f"pairs{suffix}"
     path.write_bytes(_compress(data, suffix))
     out = tmp_path / "out.npz"
-    lw.extract_to_file(tiny_encoder, path, out, MEAN, text_column="q", pair_column="a", id_column="id")
+    lw.extract_to_file(
+        tiny_encoder, lw.Corpus(path, text_column="q", pair_column="a", id_column="id"), out, MEAN
+    )
     npz = np.load(out)
     pairs = [f'answer, "quoted" {i}\nover two lines' for i in range(len(TEXTS))]
     assert read_npz_ids(npz) == [i * 10 for i in range(len(TEXTS))]
@@ -97,7 +101,7 @@ def test_jsonl_with_named_fields_and_words(tmp_path, tiny_encoder):
     path.write_bytes(gzip.compress("\n".join(json.dumps(r) for r in records).encode()))
     out = tmp_path / "words.jsonl"
     plan = lw.OutputPlan.parse(pool="word:mean", layers=-1)
-    lw.extract_to_file(tiny_encoder, path, out, plan, words_column="tokens", id_column="key")
+    lw.extract_to_file(tiny_encoder, lw.Corpus(path, id_column="key", words_column="tokens"), out, plan)
     lines = [json.loads(line) for line in out.read_text().splitlines()]
     assert [line["id"] for line in lines] == [f"k{i}" for i in range(len(TEXTS))]
     direct = tiny_encoder.embed_words([t.split() for t in TEXTS], layers=-1, subword="mean")
@@ -195,7 +199,7 @@ def test_a_bad_row_names_file_row_and_column_and_nothing_is_written(tmp_path, ti
     out = tmp_path / "out" / "v.parquet"
     out.parent.mkdir()
     with pytest.raises(lw.InputError, match=message):
-        lw.extract_to_file(tiny_encoder, source, out, MEAN, **options)
+        lw.extract_to_file(tiny_encoder, lw.Corpus(source, **options), out, MEAN)
     assert list(out.parent.iterdir()) == []
 
 
@@ -211,8 +215,9 @@ def test_skipped_rows_are_counted_and_recorded(tmp_path, tiny_encoder):
     texts = [*TEXTS[:3], None, *TEXTS[4:10], None, *TEXTS[11:]]
     source = write_parquet(tmp_path / "x.parquet", texts=texts)
     out = tmp_path / "v.parquet"
-    summary = lw.extract_to_file(tiny_encoder, source, out, MEAN, text_column="body", id_column="doc_id",
-                                 on_bad_row="skip")  # fmt: skip
+    summary = lw.extract_to_file(
+        tiny_encoder, lw.Corpus(source, text_column="body", id_column="doc_id", on_bad_row="skip"), out, MEAN
+    )
     assert summary["n_skipped"] == 2 and summary["n_texts"] == 21
     table = pq.read_table(out)
     assert table["id"].to_pylist() == [i for t, i in zip(texts, IDS, strict=True) if t is not None]
@@ -242,7 +247,7 @@ def test_parquet_output_is_read_by_duckdb_and_datasets(tmp_path, tiny_encoder):
     datasets = pytest.importorskip("datasets")
     out = tmp_path / "v.parquet"
     plan = lw.OutputPlan.parse(pool="sentence:mean", fuse="concat_last4")
-    lw.extract_to_file(tiny_encoder, TEXTS, out, plan, ids=IDS)
+    lw.extract_to_file(tiny_encoder, lw.Corpus.from_inputs(TEXTS, ids=IDS), out, plan)
     want = tiny_encoder.embed(TEXTS, pool="mean", fuse="concat_last4")
     rows = duckdb.sql(f"select id, fused_concat_last4 from '{out}' order by id").fetchall()
     assert [r[0] for r in rows] == IDS
@@ -272,14 +277,19 @@ def test_parquet_word_level_float16_and_no_text(tmp_path, tiny_encoder):
 def test_store_keeps_ids_and_export_pools_its_tokens(tmp_path, tiny_encoder):
     source = write_parquet(tmp_path / "c.parquet")
     store = tmp_path / "c.lw"
-    lw.extract_to_store(tiny_encoder, source, store, lw.OutputPlan(dtype="float32"), text_column="body",
-                        id_column="doc_id", block_size=7)  # fmt: skip
+    lw.extract_to_store(
+        tiny_encoder,
+        lw.Corpus(source, text_column="body", id_column="doc_id"),
+        store,
+        lw.OutputPlan(dtype="float32"),
+        layout=lw.StoreLayout(block_size=7),
+    )
     opened = lw.open_store(store)
     assert opened.manifest.sort_by("text_id")["id"].to_pylist() == IDS
     for out in (tmp_path / "e.parquet", tmp_path / "e.npz", tmp_path / "e.jsonl"):
         lw.export_store(store, out, lw.OutputPlan.parse(pool="sentence:mean", layers="all"))
     direct = tmp_path / "d.parquet"
-    lw.extract_to_file(tiny_encoder, source, direct, MEAN, text_column="body", id_column="doc_id")
+    lw.extract_to_file(tiny_encoder, lw.Corpus(source, text_column="body", id_column="doc_id"), direct, MEAN)
     n = tiny_encoder.n_hidden_states
     (exported, vectors), (_, want) = (
         read_parquet_vectors(tmp_path / "e.parquet", n),
@@ -295,11 +305,13 @@ def test_store_keeps_ids_and_export_pools_its_tokens(tmp_path, tiny_encoder):
 
 def test_export_refuses_what_it_cannot_do(tmp_path, tiny_encoder):
     store = tmp_path / "c.lw"
-    lw.extract_to_store(tiny_encoder, TEXTS, store, layers="0,-1")
+    lw.extract_to_store(tiny_encoder, TEXTS, store, lw.OutputPlan.parse(dtype="float16", layers="0,-1"))
     with pytest.raises(lw.LayerSpecError, match=r"hidden state\(s\) \[1\] are not in"):
         lw.export_store(store, tmp_path / "e.parquet", lw.OutputPlan.parse(pool="sentence:mean", layers=1))
     pooled = tmp_path / "p.lw"
-    lw.extract_to_store(tiny_encoder, TEXTS, pooled, pool="sentence:mean")
+    lw.extract_to_store(
+        tiny_encoder, TEXTS, pooled, lw.OutputPlan.parse(dtype="float16", pool="sentence:mean")
+    )
     with pytest.raises(lw.OptionError, match="already pooled"):
         lw.export_store(pooled, tmp_path / "e.parquet")
     assert not (tmp_path / "e.parquet").exists()

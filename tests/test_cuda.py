@@ -110,8 +110,14 @@ def test_cache_from_cuda_equals_transformers_on_the_stored_token_ids(tmp_path, d
     enc = lw.Encoder(decoder_folder("llama"), device=DEVICE)
     path = tmp_path / "acts"
     documents = [" ".join(TEXTS[k : k + 4]) for k in range(0, 40, 4)]
-    summary = lw.cache_activations(enc, documents, path, layers="1,3", context=16, tokens=16 * 20,
-                                   dtype="float32", hooks=("resid", "attn_out", "mlp_out"))  # fmt: skip
+    summary = lw.cache_activations(
+        enc,
+        documents,
+        path,
+        lw.CacheOptions(
+            layers="1,3", context=16, tokens=16 * 20, dtype="float32", hooks=("resid", "attn_out", "mlp_out")
+        ),
+    )
     assert summary.n_contexts == 20 and lw.verify_cache(path).ok
     ds = datasets.load_from_disk(str(path)).with_format("torch")
     rows = ds[0:20]

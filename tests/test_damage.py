@@ -20,13 +20,13 @@ import layerwise as lw
 from layerwise.cli import app
 from layerwise.errors import StoreDamagedError
 
-LAYOUT = {"chunk_rows": 8, "shard_chunks": 2, "block_size": 16}  # shards of 16 rows: many files
+LAYOUT = lw.StoreLayout(chunk_rows=8, shard_chunks=2, block_size=16)  # shards of 16 rows: many files
 
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory, tiny_encoder) -> Path:
     path = tmp_path_factory.mktemp("damage") / "ref.lw"
-    lw.extract_to_store(tiny_encoder, corpus(40, seed=2), path, lw.OutputPlan(dtype="float16"), **LAYOUT)
+    lw.extract_to_store(tiny_encoder, corpus(40, seed=2), path, lw.OutputPlan(dtype="float16"), layout=LAYOUT)
     return path
 
 
@@ -114,7 +114,7 @@ def test_sharded_store_bulk_reads_are_checked(tmp_path, tiny_encoder):
         overwrite=False,
     )  # fmt: skip
     for k in range(2):
-        write_shard(tiny_encoder, path, table, k, texts[15 * k : 15 * (k + 1)], None, plan, **LAYOUT)
+        write_shard(tiny_encoder, path, table, k, texts[15 * k : 15 * (k + 1)], None, plan, layout=LAYOUT)
     assert len(np.asarray(lw.open_store(path).array(-1))) > 0
     flip(shard(path / "shard-00001.lw", 1), 30)
     with pytest.raises(StoreDamagedError):
@@ -273,13 +273,13 @@ def test_a_flipped_byte_in_the_root_zarr_json_is_damaged_not_another_folder(copy
 
 
 # ------------------------------------------------------------------------- 2. the activation cache
-CACHE = {"layers": "1,3", "context": 16, "tokens": 16 * 30, "shard_bytes": 8_000}
+CACHE = lw.CacheOptions(layers="1,3", context=16, tokens=16 * 30, shard_bytes=8_000)
 
 
 @pytest.fixture(scope="module")
 def cache(tmp_path_factory, tiny_encoder) -> Path:
     path = tmp_path_factory.mktemp("cache") / "acts"
-    lw.cache_activations(tiny_encoder, corpus(80, seed=5), path, **CACHE)
+    lw.cache_activations(tiny_encoder, corpus(80, seed=5), path, CACHE)
     return path
 
 
@@ -340,7 +340,7 @@ def test_shards_of_a_killed_run_keep_their_checksums_until_the_record_takes_them
 
     monkeypatch.setattr(cache_writer, "write_shard", dies)
     with pytest.raises(KeyboardInterrupt):
-        lw.cache_activations(tiny_encoder, corpus(80, seed=5), tmp_path / "acts", **CACHE)
+        lw.cache_activations(tiny_encoder, corpus(80, seed=5), tmp_path / "acts", CACHE)
     assert len(list((tmp_path / "acts").glob(".data-*.arrow.crc32"))) == 2
     flip(sorted((tmp_path / "acts").glob("data-*.arrow"))[0], 100)
     assert "differs from the CRC-32" in str(lw.verify_cache(tmp_path / "acts"))

@@ -399,7 +399,9 @@ def test_a_second_cache_writer_is_told_it_is_a_cache(tmp_path, tiny_encoder):
     path = tmp_path / "CC"
     path.mkdir()
     with writer_lock(path), pytest.raises(lw.StoreError, match=r"^cache .*CC' is being written by another"):
-        lw.cache_activations(tiny_encoder, ["a b c d e f g h i j"] * 20, path, context=8, tokens=64)
+        lw.cache_activations(
+            tiny_encoder, ["a b c d e f g h i j"] * 20, path, lw.CacheOptions(context=8, tokens=64)
+        )
 
 
 def test_info_names_bad_metadata_and_reads_a_cache(tmp_path, model):
@@ -561,7 +563,13 @@ def test_values_past_float16s_range_are_refused_not_stored_as_inf(tmp_path, make
         enc.embed_words(texts, fuse="mean_all", dtype="float16")
     with pytest.raises(OptionError, match=r"of context \d+ holds [\d,]+, past float16's largest value"):
         lw.cache_activations(
-            enc, texts * 20, tmp_path / "cache", layers=[0], context=8, tokens=64, progress=False
+            enc,
+            texts * 20,
+            tmp_path / "cache",
+            lw.CacheOptions(layers=[0], context=8, tokens=64),
+            progress=False,
         )
-    stored = lw.extract_to_store(enc, texts, tmp_path / "f32.lw", dtype="float32", progress=False)
+    stored = lw.extract_to_store(
+        enc, texts, tmp_path / "f32.lw", lw.OutputPlan.parse(dtype="float32"), progress=False
+    )
     assert stored is not None and np.isfinite(lw.open_store(tmp_path / "f32.lw")[0].hidden).all()

@@ -172,14 +172,18 @@ def test_no_lens_without_a_saved_head(default_encoder, tiny_encoder):
 
 def test_reference_set_from_a_token_store(tiny_encoder, tmp_path):
     texts = ud_sentences("dev", 30)
-    lw.extract_to_store(tiny_encoder, texts, tmp_path / "c.lw", layers="all", dtype="float32")
+    lw.extract_to_store(
+        tiny_encoder, texts, tmp_path / "c.lw", lw.OutputPlan.parse(layers="all", dtype="float32")
+    )
     ref = ReferenceSet.from_store(tmp_path / "c.lw", max_tokens=200)
     exact = tiny_encoder.extract(texts)
     assert ref.model == tiny_encoder.name and 200 <= sum(s.n_tokens for s in ref.stacks) < 200 + 80
     for got, want in zip(ref.stacks, exact, strict=False):
         assert got.tokens == want.tokens
         np.testing.assert_allclose(got.hidden, want.hidden, atol=1e-6)
-    lw.extract_to_store(tiny_encoder, texts, tmp_path / "s.lw", pool="sentence:mean")
+    lw.extract_to_store(
+        tiny_encoder, texts, tmp_path / "s.lw", lw.OutputPlan.parse(dtype="float16", pool="sentence:mean")
+    )
     with pytest.raises(OptionError, match="token vectors"):
         ReferenceSet.from_store(tmp_path / "s.lw")
 

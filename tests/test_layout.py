@@ -12,17 +12,17 @@ MAX_FUNCTION_LINES = 80
 # What is over the limits today, each at most its present size, and why it is not split yet: a ratchet.
 # The test fails when one grows, and when one fits the limits (take it off the list then).
 OVER_THE_LIMIT = {
-    # the 0.2 keywords of the writers (deprecated) and their corpus options: one Corpus and one plan
-    # argument remove them (#56 item 6)
-    "store/writer.py": 441, "store/writer.py:extract_to_store": 94, "ray/__init__.py": 428,
-    "ray/__init__.py:extract_to_store": 129, "files/export.py:export_store": 95,
+    # the store writer's module, the Ray driver's shard planning and the export's pooling loop: each
+    # wants its planning step apart
+    "store/writer.py": 404,
+    "ray/__init__.py:extract_to_store": 108, "files/export.py:export_store": 95,
     # the Typer commands' option lists: store layout, Ray and input columns want option groups as
     # @model_options is (#56 item 8)
-    "cli/extract.py": 413, "cli/extract.py:extract": 208, "cli/cache.py:cache": 99, "cli/serve.py:serve": 88,
+    "cli/extract.py": 411, "cli/extract.py:extract": 206, "cli/cache.py:cache": 91, "cli/serve.py:serve": 88,
     # one concept each, long: the engine's loop, tokenisation with its alignment, model loading, the
     # corpus reader, the cache writer, the HTML report, the probe runners, BERT pretraining
     "extract.py": 438, "inputs/encoding.py": 427, "model/source.py": 420, "inputs/corpus.py": 416,
-    "cache/writer.py": 411, "cache/verify.py:verify_cache": 96, "analysis/report.py:write_report": 165,
+    "cache/writer.py": 401, "cache/verify.py:verify_cache": 96, "analysis/report.py:write_report": 165,
     "probing/runners.py:probe": 97, "probing/runners.py:_probe_tokens": 87,
     "reference/pretrain.py:pretrain": 120,
 }  # fmt: skip

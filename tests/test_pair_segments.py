@@ -34,6 +34,11 @@ def test_pair_segments_and_words(make_pair_convention_model, arch):
 
 def test_pair_words_through_the_store(tmp_path, make_pair_convention_model):
     enc = lw.Encoder(make_pair_convention_model("roberta"), device="cpu")
-    lw.extract_to_store(enc, ["a b"], tmp_path / "w.lw", text_pairs=["c d e"], pool="word:first")
+    lw.extract_to_store(
+        enc,
+        lw.Corpus.from_inputs(["a b"], text_pairs=["c d e"]),
+        tmp_path / "w.lw",
+        lw.OutputPlan.parse(dtype="float16", pool="word:first"),
+    )
     stored = lw.open_store(tmp_path / "w.lw")[0]
     assert list(stored.words) == ["a", "b", "c", "d", "e"] and stored.segment_ids.tolist() == [0, 0, 1, 1, 1]

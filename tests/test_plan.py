@@ -78,13 +78,12 @@ def test_store_takes_a_plan(tmp_path, tiny_encoder):
     store = lw.open_store(tmp_path / "w.lw")
     exact = tiny_encoder.embed_words(TEXTS, fuse="concat_last4")
     np.testing.assert_array_equal(store[1].vectors, exact[1].vectors)
-    with pytest.raises(OptionError, match="either a plan or pool, not both"):
-        lw.extract_to_store(tiny_encoder, TEXTS, tmp_path / "x.lw", plan, pool="token:x")
-    # the plan's settings as keywords: still taken, deprecated, naming the plan to pass
-    with pytest.warns(DeprecationWarning, match=r"OutputPlan.parse\(pool='word:first', fuse='concat_last4'"):
-        lw.extract_to_store(tiny_encoder, TEXTS, tmp_path / "k.lw", pool="word:first", fuse="concat_last4",
-                            dtype="float32")  # fmt: skip
-    np.testing.assert_array_equal(lw.open_store(tmp_path / "k.lw")[1].vectors, exact[1].vectors)
+    # 0.3: the plan is the one way to say it; the 0.2 keywords are gone (CHANGELOG: migration)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'pool'"):
+        lw.extract_to_store(tiny_encoder, TEXTS, tmp_path / "x.lw", pool="word:first")  # type: ignore[call-arg]
+    with pytest.raises(OptionError, match=r"plan must be a layerwise\.OutputPlan, not str"):
+        lw.extract_to_store(tiny_encoder, TEXTS, tmp_path / "x.lw", "word:first")  # type: ignore[arg-type]
+    assert not (tmp_path / "x.lw").exists()
 
 
 @pytest.mark.parametrize("spelling", ["mean", "sentence:mean"])

@@ -164,7 +164,7 @@ def test_ray_runs_equal_single_process(tmp_path, default_encoder, decoder_folder
     from ray_checks import CACHE_OPTIONS
 
     assert report["cache_written"] == report["cache_shards"] > 2
-    single_cache = lw.cache_activations(default_encoder, source, tmp_path / "cache-one", **CACHE_OPTIONS)
+    single_cache = lw.cache_activations(default_encoder, source, tmp_path / "cache-one", CACHE_OPTIONS)
     assert single_cache.n_shards == report["cache_shards"] and lw.verify_cache(tmp_path / "cache-ray").ok
     on_ray = datasets.load_from_disk(str(tmp_path / "cache-ray")).with_format("numpy")
     one = datasets.load_from_disk(str(tmp_path / "cache-one")).with_format("numpy")

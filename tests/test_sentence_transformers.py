@@ -48,8 +48,12 @@ def test_store_and_cli_normalize(tmp_path, default_encoder):
     from layerwise.cli import app
 
     texts = ["The bank raised rates.", "We sat on the river bank."]
-    lw.extract_to_store(default_encoder, texts, tmp_path / "s.lw", pool="sentence:mean", layers=-1,
-                        normalize=True, dtype="float32")  # fmt: skip
+    lw.extract_to_store(
+        default_encoder,
+        texts,
+        tmp_path / "s.lw",
+        lw.OutputPlan.parse(layers=-1, pool="sentence:mean", normalize=True, dtype="float32"),
+    )
     store = lw.open_store(tmp_path / "s.lw")
     assert store.meta["normalize"] is True
     np.testing.assert_allclose(np.stack([store[0][0], store[1][0]]), default_encoder.encode(texts), atol=1e-6)

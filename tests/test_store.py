@@ -24,7 +24,9 @@ from layerwise.store.lock import writer_lock
 
 def test_token_store_round_trip(tmp_path, tiny):
     texts = [*corpus(40), "", "Is it raining?"]
-    summary = lw.extract_to_store(tiny, texts, tmp_path / "c.lw", chunk_rows=8, shard_chunks=2, block_size=16)
+    summary = lw.extract_to_store(
+        tiny, texts, tmp_path / "c.lw", layout=lw.StoreLayout(block_size=16, chunk_rows=8, shard_chunks=2)
+    )
     assert (summary.n_texts, summary.n_written, summary.resumed) == (42, 42, False)
     store = lw.open_store(tmp_path / "c.lw")
     assert len(store) == 42 and store.complete and store.layers == (0, 1, 2, 3)
@@ -53,14 +55,23 @@ def test_token_store_round_trip(tmp_path, tiny):
 
 def test_pooled_stores_round_trip(tmp_path, tiny):
     texts = corpus(30, seed=1)
-    lw.extract_to_store(tiny, texts, tmp_path / "w.lw", pool="word:mean", chunk_rows=8, shard_chunks=2)
+    lw.extract_to_store(
+        tiny,
+        texts,
+        tmp_path / "w.lw",
+        lw.OutputPlan.parse(dtype="float16", pool="word:mean"),
+        layout=lw.StoreLayout(chunk_rows=8, shard_chunks=2),
+    )
     words = lw.open_store(tmp_path / "w.lw")
     expected = tiny.embed_words(texts, subword="mean")
     for i in range(len(texts)):
         assert words[i].words == expected[i].words
         assert_close_fp16(words[i].vectors, expected[i].vectors)
     lw.extract_to_store(
-        tiny, texts, tmp_path / "s.lw", pool="sentence:cls", fuse="concat_last4", dtype="float32"
+        tiny,
+        texts,
+        tmp_path / "s.lw",
+        lw.OutputPlan.parse(pool="sentence:cls", fuse="concat_last4", dtype="float32"),
     )
     sentences = lw.open_store(tmp_path / "s.lw")
     np.testing.assert_array_equal(
@@ -72,7 +83,12 @@ def test_pooled_stores_round_trip(tmp_path, tiny):
 def test_pairs_and_windows_in_store(tmp_path, make_tiny_model):
     enc = lw.Encoder(make_tiny_model("bert"), device="cpu", max_length=16)
     firsts, seconds = ["q one", "q two"], ["a " * 30, "short"]
-    lw.extract_to_store(enc, firsts, tmp_path / "p.lw", text_pairs=seconds, long_texts="window", stride=4)
+    lw.extract_to_store(
+        enc,
+        lw.Corpus.from_inputs(firsts, text_pairs=seconds),
+        tmp_path / "p.lw",
+        lw.OutputPlan.parse(dtype="float16", long_texts="window", stride=4),
+    )
     store = lw.open_store(tmp_path / "p.lw")
     exact = enc.extract(firsts, text_pairs=seconds, long_texts="window", stride=4)
     assert store[0].n_windows == exact[0].n_windows > 1 and store[0].text_pair == seconds[0]
@@ -82,7 +98,7 @@ def test_pairs_and_windows_in_store(tmp_path, make_tiny_model):
 def test_readable_with_zarr_and_pyarrow_alone(tmp_path, tiny):
     """Follow the README's recipe: no layerwise needed to read a store."""
     texts = corpus(20, seed=2)
-    lw.extract_to_store(tiny, texts, tmp_path / "c.lw", chunk_rows=8, shard_chunks=2)
+    lw.extract_to_store(tiny, texts, tmp_path / "c.lw", layout=lw.StoreLayout(chunk_rows=8, shard_chunks=2))
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
     import zarr
@@ -112,7 +128,7 @@ def test_changed_settings_or_input_are_refused(tmp_path, tiny):
     texts = corpus(10)
     lw.extract_to_store(tiny, texts, tmp_path / "c.lw")
     with pytest.raises(StoreError, match=r"other settings \(layers: stored \[0, 1, 2, 3\], now \[3\]"):
-        lw.extract_to_store(tiny, texts, tmp_path / "c.lw", layers=-1)
+        lw.extract_to_store(tiny, texts, tmp_path / "c.lw", lw.OutputPlan.parse(dtype="float16", layers=-1))
     changed = [*texts[:3], "something else", *texts[4:]]
     with pytest.raises(StoreError, match=r"text 3 \(input line 4\) differs"):
         lw.extract_to_store(tiny, changed, tmp_path / "c.lw")
@@ -134,14 +150,18 @@ def test_disk_full_keeps_committed_texts_and_resumes(tmp_path, tiny, monkeypatch
     monkeypatch.setattr(_Committer, "commit", failing)
     path = tmp_path / "c.lw"
     with pytest.raises(StoreError, match=r"the disk is full\. \d+ of 60 texts are committed and readable"):
-        lw.extract_to_store(tiny, texts, path, chunk_rows=8, shard_chunks=2, block_size=16)
+        lw.extract_to_store(
+            tiny, texts, path, layout=lw.StoreLayout(block_size=16, chunk_rows=8, shard_chunks=2)
+        )
     partial = lw.open_store(path)
     assert 0 < len(partial) < 60
     exact = tiny.extract(texts)
     for i in partial.text_ids():
         assert_close_fp16(partial[i].hidden, exact[i].hidden)
     monkeypatch.setattr(_Committer, "commit", original)
-    resumed = lw.extract_to_store(tiny, texts, path, chunk_rows=8, shard_chunks=2, block_size=16)
+    resumed = lw.extract_to_store(
+        tiny, texts, path, layout=lw.StoreLayout(block_size=16, chunk_rows=8, shard_chunks=2)
+    )
     assert resumed.resumed and resumed.n_already_committed + resumed.n_written == 60
     store = lw.open_store(path)
     assert store.complete and sorted(store.manifest["text_id"].to_pylist()) == list(range(60))
@@ -162,10 +182,17 @@ def test_a_failed_write_leaves_no_partial_file(tmp_path, tiny, monkeypatch):
     monkeypatch.setattr(commit.os, "replace", full)
     path = tmp_path / "c.lw"
     with pytest.raises(StoreError, match="the disk is full"):
-        lw.extract_to_store(tiny, texts, path, chunk_rows=8, shard_chunks=2, block_size=16)
+        lw.extract_to_store(
+            tiny, texts, path, layout=lw.StoreLayout(block_size=16, chunk_rows=8, shard_chunks=2)
+        )
     assert not [p for p in path.rglob("*") if p.name.endswith(".partial")]
     monkeypatch.setattr(commit.os, "replace", real_replace)
-    assert lw.extract_to_store(tiny, texts, path, chunk_rows=8, shard_chunks=2, block_size=16).n_written == 60
+    assert (
+        lw.extract_to_store(
+            tiny, texts, path, layout=lw.StoreLayout(block_size=16, chunk_rows=8, shard_chunks=2)
+        ).n_written
+        == 60
+    )
 
 
 def test_unwritable_path(tmp_path, tiny):
@@ -209,8 +236,8 @@ def test_sigkill_at_random_moments_then_resume_equals_uninterrupted(tmp_path, ma
     source.write_text("\n".join(texts) + "\n", encoding="utf-8")
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     reference = tmp_path / "reference.lw"  # uninterrupted, in-process: the same plan as the command line
-    layout = {"chunk_rows": 64, "shard_chunks": 4, "block_size": 300}
-    lw.extract_to_store(lw.Encoder(model, device="cpu"), texts, reference, source=str(source), **layout)
+    layout = lw.StoreLayout(chunk_rows=64, shard_chunks=4, block_size=300)
+    lw.extract_to_store(lw.Encoder(model, device="cpu"), texts, reference, layout=layout, source=str(source))
 
     target = tmp_path / "killed.lw"
     rng = random.Random(7)
@@ -280,7 +307,7 @@ def test_truncation_is_reported_once_per_store_run(tmp_path, make_tiny_model, ca
     long_text = " ".join(["word"] * 40)
     texts = [long_text, "short", "short too", long_text]  # the long ones fall in different blocks
     with caplog.at_level(logging.WARNING, logger="layerwise"):
-        lw.extract_to_store(enc, texts, tmp_path / "c.lw", block_size=2)
+        lw.extract_to_store(enc, texts, tmp_path / "c.lw", layout=lw.StoreLayout(block_size=2))
     notes = [r.getMessage() for r in caplog.records if "longer than" in r.getMessage()]
     assert notes == [
         "2 of 4 texts were longer than 16 tokens and were truncated; the manifest's 'truncated' column marks "
@@ -304,7 +331,8 @@ def test_manifest_table_is_the_same_as_from_pylist(tiny, tmp_path, options):
 
     texts = [*ud_sentences("dev", 30), "", "a"]
     pairs = [t[::-1] for t in texts] if options.pop("pairs", False) else None
-    lw.extract_to_store(tiny, texts, tmp_path / "m.lw", text_pairs=pairs, **options)
+    plan = lw.OutputPlan.parse(dtype="float16", **options)
+    lw.extract_to_store(tiny, lw.Corpus.from_inputs(texts, text_pairs=pairs), tmp_path / "m.lw", plan)
     records = lw.open_store(tmp_path / "m.lw").manifest.to_pylist()
     fast, slow = records_table(records), pa.Table.from_pylist(records)
     assert fast.schema == slow.schema and fast.equals(slow)
@@ -321,10 +349,13 @@ def test_direct_shard_files_are_the_bytes_zarr_writes(tiny, tmp_path, monkeypatc
     from layerwise.store import commit
 
     texts = corpus(120, seed=3)
-    settings = {"chunk_rows": 8, "shard_chunks": 4, **options}
-    lw.extract_to_store(tiny, texts, tmp_path / "direct.lw", **settings)
+    plan, layout = (
+        lw.OutputPlan.parse(**{"dtype": "float16", **options}),
+        lw.StoreLayout(chunk_rows=8, shard_chunks=4),
+    )
+    lw.extract_to_store(tiny, texts, tmp_path / "direct.lw", plan, layout=layout)
     monkeypatch.setattr(commit.ShardFiles, "for_array", classmethod(lambda cls, folder: None))
-    lw.extract_to_store(tiny, texts, tmp_path / "zarr.lw", **settings)
+    lw.extract_to_store(tiny, texts, tmp_path / "zarr.lw", plan, layout=layout)
     direct = sorted(
         p.relative_to(tmp_path / "direct.lw") for p in (tmp_path / "direct.lw" / "data").rglob("*")
     )

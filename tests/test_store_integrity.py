@@ -16,7 +16,7 @@ import layerwise as lw
 from layerwise.errors import NotAStoreError, OptionError, StoreDamagedError, StoreError
 from layerwise.store.commit import Committer
 
-LAYOUT = {"chunk_rows": 8, "shard_chunks": 2, "block_size": 16}
+LAYOUT = lw.StoreLayout(chunk_rows=8, shard_chunks=2, block_size=16)
 
 
 # ---------------------------------------------------------------------------- one writer
@@ -35,7 +35,7 @@ def _paused_writer(monkeypatch, tiny, path: Path, **options):
 
     def run():
         try:
-            lw.extract_to_store(tiny, corpus(40), path, **LAYOUT, **options)
+            lw.extract_to_store(tiny, corpus(40), path, layout=LAYOUT, **options)
         except BaseException as exc:  # pragma: no cover - reported by the test
             errors.append(exc)
 
@@ -51,7 +51,14 @@ def test_second_writer_on_a_new_store_is_refused(tmp_path, tiny, monkeypatch, ov
     thread, release, errors = _paused_writer(monkeypatch, tiny, path)
     try:
         with pytest.raises(StoreError, match=r"is being written by another process \(pid \d+\)"):
-            lw.extract_to_store(tiny, corpus(40), path, pool="sentence:mean", overwrite=overwrite, **LAYOUT)
+            lw.extract_to_store(
+                tiny,
+                corpus(40),
+                path,
+                lw.OutputPlan.parse(pool="sentence:mean", dtype="float16"),
+                layout=LAYOUT,
+                overwrite=overwrite,
+            )
     finally:
         release.set()
         thread.join(60)
@@ -120,15 +127,19 @@ def test_bad_settings_create_nothing(tmp_path, make_tiny_model):
     enc = lw.Encoder(make_tiny_model("bert"), device="cpu", max_length=16)
     path = tmp_path / "c.lw"
     with pytest.raises(OptionError, match="stride=10000 must be between 1 and 14"):
-        lw.extract_to_store(enc, ["a b c"], path, long_texts="window", stride=10000)
+        lw.extract_to_store(
+            enc, ["a b c"], path, lw.OutputPlan.parse(dtype="float16", long_texts="window", stride=10000)
+        )
     with pytest.raises(OptionError, match="long_texts='bogus' is not valid"):
-        lw.extract_to_store(enc, ["a"], path, long_texts="bogus")
+        lw.extract_to_store(enc, ["a"], path, lw.OutputPlan.parse(dtype="float16", long_texts="bogus"))
     with pytest.raises(OptionError, match="stride=4 applies to sliding windows only"):
-        lw.extract_to_store(enc, ["a"], path, stride=4)
+        lw.extract_to_store(enc, ["a"], path, lw.OutputPlan.parse(dtype="float16", stride=4))
     with pytest.raises(lw.InputError, match=r"texts\[1\] is int"):
         lw.extract_to_store(enc, ["a", 3], path)  # type: ignore[list-item]
     assert not path.exists()
-    summary = lw.extract_to_store(enc, ["a " * 30], path, long_texts="window", stride=4)
+    summary = lw.extract_to_store(
+        enc, ["a " * 30], path, lw.OutputPlan.parse(dtype="float16", long_texts="window", stride=4)
+    )
     assert summary.n_written == 1 and lw.open_store(path)[0].n_windows > 1
 
 
@@ -138,9 +149,16 @@ def test_new_settings_replace_old_ones_while_nothing_is_committed(tmp_path, make
     # the first segment leaves no room for windows: this fails after the store was created
     firsts, seconds = ["x " * 20, "q"], ["a " * 30, "b"]
     with pytest.raises(lw.InputError, match="first segment of this pair"):
-        lw.extract_to_store(enc, firsts, path, text_pairs=seconds, long_texts="window")
+        lw.extract_to_store(
+            enc,
+            lw.Corpus.from_inputs(firsts, text_pairs=seconds),
+            path,
+            lw.OutputPlan.parse(dtype="float16", long_texts="window"),
+        )
     assert (path / "zarr.json").exists() and len(lw.open_store(path)) == 0
-    summary = lw.extract_to_store(enc, firsts, path, text_pairs=seconds)  # truncate instead
+    summary = lw.extract_to_store(
+        enc, lw.Corpus.from_inputs(firsts, text_pairs=seconds), path
+    )  # truncate instead
     assert summary.n_written == 2 and lw.open_store(path).meta["long_texts"] == "truncate"
 
 
@@ -153,13 +171,13 @@ def test_a_writer_killed_while_creating_the_store_is_resumed(tmp_path, tiny, mis
 
     texts = corpus(12, seed=2)
     path, fresh = tmp_path / "c.lw", tmp_path / "fresh.lw"
-    lw.extract_to_store(tiny, texts, fresh, **LAYOUT)
+    lw.extract_to_store(tiny, texts, fresh, layout=LAYOUT)
     shutil.copytree(fresh, path)
     group = zarr.open_group(str(path), mode="r+")
     group["offsets"][1:] = np.full(group["offsets"].shape[0] - 1, -1)  # nothing committed
     for name in missing:
         shutil.rmtree(path / name)
-    summary = lw.extract_to_store(tiny, texts, path, **LAYOUT)
+    summary = lw.extract_to_store(tiny, texts, path, layout=LAYOUT)
     assert summary.n_written == 12 and lw.open_store(path).verify().ok
     for i in range(12):
         np.testing.assert_array_equal(lw.open_store(path)[i].hidden, lw.open_store(fresh)[i].hidden)
@@ -169,7 +187,7 @@ def test_a_writer_killed_while_creating_the_store_is_resumed(tmp_path, tiny, mis
 @pytest.fixture(scope="module")
 def good_store(tmp_path_factory, tiny):
     path = tmp_path_factory.mktemp("good") / "c.lw"
-    lw.extract_to_store(tiny, corpus(80, seed=5), path, **LAYOUT)
+    lw.extract_to_store(tiny, corpus(80, seed=5), path, layout=LAYOUT)
     return path
 
 
@@ -233,7 +251,9 @@ def test_damage_is_detected_on_read_resume_and_verify(tmp_path, tiny, good_store
     with pytest.raises(StoreDamagedError, match=on_read):
         list(lw.open_store(path))  # the open, or the read of a text the damage touches
     with pytest.raises(StoreDamagedError, match=message):
-        lw.extract_to_store(tiny, corpus(80, seed=5), path, **LAYOUT)  # resume never says "nothing to do"
+        lw.extract_to_store(
+            tiny, corpus(80, seed=5), path, layout=LAYOUT
+        )  # resume never says "nothing to do"
     report = lw.verify_store(path)
     assert not report.ok and any(__import__("re").search(message, p) for p in report.problems)
 

@@ -14,13 +14,13 @@ from conftest import corpus
 import layerwise as lw
 from layerwise.store.index import committed_count
 
-LAYOUT = {"chunk_rows": 8, "shard_chunks": 2, "block_size": 16}
+LAYOUT = lw.StoreLayout(chunk_rows=8, shard_chunks=2, block_size=16)
 
 
 @pytest.fixture(scope="module")
 def token_store(tmp_path_factory, tiny):
     path = tmp_path_factory.mktemp("open") / "c.lw"
-    lw.extract_to_store(tiny, corpus(90, seed=3), path, **LAYOUT)
+    lw.extract_to_store(tiny, corpus(90, seed=3), path, layout=LAYOUT)
     return path
 
 
@@ -94,7 +94,7 @@ def test_a_store_without_positions_still_opens_and_resumes(tmp_path, tiny, token
     assert len(store) == 90 and 17 in store and 90 not in store
     np.testing.assert_array_equal(store[17].hidden, texts[17].hidden)
     assert store.verify().ok
-    lw.extract_to_store(tiny, corpus(90, seed=3), path, **LAYOUT)  # a resume with nothing to do
+    lw.extract_to_store(tiny, corpus(90, seed=3), path, layout=LAYOUT)  # a resume with nothing to do
     assert lw.open_store(path).verify().ok
 
 
@@ -104,7 +104,7 @@ def test_a_stale_position_entry_is_not_trusted(tmp_path, tiny, monkeypatch):
     import zarr
 
     path = tmp_path / "c.lw"
-    lw.extract_to_store(tiny, corpus(30, seed=1), path, **LAYOUT)
+    lw.extract_to_store(tiny, corpus(30, seed=1), path, layout=LAYOUT)
     group = zarr.open_group(str(path), mode="r+")
     offsets = np.asarray(group["offsets"][:])
     group["offsets"][11:] = np.full(len(offsets) - 11, -1)  # only 10 texts committed now
@@ -124,7 +124,7 @@ def test_a_stale_position_entry_is_not_trusted(tmp_path, tiny, monkeypatch):
         store[stale]
     group["positions"][stale] = 3  # an entry that names a committed position of another text
     assert stale not in lw.open_store(path)
-    lw.extract_to_store(tiny, corpus(30, seed=1), path, **LAYOUT)
+    lw.extract_to_store(tiny, corpus(30, seed=1), path, layout=LAYOUT)
     resumed = lw.open_store(path)
     assert len(resumed) == 30 and resumed.verify().ok
     assert resumed[stale].text == corpus(30, seed=1)[stale]

@@ -64,6 +64,8 @@ _EXPORTS = {
     "CacheSummary": "cache",
     "verify_cache": "cache",
     "load_cache": "cache",
+    "CacheOptions": "cache.options",
+    "StoreLayout": "store.format",
 }
 
 # submodules exposed as namespaces (lw.analyze.layer_similarity(...)): name -> module
@@ -75,6 +77,7 @@ if TYPE_CHECKING:
     from . import ray
     from .analysis import stats as analyze
     from .cache import CacheSummary, cache_activations, load_cache, verify_cache
+    from .cache.options import CacheOptions
     from .encoder import Encoder
     from .errors import (
         InputError,
@@ -106,6 +109,7 @@ if TYPE_CHECKING:
     from .results import LayerStack, SentenceVector, WordVectors
     from .settings import Settings
     from .store import Store, extract_to_store, open_store, verify_store
+    from .store.format import StoreLayout
 
 
 def __getattr__(name: str) -> object:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import OptionError
+from ..settings import FinalNorm
 from .format import hook_name
 
 DTYPES = ("float16", "float32")
@@ -21,7 +22,7 @@ class CacheOptions:
     tokens: int = 1_000_000
     dtype: str = "float16"
     shuffle_seed: int | None = 0
-    final_norm: bool = False
+    final_norm: FinalNorm = False  # True or False: "all" is refused, naming the choices
     overwrite: bool = False
     shard_bytes: int = SHARD_BYTES
     hooks: tuple[str, ...] = ("resid",)

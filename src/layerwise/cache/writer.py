@@ -56,7 +56,7 @@ from .format import (
     write_json,
 )
 from .load import shard_crcs
-from .options import SHARD_BYTES, CacheOptions, check_numbers, columns_of
+from .options import CacheOptions, check_numbers, columns_of
 from .shards import file_crc32, write_dataset_index, write_shard
 
 # what must match for a run to resume a cache (the rest of the record says how it ran): the
@@ -87,31 +87,21 @@ def cache_activations(
     encoder: Any,
     corpus: object,
     path: str | os.PathLike,
+    options: CacheOptions | None = None,
     *,
-    layers: object = (-1,),
-    context: int = 128,
-    tokens: int = 1_000_000,
-    dtype: str = "float16",
-    shuffle_seed: int | None = 0,
-    final_norm: bool = False,
-    overwrite: bool = False,
     progress: bool | None = None,
-    shard_bytes: int = SHARD_BYTES,
-    hooks: tuple[str, ...] = ("resid",),
-    **corpus_options: object,
 ) -> CacheSummary:
-    """Cache the activations of ``layers`` (hidden-state indices, relative depths such as 0.5, or
-    a spec string "0.25,0.5,0.75") of ``tokens`` tokens of ``corpus`` (a path, a Corpus or a list
-    of texts; ``corpus_options`` are Corpus's keywords), cut into contexts of ``context`` tokens,
-    into the folder ``path`` (format.py). ``hooks``: the residual stream (``"resid"``) and/or what
-    each block's attention and feed-forward add (``"attn_out"``, ``"mlp_out"``, of the blocks behind
-    the hidden states asked for). ``shuffle_seed=None`` keeps source order. Rerun the same call to
-    resume. Returns a :class:`CacheSummary`."""
+    """Cache the activations ``options`` name (a :class:`CacheOptions`: the hidden states ``layers``,
+    as indices, relative depths such as 0.5 or a spec string "0.25,0.5,0.75"; ``tokens`` tokens cut
+    into contexts of ``context``; ``hooks``: the residual stream (``"resid"``) and/or what each
+    block's attention and feed-forward add (``"attn_out"``, ``"mlp_out"``); ``shuffle_seed=None``
+    keeps source order) of ``corpus`` (a :class:`~layerwise.Corpus`, a path or a list of texts) into
+    the folder ``path`` (format.py). Rerun the same call to resume. Returns a :class:`CacheSummary`."""
     started = time.perf_counter()
-    options = CacheOptions(
-        layers, context, tokens, dtype, shuffle_seed, final_norm, overwrite, shard_bytes, tuple(hooks)
-    )
-    with disk_errors(Path(path)), begin_cache(encoder, corpus, path, options, **corpus_options) as meta:
+    options = CacheOptions() if options is None else options
+    if not isinstance(options, CacheOptions):
+        raise OptionError(f"options must be a layerwise.CacheOptions, not {type(options).__name__}")
+    with disk_errors(Path(path)), begin_cache(encoder, corpus, path, options) as meta:
         written = write_shards(encoder, Path(path), meta, progress=progress)
         finish_cache(Path(path), meta)
     return summary_of(Path(path), meta, written, started)
@@ -148,7 +138,7 @@ def summary_of(path: Path, meta: dict, written: int, started: float) -> CacheSum
 
 @contextlib.contextmanager
 def begin_cache(
-    encoder: Any, corpus: object, path: str | os.PathLike, options: CacheOptions, **corpus_options: object
+    encoder: Any, corpus: object, path: str | os.PathLike, options: CacheOptions
 ) -> Iterator[dict]:
     """Steps 1-3 of the module docstring: the cache's record, under the writer lock, held until
     the block ends (the shards are written inside it, here or by Ray's actors)."""
@@ -163,7 +153,7 @@ def begin_cache(
     check_numbers(encoder, context, tokens, dtype, shuffle_seed, final_norm, shard_bytes)
     if classify(path) == "other":
         raise not_a_cache(path)
-    source = as_corpus(corpus, **corpus_options)  # type: ignore[arg-type]  # a missing file fails here
+    source = as_corpus(corpus)  # a missing file fails here
     n_layers = encoder.n_hidden_states - 1
     columns, sources = columns_of(hidden_states, options.hooks, n_layers, bool(final_norm))
     framing = framing_for(encoder.tokenizer, encoder.is_decoder)

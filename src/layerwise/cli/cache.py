@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import re
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
@@ -99,29 +99,21 @@ def cache(
     try:
         from ..cache import cache_activations
         from ..cache.format import classify, not_a_cache
+        from ..cache.options import CacheOptions
         from ..encoder import Encoder
+        from ..inputs.corpus import as_corpus
 
         count = parse_count(tokens, "--tokens")
-        seed = (
-            None
-            if shuffle_seed.strip().lower() == "none"
-            else int(parse_count(shuffle_seed, "--shuffle-seed"))
-        )
+        none = shuffle_seed.strip().lower() == "none"
+        seed = None if none else int(parse_count(shuffle_seed, "--shuffle-seed"))
         if classify(output) == "other":
             raise not_a_cache(output)  # before the model loads
-        options: dict[str, Any] = {
-            "layers": layers,
-            "hooks": tuple(h.strip() for h in hooks.split(",")),
-            "context": context,
-            "tokens": count,
-            "dtype": dtype,
-            "shuffle_seed": seed,
-            "final_norm": settings.final_norm,  # --final-norm: none, unless asked
-            "overwrite": overwrite,
-            "format": format.value if format else None,
-            "text_column": text_column,
-            "encoding_errors": encoding_errors.value,
-        }  # fmt: skip  (one set of options, whichever back end runs them)
+        options = CacheOptions(  # one value, whichever back end runs it; --final-norm: none unless asked
+            layers=layers, hooks=tuple(h.strip() for h in hooks.split(",")), context=context, tokens=count,
+            dtype=dtype, shuffle_seed=seed, final_norm=settings.final_norm, overwrite=overwrite,
+        )  # fmt: skip
+        corpus = as_corpus(input, format=format.value if format else None, text_column=text_column,
+                           encoding_errors=encoding_errors.value)  # fmt: skip
         _use_available_cores()
         err.print(f"loading {settings.model or 'the default model'} …", highlight=False)
         if ray is not None:
@@ -129,11 +121,11 @@ def cache(
 
             lw_ray.init(ray, workers=workers, threads_per_worker=threads_per_worker)
             summary = lw_ray.cache_activations(
-                settings, input, output, workers=workers, threads_per_worker=threads_per_worker, **options
+                settings, corpus, output, options, workers=workers, threads_per_worker=threads_per_worker
             )
         else:
             enc = Encoder.from_settings(settings)
-            summary = cache_activations(enc, input, output, progress=False if quiet else None, **options)
+            summary = cache_activations(enc, corpus, output, options, progress=False if quiet else None)
     except LayerwiseError as exc:
         raise _fail(exc) from None
     if summary.exhausted:

@@ -247,7 +247,9 @@ def extract(
                 f"{corpus.describe()} holds no texts" + (f" ({skipped} bad rows skipped)" if skipped else "")
             )
         source = corpus.describe()
-        layout = {"block_size": block_size, "chunk_rows": chunk_rows, "shard_chunks": shard_chunks}
+        from ..store.format import BLOCK_SIZE, CHUNK_ROWS, SHARD_CHUNKS, StoreLayout
+
+        layout = StoreLayout(block_size or BLOCK_SIZE, chunk_rows or CHUNK_ROWS, shard_chunks or SHARD_CHUNKS)
         if ray is not None:
             _extract_on_ray(ray, settings, corpus, output, plan, workers or 2, threads_per_worker or 1,
                             shard_size, overwrite, layout, quiet)  # fmt: skip
@@ -262,13 +264,9 @@ def extract(
         progress = False if quiet else None
         if to_store:
             from ..store import extract_to_store
-            from ..store.format import BLOCK_SIZE, CHUNK_ROWS, SHARD_CHUNKS
 
-            stored = extract_to_store(
-                enc, corpus, output, plan, overwrite=overwrite, block_size=block_size or BLOCK_SIZE,
-                chunk_rows=chunk_rows or CHUNK_ROWS, shard_chunks=shard_chunks or SHARD_CHUNKS, source=source,
-                progress=progress,
-            )  # fmt: skip
+            stored = extract_to_store(enc, corpus, output, plan, layout=layout, overwrite=overwrite,
+                                      source=source, progress=progress)  # fmt: skip
             if not quiet:
                 _report_store(stored, enc.name, corpus.scan().n_skipped)
             return
@@ -320,8 +318,8 @@ def _extract_on_ray(mode, settings, data, output, plan, workers, threads, shard_
 
     lw_ray.init(mode, workers=workers, threads_per_worker=threads)
     summary = lw_ray.extract_to_store(
-        settings, data, output, plan, workers=workers, threads_per_worker=threads, shard_size=shard_size,
-        overwrite=overwrite, **layout,
+        settings, data, output, plan, layout=layout, workers=workers, threads_per_worker=threads,
+        shard_size=shard_size, overwrite=overwrite,
     )  # fmt: skip
     if not quiet:
         resumed = f" ({summary.n_shards_skipped} already complete)" if summary.n_shards_skipped else ""

@@ -275,30 +275,3 @@ def _wrong_level(level: str, mode: object) -> str | None:
             f"embed(texts, pool={name!r}), or --pool sentence:{name}"
         )
     return None
-
-
-def plan_from_keywords(
-    plan: OutputPlan | None, *, default: OutputPlan, caller: str, **keywords
-) -> OutputPlan:
-    """The plan of a writer called the old way, with the plan's settings as keywords
-    (``pool="sentence:mean", long_texts="window"``): still taken, with a DeprecationWarning that
-    names the plan to pass instead; both at once is an error. Keywords left None were not given."""
-    given = {name: value for name, value in keywords.items() if value is not None}
-    if not given:
-        return plan if plan is not None else default
-    if plan is not None:
-        raise OptionError(
-            f"{caller}: pass either a plan or {'/'.join(given)}, not both: put them in the plan "
-            "(OutputPlan.parse(...))"
-        )
-    import warnings
-
-    spelled = ", ".join(f"{name}={value!r}" for name, value in given.items())
-    warnings.warn(
-        f"{caller}({spelled}) is deprecated: pass a plan, lw.OutputPlan.parse({spelled}); the keywords "
-        "go in layerwise 0.4",
-        DeprecationWarning,
-        stacklevel=3,
-    )
-    fields = {"dtype": default.dtype, **given}
-    return OutputPlan.parse(**fields)

@@ -128,41 +128,29 @@ def atomic_path(path: Path) -> Iterator[Path]:
 
 def extract_to_file(
     encoder: Encoder,
-    texts: Iterable[str] | str | os.PathLike | Corpus,
+    corpus: Corpus | Iterable[str] | str | os.PathLike,
     path: str | os.PathLike,
     plan: OutputPlan | None = None,
     *,
-    text_pairs: Sequence[str] | None = None,
-    ids: Sequence | None = None,
-    text_column: str | None = None,
-    pair_column: str | None = None,
-    id_column: str | None = None,
-    words_column: str | None = None,
-    format: str | None = None,
-    limit: int | None = None,
-    on_bad_row: str = "error",
-    encoding_errors: str = "strict",
     keep_text: bool = True,
-    long_texts: str | None = None,
-    stride: int | None = None,
     source: str | None = None,
     progress: bool | None = None,
 ) -> dict:
-    """Extract ``texts`` as ``plan`` says (default: every layer of every token, float32) and write
-    them to ``path`` (.npz, .jsonl, or .parquet for pooled vectors), streaming, in input order;
+    """Extract ``corpus`` as ``plan`` says (default: every layer of every token, float32) and write
+    it to ``path`` (.npz, .jsonl, or .parquet for pooled vectors), streaming, in input order;
     nothing is written on error. Returns counts: n_texts, n_tokens, n_words, n_truncated, n_skipped.
 
-    ``texts`` is any iterable of strings (with ``text_pairs`` and ``ids`` beside it), a
-    :class:`~layerwise.Corpus`, or a path (a file, a glob, a folder, ``-``) read as a corpus with
-    the column options (``text_column``, ``id_column``, …, ``limit``, ``on_bad_row``: see Corpus).
-    ``keep_text=False`` leaves the texts out of every format. The file's metadata says how it was
-    made (``lw.read_meta``). ``long_texts``/``stride`` as keywords are deprecated: they are the
-    plan's (``OutputPlan.parse(long_texts="window")``)."""
-    from ..features.plan import OutputPlan, plan_from_keywords
+    ``corpus`` is a :class:`~layerwise.Corpus` (files and their columns: ``lw.Corpus("t.csv",
+    text_column="body", id_column="doc")``; texts in memory with pairs or ids:
+    ``lw.Corpus.from_inputs(texts, text_pairs=…, ids=…)``), a list of texts, or a path read with the
+    default columns. ``keep_text=False`` leaves the texts out of every format. The file's metadata
+    says how it was made (``lw.read_meta``)."""
+    from ..features.plan import OutputPlan
     from ..inputs.corpus import as_corpus
 
-    plan = plan_from_keywords(plan, default=OutputPlan(), caller="extract_to_file", long_texts=long_texts,
-                              stride=stride)  # fmt: skip
+    plan = OutputPlan() if plan is None else plan
+    if not isinstance(plan, OutputPlan):
+        raise OptionError(f"plan must be a layerwise.OutputPlan, not {type(plan).__name__}")
     path = Path(path)
     fmt = output_format(path)  # before any work
     if fmt == ".parquet":
@@ -170,17 +158,13 @@ def extract_to_file(
 
         check_parquet_plan(plan.level)
     plan = encoder.settle(plan)
-    corpus = as_corpus(
-        texts, text_pairs=text_pairs, ids=ids, text_column=text_column, pair_column=pair_column,
-        id_column=id_column, words_column=words_column, format=format, limit=limit, on_bad_row=on_bad_row,
-        encoding_errors=encoding_errors,
-    )  # fmt: skip
+    corpus = as_corpus(corpus)
     scan = corpus.scan()  # every row checked before anything is written
     meta = {
         **encoder.run_meta(plan),
         "source": source if source is not None else corpus.describe(),
         "corpus": corpus.reading,  # how the source was read: format, columns, limit, bad rows, encoding
-        "id_column": corpus.reading.get("id_column", id_column),
+        "id_column": corpus.reading.get("id_column"),
         "n_skipped": scan.n_skipped,
         "keep_text": keep_text,
     }

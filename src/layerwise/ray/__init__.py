@@ -20,10 +20,10 @@ pip install 'layerwise[distributed]'.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +31,7 @@ from typing import Any
 from ..errors import MissingDependencyError, OptionError
 from ..features.plan import OutputPlan
 from ..settings import Settings
+from ..store.format import StoreLayout
 
 logger = logging.getLogger("layerwise")
 
@@ -119,7 +120,7 @@ class ShardWriter(_ModelActor):
     """Writes whole shards (one row of the shard dataset each) with the ordinary store writer."""
 
     def __init__(
-        self, settings: Settings, threads: int, plan: OutputPlan, path: str, table: dict, layout: dict,
+        self, settings: Settings, threads: int, plan: OutputPlan, path: str, table: dict, layout: StoreLayout,
         corpus: Any = None,
     ) -> None:  # fmt: skip
         super().__init__(settings, threads)
@@ -152,9 +153,8 @@ class ShardWriter(_ModelActor):
     ):
         from ..store.shard_writer import write_shard
 
-        return write_shard(
-            self.encoder, self.path, self.table, index, texts, text_pairs, self.plan, ids=ids, **self.layout
-        )
+        return write_shard(self.encoder, self.path, self.table, index, texts, text_pairs, self.plan, ids=ids,
+                           layout=self.layout)  # fmt: skip
 
 
 def _resumed_shard_size(path: Path, overwrite: bool) -> int | None:
@@ -218,17 +218,14 @@ def embed(
     workers: int = 2,
     threads_per_worker: int = 1,
     batch_size: int = 256,
-    **deprecated: Any,
 ) -> Any:
     """``ds`` with one more column, ``output_column``: each text's pooled (and fused) vector, as
     ``Encoder.from_settings(settings).embed`` computes it (``plan``: sentence pooling only, default
     the last layer's mean; token and word vectors go to a store: :func:`extract_to_store`).
-    ``settings``: the model and how it runs (default: the packaged model). The older keywords
-    (``model=``, ``layers=``, ``pool=``, …) still work, with a DeprecationWarning."""
+    ``settings``: the model and how it runs (default: the packaged model)."""
     ray = _ray()
-    settings, plan = _legacy_call(
-        "embed", settings, plan, deprecated, OutputPlan.parse(layers=-1, pool="sentence:mean")
-    )
+    settings = Settings() if settings is None else settings
+    plan = OutputPlan.parse(layers=-1, pool="sentence:mean") if plan is None else plan
     if plan.level != "sentence":
         raise OptionError(
             f"pool={plan.pool!r}: lw.ray.embed returns one vector per text (sentence:MODE); token and word "
@@ -246,41 +243,6 @@ def embed(
     )
 
 
-_SETTINGS_KEYWORDS = ("model", "device", "max_length", "model_dtype", "batch_size", "max_tokens", "packed",
-                      "streams", "allow_nan", "final_norm", "method")  # fmt: skip
-_PLAN_KEYWORDS = ("layers", "pool", "fuse", "special_tokens", "normalize", "dtype", "long_texts", "stride")
-
-
-def _legacy_call(
-    caller: str, settings: Any, plan: Any, deprecated: dict, default_plan: OutputPlan
-) -> tuple[Settings, OutputPlan]:
-    """Settings and plan of a call, taking the keywords of layerwise 0.2 (``model=``, ``pool=``,
-    ``long_texts=``…) with a DeprecationWarning; an unknown keyword is an error naming it."""
-    unknown = sorted(set(deprecated) - set(_SETTINGS_KEYWORDS) - set(_PLAN_KEYWORDS))
-    if unknown:
-        raise TypeError(f"lw.ray.{caller}() got unexpected keyword argument(s) {unknown}")
-    if deprecated:
-        import warnings
-
-        warnings.warn(
-            f"lw.ray.{caller}({', '.join(sorted(deprecated))}=…) is deprecated: pass a layerwise.Settings "
-            "and an OutputPlan; the keywords go in layerwise 0.4",
-            DeprecationWarning,
-            stacklevel=3,
-        )
-    kept = {k: v for k, v in deprecated.items() if k in _SETTINGS_KEYWORDS}
-    if kept:
-        settings = (settings or Settings()).replace(**kept)
-    planned = {k: v for k, v in deprecated.items() if k in _PLAN_KEYWORDS}
-    if planned:
-        if plan is not None:
-            raise OptionError(f"lw.ray.{caller}: pass either a plan or {'/'.join(planned)}, not both")
-        fields = {"layers": default_plan.layers, "pool": default_plan.pool, "dtype": default_plan.dtype,
-                  **planned}  # fmt: skip
-        plan = OutputPlan.parse(**fields)
-    return settings if settings is not None else Settings(), plan if plan is not None else default_plan
-
-
 @dataclass
 class ShardedSummary:
     path: Path
@@ -295,56 +257,41 @@ class ShardedSummary:
 
 
 def extract_to_store(
-    settings: Settings | Any,
-    data: Any = None,
-    path: str | os.PathLike | None = None,
+    settings: Settings,
+    corpus: Any,
+    path: str | os.PathLike,
     plan: OutputPlan | None = None,
     *,
+    layout: StoreLayout | None = None,
     column: str = "text",
-    text_pairs: Sequence[str] | None = None,
     workers: int = 2,
     threads_per_worker: int = 1,
     shard_size: int | None = None,
-    block_size: int | None = None,
-    chunk_rows: int | None = None,
-    shard_chunks: int | None = None,
     overwrite: bool = False,
     writer: type = ShardWriter,
-    **deprecated: Any,
 ) -> ShardedSummary:
-    """Extract ``data`` with the model ``settings`` describe into a sharded store at ``path``, as
-    ``lw.extract_to_store(Encoder.from_settings(settings), data, path, plan)`` would in one
+    """Extract ``corpus`` with the model ``settings`` describe into a sharded store at ``path``, as
+    ``lw.extract_to_store(Encoder.from_settings(settings), corpus, path, plan)`` would in one
     process: shards of ``shard_size`` consecutive texts (default :func:`auto_shard_size`), each
     written by one actor that loads the model from ``settings``, whole. Rerun the same call to
-    resume. ``block_size``, ``chunk_rows``, ``shard_chunks``: each shard's layout (the store's).
+    resume. ``layout``: each shard's :class:`~layerwise.StoreLayout` (the store's).
 
-    ``data`` is a :class:`~layerwise.Corpus` or a path (read with ``column`` as its text column):
-    the driver reads it once, without holding it, to plan the shards (each one's first row and the
-    hash of its texts), and each actor reads its own shard's rows; or a list of texts, or a Ray
-    Dataset's ``column`` (collected on the driver). ``writer`` is the actor class (tests pass one
-    that dies mid-shard). The call of layerwise 0.2, ``extract_to_store(data, path, plan,
-    model=…)``, still works with a DeprecationWarning."""
+    ``corpus`` is a :class:`~layerwise.Corpus` (from files, or ``Corpus.from_inputs(texts,
+    text_pairs=…)``) or a path (read with ``column`` as its text column): the driver reads it once,
+    without holding it, to plan the shards (each one's first row and the hash of its texts), and
+    each actor reads its own shard's rows; or a list of texts, or a Ray Dataset's ``column``
+    (collected on the driver). ``writer`` is the actor class (tests pass one that dies mid-shard)."""
     from ..store.shard_writer import begin_sharded_store
 
-    if not isinstance(settings, Settings):  # the 0.2 call: data first, the model as keywords
-        settings, data, path, plan = None, settings, data, path  # type: ignore[assignment]
-    settings, plan = _legacy_call("extract_to_store", settings, plan, deprecated, OutputPlan(dtype="float16"))
-    if path is None:
-        raise OptionError("lw.ray.extract_to_store needs a path: the sharded store to write (*.lw)")
+    plan = OutputPlan(dtype="float16") if plan is None else plan
+    layout = StoreLayout() if layout is None else layout
+    if not isinstance(layout, StoreLayout):
+        raise OptionError(f"layout must be a layerwise.StoreLayout, not {type(layout).__name__}")
     ray = _ray()
     started = time.perf_counter()
     from ..inputs.corpus import Corpus
-    from ..store.format import BLOCK_SIZE, CHUNK_ROWS, SHARD_CHUNKS
 
-    layout = {
-        "block_size": BLOCK_SIZE if block_size is None else block_size,
-        "chunk_rows": CHUNK_ROWS if chunk_rows is None else chunk_rows,
-        "shard_chunks": SHARD_CHUNKS if shard_chunks is None else shard_chunks,
-    }
-    for name, value in layout.items():
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise OptionError(f"{name}={value!r} must be a whole number >= 1")
-    corpus: Corpus | None = None
+    data, corpus = corpus, None
     if isinstance(data, str | os.PathLike):
         data = Corpus(data, text_column=None if column == "text" else column)
     planning = time.perf_counter()
@@ -357,14 +304,12 @@ def extract_to_store(
     else:
         texts = _texts_of(data, column)
         n_texts = len(texts)
-    if text_pairs is not None and len(text_pairs) != n_texts:
-        raise OptionError(f"{n_texts} texts but {len(text_pairs)} text_pairs")
     settings, plan, name, n_hidden = _checked(settings, plan)
     path = Path(path)
     table = begin_sharded_store(
-        path, model=name, plan=plan, n_hidden_states=n_hidden, texts=corpus or texts, text_pairs=text_pairs,
+        path, model=name, plan=plan, n_hidden_states=n_hidden, texts=corpus or texts, text_pairs=None,
         shard_size=shard_size, auto_shard_size=auto_shard_size(n_texts, workers), settings=settings,
-        layout=layout, overwrite=overwrite,
+        layout=dataclasses.asdict(layout), overwrite=overwrite,
         run={"workers": workers, "threads_per_worker": threads_per_worker,
              "source": corpus.describe() if corpus is not None else "memory"},
     )  # fmt: skip
@@ -377,11 +322,7 @@ def extract_to_store(
     rows = [
         {"shard": k}
         if corpus is not None  # the actors read their own rows
-        else {
-            "shard": k,
-            "texts": texts[a:b],
-            "text_pairs": list(text_pairs[a:b]) if text_pairs is not None else [],
-        }
+        else {"shard": k, "texts": texts[a:b], "text_pairs": []}  # pairs come in a Corpus
         for k, (a, b) in enumerate(ranges)
         if k in todo
     ]

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
 
+from ..cache.options import CacheOptions
 from ..settings import Settings
 from . import _ModelActor, _ray
 
@@ -34,33 +34,31 @@ def cache_activations(
     settings: Settings,
     corpus: object,
     path: str | os.PathLike,
+    options: CacheOptions | None = None,
     *,
     workers: int = 2,
     threads_per_worker: int = 1,
     writer: type = CacheShardWriter,
-    **options: Any,
 ):
-    """``lw.cache_activations(Encoder.from_settings(settings), corpus, path, **options)`` with the
-    shards written by ``workers`` Ray actors (start Ray first: ``lw.ray.init``). ``options``: those
-    of :func:`layerwise.cache_activations` (layers, context, tokens, dtype, shuffle_seed,
-    final_norm, overwrite, shard_bytes) and Corpus's keywords. Returns a CacheSummary."""
+    """``lw.cache_activations(Encoder.from_settings(settings), corpus, path, options)`` with the
+    shards written by ``workers`` Ray actors (start Ray first: ``lw.ray.init``). Returns a
+    CacheSummary."""
     import time
 
-    from ..cache.options import CacheOptions
     from ..cache.writer import begin_cache, disk_errors, finish_cache, summary_of
     from ..encoder import Encoder
     from ..errors import OptionError
 
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise OptionError(f"workers={workers!r} must be a whole number >= 1")
+    cache_options = CacheOptions() if options is None else options
+    if not isinstance(cache_options, CacheOptions):
+        raise OptionError(f"options must be a layerwise.CacheOptions, not {type(cache_options).__name__}")
     started = time.perf_counter()
     ray = _ray()
-    names = set(CacheOptions.__dataclass_fields__)
-    cache_options = CacheOptions(**{k: v for k, v in options.items() if k in names})
-    corpus_options = {k: v for k, v in options.items() if k not in names}
     # the driver tokenises and checks (it needs the tokenizer and the weights' hash), on the CPU
     driver = Encoder.from_settings(settings.replace(device="cpu") if settings.device == "auto" else settings)
-    with disk_errors(Path(path)), begin_cache(driver, corpus, path, cache_options, **corpus_options) as meta:
+    with disk_errors(Path(path)), begin_cache(driver, corpus, path, cache_options) as meta:
         context = ray.data.DataContext.get_current()
         context.enable_progress_bars = False
         rows = ray.data.from_items([{"worker": i} for i in range(workers)], override_num_blocks=workers)

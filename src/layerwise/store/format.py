@@ -36,15 +36,17 @@ order extraction runs in; ``text_id`` maps back to input order.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import itertools
 import json
 import os
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from ..errors import NotAStoreError, StoreDamagedError, StoreError
+from ..errors import NotAStoreError, OptionError, StoreDamagedError, StoreError
 
 FORMAT = "layerwise-store"
 FORMAT_VERSION = 1
@@ -58,6 +60,24 @@ CHUNK_ROWS = 128
 SHARD_CHUNKS = 64
 OFFSETS_CHUNK = 4096
 BLOCK_SIZE = 2048
+
+
+@dataclass(frozen=True)
+class StoreLayout:
+    """How a store lays out its rows: ``block_size`` texts sorted and committed together,
+    ``chunk_rows`` rows per chunk, ``shard_chunks`` chunks per shard (one file). Part of what a
+    store resumes by."""
+
+    block_size: int = BLOCK_SIZE
+    chunk_rows: int = CHUNK_ROWS
+    shard_chunks: int = SHARD_CHUNKS
+
+    def __post_init__(self) -> None:
+        for name, value in dataclasses.asdict(self).items():
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise OptionError(f"{name}={value!r} must be a whole number >= 1")
+
+
 # The store's own entries, in the order overwrite removes them: the commit marker first (so that a
 # crash half way leaves a store with nothing committed), the group metadata last.
 OWN_ENTRIES = (OFFSETS, POSITIONS, MANIFEST, DATA, "zarr.json")

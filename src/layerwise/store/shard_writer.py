@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from ..features.plan import OutputPlan
     from ..inputs.corpus import Corpus
     from ..settings import Settings
+    from .format import StoreLayout
     from .writer import StoreSummary
 
 # The table's entries a resumed run must find unchanged: the model (by name), what changes the
@@ -117,15 +118,12 @@ def write_shard(
     *,
     ids: Sequence | None = None,
     progress: bool | None = False,
-    block_size: int | None = None,
-    chunk_rows: int | None = None,
-    shard_chunks: int | None = None,
+    layout: StoreLayout | None = None,
 ) -> StoreSummary:
     """Write (or resume) shard ``index`` of ``table``: ``texts`` are its range's texts (``ids``
     their ids, kept in the shard's manifest; None: their global 0-based rows, as a store of the
-    whole corpus keeps them); the layout: the store's defaults where None."""
+    whole corpus keeps them); ``layout``: the store's (its defaults where None)."""
     from ..inputs.corpus import Corpus
-    from .format import BLOCK_SIZE, CHUNK_ROWS, SHARD_CHUNKS
     from .writer import extract_to_store
 
     shard = table["shards"][index]
@@ -143,7 +141,5 @@ def write_shard(
         plan,
         shard=shard_identity(table, index),
         progress=progress,
-        block_size=BLOCK_SIZE if block_size is None else block_size,
-        chunk_rows=CHUNK_ROWS if chunk_rows is None else chunk_rows,
-        shard_chunks=SHARD_CHUNKS if shard_chunks is None else shard_chunks,
+        layout=layout,
     )

@@ -18,7 +18,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -26,9 +26,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..errors import OptionError, StoreError
-from ..features.layers import LayerSpec
-from ..features.plan import OutputPlan, plan_from_keywords
-from ..features.pool import SpecialTokens
+from ..features.plan import OutputPlan
 from ..inputs.ahead import ahead
 from ..inputs.windows import check_window_options
 from ..memory import release_free_memory
@@ -38,15 +36,13 @@ from ..results import LayerStack, SentenceVector, WordVectors, check_float16, la
 from .commit import Committer, ShardBuffer, clean_stale
 from .format import (
     ATTRIBUTE,
-    BLOCK_SIZE,
-    CHUNK_ROWS,
     DATA,
     FORMAT,
     FORMAT_VERSION,
     MANIFEST,
     OFFSETS,
     OFFSETS_CHUNK,
-    SHARD_CHUNKS,
+    StoreLayout,
     classify,
     not_a_store,
     read_store_meta,
@@ -115,9 +111,7 @@ class StoreWriter:
         corpus: Corpus,
         plan: OutputPlan,
         *,
-        block_size: int,
-        chunk_rows: int,
-        shard_chunks: int,
+        layout: StoreLayout,
         source: str | None,
         shard: dict | None = None,
     ) -> None:
@@ -127,13 +121,11 @@ class StoreWriter:
         self.corpus, self.n_texts = corpus, len(corpus)  # a file corpus is read once: rows checked, counted
         self.level, self.mode = plan.level, plan.mode
         check_window_options(plan.long_texts, plan.stride, encoder.max_length)
-        layout = {"block_size": block_size, "chunk_rows": chunk_rows, "shard_chunks": shard_chunks}
-        for name, value in layout.items():
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise OptionError(f"{name}={value!r} must be a whole number >= 1")
+        if not isinstance(layout, StoreLayout):
+            raise OptionError(f"layout must be a layerwise.StoreLayout, not {type(layout).__name__}")
         self.fuse, self.special_tokens = plan.fuse, plan.special_tokens
-        self.dtype, self.block_size = plan.dtype, block_size
-        self.chunk_rows, self.shard_rows = chunk_rows, chunk_rows * shard_chunks
+        self.dtype, self.block_size = plan.dtype, layout.block_size
+        self.chunk_rows, self.shard_rows = layout.chunk_rows, layout.chunk_rows * layout.shard_chunks
         self.source = source
         self.meta = self._meta()
 
@@ -347,51 +339,30 @@ class StoreWriter:
 
 def extract_to_store(
     encoder: Encoder,
-    texts: Iterable[str] | str | os.PathLike | Corpus,
+    corpus: Corpus | Iterable[str] | str | os.PathLike,
     path: str | os.PathLike,
     plan: OutputPlan | None = None,
     *,
-    text_pairs: Sequence[str] | None = None,
-    ids: Sequence | None = None,
-    text_column: str | None = None,
-    pair_column: str | None = None,
-    id_column: str | None = None,
-    words_column: str | None = None,
-    format: str | None = None,
-    limit: int | None = None,
-    on_bad_row: str = "error",
-    encoding_errors: str = "strict",
-    layers: LayerSpec | None = None,
-    pool: str | None = None,
-    fuse: str | None = None,
-    special_tokens: SpecialTokens | None = None,
-    normalize: bool | None = None,
-    dtype: str | None = None,
-    long_texts: str | None = None,
-    stride: int | None = None,
-    block_size: int = BLOCK_SIZE,
-    chunk_rows: int = CHUNK_ROWS,
-    shard_chunks: int = SHARD_CHUNKS,
+    layout: StoreLayout | None = None,
     overwrite: bool = False,
     source: str | None = None,
     shard: dict | None = None,
     progress: bool | None = None,
 ) -> StoreSummary:
-    """Extract ``texts`` into a store at ``path`` (a folder, conventionally ``*.lw``).
+    """Extract ``corpus`` into a store at ``path`` (a folder, conventionally ``*.lw``).
 
-    ``texts`` is any iterable of strings (``text_pairs`` and ``ids`` beside it), a Corpus, or a
-    path read as a corpus with the column options (see :func:`~layerwise.extract_to_file`); the
-    manifest keeps each text's ``id``.
-
-    What is stored is an :class:`OutputPlan` (default: every layer of every token, float16):
-    ``OutputPlan.parse(pool="sentence:mean", long_texts="window", final_norm="all")``; the same
-    settings as keywords (``pool=…``) are deprecated. The store's metadata records the plan and the
-    Encoder's settings (``lw.read_meta``). Running the same call again after an interruption resumes
-    where the last commit left off (a different plan, model or final norm is refused, naming it); a
-    finished store is left as it is. Every argument and every text is checked before anything is
-    created; only an empty folder or a layerwise store is written into, and ``overwrite`` removes
-    only the store's own entries.
-    ``shard`` is the identity a shard of a sharded store records (set by store/shard_writer.py)."""
+    ``corpus`` is a :class:`~layerwise.Corpus` (files and their columns: ``lw.Corpus("t.csv",
+    text_column="body")``; texts in memory with pairs or ids: ``lw.Corpus.from_inputs(texts,
+    text_pairs=…, ids=…)``), a list of texts, or a path read with the default columns; the
+    manifest keeps each text's ``id``. What is stored is an :class:`OutputPlan` (default: every
+    layer of every token, float16): ``OutputPlan.parse(pool="sentence:mean", long_texts="window")``;
+    ``layout`` a :class:`StoreLayout` (block size, chunk rows, shard chunks). The store's metadata
+    records the plan and the Encoder's settings (``lw.read_meta``). Running the same call again after
+    an interruption resumes where the last commit left off (a different plan, model or final norm is
+    refused, naming it); a finished store is left as it is. Every argument and every text is checked
+    before anything is created; only an empty folder or a layerwise store is written into, and
+    ``overwrite`` removes only the store's own entries. ``shard`` is the identity a shard of a
+    sharded store records (set by store/shard_writer.py)."""
     # the weights' hash for the metadata (remembered on the model) while zarr and pyarrow import:
     # hashlib lets go of the GIL, so on a fresh process this hides most of its 0.06 s
     hashing = threading.Thread(target=weights_sha256, args=(encoder.models.current,), name="layerwise-hash")
@@ -400,23 +371,15 @@ def extract_to_store(
         require_store_dependencies()
     finally:
         hashing.join()
-    plan = plan_from_keywords(
-        plan, default=OutputPlan(dtype="float16"), caller="extract_to_store", layers=layers, pool=pool,
-        fuse=fuse, special_tokens=special_tokens, normalize=normalize, dtype=dtype, long_texts=long_texts,
-        stride=stride,
-    )  # fmt: skip
     from ..inputs.corpus import as_corpus
 
-    corpus = as_corpus(
-        texts, text_pairs=text_pairs, ids=ids, text_column=text_column, pair_column=pair_column,
-        id_column=id_column, words_column=words_column, format=format, limit=limit, on_bad_row=on_bad_row,
-        encoding_errors=encoding_errors,
-    )  # fmt: skip
+    plan = OutputPlan(dtype="float16") if plan is None else plan
+    if not isinstance(plan, OutputPlan):
+        raise OptionError(f"plan must be a layerwise.OutputPlan, not {type(plan).__name__}")
     path = Path(path)
     writer = StoreWriter(  # reads the corpus once: bad input fails before anything exists
-        encoder, path, corpus, plan, block_size=block_size, chunk_rows=chunk_rows, shard_chunks=shard_chunks,
-        source=source, shard=shard,
-    )  # fmt: skip
+        encoder, path, as_corpus(corpus), plan, layout=layout or StoreLayout(), source=source, shard=shard
+    )
     if classify(path) == "other":
         from .shard_table import TABLE, is_sharded
 
