@@ -27,19 +27,20 @@ Word pooling groups wordpieces by word (``word_ids`` within each segment) and co
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, get_args
 
 import numpy as np
 
 from ..errors import check_choice
 from ..results import LayerStack, WordVectors
 
+# each list once: the type checkers' Literal, and its values for the checks and the front ends
 SentencePool = Literal["cls", "mean", "max", "last"]
-SENTENCE_POOLS: tuple[str, ...] = ("cls", "mean", "max", "last")
+SENTENCE_POOLS: tuple[str, ...] = get_args(SentencePool)
 SubwordPool = Literal["first", "last", "mean", "first_last", "max"]
-SUBWORD_POOLS: tuple[str, ...] = ("first", "last", "mean", "first_last", "max")
+SUBWORD_POOLS: tuple[str, ...] = get_args(SubwordPool)
 SpecialTokens = Literal["include", "exclude"]
-SPECIAL_TOKENS: tuple[str, ...] = ("include", "exclude")
+SPECIAL_TOKENS: tuple[str, ...] = get_args(SpecialTokens)
 
 
 def pool_sentence(
