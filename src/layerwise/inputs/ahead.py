@@ -9,8 +9,8 @@ between blocks.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
 Item = TypeVar("Item")
@@ -19,23 +19,37 @@ _END = object()
 
 
 def ahead(items: Iterable[Item], start: Callable[[Item], Started]) -> Iterator[tuple[Item, Started]]:
-    """``(item, start(item))`` in order. The next item is drawn from ``items`` and started on one
+    """``(item, start(item))`` in order. The next item is drawn from ``items`` and started on a
     thread while the caller works on this one; an error of either is raised when its item's turn
-    comes, after the items before it were handed out."""
+    comes, after the items before it were handed out.
+
+    The thread is a daemon, one per item, and nothing waits for it at exit: a run stopped by SIGTERM
+    or Ctrl-C (which unwinds the caller, not the thread) exits at once instead of joining a thread
+    pool at interpreter shutdown (a ThreadPoolExecutor's workers hung such an exit under load)."""
     source = iter(items)
 
-    def begin() -> tuple[object, object]:
-        item = next(source, _END)
-        return item, (None if item is _END else start(item))  # type: ignore[arg-type]
+    def begin() -> tuple[threading.Thread, dict]:
+        box: dict = {}
 
-    with ThreadPoolExecutor(1, thread_name_prefix="layerwise-ahead") as pool:
-        pending = pool.submit(begin)
-        try:
-            while True:
-                item, started = pending.result()
-                if item is _END:
-                    return
-                pending = pool.submit(begin)
-                yield item, started  # type: ignore[misc]
-        finally:
-            pending.cancel()  # the caller stopped: the next item is not started if it has not begun
+        def run() -> None:
+            try:
+                item = next(source, _END)
+                box["value"] = (item, None if item is _END else start(item))  # type: ignore[arg-type]
+            except BaseException as exc:  # handed to the caller, at this item's turn
+                box["error"] = exc
+
+        thread = threading.Thread(target=run, name="layerwise-ahead", daemon=True)
+        thread.start()
+        return thread, box
+
+    pending = begin()
+    while True:
+        thread, box = pending
+        thread.join()
+        if "error" in box:
+            raise box["error"]
+        item, started = box["value"]
+        if item is _END:
+            return
+        pending = begin()
+        yield item, started
