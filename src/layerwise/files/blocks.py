@@ -13,6 +13,7 @@ import io
 import json
 import tempfile
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
@@ -24,22 +25,25 @@ from ..results import LayerStack, SentenceVector, WordVectors
 Result = LayerStack | WordVectors | SentenceVector
 
 
+@dataclass(frozen=True)
+class Contents:
+    """What a file will hold, known before its first row: how many texts, whether they come with
+    pairs, the kind of their ids ("int" or "str"), and whether the texts are kept (--no-text)."""
+
+    n_texts: int
+    has_pairs: bool = False
+    id_kind: str = "int"
+    keep_text: bool = True
+
+
 class Writer:
     """Counts and flags shared by every format; the formats write."""
 
-    def __init__(
-        self,
-        target: Path | IO[bytes],
-        meta: dict,
-        dtype: str,
-        *,
-        n_texts: int,
-        has_pairs: bool,
-        id_kind: str = "int",
-        keep_text: bool = True,
-    ) -> None:
-        self.target, self.meta, self.dtype, self.n_texts = target, meta, dtype, n_texts
-        self.has_pairs, self.id_kind, self.keep_text = has_pairs, id_kind, keep_text
+    def __init__(self, target: Path | IO[bytes], meta: dict, dtype: str, contents: Contents) -> None:
+        self.target, self.meta, self.dtype, self.contents = target, meta, dtype, contents
+        n_texts = self.n_texts = contents.n_texts
+        self.has_pairs, self.id_kind = contents.has_pairs, contents.id_kind
+        self.keep_text = contents.keep_text
         self.truncated = np.zeros(n_texts, dtype=bool)
         self.n_seen = self.n_tokens = self.n_words = self.n_empty = 0
         self.block: Block | None = None
@@ -180,8 +184,8 @@ class NpzWriter(Writer):
     """The .npz layout (writers.py). Token- and word-level arrays go into the archive as they come;
     sentence vectors, texts and ids are spooled and written at the end."""
 
-    def __init__(self, target, meta, dtype, **kwargs) -> None:
-        super().__init__(target, meta, dtype, **kwargs)
+    def __init__(self, target, meta, dtype, contents: Contents) -> None:
+        super().__init__(target, meta, dtype, contents)
         small = not isinstance(target, Path)  # an HTTP response body: in memory
         self.zf = zipfile.ZipFile(target, "w", compression=zipfile.ZIP_STORED, allowZip64=True)
         self.texts, self.pairs = TextSpool(small), TextSpool(small) if self.has_pairs else None
@@ -248,8 +252,8 @@ class JsonlWriter(Writer):
     """One object per input in input order: a block's records are spooled as they come (longest
     first), then copied out in order when the block ends."""
 
-    def __init__(self, target, meta, dtype, **kwargs) -> None:
-        super().__init__(target, meta, dtype, **kwargs)
+    def __init__(self, target, meta, dtype, contents: Contents) -> None:
+        super().__init__(target, meta, dtype, contents)
         assert isinstance(target, Path)  # .jsonl is written to a file only
         # both closed by close(), which every caller reaches (writers._write)
         self.out = open(target, "wb")  # noqa: SIM115

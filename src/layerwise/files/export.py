@@ -39,6 +39,7 @@ def export_store(
     from .. import __version__
     from ..inputs.corpus import Block
     from ..store import open_store
+    from .blocks import Contents
     from .writers import _write, _writer_class, output_format
 
     plan = plan if plan is not None else OutputPlan(level="sentence", mode="mean")
@@ -117,9 +118,8 @@ def export_store(
                     bar.advance(task, hi - lo)
         return writer.finish()
 
-    writer_class = _writer_class(fmt)
-    options: dict = {"n_texts": n_texts, "has_pairs": pairs, "id_kind": id_kind, "keep_text": keep_text}
-    return _write(path, lambda tmp: writer_class(tmp, meta, plan.dtype, **options), fill)
+    writer_class, contents = _writer_class(fmt), Contents(n_texts, pairs, id_kind, keep_text)
+    return _write(path, lambda tmp: writer_class(tmp, meta, plan.dtype, contents), fill)
 
 
 def _id_kind(opened: Any, column: str, n_texts: int) -> str:

@@ -24,7 +24,7 @@ import numpy as np
 
 from ..errors import MissingDependencyError, OptionError
 from ..results import WordVectors
-from .blocks import Result, Writer
+from .blocks import Contents, Result, Writer
 
 
 def check_parquet_plan(level: str) -> None:
@@ -54,8 +54,8 @@ def vector_columns(meta: dict) -> list[str]:
 
 
 class ParquetWriter(Writer):
-    def __init__(self, target, meta, dtype, **kwargs) -> None:
-        super().__init__(target, meta, dtype, **kwargs)
+    def __init__(self, target, meta, dtype, contents: Contents) -> None:
+        super().__init__(target, meta, dtype, contents)
         self.pa = _pyarrow()
         check_parquet_plan(meta["level"])
         self.word_level = meta["level"] == "word"

@@ -170,10 +170,12 @@ def extract_to_file(
     }
     writer_class = _writer_class(fmt)
     size = _block_size(plan, encoder, fmt)
-    options: dict = {"n_texts": scan.n_texts, "has_pairs": scan.has_pairs, "id_kind": scan.id_kind}
+    from .blocks import Contents
+
+    contents = Contents(scan.n_texts, scan.has_pairs, scan.id_kind, keep_text)
     summary = _write(
         path,
-        lambda tmp: writer_class(tmp, meta, plan.dtype, keep_text=keep_text, **options),
+        lambda tmp: writer_class(tmp, meta, plan.dtype, contents),
         lambda writer: _extract_blocks(encoder, corpus, writer, plan, size, progress),
     )
     if summary["n_truncated"]:
@@ -286,9 +288,11 @@ def write_results(
     check_choice("dtype", dtype, ("float32", "float16"))
     path = Path(path)
     writer_class = _writer_class(output_format(path))
+    from .blocks import Contents
+
     return _write(
         path,
-        lambda tmp: writer_class(tmp, meta, dtype, n_texts=len(texts), has_pairs=text_pairs is not None),
+        lambda tmp: writer_class(tmp, meta, dtype, Contents(len(texts), text_pairs is not None)),
         lambda writer: _write_one_block(writer, results, texts, text_pairs),
     )
 
@@ -315,11 +319,11 @@ def npz_bytes(
     """The ``.npz`` layout of :func:`write_results`, in memory (an HTTP response body)."""
     import io
 
-    from .blocks import NpzWriter
+    from .blocks import Contents, NpzWriter
 
     check_choice("dtype", dtype, ("float32", "float16"))
     buffer = io.BytesIO()
-    writer = NpzWriter(buffer, meta, dtype, n_texts=len(texts), has_pairs=text_pairs is not None)
+    writer = NpzWriter(buffer, meta, dtype, Contents(len(texts), text_pairs is not None))
     try:
         _write_one_block(writer, results, texts, text_pairs)
     finally:
