@@ -85,7 +85,7 @@ def make_stack(
         layers=tuple(layers),
         tokens=item.tokens,
         offsets=np.asarray(item.offsets, dtype=np.int32).reshape(n, 2),
-        word_ids=np.asarray([-1 if w is None else w for w in item.word_ids], dtype=np.int32),
+        word_ids=word_id_array(item),
         segment_ids=segment_ids(item.sequence_ids),
         text=item.text,
         text_pair=item.text_pair,
@@ -372,14 +372,14 @@ def _device_pool(
     plan = run.device_pool
     if plan is None:
         return hidden, lengths
-    tokens = [_token_ids(cast(EncodedInput, u)) for u in units]  # no windows on this path
+    items = cast(Sequence[EncodedInput], units)  # no windows on this path; ids as each stack has them
+    tokens = [(segment_ids(item.sequence_ids), word_id_array(item)) for item in items]
     pooled, sizes = pool_batch(hidden, tokens, plan.level, plan.pool, plan.special_tokens)
     return finish(pooled, run.layers, plan), sizes
 
 
-def _token_ids(item: EncodedInput) -> tuple[np.ndarray, np.ndarray]:
-    """An input's (segment ids, word ids with -1 for special tokens), as its LayerStack has them."""
-    return segment_ids(item.sequence_ids), np.asarray([-1 if w is None else w for w in item.word_ids])
+def word_id_array(item: EncodedInput) -> np.ndarray:  # -1 for special tokens, as LayerStack.word_ids
+    return np.asarray([-1 if w is None else w for w in item.word_ids], dtype=np.int32)
 
 
 def _rows(lengths: list[int], copy: HostCopy) -> Rows:

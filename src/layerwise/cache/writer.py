@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import NonFiniteError, OptionError, StoreError
+from ..inputs.batches import TokenUnit
 from ..results import check_float16
 from ..settings import Settings, numbers_keys
 from ..store.lock import writer_lock
@@ -257,17 +258,6 @@ def permutation(n_contexts: int, seed: int | None) -> np.ndarray:
     return np.random.default_rng(seed).permutation(n_contexts)
 
 
-@dataclass(frozen=True)
-class _Unit:
-    """One context as the engine takes it."""
-
-    ids: tuple[int, ...]
-    type_ids: tuple[int, ...]
-
-    def __len__(self) -> int:
-        return len(self.ids)
-
-
 def write_shards(
     encoder: Any,
     path: Path,
@@ -375,7 +365,7 @@ def _activations(
     import torch
 
     zeros = (0,) * token_ids.shape[1]
-    units = [_Unit(tuple(row.tolist()), zeros) for row in token_ids]
+    units = [TokenUnit(tuple(row.tolist()), zeros) for row in token_ids]
     out = {
         name: np.empty((len(units), token_ids.shape[1], width), dtype=meta["dtype"])
         for name, width in columns.items()

@@ -13,34 +13,22 @@ On the CPU there is nothing to set up, and nothing runs.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 
 from ..extract import Engine
-
-
-@dataclass(frozen=True)
-class _Unit:
-    """A sequence for :meth:`Engine.forward_units`: token ids and segment ids."""
-
-    ids: tuple[int, ...]
-    type_ids: tuple[int, ...]
-
-    def __len__(self) -> int:
-        return len(self.ids)
-
+from ..inputs.batches import TokenUnit
 
 # tokens per warm-up input: a decoder's max_length (32,768 for Gemma 3) would make one input's
 # attention alone several GB, more than the batches of most corpora ever need
 UNIT_TOKENS = 512
 
 
-def warm_up_units(engine: Engine, token_id: int, max_tokens: int | None = None) -> list[_Unit]:
+def warm_up_units(engine: Engine, token_id: int, max_tokens: int | None = None) -> list[TokenUnit]:
     """The inputs of one full batch: inputs of ``min(engine.max_length, UNIT_TOKENS)`` tokens of
     ``token_id``, as many as the token budget (``max_tokens``, else the engine's) and batch size
     allow (at least one)."""
     length = min(engine.max_length, UNIT_TOKENS)
     n_inputs = max(1, min(engine.batch_size, (max_tokens or engine.max_tokens) // length))
-    unit = _Unit((token_id,) * length, (0,) * length)
+    unit = TokenUnit((token_id,) * length, (0,) * length)
     return [unit] * n_inputs
 
 

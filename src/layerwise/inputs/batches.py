@@ -3,11 +3,24 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from ..errors import OptionError
 
 PAD_SLACK = 0.25  # an item may be padded by up to a quarter of its batch's width…
 PAD_SLACK_TOKENS = 16  # …or 16 tokens, whichever is more
+
+
+@dataclass(frozen=True)
+class TokenUnit:
+    """A sequence the engine runs as it is, with no windows (``Engine.forward_units``): token ids
+    and segment ids. The activation cache's contexts and the GPU warm-up's batch are made of them."""
+
+    ids: tuple[int, ...]
+    type_ids: tuple[int, ...]
+
+    def __len__(self) -> int:
+        return len(self.ids)
 
 
 def length_sorted_batches(
