@@ -193,12 +193,12 @@ def check_against_onnx(folder: Path) -> float | None:
 
     texts = ["The cat sat on the mat.", "Stocks fell sharply on Monday.", "Where is the nearest station?"]
     encoder = lw.Encoder(str(folder), device="cpu")
-    session = onnxruntime.InferenceSession(str(_onnx_file()), providers=["CPUExecutionProvider"])
+    graph = onnxruntime.InferenceSession(str(_onnx_file()), providers=["CPUExecutionProvider"])
     worst = 0.0
     for text, ours in zip(texts, encoder.extract(texts, layers=-1, progress=False), strict=True):
         ids = encoder.tokenizer(text, return_tensors="np")
         feeds = {name: ids[name].astype(np.int64) for name in ("input_ids", "attention_mask")}
-        states = [out for out in session.run(None, feeds) if np.ndim(out) == 3]
+        states = [out for out in graph.run(None, feeds) if np.ndim(out) == 3]
         if len(states) != 1:
             raise SystemExit(f"expected one token-state output of the ONNX graph, found {len(states)}")
         mine = np.asarray(ours.hidden).reshape(states[0].shape[1:])
