@@ -48,11 +48,11 @@ def write_bandwidth(folder: Path, mib: int = 1024) -> float:
 
 def forward_alone(enc, contexts, layers) -> float:
     """Seconds to compute ``layers`` of every context and throw them away."""
-    from layerwise.cache.writer import _Unit
+    from layerwise.inputs.batches import TokenUnit
 
     zeros = (0,) * contexts.shape[1]
     started = time.perf_counter()
-    units = [_Unit(tuple(row.tolist()), zeros) for row in contexts]
+    units = [TokenUnit(tuple(row.tolist()), zeros) for row in contexts]
     for _, rows in enc.engine.forward_units(units, layers=layers, final_norm=False):
         for hidden, _ in rows:
             hidden.sum()  # touch it, as a consumer would

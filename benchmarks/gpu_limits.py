@@ -13,6 +13,10 @@ printed beside its limit, measured in the same run:
 - ``first_call`` and ``second_call``: a fresh Encoder's first ``embed`` and its second, apart from the
   warm medians.
 
+``--part store`` (``measure_store``): ``lw.extract_to_store`` of every layer, float16 on disk, in MB/s
+written beside the disk's own (dd with fsync, same folder), and a whole ``layerwise extract`` process
+on a one-line corpus.
+
 ``--device cpu`` with a few texts is a dry run of the code, not a figure.
 """
 
@@ -155,3 +159,55 @@ def measure_embed(folder: Path, dtype: str, texts: list[str], repeats: int, devi
           f"  first call {calls[0]:.2f} s, second {calls[1]:.2f} s (target: first <= 2 x second)",
           flush=True)  # fmt: skip
     return report
+
+
+def _folder_bytes(folder: Path) -> int:
+    return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+
+
+def measure_store(folder: Path, dtype: str, texts: list[str], repeats: int, device: str, work: Path) -> dict:
+    """``lw.extract_to_store`` (every layer of every token, float16 on disk) beside the disk's own
+    write bandwidth (dd with fsync) in the same folder, and a whole ``layerwise extract`` process on a
+    one-line corpus (imports, CUDA, the model, the warm-up: what a command costs beyond its work)."""
+    import shutil
+    import subprocess
+    import sys
+
+    from cache_speed import write_bandwidth
+
+    encoder = lw.Encoder(folder, device=device, model_dtype=dtype, max_length=512)
+    lw.extract_to_store(encoder, texts[:64], work / "warm.lw", progress=False)
+    seconds, written = [], 0
+    for round_ in range(repeats):
+        target = work / f"store-{round_}.lw"
+        _sync(device)
+        started = time.perf_counter()
+        summary = lw.extract_to_store(encoder, texts, target, progress=False)
+        _sync(device)
+        seconds.append(time.perf_counter() - started)
+        written = _folder_bytes(target)
+        shutil.rmtree(target)
+    disk_mb_s = write_bandwidth(work)
+    store_mb_s = written / statistics.median(seconds) / 1e6
+    one_line = work / "one.txt"
+    one_line.write_text("A single line of text.\n", encoding="utf-8")
+    command = [sys.executable, "-m", "layerwise", "extract", str(one_line), "-o", str(work / "one.npz"),
+               "--model", str(folder), "--device", device, "--model-dtype", dtype, "--layers", "all"]  # fmt: skip
+    process_s = []
+    for _ in range(2):
+        started = time.perf_counter()
+        subprocess.run(command, check=True, capture_output=True)
+        process_s.append(time.perf_counter() - started)
+    report = {
+        "dtype": dtype, "texts": len(texts), "tokens": summary.n_rows,
+        "store_bytes": written, "store_seconds": [round(t, 3) for t in seconds],
+        "store_mb_per_s": round(store_mb_s), "disk_write_mb_per_s": round(disk_mb_s),
+        "store_share_of_disk": round(store_mb_s / disk_mb_s, 3),
+        "one_line_process_s": [round(t, 2) for t in process_s],
+    }  # fmt: skip
+    print(f"BERT-base shape {dtype}: extract_to_store {store_mb_s:,.0f} MB/s written, the disk (dd, fsync) "
+          f"{disk_mb_s:,.0f} MB/s (= {store_mb_s / disk_mb_s:.2f}; target >= 0.8)\n"
+          f"  a whole `layerwise extract` on one line: {', '.join(f'{t:.1f}' for t in process_s)} s (target <= 5 s)",
+          flush=True)  # fmt: skip
+    return report
+

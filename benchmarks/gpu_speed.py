@@ -5,9 +5,10 @@ activation cache against the forward alone.
                                    [--decoder-tokenizer FOLDER|FILE.gguf] [--skip-1b] [--output FILE]
                                    [--part all|extract|cache]
 
-``--part extract``, ``cache`` or ``embed`` reruns one part and keeps the others' figures in the result
+``--part extract``, ``cache``, ``embed`` or ``store`` reruns one part and keeps the others' figures in the result
 file. ``--part embed`` (gpu_limits.py) measures sentence vectors of every layer against the loop that
-pools on the GPU, float16 results, and a fresh Encoder's first call, each beside its limit.
+pools on the GPU, float16 results, and a fresh Encoder's first call, each beside its limit;
+``--part store`` the store's write rate beside the disk's and a whole command on one line.
 
 (``--device cpu`` with a few texts is a dry run of the script itself, not a figure.)
 
@@ -193,7 +194,7 @@ def main() -> None:
     args_parser.add_argument("--skip-1b", action="store_true")
     args_parser.add_argument("--output", type=Path, default=None, help="the result file (default: results/)")
     args_parser.add_argument("--device", default="cuda")
-    args_parser.add_argument("--part", choices=["all", "extract", "cache", "embed"], default="all")
+    args_parser.add_argument("--part", choices=["all", "extract", "cache", "embed", "store"], default="all")
     args = args_parser.parse_args()
     device = args.device
     if device == "cuda" and not torch.cuda.is_available():
@@ -216,9 +217,19 @@ def main() -> None:
     def save() -> None:
         write_result("gpu_speed", report, args.output)
 
-    tokenizer = smollm2_tokenizer(args.decoder_tokenizer)
     made: list[Path] = []
     try:
+        if args.part in ("all", "store"):  # the store against the disk; a whole command's fixed cost
+            from gpu_limits import measure_store
+
+            work = Path(tempfile.mkdtemp(prefix="lw-gpu-store-"))
+            made.append(work)
+            with bert_base_folder() as base:
+                report["store"] = [measure_store(base, "float16", texts, args.repeats, device, work)]
+            save()
+            free(device)
+            if args.part == "store":
+                return
         if args.part in ("all", "embed"):  # sentence vectors against the loop that pools on the GPU
             from gpu_limits import measure_embed
 
@@ -239,6 +250,7 @@ def main() -> None:
                         report["extract"].append(measure(name, folder, dtype, texts, args.repeats, device))
                         save()
                         free(device)
+        tokenizer = smollm2_tokenizer(args.decoder_tokenizer)
         decoders = {"SmolLM2-135M shape": decoder_folder(tokenizer, "smollm2", device)}
         if not args.skip_1b:
             decoders["Llama-3.2-1B shape"] = decoder_folder(tokenizer, "1b", device)

@@ -5,7 +5,6 @@ extract returns. Skipped on a machine without CUDA (CI has none); run them on on
 
 from __future__ import annotations
 
-import datasets
 import numpy as np
 import pytest
 import torch
@@ -119,6 +118,7 @@ def test_cache_from_cuda_equals_transformers_on_the_stored_token_ids(tmp_path, d
         ),
     )
     assert summary.n_contexts == 20 and lw.verify_cache(path).ok
+    datasets = pytest.importorskip("datasets")  # the cache extra
     ds = datasets.load_from_disk(str(path)).with_format("torch")
     rows = ds[0:20]
     model, recorded = enc.model, {}
