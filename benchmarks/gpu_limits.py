@@ -210,4 +210,3 @@ def measure_store(folder: Path, dtype: str, texts: list[str], repeats: int, devi
           f"  a whole `layerwise extract` on one line: {', '.join(f'{t:.1f}' for t in process_s)} s (target <= 5 s)",
           flush=True)  # fmt: skip
     return report
-
