@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 from conftest import ARCHITECTURES, ud_sentences
 
 import layerwise as lw
@@ -162,3 +163,18 @@ def test_mixed_lengths_in_one_packed_batch_equal_padded(make_tiny_model, monkeyp
     texts = [TEXTS[0], long_text, "a", *TEXTS[1:9], "b c", TEXTS[20][:40]]
     assert_same(packed.extract(texts), padded.extract(texts))
     assert len(seen) == 1 and len(seen[0]) >= 3  # one batch, attention in 3+ grids
+
+
+def test_attention_on_a_gpu_leaves_cudnn_out_and_the_cpu_alone():
+    # cuDNN's attention builds a plan per new grid shape: 7.3 s of a fresh Encoder's first embed on
+    # an H100 (model/sdpa.py). The flags are process-wide: set inside, restored after, untouched on CPU.
+    from layerwise.model.sdpa import attention_kernels
+
+    before = torch.backends.cuda.cudnn_sdp_enabled(), torch.backends.cuda.flash_sdp_enabled()
+    with attention_kernels(torch.device("cpu")):
+        assert (torch.backends.cuda.cudnn_sdp_enabled(), torch.backends.cuda.flash_sdp_enabled()) == before
+    with attention_kernels(torch.device("cuda")):
+        assert not torch.backends.cuda.cudnn_sdp_enabled()
+        assert torch.backends.cuda.flash_sdp_enabled() and torch.backends.cuda.mem_efficient_sdp_enabled()
+        assert torch.backends.cuda.math_sdp_enabled()
+    assert (torch.backends.cuda.cudnn_sdp_enabled(), torch.backends.cuda.flash_sdp_enabled()) == before

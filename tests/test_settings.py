@@ -29,7 +29,7 @@ def test_settings_are_checked_and_round_trip():
     settings = lw.Settings("some/model", model_dtype="bfloat16", max_length=64, final_norm="all", streams=1)
     assert lw.Settings.from_dict(settings.as_dict()) == settings
     assert pickle.loads(pickle.dumps(settings)) == settings  # what Ray and the model process carry
-    assert settings.replace(batch_size=8).batch_size == 8 and settings.batch_size == 128
+    assert settings.replace(batch_size=8).batch_size == 8 and settings.batch_size is None
     for bad, message in [
         ({"model_dtype": "int8"}, "model_dtype='int8' is not valid"),
         ({"batch_size": 0}, "batch_size=0 must be a whole number >= 1"),

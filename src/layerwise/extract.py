@@ -39,6 +39,7 @@ from .model.hooks import eager_attention_for, find_layer_list
 from .model.host_copy import RESULT_DTYPES, HostCopy
 from .model.packed_decoder import PACKED_TAPS, PackedDecoder, packed_forward
 from .model.padded import collate, forward_batch
+from .model.sdpa import attention_kernels
 from .model.streams import ForwardLock, ForwardPool, check_streams
 from .progress import progress_bar
 from .results import LayerStack
@@ -120,19 +121,12 @@ class Engine:
     budget, the forward pass cut at the deepest requested layer, windows stitched back, results
     streamed as ``(input index, LayerStack)`` as batches finish (longest first)."""
 
-    def __init__(
-        self,
-        models: ModelHandle,
-        tokenizer: Any,  # its fast tokenizer
-        settings: Settings,  # its batch size, packed, streams, allow_nan (max_length, max_tokens: resolved)
-        *,
-        device: torch.device,
-        max_length: int,
-        max_tokens: int,
-    ) -> None:
+    # settings: packed, streams, allow_nan; max_length, batch_size, max_tokens resolved for the device
+    def __init__(self, models: ModelHandle, tokenizer: Any, settings: Settings, *, device: torch.device,
+                 max_length: int, batch_size: int, max_tokens: int) -> None:  # fmt: skip
         config = models.config
         self.allow_nan = settings.allow_nan
-        batch_size, packed, streams = settings.batch_size, settings.packed, settings.streams
+        packed, streams = settings.packed, settings.streams
         pad_id = tokenizer.pad_token_id
         self.models, self.device, self.max_length = models, device, max_length
         self.pad_id: int = pad_id if pad_id is not None else (getattr(config, "pad_token_id", None) or 0)
@@ -327,7 +321,8 @@ class Engine:
             return self._forward_packed(units, run)
         model = self.model  # built (and adopted) before the lock is taken
         batch = collate(units, pad_id=self.pad_id, with_token_types=self.with_token_types, device=self.device)
-        with self.lock.exclusive(), torch.inference_mode(), eager_attention_for(model, taps):
+        kernels = attention_kernels(self.device)  # no cuDNN attention: it plans each new shape (sdpa.py)
+        with self.lock.exclusive(), torch.inference_mode(), eager_attention_for(model, taps), kernels:
             hidden, tapped = forward_batch(
                 model, batch, layers=layers, method=method, layer_owner=self.layer_owner,
                 layer_attr=self.layer_attr, layer_list=self.layer_list, model_type=self.model_type, taps=taps,
@@ -353,7 +348,7 @@ class Engine:
         packed: Any = self.packed  # one packed forward for the whole batch (_adopt may replace it)
         assert packed is not None
         batch = packed.prepare(units, with_token_types=self.with_token_types, device=self.device)
-        with self.lock.shared(), torch.inference_mode():
+        with self.lock.shared(), torch.inference_mode(), attention_kernels(self.device):
             tapped: dict[str, torch.Tensor] = {}
             if run.taps:  # (L, N, H), and {tap: (L', N, H)}: real tokens only
                 hidden, tapped = packed.forward_with_taps(batch, run.layers, run.taps)

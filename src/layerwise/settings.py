@@ -93,7 +93,8 @@ class Settings:
         device: ``"auto"`` (CUDA when available), ``"cpu"``, ``"cuda"``, ``"cuda:1"``…
         model_dtype: the model's weights and compute dtype; results are always float32.
         max_length: tokens per input with special tokens; None: the model's (ST max_seq_length).
-        batch_size: at most this many inputs per forward pass.
+        batch_size: at most this many inputs per forward pass; None: 128 on CPU, 1024 on GPU
+            (benchmarks/gpu_speed.py: short sentences fill an H100 only past 128 a batch).
         max_tokens: tokens per forward pass (real ones when packed, else inputs x longest input);
             None: 2048 on CPU (benchmarks/token_budget.py), 32768 on GPU.
         packed: the unpadded forward where the architecture allows it (same numbers).
@@ -109,7 +110,7 @@ class Settings:
     device: str = "auto"
     model_dtype: ModelDtype = field(default="float32", metadata=NUMBERS)
     max_length: int | None = field(default=None, metadata=NUMBERS)
-    batch_size: int = 128
+    batch_size: int | None = None
     max_tokens: int | None = None
     packed: bool = True
     streams: int | None = None
@@ -124,7 +125,7 @@ class Settings:
             object.__setattr__(self, "device", str(self.device))  # a torch.device
         check_choice("model_dtype", self.model_dtype, MODEL_DTYPES)
         _whole("max_length", self.max_length, optional=True)
-        _whole("batch_size", self.batch_size, optional=False)
+        _whole("batch_size", self.batch_size, optional=True)
         _whole("max_tokens", self.max_tokens, optional=True)
         _whole("streams", self.streams, optional=True)
         for name in ("packed", "allow_nan"):
@@ -161,7 +162,7 @@ class SettingsOptions(TypedDict, total=False):
     device: Any  # a string or a torch.device
     model_dtype: ModelDtype
     max_length: int | None
-    batch_size: int
+    batch_size: int | None
     max_tokens: int | None
     packed: bool
     streams: int | None

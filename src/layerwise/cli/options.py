@@ -138,8 +138,9 @@ def _model_parameters(final_norm: FinalNormChoice | None, many: bool = False) ->
             ModelDtype, typer.Option(help="Compute dtype of the model", rich_help_panel=_MODEL)]),
         option("max_length", None, Annotated[int | None, typer.Option(
             min=1, help="Tokens per input [default: model maximum]", rich_help_panel=_MODEL)]),
-        option("batch_size", 128, Annotated[int, typer.Option(
-            "--batch-size", "-b", min=1, help="Most inputs per forward pass", rich_help_panel=_MODEL)]),
+        option("batch_size", None, Annotated[int | None, typer.Option(
+            "--batch-size", "-b", min=1, rich_help_panel=_MODEL,
+            help="Most inputs per forward pass [default: 128 on CPU, 1024 on GPU]")]),
         option("max_tokens", None, Annotated[int | None, typer.Option(
             min=1, help="Most tokens per forward pass (padded ones with --no-packed) [default: 2048 on "
             "CPU, 32768 on GPU]", rich_help_panel=_MODEL)]),
