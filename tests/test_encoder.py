@@ -213,3 +213,14 @@ def test_half_precision_model_returns_float32(make_tiny_model):
     reference = lw.Encoder(make_tiny_model("bert"), device="cpu").extract(["low precision"])[0]
     assert stack.hidden.dtype == np.float32
     np.testing.assert_allclose(stack.hidden, reference.hidden, atol=0.1)
+
+
+def test_batch_size_defaults_to_the_devices_and_a_given_one_is_kept(tiny_encoder, make_tiny_model):
+    # None in Settings: 128 inputs a batch on the CPU, 1024 on a GPU (encoder/core.py); given: kept
+    from layerwise.encoder.core import CPU_BATCH_SIZE, GPU_BATCH_SIZE
+
+    assert (CPU_BATCH_SIZE, GPU_BATCH_SIZE) == (128, 1024)
+    assert tiny_encoder.settings.batch_size is None
+    assert tiny_encoder.batch_size == tiny_encoder.engine.batch_size == 128
+    given = lw.Encoder(make_tiny_model("bert"), device="cpu", batch_size=7)
+    assert given.batch_size == given.engine.batch_size == given.settings.batch_size == 7
