@@ -452,3 +452,28 @@ def test_layers_reads_any_corpus(tmp_path, tiny_encoder):
     nowhere = runner.invoke(app, ["layers", str(corpus), "--json", str(tmp_path / "no" / "l.json")])
     assert nowhere.exit_code == 2 and "does not exist; create it first" in nowhere.output
     assert "loading" not in nowhere.output  # refused before the model is loaded
+
+
+def test_how_an_encoder_reads_its_texts_is_named_once_and_reaches_iter_extract(tiny_encoder):
+    # the metrics take TokenPassOptions (analysis/sources.py), not a **kwargs pass-through: each of
+    # its keys is a keyword of Encoder.iter_extract, and one of them reaches it
+    import inspect
+
+    from layerwise.analysis.sources import TokenPassOptions
+
+    parameters = inspect.signature(type(tiny_encoder).iter_extract).parameters
+    assert set(TokenPassOptions.__annotations__) <= set(parameters)
+    assert {"layers", "dtype", "taps"}.isdisjoint(TokenPassOptions.__annotations__)  # every state, float32
+    texts = ["one two three four five six seven", "the cat sat on the mat today"]
+    seen = []
+
+    class Spy:  # an Encoder source that records what it was asked
+        def iter_extract(self, texts, **options):
+            seen.append(options)
+            return tiny_encoder.iter_extract(texts, **options)
+
+    got = lw.analyze.curvature(Spy(), texts, long_texts="window", stride=2, batch_size=1, progress=False)
+    asked = {"long_texts": "window", "stride": 2, "batch_size": 1, "progress": False}
+    assert seen == [{"layers": "all", **asked}]
+    whole = tiny_encoder.extract(texts, layers="all")  # short texts: windows change nothing
+    np.testing.assert_allclose(got, lw.analyze.curvature(whole), atol=1e-6)

@@ -15,12 +15,17 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..errors import InputError
 from .spectra import alpha_entropy, center_unit, max_entropy
+
+if TYPE_CHECKING:
+    from typing import Unpack
+
+    from .sources import TokenPassOptions
 
 EDIT_PROBABILITY = 0.1
 SCATTER_RIDGE = 1e-4  # added to LiDAR's within-class scatter, as in the paper's code (delta)
@@ -62,7 +67,7 @@ def augment(text: str, *, seed: int, view: int) -> str:
 
 
 def view_means(
-    encoder: Any, texts: Sequence[str], *, views: int, seed: int = 0, **extract: Any
+    encoder: Any, texts: Sequence[str], *, views: int, seed: int = 0, **reading: Unpack[TokenPassOptions]
 ) -> np.ndarray:
     """``(n_texts, views, hidden states, width)`` float32: the mean of every token of each augmented
     view, texts in sorted order. ``views`` forward passes' worth of tokens, in one streaming call."""
@@ -75,7 +80,7 @@ def view_means(
         )
     copies = [augment(text, seed=seed, view=v) for text in ordered for v in range(views)]
     out: np.ndarray | None = None
-    for index, stack in encoder.iter_extract(copies, layers="all", **extract):
+    for index, stack in encoder.iter_extract(copies, layers="all", **reading):
         if out is None:
             out = np.empty((len(ordered), views, stack.hidden.shape[0], stack.hidden.shape[2]), np.float32)
         out[index // views, index % views] = np.asarray(stack.hidden, dtype=np.float64).mean(axis=1)

@@ -18,14 +18,18 @@ text and hidden state (n_texts x hidden states x width, float32) for the set-lev
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..errors import InputError, OptionError
+from .sources import TokenPassOptions, token_stacks
 from .spectra import center_unit, curvature_of, gram_eigenvalues, matrix_entropy, max_entropy, two_nn_states
+
+if TYPE_CHECKING:
+    from typing import Unpack
 
 # For each metric: does a higher value mark a better layer? The paper's reading of each, fixed before
 # any labelled score was looked at (benchmarks/label_free_layers.py measures how well each picks).
@@ -46,34 +50,6 @@ ONE_PASS_METRICS = ("prompt_entropy", "dataset_entropy", "curvature", "effective
 VIEW_METRICS = ("lidar", "dime", "infonce")
 METRICS = ONE_PASS_METRICS + VIEW_METRICS
 _DISTANCE_BYTES = 256 * 2**20  # TwoNN's distance matrices held at once, per text
-
-
-# ---------------------------------------------------------------------------------------------- sources
-def token_stacks(source: Any, texts: Sequence[str] | None = None, **extract: Any) -> Iterator[Any]:
-    """LayerStacks (token level, every hidden state) of a source: LayerStacks, a token-level store,
-    or an Encoder with ``texts`` (extracted in one streaming pass; ``extract`` goes to iter_extract)."""
-    from ..store.reader import Store
-
-    if hasattr(source, "iter_extract"):
-        if texts is None:
-            raise OptionError("an Encoder source needs texts: layer_metrics(enc, texts)")
-        for _, stack in source.iter_extract(list(texts), layers="all", **extract):
-            yield stack
-        return
-    if texts is not None:
-        raise OptionError("texts go with an Encoder source; stacks and stores hold their own")
-    if isinstance(source, Store) and source.level != "token":
-        raise InputError(
-            f"a {source.level}-level store holds no token vectors; the label-free metrics read a "
-            "token-level store (layerwise extract ... --pool token)"
-        )
-    for item in source:
-        if not hasattr(item, "hidden") or np.ndim(item.hidden) != 3:
-            raise InputError(
-                f"cannot compute layer metrics of {type(item).__name__}; pass LayerStacks "
-                "(enc.extract(texts, layers='all')), a token-level store, or an Encoder and texts"
-            )
-        yield item
 
 
 # ---------------------------------------------------------------------------------------------- one pass
@@ -142,10 +118,10 @@ def rankme(means: np.ndarray, eps: float = 1e-7) -> np.ndarray:
 
 
 def _one_pass(
-    source: Any, texts: Sequence[str] | None, wanted: set[str], alpha: float, extract: dict
+    source: Any, texts: Sequence[str] | None, wanted: set[str], alpha: float, reading: TokenPassOptions
 ) -> tuple[_Running, np.ndarray]:
     running = _Running(alpha)
-    for stack in token_stacks(source, texts, **extract):
+    for stack in token_stacks(source, texts, **reading):
         running.add(stack, wanted)
     if not running.means:
         raise InputError("nothing to measure: the source holds no texts")
@@ -159,14 +135,14 @@ def prompt_entropy(
     *,
     alpha: float = 1.0,
     normalized: bool = True,
-    **extract: Any,
+    **reading: Unpack[TokenPassOptions],
 ) -> np.ndarray:
     """Prompt entropy per hidden state: for each text (of 2 tokens or more), its tokens centred and
     scaled to unit length, the Gram matrix (its d x d dual when tokens outnumber dimensions) with
     negative entries clamped to 0, divided by its trace; the alpha-Renyi entropy of its eigenvalues
     (alpha = 1: von Neumann, nats); ``normalized``: divided by min(ln n_tokens, ln width) as the paper
     plots it; averaged over texts. Every token counts, special tokens included, as in the paper."""
-    running, _ = _one_pass(source, texts, {"prompt_entropy"}, alpha, extract)
+    running, _ = _one_pass(source, texts, {"prompt_entropy"}, alpha, reading)
     return running.mean_of("prompt_entropy" if normalized else "prompt_entropy_raw")
 
 
@@ -176,52 +152,64 @@ def dataset_entropy(
     *,
     alpha: float = 1.0,
     normalized: bool = True,
-    **extract: Any,
+    **reading: Unpack[TokenPassOptions],
 ) -> np.ndarray:
     """Dataset entropy per hidden state: one mean vector per text (all its tokens), the set centred
     on its own mean and each vector scaled to unit length, then the matrix entropy of the set as in
     :func:`prompt_entropy` (normalised by min(ln n_texts, ln width)). Differs from the paper's code,
     which normalises the tokens of each mini-batch together before pooling (its values change with
     the batch size): here the raw states are pooled and the whole set is centred once."""
-    _, means = _one_pass(source, texts, set(), alpha, extract)
+    _, means = _one_pass(source, texts, set(), alpha, reading)
     return set_entropy(means, alpha, normalized=normalized)
 
 
-def curvature(source: Any, texts: Sequence[str] | None = None, **extract: Any) -> np.ndarray:
+def curvature(
+    source: Any, texts: Sequence[str] | None = None, **reading: Unpack[TokenPassOptions]
+) -> np.ndarray:
     """Curvature per hidden state (radians): for each text of 3 tokens or more, the mean angle between
     consecutive differences of its token states, ``arccos(|v_k . v_k+1| / (|v_k| |v_k+1|))`` with the
     paper's absolute value; averaged over texts. A straight trajectory has curvature 0. Computed on
     the states as they are, as the paper defines it (after Hosseini & Fedorenko 2023); its code
     centres and unit-scales the tokens first, which folds a straight trajectory onto two points and
     turns its curvature into rounding noise (a test shows it)."""
-    running, _ = _one_pass(source, texts, {"curvature"}, 1.0, extract)
+    running, _ = _one_pass(source, texts, {"curvature"}, 1.0, reading)
     return running.mean_of("curvature")
 
 
-def effective_rank(source: Any, texts: Sequence[str] | None = None, **extract: Any) -> np.ndarray:
+def effective_rank(
+    source: Any, texts: Sequence[str] | None = None, **reading: Unpack[TokenPassOptions]
+) -> np.ndarray:
     """RankMe per hidden state (Garrido et al. 2023), from the singular values of the matrix of the
     texts' mean vectors (all tokens), uncentred: between 1 and min(n_texts, width)."""
-    _, means = _one_pass(source, texts, set(), 1.0, extract)
+    _, means = _one_pass(source, texts, set(), 1.0, reading)
     return rankme(means)
 
 
-def intrinsic_dimension(source: Any, texts: Sequence[str] | None = None, **extract: Any) -> np.ndarray:
+def intrinsic_dimension(
+    source: Any, texts: Sequence[str] | None = None, **reading: Unpack[TokenPassOptions]
+) -> np.ndarray:
     """TwoNN intrinsic dimension per hidden state (Facco et al. 2017): for each text of 4 tokens or
     more, the TwoNN estimate over its tokens (centred and scaled to unit length, as the paper's code
     prepares them); averaged over texts. The paper's code reports 0 for the embeddings (hidden state
     0) without computing it; here it is computed like any other."""
-    running, _ = _one_pass(source, texts, {"intrinsic_dimension"}, 1.0, extract)
+    running, _ = _one_pass(source, texts, {"intrinsic_dimension"}, 1.0, reading)
     return running.mean_of("intrinsic_dimension")
 
 
 def lidar(
-    encoder: Any, texts: Sequence[str], *, views: int = 8, seed: int = 0, alpha: float = 1.0, **extract: Any
+    encoder: Any,
+    texts: Sequence[str],
+    *,
+    views: int = 8,
+    seed: int = 0,
+    alpha: float = 1.0,
+    **reading: Unpack[TokenPassOptions],
 ) -> np.ndarray:
     """LiDAR per hidden state (Thilak et al. 2024, as Skean et al. compute it): see
     :func:`augment.lidar_of`. ``views`` augmented copies of each text: ``views`` extra forward passes."""
     from .augment import lidar_of, view_means
 
-    return lidar_of(view_means(encoder, texts, views=views, seed=seed, **extract), alpha=alpha)
+    return lidar_of(view_means(encoder, texts, views=views, seed=seed, **reading), alpha=alpha)
 
 
 def dime(
@@ -231,24 +219,29 @@ def dime(
     seed: int = 0,
     alpha: float = 1.0,
     permutations: int = 10,
-    **extract: Any,
+    **reading: Unpack[TokenPassOptions],
 ) -> np.ndarray:
     """DiME per hidden state (Skean et al. 2023): see :func:`augment.dime_of`. Two augmented views of
     each text: two extra forward passes."""
     from .augment import dime_of, view_means
 
-    means = view_means(encoder, texts, views=2, seed=seed, **extract)
+    means = view_means(encoder, texts, views=2, seed=seed, **reading)
     return dime_of(means, alpha=alpha, permutations=permutations, seed=seed)
 
 
 def infonce(
-    encoder: Any, texts: Sequence[str], *, seed: int = 0, temperature: float = 0.1, **extract: Any
+    encoder: Any,
+    texts: Sequence[str],
+    *,
+    seed: int = 0,
+    temperature: float = 0.1,
+    **reading: Unpack[TokenPassOptions],
 ) -> np.ndarray:
     """InfoNCE per hidden state: see :func:`augment.infonce_of`. Two augmented views of each text:
     two extra forward passes."""
     from .augment import infonce_of, view_means
 
-    return infonce_of(view_means(encoder, texts, views=2, seed=seed, **extract), temperature=temperature)
+    return infonce_of(view_means(encoder, texts, views=2, seed=seed, **reading), temperature=temperature)
 
 
 # ---------------------------------------------------------------------------------------------- the table
@@ -315,7 +308,7 @@ def layer_metrics(
     alpha: float = 1.0,
     seed: int = 0,
     views: int = 8,
-    **extract: Any,
+    **reading: Unpack[TokenPassOptions],
 ) -> LayerMetrics:
     """Every requested metric for every hidden state, from one pass over ``source`` (LayerStacks, a
     token-level store, or an Encoder with ``texts``). ``metrics``: "all" (the view metrics need an
@@ -326,7 +319,7 @@ def layer_metrics(
     layers: tuple[int, ...] = ()
     n_texts = len(texts or ())
     if any(name in ONE_PASS_METRICS for name in names):
-        running, means = _one_pass(source, texts, set(names), alpha, extract)
+        running, means = _one_pass(source, texts, set(names), alpha, reading)
         layers, n_texts = running.layers or (), len(means)
         for name in names:
             if name in ("prompt_entropy", "curvature", "intrinsic_dimension"):
@@ -340,7 +333,7 @@ def layer_metrics(
         from .augment import dime_of, infonce_of, lidar_of, view_means
 
         view_vectors = view_means(
-            source, texts or [], views=views if "lidar" in viewed else 2, seed=seed, **extract
+            source, texts or [], views=views if "lidar" in viewed else 2, seed=seed, **reading
         )
         layers = layers or tuple(range(view_vectors.shape[2]))
         if "lidar" in viewed:
