@@ -57,7 +57,7 @@ class Forward:
     model: str
     layers: tuple[int, ...] = ()
     stride: int | None = None
-    final_norm: bool | str = True
+    final_norm: bool | str | None = True
 
 
 @dataclass(eq=False)
@@ -69,7 +69,7 @@ class Job:
     finish: Finish
     on_done: Done
     stride: int | None = None  # the request's plan's (long_texts="window")
-    final_norm: bool | str = True  # a decoder's final norm (OutputPlan.final_norm, settled)
+    final_norm: bool | str | None = True  # a decoder's final norm (OutputPlan.final_norm, settled)
     n_bytes: int = 0  # the vectors its results will hold (admission: Batcher.max_queue_bytes)
     n_tokens: int = 0
     submitted: float = field(default_factory=time.perf_counter)

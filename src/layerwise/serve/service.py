@@ -84,7 +84,8 @@ class Service:
         enc = served.encoder
         n_hidden = enc.n_hidden_states
         plan = enc.settle(plan) if plan is not None else None  # its final norm: the request's or ours
-        final_norm: Any = plan.final_norm if plan is not None and enc.is_decoder else enc.final_norm
+        # the final norm the Encoder settles (every hidden state as LayerStacks: its default plan's)
+        final_norm: Any = (plan or enc.settle(OutputPlan())).final_norm
         layers = plan.hidden_states(n_hidden) if plan is not None else tuple(range(n_hidden))
         if not len(raw):
             raise ApiError(422, f"{raw.field} is an empty list; send at least one input", param=raw.field)
