@@ -11,9 +11,9 @@ from conftest import corpus, needs_smollm2
 
 import layerwise as lw
 from layerwise.features.device_pool import DevicePlan, finish, pool_groups
-from layerwise.features.fuse import GENERIC_FUSIONS, NAMED_FUSIONS, fuse_layers
+from layerwise.features.fuse import fuse_layers
+from layerwise.features.names import GENERIC_FUSIONS, NAMED_FUSIONS, SENTENCE_POOLS, SUBWORD_POOLS
 from layerwise.features.plan import OutputPlan
-from layerwise.features.pool import SENTENCE_POOLS, SUBWORD_POOLS
 
 # mixed lengths, an empty text (no content tokens: "exclude" falls back to the special tokens), a pair
 TEXTS = [*corpus(14, seed=7), "", "Hi", "One more, with punctuation: yes!"]

@@ -153,3 +153,21 @@ def test_words_without_wordpieces_keep_their_slot(default_encoder, caplog):
         fused.vectors.shape == (5, 4 * 384) and fused.fuse == "concat_last4" and fused.layers == (3, 4, 5, 6)
     )
     assert isinstance(first, lw.WordVectors)
+
+
+def test_every_front_end_lists_the_pools_and_fusions_of_names_py():
+    # one list each (features/names.py): the CLI's help, the server's schema and the checks read it
+    from layerwise.cli.extract import FuseOption, PoolOption
+    from layerwise.features.names import FUSIONS, SENTENCE_POOLS, SUBWORD_POOLS, pool_names
+    from layerwise.serve.schemas import LayersRequest
+
+    pool_help = PoolOption.__metadata__[0].help
+    assert pool_help == LayersRequest.model_fields["pool"].description
+    assert pool_help.endswith("sentence:" + "|".join(SENTENCE_POOLS))
+    assert "word:" + "|".join(SUBWORD_POOLS) in pool_help
+    assert all(name in FuseOption.__metadata__[0].help for name in FUSIONS)
+    assert len(pool_names()) == 1 + len(SUBWORD_POOLS) + len(SENTENCE_POOLS)
+    with pytest.raises(OptionError, match="layerwise implements cls, mean, max, last"):
+        from layerwise.features.names import sentence_convention
+
+        sentence_convention(type("ST", (), {"pool": "weightedmean", "normalize": False})())

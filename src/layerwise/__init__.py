@@ -93,8 +93,9 @@ if TYPE_CHECKING:
         StoreDamagedError,
         StoreError,
     )
-    from .features.fuse import FUSIONS, fuse_layers, layer_deltas, layer_drift
+    from .features.fuse import fuse_layers, layer_deltas, layer_drift
     from .features.layers import resolve_layers
+    from .features.names import FUSIONS
     from .features.plan import OutputPlan
     from .features.pool import pool_sentence, pool_words
     from .features.scalar_mix import ScalarMix

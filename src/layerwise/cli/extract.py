@@ -12,6 +12,7 @@ from typing import Annotated
 import typer
 
 from ..errors import InputError, LayerwiseError, OptionError
+from ..features.names import FUSE_HELP, POOL_HELP
 from ..settings import Settings
 from .options import (
     MODEL_SETTINGS,
@@ -56,16 +57,13 @@ class BadRowChoice(StrEnum):
 INPUT_PANEL = "Input columns"
 PoolOption = Annotated[
     str,
-    typer.Option(
-        "--pool", "-p", help="token | word:first|last|mean|first_last|max | sentence:cls|mean|max|last"
-    ),
+    typer.Option("--pool", "-p", help=POOL_HELP),
 ]
 FuseOption = Annotated[
     str | None,
     typer.Option(
         "--fuse",
-        help="Fuse layers (word/sentence pooling): embeddings, last, second_to_last, sum_last4, "
-        "mean_last4, concat_last4, sum_all, mean_all; or mean, sum, concat over --layers",
+        help=f"Fuse layers (word/sentence pooling): {FUSE_HELP} (--layers)",
     ),
 ]
 NoTextOption = Annotated[

@@ -9,6 +9,7 @@ import typer
 from rich.console import Console
 
 from ..errors import LayerwiseError
+from ..features.names import SUBWORD_POOLS
 from ..settings import Settings
 from .options import MODEL_SETTINGS, _check_output_file, _fail, _setup_logging, app, err, model_options
 
@@ -66,7 +67,7 @@ def probe_conllu(
     column: Annotated[str, typer.Option(help="upos | xpos | deprel | feats | lemma")] = "upos",
     max_train: Annotated[int | None, typer.Option(min=1, help="Use the first N training sentences")] = None,
     max_dev: Annotated[int | None, typer.Option(min=1, help="Use the first N dev sentences")] = None,
-    subword: Annotated[str, typer.Option(help="first | last | mean | first_last | max")] = "first",
+    subword: Annotated[str, typer.Option(help=" | ".join(SUBWORD_POOLS))] = "first",
     controls: ControlsOption = "random_model,control_task",
     seed: SeedOption = 0,
     settings: Settings = MODEL_SETTINGS,  # the model options (@model_options)
@@ -87,7 +88,7 @@ def probe_conll(
     column: Annotated[str, typer.Option(help="ner (entity F1) | pos | chunk")] = "ner",
     max_train: Annotated[int | None, typer.Option(min=1, help="Use the first N training sentences")] = None,
     max_dev: Annotated[int | None, typer.Option(min=1, help="Use the first N dev sentences")] = None,
-    subword: Annotated[str, typer.Option(help="first | last | mean | first_last | max")] = "first",
+    subword: Annotated[str, typer.Option(help=" | ".join(SUBWORD_POOLS))] = "first",
     controls: ControlsOption = "random_model,control_task",
     seed: SeedOption = 0,
     settings: Settings = MODEL_SETTINGS,  # the model options (@model_options)

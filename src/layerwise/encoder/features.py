@@ -14,11 +14,10 @@ from typing import Any, Protocol, cast
 import numpy as np
 
 from ..features.layers import LayerSpec
+from ..features.names import SentencePool, SpecialTokens, SubwordPool, sentence_convention
 from ..features.plan import LongTexts, OutputPlan
-from ..features.pool import SentencePool, SpecialTokens, SubwordPool
 from ..features.stream import all_features, features_layers, sentence_matrix, word_vectors
 from ..inputs.encoding import as_texts, split_word_inputs
-from ..model.source import sentence_convention
 from ..results import WordVectors
 from ..settings import FinalNorm
 

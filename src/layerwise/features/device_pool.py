@@ -23,7 +23,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .fuse import NAMED_FUSIONS, fusion_layers
+from .fuse import fusion_layers
+from .names import NAMED_FUSIONS
 from .pool import word_group_ids
 
 GROUP_POOLS = ("first", "last", "mean", "max", "first_last")

@@ -25,20 +25,7 @@ import numpy as np
 
 from ..errors import LayerSpecError, OptionError
 from .layers import resolve_layers
-
-# name -> (layer spec, operation)
-NAMED_FUSIONS: dict[str, tuple[str | int, str]] = {
-    "embeddings": (0, "select"),
-    "last": (-1, "select"),
-    "second_to_last": (-2, "select"),
-    "sum_last4": ("last4", "sum"),
-    "mean_last4": ("last4", "mean"),
-    "concat_last4": ("last4", "concat"),
-    "sum_all": ("all", "sum"),
-    "mean_all": ("all", "mean"),
-}
-GENERIC_FUSIONS: tuple[str, ...] = ("mean", "sum", "concat")
-FUSIONS: tuple[str, ...] = (*NAMED_FUSIONS, *GENERIC_FUSIONS)
+from .names import FUSIONS, GENERIC_FUSIONS, NAMED_FUSIONS
 
 
 def check_fusion(name: str) -> None:

@@ -26,9 +26,10 @@ import numpy as np
 from ..errors import LayerwiseError, OptionError, check_choice
 from ..results import LayerStack, SentenceVector, WordVectors
 from ..settings import NUMBERS, FinalNorm, check_final_norm
-from .fuse import GENERIC_FUSIONS, check_fusion, fuse_layers, fusion_layers
+from .fuse import check_fusion, fuse_layers, fusion_layers
 from .layers import LayerSpec, resolve_layers
-from .pool import SENTENCE_POOLS, SPECIAL_TOKENS, SUBWORD_POOLS, pool_sentence, pool_words
+from .names import GENERIC_FUSIONS, SENTENCE_POOLS, SPECIAL_TOKENS, SUBWORD_POOLS, pool_names
+from .pool import pool_sentence, pool_words
 
 Level = Literal["token", "word", "sentence"]
 OutputDtype = Literal["float32", "float16"]
@@ -47,10 +48,6 @@ def _names_fusion_layers(layers: LayerSpec, fuse: str) -> bool:
         return False
 
 
-def _pool_choices() -> list[str]:
-    return ["token"] + [f"word:{m}" for m in SUBWORD_POOLS] + [f"sentence:{m}" for m in SENTENCE_POOLS]
-
-
 def levelled_pool(pool: str) -> str:
     """``pool`` with its level: a bare sentence mode ("mean", as ``Encoder.embed`` takes it) is
     ``"sentence:MODE"``, a bare word-only mode ("first") ``"word:MODE"``; anything else as given."""
@@ -64,7 +61,7 @@ def levelled_pool(pool: str) -> str:
 def pool_spellings() -> list[str]:
     """Every ``pool`` string ``OutputPlan.parse`` takes: the levelled forms and the bare modes."""
     bare = [*SENTENCE_POOLS, *(m for m in SUBWORD_POOLS if m not in SENTENCE_POOLS)]
-    return _pool_choices() + bare
+    return pool_names() + bare
 
 
 @dataclass(frozen=True)
@@ -95,7 +92,7 @@ class OutputPlan:
             object.__setattr__(self, "mode", self.mode[len(self.level) + 1 :])  # both spellings
         modes = {"token": (None,), "word": SUBWORD_POOLS, "sentence": SENTENCE_POOLS}[self.level]
         if self.mode not in modes:
-            choices = ", ".join(_pool_choices())
+            choices = ", ".join(pool_names())
             wrong = _wrong_level(self.level, self.mode)
             raise OptionError(wrong or f"pool {self.pool!r} is not valid; choose one of {choices}")
         check_choice("special_tokens", self.special_tokens, SPECIAL_TOKENS)
@@ -160,7 +157,7 @@ class OutputPlan:
             )
         level, _, mode = levelled_pool(pool).partition(":")
         if level not in ("token", "word", "sentence") or (level == "token") == bool(mode):
-            raise OptionError(f"pool {pool!r} is not valid; choose one of {', '.join(_pool_choices())}")
+            raise OptionError(f"pool {pool!r} is not valid; choose one of {', '.join(pool_names())}")
         # a named fusion picks its own layers: the CLI's default "all" then means "not given"
         if fuse is not None and layers == "all" and fuse not in GENERIC_FUSIONS:
             layers = None

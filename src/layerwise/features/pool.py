@@ -27,20 +27,11 @@ Word pooling groups wordpieces by word (``word_ids`` within each segment) and co
 
 from __future__ import annotations
 
-from typing import Literal, get_args
-
 import numpy as np
 
 from ..errors import check_choice
 from ..results import LayerStack, WordVectors
-
-# each list once: the type checkers' Literal, and its values for the checks and the front ends
-SentencePool = Literal["cls", "mean", "max", "last"]
-SENTENCE_POOLS: tuple[str, ...] = get_args(SentencePool)
-SubwordPool = Literal["first", "last", "mean", "first_last", "max"]
-SUBWORD_POOLS: tuple[str, ...] = get_args(SubwordPool)
-SpecialTokens = Literal["include", "exclude"]
-SPECIAL_TOKENS: tuple[str, ...] = get_args(SpecialTokens)
+from .names import SENTENCE_POOLS, SPECIAL_TOKENS, SUBWORD_POOLS, SentencePool, SpecialTokens, SubwordPool
 
 
 def pool_sentence(

@@ -16,8 +16,9 @@ from ..errors import OptionError, check_choice
 from ..results import LayerStack, SentenceVector, WordVectors, check_float16, layers_along
 from .fuse import check_fusion, fuse_layers, fusion_layers
 from .layers import LayerSpec, resolve_layers
+from .names import SENTENCE_POOLS, SPECIAL_TOKENS
 from .plan import OutputPlan
-from .pool import SENTENCE_POOLS, SPECIAL_TOKENS, pool_sentence
+from .pool import pool_sentence
 
 Stream = Iterable[tuple[int, LayerStack]]
 Outputs = Iterable[tuple[int, LayerStack, LayerStack | WordVectors | SentenceVector]]

@@ -329,17 +329,6 @@ class SentenceTransformersConfig:
     normalize: bool
 
 
-def sentence_convention(st: SentenceTransformersConfig | None) -> tuple[str, bool]:
-    """``(pool, normalize)`` of sentence-transformers' ``encode()`` for this model (mean, no
-    normalisation when it has no sentence-transformers config); a pooling layerwise does not
-    implement is an error, never a silent fallback to another pooling."""
-    pool, normalize = (st.pool, st.normalize) if st else ("mean", False)
-    pool = "last" if pool == "lasttoken" else pool  # sentence-transformers' name for it
-    if pool not in ("cls", "mean", "max", "last"):
-        raise OptionError(f"this model pools with {pool!r}; layerwise implements cls, mean, max and last")
-    return pool, normalize
-
-
 _ST_POOL_KEYS = (
     ("pooling_mode_cls_token", "cls"),
     ("pooling_mode_mean_tokens", "mean"),

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 
 from ..errors import InputError, OptionError, check_choice
-from ..features.fuse import NAMED_FUSIONS, check_fusion, fusion_layers
-from ..features.pool import SUBWORD_POOLS, SubwordPool
+from ..features.fuse import check_fusion, fusion_layers
+from ..features.names import NAMED_FUSIONS, SUBWORD_POOLS, SubwordPool
 from .linear import _require_sklearn, control_labels, fit_predict, scalar_mix_probe
 from .result import ProbeResult, ProbeRow
 from .sources import (

@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..errors import InputError
-from ..features.fuse import NAMED_FUSIONS, fuse_layers, fusion_layers
+from ..features.fuse import fuse_layers, fusion_layers
+from ..features.names import NAMED_FUSIONS, SubwordPool
 from ..features.plan import OutputPlan
-from ..features.pool import SubwordPool
 from .result import ProbeRow
 from .tasks import TaggedSentences
 

@@ -7,6 +7,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
+from ..features.names import POOL_HELP
 from ..settings import parse_final_norm
 
 LayerValue = str | int | list[int]
@@ -86,9 +87,7 @@ class LayersRequest(_Strict):
         None, description="Pre-split words, one list per input"
     )
     layers: LayerValue = "all"
-    pool: str = Field(
-        "token", description="token | word:first|last|mean|first_last|max | sentence:mean|cls|max"
-    )
+    pool: str = Field("token", description=POOL_HELP)
     fuse: str | None = None
     special_tokens: Literal["include", "exclude"] = "include"
     normalize: bool = False

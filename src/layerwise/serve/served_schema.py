@@ -16,9 +16,8 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
-from ..features.fuse import FUSIONS
+from ..features.names import FUSIONS, SENTENCE_POOLS
 from ..features.plan import pool_spellings
-from ..features.pool import SENTENCE_POOLS
 
 
 def describe_served(app: FastAPI, encoders: Mapping[str, Any]) -> None:

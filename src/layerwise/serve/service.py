@@ -15,8 +15,8 @@ import numpy as np
 from starlette.concurrency import run_in_threadpool
 
 from ..errors import OptionError
+from ..features.names import SENTENCE_POOLS
 from ..features.plan import OutputPlan, levelled_pool
-from ..features.pool import SENTENCE_POOLS
 from .admission import check_response_size, result_values, tokenise
 from .batcher import Batcher, Finish, Job
 from .limits import ServeSettings
@@ -196,7 +196,7 @@ def _raw(**inputs) -> RawInputs:
 def _embeddings_plan(encoder: Encoder, body: EmbeddingsRequest, settings: ServeSettings) -> OutputPlan:
     """Defaults follow the model's sentence-transformers convention (Encoder.encode): last layer,
     its pooling, its normalisation; every field the request sets overrides them."""
-    from ..model.source import sentence_convention
+    from ..features.names import sentence_convention
 
     st = encoder.sentence_transformers
     pool = body.pool
