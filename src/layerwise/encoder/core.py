@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any, Unpack, overload
 
 import torch
@@ -198,12 +199,10 @@ class Encoder(FeatureCalls):
         if settled.level in ("sentence", "word") and settled.mode is not None:
             on_device = DevicePlan(settled.level, settled.mode, settled.special_tokens, settled.fuse,
                                    settled.normalize, self.n_hidden_states)  # fmt: skip
-        stream = _stream(
-            self, texts, text_pairs=text_pairs, pairs=pairs, words=words,
-            layers=settled.hidden_states(self.n_hidden_states), long_texts=settled.long_texts,
-            stride=settled.stride, final_norm=settled.final_norm,  # None for an encoder: nothing to norm
-            progress=progress, report_truncation=report_truncation, device_pool=on_device,
-        )  # fmt: skip
+        request = _Request(layers=settled.hidden_states(self.n_hidden_states), long_texts=settled.long_texts,
+                           stride=settled.stride, final_norm=settled.final_norm,  # an encoder's: None
+                           device_pool=on_device)  # fmt: skip
+        stream = _stream(self, request, texts, text_pairs, pairs, words, progress, report_truncation)
         return ((index, stack, settled.result(stack, self.n_hidden_states)) for index, stack in stream)
 
     def tokenize(
@@ -243,11 +242,9 @@ class Encoder(FeatureCalls):
         run a corpus in blocks pass ``report_truncation=False`` and report once themselves.
         ``method`` and ``final_norm``: None takes the Encoder's own. ``dtype``: of the states
         (float32, or float16: cast on the device, so half the bytes cross and no float32 is made)."""
-        return _stream(
-            self, texts, text_pairs=text_pairs, pairs=pairs, words=words, layers=layers, method=method,
-            taps=taps, long_texts=long_texts, stride=stride, batch_size=batch_size, max_tokens=max_tokens,
-            progress=progress, report_truncation=report_truncation, final_norm=final_norm, dtype=dtype,
-        )  # fmt: skip
+        request = _Request(layers, method, taps, long_texts, stride, batch_size, max_tokens, final_norm,
+                           dtype)  # fmt: skip
+        return _stream(self, request, texts, text_pairs, pairs, words, progress, report_truncation)
 
     def _final_norm(self, value: FinalNorm | None) -> FinalNorm:
         """A call's final norm: its own, else this Encoder's; "all" and False need a decoder."""
@@ -288,33 +285,41 @@ class Encoder(FeatureCalls):
         return ordered[0] if single else ordered
 
 
+@dataclass(frozen=True)
+class _Request:
+    """What one streaming call computes: ``Encoder.iter_extract``'s keywords, and ``device_pool``
+    (the plan's pool, fusion, normalisation) for ``Encoder.iter_results``' sentence and word plans."""
+
+    layers: LayerSpec = "all"
+    method: Method | None = None  # None: the Encoder's
+    taps: Sequence[str] = ()
+    long_texts: LongTexts = "truncate"
+    stride: int | None = None
+    batch_size: int | None = None
+    max_tokens: int | None = None
+    final_norm: FinalNorm | None = None  # None: the Encoder's
+    dtype: str = "float32"
+    device_pool: DevicePlan | None = None
+
+
 def _stream(
     self: Encoder,
-    texts: Sequence[str] | None = None,
-    *,
-    text_pairs: Sequence[str] | None = None,
-    pairs: Sequence[tuple[str, str]] | None = None,
-    words: Sequence[Sequence[str]] | None = None,
-    layers: LayerSpec = "all",
-    method: Method | None = None,
-    taps: Sequence[str] = (),
-    long_texts: LongTexts = "truncate",
-    stride: int | None = None,
-    batch_size: int | None = None,
-    max_tokens: int | None = None,
-    progress: bool | None = None,
-    report_truncation: bool = True,
-    final_norm: FinalNorm | None = None,
-    device_pool: DevicePlan | None = None,
-    dtype: str = "float32",
+    request: _Request,
+    texts: Sequence[str] | None,
+    text_pairs: Sequence[str] | None,
+    pairs: Sequence[tuple[str, str]] | None,
+    words: Sequence[Sequence[str]] | None,
+    progress: bool | None,
+    report_truncation: bool,
 ) -> Iterator[tuple[int, LayerStack]]:
-    """``Encoder.iter_extract``, and ``device_pool`` (the plan's pool, fusion, normalisation) for
-    ``Encoder.iter_results``' sentence and word plans: see ``Engine.stream``."""
-    layer_ids = resolve_layers(layers, self.n_hidden_states)
-    check_choice("dtype", dtype, tuple(RESULT_DTYPES))
-    method = self.method if method is None else method
-    norm = self._final_norm(final_norm)
-    taps = _check_extract_options(self, method, taps, long_texts, stride)
+    """Check ``request``, then the inputs; tokenise them and start the engine's stream (see
+    ``Engine.stream``)."""
+    layer_ids = resolve_layers(request.layers, self.n_hidden_states)
+    check_choice("dtype", request.dtype, tuple(RESULT_DTYPES))
+    method = self.method if request.method is None else request.method
+    norm = self._final_norm(request.final_norm)
+    long_texts, stride = request.long_texts, request.stride
+    taps = _check_extract_options(self, method, request.taps, long_texts, stride)
     raw = normalize_inputs(texts, text_pairs=text_pairs, pairs=pairs, words=words)
     if long_texts == "window":
         check_window_memory(raw, len(layer_ids), self.hidden_size)
@@ -323,8 +328,9 @@ def _stream(
         report_truncation_warning(encoded, self.max_length)
     report_empty_words(encoded)
     return self.engine.stream(
-        encoded, layers=layer_ids, method=method, taps=taps, stride=stride, batch_size=batch_size,
-        max_tokens=max_tokens, progress=progress, final_norm=norm, device_pool=device_pool, dtype=dtype,
+        encoded, layers=layer_ids, method=method, taps=taps, stride=stride, batch_size=request.batch_size,
+        max_tokens=request.max_tokens, progress=progress, final_norm=norm, device_pool=request.device_pool,
+        dtype=request.dtype,
     )  # fmt: skip
 
 
