@@ -12,7 +12,7 @@ import typer
 
 from ..errors import LayerwiseError, OptionError
 from ..settings import Settings
-from .extract import InputFormatOption, TextColumnOption
+from .corpus_options import InputFormatOption, TextColumnOption
 from .options import (
     MODEL_SETTINGS,
     EncodingErrorsChoice,

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import time
-from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
@@ -14,10 +13,19 @@ import typer
 from ..errors import InputError, LayerwiseError, OptionError
 from ..features.names import FUSE_HELP, POOL_HELP
 from ..settings import Settings
+from .corpus_options import (
+    ALL_COLUMNS,
+    DEFAULT_LAYOUT,
+    NO_RAY,
+    CorpusColumns,
+    LayoutOptions,
+    RayOptions,
+    corpus_options,
+    layout_options,
+    ray_options,
+)
 from .options import (
     MODEL_SETTINGS,
-    EncodingErrorsChoice,
-    EncodingErrorsOption,
     LayersOption,
     LongTextsChoice,
     LongTextsOption,
@@ -31,30 +39,6 @@ from .options import (
     model_options,
 )
 
-
-class FormatChoice(StrEnum):
-    txt = "txt"
-    tsv = "tsv"
-    jsonl = "jsonl"
-    csv = "csv"
-    parquet = "parquet"
-
-
-# a corpus' text column and format, as every command that reads one names them
-TextColumnOption = Annotated[
-    str | None, typer.Option(help="The column of the texts (CSV, Parquet) [default: text]")
-]
-InputFormatOption = Annotated[
-    FormatChoice | None, typer.Option("--format", help="Input format [default: from the suffix]")
-]
-
-
-class BadRowChoice(StrEnum):
-    error = "error"
-    skip = "skip"
-
-
-INPUT_PANEL = "Input columns"
 PoolOption = Annotated[
     str,
     typer.Option("--pool", "-p", help=POOL_HELP),
@@ -73,6 +57,9 @@ NoTextOption = Annotated[
 
 @app.command()
 @model_options()
+@ray_options()
+@layout_options()
+@corpus_options()
 def extract(
     inputs: Annotated[
         list[str],
@@ -107,87 +94,16 @@ def extract(
     stride: Annotated[
         int | None, typer.Option(min=1, help="Window step in tokens [default: half a window]")
     ] = None,
-    encoding_errors: EncodingErrorsOption = EncodingErrorsChoice.strict,
-    format: Annotated[
-        FormatChoice | None,
-        typer.Option("--format", help="Input format [default: from the suffix]", rich_help_panel=INPUT_PANEL),
-    ] = None,
-    text_column: Annotated[
-        str | None, typer.Option(help="Column (field) holding the text", rich_help_panel=INPUT_PANEL)
-    ] = None,
-    pair_column: Annotated[
-        str | None, typer.Option(help="Column holding a second segment: a pair", rich_help_panel=INPUT_PANEL)
-    ] = None,
-    id_column: Annotated[
-        str | None,
-        typer.Option(
-            help="Column holding each row's id [default: the 0-based row]", rich_help_panel=INPUT_PANEL
-        ),
-    ] = None,
-    words_column: Annotated[
-        str | None,
-        typer.Option(help="List column of pre-split words (instead of a text)", rich_help_panel=INPUT_PANEL),
-    ] = None,
-    limit: Annotated[
-        int | None,
-        typer.Option(min=1, help="Only the first N texts: try before you run", rich_help_panel=INPUT_PANEL),
-    ] = None,
-    on_bad_row: Annotated[
-        BadRowChoice,
-        typer.Option(
-            help="A null or non-text row: stop before writing (error), or skip and count it",
-            rich_help_panel=INPUT_PANEL,
-        ),
-    ] = BadRowChoice.error,
     no_text: NoTextOption = False,
     overwrite: Annotated[
         bool, typer.Option(help="Start an existing store again instead of resuming it")
     ] = False,
-    block_size: Annotated[
-        int | None,
-        typer.Option(
-            min=1,
-            help="Store: texts sorted and committed together [default: 2048]",
-            rich_help_panel="Store layout",
-        ),
-    ] = None,
-    chunk_rows: Annotated[
-        int | None,
-        typer.Option(min=1, help="Store: rows per chunk [default: 128]", rich_help_panel="Store layout"),
-    ] = None,
-    shard_chunks: Annotated[
-        int | None,
-        typer.Option(
-            min=1, help="Store: chunks per shard (one file) [default: 64]", rich_help_panel="Store layout"
-        ),
-    ] = None,
-    ray: Annotated[
-        str | None,
-        typer.Option(
-            "--ray",
-            help="Run on Ray: local (start one here) or auto (join a cluster); writes a sharded store",
-            rich_help_panel="Ray",
-        ),
-    ] = None,
-    workers: Annotated[
-        int | None,
-        typer.Option(min=1, help="Ray actors, each with its model [default: 2]", rich_help_panel="Ray"),
-    ] = None,
-    threads_per_worker: Annotated[
-        int | None,
-        typer.Option(min=1, help="torch threads (CPUs) per actor [default: 1]", rich_help_panel="Ray"),
-    ] = None,
-    shard_size: Annotated[
-        int | None,
-        typer.Option(
-            min=1,
-            help="Texts per shard [default: ~32 shards of 1024..4096, one per worker at least]",
-            rich_help_panel="Ray",
-        ),
-    ] = None,
     quiet: Annotated[
         bool, typer.Option("--quiet", "-q", help="No progress bar or summary (warnings and errors show)")
     ] = False,
+    columns: CorpusColumns = ALL_COLUMNS,  # the corpus options (@corpus_options)
+    layout: LayoutOptions = DEFAULT_LAYOUT,  # the store's layout (@layout_options)
+    ray: RayOptions = NO_RAY,  # --ray and its options (@ray_options)
     settings: Settings = MODEL_SETTINGS,  # the model options (@model_options)
 ) -> None:
     """Extract hidden states of every requested layer for each input and write them to a file
@@ -198,15 +114,10 @@ def extract(
         from ..features.plan import OutputPlan
 
         to_store = output.suffix.lower() == ".lw" or output.is_dir()
-        backend = (
-            "--ray" if ray is not None else ("a store (-o *.lw)" if to_store else f"a {output.suffix} file")
-        )
-        _refuse_unused(
-            backend, to_store=to_store, on_ray=ray is not None, no_text=no_text, overwrite=overwrite,
-            layout={"--block-size": block_size, "--chunk-rows": chunk_rows, "--shard-chunks": shard_chunks},
-            ray_only={"--workers": workers, "--threads-per-worker": threads_per_worker,
-                      "--shard-size": shard_size},
-        )  # fmt: skip
+        on_ray = ray.mode is not None
+        backend = "--ray" if on_ray else ("a store (-o *.lw)" if to_store else f"a {output.suffix} file")
+        _refuse_unused(backend, to_store=to_store, on_ray=on_ray, no_text=no_text, overwrite=overwrite,
+                       layout=layout.given(), ray_only=ray.given())  # fmt: skip
         if not to_store:
             from ..files.writers import output_format
 
@@ -232,25 +143,15 @@ def extract(
             from ..files.parquet import check_parquet_plan
 
             check_parquet_plan(plan.level)
-        from ..inputs.corpus import Corpus
-
-        corpus = Corpus(
-            inputs, format=format.value if format else None, text_column=text_column, pair_column=pair_column,
-            id_column=id_column, words_column=words_column, limit=limit, on_bad_row=on_bad_row.value,
-            encoding_errors=encoding_errors.value,
-        )  # fmt: skip
+        corpus = columns.corpus(inputs)
         if not len(corpus):  # reads every row once: a bad one stops here, before the model loads
             skipped = corpus.scan().n_skipped
             raise InputError(
                 f"{corpus.describe()} holds no texts" + (f" ({skipped} bad rows skipped)" if skipped else "")
             )
         source = corpus.describe()
-        from ..store.format import BLOCK_SIZE, CHUNK_ROWS, SHARD_CHUNKS, StoreLayout
-
-        layout = StoreLayout(block_size or BLOCK_SIZE, chunk_rows or CHUNK_ROWS, shard_chunks or SHARD_CHUNKS)
-        if ray is not None:
-            _extract_on_ray(ray, settings, corpus, output, plan, workers or 2, threads_per_worker or 1,
-                            shard_size, overwrite, layout, quiet)  # fmt: skip
+        if ray.mode is not None:
+            _extract_on_ray(ray.mode, ray, settings, corpus, output, plan, overwrite, layout.layout(), quiet)
             return
         from ..encoder import Encoder
 
@@ -263,7 +164,7 @@ def extract(
         if to_store:
             from ..store import extract_to_store
 
-            stored = extract_to_store(enc, corpus, output, plan, layout=layout, overwrite=overwrite,
+            stored = extract_to_store(enc, corpus, output, plan, layout=layout.layout(), overwrite=overwrite,
                                       source=source, progress=progress)  # fmt: skip
             if not quiet:
                 _report_store(stored, enc.name, corpus.scan().n_skipped)
@@ -310,14 +211,16 @@ def _refuse_unused(
             raise OptionError(f"{option} applies to --ray; {backend} runs in this process: add --ray local")
 
 
-def _extract_on_ray(mode, settings, data, output, plan, workers, threads, shard_size, overwrite, layout,
-                    quiet) -> None:  # fmt: skip
+def _extract_on_ray(
+    mode: str, ray: RayOptions, settings, data, output, plan, overwrite, layout, quiet
+) -> None:
     from .. import ray as lw_ray
 
+    workers, threads = ray.workers or 2, ray.threads_per_worker or 1
     lw_ray.init(mode, workers=workers, threads_per_worker=threads)
     summary = lw_ray.extract_to_store(
         settings, data, output, plan, layout=layout, workers=workers, threads_per_worker=threads,
-        shard_size=shard_size, overwrite=overwrite,
+        shard_size=ray.shard_size, overwrite=overwrite,
     )  # fmt: skip
     if not quiet:
         resumed = f" ({summary.n_shards_skipped} already complete)" if summary.n_shards_skipped else ""

@@ -13,7 +13,7 @@ import typer
 from .. import __version__
 from ..errors import LayerwiseError, OptionError
 from ..settings import Settings
-from .extract import InputFormatOption, TextColumnOption
+from .corpus_options import InputFormatOption, TextColumnOption
 from .options import (
     MODEL_SETTINGS,
     EncodingErrorsChoice,

@@ -163,6 +163,37 @@ MODEL_OPTIONS: tuple[str, ...] = tuple(p.name for p in _model_parameters(None))
 MODEL_SETTINGS = Settings()
 
 
+def option_group(
+    provides: tuple[str, ...], parameters: list[inspect.Parameter], build: Callable[..., dict[str, Any]]
+) -> Callable[[Callable], Callable]:
+    """Give a command a group of options that it takes as values of its own: the command declares the
+    keywords ``provides``; Typer sees ``parameters`` instead, and each run passes
+    ``build(**their values)`` (a dict over ``provides``). A bad value fails as any option does."""
+    names = tuple(p.name for p in parameters)
+
+    def decorate(command: Callable) -> Callable:
+        own = inspect.signature(command, eval_str=True)
+        kept = [p.replace(kind=_KEYWORD) for p in own.parameters.values() if p.name not in provides]
+        clash = {p.name for p in kept} & set(names)
+        assert not clash, f"{command.__name__} declares a group's options itself: {clash}"
+        every = [*kept, *parameters]
+
+        @functools.wraps(command)
+        def run(**values: Any) -> Any:
+            chosen = {name: values.pop(name) for name in names}
+            try:
+                values.update(build(**chosen))
+            except LayerwiseError as exc:
+                raise _fail(exc) from None
+            return command(**values)
+
+        run.__signature__ = own.replace(parameters=every)  # type: ignore[attr-defined]  # what Typer reads
+        run.__annotations__ = {p.name: p.annotation for p in every}
+        return run
+
+    return decorate
+
+
 def model_options(
     final_norm: FinalNormChoice | None = None, *, many: bool = False
 ) -> Callable[[Callable], Callable]:
@@ -173,30 +204,14 @@ def model_options(
     ``many``: --model may be repeated (the server's models): the command takes them as ``models``
     (None: not given), and ``settings`` without a model."""
 
-    def decorate(command: Callable) -> Callable:
-        own = inspect.signature(command, eval_str=True)
-        taken = {"settings", "models"} if many else {"settings"}
-        kept = [p.replace(kind=_KEYWORD) for p in own.parameters.values() if p.name not in taken]
-        clash = {p.name for p in kept} & set(MODEL_OPTIONS)
-        assert not clash, f"{command.__name__} declares model options itself: {clash}"
-        parameters = [*kept, *_model_parameters(final_norm, many)]
+    def build(**chosen: Any) -> dict[str, Any]:
+        if not many:
+            return {"settings": settings_from_options(**chosen)}
+        models, chosen["model"] = chosen["model"], None
+        return {"settings": settings_from_options(**chosen), "models": models}
 
-        @functools.wraps(command)
-        def run(**values: Any) -> Any:
-            chosen = {name: values.pop(name) for name in MODEL_OPTIONS}
-            if many:
-                values["models"], chosen["model"] = chosen["model"], None
-            try:
-                settings = settings_from_options(**chosen)
-            except LayerwiseError as exc:
-                raise _fail(exc) from None
-            return command(settings=settings, **values)
-
-        run.__signature__ = own.replace(parameters=parameters)  # type: ignore[attr-defined]  # what Typer reads
-        run.__annotations__ = {p.name: p.annotation for p in parameters}
-        return run
-
-    return decorate
+    provides = ("settings", "models") if many else ("settings",)
+    return option_group(provides, _model_parameters(final_norm, many), build)
 
 
 def settings_from_options(*, model, device, model_dtype, max_length, batch_size, max_tokens, packed,
