@@ -48,7 +48,7 @@ def write_bandwidth(folder: Path, mib: int = 1024) -> float:
 
 def forward_alone(enc, contexts, layers) -> float:
     """Seconds to compute ``layers`` of every context and throw them away."""
-    from layerwise.inputs.batches import TokenUnit
+    from layerwise._inputs.batches import TokenUnit
 
     zeros = (0,) * contexts.shape[1]
     started = time.perf_counter()
@@ -65,9 +65,9 @@ def measure(
     import numpy as np
 
     import layerwise as lw
-    from layerwise.cache.contexts import read_contexts
-    from layerwise.cache.format import read_meta
-    from layerwise.features.layers import resolve_layers
+    from layerwise._cache.contexts import read_contexts
+    from layerwise._cache.format import read_meta
+    from layerwise._features.layers import resolve_layers
 
     layers = resolve_layers("0.25,0.5,0.75", enc.n_hidden_states)
     options = lw.CacheOptions(layers=list(layers), context=context, tokens=tokens)

@@ -45,7 +45,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import numpy as np
 
 from layerwise.errors import StoreDamagedError
-from layerwise.store.format import StoreLayout
+from layerwise.store._format import StoreLayout
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))

@@ -30,7 +30,7 @@ import torch
 from common import interleaved_times
 
 import layerwise as lw
-from layerwise.inputs.batches import length_sorted_batches
+from layerwise._inputs.batches import length_sorted_batches
 
 
 def _sync(device: str) -> None:

@@ -22,7 +22,7 @@ score at its pick, in points (score x 100), over hidden states 1..L.
 (of the same kind when the group has no other model; among the rules it computes by default, no
 view metrics), and scored on the left-out model's cases. The mean and worst of those held-out
 regrets, for encoders and decoders apart, are the figures the command quotes. The shipped table,
-src/layerwise/analysis/data/label_free_rules.json, is the same choice made on every model.
+src/layerwise/_analysis/data/label_free_rules.json, is the same choice made on every model.
 
 Prints the docs' table (docs/guide/analysis.md) and writes the result and the rule table.
 """
@@ -81,8 +81,8 @@ def collect(model, args) -> dict:
 # ---------------------------------------------------------------------------------------------- scoring
 def cases_of(models: dict) -> list[dict]:
     """Every (model, task, pooling) with its scores per hidden state and each rule's regret."""
-    from layerwise.analysis.label_free import LayerMetrics
-    from layerwise.analysis.layer_choice import RULES, layer_by_rule
+    from layerwise._analysis.label_free import LayerMetrics
+    from layerwise._analysis.layer_choice import RULES, layer_by_rule
 
     cases = []
     for name, record in models.items():
@@ -119,14 +119,14 @@ def summary(cases: list[dict], rules) -> dict[str, dict]:
 
 def ranked(stats: dict[str, dict]) -> list[str]:
     """Best first: lowest mean regret, then lowest worst, then the rules' own order (fixed rules first)."""
-    from layerwise.analysis.layer_choice import RULES
+    from layerwise._analysis.layer_choice import RULES
 
     return sorted(stats, key=lambda r: (stats[r]["mean"], stats[r]["worst"], RULES.index(r)))
 
 
 def choose(training: list[dict]) -> str:
     """The rule `layerwise layers` would recommend if the benchmark held only ``training``."""
-    from layerwise.analysis.layer_choice import DEFAULT_RULES
+    from layerwise._analysis.layer_choice import DEFAULT_RULES
 
     return ranked(summary(training, DEFAULT_RULES))[0]
 
@@ -180,7 +180,7 @@ def _figures(regrets: list[float]) -> dict:
 
 
 def rule_table(models: dict, cases: list[dict], lomo: dict) -> dict:
-    from layerwise.analysis.layer_choice import RULES
+    from layerwise._analysis.layer_choice import RULES
 
     groups = {}
     for group in sorted({c["group"] for c in cases}):
@@ -214,7 +214,7 @@ def docs_table(cases: list[dict], lomo: dict) -> str:
     """The table of docs/guide/analysis.md: every rule's mean and worst regret per kind (a fixed rule
     or metric is chosen on nothing, so its regret on the cases is held out as it is), beside the
     recommendation chosen by leave-one-model-out."""
-    from layerwise.analysis.layer_choice import RULES
+    from layerwise._analysis.layer_choice import RULES
 
     kinds = ("encoder", "decoder")
     per_kind = {kind: summary([c for c in cases if c["kind"] == kind], RULES) for kind in kinds}

@@ -4,8 +4,8 @@
 
 1. Loading the default model: in fresh processes (after importing torch and transformers, which
    every contender pays), the import of transformers' ``modeling_bert`` and ``AutoModel.
-   from_pretrained``, against layerwise's ``load_light_model`` (src/layerwise/model/light.py).
-2. The store's float16 cast of one text's rows (src/layerwise/store/rows.py): NumPy's cast of the
+   from_pretrained``, against layerwise's ``load_light_model`` (src/layerwise/_model/light.py).
+2. The store's float16 cast of one text's rows (src/layerwise/store/_rows.py): NumPy's cast of the
    token-major view, against torch's copy on one thread, per 2,048-token batch of all 7 hidden
    states; then inside ``extract_to_store`` on the store_speed corpus, the time spent in the cast
    with NumPy, torch on one thread (what the writer does) and torch on the caller's two threads.
@@ -38,7 +38,7 @@ LOADS = {
         "AutoModel.from_pretrained(p).eval(); print(i, time.perf_counter() - t)"
     ),
     "layerwise light model": (
-        "from layerwise.model.light import load_light_model; from transformers import AutoConfig; "
+        "from layerwise._model.light import load_light_model; from transformers import AutoConfig; "
         "c = AutoConfig.from_pretrained(p); t = time.perf_counter(); "
         "assert load_light_model(p, c, torch.float32) is not None; print(0.0, time.perf_counter() - t)"
     ),
@@ -74,8 +74,8 @@ def main() -> None:
     import torch
 
     import layerwise as lw
-    import layerwise.store.writer as writer
-    from layerwise.store.rows import stored_rows
+    import layerwise.store._writer as writer
+    from layerwise.store._rows import stored_rows
 
     view = np.random.default_rng(0).standard_normal((7, 2048, 384), dtype=np.float32).transpose(1, 0, 2)
     report["cast_ms_per_2048_tokens"] = {

@@ -25,7 +25,7 @@ sys.path.insert(0, str(HERE))
 from common import mixed_corpus, write_result  # noqa: E402
 
 import layerwise as lw  # noqa: E402
-from layerwise.inputs.batches import length_sorted_batches  # noqa: E402
+from layerwise._inputs.batches import length_sorted_batches  # noqa: E402
 from layerwise.reference import Bert  # noqa: E402
 
 

@@ -38,7 +38,7 @@ def rss():
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
 import numpy, pyarrow.parquet, zarr, layerwise as lw
-from layerwise.store.parts import read_manifest
+from layerwise.store._parts import read_manifest
 steps = {"imports": (0.0, rss())}
 path, whole = sys.argv[1], sys.argv[2] == "whole"
 t = time.perf_counter()

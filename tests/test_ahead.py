@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from layerwise.inputs.ahead import ahead
+from layerwise._inputs.ahead import ahead
 
 
 def test_items_come_in_order_with_the_next_one_started_meanwhile():

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 import layerwise as lw
-from layerwise.analysis.label_free import ONE_PASS_METRICS
-from layerwise.analysis.stats import linear_cka
+from layerwise._analysis.label_free import ONE_PASS_METRICS
+from layerwise._analysis.stats import linear_cka
 
 RNG = np.random.default_rng(0)
 
@@ -89,7 +89,7 @@ REPORT_TEXTS = [
 def report(tmp_path_factory, make_tiny_model):
     enc = lw.Encoder(make_tiny_model("bert"), device="cpu")
     folder = tmp_path_factory.mktemp("report")
-    from layerwise.analysis.report import write_report
+    from layerwise._analysis.report import write_report
 
     stacks = enc.extract(REPORT_TEXTS, long_texts="window", progress=False)
     return write_report(stacks, folder, model=enc.name, max_length=enc.max_length, words=["bank", "crane"])
@@ -156,7 +156,7 @@ def test_cli_analyze_and_plot(tmp_path, make_tiny_model):
 
 @pytest.mark.parametrize("method", ["pca", "tsne"])
 def test_projection_grid(tmp_path, method):
-    from layerwise.analysis.plot import plot_projections, project
+    from layerwise._analysis.plot import plot_projections, project
 
     vectors = np.concatenate([RNG.normal(size=(3, 10, 8)), RNG.normal(size=(3, 10, 8)) + 6], axis=1)
     labels = ["a"] * 10 + ["b"] * 10
@@ -170,7 +170,7 @@ def test_projection_grid(tmp_path, method):
 
 
 def test_umap_without_the_package_says_how_to_install():
-    from layerwise.analysis.plot import project
+    from layerwise._analysis.plot import project
     from layerwise.errors import MissingDependencyError
 
     try:
@@ -185,7 +185,7 @@ def test_umap_without_the_package_says_how_to_install():
 def test_cli_checks_outputs_and_projection_before_extracting(tmp_path, make_tiny_model, monkeypatch):
     from typer.testing import CliRunner
 
-    import layerwise.encoder
+    import layerwise._encoder
     from layerwise.cli import app
 
     source = tmp_path / "t.txt"
@@ -198,7 +198,7 @@ def test_cli_checks_outputs_and_projection_before_extracting(tmp_path, make_tiny
     runner = CliRunner()
     (tmp_path / "a-file").write_text("x")
     with monkeypatch.context() as patch:
-        patch.setattr(layerwise.encoder.Encoder, "__init__", no_model)
+        patch.setattr(layerwise._encoder.Encoder, "__init__", no_model)
         cases = [
             (
                 ["analyze", str(source), "-o", str(tmp_path / "a-file")],

@@ -59,3 +59,42 @@ def test_errors_keep_builtin_bases():
     assert issubclass(layerwise.ModelLoadError, OSError)
     assert issubclass(layerwise.MissingDependencyError, ImportError)
     assert issubclass(layerwise.InputError, layerwise.LayerwiseError)
+
+
+PUBLIC_MODULES = {"analyze", "ray", "errors", "store", "serve", "explore", "reference", "cli"}
+
+
+def test_every_module_is_public_or_marked_internal():
+    # the documented API's modules, their packages' __init__, and the entry points are public; every
+    # other module has an underscore in its path (as httpx does), so a user can tell the two apart
+    from pathlib import Path
+
+    root = Path(layerwise.__file__).parent
+    unmarked = []
+    for path in sorted(root.rglob("*.py")):
+        parts = path.relative_to(root).with_suffix("").parts
+        if parts[0] in ("__init__", "__main__") or any(p.startswith("_") and p not in ("__init__", "__main__")
+                                                       for p in parts):  # fmt: skip
+            continue
+        if parts[0] in PUBLIC_MODULES and (len(parts) == 1 or parts[1:] in (("__init__",), ("__main__",))):
+            continue
+        if parts[0] == "reference":  # the from-scratch BERT: a package to read, every module of it
+            continue
+        unmarked.append("/".join(parts))
+    assert not unmarked, f"name these _internal or add them to the documented API: {unmarked}"
+
+
+def test_the_api_page_lists_exactly_the_public_names():
+    import re
+    from pathlib import Path
+
+    from layerwise import errors
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "api.md").read_text(encoding="utf-8")
+    listed = re.findall(r"^::: layerwise\.(\w+)$", page, flags=re.MULTILINE)
+    assert len(listed) == len(set(listed)), "a name is listed twice"
+    error_classes = {n for n in layerwise.__all__ if isinstance(getattr(errors, n, None), type)}
+    top_level = set(layerwise.__all__) - {"__version__"} - error_classes  # the errors: `::: layerwise.errors`
+    namespaces = {"errors", "serve", "explore", "reference"}  # lw.store's calls are top-level names
+    assert set(listed) == top_level | namespaces
+    assert PUBLIC_MODULES - {"store", "cli"} <= set(listed)

@@ -18,8 +18,8 @@ import torch
 from conftest import corpus, needs_smollm2
 
 import layerwise as lw
-from layerwise.cache.contexts import framing_for
-from layerwise.cache.format import read_meta
+from layerwise._cache.contexts import framing_for
+from layerwise._cache.format import read_meta
 from layerwise.errors import LayerSpecError, NotAStoreError, OptionError, StoreError
 
 _SENTENCES = corpus(180, seed=11)
@@ -166,7 +166,7 @@ def test_a_killed_run_resumes_to_the_same_bytes(tmp_path, tiny):
 def test_a_failed_shard_write_raises_and_the_rerun_completes_it(tmp_path, tiny, monkeypatch):
     """Shards are written on a thread while the next one is computed: a write that fails (a full
     disk) still stops the run with its own error, leaves no temp file, and the rerun fills the gap."""
-    import layerwise.cache.writer as cache_writer
+    import layerwise._cache.writer as cache_writer
 
     options = lw.CacheOptions(layers="all", context=16, tokens=16 * 40, shuffle_seed=3, shard_bytes=6_000)
     lw.cache_activations(tiny, TEXTS, tmp_path / "whole", options)
@@ -194,7 +194,7 @@ def test_a_failed_shard_write_raises_and_the_rerun_completes_it(tmp_path, tiny, 
 
 
 def test_resume_refuses_other_settings_and_a_second_writer(tmp_path, tiny):
-    from layerwise.store.lock import writer_lock
+    from layerwise.store._lock import writer_lock
 
     path = tmp_path / "acts"
     lw.cache_activations(tiny, TEXTS, path, lw.CacheOptions(layers="0,2", context=16, tokens=16 * 10))
@@ -376,7 +376,7 @@ def test_cli_ray_gets_every_option(tmp_path, monkeypatch):
 
 
 def test_attn_out_and_mlp_out_columns_equal_hooks_on_transformers(tmp_path, decoder_encoder):
-    from layerwise.model.hooks import tap_module
+    from layerwise._model.hooks import tap_module
 
     enc = decoder_encoder("llama")
     path = tmp_path / "acts"

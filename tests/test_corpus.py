@@ -14,8 +14,8 @@ import pyarrow.parquet as pq
 import pytest
 
 import layerwise as lw
-from layerwise.files.writers import read_npz_ids, read_npz_texts
-from layerwise.inputs.corpus import Corpus
+from layerwise._files.writers import read_npz_ids, read_npz_texts
+from layerwise._inputs.corpus import Corpus
 
 TEXTS = [f"Sentence {i}: the bank by the river" + " and the hills" * (i % 4) for i in range(23)]
 IDS = [f"doc-{i:03d}" for i in range(23)]
@@ -319,7 +319,7 @@ def test_export_refuses_what_it_cannot_do(tmp_path, tiny_encoder):
 
 def test_sharded_store_from_a_file_keeps_ids(tmp_path, tiny_encoder):
     """The plan lw.ray makes: the driver scans, each shard reads its own rows (here without Ray)."""
-    from layerwise.store.shard_writer import begin_sharded_store, write_shard
+    from layerwise.store._shard_writer import begin_sharded_store, write_shard
 
     corpus = Corpus(write_parquet(tmp_path / "c.parquet"), text_column="body", id_column="doc_id")
     plan = lw.OutputPlan(dtype="float16")
@@ -343,7 +343,7 @@ def test_the_ray_plan_reads_a_file_corpus_once(tmp_path, monkeypatch):
     """One pass counts the texts, records where shards start and hashes the shards of every size
     the plan may pick; the table is the one a pass with the picked size alone gives."""
     from layerwise.ray import PLANNED_SIZES, auto_shard_size
-    from layerwise.store.shard_table import new_table
+    from layerwise.store._shard_table import new_table
 
     source = tmp_path / "big.txt"
     source.write_text("".join(f"text number {i}\n" for i in range(5000)), encoding="utf-8")

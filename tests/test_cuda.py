@@ -11,8 +11,8 @@ import torch
 from conftest import corpus
 
 import layerwise as lw
+from layerwise._model.hooks import tap_module
 from layerwise.errors import NonFiniteError
-from layerwise.model.hooks import tap_module
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 
@@ -206,7 +206,7 @@ def test_fused_and_normalised_sentences_and_words_on_cuda_equal_the_cpu(make_tin
 
 
 def test_an_encoder_on_cuda_warms_the_device_once_when_made(make_tiny_model, monkeypatch):
-    from layerwise.encoder import core
+    from layerwise._encoder import core
 
     calls = []
     real = core.warm_device

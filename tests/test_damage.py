@@ -103,7 +103,7 @@ def test_bulk_reads_equal_the_raw_rows_for_every_index(reference):
 
 
 def test_sharded_store_bulk_reads_are_checked(tmp_path, tiny_encoder):
-    from layerwise.store.shard_writer import begin_sharded_store, write_shard
+    from layerwise.store._shard_writer import begin_sharded_store, write_shard
 
     texts = corpus(30, seed=4)
     plan = lw.OutputPlan(dtype="float16")
@@ -328,7 +328,7 @@ def test_a_flipped_byte_in_the_cache_record_is_damaged(cache_copy):
 def test_shards_of_a_killed_run_keep_their_checksums_until_the_record_takes_them(
     tmp_path, tiny_encoder, monkeypatch
 ):
-    import layerwise.cache.writer as cache_writer
+    import layerwise._cache.writer as cache_writer
 
     real, calls = cache_writer.write_shard, []
 

@@ -65,7 +65,7 @@ def test_the_packed_forward_equals_the_padded_one(arch, decoder_folder, decoder_
     """The packed forward (every family) against transformers' padded forward on the same
     texts, every layer, and stopping early at each depth; sliding windows shorter than a text and
     Gemma 2's soft-capped scores included (its window is 64 tokens here)."""
-    from layerwise.model.packed_decoder import PackedDecoder
+    from layerwise._model.packed_decoder import PackedDecoder
 
     packed = decoder_encoder(arch)
     assert isinstance(packed.engine.packed, PackedDecoder)
@@ -126,8 +126,8 @@ def test_the_final_norm_either_way(arch, decoder_folder, decoder_encoder):
 def test_final_norm_all_passes_every_hidden_state_through_the_norm(arch, decoder_folder, decoder_encoder):
     """final_norm="all": hidden state k = the model's final norm of the raw hidden state k, for
     every k, on the packed, the padded and the hooks paths; the logit lens reads the same logits."""
+    from layerwise._model.decoders import final_norm_module
     from layerwise.explore import logit_lens
-    from layerwise.model.decoders import final_norm_module
 
     raw = decoder_encoder(arch, final_norm=False)
     norm = final_norm_module(raw.model)
@@ -177,8 +177,8 @@ def test_windows_of_a_causal_model_keep_each_tokens_left_context(arch, decoder_f
     """A long text in windows: every token comes from the first window that holds it (its most left
     context), so the first window's tokens equal one unwindowed forward's, and each later token is
     its window's row at its furthest position from the window's start."""
-    from layerwise.inputs.encoding import normalize_inputs
-    from layerwise.inputs.windows import best_window, plan_windows
+    from layerwise._inputs.encoding import normalize_inputs
+    from layerwise._inputs.windows import best_window, plan_windows
 
     text = " ".join(ud_sentences(limit=4))
     short = lw.Encoder(decoder_folder(arch), device="cpu", max_length=24)
@@ -322,7 +322,7 @@ def test_smollm2_from_its_gguf_file_equals_transformers_own_load(smollm2):
         scale = np.abs(expected).max(axis=(1, 2), keepdims=True)
         assert (np.abs(stack.hidden - expected) <= 1e-5 * scale).all()
     # the folder holding one .gguf file and no config.json is that file
-    from layerwise.model.source import resolve_model_source
+    from layerwise._model.source import resolve_model_source
 
     assert resolve_model_source(folder)[0] == resolve_model_source(gguf)[0] == str(gguf) == smollm2.source
 
@@ -384,7 +384,7 @@ def test_the_gguf_de_quantising_bar_is_silenced_even_after_tqdm_was_imported(cap
     imported, so loading silences that bar itself, and puts it back afterwards."""
     from transformers import modeling_gguf_pytorch_utils as gguf_utils
 
-    from layerwise.model.source import quiet_transformers
+    from layerwise._model.source import quiet_transformers
 
     before = gguf_utils.tqdm
     with quiet_transformers(gguf=True):
@@ -399,7 +399,7 @@ def test_a_gguf_file_is_parsed_once_while_an_encoder_loads(tmp_path):
     encoder loads, the first parse serves all three, and gguf's reader is itself again after."""
     import gguf
 
-    from layerwise.model.gguf_files import gguf_read_once
+    from layerwise._model.gguf_files import gguf_read_once
 
     path = tmp_path / "tiny.gguf"
     writer = gguf.GGUFWriter(str(path), "llama")
@@ -476,7 +476,7 @@ def test_an_input_without_tokens_is_refused_by_name(decoder_encoder):
 def test_attn_out_and_mlp_out_taps_equal_hooks_on_transformers_modules(arch, decoder_encoder):
     """The packed forward's attn_out and mlp_out equal forward hooks on the same modules of the
     transformers model run on each text alone; and what the blocks add is the residual step."""
-    from layerwise.model.hooks import tap_module
+    from layerwise._model.hooks import tap_module
 
     encoder = decoder_encoder(arch, final_norm=False)
     assert encoder.engine._runs_packed("hidden_states", ("attn_out", "mlp_out"))

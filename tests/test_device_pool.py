@@ -10,10 +10,10 @@ import torch
 from conftest import corpus, needs_smollm2
 
 import layerwise as lw
-from layerwise.features.device_pool import DevicePlan, finish, pool_groups
-from layerwise.features.fuse import fuse_layers
-from layerwise.features.names import GENERIC_FUSIONS, NAMED_FUSIONS, SENTENCE_POOLS, SUBWORD_POOLS
-from layerwise.features.plan import OutputPlan
+from layerwise._features.device_pool import DevicePlan, finish, pool_groups
+from layerwise._features.fuse import fuse_layers
+from layerwise._features.names import GENERIC_FUSIONS, NAMED_FUSIONS, SENTENCE_POOLS, SUBWORD_POOLS
+from layerwise._features.plan import OutputPlan
 
 # mixed lengths, an empty text (no content tokens: "exclude" falls back to the special tokens), a pair
 TEXTS = [*corpus(14, seed=7), "", "Hi", "One more, with punctuation: yes!"]
@@ -87,7 +87,7 @@ def test_a_decoder_with_its_final_norm(smollm2, pool):
 
 
 def test_only_the_pooled_vectors_cross_from_the_device(default_encoder, monkeypatch):
-    import layerwise.extract as engine_module
+    import layerwise._extract as engine_module
 
     crossed: list[tuple[int, ...]] = []
     real = engine_module.HostCopy
@@ -170,7 +170,7 @@ def test_float16_results_are_the_float32_states_rounded_once(default_model_dir, 
 
 
 def test_host_copy_casts_before_the_copy(monkeypatch):
-    from layerwise.model.host_copy import HostCopy
+    from layerwise._model.host_copy import HostCopy
 
     states = torch.randn(3, 5, 4)
     hidden, taps, finite = HostCopy(states, {"mlp_out": states * 2}, torch.float16).arrays()
@@ -221,7 +221,7 @@ def test_embed_words_in_float16_is_the_float32_vectors_rounded_once(default_enco
 
 
 def test_the_gpu_warm_up_runs_one_full_batch_and_only_on_a_gpu(default_encoder, monkeypatch):
-    from layerwise.encoder import core, warm
+    from layerwise._encoder import core, warm
 
     engine = default_encoder.engine
     units = warm.warm_up_units(engine, 100, max_tokens=1024)

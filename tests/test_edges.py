@@ -313,7 +313,7 @@ def test_the_suite_writes_only_under_temporary_folders():
 
 def test_tokens_are_shown_as_people_read_them(decoder_encoder, tiny_encoder):
     """#46, 23: byte-level BPE pieces ('ĠParis', 'Ã©') and SentencePiece's '▁' and '<0x0A>'."""
-    from layerwise.inputs.display import token_display
+    from layerwise._inputs.display import token_display
 
     gpt2 = decoder_encoder("gpt2").tokenizer
     shown = token_display(gpt2)
@@ -379,7 +379,7 @@ def test_cache_on_a_read_only_folder_says_so(tmp_path, model, monkeypatch):
     """#55, 11: a read-only folder (or a full disk, test_cache.py) gave a raw OSError, exit 1."""
     import errno
 
-    import layerwise.cache.writer as cache_writer
+    import layerwise._cache.writer as cache_writer
 
     def read_only(*args, **kwargs):
         raise OSError(errno.EROFS, "Read-only file system")
@@ -394,7 +394,7 @@ def test_cache_on_a_read_only_folder_says_so(tmp_path, model, monkeypatch):
 
 def test_a_second_cache_writer_is_told_it_is_a_cache(tmp_path, tiny_encoder):
     """#55, 21: the cache's lock error said "store 'CC'"."""
-    from layerwise.store.lock import writer_lock
+    from layerwise.store._lock import writer_lock
 
     path = tmp_path / "CC"
     path.mkdir()
@@ -503,8 +503,8 @@ def test_a_word_pool_given_to_embed_names_embed_words(model):
 
 def test_a_metric_with_no_signal_picks_nothing():
     """#55, 20: duplicate texts gave effective rank 1.0000015 at every layer, and "best": 1."""
-    from layerwise.analysis.label_free import LayerMetrics
-    from layerwise.analysis.layer_choice import recommend
+    from layerwise._analysis.label_free import LayerMetrics
+    from layerwise._analysis.layer_choice import recommend
 
     flat = np.asarray([1.0, 1.0000015, 1.0000012, 1.0000015])
     metrics = LayerMetrics((0, 1, 2, 3), {"effective_rank": flat, "dataset_entropy": np.full(4, np.nan)}, 5)
@@ -517,7 +517,7 @@ def test_a_metric_with_no_signal_picks_nothing():
 
 def test_the_bundled_model_by_its_short_name(tmp_path, monkeypatch):
     """#55, 21: the serving guide's --model all-MiniLM-L6-v2 failed offline."""
-    from layerwise.model.source import DEFAULT_MODEL, default_model_path, resolve_model_source
+    from layerwise._model.source import DEFAULT_MODEL, default_model_path, resolve_model_source
 
     monkeypatch.chdir(tmp_path)
     assert resolve_model_source("all-MiniLM-L6-v2") == (str(default_model_path()), DEFAULT_MODEL)

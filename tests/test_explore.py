@@ -97,7 +97,7 @@ def test_neighbours_equal_brute_force_cosine_search(reference, tiny_encoder):
 
 
 def test_similarity_equals_pairwise_linear_cka(reference):
-    from layerwise.analysis.stats import layer_matrix, linear_cka
+    from layerwise._analysis.stats import layer_matrix, linear_cka
 
     matrix, _ = layer_matrix(reference.stacks, max_rows=4000)
     got = reference.similarity
@@ -107,7 +107,7 @@ def test_similarity_equals_pairwise_linear_cka(reference):
 
 
 def test_word_projection_is_layerwise_plots_projection(reference):
-    from layerwise.analysis.plot import project, word_occurrences
+    from layerwise._analysis.plot import project, word_occurrences
 
     got = word_projection(reference.stacks, ["the", "a", "nonexistentword"])
     points, labels, layers = word_occurrences(reference.stacks, ["the", "a"])

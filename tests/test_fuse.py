@@ -3,8 +3,8 @@ import pytest
 import torch
 
 import layerwise as lw
+from layerwise._features.fuse import fusion_layers
 from layerwise.errors import OptionError
-from layerwise.features.fuse import fusion_layers
 
 # 7 hidden states (6 layers), one token, hidden 2: h_k = [k, 10 k]
 HIDDEN = np.array([[[k, 10 * k]] for k in range(7)], dtype=np.float32)  # (7, 1, 2)

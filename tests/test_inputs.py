@@ -5,9 +5,9 @@ import logging
 import numpy as np
 import pytest
 
+from layerwise._inputs.batches import length_sorted_batches
+from layerwise._inputs.encoding import normalize_inputs
 from layerwise.errors import InputError, OptionError
-from layerwise.inputs.batches import length_sorted_batches
-from layerwise.inputs.encoding import normalize_inputs
 
 
 def test_empty_and_whitespace_texts_give_special_tokens_only(tiny_encoder):

@@ -14,7 +14,7 @@ import pytest
 from conftest import REPO, needs_smollm2, ud_sentences
 
 import layerwise as lw
-from layerwise.analysis import augment, label_free, spectra
+from layerwise._analysis import augment, label_free, spectra
 from layerwise.errors import InputError, OptionError
 
 TEXTS = ud_sentences("dev", 40)
@@ -285,7 +285,7 @@ def _rule_table() -> dict:
 
 
 def test_the_recommendation_follows_the_best_measured_rule_of_its_group(monkeypatch):
-    from layerwise.analysis import layer_choice
+    from layerwise._analysis import layer_choice
 
     values = {
         "effective_rank": np.array([0.9, 0.5, 0.2, 0.4, 0.6]),
@@ -329,7 +329,7 @@ def test_the_recommendation_follows_the_best_measured_rule_of_its_group(monkeypa
 
 
 def test_fixed_rules_and_pool_names():
-    from layerwise.analysis import layer_choice
+    from layerwise._analysis import layer_choice
     from layerwise.errors import OptionError
 
     assert [layer_choice.fixed_layer(rule, 30) for rule in layer_choice.FIXED_RULES] == [1, 8, 15, 22, 30]
@@ -345,7 +345,7 @@ def test_the_shipped_rules_are_the_benchmarks_own():
     rules on at least 24 cases of real models, encoders and decoders, by leave-one-model-out."""
     import importlib
 
-    from layerwise.analysis import layer_choice
+    from layerwise._analysis import layer_choice
 
     sys.path.insert(0, str(REPO / "benchmarks"))
     bench = importlib.import_module("label_free_layers")
@@ -370,7 +370,7 @@ def test_the_shipped_rules_are_the_benchmarks_own():
 def test_layers_command(tmp_path, tiny_encoder):
     from typer.testing import CliRunner
 
-    from layerwise.analysis.layer_choice import recommend
+    from layerwise._analysis.layer_choice import recommend
     from layerwise.cli import app
 
     source = tmp_path / "texts.txt"
@@ -459,7 +459,7 @@ def test_how_an_encoder_reads_its_texts_is_named_once_and_reaches_iter_extract(t
     # its keys is a keyword of Encoder.iter_extract, and one of them reaches it
     import inspect
 
-    from layerwise.analysis.sources import TokenPassOptions
+    from layerwise._analysis.sources import TokenPassOptions
 
     parameters = inspect.signature(type(tiny_encoder).iter_extract).parameters
     assert set(TokenPassOptions.__annotations__) <= set(parameters)

@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
 
+from layerwise._features.layers import resolve_layers
 from layerwise.errors import LayerSpecError
-from layerwise.features.layers import resolve_layers
 
 
 @pytest.mark.parametrize(

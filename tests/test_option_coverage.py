@@ -241,9 +241,9 @@ SERVE_CASES = {
 def test_every_serve_option_reaches_the_server(monkeypatch, tmp_path):
     """Each option of `layerwise serve` changes the server's settings, its models' Settings, what it
     serves from or where it listens: none is accepted and dropped."""
-    import layerwise.encoder
+    import layerwise._encoder
+    from layerwise._model.source import pick_device
     from layerwise.cli import serve as cli_serve
-    from layerwise.model.source import pick_device
 
     class Loaded:  # an Encoder that loads nothing: what matters is the Settings it is made from
         model = None
@@ -257,7 +257,7 @@ def test_every_serve_option_reaches_the_server(monkeypatch, tmp_path):
             return cls(settings)
 
     seen: list[dict] = []
-    monkeypatch.setattr(layerwise.encoder, "Encoder", Loaded)
+    monkeypatch.setattr(layerwise._encoder, "Encoder", Loaded)
     monkeypatch.setattr(
         "layerwise.serve.create_app",
         lambda encoders, settings, **kw: seen.append(
@@ -326,7 +326,7 @@ def test_every_http_field_changes_the_answer_or_is_refused(tiny_encoder, decoder
     import httpx
 
     from layerwise.serve import ServeSettings, create_app
-    from layerwise.serve.schemas import EmbeddingsRequest, LayersRequest
+    from layerwise.serve._schemas import EmbeddingsRequest, LayersRequest
 
     assert set(LayersRequest.model_fields) == set(LAYERS_CASES), "a /v1/layers field is not in LAYERS_CASES"
     assert set(EmbeddingsRequest.model_fields) == set(EMBEDDINGS_CASES) | ACCEPTED_FOR_COMPATIBILITY
@@ -404,8 +404,8 @@ class _Loading(lw.errors.LayerwiseError):
 def test_every_command_that_loads_a_model_takes_every_model_option(name, tmp_path, monkeypatch):
     """One group of model options, declared once (cli/options.py): every command takes all of them,
     and each reaches the Settings its model is made from."""
-    from layerwise.cli.options import MODEL_OPTIONS
-    from layerwise.settings import SETTINGS_FIELDS
+    from layerwise._settings import SETTINGS_FIELDS
+    from layerwise.cli._options import MODEL_OPTIONS
 
     # a new setting is a new model option of every command: the table below must say what it sets
     assert set(MODEL_OPTIONS) == set(MODEL_OPTION_VALUES) == set(SETTINGS_FIELDS)

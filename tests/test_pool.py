@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 import layerwise as lw
+from layerwise._extract import LayerStack
 from layerwise.errors import OptionError
-from layerwise.extract import LayerStack
 
 
 def hand_stack() -> LayerStack:
@@ -157,9 +157,9 @@ def test_words_without_wordpieces_keep_their_slot(default_encoder, caplog):
 
 def test_every_front_end_lists_the_pools_and_fusions_of_names_py():
     # one list each (features/names.py): the CLI's help, the server's schema and the checks read it
-    from layerwise.cli.extract import FuseOption, PoolOption
-    from layerwise.features.names import FUSIONS, SENTENCE_POOLS, SUBWORD_POOLS, pool_names
-    from layerwise.serve.schemas import LayersRequest
+    from layerwise._features.names import FUSIONS, SENTENCE_POOLS, SUBWORD_POOLS, pool_names
+    from layerwise.cli._extract import FuseOption, PoolOption
+    from layerwise.serve._schemas import LayersRequest
 
     pool_help = PoolOption.__metadata__[0].help
     assert pool_help == LayersRequest.model_fields["pool"].description
@@ -168,6 +168,6 @@ def test_every_front_end_lists_the_pools_and_fusions_of_names_py():
     assert all(name in FuseOption.__metadata__[0].help for name in FUSIONS)
     assert len(pool_names()) == 1 + len(SUBWORD_POOLS) + len(SENTENCE_POOLS)
     with pytest.raises(OptionError, match="layerwise implements cls, mean, max, last"):
-        from layerwise.features.names import sentence_convention
+        from layerwise._features.names import sentence_convention
 
         sentence_convention(type("ST", (), {"pool": "weightedmean", "normalize": False})())

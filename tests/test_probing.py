@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 import layerwise as lw
+from layerwise._probing import control_labels, fit_predict
+from layerwise._probing.tasks import bio_spans, entity_f1, read_conll2003, read_conllu
 from layerwise.errors import InputError, OptionError
-from layerwise.probing import control_labels, fit_predict
-from layerwise.probing.tasks import bio_spans, entity_f1, read_conll2003, read_conllu
 
 NOUNS = ["cat", "dog", "tree", "house", "river", "car"]
 VERBS = ["runs", "sleeps", "eats", "falls", "sings", "waits"]
@@ -225,7 +225,7 @@ def test_cli_probe_conllu(pos_files, make_tiny_model, tmp_path):
 
 
 def test_reader_faults_are_clean_errors(tmp_path):
-    from layerwise.probing.tasks import read_table
+    from layerwise._probing.tasks import read_table
 
     empty = tmp_path / "empty.conllu"
     empty.write_text("", encoding="utf-8")
@@ -266,7 +266,7 @@ def test_pairs_gold_scores_must_rank(tmp_path, tiny_encoder, scores, fragment):
 
 
 def test_nan_score_is_never_best_and_json_stays_strict(tmp_path):
-    from layerwise.probing.result import ProbeResult, ProbeRow
+    from layerwise._probing.result import ProbeResult, ProbeRow
 
     rows = [ProbeRow("L0", "layer", (0,), float("nan")), ProbeRow("L1", "layer", (1,), 0.4),
             ProbeRow("L2", "layer", (2,), 0.7), ProbeRow("L3", "layer", (3,), float("nan"))]  # fmt: skip
@@ -288,7 +288,7 @@ def test_nan_score_is_never_best_and_json_stays_strict(tmp_path):
 def test_ner_table_shows_token_accuracy_and_names_the_selectivity_metric():
     from rich.console import Console
 
-    from layerwise.probing.result import ProbeResult, ProbeRow
+    from layerwise._probing.result import ProbeResult, ProbeRow
 
     row = ProbeRow("L0", "layer", (0,), score=0.515, accuracy=0.91, control_task=0.901)
     result = ProbeResult("conll:ner", "entity F1", "m", [row], 10, 5, 0.1)

@@ -15,7 +15,7 @@ import pytest
 from conftest import ud_sentences
 
 import layerwise as lw
-from layerwise.store.sharded import ShardedStore
+from layerwise.store._sharded import ShardedStore
 
 HERE = Path(__file__).resolve().parent
 

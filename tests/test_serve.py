@@ -258,7 +258,7 @@ def test_api_key_is_required_and_compared(tiny_encoder, tmp_path, monkeypatch):
 def test_embeddings_fast_path_answers_as_the_fastapi_route_does(tiny_encoder, monkeypatch):
     """POST /v1/embeddings is answered by FastEmbeddings, in front of FastAPI: the same statuses,
     error messages, headers, vectors and metrics as the FastAPI route it bypasses."""
-    from layerwise.serve.fast_path import FastEmbeddings
+    from layerwise.serve._fast_path import FastEmbeddings
 
     settings = ServeSettings(api_key=KEY, max_body_bytes=3000)
     fast = create_app({"tiny": tiny_encoder}, settings)
@@ -427,7 +427,7 @@ def test_serve_cli_warns_on_public_address_and_sigterm_drains(tmp_path, make_tin
     from typer.testing import CliRunner
 
     from layerwise.cli import app
-    from layerwise.cli.serve import _is_loopback
+    from layerwise.cli._serve import _is_loopback
 
     assert _is_loopback("127.0.0.1") and _is_loopback("::1") and _is_loopback("localhost")
     assert not _is_loopback("0.0.0.0") and not _is_loopback("192.168.1.4")
@@ -548,7 +548,7 @@ def test_json_bodies_keep_every_float_and_write_nan_as_null(monkeypatch, fast):
 
 def test_the_model_worker_returns_freed_heap_memory_between_runs(tiny_encoder, monkeypatch):
     """glibc keeps freed heap mapped (RSS crept up under load): the server trims it at most every
-    SERVE_TRIM_EVERY_S seconds of runs (layerwise.memory), and the results are unaffected."""
+    SERVE_TRIM_EVERY_S seconds of runs (layerwise._memory), and the results are unaffected."""
     from layerwise import memory
     from layerwise.serve import batcher, model_process
 
@@ -575,7 +575,7 @@ def test_the_model_worker_returns_freed_heap_memory_between_runs(tiny_encoder, m
 def test_serve_lets_idle_openmp_threads_sleep_unless_the_user_chose(monkeypatch, preset):
     """Before torch loads OpenMP, serve and explore ask for OMP_WAIT_POLICY=PASSIVE (a spinning
     OpenMP thread took the event loop's core); a policy the user set is kept."""
-    import layerwise.encoder
+    import layerwise._encoder
     from layerwise.cli import serve as cli_serve
     from layerwise.serve import model_process
 
@@ -596,7 +596,7 @@ def test_serve_lets_idle_openmp_threads_sleep_unless_the_user_chose(monkeypatch,
             options = settings.as_dict()
             return cls(options.pop("model"), **options)
 
-    monkeypatch.setattr(layerwise.encoder, "Encoder", Loaded)
+    monkeypatch.setattr(layerwise._encoder, "Encoder", Loaded)
     encoders = cli_serve._load_encoders(["a", "b"], lw.Settings(device="cpu"))
     assert list(encoders) == ["a", "b"]
     assert os.environ["OMP_WAIT_POLICY"] == (preset or "PASSIVE")
@@ -610,10 +610,10 @@ def test_serve_lets_idle_openmp_threads_sleep_unless_the_user_chose(monkeypatch,
 def test_serve_runs_the_models_in_a_process_of_their_own_on_a_cpu(monkeypatch):
     """The server's own Encoders (tokenising, metadata, explorer) ask for one stream; the runs go to
     the model process on a CPU (--in-process keeps them here) with --streams passed through."""
-    import layerwise.encoder
+    import layerwise._encoder
     from layerwise import cli
+    from layerwise._model.source import pick_device
     from layerwise.cli import serve as cli_serve
-    from layerwise.model.source import pick_device
 
     asked: list[int | None] = []
 
@@ -630,7 +630,7 @@ def test_serve_runs_the_models_in_a_process_of_their_own_on_a_cpu(monkeypatch):
             options = settings.as_dict()
             return cls(options.pop("model"), **options)
 
-    monkeypatch.setattr(layerwise.encoder, "Encoder", Loaded)
+    monkeypatch.setattr(layerwise._encoder, "Encoder", Loaded)
     settings = []
     monkeypatch.setattr("layerwise.serve.create_app", lambda enc, s, **kw: settings.append(s))
     monkeypatch.setattr(cli_serve, "_run_server", lambda *args, **kwargs: None)

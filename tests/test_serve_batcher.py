@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 import layerwise as lw
-from layerwise.features.plan import OutputPlan
-from layerwise.inputs.encoding import normalize_inputs
-from layerwise.serve.batcher import Batcher, Finish, Job, LocalRunner, Run
+from layerwise._features.plan import OutputPlan
+from layerwise._inputs.encoding import normalize_inputs
+from layerwise.serve._batcher import Batcher, Finish, Job, LocalRunner, Run
 
 
 @pytest.fixture(scope="module")
@@ -214,7 +214,7 @@ def test_a_lone_client_is_served_by_stream_zero_and_a_crowd_by_every_stream(tiny
 def test_queue_wait_is_measured_from_arrival_to_the_start_of_the_run(tiny):
     """/metrics' queue-wait histogram: a job that arrives while the only stream computes waits
     until that run ends (held here for 0.3 s); the first job, with max_wait 0, waits for nothing."""
-    from layerwise.serve.metrics import Metrics
+    from layerwise.serve._metrics import Metrics
 
     hold = 0.3
     first_started = threading.Event()
@@ -284,8 +284,8 @@ def test_a_poisoned_input_fails_only_its_own_request(tiny):
 
 
 def test_the_vocabulary_check_refuses_an_id_the_model_lacks_at_encode_time(tiny):
+    from layerwise._inputs.encoding import InputEncoder
     from layerwise.errors import InputError
-    from layerwise.inputs.encoding import InputEncoder
 
     tokenizer = tiny.tokenizer.backend_tokenizer
     small = InputEncoder(tokenizer, tiny.max_length, vocab_size=1000)  # [CLS]=101, "!"=999 fit
@@ -299,7 +299,7 @@ def test_a_run_is_one_forward_and_requests_that_differ_in_it_run_apart(tiny):
     """A run's forward (model, hidden states, stride, final norm) is one value, sent whole; requests
     with another window stride or final norm are not merged into it (the forward would not be
     theirs)."""
-    from layerwise.serve.jobs import Forward
+    from layerwise.serve._jobs import Forward
 
     finish = Finish((1,))
     a, b = (job_for(tiny, ["the river bank"], finish, lambda r, e: None) for _ in range(2))

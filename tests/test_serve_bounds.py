@@ -19,7 +19,7 @@ from conftest import running_server  # noqa: E402
 from test_serve import run_app  # noqa: E402
 
 import layerwise as lw  # noqa: E402
-from layerwise.inputs.encoding import InputEncoder  # noqa: E402
+from layerwise._inputs.encoding import InputEncoder  # noqa: E402
 from layerwise.serve import ServeSettings, create_app  # noqa: E402
 
 KEY = "test-key-0123456789"
@@ -182,7 +182,7 @@ def test_a_response_over_the_size_bound_is_413_pointing_to_npz_and_stores(tiny_e
 
 
 def test_queued_result_bytes_are_admitted_up_to_a_bound(tiny_encoder):
-    from layerwise.serve.batcher import Batcher, Finish, Job, QueueFullError
+    from layerwise.serve._batcher import Batcher, Finish, Job, QueueFullError
 
     batcher = Batcher({"tiny": tiny_encoder}, max_queue_bytes=1000)  # not started: jobs stay queued
     encoded = tiny_encoder.tokenize(["one"])
@@ -192,7 +192,7 @@ def test_queued_result_bytes_are_admitted_up_to_a_bound(tiny_encoder):
 
 
 def test_slow_clients_are_cut_after_the_header_and_body_timeouts(tiny_encoder):
-    from layerwise.serve.protocol import uvicorn_config
+    from layerwise.serve._protocol import uvicorn_config
 
     settings = ServeSettings(header_timeout_s=0.5, body_timeout_s=0.5)
     app = create_app({"tiny": tiny_encoder}, settings)

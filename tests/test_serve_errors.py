@@ -137,12 +137,12 @@ def test_an_unexpected_exception_is_a_500_with_a_request_id_in_the_log(tiny_enco
 
 
 def test_model_names_that_look_like_paths_never_load_anything(app, monkeypatch):
-    import layerwise.encoder
+    import layerwise._encoder
 
     def no_loading(*args, **kwargs):
         raise AssertionError("a request made the server load a model")
 
-    monkeypatch.setattr(layerwise.encoder.Encoder, "__init__", no_loading)
+    monkeypatch.setattr(layerwise._encoder.Encoder, "__init__", no_loading)
 
     async def scenario(client):
         names = ["../x", "/etc", "/etc/passwd", "bert-base-uncased", "tiny/../tiny", "~", "."]

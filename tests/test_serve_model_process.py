@@ -80,8 +80,8 @@ def test_model_process_serves_the_in_process_vectors(default_encoder, tiny_pair)
 
 def run_on(runner, model, encoded, layers, stride, finish=None):
     """One run on stream 0, as the batcher hands it over (no jobs: results come back as they are)."""
-    from layerwise.serve.batcher import Finish, Run
-    from layerwise.serve.jobs import Forward
+    from layerwise.serve._batcher import Finish, Run
+    from layerwise.serve._jobs import Forward
 
     finishes = [finish or Finish(layers)] * len(encoded)
     runner.start(0, Run([], Forward(model, layers, stride), list(encoded), finishes, [], 0))
@@ -89,10 +89,10 @@ def run_on(runner, model, encoded, layers, stride, finish=None):
 
 
 def test_an_error_in_the_model_process_arrives_as_itself(tiny_pair):
-    from layerwise.features.plan import OutputPlan
-    from layerwise.inputs.encoding import normalize_inputs
-    from layerwise.serve.batcher import Finish
-    from layerwise.serve.model_process import ProcessRunner
+    from layerwise._features.plan import OutputPlan
+    from layerwise._inputs.encoding import normalize_inputs
+    from layerwise.serve._batcher import Finish
+    from layerwise.serve._model_process import ProcessRunner
 
     runner = ProcessRunner({"tiny": tiny_pair}, streams=1)
     try:
@@ -171,7 +171,7 @@ def test_every_layerwise_error_survives_the_process_boundary():
     could not be unpickled used to turn into a 503 model_unavailable."""
     import pickle
 
-    import layerwise.serve.model_process  # noqa: F401  (its error class joins the tree)
+    import layerwise.serve._model_process  # noqa: F401  (its error class joins the tree)
     from layerwise import errors
 
     def subclasses(cls):

@@ -61,7 +61,7 @@ def _norm(encoder, hidden: np.ndarray) -> np.ndarray:
     """The decoder's own final norm module applied to raw hidden states (the independent path)."""
     import torch
 
-    from layerwise.model.decoders import final_norm_module
+    from layerwise._model.decoders import final_norm_module
 
     with torch.inference_mode():
         return final_norm_module(encoder.model)(torch.from_numpy(hidden)).numpy()
@@ -300,9 +300,9 @@ def test_a_new_setting_that_changes_the_numbers_is_checked_on_resume_with_no_lis
     from the field's metadata, and a run recorded with another value is refused, naming it."""
     import dataclasses
 
-    import layerwise.settings
-    from layerwise.settings import NUMBERS, Settings
-    from layerwise.store.resume import resume_keys
+    import layerwise._settings
+    from layerwise._settings import NUMBERS, Settings
+    from layerwise.store._resume import resume_keys
 
     @dataclasses.dataclass(frozen=True)
     class Grown(Settings):
@@ -310,7 +310,7 @@ def test_a_new_setting_that_changes_the_numbers_is_checked_on_resume_with_no_lis
         log_every: int = 10  # does not change the numbers: not checked
 
     assert "rope_scale" not in resume_keys()
-    monkeypatch.setattr(layerwise.settings, "Settings", Grown)
+    monkeypatch.setattr(layerwise._settings, "Settings", Grown)
     assert "rope_scale" in resume_keys() and "log_every" not in resume_keys()
     path = tmp_path / "s.lw"
     texts = ["the river bank", "a loan from the bank"]
@@ -332,7 +332,7 @@ def test_the_encoders_keywords_are_the_settings_fields(make_tiny_model):
     the other fields, and an unknown keyword names the known ones."""
     import typing
 
-    from layerwise.settings import SETTINGS_FIELDS, SettingsOptions
+    from layerwise._settings import SETTINGS_FIELDS, SettingsOptions
 
     assert set(typing.get_type_hints(SettingsOptions)) == set(SETTINGS_FIELDS) - {"model"}
     enc = lw.Encoder(make_tiny_model("bert", 2), device="cpu", batch_size=3, max_tokens=77, streams=1)

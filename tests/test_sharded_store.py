@@ -15,10 +15,10 @@ from typer.testing import CliRunner
 import layerwise as lw
 from layerwise.cli import app
 from layerwise.errors import OptionError, StoreDamagedError
-from layerwise.store.format import sealed
-from layerwise.store.shard_table import TABLE, shard_ranges
-from layerwise.store.shard_writer import begin_sharded_store, write_shard
-from layerwise.store.sharded import ShardedStore, shard_progress
+from layerwise.store._format import sealed
+from layerwise.store._shard_table import TABLE, shard_ranges
+from layerwise.store._shard_writer import begin_sharded_store, write_shard
+from layerwise.store._sharded import ShardedStore, shard_progress
 
 TEXTS = [f"text number {i} about a bank" + " and a river" * (i % 5) for i in range(25)]
 PLAN = lw.OutputPlan.parse(layers="0,-1", dtype="float16")

@@ -18,8 +18,8 @@ from conftest import assert_close_fp16, corpus, ud_sentences
 
 import layerwise as lw
 from layerwise.errors import StoreError
-from layerwise.store.commit import Committer as _Committer
-from layerwise.store.lock import writer_lock
+from layerwise.store._commit import Committer as _Committer
+from layerwise.store._lock import writer_lock
 
 
 def test_token_store_round_trip(tmp_path, tiny):
@@ -327,7 +327,7 @@ def test_manifest_table_is_the_same_as_from_pylist(tiny, tmp_path, options):
     value and type for type, as pyarrow's row-wise from_pylist, for every level and with pairs."""
     import pyarrow as pa
 
-    from layerwise.store.commit import records_table
+    from layerwise.store._commit import records_table
 
     texts = [*ud_sentences("dev", 30), "", "a"]
     pairs = [t[::-1] for t in texts] if options.pop("pairs", False) else None
@@ -375,7 +375,7 @@ def test_manifest_columns_match_from_pylist_for_every_value_kind():
     non-ASCII text, empty lists, all-null and mixed-type columns — the same as from_pylist."""
     import pyarrow as pa
 
-    from layerwise.store.columns import records_table
+    from layerwise.store._columns import records_table
 
     records = [
         {"s": "Zürich 東京", "i": -3, "f": 0.5, "b": True, "n": None, "m": 1, "l": ["a", "bé"], "e": []},
@@ -411,7 +411,7 @@ def test_stored_rows_cast_equals_numpy_bit_for_bit(dtype, monkeypatch):
     nearest even, float16 subnormals, overflow to inf, signed zeros, NaN."""
     import torch  # noqa: F401  (loaded, as whenever a store is written: the fast path)
 
-    from layerwise.store.rows import stored_rows
+    from layerwise.store._rows import stored_rows
 
     rng = np.random.default_rng(0)
     hidden = (rng.standard_normal((7, 33, 24)) * 10.0 ** rng.integers(-9, 6, (7, 33, 24))).astype(np.float32)
@@ -432,8 +432,8 @@ def test_stored_rows_cast_equals_numpy_bit_for_bit(dtype, monkeypatch):
 def test_a_store_rewritten_under_a_reader_says_so(tmp_path, tiny):
     """Another process runs --overwrite while a reader has the store open: the reader is told that
     the store is being rewritten, never a KeyError; once the writer is gone, damage is damage."""
-    from layerwise.store.format import remove_store_entries
-    from layerwise.store.lock import writer_lock
+    from layerwise.store._format import remove_store_entries
+    from layerwise.store._lock import writer_lock
 
     path = tmp_path / "c.lw"
     lw.extract_to_store(tiny, corpus(5), str(path))
@@ -453,7 +453,7 @@ def test_a_store_rewritten_under_a_reader_says_so(tmp_path, tiny):
 def test_rows_rewritten_under_a_reader_are_not_called_damage(tmp_path, tiny):
     """#46, 16: a read during --overwrite that found the new rows said "rows of text 1 differ from
     the checksum" instead of "being rewritten"."""
-    from layerwise.store.lock import writer_lock
+    from layerwise.store._lock import writer_lock
 
     path = tmp_path / "c.lw"
     lw.extract_to_store(tiny, corpus(5), path, lw.OutputPlan(dtype="float32"))

@@ -14,7 +14,7 @@ from conftest import assert_close_fp16, corpus
 
 import layerwise as lw
 from layerwise.errors import NotAStoreError, OptionError, StoreDamagedError, StoreError
-from layerwise.store.commit import Committer
+from layerwise.store._commit import Committer
 
 LAYOUT = lw.StoreLayout(chunk_rows=8, shard_chunks=2, block_size=16)
 

@@ -12,7 +12,7 @@ import pytest
 from conftest import corpus
 
 import layerwise as lw
-from layerwise.store.index import committed_count
+from layerwise.store._index import committed_count
 
 LAYOUT = lw.StoreLayout(chunk_rows=8, shard_chunks=2, block_size=16)
 
@@ -72,7 +72,7 @@ def test_far_apart_texts_are_read_apart(token_store, monkeypatch):
     """read_many of the first and last text reads their rows, not every row between them."""
     store = lw.open_store(token_store)
     spans: list[tuple[int, int]] = []
-    from layerwise.store.lookup import TextLookup
+    from layerwise.store._lookup import TextLookup
 
     original = TextLookup.read_rows
 

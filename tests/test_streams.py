@@ -12,8 +12,8 @@ import torch
 from conftest import ud_sentences
 
 import layerwise as lw
+from layerwise._model.streams import ForwardLock, check_streams
 from layerwise.errors import OptionError
-from layerwise.model.streams import ForwardLock, check_streams
 
 TEXTS = ud_sentences("dev", 120)
 

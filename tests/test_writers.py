@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
 
+from layerwise._files.writers import write_results
 from layerwise.errors import OptionError
-from layerwise.files.writers import write_results
 
 
 def test_failure_midway_leaves_no_file(tmp_path, tiny_encoder):
@@ -59,7 +59,7 @@ def test_texts_are_stored_compactly(tmp_path, tiny_encoder):
     import layerwise as lw
 
     texts = ["x " * 50_000, *(["short"] * 300), "café \ud800 東京"]
-    from layerwise.features.stream import SentenceVector
+    from layerwise._features.stream import SentenceVector
 
     sentence = SentenceVector(np.zeros(4, dtype=np.float32))
     write_results(tmp_path / "o.npz", ((i, sentence) for i in range(len(texts))), texts=texts, meta={})
@@ -170,8 +170,8 @@ def test_disk_full_is_a_clean_error_and_leaves_nothing(tmp_path, tiny_encoder, m
     import errno
 
     import layerwise as lw
-    from layerwise.files import blocks as file_writers
-    from layerwise.files import parquet as parquet_writer
+    from layerwise._files import blocks as file_writers
+    from layerwise._files import parquet as parquet_writer
 
     def full(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")

@@ -18,67 +18,83 @@ __version__ = "0.3.0.dev0"
 
 # public name -> module that defines it
 _EXPORTS = {
-    "DEFAULT_MODEL": "model.source",
-    "EncodedInput": "inputs.encoding",
-    "FUSIONS": "features.fuse",
-    "Encoder": "encoder",
+    "DEFAULT_MODEL": "_model.source",
+    "EncodedInput": "_inputs.encoding",
+    "FUSIONS": "_features.names",
+    "Encoder": "_encoder",
     "InputError": "errors",
     "InputTooLargeError": "errors",
     "LayerSpecError": "errors",
-    "LayerStack": "results",
+    "LayerStack": "_results",
     "LayerwiseError": "errors",
     "MissingDependencyError": "errors",
     "ModelLoadError": "errors",
     "NonFiniteError": "errors",
     "OptionError": "errors",
     "OutputError": "errors",
-    "ProbeResult": "probing",
-    "ScalarMix": "features.scalar_mix",
-    "SentenceVector": "results",
-    "TAPS": "model.hooks",
+    "ProbeResult": "_probing",
+    "ScalarMix": "_features.scalar_mix",
+    "SentenceVector": "_results",
+    "TAPS": "_model.hooks",
     "Store": "store",
     "StoreError": "errors",
-    "WordVectors": "results",
-    "default_model_path": "model.source",
+    "WordVectors": "_results",
+    "default_model_path": "_model.source",
     "extract_to_store": "store",
     "open_store": "store",
-    "OutputPlan": "features.plan",
-    "extract_to_file": "files.writers",
+    "OutputPlan": "_features.plan",
+    "extract_to_file": "_files.writers",
     "verify_store": "store",
     "NotAStoreError": "errors",
     "StoreDamagedError": "errors",
-    "fuse_layers": "features.fuse",
-    "layer_deltas": "features.fuse",
-    "layer_drift": "features.fuse",
-    "pool_sentence": "features.pool",
-    "probe": "probing",
-    "read_npz_texts": "files.writers",
-    "read_npz_ids": "files.writers",
-    "Corpus": "inputs.corpus",
-    "export_store": "files.export",
-    "pool_words": "features.pool",
-    "resolve_layers": "features.layers",
-    "Settings": "settings",
-    "read_meta": "files.meta",
-    "cache_activations": "cache",
-    "CacheSummary": "cache",
-    "verify_cache": "cache",
-    "load_cache": "cache",
-    "CacheOptions": "cache.options",
-    "StoreLayout": "store.format",
+    "fuse_layers": "_features.fuse",
+    "layer_deltas": "_features.fuse",
+    "layer_drift": "_features.fuse",
+    "pool_sentence": "_features.pool",
+    "probe": "_probing",
+    "read_npz_texts": "_files.writers",
+    "read_npz_ids": "_files.writers",
+    "Corpus": "_inputs.corpus",
+    "export_store": "_files.export",
+    "pool_words": "_features.pool",
+    "resolve_layers": "_features.layers",
+    "Settings": "_settings",
+    "read_meta": "_files.meta",
+    "cache_activations": "_cache",
+    "CacheSummary": "_cache",
+    "verify_cache": "_cache",
+    "load_cache": "_cache",
+    "CacheOptions": "_cache.options",
+    "StoreLayout": "store._format",
 }
 
 # submodules exposed as namespaces (lw.analyze.layer_similarity(...)): name -> module
-_SUBMODULES = {"analyze": "analysis.stats", "ray": "ray"}
+_SUBMODULES = {"analyze": "analyze", "ray": "ray"}
 
 __all__ = sorted([*_EXPORTS, *_SUBMODULES, "__version__"])
 
 if TYPE_CHECKING:
     from . import ray
-    from .analysis import stats as analyze
-    from .cache import CacheSummary, cache_activations, load_cache, verify_cache
-    from .cache.options import CacheOptions
-    from .encoder import Encoder
+    from . import analyze
+    from ._cache import CacheSummary, cache_activations, load_cache, verify_cache
+    from ._cache.options import CacheOptions
+    from ._encoder import Encoder
+    from ._features.fuse import fuse_layers, layer_deltas, layer_drift
+    from ._features.layers import resolve_layers
+    from ._features.names import FUSIONS
+    from ._features.plan import OutputPlan
+    from ._features.pool import pool_sentence, pool_words
+    from ._features.scalar_mix import ScalarMix
+    from ._files.export import export_store
+    from ._files.meta import read_meta
+    from ._files.writers import extract_to_file, read_npz_ids, read_npz_texts
+    from ._inputs.corpus import Corpus
+    from ._inputs.encoding import EncodedInput
+    from ._model.hooks import TAPS
+    from ._model.source import DEFAULT_MODEL, default_model_path
+    from ._probing import ProbeResult, probe
+    from ._results import LayerStack, SentenceVector, WordVectors
+    from ._settings import Settings
     from .errors import (
         InputError,
         InputTooLargeError,
@@ -93,24 +109,8 @@ if TYPE_CHECKING:
         StoreDamagedError,
         StoreError,
     )
-    from .features.fuse import fuse_layers, layer_deltas, layer_drift
-    from .features.layers import resolve_layers
-    from .features.names import FUSIONS
-    from .features.plan import OutputPlan
-    from .features.pool import pool_sentence, pool_words
-    from .features.scalar_mix import ScalarMix
-    from .files.export import export_store
-    from .files.meta import read_meta
-    from .files.writers import extract_to_file, read_npz_ids, read_npz_texts
-    from .inputs.corpus import Corpus
-    from .inputs.encoding import EncodedInput
-    from .model.hooks import TAPS
-    from .model.source import DEFAULT_MODEL, default_model_path
-    from .probing import ProbeResult, probe
-    from .results import LayerStack, SentenceVector, WordVectors
-    from .settings import Settings
     from .store import Store, extract_to_store, open_store, verify_store
-    from .store.format import StoreLayout
+    from .store._format import StoreLayout
 
 
 def __getattr__(name: str) -> object:

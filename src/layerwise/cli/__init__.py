@@ -10,8 +10,8 @@ from __future__ import annotations
 import signal
 import sys
 
-from . import analysis, cache, extract, inspect, layers, probe, serve  # noqa: F401  (they register their commands)
-from .options import app, err
+from . import _analysis, _cache, _extract, _inspect, _layers, _probe, _serve  # noqa: F401  (they register their commands)
+from ._options import app, err
 
 __all__ = ["app", "main"]
 

@@ -9,9 +9,9 @@ logit_lens(encoder, text)         each layer's top predictions through the model
                                   [MASK] (masked-LM head), or a decoder's next token (norm + lm_head)
 """
 
-from .lens import CausalLMHead, MaskedLMHead, load_lens_head, logit_lens
-from .reference import Neighbour, ReferenceSet, sample_license, sample_sentences
-from .views import STATISTICS, attention_maps, token_statistics, word_projection, word_sites
+from ._lens import CausalLMHead, MaskedLMHead, load_lens_head, logit_lens
+from ._reference import Neighbour, ReferenceSet, sample_license, sample_sentences
+from ._views import STATISTICS, attention_maps, token_statistics, word_projection, word_sites
 
 __all__ = [
     "STATISTICS",

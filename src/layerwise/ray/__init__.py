@@ -28,10 +28,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .._features.plan import OutputPlan
+from .._settings import Settings
 from ..errors import MissingDependencyError, OptionError
-from ..features.plan import OutputPlan
-from ..settings import Settings
-from ..store.format import StoreLayout
+from ..store._format import StoreLayout
 
 logger = logging.getLogger("layerwise")
 
@@ -91,7 +91,7 @@ class _ModelActor:
     def __init__(self, settings: Settings, threads: int) -> None:
         import torch
 
-        from ..encoder import Encoder
+        from .._encoder import Encoder
 
         torch.set_num_threads(threads)
         # each actor gets CPUs from Ray: "auto" would pick CUDA where the actor sees one; GPU actors
@@ -151,7 +151,7 @@ class ShardWriter(_ModelActor):
     def write_shard(
         self, index: int, texts: list[str], text_pairs: list[str] | None, ids: list | None = None
     ):
-        from ..store.shard_writer import write_shard
+        from ..store._shard_writer import write_shard
 
         return write_shard(self.encoder, self.path, self.table, index, texts, text_pairs, self.plan, ids=ids,
                            layout=self.layout)  # fmt: skip
@@ -159,7 +159,7 @@ class ShardWriter(_ModelActor):
 
 def _resumed_shard_size(path: Path, overwrite: bool) -> int | None:
     """The shard size of the sharded store a rerun resumes (None: a new one)."""
-    from ..store.shard_table import is_sharded, read_table
+    from ..store._shard_table import is_sharded, read_table
 
     if overwrite or not is_sharded(path):
         return None
@@ -185,10 +185,10 @@ def _checked(settings: Settings, plan: OutputPlan) -> tuple[Settings, OutputPlan
     (for the store's table) and its number of hidden states."""
     from transformers import AutoConfig
 
-    from ..features.plan import check_final_norm_for
-    from ..model.decoders import is_decoder_config
-    from ..model.gguf_files import loader_args
-    from ..model.source import resolve_model_source
+    from .._features.plan import check_final_norm_for
+    from .._model.decoders import is_decoder_config
+    from .._model.gguf_files import loader_args
+    from .._model.source import resolve_model_source
 
     if not isinstance(settings, Settings):
         raise OptionError(f"settings must be a layerwise.Settings, not {type(settings).__name__}")
@@ -281,7 +281,7 @@ def extract_to_store(
     without holding it, to plan the shards (each one's first row and the hash of its texts), and
     each actor reads its own shard's rows; or a list of texts, or a Ray Dataset's ``column``
     (collected on the driver). ``writer`` is the actor class (tests pass one that dies mid-shard)."""
-    from ..store.shard_writer import begin_sharded_store
+    from ..store._shard_writer import begin_sharded_store
 
     plan = OutputPlan(dtype="float16") if plan is None else plan
     layout = StoreLayout() if layout is None else layout
@@ -289,7 +289,7 @@ def extract_to_store(
         raise OptionError(f"layout must be a layerwise.StoreLayout, not {type(layout).__name__}")
     ray = _ray()
     started = time.perf_counter()
-    from ..inputs.corpus import Corpus
+    from .._inputs.corpus import Corpus
 
     data, corpus = corpus, None
     if isinstance(data, str | os.PathLike):
@@ -316,7 +316,7 @@ def extract_to_store(
     ranges = [(shard["start"], shard["stop"]) for shard in table["shards"]]
     plan_seconds = time.perf_counter() - planning
 
-    from ..store.sharded import shard_progress
+    from ..store._sharded import shard_progress
 
     todo = set(shard_progress(path).pending)  # a resumed run skips complete shards
     rows = [
@@ -366,4 +366,4 @@ def extract_to_store(
     )
 
 
-from .cache import cache_activations as cache_activations  # noqa: E402  (it builds on the actors above)
+from ._cache import cache_activations as cache_activations  # noqa: E402  (it builds on the actors above)

@@ -30,8 +30,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .._progress import progress_bar
 from ..errors import InputError, OptionError
-from ..progress import progress_bar
 from .model import Bert, BertConfig, reference_to_hf, save_config
 
 logger = logging.getLogger("layerwise")
@@ -87,7 +87,7 @@ class BertForPreTraining(nn.Module):
 # ---------------------------------------------------------------------------------------------- data
 def read_documents(path: str | Path) -> list[list[str]]:
     """Documents as lists of sentences: one sentence per line, blank lines between documents."""
-    from ..inputs.readers import read_lines
+    from .._inputs.readers import read_lines
 
     lines = read_lines(Path(path), what="corpus", option_hint=False)
     documents: list[list[str]] = [[]]

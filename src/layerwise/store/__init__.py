@@ -1,11 +1,11 @@
 """The on-disk store: Zarr v3 rows + Parquet manifest + an offsets commit marker (see format.py)."""
 
 from ..errors import NotAStoreError, StoreDamagedError, StoreError
-from .api import open_store, verify_store
-from .reader import LayerView, Store
-from .sharded import ShardedStore
-from .verify import VerifyReport
-from .writer import StoreSummary, extract_to_store
+from ._api import open_store, verify_store
+from ._reader import LayerView, Store
+from ._sharded import ShardedStore
+from ._verify import VerifyReport
+from ._writer import StoreSummary, extract_to_store
 
 __all__ = [
     "LayerView",

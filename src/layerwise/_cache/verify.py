@@ -1,0 +1,131 @@
+"""Is an activation cache whole? ``layerwise verify acts/`` and ``lw.cache.verify_cache``.
+
+Checks, shard by shard (memory: one record batch): the record (its seal); the contexts file's
+size and SHA-256; every shard present, its bytes against the CRC-32 written with it, with the
+cache's schema and its rows' count; each row's
+``token_ids`` equal to the context its slot holds (``contexts[permutation[slot]]``: the shuffle
+and the placement, proven from the data); every activation finite; and, once complete, the index
+files ``load_from_disk`` needs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import StoreDamagedError
+from ..store._verify import VerifyReport
+from .contexts import read_contexts
+from .format import CONTEXTS, INFO, STATE, TOKEN_IDS, features, read_meta, shard_name
+from .load import crc_problem, index_problems, shard_crcs
+
+
+class CacheReport(VerifyReport):
+    """A :class:`VerifyReport` of a cache: ``n_texts`` counts contexts, ``n_rows`` tokens."""
+
+    def __str__(self) -> str:
+        if self.ok:
+            return (f"{self.path}: OK: {self.n_texts} contexts, {self.n_rows} tokens; record, contexts, "
+                    "shards and token ids agree")  # fmt: skip
+        return super().__str__().replace("texts affected", "context slots affected")
+
+
+def verify_cache(path: str | os.PathLike) -> VerifyReport:
+    """Check everything (module docstring); never raises for damage, reports it. ``n_texts`` of
+    the report counts contexts, ``n_rows`` tokens; ``text_ids`` names the bad contexts' slots."""
+    import pyarrow as pa
+
+    from .writer import permutation
+
+    path = Path(path)
+    try:
+        meta = read_meta(path)
+    except StoreDamagedError as exc:  # the record cannot be read, or was changed
+        return CacheReport(path, 0, 0, list(exc.problems))
+    if meta is None or "n_contexts" not in meta:
+        what = "has no record" if meta is None else "was stopped before its token pass ended"
+        return CacheReport(
+            path, 0, 0, [f"{str(path)!r} is not a complete layerwise activation cache (it {what})"]
+        )
+    n, context, per_shard, n_shards = (
+        meta["n_contexts"],
+        meta["context"],
+        meta["shard_contexts"],
+        meta["n_shards"],
+    )
+    report = CacheReport(path, n, n * context)
+    problems, bad = report.problems, report.text_ids
+    file = path / CONTEXTS
+    size = file.stat().st_size if file.exists() else -1
+    if size != n * context * 4:
+        problems.append(f"{CONTEXTS} holds {max(size, 0)} bytes, the record says {n * context * 4}")
+        return report
+    digest = hashlib.sha256()
+    with open(file, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 24), b""):
+            digest.update(chunk)
+    if digest.hexdigest() != meta["contexts_sha256"]:
+        problems.append(f"{CONTEXTS} differs from the contexts the cache was computed from (SHA-256)")
+        return report
+    order = permutation(n, meta["shuffle_seed"])
+    schema = features({c: meta["d_model"] for c in meta["columns"]}, context, meta["dtype"]).arrow_schema
+    missing: list[str] = []
+    unchecked: list[int] = []  # the slots of shards whose bytes changed
+    for k, crc in enumerate(shard_crcs(path, meta)):
+        name = shard_name(k, n_shards)
+        lo, hi = k * per_shard, min((k + 1) * per_shard, n)
+        if not (path / name).exists():
+            missing.append(name)
+            continue
+        changed = crc_problem(path, name, crc, meta)
+        if changed is not None:
+            problems.append(changed)
+            unchecked += list(range(lo, hi))
+            continue
+        try:
+            slot = lo
+            with pa.memory_map(str(path / name)) as source:
+                reader = pa.ipc.open_stream(source)
+                if not reader.schema.equals(schema):
+                    problems.append(f"{name} has another schema than the cache's")
+                    continue
+                for batch in reader:
+                    rows = batch.num_rows
+                    ids = batch.column(TOKEN_IDS).flatten().to_numpy().reshape(rows, context)
+                    want = read_contexts(file, context, order[slot : slot + rows])
+                    wrong = (
+                        np.flatnonzero((ids != want).any(axis=1)) if len(want) == rows else np.arange(rows)
+                    )
+                    bad += [int(slot + w) for w in wrong]
+                    for column in meta["columns"]:
+                        values = (
+                            batch.column(column).storage.flatten().flatten().to_numpy(zero_copy_only=False)
+                        )
+                        if not np.isfinite(values).all():
+                            problems.append(f"{name}: column {column} holds NaN or inf")
+                    slot += rows
+            if slot != hi:
+                problems.append(f"{name} holds {slot - lo} contexts, the record says {hi - lo}")
+        except (OSError, pa.ArrowException) as exc:
+            problems.append(f"{name} cannot be read ({exc})")
+    if missing:
+        first = missing[0]
+        problems.append(f"{len(missing)} of {n_shards} shards are not written yet (first {first}): rerun the "
+                        "command that made the cache, it resumes")  # fmt: skip
+    elif (
+        not (path / STATE).exists()
+        or not (path / INFO).exists()
+        or ("index_crc32" not in meta and meta.get("format_version", 1) >= 2)
+    ):
+        problems.append(f"{STATE} or {INFO} is missing: rerun the command that made the cache to finish it")
+    else:
+        problems += index_problems(path, meta)
+    if bad:
+        problems.append(
+            f"{len(bad)} contexts hold other token ids than their slot's context (first slot {bad[0]})"
+        )
+    report.text_ids = sorted(set(bad) | set(unchecked))
+    return report

@@ -1,0 +1,368 @@
+"""Encoder: a model and its fast tokenizer, ready to extract every layer.
+
+    enc = Encoder()                        # the packaged all-MiniLM-L6-v2, offline
+    enc = Encoder("bert-base-uncased")     # a Hugging Face name (from the local cache when offline)
+    enc = Encoder("path/to/folder")        # a folder with config.json, weights and tokenizer files
+    enc = Encoder("SmolLM2.Q4_1.gguf")     # a decoder LM (Llama, Qwen2, Mistral, Gemma, GPT-2), GGUF too
+    stacks = enc.extract(["The bank raised rates."], layers="all")
+
+The data flows one way: inputs (inputs.py) -> the engine (extract.py: batches, forward, windows)
+-> LayerStacks (results.py) -> an OutputPlan (plan.py) or the feature functions (features.py).
+The Encoder holds the model and exposes the short public calls; it does no pooling itself.
+Batching follows sentence-transformers' ``encode``: inputs sorted by token length, batched, run
+under ``torch.inference_mode``, moved to the CPU batch by batch, and returned in input order.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Unpack, overload
+
+import torch
+
+from .._extract import Engine
+from .._features.device_pool import DevicePlan
+from .._features.layers import LayerSpec, resolve_layers
+from .._features.plan import LONG_TEXTS, LongTexts, OutputPlan, Result, check_final_norm_for
+from .._inputs.encoding import (
+    EncodedInput,
+    InputEncoder,
+    normalize_inputs,
+    report_empty_words,
+    report_truncation_warning,
+)
+from .._inputs.windows import check_window_memory, check_window_options
+from .._model.decoders import is_decoder_config
+from .._model.gguf_files import gguf_read_once
+from .._model.handle import ModelHandle
+from .._model.hooks import DECODER_TAPS, check_taps
+from .._model.host_copy import RESULT_DTYPES
+from .._model.source import (
+    load_config_and_tokenizer,
+    pick_device,
+    read_sentence_transformers,
+    resolve_model_source,
+    usable_max_length,
+)
+from .._results import LayerStack
+from .._settings import (
+    METHODS,
+    FinalNorm,
+    Method,
+    ModelDtype,
+    Settings,
+    SettingsOptions,
+    check_final_norm,
+    settings_of,
+)
+from ..errors import InputError, OptionError, check_choice
+from .features import FeatureCalls
+from .warm import warm_device
+
+logger = logging.getLogger("layerwise")
+
+CPU_MAX_TOKENS = 2048
+GPU_MAX_TOKENS = 32768
+# inputs per batch: on a GPU 128 short sentences (~3,500 tokens) leave an H100 idle; 1024 with the
+# token budget ran embed 1.4x and extract 1.5x faster on one (benchmarks/gpu_speed.py)
+CPU_BATCH_SIZE, GPU_BATCH_SIZE = 128, 1024
+_TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+class Encoder(FeatureCalls):
+    """A BERT-family encoder or a decoder language model that returns every hidden state.
+
+    ``Encoder(model, **options)``: ``model`` is a hub name, a folder, a GGUF file, or None for the
+    packaged all-MiniLM-L6-v2; the options are the fields of :class:`~layerwise.Settings`, which
+    documents each (device, model_dtype, max_length, batch_size, max_tokens, packed, streams,
+    allow_nan, final_norm, method). ``Encoder.from_settings(s)`` makes one from such a value, and
+    ``enc.settings`` says what it was made with.
+    Front ends batching across callers use ``inputs.encode`` and ``engine.stream`` directly."""
+
+    def __init__(self, model: str | os.PathLike | None = None, **options: Unpack[SettingsOptions]) -> None:
+        given = settings_of(model, options)  # checks every value before anything loads
+        model_dtype, final_norm, packed = given.model_dtype, given.final_norm, given.packed
+        self.source, self.name = resolve_model_source(model)
+        self.device = pick_device(given.device)
+        self.model_dtype: ModelDtype = model_dtype
+        self.method: Method = given.method
+        dtype = _TORCH_DTYPES[model_dtype]  # light=packed: the packed forward needs no transformers class
+        with gguf_read_once(self.source):
+            self.config, self.tokenizer = load_config_and_tokenizer(self.source, self.name)  # fast tokenizer
+            self.models = ModelHandle(self.source, self.name, self.config, dtype, self.device, light=packed)
+        self.model_type, self.n_layers, self.hidden_size = _dimensions(self.config)
+        self.is_decoder, self.final_norm = _decoder_and_final_norm(self.config, final_norm, self.name)
+        self.sentence_transformers = read_sentence_transformers(self.source)
+        convention = self.sentence_transformers.max_seq_length if self.sentence_transformers else None
+        padding_idx = _padding_idx(self.models.current)
+        self.max_length = usable_max_length(
+            self.config, self.tokenizer, given.max_length, convention, padding_idx
+        )
+        vocab = int(self.config.vocab_size)  # token ids past it are refused at encode time
+        self.inputs = InputEncoder(self.tokenizer.backend_tokenizer, self.max_length, vocab_size=vocab,
+                                   pairs=not self.is_decoder)  # fmt: skip
+        on_cpu = self.device.type == "cpu"
+        max_tokens = given.max_tokens or (CPU_MAX_TOKENS if on_cpu else GPU_MAX_TOKENS)
+        batch_size = given.batch_size or (CPU_BATCH_SIZE if on_cpu else GPU_BATCH_SIZE)
+        self.engine = Engine(
+            self.models,
+            self.tokenizer,
+            given,
+            device=self.device,
+            max_length=self.max_length,
+            batch_size=batch_size,
+            max_tokens=max_tokens,
+        )
+        self.batch_size, self.max_tokens = batch_size, max_tokens  # the defaults of every call
+        if self.device.type == "cuda":  # the GPU's set-up paid here, not by the first call (warm.py)
+            warm_device(self.engine, self.tokenizer.unk_token_id or 0, self.n_hidden_states)
+        # what it was made with; the model by its name (the packaged default's hub name for None),
+        # which any process resolves to the same files (Encoder.source is where they were found)
+        self.settings = given.replace(model=self.name)
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> Encoder:
+        """The Encoder ``settings`` describe (every field of it, none dropped)."""
+        if not isinstance(settings, Settings):
+            raise OptionError(f"settings must be a layerwise.Settings, not {type(settings).__name__}")
+        return cls(**settings.as_dict())
+
+    @property
+    def model(self):  # the transformers model, built on first use (the packed forward needs none)
+        return self.models.transformers()
+
+    @property
+    def n_hidden_states(self) -> int:  # the embedding output plus one per layer
+        return self.n_layers + 1
+
+    def __repr__(self) -> str:
+        return (f"Encoder({self.name!r}, n_layers={self.n_layers}, hidden_size={self.hidden_size}, "
+                f"device='{self.device}', model_dtype='{self.model_dtype}')")  # fmt: skip
+
+    def settle(self, plan: OutputPlan) -> OutputPlan:
+        """``plan`` with this model's answer to what it leaves open (its final norm: this
+        Encoder's default), checked against this model (layers in range, no final norm on an
+        encoder): the plan a run carries out and its outputs record."""
+        plan.hidden_states(self.n_hidden_states)  # a layer past the model fails here
+        return plan.with_final_norm(self.final_norm, is_decoder=self.is_decoder)
+
+    def run_meta(self, plan: OutputPlan) -> dict:
+        """How a run of ``plan`` is made, for every output's metadata (``lw.read_meta`` reads it
+        back): layerwise's version, these settings under their Python names (``model`` is the
+        name, ``model_source`` where it was loaded from), the weights' hash, the settled plan."""
+        from .. import __version__
+        from .._model.source import weights_sha256
+
+        settled = self.settle(plan)
+        settings = self.settings.as_dict()
+        settings.update(
+            model_source=str(self.source),
+            device_used=str(self.device),
+            max_length=self.max_length,
+            max_tokens=self.max_tokens,
+            streams=self.engine.pool.streams if self.engine.pool is not None else 1,
+            packed=self.engine.packed is not None,
+        )  # fmt: skip  (what ran, resolved)
+        return {
+            "layerwise_version": __version__,
+            **settings,
+            "weights_sha256": weights_sha256(self.models.current),
+            "hidden_size": self.hidden_size,
+            "decoder": self.is_decoder,
+            **settled.meta(self.n_hidden_states),
+        }
+
+    def iter_results(
+        self,
+        plan: OutputPlan,
+        texts: Sequence[str] | None = None,
+        *,
+        text_pairs: Sequence[str] | None = None,
+        pairs: Sequence[tuple[str, str]] | None = None,
+        words: Sequence[Sequence[str]] | None = None,
+        progress: bool | None = None,
+        report_truncation: bool = True,
+    ) -> Iterator[tuple[int, LayerStack, Result]]:
+        """The one path from a plan to its outputs: ``(input index, LayerStack, result)`` as batches
+        finish. The forward computes the plan's hidden states (its long texts, stride and final
+        norm), and the plan makes each stack its result (a LayerStack, WordVectors or
+        SentenceVector). Every writer, ``embed``, ``embed_words``, Ray and the server read it. For a
+        sentence or word plan the vectors are pooled, fused and normalised on the model's device: its
+        stacks then carry them (``pooled``) and every token's metadata, but no token states."""
+        settled = self.settle(plan)
+        # sentence and word plans are made on the model's device (features/device_pool.py): only
+        # their results cross to the host, and the stacks carry them (``pooled``), no token states
+        on_device = None
+        if settled.level in ("sentence", "word") and settled.mode is not None:
+            on_device = DevicePlan(settled.level, settled.mode, settled.special_tokens, settled.fuse,
+                                   settled.normalize, self.n_hidden_states)  # fmt: skip
+        request = _Request(layers=settled.hidden_states(self.n_hidden_states), long_texts=settled.long_texts,
+                           stride=settled.stride, final_norm=settled.final_norm,  # an encoder's: None
+                           device_pool=on_device)  # fmt: skip
+        stream = _stream(self, request, texts, text_pairs, pairs, words, progress, report_truncation)
+        return ((index, stack, settled.result(stack, self.n_hidden_states)) for index, stack in stream)
+
+    def tokenize(
+        self,
+        texts: Sequence[str] | None = None,
+        *,
+        text_pairs: Sequence[str] | None = None,
+        pairs: Sequence[tuple[str, str]] | None = None,
+        words: Sequence[Sequence[str]] | None = None,
+    ) -> list[EncodedInput]:
+        """Tokenise without running the model: ids, tokens, offsets, word ids, truncation flags."""
+        return self.inputs.encode(normalize_inputs(texts, text_pairs=text_pairs, pairs=pairs, words=words))
+
+    def iter_extract(
+        self,
+        texts: Sequence[str] | None = None,
+        *,
+        text_pairs: Sequence[str] | None = None,
+        pairs: Sequence[tuple[str, str]] | None = None,
+        words: Sequence[Sequence[str]] | None = None,
+        layers: LayerSpec = "all",
+        method: Method | None = None,
+        taps: Sequence[str] = (),
+        long_texts: LongTexts = "truncate",
+        stride: int | None = None,
+        batch_size: int | None = None,
+        max_tokens: int | None = None,
+        progress: bool | None = None,
+        report_truncation: bool = True,
+        final_norm: FinalNorm | None = None,
+        dtype: str = "float32",
+    ) -> Iterator[tuple[int, LayerStack]]:
+        """Yield ``(input index, LayerStack)`` as batches finish (longest inputs first).
+
+        Memory stays bounded by one batch; use :meth:`extract` for results in input order. Arguments
+        are checked and inputs tokenised before this returns, so bad input fails here. Callers that
+        run a corpus in blocks pass ``report_truncation=False`` and report once themselves.
+        ``method`` and ``final_norm``: None takes the Encoder's own. ``dtype``: of the states
+        (float32, or float16: cast on the device, so half the bytes cross and no float32 is made)."""
+        request = _Request(layers, method, taps, long_texts, stride, batch_size, max_tokens, final_norm,
+                           dtype)  # fmt: skip
+        return _stream(self, request, texts, text_pairs, pairs, words, progress, report_truncation)
+
+    def _final_norm(self, value: FinalNorm | None) -> FinalNorm:
+        """A call's final norm: its own, else this Encoder's; "all" and False need a decoder."""
+        if value is None:
+            return self.final_norm
+        check_final_norm(value)
+        check_final_norm_for(value, is_decoder=self.is_decoder, name=repr(self.name))
+        return value
+
+    @overload
+    def extract(self, texts: str, **options: object) -> LayerStack: ...  # type: ignore[overload-overlap]
+    @overload
+    def extract(self, texts: Sequence[str] | None = None, **options: object) -> list[LayerStack]: ...
+
+    def extract(self, texts=None, *, text_pairs=None, pairs=None, words=None, layers="all",
+                method=None, taps=(), long_texts="truncate", stride=None, batch_size=None,
+                max_tokens=None, progress=None, final_norm=None, dtype="float32"):  # fmt: skip
+        """Hidden states of every requested layer, one :class:`LayerStack` per input, in input order.
+        Pass ``texts`` (optionally with ``text_pairs``), ``pairs`` or pre-split ``words``; the
+        keywords are those of :meth:`iter_extract`. A single string gives a single LayerStack.
+        ``layers`` takes any layer spec ("all", -1, [0, 4, -1], "0:4", "last4"); ``method`` picks
+        ``output_hidden_states`` or forward hooks (same numbers); ``taps`` adds sub-layer outputs:
+        attention_probs, attention_output, intermediate; ``final_norm`` (decoders): the final norm
+        on the last hidden state (True), none (False) or every one ("all"); None: the Encoder's;
+        ``dtype``: float32 (default) or float16 states."""
+        single = isinstance(texts, str)
+        if single:
+            if text_pairs is not None:
+                raise InputError("with a single text, pass a list: extract([text], text_pairs=[second])")
+            texts = [texts]
+        stream = self.iter_extract(
+            texts, text_pairs=text_pairs, pairs=pairs, words=words, layers=layers, method=method,
+            taps=taps, long_texts=long_texts, stride=stride, batch_size=batch_size, max_tokens=max_tokens,
+            progress=progress, final_norm=final_norm, dtype=dtype,
+        )  # fmt: skip
+        results = dict(stream)
+        ordered = [results[i] for i in range(len(results))]
+        return ordered[0] if single else ordered
+
+
+@dataclass(frozen=True)
+class _Request:
+    """What one streaming call computes: ``Encoder.iter_extract``'s keywords, and ``device_pool``
+    (the plan's pool, fusion, normalisation) for ``Encoder.iter_results``' sentence and word plans."""
+
+    layers: LayerSpec = "all"
+    method: Method | None = None  # None: the Encoder's
+    taps: Sequence[str] = ()
+    long_texts: LongTexts = "truncate"
+    stride: int | None = None
+    batch_size: int | None = None
+    max_tokens: int | None = None
+    final_norm: FinalNorm | None = None  # None: the Encoder's
+    dtype: str = "float32"
+    device_pool: DevicePlan | None = None
+
+
+def _stream(
+    self: Encoder,
+    request: _Request,
+    texts: Sequence[str] | None,
+    text_pairs: Sequence[str] | None,
+    pairs: Sequence[tuple[str, str]] | None,
+    words: Sequence[Sequence[str]] | None,
+    progress: bool | None,
+    report_truncation: bool,
+) -> Iterator[tuple[int, LayerStack]]:
+    """Check ``request``, then the inputs; tokenise them and start the engine's stream (see
+    ``Engine.stream``)."""
+    layer_ids = resolve_layers(request.layers, self.n_hidden_states)
+    check_choice("dtype", request.dtype, tuple(RESULT_DTYPES))
+    method = self.method if request.method is None else request.method
+    norm = self._final_norm(request.final_norm)
+    long_texts, stride = request.long_texts, request.stride
+    taps = _check_extract_options(self, method, request.taps, long_texts, stride)
+    raw = normalize_inputs(texts, text_pairs=text_pairs, pairs=pairs, words=words)
+    if long_texts == "window":
+        check_window_memory(raw, len(layer_ids), self.hidden_size)
+    encoded = self.inputs.encode(raw, truncate=long_texts == "truncate")
+    if report_truncation:
+        report_truncation_warning(encoded, self.max_length)
+    report_empty_words(encoded)
+    return self.engine.stream(
+        encoded, layers=layer_ids, method=method, taps=taps, stride=stride, batch_size=request.batch_size,
+        max_tokens=request.max_tokens, progress=progress, final_norm=norm, device_pool=request.device_pool,
+        dtype=request.dtype,
+    )  # fmt: skip
+
+
+def _decoder_and_final_norm(config: Any, final_norm: Any, name: str) -> tuple[bool, Any]:
+    """Whether the model is a decoder LM, and its ``final_norm`` setting (``"all"`` needs a decoder)."""
+    is_decoder = is_decoder_config(config)
+    check_final_norm_for(final_norm, is_decoder=is_decoder, name=repr(name))
+    return is_decoder, final_norm
+
+
+def _dimensions(config) -> tuple[str, int, int]:
+    """``(model_type, n_layers, hidden_size)`` of a config."""
+    return str(config.model_type), int(config.num_hidden_layers), int(config.hidden_size)
+
+
+def _padding_idx(model: object) -> int | None:
+    """The embeddings' own padding index (MPNet fixes it at 1); decoders have none to say."""
+    return getattr(getattr(model, "embeddings", None), "padding_idx", None)
+
+
+def _check_extract_options(
+    encoder: Encoder, method: str, taps: Sequence[str], long_texts: str, stride: int | None
+) -> tuple[str, ...]:  # the plan checks these too; extract() and the taps have no plan
+    """The options of a call that extracts, checked before any work; the taps as a tuple."""
+    check_choice("method", method, METHODS)
+    checked = check_taps(taps)
+    if encoder.is_decoder and set(checked) - set(DECODER_TAPS):
+        raise OptionError(
+            f"taps={list(checked)!r}: a decoder LM ({encoder.model_type}) has the taps "
+            f"{', '.join(DECODER_TAPS)}; "
+            "its blocks are pre-norm, with no module for attention_output or intermediate"
+        )
+    check_choice("long_texts", long_texts, LONG_TEXTS)
+    check_window_options(long_texts, stride, encoder.max_length)
+    return checked

@@ -1,0 +1,68 @@
+"""The encoder's model, built only as far as the work needs.
+
+The packed forward runs on a :class:`~layerwise._model.light.LightModel` read straight from the
+checkpoint, which skips importing transformers' modeling code (1.5-2 s of start-up). The
+transformers model is built the first time something needs it: ``Encoder.model``, forward hooks,
+sub-layer taps, ``packed=False``. From then on the packed forward runs on the transformers model's
+own modules (the listeners move it there), so weights a user edits through ``Encoder.model`` are
+the weights every path uses, and the light copy is dropped.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from .light import load_light_model
+from .source import load_model
+
+
+class ModelHandle:
+    """One model of one encoder: ``current`` is what the packed forward runs on (the light model
+    until the transformers model exists, then that), ``transformers()`` builds the latter once."""
+
+    def __init__(self, source: str, name: str, config: Any, dtype: torch.dtype, device: torch.device, *,
+                 light: bool) -> None:  # fmt: skip
+        self.source, self.name, self.config = source, name, config
+        self.dtype, self.device = dtype, device
+        self._lock = threading.Lock()
+        self._listeners: list[Callable[[Any], None]] = []
+        self._hf: Any = None
+        self._light = load_light_model(source, config, dtype) if light else None
+        if self._light is None:
+            self._hf = self._load()
+        else:
+            self._light.to(device)
+
+    @property
+    def built(self) -> bool:
+        """Whether the transformers model exists (else the packed forward runs on the light model)."""
+        return self._hf is not None
+
+    @property
+    def current(self) -> Any:
+        """The module tree the packed forward runs on, and whose weights are hashed: both have
+        Hugging Face's parameter names and the same tensors."""
+        return self._hf if self._hf is not None else self._light
+
+    def transformers(self) -> Any:
+        """The transformers model (``AutoModel``), built on the first call; listeners hear of it."""
+        if self._hf is not None:
+            return self._hf
+        with self._lock:
+            if self._hf is None:
+                model = self._load()
+                for listener in self._listeners:
+                    listener(model)
+                self._hf, self._light = model, None
+        return self._hf
+
+    def on_transformers(self, listener: Callable[[Any], None]) -> None:
+        """Call ``listener(model)`` when the transformers model is built (before anyone else sees it)."""
+        self._listeners.append(listener)
+
+    def _load(self) -> Any:
+        return load_model(self.source, self.name, self.dtype, self.config).to(self.device).eval()

@@ -1,0 +1,179 @@
+"""The option groups of ``layerwise extract`` besides the model's: the corpus' format and columns,
+the store's layout, and Ray. Each reaches the command as one value (``option_group``), so the
+command lists none of them and a new option of a group is added here alone."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from ._options import EncodingErrorsChoice, EncodingErrorsOption, option_group
+
+if TYPE_CHECKING:
+    from .._inputs.corpus import Corpus
+    from ..store._format import StoreLayout
+
+INPUT_PANEL = "Input columns"
+LAYOUT_PANEL = "Store layout"
+RAY_PANEL = "Ray"
+
+
+class FormatChoice(StrEnum):
+    txt = "txt"
+    tsv = "tsv"
+    jsonl = "jsonl"
+    csv = "csv"
+    parquet = "parquet"
+
+
+class BadRowChoice(StrEnum):
+    error = "error"
+    skip = "skip"
+
+
+# a corpus' text column and format, as every command that reads one names them
+TextColumnOption = Annotated[
+    str | None, typer.Option(help="The column of the texts (CSV, Parquet) [default: text]")
+]
+InputFormatOption = Annotated[
+    FormatChoice | None, typer.Option("--format", help="Input format [default: from the suffix]")
+]
+
+
+def _parameter(name: str, default: object, annotation: object) -> inspect.Parameter:
+    return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
+
+
+def _optional_int(name: str, help: str, panel: str) -> inspect.Parameter:
+    return _parameter(
+        name, None, Annotated[int | None, typer.Option(min=1, help=help, rich_help_panel=panel)]
+    )
+
+
+@dataclass(frozen=True)
+class CorpusColumns:
+    """How the input files are read: ``lw.Corpus``'s keywords, as the options gave them."""
+
+    format: str | None = None
+    text_column: str | None = None
+    pair_column: str | None = None
+    id_column: str | None = None
+    words_column: str | None = None
+    limit: int | None = None
+    on_bad_row: str = "error"
+    encoding_errors: str = "strict"
+
+    def corpus(self, inputs: list[str]) -> Corpus:
+        from .._inputs.corpus import Corpus
+
+        return Corpus(inputs, format=self.format, text_column=self.text_column, pair_column=self.pair_column,
+                      id_column=self.id_column, words_column=self.words_column, limit=self.limit,
+                      on_bad_row=self.on_bad_row, encoding_errors=self.encoding_errors)  # fmt: skip
+
+
+def corpus_options() -> Callable[[Callable], Callable]:
+    """--encoding-errors, --format, --text-column, --pair-column, --id-column, --words-column,
+    --limit, --on-bad-row: the command takes them as ``columns: CorpusColumns``."""
+
+    def column(name: str, help: str) -> inspect.Parameter:
+        return _parameter(
+            name, None, Annotated[str | None, typer.Option(help=help, rich_help_panel=INPUT_PANEL)]
+        )
+
+    parameters = [
+        _parameter("encoding_errors", EncodingErrorsChoice.strict, EncodingErrorsOption),
+        _parameter("format", None, Annotated[FormatChoice | None, typer.Option(
+            "--format", help="Input format [default: from the suffix]", rich_help_panel=INPUT_PANEL)]),
+        column("text_column", "Column (field) holding the text"),
+        column("pair_column", "Column holding a second segment: a pair"),
+        column("id_column", "Column holding each row's id [default: the 0-based row]"),
+        column("words_column", "List column of pre-split words (instead of a text)"),
+        _optional_int("limit", "Only the first N texts: try before you run", INPUT_PANEL),
+        _parameter("on_bad_row", BadRowChoice.error, Annotated[BadRowChoice, typer.Option(
+            help="A null or non-text row: stop before writing (error), or skip and count it",
+            rich_help_panel=INPUT_PANEL)]),
+    ]  # fmt: skip
+
+    def build(*, encoding_errors: Any, format: Any, on_bad_row: Any, **columns: Any) -> dict[str, Any]:
+        chosen = CorpusColumns(format=format.value if format else None, on_bad_row=on_bad_row.value,
+                               encoding_errors=encoding_errors.value, **columns)  # fmt: skip
+        return {"columns": chosen}
+
+    return option_group(("columns",), parameters, build)
+
+
+@dataclass(frozen=True)
+class LayoutOptions:
+    """--block-size, --chunk-rows, --shard-chunks as given (None: the store's default)."""
+
+    block_size: int | None = None
+    chunk_rows: int | None = None
+    shard_chunks: int | None = None
+
+    def given(self) -> dict[str, int | None]:
+        """Each option by its flag: what a back end without a store refuses when set."""
+        return {
+            "--block-size": self.block_size,
+            "--chunk-rows": self.chunk_rows,
+            "--shard-chunks": self.shard_chunks,
+        }
+
+    def layout(self) -> StoreLayout:
+        from ..store._format import BLOCK_SIZE, CHUNK_ROWS, SHARD_CHUNKS, StoreLayout
+
+        return StoreLayout(self.block_size or BLOCK_SIZE, self.chunk_rows or CHUNK_ROWS,
+                           self.shard_chunks or SHARD_CHUNKS)  # fmt: skip
+
+
+def layout_options() -> Callable[[Callable], Callable]:
+    """The store's layout options: the command takes them as ``layout: LayoutOptions``."""
+    parameters = [
+        _optional_int(
+            "block_size", "Store: texts sorted and committed together [default: 2048]", LAYOUT_PANEL
+        ),
+        _optional_int("chunk_rows", "Store: rows per chunk [default: 128]", LAYOUT_PANEL),
+        _optional_int("shard_chunks", "Store: chunks per shard (one file) [default: 64]", LAYOUT_PANEL),
+    ]
+    return option_group(("layout",), parameters, lambda **given: {"layout": LayoutOptions(**given)})
+
+
+@dataclass(frozen=True)
+class RayOptions:
+    """--ray (None: this process), --workers, --threads-per-worker, --shard-size as given."""
+
+    mode: str | None = None
+    workers: int | None = None
+    threads_per_worker: int | None = None
+    shard_size: int | None = None
+
+    def given(self) -> dict[str, int | None]:
+        """The options that only Ray honours, by flag: a run in this process refuses them when set."""
+        return {"--workers": self.workers, "--threads-per-worker": self.threads_per_worker,
+                "--shard-size": self.shard_size}  # fmt: skip
+
+
+def ray_options() -> Callable[[Callable], Callable]:
+    """--ray and its options: the command takes them as ``ray: RayOptions``."""
+    parameters = [
+        _parameter("ray", None, Annotated[str | None, typer.Option(
+            "--ray", help="Run on Ray: local (start one here) or auto (join a cluster); a sharded store",
+            rich_help_panel=RAY_PANEL)]),
+        _optional_int("workers", "Ray actors, each with its model [default: 2]", RAY_PANEL),
+        _optional_int("threads_per_worker", "torch threads (CPUs) per actor [default: 1]", RAY_PANEL),
+        _optional_int("shard_size", "Texts per shard [default: ~32 shards of 1024..4096, one per worker at "
+                      "least]", RAY_PANEL),
+    ]  # fmt: skip
+
+    def build(*, ray: str | None, **given: Any) -> dict[str, Any]:
+        return {"ray": RayOptions(ray, **given)}
+
+    return option_group(("ray",), parameters, build)
+
+
+# a command's defaults for the groups' values, which the decorators replace on each run (as MODEL_SETTINGS)
+ALL_COLUMNS, DEFAULT_LAYOUT, NO_RAY = CorpusColumns(), LayoutOptions(), RayOptions()

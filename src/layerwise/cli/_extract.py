@@ -1,0 +1,312 @@
+"""``layerwise extract`` (a corpus in, vectors out: a file or a store) and ``layerwise export``
+(a store's token rows, pooled, out as a file)."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from .._features.names import FUSE_HELP, POOL_HELP
+from .._settings import Settings
+from ..errors import InputError, LayerwiseError, OptionError
+from ._corpus_options import (
+    ALL_COLUMNS,
+    DEFAULT_LAYOUT,
+    NO_RAY,
+    CorpusColumns,
+    LayoutOptions,
+    RayOptions,
+    corpus_options,
+    layout_options,
+    ray_options,
+)
+from ._options import (
+    MODEL_SETTINGS,
+    LayersOption,
+    LongTextsChoice,
+    LongTextsOption,
+    OutDtype,
+    SpecialTokensChoice,
+    _fail,
+    _setup_logging,
+    _use_available_cores,
+    app,
+    err,
+    model_options,
+)
+
+PoolOption = Annotated[
+    str,
+    typer.Option("--pool", "-p", help=POOL_HELP),
+]
+FuseOption = Annotated[
+    str | None,
+    typer.Option(
+        "--fuse",
+        help=f"Fuse layers (word/sentence pooling): {FUSE_HELP} (--layers)",
+    ),
+]
+NoTextOption = Annotated[
+    bool, typer.Option("--no-text", help="Leave the texts out of the output (ids only): a smaller file")
+]
+
+
+@app.command()
+@model_options()
+@ray_options()
+@layout_options()
+@corpus_options()
+def extract(
+    inputs: Annotated[
+        list[str],
+        typer.Argument(
+            help="Files, globs or folders (.txt, .tsv, .jsonl, .csv, .parquet; .gz/.zst/.bz2/.xz), "
+            "or - for standard input with --format",
+            show_default=False,
+        ),
+    ],
+    output: Annotated[
+        Path, typer.Option("--output", "-o", help="Output: .npz, .jsonl, .parquet (pooled) or a store (*.lw)")
+    ],
+    layers: LayersOption = "all",
+    dtype: Annotated[
+        OutDtype | None,
+        typer.Option(
+            "--dtype", help="Dtype of the written vectors [default: float16 in a store, else float32]"
+        ),
+    ] = None,
+    pool: PoolOption = "token",
+    fuse: FuseOption = None,
+    special_tokens: Annotated[
+        SpecialTokensChoice, typer.Option(help="Sentence pooling over [CLS]/[SEP] too (include) or not")
+    ] = SpecialTokensChoice.include,
+    normalize: Annotated[
+        bool,
+        typer.Option(
+            "--normalize", help="L2-normalise sentence vectors (as sentence-transformers' Normalize)"
+        ),
+    ] = False,
+    long_texts: LongTextsOption = LongTextsChoice.truncate,
+    stride: Annotated[
+        int | None, typer.Option(min=1, help="Window step in tokens [default: half a window]")
+    ] = None,
+    no_text: NoTextOption = False,
+    overwrite: Annotated[
+        bool, typer.Option(help="Start an existing store again instead of resuming it")
+    ] = False,
+    quiet: Annotated[
+        bool, typer.Option("--quiet", "-q", help="No progress bar or summary (warnings and errors show)")
+    ] = False,
+    columns: CorpusColumns = ALL_COLUMNS,  # the corpus options (@corpus_options)
+    layout: LayoutOptions = DEFAULT_LAYOUT,  # the store's layout (@layout_options)
+    ray: RayOptions = NO_RAY,  # --ray and its options (@ray_options)
+    settings: Settings = MODEL_SETTINGS,  # the model options (@model_options)
+) -> None:
+    """Extract hidden states of every requested layer for each input and write them to a file
+    (.npz, .jsonl, .parquet for pooled vectors) or to a resumable store (a folder ending in .lw).
+    The output's metadata records how it was made: `layerwise info OUTPUT`."""
+    _setup_logging(quiet)
+    try:
+        from .._features.plan import OutputPlan
+
+        to_store = output.suffix.lower() == ".lw" or output.is_dir()
+        on_ray = ray.mode is not None
+        backend = "--ray" if on_ray else ("a store (-o *.lw)" if to_store else f"a {output.suffix} file")
+        _refuse_unused(backend, to_store=to_store, on_ray=on_ray, no_text=no_text, overwrite=overwrite,
+                       layout=layout.given(), ray_only=ray.given())  # fmt: skip
+        if not to_store:
+            from .._files.writers import output_format
+
+            output_format(output)  # fail on bad options before loading anything
+        for name in inputs:
+            if output.exists() and Path(name).exists() and os.path.samefile(output, name):
+                raise OptionError(
+                    f"the output {str(output)!r} is the input file; writing it would replace your data: "
+                    "choose another output path"
+                )
+        default_dtype = OutDtype.float16 if to_store else OutDtype.float32
+        plan = OutputPlan.parse(
+            layers=layers,
+            pool=pool,
+            fuse=fuse,
+            special_tokens=special_tokens.value,
+            dtype=(dtype or default_dtype).value,
+            normalize=normalize,
+            long_texts=long_texts.value,
+            stride=stride,
+        )  # fmt: skip  (its final norm: the settings' (--final-norm), the one value every back end takes
+        if output.suffix.lower() == ".parquet":
+            from .._files.parquet import check_parquet_plan
+
+            check_parquet_plan(plan.level)
+        corpus = columns.corpus(inputs)
+        if not len(corpus):  # reads every row once: a bad one stops here, before the model loads
+            skipped = corpus.scan().n_skipped
+            raise InputError(
+                f"{corpus.describe()} holds no texts" + (f" ({skipped} bad rows skipped)" if skipped else "")
+            )
+        source = corpus.describe()
+        if ray.mode is not None:
+            _extract_on_ray(ray.mode, ray, settings, corpus, output, plan, overwrite, layout.layout(), quiet)
+            return
+        from .._encoder import Encoder
+
+        started = time.perf_counter()
+        _use_available_cores()  # before the Encoder: its default streams follow the thread count
+        if not quiet:  # a model takes seconds to load (a GGUF file ten): say what is happening
+            err.print(f"loading {settings.model or 'the packaged all-MiniLM-L6-v2'} …", highlight=False)
+        enc = Encoder.from_settings(settings)
+        progress = False if quiet else None
+        if to_store:
+            from ..store import extract_to_store
+
+            stored = extract_to_store(enc, corpus, output, plan, layout=layout.layout(), overwrite=overwrite,
+                                      source=source, progress=progress)  # fmt: skip
+            if not quiet:
+                _report_store(stored, enc.name, corpus.scan().n_skipped)
+            return
+        from .._files.writers import extract_to_file
+
+        summary = extract_to_file(
+            enc, corpus, output, plan, source=source, progress=progress, keep_text=not no_text
+        )
+    except LayerwiseError as exc:
+        raise _fail(exc) from None
+    if not quiet:
+        _report_file(
+            summary, plan.hidden_states(enc.n_hidden_states), enc.name, enc.max_length, output, started
+        )
+
+
+def _refuse_unused(
+    backend: str,
+    *,
+    to_store: bool,
+    on_ray: bool,
+    no_text: bool,
+    overwrite: bool,
+    layout: dict,
+    ray_only: dict,
+) -> None:
+    """Options the chosen back end cannot honour are refused, naming the option and the back end
+    (tests/test_option_coverage.py walks every option through every back end)."""
+    if on_ray and not to_store:
+        raise OptionError("--ray writes a sharded store: give -o a folder ending in .lw")
+    if no_text and to_store:
+        raise OptionError(
+            f"--no-text: {backend} keeps each text in its manifest (resuming and verify check them); "
+            "write the store, then `layerwise export STORE -o vectors.parquet --no-text`"
+        )
+    if overwrite and not to_store:
+        raise OptionError(f"--overwrite applies to stores; {backend} is always written anew (atomically)")
+    for option, value in layout.items():
+        if value is not None and not to_store:
+            raise OptionError(f"{option} sets a store's layout; {backend} has none: leave {option} out")
+    for option, value in ray_only.items():
+        if value is not None and not on_ray:
+            raise OptionError(f"{option} applies to --ray; {backend} runs in this process: add --ray local")
+
+
+def _extract_on_ray(
+    mode: str, ray: RayOptions, settings, data, output, plan, overwrite, layout, quiet
+) -> None:
+    from .. import ray as lw_ray
+
+    workers, threads = ray.workers or 2, ray.threads_per_worker or 1
+    lw_ray.init(mode, workers=workers, threads_per_worker=threads)
+    summary = lw_ray.extract_to_store(
+        settings, data, output, plan, layout=layout, workers=workers, threads_per_worker=threads,
+        shard_size=ray.shard_size, overwrite=overwrite,
+    )  # fmt: skip
+    if not quiet:
+        resumed = f" ({summary.n_shards_skipped} already complete)" if summary.n_shards_skipped else ""
+        err.print(
+            f"stored {summary.n_texts} texts in {summary.n_shards} shards{resumed}, {summary.n_rows} rows, "
+            f"in {summary.path} in {summary.seconds:.1f} s with {workers} Ray actors (planned in "
+            f"{summary.plan_seconds:.1f} s)",
+            highlight=False,
+            soft_wrap=True,
+        )
+
+
+def _report_file(
+    summary: dict, layers, model: str, max_length: int | None, output: Path, started: float
+) -> None:
+    seconds = time.perf_counter() - started
+    notes = []
+    if summary["n_truncated"]:
+        notes.append(f"{summary['n_truncated']} truncated to {max_length} tokens")
+    if summary["n_words"]:
+        notes.append(f"{summary['n_words']} words")
+    if summary.get("n_empty"):
+        notes.append(f"{summary['n_empty']} empty")
+    if summary.get("n_skipped"):
+        notes.append(f"{summary['n_skipped']} bad rows skipped")
+    err.print(
+        f"wrote {summary['n_texts']} input(s), {summary['n_tokens']} tokens x {len(layers)} layers "
+        f"of {model} to {output} in {seconds:.1f} s" + (f" ({'; '.join(notes)})" if notes else ""),
+        highlight=False,
+        soft_wrap=True,
+    )
+
+
+def _report_store(summary, model: str, n_skipped: int = 0) -> None:
+    if summary.n_written == 0 and summary.n_already_committed == summary.n_texts:
+        err.print(
+            f"{summary.path} is complete: {summary.n_texts} texts of {model}; nothing to do", highlight=False
+        )
+        return
+    resumed = f" (resumed after {summary.n_already_committed} committed texts)" if summary.resumed else ""
+    err.print(
+        f"stored {summary.n_written} texts{resumed}, {summary.n_rows} rows of {model} in {summary.path} "
+        f"in {summary.seconds:.1f} s"
+        + (f"; {summary.n_truncated} truncated" if summary.n_truncated else "")
+        + (f"; {n_skipped} bad rows skipped" if n_skipped else ""),
+        highlight=False,
+        soft_wrap=True,
+    )
+
+
+@app.command()
+def export(
+    store: Annotated[Path, typer.Argument(help="A token-level store (*.lw)")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="Output: .parquet, .npz or .jsonl")],
+    layers: LayersOption = "all",
+    pool: PoolOption = "sentence:mean",
+    fuse: FuseOption = None,
+    special_tokens: Annotated[
+        SpecialTokensChoice, typer.Option(help="Sentence pooling over [CLS]/[SEP] too (include) or not")
+    ] = SpecialTokensChoice.include,
+    normalize: Annotated[bool, typer.Option("--normalize", help="L2-normalise sentence vectors")] = False,
+    dtype: Annotated[
+        OutDtype, typer.Option("--dtype", help="Dtype of the written vectors")
+    ] = OutDtype.float32,
+    no_text: NoTextOption = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar or summary")] = False,
+) -> None:
+    """Pool a token-level store's rows into pooled vectors (.parquet, .npz, .jsonl) without the model:
+    the store holds the tokens, offsets and word ids pooling needs."""
+    _setup_logging(quiet)
+    started = time.perf_counter()
+    try:
+        from .._features.plan import OutputPlan
+        from .._files.export import export_store
+
+        plan = OutputPlan.parse(
+            layers=layers, pool=pool, fuse=fuse, special_tokens=special_tokens.value, dtype=dtype.value,
+            normalize=normalize,
+        )  # fmt: skip
+        summary = export_store(store, output, plan, keep_text=not no_text, progress=False if quiet else None)
+    except LayerwiseError as exc:
+        raise _fail(exc) from None
+    if not quiet:
+        err.print(
+            f"exported {summary['n_texts']} texts ({plan.pool}) from {store} to {output} in "
+            f"{time.perf_counter() - started:.1f} s",
+            highlight=False,
+            soft_wrap=True,
+        )

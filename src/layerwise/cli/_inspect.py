@@ -1,0 +1,102 @@
+"""``layerwise show`` (a tokens x layers table), ``layerwise verify`` (a store's integrity) and
+``layerwise info`` (how an output was made)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from .._settings import Settings
+from ..errors import LayerwiseError
+from ._options import MODEL_SETTINGS, LayersOption, _fail, _setup_logging, app, err, model_options
+
+
+@app.command()
+@model_options()
+def show(
+    text: Annotated[str, typer.Argument(help="The text to show")],
+    pair: Annotated[
+        str | None, typer.Option("--pair", help="Second segment: [CLS] TEXT [SEP] PAIR [SEP]")
+    ] = None,
+    settings: Settings = MODEL_SETTINGS,  # the model options (@model_options)
+    layers: LayersOption = "all",
+) -> None:
+    """Print a tokens x layers table: vector norm and cosine to the previous layer."""
+    _setup_logging(quiet=True)
+    try:
+        from .._analysis.show import layer_table
+        from .._encoder import Encoder
+
+        enc = Encoder.from_settings(settings)
+        stack = enc.extract([text], text_pairs=[pair] if pair is not None else None, layers=layers)[0]
+    except LayerwiseError as exc:
+        raise _fail(exc) from None
+    from .._inputs.display import token_display
+
+    table = layer_table(stack, model=enc.name, display=token_display(enc.tokenizer))
+    console = Console()
+    needed = Console(width=10_000).measure(table).maximum
+    # a pipe or a narrow terminal would squeeze the token column away; print at the table's width
+    Console(width=max(console.width, needed)).print(table)
+
+
+@app.command()
+def verify(
+    store: Annotated[Path, typer.Argument(help="A store folder (*.lw) or an activation cache folder")],
+) -> None:
+    """Check a store (offsets, manifest, shards, every text's checksum) or an activation cache
+    (record, contexts, shards, every context's token ids). Exit 1 if it is damaged."""
+    try:
+        from .._cache.format import read_meta as read_cache_meta
+        from ..store import verify_store
+
+        if read_cache_meta(store) is not None:
+            from .._cache import verify_cache
+
+            report = verify_cache(store)
+        else:
+            report = verify_store(store)
+    except LayerwiseError as exc:  # damage (a sharded store's table, a record): DAMAGED, exit 1
+        raise _fail(exc) from None
+    (Console() if report.ok else err).print(str(report), highlight=False, markup=False, soft_wrap=True)
+    if not report.ok:
+        raise typer.Exit(code=1)
+
+
+@app.command()
+def info(
+    path: Annotated[Path, typer.Argument(help="An output: .npz, .jsonl, .parquet or a store (*.lw)")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print the metadata as JSON")] = False,
+) -> None:
+    """Print how an output was made: layerwise's version, the model and its settings (dtype, max
+    length, final norm, …), the plan (layers, pooling, fusion, dtype) and the source corpus."""
+    try:
+        from .._files.meta import read_meta
+
+        meta = read_meta(path)
+    except LayerwiseError as exc:
+        raise _fail(exc) from None
+    if as_json:
+        import json
+
+        typer.echo(json.dumps(meta, indent=1, ensure_ascii=False))
+        return
+    from rich.table import Table
+
+    table = Table(show_header=False, box=None, pad_edge=False)
+    table.add_column(style="bold")
+    table.add_column(overflow="fold")
+    for key, value in meta.items():
+        table.add_row(key, _shown(value))
+    Console().print(table)
+
+
+def _shown(value: object) -> str:
+    from rich.markup import escape
+
+    if isinstance(value, list) and len(value) > 16:
+        value = [*value[:8], "…", *value[-4:]]
+    return escape(str(value))

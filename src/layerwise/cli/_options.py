@@ -1,0 +1,298 @@
+"""What every command shares: the Typer app they register on, the option types and choices, and
+the helpers that report errors, set up logging and size torch's threads.
+
+Importing this module must stay cheap (``layerwise --help`` never imports torch): the library is
+imported inside the commands.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+import os
+from collections.abc import Callable
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+
+from .. import __version__
+from .._settings import Settings
+from ..errors import LayerwiseError, OptionError
+
+app = typer.Typer(
+    name="layerwise",
+    help="Contextual embeddings from every layer of transformer encoders (BERT family) and decoder LMs.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,  # plain click help: it wraps at any width, where rich cut values at 80 columns
+)
+err = Console(stderr=True)
+
+
+class OutDtype(StrEnum):
+    float32 = "float32"
+    float16 = "float16"
+
+
+class ModelDtype(StrEnum):
+    float32 = "float32"
+    float16 = "float16"
+    bfloat16 = "bfloat16"
+
+
+class MethodChoice(StrEnum):
+    hidden_states = "hidden_states"
+    hooks = "hooks"
+
+
+class SpecialTokensChoice(StrEnum):
+    include = "include"
+    exclude = "exclude"
+
+
+class LongTextsChoice(StrEnum):
+    truncate = "truncate"
+    window = "window"
+
+
+class EncodingErrorsChoice(StrEnum):
+    strict = "strict"
+    replace_invalid = "replace"  # not "replace": that would hide str.replace
+
+
+LongTextsOption = Annotated[
+    LongTextsChoice, typer.Option(help="Inputs over the model maximum: truncate, or sliding windows")
+]
+EncodingErrorsOption = Annotated[
+    EncodingErrorsChoice, typer.Option(help="strict: stop at invalid UTF-8; replace: use U+FFFD")
+]
+ModelOption = Annotated[
+    str | None,
+    typer.Option(
+        "--model", "-m", help="Hugging Face name or local folder [default: packaged all-MiniLM-L6-v2]"
+    ),
+]
+LayersOption = Annotated[
+    str, typer.Option("--layers", "-l", help="all | -1 | 0,4,-1 | 0:4 (end excluded) | last4; 0 = embeddings")
+]
+DeviceOption = Annotated[str, typer.Option("--device", help="auto | cpu | cuda | cuda:N")]
+
+
+class FinalNormChoice(StrEnum):
+    last = "last"
+    none = "none"
+    all = "all"
+
+
+_FINAL_NORM_HELP = (
+    "Decoder LMs: the final norm on the last hidden state (last, as transformers returns it), on none "
+    "(the raw residual stream), or on all (layers compare on one scale) [default: {}]; encoders have none"
+)
+FinalNormOption = Annotated[
+    FinalNormChoice | None, typer.Option(help=_FINAL_NORM_HELP.format("last"), rich_help_panel="Model")
+]
+
+
+def final_norm_value(choice: FinalNormChoice | None):
+    """The Python value of --final-norm: True (last), False (none) or "all"; not given (None):
+    True, the final norm on the last hidden state, as transformers returns it."""
+    from .._settings import parse_final_norm
+
+    return True if choice is None else parse_final_norm(choice.value)
+
+
+StreamsOption = Annotated[
+    int | None,
+    typer.Option(
+        min=1, help="Packed batches run at once on the CPU [default: 2 for models up to 512 wide, 2+ cores]",
+        rich_help_panel="Model",
+    ),
+]  # fmt: skip
+
+# The options of how a model is loaded and run: declared here once, taken by every command that
+# loads a model (@model_options), which receives them as one Settings.
+_MODEL = "Model"
+_KEYWORD = inspect.Parameter.KEYWORD_ONLY
+
+
+_MANY_MODELS = Annotated[
+    list[str] | None,
+    typer.Option("--model", "-m", help="A model (repeat for several) [default: packaged all-MiniLM-L6-v2]",
+                 rich_help_panel=_MODEL),
+]  # fmt: skip
+
+
+def _model_parameters(final_norm: FinalNormChoice | None, many: bool = False) -> list[inspect.Parameter]:
+    def option(name: str, default: object, annotation: object) -> inspect.Parameter:
+        return inspect.Parameter(name, _KEYWORD, default=default, annotation=annotation)
+
+    return [
+        option("model", None, _MANY_MODELS if many else ModelOption),
+        option("device", "auto", DeviceOption),
+        option("model_dtype", ModelDtype.float32, Annotated[
+            ModelDtype, typer.Option(help="Compute dtype of the model", rich_help_panel=_MODEL)]),
+        option("max_length", None, Annotated[int | None, typer.Option(
+            min=1, help="Tokens per input [default: model maximum]", rich_help_panel=_MODEL)]),
+        option("batch_size", None, Annotated[int | None, typer.Option(
+            "--batch-size", "-b", min=1, rich_help_panel=_MODEL,
+            help="Most inputs per forward pass [default: 128 on CPU, 1024 on GPU]")]),
+        option("max_tokens", None, Annotated[int | None, typer.Option(
+            min=1, help="Most tokens per forward pass (padded ones with --no-packed) [default: 2048 on "
+            "CPU, 32768 on GPU]", rich_help_panel=_MODEL)]),
+        option("packed", True, Annotated[bool, typer.Option(
+            help="Unpadded forward where the architecture allows it (same numbers)",
+            rich_help_panel=_MODEL)]),
+        option("streams", None, StreamsOption),
+        option("allow_nan", False, Annotated[bool, typer.Option(
+            "--allow-nan", help="Keep NaN/inf hidden states (with a warning) instead of stopping",
+            rich_help_panel=_MODEL)]),
+        option("final_norm", final_norm, Annotated[FinalNormChoice | None, typer.Option(
+            help=_FINAL_NORM_HELP.format(final_norm or "last"), rich_help_panel=_MODEL)]),
+        option("method", MethodChoice.hidden_states, Annotated[MethodChoice, typer.Option(
+            help="output_hidden_states or forward hooks (the same numbers)", rich_help_panel=_MODEL)]),
+    ]  # fmt: skip
+
+
+MODEL_OPTIONS: tuple[str, ...] = tuple(p.name for p in _model_parameters(None))
+# a command's ``settings: Settings = MODEL_SETTINGS``: the value @model_options replaces on each run
+MODEL_SETTINGS = Settings()
+
+
+def option_group(
+    provides: tuple[str, ...], parameters: list[inspect.Parameter], build: Callable[..., dict[str, Any]]
+) -> Callable[[Callable], Callable]:
+    """Give a command a group of options that it takes as values of its own: the command declares the
+    keywords ``provides``; Typer sees ``parameters`` instead, and each run passes
+    ``build(**their values)`` (a dict over ``provides``). A bad value fails as any option does."""
+    names = tuple(p.name for p in parameters)
+
+    def decorate(command: Callable) -> Callable:
+        own = inspect.signature(command, eval_str=True)
+        kept = [p.replace(kind=_KEYWORD) for p in own.parameters.values() if p.name not in provides]
+        clash = {p.name for p in kept} & set(names)
+        assert not clash, f"{command.__name__} declares a group's options itself: {clash}"
+        every = [*kept, *parameters]
+
+        @functools.wraps(command)
+        def run(**values: Any) -> Any:
+            chosen = {name: values.pop(name) for name in names}
+            try:
+                values.update(build(**chosen))
+            except LayerwiseError as exc:
+                raise _fail(exc) from None
+            return command(**values)
+
+        run.__signature__ = own.replace(parameters=every)  # type: ignore[attr-defined]  # what Typer reads
+        run.__annotations__ = {p.name: p.annotation for p in every}
+        return run
+
+    return decorate
+
+
+def model_options(
+    final_norm: FinalNormChoice | None = None, *, many: bool = False
+) -> Callable[[Callable], Callable]:
+    """Give a command the model options (--model, --device, --model-dtype, --max-length,
+    --batch-size, --max-tokens, --packed, --streams, --allow-nan, --final-norm, --method); it takes
+    them as one ``settings: Settings`` keyword. ``final_norm``: the command's default of
+    --final-norm (None: last; the activation cache says none, SAELens' raw residual stream).
+    ``many``: --model may be repeated (the server's models): the command takes them as ``models``
+    (None: not given), and ``settings`` without a model."""
+
+    def build(**chosen: Any) -> dict[str, Any]:
+        if not many:
+            return {"settings": settings_from_options(**chosen)}
+        models, chosen["model"] = chosen["model"], None
+        return {"settings": settings_from_options(**chosen), "models": models}
+
+    provides = ("settings", "models") if many else ("settings",)
+    return option_group(provides, _model_parameters(final_norm, many), build)
+
+
+def settings_from_options(*, model, device, model_dtype, max_length, batch_size, max_tokens, packed,
+                          streams, allow_nan, final_norm, method):  # fmt: skip
+    """The Settings of the model options' values (checked: a bad value names itself)."""
+    return Settings(
+        model, device=device, model_dtype=model_dtype.value, max_length=max_length, batch_size=batch_size,
+        max_tokens=max_tokens, packed=packed, streams=streams, allow_nan=allow_nan,
+        final_norm=final_norm_value(final_norm), method=method.value,
+    )  # fmt: skip
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"layerwise {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")
+    ] = False,
+) -> None:
+    """Contextual embeddings from every layer of transformer encoders (BERT family) and decoder LMs."""
+
+
+def _check_output_file(path: Path, option: str, suffixes: tuple[str, ...] | None = None) -> None:
+    """Refuse an output file that cannot be written, before any work is done."""
+
+    if suffixes is not None and path.suffix.lower() not in suffixes:
+        raise OptionError(f"{option} {str(path)!r}: use a {', '.join(suffixes[:-1])} or {suffixes[-1]} file")
+    if path.is_dir():
+        raise OptionError(f"{option} {str(path)!r} is a folder; give a file name")
+    folder = path.parent
+    if folder.exists() and not folder.is_dir():
+        raise OptionError(f"{option} {str(path)!r}: {str(folder)!r} is a file, not a folder; name a file")
+    if not folder.is_dir():
+        raise OptionError(
+            f"{option} {str(path)!r}: the folder {str(folder)!r} does not exist; create it first"
+        )
+    # the only proof that a file can be made there (root passes os.access; /proc refuses anyway)
+    import tempfile
+
+    try:
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".layerwise-", suffix=".tmp"):
+            pass
+    except OSError as exc:
+        raise OptionError(
+            f"{option} {str(path)!r}: a file cannot be written in {str(folder)!r} ({exc.strerror or exc}); "
+            "choose another folder"
+        ) from None
+
+
+def _fail(exc: Exception) -> typer.Exit:
+    """Print ``exc`` and the exit to raise: 1 for damage found on disk (as ``verify`` reports it),
+    2 for everything else a user can fix by changing the command."""
+    from rich.markup import escape
+
+    from ..errors import StoreDamagedError
+
+    # the message quotes user values ("[/bold]", "corpus [draft].txt"): never read them as markup
+    if isinstance(exc, StoreDamagedError):
+        err.print(f"[bold red]DAMAGED:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
+        return typer.Exit(code=1)
+    err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
+    return typer.Exit(code=2)
+
+
+def _setup_logging(quiet: bool) -> None:
+    # --quiet hides progress and the summary, never a warning: a NaN or a truncation must be seen
+    level = logging.WARNING if quiet else logging.INFO
+    logging.basicConfig(format="%(levelname)s: %(message)s", level=level)
+    logging.getLogger("layerwise").setLevel(level)
+
+
+def _use_available_cores() -> None:
+    """torch counts the machine's cores; a container or taskset may allow fewer."""
+
+    import torch
+
+    available = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    if torch.get_num_threads() > available:
+        torch.set_num_threads(available)

@@ -1,0 +1,263 @@
+"""``layerwise serve``: load the models once, then serve them over HTTP (see layerwise.serve)."""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import os
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from .._settings import Settings
+from ..errors import LayerwiseError, MissingDependencyError, OptionError
+from ._options import (
+    MODEL_SETTINGS,
+    LongTextsChoice,
+    LongTextsOption,
+    _fail,
+    _setup_logging,
+    _use_available_cores,
+    app,
+    err,
+    model_options,
+)
+
+# The Encoders of this process serve tokenisation, metadata and the explorer; the batcher's runs go
+# to the model process (serve/model_process.py) on a CPU, or to one stream of their own on a GPU.
+SERVE_STREAMS = 1
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+StoreOption = Annotated[
+    Path | None,
+    typer.Option(
+        help="A token-level store (of one served model) for the explorer's neighbours, projections and "
+        "CKA [default: a built-in sample of UD English EWT]"
+    ),
+]
+
+
+@app.command()
+@model_options(many=True)
+def serve(
+    host: Annotated[
+        str, typer.Option(help="Address to bind; anything but loopback is reachable by others")
+    ] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=0, max=65535, help="Port (0: any free port)")] = 8000,
+    api_key_file: Annotated[
+        Path | None, typer.Option(help="File whose first line is the API key [default: $LAYERWISE_API_KEY]")
+    ] = None,
+    max_batch_tokens: Annotated[int, typer.Option(min=1, help="Tokens gathered for one model run")] = 16_384,
+    max_wait_ms: Annotated[
+        float, typer.Option(min=0, max=1000, help="Longest wait for a run to fill (ms)")
+    ] = 2,
+    max_inputs: Annotated[int, typer.Option(min=1, help="Inputs per request (else 413)")] = 2048,
+    max_request_tokens: Annotated[int, typer.Option(min=1, help="Tokens per request (else 413)")] = 131_072,
+    max_queue_tokens: Annotated[int, typer.Option(min=1, help="Tokens waiting (else 429)")] = 1_048_576,
+    max_body_mb: Annotated[float, typer.Option(min=0.001, help="Request body size (else 413)")] = 8.0,
+    max_response_mb: Annotated[
+        float, typer.Option(min=0.001, help="Vectors in one response (else 413; npz or a store for more)")
+    ] = 64.0,
+    max_queue_mb: Annotated[
+        float, typer.Option(min=0.001, help="Vectors of the requests queued and running (else 429)")
+    ] = 512.0,
+    max_explore_tokens: Annotated[
+        int, typer.Option(min=1, help="Tokens of an explorer text (else 413)")
+    ] = 2048,
+    header_timeout: Annotated[
+        float, typer.Option(min=0.001, max=3600, help="Seconds for a request's headers to arrive (else 408)")
+    ] = 10.0,
+    body_timeout: Annotated[
+        float, typer.Option(min=0.001, max=3600, help="Seconds for a request's body to arrive (else 408)")
+    ] = 60.0,
+    long_texts: LongTextsOption = LongTextsChoice.truncate,
+    model_process: Annotated[
+        bool | None,
+        typer.Option(
+            "--model-process/--in-process",
+            help="Run the models in a process of their own, apart from the HTTP event loop's GIL "
+            "[default: on a CPU]",
+        ),
+    ] = None,
+    store: StoreOption = None,
+    models: list[str] | None = None,  # --model, repeated (@model_options)
+    settings: Settings = MODEL_SETTINGS,  # the model options (@model_options)
+) -> None:
+    """Serve every layer over HTTP: OpenAI-compatible /v1/embeddings, /v1/layers, /metrics, and the
+    layer explorer page at /."""
+    _setup_logging(quiet=False)
+    try:
+        _require_uvicorn("serve")
+        from ..serve import ServeSettings, create_app, read_api_key
+
+        served = ServeSettings(
+            api_key=read_api_key(api_key_file),
+            max_body_bytes=int(max_body_mb * 2**20),
+            max_inputs=max_inputs,
+            max_request_tokens=max_request_tokens,
+            max_batch_tokens=max_batch_tokens,
+            max_wait_ms=max_wait_ms,
+            max_queue_tokens=max_queue_tokens,
+            max_response_bytes=int(max_response_mb * 2**20),
+            max_queue_bytes=int(max_queue_mb * 2**20),
+            max_explore_tokens=max_explore_tokens,
+            header_timeout_s=header_timeout,
+            body_timeout_s=body_timeout,
+            long_texts=long_texts.value,
+            streams=settings.streams,  # model runs at once; this process's Encoders run one each
+            model_process=bool(model_process),
+        )
+        if not _is_loopback(host) and served.api_key is None:
+            err.print(
+                f"[yellow]warning:[/] binding {host}, which other machines can reach, without an API key; "
+                "pass --api-key-file or set LAYERWISE_API_KEY",
+                highlight=False,
+            )
+        encoders = _load_encoders(models, settings.replace(streams=SERVE_STREAMS))
+        if model_process is None:  # a GPU runs its kernels without the GIL's help: one process there
+            on_cpu = all(encoder.device.type == "cpu" for encoder in encoders.values())
+            served = dataclasses.replace(served, model_process=on_cpu)
+        application = create_app(encoders, served, reference_store=store)
+    except LayerwiseError as exc:
+        raise _fail(exc) from None
+    err.print(
+        f"serving {', '.join(encoders)} on http://{host}:{port} (explorer: /, docs: /docs, OpenAI "
+        f"base_url: http://{host}:{port}/v1){'' if served.api_key else '; no API key'}",
+        highlight=False,
+        soft_wrap=True,
+    )
+    _run_server(application, host, port, served)
+
+
+def _require_uvicorn(command: str) -> None:
+    try:
+        import uvicorn  # noqa: F401
+    except ImportError:
+        raise MissingDependencyError(
+            f"{command} needs uvicorn and FastAPI: pip install 'layerwise[serve]'"
+        ) from None
+
+
+def _load_encoders(model: list[str] | None, base) -> dict:
+    """Each --model loaded once (default: the packaged model), by its resolved name, with the
+    command's settings (``base``: a Settings without a model)."""
+    # Before torch loads OpenMP: its idle threads sleep instead of spinning between ops, in this
+    # process (the event loop needs a core between model runs), not in the model process. A user's
+    # own setting wins; offline extraction keeps OpenMP's default, where nothing else runs.
+    from ..serve._model_process import passive_openmp_here
+
+    passive_openmp_here()
+    from .._encoder import Encoder
+
+    _use_available_cores()
+    encoders = {}
+    for name in list(model) if model else [None]:
+        encoder = Encoder.from_settings(base.replace(model=name))
+        # the explorer's attention maps (taps) need the transformers model: built at start (1.5-2 s,
+        # model/handle.py), not in the middle of somebody's request
+        _ = encoder.model
+        if encoder.name in encoders:
+            raise OptionError(f"--model {encoder.name!r} is given twice")
+        encoders[encoder.name] = encoder
+    return encoders
+
+
+def _run_server(application, host: str, port: int, settings, sock=None) -> None:
+    import sys
+
+    import uvicorn
+
+    from ..serve._protocol import uvicorn_config
+
+    # the model thread gives the GIL up in every torch op and must win it back from the event loop:
+    # a 1 ms switch interval (Python's default is 5) cuts that wait (benchmarks/serve_load.py)
+    sys.setswitchinterval(0.001)
+    # uvicorn handles SIGTERM/SIGINT: it stops accepting, finishes in-flight requests, then the
+    # app's shutdown drains the batcher's queue
+    config = uvicorn_config(application, host, port, settings)
+    uvicorn.Server(config).run(sockets=[sock] if sock is not None else None)
+
+
+@app.command()
+@model_options(many=True)
+def explore(
+    text: Annotated[str | None, typer.Argument(help="A text to open the explorer on")] = None,
+    store: StoreOption = None,
+    host: Annotated[str, typer.Option(help="Address to bind")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=0, max=65535, help="Port (0: any free port)")] = 8000,
+    open_browser: Annotated[
+        bool, typer.Option("--open/--no-open", help="Open a browser when this machine has a display")
+    ] = True,
+    models: list[str] | None = None,  # --model, repeated (@model_options)
+    settings: Settings = MODEL_SETTINGS,  # the model options (@model_options)
+) -> None:
+    """Open the layer explorer on a text: starts the server (as `layerwise serve`) and prints the URL."""
+    from urllib.parse import urlencode
+
+    _setup_logging(quiet=False)
+    try:
+        _require_uvicorn("explore")
+        if not _is_loopback(host):
+            raise OptionError(
+                f"--host {host!r}: explore binds loopback only; use layerwise serve --host with an API key"
+            )
+        from ..serve import ServeSettings, create_app
+
+        # the views' hidden states with the final norm asked for (a decoder's layers on one scale:
+        # --final-norm all); the logit lens reads every state through the norm whatever it is
+        encoders = _load_encoders(models, settings.replace(streams=SERVE_STREAMS))
+        served = ServeSettings(streams=settings.streams)
+        application = create_app(encoders, served, reference_store=store)
+        sock = _bind(host, port)
+    except LayerwiseError as exc:
+        raise _fail(exc) from None
+    bound = sock.getsockname()[1]
+    query = {k: v for k, v in (("text", text), ("model", next(iter(encoders)))) if v}
+    url = f"http://{host}:{bound}/?{urlencode(query)}"
+    err.print(f"layer explorer: {url}  (Ctrl-C stops it)", highlight=False, soft_wrap=True)
+    if open_browser and _has_display():
+        import threading
+        import webbrowser
+
+        threading.Timer(1.0, webbrowser.open, args=(url,)).start()
+    _run_server(application, host, bound, served, sock)
+
+
+def _bind(host: str, port: int):
+    """A listening socket on host:port, else (port taken) on a free port, so the URL is known
+    before the server starts."""
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    for candidate in (port, 0) if port else (0,):
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, candidate))
+        except OSError:
+            sock.close()
+            if candidate == 0:
+                raise
+            err.print(f"port {port} is taken; using a free one", highlight=False)
+            continue
+        return sock
+    raise OptionError(f"cannot bind {host}")
+
+
+def _has_display() -> bool:
+    """A graphical session to open a browser in (a text-mode browser in a terminal is no help)."""
+    import sys
+
+    return sys.platform in ("darwin", "win32") or bool(
+        os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")
+    )

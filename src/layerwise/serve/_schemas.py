@@ -1,0 +1,180 @@
+"""Request bodies of the service. Unknown fields are refused (a typo must not be ignored), types
+are strict (no "3" for 3), and layerwise's own fields take the CLI's string forms."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+
+from .._features.names import POOL_HELP
+from .._settings import parse_final_norm
+
+LayerValue = str | int | list[int]
+
+
+def _final_norm(value: object) -> object:
+    """The CLI's spellings mean what they mean there: "last" is true, "none" is false."""
+    if isinstance(value, str):
+        if value not in ("last", "none", "all"):  # not "true": strict types, as every field here
+            raise ValueError(
+                f"final_norm {value!r} is not valid; choose true, false, 'last', 'none' or 'all'"
+            )
+        return parse_final_norm(value)  # the CLI's one reading of them
+    return value
+
+
+# validated as bool | "all" once the CLI's spellings are read; the schema lists all of them
+FinalNormValue = Annotated[
+    bool | Literal["all"],
+    BeforeValidator(_final_norm, json_schema_input_type=bool | Literal["last", "none", "all"]),
+]
+FINAL_NORM_HELP = (
+    'Decoder LMs: the final norm on the last hidden state (true or "last", as transformers returns '
+    'it), on none (false or "none") or on every one ("all", so that layers compare on one scale); '
+    "default: the server's (--final-norm). An encoder has no final norm: leave it out"
+)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class EmbeddingsRequest(_Strict):
+    """OpenAI's ``POST /v1/embeddings`` body, plus layerwise's optional plan fields."""
+
+    input: str | Annotated[list[str], Field(min_length=1)] = Field(
+        description="A text or a non-empty list of texts (token-id arrays are not supported)"
+    )
+    model: str | None = Field(None, description="A served model (GET /v1/models); default: the first")
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = Field(None, description="Only the model's own width is accepted")
+    user: str | None = None
+    layers: LayerValue | None = Field(None, description="A layer spec: -1, 'last4', '0,4,-1'… (default: -1)")
+    pool: str | None = Field(
+        None, description="sentence:mean | sentence:cls | sentence:max (default: the model's convention)"
+    )
+    fuse: str | None = Field(None, description="A fusion (concat_last4, mean_all…) to get one vector")
+    special_tokens: Literal["include", "exclude"] = "include"
+    normalize: bool | None = Field(None, description="L2-normalise (default: the model's convention)")
+    final_norm: FinalNormValue | None = Field(None, description=FINAL_NORM_HELP)
+
+
+class LayersRequest(_Strict):
+    """``POST /v1/layers``: per input, tokens, offsets, word ids and the requested layers' vectors.
+    Exactly one of ``texts`` (with ``text_pairs`` for pairs), ``pairs`` or ``words``, non-empty."""
+
+    # the schema says what the server refuses: exactly one of the three inputs (schemathesis ST202)
+    model_config = ConfigDict(
+        extra="forbid",
+        strict=True,
+        json_schema_extra={
+            "oneOf": [
+                {"required": ["texts"], "not": {"anyOf": [{"required": ["pairs"]}, {"required": ["words"]}]}},
+                {"required": ["pairs"], "not": {"anyOf": [{"required": ["texts"]}, {"required": ["words"]}]}},
+                {"required": ["words"], "not": {"anyOf": [{"required": ["texts"]}, {"required": ["pairs"]}]}},
+            ]
+        },
+    )
+
+    model: str | None = None
+    texts: Annotated[list[str], Field(min_length=1)] | None = None
+    text_pairs: list[str] | None = Field(None, description="Second segments, one per text")
+    pairs: Annotated[list[list[str]], Field(min_length=1)] | None = Field(
+        None, description="[first, second] per input"
+    )
+    words: Annotated[list[list[str]], Field(min_length=1)] | None = Field(
+        None, description="Pre-split words, one list per input"
+    )
+    layers: LayerValue = "all"
+    pool: str = Field("token", description=POOL_HELP)
+    fuse: str | None = None
+    special_tokens: Literal["include", "exclude"] = "include"
+    normalize: bool = False
+    dtype: Literal["float32", "float16"] = "float32"
+    final_norm: FinalNormValue | None = Field(None, description=FINAL_NORM_HELP)
+
+
+# ------------------------------------------------------------------------------------ responses
+# What the endpoints answer, for /openapi.json (and the schemathesis run that checks every answer
+# against it). The fast path of /v1/embeddings answers exactly these shapes too.
+class ErrorDetail(BaseModel):
+    message: str
+    type: Literal["invalid_request_error", "server_error"]
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorBody(BaseModel):
+    """OpenAI's error shape; every refusal and failure of this service answers with it."""
+
+    error: ErrorDetail
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class EmbeddingItem(BaseModel):
+    object: Literal["embedding"]
+    index: int
+    embedding: list[float | None] | str = Field(
+        description="The vector: floats (null for a NaN), or base64 of its little-endian float32 bytes"
+    )
+    truncated: bool
+
+
+class EmbeddingsResponse(BaseModel):
+    object: Literal["list"]
+    data: list[EmbeddingItem]
+    model: str
+    usage: Usage
+
+
+class LayersResponse(BaseModel):
+    """The plan's metadata (layers, level, pool, fuse, dtype, …) and one item per input."""
+
+    model_config = ConfigDict(extra="allow")
+    object: Literal["layers"]
+    model: str
+    layers: list[int]
+    results: list[dict]
+    usage: Usage
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"]
+    created: int
+    owned_by: str
+    n_hidden_states: int
+    hidden_size: int
+    max_length: int
+
+
+class ModelsResponse(BaseModel):
+    object: Literal["list"]
+    data: list[ModelCard]
+
+
+class QueueState(BaseModel):
+    requests: int
+    tokens: int
+
+
+class HealthResponse(BaseModel):
+    status: Literal["ok", "stopped"]
+    models: list[str]
+    queue: QueueState
+
+
+def error_responses(*statuses: int) -> dict:
+    """``responses=`` of a route: these statuses answer an :class:`ErrorBody`."""
+    reasons = {
+        401: "API key missing or wrong", 404: "model not served", 413: "over a size limit",
+        422: "a bad value (the message names the field)", 429: "the queue is full (see Retry-After)",
+        500: "a failure of this request (code internal_error or nonfinite_output)",
+        503: "the model process is gone",
+    }  # fmt: skip
+    return {status: {"model": ErrorBody, "description": reasons[status]} for status in statuses}

@@ -1,0 +1,224 @@
+"""What the server serves: its models, settings, batcher and metrics, and the work of a request
+(:class:`Service`); the routes (routes.py), the explorer (explorer.py) and the fast path in front of
+FastAPI (fast_path.py) take it as ``app.state.service``."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from starlette.concurrency import run_in_threadpool
+
+from .._features.names import SENTENCE_POOLS
+from .._features.plan import OutputPlan, levelled_pool
+from ..errors import OptionError
+from ._admission import check_response_size, result_values, tokenise
+from ._batcher import Batcher, Finish, Job
+from ._limits import ServeSettings
+from ._metrics import Metrics
+from ._responses import ApiError
+from ._schemas import EmbeddingsRequest
+from ._served_schema import model_ids
+
+if TYPE_CHECKING:
+    from .._encoder import Encoder
+    from .._inputs.encoding import RawInputs
+
+
+@dataclass
+class Served:
+    name: str
+    encoder: Encoder
+
+
+def served_names(encoders: Mapping[str, Encoder]) -> dict[str, Served]:
+    """Model ids a request may name (served_schema.model_ids: full names and unique short ones)."""
+    served = {name: Served(name, enc) for name, enc in encoders.items()}
+    return {alias: served[name] for alias, name in model_ids(list(encoders)).items()}
+
+
+class Service:
+    """The served state: the models (by every name a request may use), the settings, the batcher
+    that merges requests into runs, the metrics, and when the server started."""
+
+    def __init__(
+        self, encoders: Mapping[str, Encoder], settings: ServeSettings, batcher: Batcher, metrics: Metrics
+    ) -> None:
+        self.encoders, self.settings, self.batcher, self.metrics = dict(encoders), settings, batcher, metrics
+        self.models = served_names(encoders)
+        self.default_model = next(iter(encoders))
+        self.started_at = int(time.time())
+
+    def pick(self, model: str | None) -> Served:
+        """The served model a request names (None: the first one), or a 404 naming those served."""
+        if model is None:
+            return self.models[self.default_model]
+        if model not in self.models:
+            raise ApiError(
+                404,
+                f"model {model!r} is not served here; served: {', '.join(sorted(self.models))}",
+                param="model",
+                code="model_not_found",
+            )
+        return self.models[model]
+
+    async def run(
+        self,
+        served: Served,
+        raw: RawInputs,
+        plan: OutputPlan | None,
+        *,
+        bytes_per_value: float = 4.0,
+        window: bool | None = None,
+        max_tokens: int | None = None,
+    ) -> tuple[list, int, list[bool]]:
+        """Queue the inputs, wait for their results (the plan applied; None: every hidden state as a
+        LayerStack): (results, tokens, truncated). ``bytes_per_value``: what one value of a result
+        costs in the response, for its size bound; ``window``: long inputs in windows (default: the
+        server's --long-texts); ``max_tokens``: the request's token limit (default: the server's)."""
+        enc = served.encoder
+        n_hidden = enc.n_hidden_states
+        plan = enc.settle(plan) if plan is not None else None  # its final norm: the request's or ours
+        # the final norm the Encoder settles (every hidden state as LayerStacks: its default plan's)
+        final_norm: Any = (plan or enc.settle(OutputPlan())).final_norm
+        layers = plan.hidden_states(n_hidden) if plan is not None else tuple(range(n_hidden))
+        if not len(raw):
+            raise ApiError(422, f"{raw.field} is an empty list; send at least one input", param=raw.field)
+        # what the forward does is what the plan (recorded in the response) says: its long texts, stride
+        if plan is not None:
+            window, stride = plan.long_texts == "window", plan.stride
+        else:  # every hidden state as a LayerStack (the explorer): windows when asked, else the server's
+            window = self.settings.long_texts == "window" if window is None else window
+            stride = self.settings.stride
+        limit = (
+            (max_tokens, "--max-explore-tokens")
+            if max_tokens
+            else (self.settings.max_request_tokens, "--max-request-tokens")
+        )
+        encoded = await _off_loop(_size(raw), tokenise, enc, raw, self.settings, len(layers), window, limit)
+        values = result_values(plan, encoded, enc.hidden_size, n_hidden)
+        check_response_size(int(values * bytes_per_value), self.settings.max_response_bytes)
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future = loop.create_future()
+
+        def done(results, error) -> None:
+            loop.call_soon_threadsafe(_settle, future, results, error)
+
+        finish = Finish(layers, plan, n_hidden)
+        job = Job(served.name, encoded, finish, done, stride=stride if window else None,
+                  final_norm=final_norm, n_bytes=int(values * 4))  # fmt: skip
+        self.batcher.submit(job)  # a full queue: QueueFullError, 429 (serve/errors.py maps every error)
+        results = await future  # this request's own failure in the run (the batcher re-ran it apart)
+        return [results[i] for i in range(len(encoded))], job.n_tokens, [item.truncated for item in encoded]
+
+    async def answer_embeddings(self, body: EmbeddingsRequest) -> dict:
+        """The response body of ``POST /v1/embeddings`` (an ApiError for a refused request): the
+        route below and the fast path in front of FastAPI (fast_path.py) both answer with it."""
+        served = self.pick(body.model)
+        texts = [body.input] if isinstance(body.input, str) else body.input
+        if not texts:
+            raise ApiError(422, "input is an empty list; send at least one text", param="input")
+        plan = _embeddings_plan(served.encoder, body, self.settings)
+        width = plan.row_shape(served.encoder.hidden_size, served.encoder.n_hidden_states)
+        if len(width) == 2 and width[0] != 1:
+            raise ApiError(
+                422,
+                f"layers={body.layers!r} gives {width[0]} vectors per input and /v1/embeddings "
+                "returns one: add fuse (e.g. concat_last4, mean_all), or use /v1/layers",
+                param="layers",
+            )
+        if body.dimensions is not None and body.dimensions != width[-1]:
+            raise ApiError(
+                422,
+                f"dimensions={body.dimensions} is not supported: these vectors have "
+                f"{width[-1]} dimensions and layerwise does not cut or project them; leave "
+                "dimensions out",
+                param="dimensions",
+            )
+        per_value = 20.0 if body.encoding_format == "float" else 4 * 4 / 3  # a float as JSON text; base64
+        results, n_tokens, truncated = await self.run(
+            served, _raw(texts=texts), plan, bytes_per_value=per_value
+        )
+        data = []
+        for i, result in enumerate(results):
+            vector = result.vector.reshape(-1).astype(np.float32)
+            value: Any = (
+                vector.tolist()
+                if body.encoding_format == "float"
+                else base64.b64encode(vector.astype("<f4").tobytes()).decode()
+            )
+            data.append({"object": "embedding", "index": i, "embedding": value, "truncated": truncated[i]})
+        return {
+            "object": "list",
+            "data": data,
+            "model": served.name,
+            "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens},
+        }
+
+
+# Work below this size runs on the event loop: a hop to the thread pool costs more than it, and
+# every extra thread contending for the GIL slows the model thread (each torch op gives the GIL up
+# and must win it back).
+_INLINE_WORK = 20_000
+
+
+def _size(raw: RawInputs) -> int:
+    return sum(len(t) for t in raw.texts) + sum(len(t) for t in raw.text_pairs or ())
+
+
+async def _off_loop(work: int, function, *args):
+    """``function(*args)`` inline when ``work`` is small, else in the thread pool."""
+    if work <= _INLINE_WORK:
+        return function(*args)
+    return await run_in_threadpool(function, *args)
+
+
+def _settle(future, results, error) -> None:
+    if future.done():  # the client went away
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(results)
+
+
+def _raw(**inputs) -> RawInputs:
+    from .._inputs.encoding import normalize_inputs
+
+    return normalize_inputs(**inputs)  # an InputError is a 422 naming the field (serve/errors.py)
+
+
+def _embeddings_plan(encoder: Encoder, body: EmbeddingsRequest, settings: ServeSettings) -> OutputPlan:
+    """Defaults follow the model's sentence-transformers convention (Encoder.encode): last layer,
+    its pooling, its normalisation; every field the request sets overrides them."""
+    from .._features.names import sentence_convention
+
+    st = encoder.sentence_transformers
+    pool = body.pool
+    if pool is None:  # the model's own pooling; one layerwise does not implement is an error
+        try:
+            pool = f"sentence:{sentence_convention(st)[0]}"
+        except OptionError as exc:
+            raise ApiError(422, f"{exc}: pass pool (e.g. sentence:mean)", param="pool") from None
+    normalize = body.normalize if body.normalize is not None else bool(st and st.normalize)
+    if not levelled_pool(pool).startswith("sentence:"):  # "mean" as Encoder.embed takes it is one
+        raise ApiError(
+            422,
+            f"pool={pool!r}: /v1/embeddings returns one vector per input; use "
+            f"{', '.join(f'sentence:{mode}' for mode in SENTENCE_POOLS)} (or the bare mode), "
+            "or /v1/layers for token and word vectors",
+            param="pool",
+        )
+    layers = body.layers if body.layers is not None or body.fuse is not None else -1
+    return encoder.settle(
+        OutputPlan.parse(
+            layers=layers, pool=pool, fuse=body.fuse, special_tokens=body.special_tokens, normalize=normalize,
+            final_norm=body.final_norm, long_texts=settings.long_texts,
+            stride=settings.stride if settings.long_texts == "window" else None,
+        )
+    )  # fmt: skip
