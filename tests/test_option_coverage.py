@@ -243,7 +243,7 @@ def test_every_serve_option_reaches_the_server(monkeypatch, tmp_path):
     serves from or where it listens: none is accepted and dropped."""
     import layerwise._encoder
     from layerwise._model.source import pick_device
-    from layerwise.cli import serve as cli_serve
+    from layerwise.cli import _serve as cli_serve
 
     class Loaded:  # an Encoder that loads nothing: what matters is the Settings it is made from
         model = None

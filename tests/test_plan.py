@@ -96,8 +96,8 @@ def test_pool_takes_both_spellings(tiny_encoder, spelling):
 
 
 TORCH_FREE = (
-    "results", "features.plan", "features.pool", "features.fuse", "features.layers", "store",
-    "analysis.stats", "files.writers", "files.export",
+    "_results", "_features.plan", "_features.pool", "_features.fuse", "_features.layers", "store",
+    "_analysis.stats", "_files.writers", "_files.export",
 )  # fmt: skip
 
 

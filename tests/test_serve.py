@@ -530,7 +530,7 @@ def test_json_bodies_keep_every_float_and_write_nan_as_null(monkeypatch, fast):
     broken model is null (strict JSON has no NaN), as in layerwise's JSON Lines files."""
     import json
 
-    from layerwise.serve import responses
+    from layerwise.serve import _responses as responses
 
     if not fast:
         monkeypatch.setattr(responses, "_orjson", None)
@@ -549,8 +549,9 @@ def test_json_bodies_keep_every_float_and_write_nan_as_null(monkeypatch, fast):
 def test_the_model_worker_returns_freed_heap_memory_between_runs(tiny_encoder, monkeypatch):
     """glibc keeps freed heap mapped (RSS crept up under load): the server trims it at most every
     SERVE_TRIM_EVERY_S seconds of runs (layerwise._memory), and the results are unaffected."""
-    from layerwise import memory
-    from layerwise.serve import batcher, model_process
+    from layerwise import _memory as memory
+    from layerwise.serve import _batcher as batcher
+    from layerwise.serve import _model_process as model_process
 
     real = memory._malloc_trim()
     if real is None:
@@ -576,8 +577,8 @@ def test_serve_lets_idle_openmp_threads_sleep_unless_the_user_chose(monkeypatch,
     """Before torch loads OpenMP, serve and explore ask for OMP_WAIT_POLICY=PASSIVE (a spinning
     OpenMP thread took the event loop's core); a policy the user set is kept."""
     import layerwise._encoder
-    from layerwise.cli import serve as cli_serve
-    from layerwise.serve import model_process
+    from layerwise.cli import _serve as cli_serve
+    from layerwise.serve import _model_process as model_process
 
     monkeypatch.setattr(model_process, "_PASSIVE_SET_HERE", False)  # restored afterwards
     if preset is None:
@@ -613,7 +614,7 @@ def test_serve_runs_the_models_in_a_process_of_their_own_on_a_cpu(monkeypatch):
     import layerwise._encoder
     from layerwise import cli
     from layerwise._model.source import pick_device
-    from layerwise.cli import serve as cli_serve
+    from layerwise.cli import _serve as cli_serve
 
     asked: list[int | None] = []
 
@@ -645,7 +646,7 @@ def test_serve_runs_the_models_in_a_process_of_their_own_on_a_cpu(monkeypatch):
 
 def test_serve_builds_the_transformers_model_at_start(monkeypatch, default_model_dir):
     """The explorer's attention maps need it; a request must not wait 1.5-2 s while it is built."""
-    from layerwise.cli import serve as cli_serve
+    from layerwise.cli import _serve as cli_serve
 
     monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")  # torch is loaded already; keep the env as it was
     encoders = cli_serve._load_encoders([str(default_model_dir)], lw.Settings(device="cpu", streams=1))

@@ -169,7 +169,7 @@ def test_disk_full_keeps_committed_texts_and_resumes(tmp_path, tiny, monkeypatch
 
 def test_a_failed_write_leaves_no_partial_file(tmp_path, tiny, monkeypatch):
     """The disk fills while a shard file or manifest part is being written: its temp file goes too."""
-    from layerwise.store import commit
+    from layerwise.store import _commit as commit
 
     texts = corpus(60, seed=3)
     real_replace = commit.os.replace
@@ -346,7 +346,7 @@ def test_direct_shard_files_are_the_bytes_zarr_writes(tiny, tmp_path, monkeypatc
     byte for byte what zarr's own sharding codec writes, and read back through plain zarr."""
     import zarr
 
-    from layerwise.store import commit
+    from layerwise.store import _commit as commit
 
     texts = corpus(120, seed=3)
     plan, layout = (

@@ -111,7 +111,7 @@ def test_a_stale_position_entry_is_not_trusted(tmp_path, tiny, monkeypatch):
     store = lw.open_store(path)
     assert len(store) == 10
     committed = {int(t) for t in store.text_ids()}
-    from layerwise.store import lookup
+    from layerwise.store import _lookup as lookup
 
     monkeypatch.setattr(lookup, "IDS_AT_ONCE", 4)  # blocks of 4 ids: some hold no committed text
     in_order = sorted(committed)
