@@ -74,8 +74,7 @@ _SUBMODULES = {"analyze": "analyze", "ray": "ray"}
 __all__ = sorted([*_EXPORTS, *_SUBMODULES, "__version__"])
 
 if TYPE_CHECKING:
-    from . import ray
-    from . import analyze
+    from . import analyze, ray
     from ._cache import CacheSummary, cache_activations, load_cache, verify_cache
     from ._cache.options import CacheOptions
     from ._encoder import Encoder
