@@ -19,7 +19,9 @@ def test_default_encoder_properties(default_encoder):
     assert enc.name == lw.DEFAULT_MODEL
     assert (enc.n_layers, enc.n_hidden_states, enc.hidden_size) == (6, 7, 384)
     assert enc.max_length == 256  # sentence_bert_config.json: max_seq_length
-    assert enc.sentence_transformers == lw._model.source.SentenceTransformersConfig(256, "mean", True)
+    assert enc.sentence_transformers == lw._model.sentence_transformers.SentenceTransformersConfig(
+        256, "mean", True
+    )
     assert enc.model.training is False
     assert enc.tokenizer.is_fast
     stacks = enc.extract(["The bank raised rates.", "We sat on the river bank."])

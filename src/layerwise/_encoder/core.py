@@ -40,10 +40,10 @@ from .._model.gguf_files import gguf_read_once
 from .._model.handle import ModelHandle
 from .._model.hooks import DECODER_TAPS, check_taps
 from .._model.host_copy import RESULT_DTYPES
+from .._model.sentence_transformers import read_sentence_transformers
 from .._model.source import (
     load_config_and_tokenizer,
     pick_device,
-    read_sentence_transformers,
     resolve_model_source,
     usable_max_length,
 )
