@@ -113,7 +113,7 @@ def disk_errors(path: Path) -> Iterator[None]:
     """A write that fails (a full disk, a read-only folder) as a StoreError saying why, what is
     kept (the whole shards) and that a rerun resumes; layerwise's own errors pass as they are."""
     from ..errors import LayerwiseError
-    from ..store._writer import disk_error
+    from ..store._commit import disk_error
 
     try:
         yield

@@ -15,6 +15,7 @@ next run rewrites.
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import queue
@@ -25,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..errors import StoreError
 from ._columns import records_table
 from ._format import DATA, MANIFEST, OFFSETS, POSITIONS
 
@@ -299,3 +301,19 @@ def clean_stale(path: Path, n_committed: int) -> None:
     for folder in (DATA, OFFSETS, POSITIONS):
         for leftover in (path / folder).rglob("*.partial"):
             leftover.unlink(missing_ok=True)
+
+
+def disk_error(what: str, path: Path, exc: OSError, kept: str) -> StoreError:
+    """A failed write said plainly: ``what`` ("store", "cache") at ``path``, why (the disk is full,
+    read-only, …) and ``kept`` (what is safe on disk), with the fix: rerun to resume."""
+    reason = {
+        errno.ENOSPC: "the disk is full",
+        errno.EDQUOT: "the disk quota is exceeded",
+        errno.EACCES: "permission denied",
+        errno.EPERM: "permission denied",
+        errno.EROFS: "the file system is read-only",
+    }.get(exc.errno or 0, exc.strerror or str(exc))
+    return StoreError(
+        f"writing {what} {str(path)!r} failed: {reason}. {kept}; fix the cause and run the same command "
+        "again to resume"
+    )

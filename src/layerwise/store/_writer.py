@@ -13,7 +13,6 @@ committed, writing byte-for-byte what an uninterrupted run writes.
 from __future__ import annotations
 
 import contextlib
-import errno
 import logging
 import os
 import threading
@@ -33,7 +32,7 @@ from .._model.source import weights_sha256
 from .._progress import progress_bar
 from .._results import LayerStack, SentenceVector, WordVectors, check_float16, layers_along, result_values
 from ..errors import OptionError, StoreError
-from ._commit import Committer, ShardBuffer, clean_stale
+from ._commit import Committer, ShardBuffer, clean_stale, disk_error
 from ._format import (
     ATTRIBUTE,
     DATA,
@@ -77,22 +76,6 @@ class StoreSummary:
     @property
     def resumed(self) -> bool:
         return self.n_already_committed > 0
-
-
-def disk_error(what: str, path: Path, exc: OSError, kept: str) -> StoreError:
-    """A failed write said plainly: ``what`` ("store", "cache") at ``path``, why (the disk is full,
-    read-only, …) and ``kept`` (what is safe on disk), with the fix: rerun to resume."""
-    reason = {
-        errno.ENOSPC: "the disk is full",
-        errno.EDQUOT: "the disk quota is exceeded",
-        errno.EACCES: "permission denied",
-        errno.EPERM: "permission denied",
-        errno.EROFS: "the file system is read-only",
-    }.get(exc.errno or 0, exc.strerror or str(exc))
-    return StoreError(
-        f"writing {what} {str(path)!r} failed: {reason}. {kept}; fix the cause and run the same command "
-        "again to resume"
-    )
 
 
 def _disk_error(path: Path, exc: OSError, committed: int, total: int) -> StoreError:
