@@ -16,23 +16,21 @@ through the same interface: :meth:`Corpus.from_inputs`.
 from __future__ import annotations
 
 import glob
-import hashlib
 import os
 import weakref
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import InputError, LayerwiseError, OptionError, check_choice
 from .chunks import read_chunks
 from .encoding import RawInputs, normalize_inputs
 from .formats import MISSING, Bad, FileFormat, Start, detect_format
+from .scan import Scan, pick_ranges, range_sizes, scan_memory, scan_rows
 from .sources import (
     check_ids,
     column_roles,
     find_files,
-    hash_into,
-    is_int,
     one_format,
     remove_file,
     row_problem,
@@ -58,24 +56,6 @@ class Block:
     def raw(self) -> RawInputs:
         field_name = "words" if self.words is not None else "texts"
         return RawInputs(self.texts, self.text_pairs, self.words, field_name)
-
-
-@dataclass
-class Scan:
-    """What one pass over a corpus found."""
-
-    n_texts: int = 0
-    n_skipped: int = 0
-    skipped: list[str] = field(default_factory=list)  # the first SKIPPED_SHOWN reasons
-    has_pairs: bool = False
-    id_kind: str = "int"  # "int" or "str": every id is an int, or every id is written as a string
-    pairs_decided: bool = False
-    # text -> (file index, where the text's row starts, global row of that file's row 0)
-    starts: dict[int, tuple[int, Start, int]] = field(default_factory=dict)
-    range_hashes: list[str] = field(default_factory=list)  # SHA-256 of each range of texts asked for
-    # the same for every range size asked for at once (one pass plans shards of any of them)
-    hashes_by_size: dict[int, list[str]] = field(default_factory=dict)
-    sha256: str = ""  # of all texts (and pairs), in order
 
 
 class Corpus:
@@ -234,16 +214,16 @@ class Corpus:
         ``ranges`` (a size, or several), the start of every ``ranges``-th text is recorded and each
         range's texts hashed, for each size at once (a sharded store's plan, whichever size it picks
         after the count). The result is kept: later calls that ask for no new size return it."""
-        sizes = _range_sizes(ranges)
+        sizes = range_sizes(ranges)
         if self._scan is not None and all(size in self._scan.hashes_by_size for size in sizes):
-            _pick_ranges(self._scan, sizes)
+            pick_ranges(self._scan, sizes)
             return self._scan
         scan = Scan()
         if self._memory is not None:
-            _scan_memory(scan, self._memory, self._memory_ids, sizes)
+            scan_memory(scan, self._memory, self._memory_ids, sizes)
         else:
-            _scan_rows(scan, self._good_rows(scan, count=True), sizes, self.limit)
-        _pick_ranges(scan, sizes)
+            scan_rows(scan, self._good_rows(scan, count=True), sizes, self.limit)
+        pick_ranges(scan, sizes)
         self._scan = scan
         return scan
 
@@ -318,65 +298,6 @@ def _stdin_named(chunks: Iterator, spool: Path) -> Iterator:
         yield from chunks
     except LayerwiseError as exc:
         raise type(exc)(str(exc).replace(str(spool), "standard input")) from None
-
-
-def _scan_rows(scan: Scan, rows: Iterator[tuple], sizes: tuple[int, ...], limit: int | None) -> None:
-    """:meth:`Corpus.scan`'s pass over a file corpus' good rows."""
-    whole = hashlib.sha256()
-    parts = {size: hashlib.sha256() for size in sizes}
-    id_kinds: set[str] = set()
-    for _, text, pair, _, ident, origin in rows:
-        if not scan.pairs_decided:  # the first good row decides: from here on, every row agrees
-            scan.has_pairs, scan.pairs_decided = pair is not None, True
-        hashes = [whole]
-        for size, part in parts.items():
-            if scan.n_texts % size == 0:
-                if scan.n_texts:
-                    scan.hashes_by_size.setdefault(size, []).append(part.hexdigest())
-                    part = parts[size] = hashlib.sha256()
-                scan.starts[scan.n_texts] = origin
-            hashes.append(part)
-        hash_into(tuple(hashes), text, pair if scan.has_pairs else None)
-        id_kinds.add("int" if ident is None or is_int(ident) else "str")
-        scan.n_texts += 1
-        if limit is not None and scan.n_texts >= limit:
-            break
-    for size, part in parts.items():
-        scan.hashes_by_size.setdefault(size, [])
-        if scan.n_texts:
-            scan.hashes_by_size[size].append(part.hexdigest())
-    scan.id_kind = "str" if "str" in id_kinds else "int"
-    scan.sha256 = whole.hexdigest()
-
-
-def _range_sizes(ranges: int | Sequence[int] | None) -> tuple[int, ...]:
-    if ranges is None:
-        return ()
-    return (ranges,) if isinstance(ranges, int) else tuple(dict.fromkeys(ranges))
-
-
-def _pick_ranges(scan: Scan, sizes: tuple[int, ...]) -> None:
-    """``range_hashes``: the hashes of the one size asked for (of several, none is picked)."""
-    if len(sizes) == 1:
-        scan.range_hashes = scan.hashes_by_size[sizes[0]]
-
-
-def _scan_memory(scan: Scan, raw: RawInputs, ids: list | None, sizes: tuple[int, ...]) -> None:
-    scan.n_texts, scan.has_pairs = len(raw), raw.text_pairs is not None
-    scan.id_kind = "int" if ids is None or all(is_int(i) for i in ids) else "str"
-    whole = hashlib.sha256()
-    for i, text in enumerate(raw.texts):
-        pair = raw.text_pairs[i] if raw.text_pairs is not None else None
-        hash_into((whole,), text, pair)
-    scan.sha256 = whole.hexdigest()
-    for size in sizes:
-        hashes = scan.hashes_by_size.setdefault(size, [])
-        for lo in range(0, len(raw), size):
-            part = hashlib.sha256()
-            for i in range(lo, min(lo + size, len(raw))):
-                pair = raw.text_pairs[i] if raw.text_pairs is not None else None
-                hash_into((part,), raw.texts[i], pair)
-            hashes.append(part.hexdigest())
 
 
 def as_corpus(
