@@ -22,6 +22,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from ..errors import InputError, OptionError
+from .words import empty_words, word_keys, word_offsets_to_text
 
 logger = logging.getLogger("layerwise")
 
@@ -260,12 +261,12 @@ class InputEncoder:
         encodings = self._free.encode_batch(batch, is_pretokenized=pretokenized)
         lengths = [len(e.ids) for e in encodings]
         too_long = [i for i, n in enumerate(lengths) if n > self.max_length] if truncate else []
-        full_words = {i: _word_keys(encodings[i]) for i in too_long}
+        full_words = {i: word_keys(encodings[i]) for i in too_long}
         if too_long:
             capped = self._capped.encode_batch([batch[i] for i in too_long], is_pretokenized=pretokenized)
             for i, enc in zip(too_long, capped, strict=True):
                 encodings[i] = enc
-        lost = {i: len(full_words[i] - _word_keys(encodings[i])) for i in too_long}
+        lost = {i: len(full_words[i] - word_keys(encodings[i])) for i in too_long}
         for i, (enc, n_tokens, n_lost) in bounded.items():
             encodings[i], lengths[i], lost[i] = enc, n_tokens, n_lost
         too_long_set = set(too_long) | set(bounded)
@@ -284,7 +285,7 @@ class InputEncoder:
                 raise self._unknown_id(i, ids, enc.tokens, raw)
             offsets = enc.offsets
             if raw.words is not None:
-                offsets = _word_offsets_to_text(offsets, enc.word_ids, raw.words[i])
+                offsets = word_offsets_to_text(offsets, enc.word_ids, raw.words[i])
             out.append(
                 EncodedInput(
                     index=i,
@@ -301,7 +302,7 @@ class InputEncoder:
                     n_tokens_untruncated=lengths[i],
                     words_lost=lost.get(i, 0),
                     counts_exact=i not in bounded,
-                    words_empty=_empty_words(enc, raw.words[i], i in too_long_set) if raw.words else (),
+                    words_empty=empty_words(enc, raw.words[i], i in too_long_set) if raw.words else (),
                 )
             )
         return out
@@ -343,53 +344,9 @@ class InputEncoder:
                 kept = [w for w in capped.word_ids if w is not None]
                 last = max((w for w in free.word_ids if w is not None), default=-1)
                 if kept and max(kept) < last:
-                    return capped, len(free.ids), len(_word_keys(free) - _word_keys(capped))
+                    return capped, len(free.ids), len(word_keys(free) - word_keys(capped))
             limit *= 4
         return None
-
-
-def _empty_words(encoding, words: Sequence[str], truncated: bool) -> tuple[int, ...]:
-    """Words of a pre-split input that produced no token (those cut off by truncation aside)."""
-    present = {w for w in encoding.word_ids if w is not None}
-    limit = (max(present) + 1 if present else 0) if truncated else len(words)
-    return tuple(j for j in range(limit) if j not in present)
-
-
-def _word_keys(encoding) -> set[tuple[int | None, int]]:
-    """(segment, word) of every word that has at least one token."""
-    return {(s, w) for s, w in zip(encoding.sequence_ids, encoding.word_ids, strict=True) if w is not None}
-
-
-def _word_offsets_to_text(
-    offsets: Sequence[tuple[int, int]], word_ids: Sequence[int | None], words: Sequence[str]
-) -> list[tuple[int, int]]:
-    """Pre-split input gets offsets relative to each word; shift them into ``' '.join(words)``."""
-    starts, position = [], 0
-    for word in words:
-        starts.append(position)
-        position += len(word) + 1
-    return [
-        (0, 0) if w is None else (starts[w] + s, starts[w] + e)
-        for (s, e), w in zip(offsets, word_ids, strict=True)
-    ]
-
-
-def split_word_inputs(
-    inputs: Sequence[str] | Sequence[Sequence[str]] | None, words: Sequence[Sequence[str]] | None
-) -> tuple[Sequence[str] | None, Sequence[Sequence[str]] | None]:
-    """``embed_words``' first argument holds texts or word lists: ``(texts, words)``."""
-    if isinstance(inputs, str):
-        raise InputError("embed_words() takes a list of texts or of word lists; wrap a single text in a list")
-    if inputs is None:
-        return None, words
-    kinds = {isinstance(item, str) for item in inputs}
-    if len(kinds) > 1:
-        raise InputError("embed_words() got a mix of texts and word lists; pass one kind per call")
-    if kinds == {False}:
-        if words is not None:
-            raise InputError("pass word lists either as the first argument or as words=, not both")
-        return None, inputs
-    return inputs, words  # type: ignore[return-value]
 
 
 def report_empty_words(encoded: Sequence[EncodedInput]) -> None:
