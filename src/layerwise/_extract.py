@@ -19,7 +19,7 @@ from __future__ import annotations
 import inspect
 import logging
 from collections import deque
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import Future
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -31,7 +31,7 @@ import torch
 from ._features.device_pool import DevicePlan, finish, pool_batch
 from ._inputs.batches import length_sorted_batches
 from ._inputs.encoding import EncodedInput, segment_ids
-from ._inputs.windows import Window, plan_windows, stitch
+from ._inputs.windows import Window, plan_windows
 from ._model.decoders import apply_final_norm, is_decoder_config
 from ._model.handle import ModelHandle
 from ._model.hooks import eager_attention_for, find_layer_list
@@ -42,62 +42,11 @@ from ._model.sdpa import attention_kernels
 from ._model.streams import ForwardLock, ForwardPool, check_streams
 from ._progress import progress_bar
 from ._results import LayerStack
+from ._rows import Rows, make_stack, nonfinite_error, packed_rows, split_rows, stitch_stack, word_id_array
 from ._settings import FinalNorm, Method, Settings
-from .errors import ModelLoadError, NonFiniteError, OptionError
+from .errors import ModelLoadError, OptionError
 
 logger = logging.getLogger("layerwise")
-
-
-class Rows(list[tuple[np.ndarray, dict[str, np.ndarray]]]):
-    """Per-row ``(hidden (L, n, H), taps)`` of one batch; ``nonfinite``: the batch held NaN/inf."""
-
-    nonfinite: bool = False
-
-
-def split_rows(copy: HostCopy, lengths: Sequence[int]) -> Rows:
-    """Cut a padded batch into per-row arrays without padding: ``(hidden (L, n, H), taps)``."""
-    hidden_np, taps_np, finite = copy.arrays()
-    rows = Rows()
-    rows.nonfinite = not finite  # padding is summed too: then the rows are looked at one by one
-    for row, n in enumerate(lengths):
-        taps = {}
-        for name, array in taps_np.items():
-            if name == "attention_probs":
-                taps[name] = np.ascontiguousarray(array[:, row, :, :n, :n])
-            else:
-                taps[name] = np.ascontiguousarray(array[:, row, :n])
-        rows.append((np.ascontiguousarray(hidden_np[:, row, :n]), taps))
-    return rows
-
-
-def make_stack(
-    item: EncodedInput,
-    hidden: np.ndarray,
-    taps: Mapping[str, np.ndarray],
-    layers: Sequence[int],
-    *,
-    n_windows: int = 1,
-    pooled: np.ndarray | None = None,
-) -> LayerStack:
-    n = len(item)
-    return LayerStack(
-        hidden=hidden if pooled is None else np.empty((len(layers), n, 0), dtype=np.float32),
-        pooled=pooled,
-        layers=tuple(layers),
-        tokens=item.tokens,
-        offsets=np.asarray(item.offsets, dtype=np.int32).reshape(n, 2),
-        word_ids=word_id_array(item),
-        segment_ids=segment_ids(item.sequence_ids),
-        text=item.text,
-        text_pair=item.text_pair,
-        words=item.words,
-        truncated=item.truncated,
-        words_lost=item.words_lost,
-        words_empty=item.words_empty,
-        n_windows=n_windows,
-        taps=dict(taps),
-        tap_layers=tuple(i for i in layers if i >= 1) if taps else (),
-    )
 
 
 def warm_up(model: Any, ids: list[int], device: torch.device, name: str) -> None:
@@ -255,7 +204,7 @@ class Engine:
                     index, k = owners[u]
                     if rows.nonfinite and not np.isfinite(hidden).all():
                         if not self.allow_nan:
-                            raise _nonfinite_error(encoded[index], hidden, layers)
+                            raise nonfinite_error(encoded[index], hidden, layers)
                         nonfinite.add(index)
                     if k < 0:  # pooled on the device: the rows are the input's pooled vectors
                         pooled = None if run.device_pool is None else hidden[:, 0] if run.sentence else hidden
@@ -263,7 +212,7 @@ class Engine:
                         continue
                     pending.setdefault(index, {})[k] = (units[u], hidden, tapped)
                     if len(pending[index]) == n_windows[index]:
-                        yield index, _stitch(encoded[index], pending.pop(index), layers)
+                        yield index, stitch_stack(encoded[index], pending.pop(index), layers)
                 if bar is not None and task is not None:
                     bar.advance(task, len(batch_ids))
         if nonfinite:
@@ -290,10 +239,10 @@ class Engine:
             for batch_ids in batches:
                 launched = (batch_ids, *self._launch_packed([units[u] for u in batch_ids], run))
                 if waiting is not None:
-                    yield waiting[0], _rows(*waiting[1:])
+                    yield waiting[0], packed_rows(*waiting[1:])
                 waiting = launched
             if waiting is not None:
-                yield waiting[0], _rows(*waiting[1:])
+                yield waiting[0], packed_rows(*waiting[1:])
             return
         if self.pool is None or not packed:
             for batch_ids in batches:
@@ -339,7 +288,7 @@ class Engine:
         return not taps or (isinstance(self.packed, PackedDecoder) and set(taps) <= set(PACKED_TAPS))
 
     def _forward_packed(self, units: Sequence[EncodedInput | Window], run: _Call) -> Rows:
-        return _rows(*self._launch_packed(units, run))
+        return packed_rows(*self._launch_packed(units, run))
 
     def _launch_packed(
         self, units: Sequence[EncodedInput | Window], run: _Call
@@ -373,24 +322,6 @@ def _device_pool(
     return finish(pooled, run.layers, plan), sizes
 
 
-def word_id_array(item: EncodedInput) -> np.ndarray:  # -1 for special tokens, as LayerStack.word_ids
-    return np.asarray([-1 if w is None else w for w in item.word_ids], dtype=np.int32)
-
-
-def _rows(lengths: list[int], copy: HostCopy) -> Rows:
-    """A packed batch's rows: views of the batch's arrays, not copies (the rows are contiguous per
-    layer, and every consumer (the store's transposing cast, pooling, npz) reads them once anyway).
-    ``lengths``: each input's rows: its tokens, or its pooled vectors (one, or one per word)."""
-    array, taps, finite = copy.arrays()
-    rows = Rows()
-    start = 0
-    for n in lengths:
-        rows.append((array[:, start : start + n], {k: t[:, start : start + n] for k, t in taps.items()}))
-        start += n
-    rows.nonfinite = not finite
-    return rows
-
-
 @dataclass(frozen=True)
 class _Call:
     """What one call of :meth:`Engine.stream` computes for each batch."""
@@ -407,27 +338,3 @@ class _Call:
     @property
     def sentence(self) -> bool:
         return self.device_pool is not None and self.device_pool.level == "sentence"
-
-
-def _stitch(item: EncodedInput, parts: dict[int, tuple], layers: tuple[int, ...]) -> LayerStack:
-    ordered = [parts[k] for k in range(len(parts))]
-    windows = [w for w, _, _ in ordered]
-    hidden = stitch([h for _, h, _ in ordered], windows, len(item), token_axis=1)
-    taps = {
-        name: stitch([t[name] for _, _, t in ordered], windows, len(item), token_axis=1)
-        for name in ordered[0][2]
-    }
-    return make_stack(item, hidden, taps, layers, n_windows=len(windows))
-
-
-def _nonfinite_error(item: EncodedInput, hidden: np.ndarray, layers: tuple[int, ...]) -> NonFiniteError:
-    """The error for an input whose hidden states (``(L, n, H)`` of ``layers``) hold NaN or inf."""
-    finite = np.isfinite(hidden.reshape(hidden.shape[0], -1)).all(axis=1)
-    first = int(np.flatnonzero(~finite)[0]) if (~finite).any() else 0
-    return NonFiniteError(
-        f"the model produced NaN or inf for input {item.index} ({item.text!r:.60}) at hidden state "
-        f"{layers[first]}: with model_dtype='float16' try float32, else check the weights; "
-        "allow_nan=True (--allow-nan) keeps them",
-        index=item.index,
-        layer=layers[first],
-    )
