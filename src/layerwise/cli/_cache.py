@@ -12,7 +12,7 @@ import typer
 
 from .._settings import Settings
 from ..errors import LayerwiseError, OptionError
-from ._corpus_options import InputFormatOption, TextColumnOption
+from ._corpus_options import NO_RAY, InputFormatOption, RayOptions, TextColumnOption, ray_options
 from ._options import (
     MODEL_SETTINGS,
     EncodingErrorsChoice,
@@ -48,6 +48,7 @@ def parse_count(value: str, option: str) -> int:
 
 @app.command()
 @model_options(final_norm=FinalNormChoice.none)  # SAELens' default: the raw residual stream
+@ray_options(shard_size=False)
 def cache(
     input: Annotated[
         str,
@@ -80,16 +81,9 @@ def cache(
     overwrite: Annotated[
         bool, typer.Option(help="Start again: remove what the cache holds (nothing else)")
     ] = False,
-    ray: Annotated[
-        str | None,
-        typer.Option(
-            "--ray", help="Write the shards on Ray: local (start one here) or auto (join a cluster)"
-        ),
-    ] = None,
-    workers: Annotated[int, typer.Option(min=1, help="Ray actors, each with its model")] = 2,
-    threads_per_worker: Annotated[int, typer.Option(min=1, help="torch threads (CPUs) per actor")] = 1,
     encoding_errors: EncodingErrorsOption = EncodingErrorsChoice.strict,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar")] = False,
+    ray: RayOptions = NO_RAY,  # --ray and its options (@ray_options)
     settings: Settings = MODEL_SETTINGS,  # the model options (@model_options)
 ) -> None:
     """Cache the activations of several layers from one forward pass per context, for SAE and probe
@@ -103,9 +97,7 @@ def cache(
         from .._encoder import Encoder
         from .._inputs.corpus import as_corpus
 
-        count = parse_count(tokens, "--tokens")
-        none = shuffle_seed.strip().lower() == "none"
-        seed = None if none else int(parse_count(shuffle_seed, "--shuffle-seed"))
+        count, seed = parse_count(tokens, "--tokens"), _seed(shuffle_seed)
         if classify(output) == "other":
             raise not_a_cache(output)  # before the model loads
         options = CacheOptions(  # one value, whichever back end runs it; --final-norm: none unless asked
@@ -116,18 +108,29 @@ def cache(
                            encoding_errors=encoding_errors.value)  # fmt: skip
         _use_available_cores()
         err.print(f"loading {settings.model or 'the default model'} …", highlight=False)
-        if ray is not None:
+        if ray.mode is not None:
             from .. import ray as lw_ray
 
-            lw_ray.init(ray, workers=workers, threads_per_worker=threads_per_worker)
+            workers, threads = ray.workers or 2, ray.threads_per_worker or 1
+            lw_ray.init(ray.mode, workers=workers, threads_per_worker=threads)
             summary = lw_ray.cache_activations(
-                settings, corpus, output, options, workers=workers, threads_per_worker=threads_per_worker
+                settings, corpus, output, options, workers=workers, threads_per_worker=threads
             )
         else:
             enc = Encoder.from_settings(settings)
             summary = cache_activations(enc, corpus, output, options, progress=False if quiet else None)
     except LayerwiseError as exc:
         raise _fail(exc) from None
+    _report_cache(summary, count, output, quiet)
+
+
+def _seed(value: str) -> int | None:
+    """--shuffle-seed: a whole number, or none (source order)."""
+    return None if value.strip().lower() == "none" else int(parse_count(value, "--shuffle-seed"))
+
+
+def _report_cache(summary, count: int, output: Path, quiet: bool) -> None:
+    """What the run wrote (and, always, that the corpus ran out before ``count`` tokens)."""
     if summary.exhausted:
         err.print(
             f"the corpus ended after {summary.n_tokens:,} tokens (asked for {count:,})", highlight=False

@@ -157,17 +157,20 @@ class RayOptions:
                 "--shard-size": self.shard_size}  # fmt: skip
 
 
-def ray_options() -> Callable[[Callable], Callable]:
-    """--ray and its options: the command takes them as ``ray: RayOptions``."""
+def ray_options(*, shard_size: bool = True) -> Callable[[Callable], Callable]:
+    """--ray, --workers, --threads-per-worker and (``shard_size``: a sharded store's) --shard-size:
+    the command takes them as ``ray: RayOptions``."""
     parameters = [
         _parameter("ray", None, Annotated[str | None, typer.Option(
-            "--ray", help="Run on Ray: local (start one here) or auto (join a cluster); a sharded store",
+            "--ray", help="Run on Ray: local (start one here) or auto (join a cluster)",
             rich_help_panel=RAY_PANEL)]),
         _optional_int("workers", "Ray actors, each with its model [default: 2]", RAY_PANEL),
         _optional_int("threads_per_worker", "torch threads (CPUs) per actor [default: 1]", RAY_PANEL),
-        _optional_int("shard_size", "Texts per shard [default: ~32 shards of 1024..4096, one per worker at "
-                      "least]", RAY_PANEL),
     ]  # fmt: skip
+    if shard_size:
+        parameters.append(_optional_int(
+            "shard_size", "Texts per shard [default: ~32 shards of 1024..4096, one per worker at least]",
+            RAY_PANEL))  # fmt: skip
 
     def build(*, ray: str | None, **given: Any) -> dict[str, Any]:
         return {"ray": RayOptions(ray, **given)}
