@@ -376,3 +376,22 @@ def test_auto_shard_size_picks_a_planned_size_for_large_corpora():
     for n in (2048, 50_000, 100_000, 2_000_000, 10**8):
         assert auto_shard_size(n, workers=2) in PLANNED_SIZES
     assert auto_shard_size(50_000, workers=2) == 2048 and auto_shard_size(2_000_000, workers=2) == 4096
+
+
+def test_as_corpus_takes_a_corpus_a_path_or_texts_and_names_options_that_do_not_fit(tmp_path):
+    # the writers' one way in (no keyword pass-through): a path may take a format, a column and the
+    # decoding rule; a Corpus and texts in memory take none (build the Corpus with its options)
+    from layerwise._inputs.corpus import as_corpus
+
+    table = tmp_path / "t.csv"
+    table.write_text("id,body\n1,first text\n2,second text\n", encoding="utf-8")
+    corpus = as_corpus(table, text_column="body")
+    assert [list(b.texts) for b in corpus.blocks(10)] == [["first text", "second text"]]
+    assert as_corpus(corpus) is corpus
+    assert [list(b.texts) for b in as_corpus(["a", "b"]).blocks(10)] == [["a", "b"]]
+    with pytest.raises(lw.OptionError, match=r"\(text_column\) to the Corpus"):
+        as_corpus(corpus, text_column="body")
+    with pytest.raises(lw.OptionError, match="format read columns of a file"):
+        as_corpus(["a"], format="csv")
+    with pytest.raises(lw.InputError, match="does not exist"):
+        as_corpus(tmp_path / "missing.txt")

@@ -303,35 +303,29 @@ def _stdin_named(chunks: Iterator, spool: Path) -> Iterator:
 def as_corpus(
     source: object,
     *,
-    text_pairs: Sequence[str] | None = None,
-    ids: Sequence | None = None,
-    **file_options: object,
+    format: str | None = None,
+    text_column: str | None = None,
+    encoding_errors: str = "strict",
 ) -> Corpus:
-    """``source`` as a Corpus: a Corpus as it is; a path (str or os.PathLike) read with
-    ``file_options`` (Corpus's keywords); any other iterable of strings from memory."""
-    given = {k: v for k, v in file_options.items() if v not in (None, "error", "strict")}
+    """``source`` as a Corpus: a Corpus as it is; a path (str or os.PathLike) read with ``format``,
+    ``text_column`` and ``encoding_errors`` (the rest of Corpus' keywords: build the Corpus); any
+    other iterable of strings from memory."""
+    options = {"format": format, "text_column": text_column, "encoding_errors": encoding_errors}
+    given = [name for name, value in options.items() if value not in (None, "strict")]
     if isinstance(source, Corpus):
-        if given or text_pairs is not None or ids is not None:
-            raise OptionError(
-                f"pass the options ({', '.join(given) or 'text_pairs, ids'}) to the Corpus, not beside it"
-            )
+        if given:
+            raise OptionError(f"pass the options ({', '.join(given)}) to the Corpus, not beside it")
         return source
     if isinstance(source, str | os.PathLike):
-        if text_pairs is not None or ids is not None:
-            raise OptionError("text_pairs= and ids= go with a list of texts; a file names its columns")
         name = os.fspath(source)
         if name != "-" and not glob.has_magic(name) and not Path(name).exists():
             raise InputError(
                 f"input file {name!r:.80} does not exist (a str is read as a file path; pass texts as a "
                 "list of strings)"
             )
-        return Corpus(source, **file_options)  # type: ignore[arg-type]
+        return Corpus(source, format=format, text_column=text_column, encoding_errors=encoding_errors)
     if given:
-        raise OptionError(
-            f"{', '.join(given)} read columns of a file; for texts in memory pass text_pairs= and ids="
-        )
+        raise OptionError(f"{', '.join(given)} read columns of a file; texts in memory have none")
     from .encoding import as_texts
 
-    pairs = as_texts(text_pairs, "text_pairs") if text_pairs is not None else None
-    listed_ids = as_texts(ids, "ids") if ids is not None else None
-    return Corpus.from_inputs(as_texts(source), text_pairs=pairs, ids=listed_ids)
+    return Corpus.from_inputs(as_texts(source))
