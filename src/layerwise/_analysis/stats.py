@@ -7,9 +7,8 @@
     intra_sentence_similarity
                        per layer: mean cosine between each word and its sentence's mean vector
 
-and, without labels, which layer to try (label_free.py, Skean et al. 2025): prompt_entropy,
-dataset_entropy, curvature, effective_rank, intrinsic_dimension, lidar, dime, infonce, and all of
-them at once with layer_metrics.
+The label-free metrics (which layer to try without labels, Skean et al. 2025) are in
+label_free.py; ``lw.analyze`` (layerwise/analyze.py) holds both.
 
 Self- and intra-sentence similarity are reported minus the anisotropy of the same layer, as
 Ethayarajh (2019) does, so that 0 means "no more similar than two random words". Every function
@@ -28,18 +27,6 @@ import numpy as np
 from .._features.pool import pool_words
 from .._results import LayerStack, WordVectors
 from ..errors import InputError, OptionError, check_choice
-from .label_free import (  # noqa: F401  (lw.analyze.<metric>: layerwise/analyze.py)
-    LayerMetrics,
-    curvature,
-    dataset_entropy,
-    dime,
-    effective_rank,
-    infonce,
-    intrinsic_dimension,
-    layer_metrics,
-    lidar,
-    prompt_entropy,
-)
 
 Measure = Literal["cka", "cosine"]
 
