@@ -317,3 +317,13 @@ def test_extract_no_packed_uses_the_hugging_face_forward(tmp_path, make_tiny_mod
     packed, hf = np.load(tmp_path / "packed.npz"), np.load(tmp_path / "hf.npz")
     for i in range(2):
         np.testing.assert_allclose(packed[f"hidden_{i}"], hf[f"hidden_{i}"], atol=1e-5)
+
+
+def test_the_ray_group_fills_its_defaults_in_one_place():
+    # extract and cache both run Ray with RayOptions.sizes(): 2 actors of 1 thread unless given
+    from layerwise.cli._groups import RayOptions
+
+    assert RayOptions("local").sizes() == (2, 1)
+    assert RayOptions("auto", workers=3, threads_per_worker=4).sizes() == (3, 4)
+    assert RayOptions("local", workers=3).given() == {"--workers": 3, "--threads-per-worker": None,
+                                                       "--shard-size": None}  # fmt: skip

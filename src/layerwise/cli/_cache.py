@@ -12,7 +12,7 @@ import typer
 
 from .._settings import Settings
 from ..errors import LayerwiseError, OptionError
-from ._corpus_options import NO_RAY, InputFormatOption, RayOptions, TextColumnOption, ray_options
+from ._groups import NO_RAY, InputFormatOption, RayOptions, TextColumnOption, ray_options
 from ._options import (
     MODEL_SETTINGS,
     EncodingErrorsChoice,
@@ -111,7 +111,7 @@ def cache(
         if ray.mode is not None:
             from .. import ray as lw_ray
 
-            workers, threads = ray.workers or 2, ray.threads_per_worker or 1
+            workers, threads = ray.sizes()
             lw_ray.init(ray.mode, workers=workers, threads_per_worker=threads)
             summary = lw_ray.cache_activations(
                 settings, corpus, output, options, workers=workers, threads_per_worker=threads

@@ -13,7 +13,7 @@ import typer
 from .._features.names import FUSE_HELP, POOL_HELP
 from .._settings import Settings
 from ..errors import InputError, LayerwiseError, OptionError
-from ._corpus_options import (
+from ._groups import (
     ALL_COLUMNS,
     DEFAULT_LAYOUT,
     NO_RAY,
@@ -216,7 +216,7 @@ def _extract_on_ray(
 ) -> None:
     from .. import ray as lw_ray
 
-    workers, threads = ray.workers or 2, ray.threads_per_worker or 1
+    workers, threads = ray.sizes()
     lw_ray.init(mode, workers=workers, threads_per_worker=threads)
     summary = lw_ray.extract_to_store(
         settings, data, output, plan, layout=layout, workers=workers, threads_per_worker=threads,

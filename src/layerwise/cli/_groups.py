@@ -1,6 +1,7 @@
-"""The option groups of ``layerwise extract`` besides the model's: the corpus' format and columns,
-the store's layout, and Ray. Each reaches the command as one value (``option_group``), so the
-command lists none of them and a new option of a group is added here alone."""
+"""The option groups besides the model's: the corpus' format and columns and the store's layout
+(``layerwise extract``), and Ray (``extract`` and ``cache``). Each reaches a command as one value
+(``option_group``), so the command lists none of them and a new option of a group is added here
+alone."""
 
 from __future__ import annotations
 
@@ -150,6 +151,10 @@ class RayOptions:
     workers: int | None = None
     threads_per_worker: int | None = None
     shard_size: int | None = None
+
+    def sizes(self) -> tuple[int, int]:
+        """``(workers, threads per worker)`` with their defaults filled in: 2 actors of 1 thread."""
+        return self.workers or 2, self.threads_per_worker or 1
 
     def given(self) -> dict[str, int | None]:
         """The options that only Ray honours, by flag: a run in this process refuses them when set."""

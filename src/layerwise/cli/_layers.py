@@ -13,7 +13,7 @@ import typer
 from .. import __version__
 from .._settings import Settings
 from ..errors import LayerwiseError, OptionError
-from ._corpus_options import InputFormatOption, TextColumnOption
+from ._groups import InputFormatOption, TextColumnOption
 from ._options import (
     MODEL_SETTINGS,
     EncodingErrorsChoice,
