@@ -224,5 +224,6 @@ def test_batch_size_defaults_to_the_devices_and_a_given_one_is_kept(tiny_encoder
     assert (CPU_BATCH_SIZE, GPU_BATCH_SIZE) == (128, 1024)
     assert tiny_encoder.settings.batch_size is None
     assert tiny_encoder.batch_size == tiny_encoder.engine.batch_size == 128
+    assert tiny_encoder.run_meta(lw.OutputPlan())["batch_size"] == 128  # what ran, resolved: not None
     given = lw.Encoder(make_tiny_model("bert"), device="cpu", batch_size=7)
     assert given.batch_size == given.engine.batch_size == given.settings.batch_size == 7

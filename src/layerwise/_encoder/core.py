@@ -162,6 +162,7 @@ class Encoder(FeatureCalls):
             model_source=str(self.source),
             device_used=str(self.device),
             max_length=self.max_length,
+            batch_size=self.batch_size,
             max_tokens=self.max_tokens,
             streams=self.engine.pool.streams if self.engine.pool is not None else 1,
             packed=self.engine.packed is not None,
