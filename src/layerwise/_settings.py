@@ -94,7 +94,7 @@ class Settings:
         model_dtype: the model's weights and compute dtype; results are always float32.
         max_length: tokens per input with special tokens; None: the model's (ST max_seq_length).
         batch_size: at most this many inputs per forward pass; None: 128 on CPU, 1024 on GPU
-            (benchmarks/gpu_speed.py: short sentences fill an H100 only past 128 a batch).
+            (benchmarks/gpu_profile.py: short sentences fill an H100 only past 128 a batch).
         max_tokens: tokens per forward pass (real ones when packed, else inputs x longest input);
             None: 2048 on CPU (benchmarks/token_budget.py), 32768 on GPU.
         packed: the unpadded forward where the architecture allows it (same numbers).

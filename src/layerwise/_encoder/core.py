@@ -67,7 +67,7 @@ logger = logging.getLogger("layerwise")
 CPU_MAX_TOKENS = 2048
 GPU_MAX_TOKENS = 32768
 # inputs per batch: on a GPU 128 short sentences (~3,500 tokens) leave an H100 idle; 1024 with the
-# token budget ran embed 1.4x and extract 1.5x faster on one (benchmarks/gpu_speed.py)
+# token budget ran embed 1.4x and extract 1.5x faster on one (benchmarks/gpu_profile.py)
 CPU_BATCH_SIZE, GPU_BATCH_SIZE = 128, 1024
 _TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
