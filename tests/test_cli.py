@@ -215,6 +215,11 @@ def test_output_that_is_the_input_is_refused(tmp_path):
     data.write_text('{"text": "a", "label": 1}\n', encoding="utf-8")
     result = CliRunner().invoke(app, ["extract", str(data), "-o", str(tmp_path / "." / "data.jsonl")])
     assert result.exit_code == 2 and "is the input file" in " ".join(result.output.split())
+    # also when a glob or a folder names it: the check reads the corpus' files, not the arguments
+    for given in (str(tmp_path / "*.jsonl"), str(tmp_path)):
+        result = CliRunner().invoke(app, ["extract", given, "-o", str(data)])
+        assert result.exit_code == 2 and "is the input file" in " ".join(result.output.split()), given
+    assert data.read_text(encoding="utf-8") == '{"text": "a", "label": 1}\n'
     assert data.read_text(encoding="utf-8") == '{"text": "a", "label": 1}\n'
 
 

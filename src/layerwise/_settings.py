@@ -21,16 +21,18 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypedDict
+from typing import Any, Literal, TypedDict, get_args
 
 from .errors import OptionError, check_choice
 
 ModelDtype = Literal["float32", "float16", "bfloat16"]
-MODEL_DTYPES: tuple[str, ...] = ("float32", "float16", "bfloat16")
+MODEL_DTYPES: tuple[str, ...] = get_args(ModelDtype)
 FinalNorm = bool | Literal["all"]
 FINAL_NORMS: tuple[Any, ...] = (True, False, "all")
+# its spelling on the command line and in a query string: last (True), none (False), all
+FinalNormName = Literal["last", "none", "all"]
 Method = Literal["hidden_states", "hooks"]
-METHODS: tuple[str, ...] = ("hidden_states", "hooks")
+METHODS: tuple[str, ...] = get_args(Method)
 
 
 def check_final_norm(value: object, *, optional: bool = False) -> None:
@@ -50,11 +52,11 @@ def parse_final_norm(text: str) -> FinalNorm:
     spelled = {"last": True, "true": True, "none": False, "false": False, "all": "all"}
     value = spelled.get(str(text).strip().lower())
     if value is None:
-        raise OptionError(f"--final-norm {text!r} is not valid; choose last, none or all")
+        raise OptionError(f"--final-norm {text!r} is not valid; choose {', '.join(get_args(FinalNormName))}")
     return value  # type: ignore[return-value]
 
 
-def final_norm_name(value: FinalNorm | None) -> str | None:
+def final_norm_name(value: FinalNorm | None) -> FinalNormName | None:
     """The CLI's spelling of a final_norm value (for messages and ``layerwise info``)."""
     if value is None:
         return None

@@ -1,4 +1,5 @@
-"""The names of the pooling modes, the special-token rules and the layer fusions: each list once.
+"""The names of the pooling modes, the special-token rules, the output dtypes, the long-text rules
+and the layer fusions: each list once.
 
 NumPy-free, so that the command line's help and the server's schema read them without importing the
 arithmetic (pool.py, fuse.py). A new pooling mode or fusion is named here; pool.py or fuse.py
@@ -17,6 +18,10 @@ SubwordPool = Literal["first", "last", "mean", "first_last", "max"]
 SUBWORD_POOLS: tuple[str, ...] = get_args(SubwordPool)
 SpecialTokens = Literal["include", "exclude"]
 SPECIAL_TOKENS: tuple[str, ...] = get_args(SpecialTokens)
+OutputDtype = Literal["float32", "float16"]
+OUTPUT_DTYPES: tuple[str, ...] = get_args(OutputDtype)
+LongTexts = Literal["truncate", "window"]
+LONG_TEXTS: tuple[str, ...] = get_args(LongTexts)
 
 # name -> (layer spec, operation)
 NAMED_FUSIONS: dict[str, tuple[str | int, str]] = {

@@ -28,14 +28,20 @@ from .._settings import NUMBERS, FinalNorm, check_final_norm
 from ..errors import LayerwiseError, OptionError, check_choice
 from .fuse import check_fusion, fuse_layers, fusion_layers
 from .layers import LayerSpec, resolve_layers
-from .names import GENERIC_FUSIONS, SENTENCE_POOLS, SPECIAL_TOKENS, SUBWORD_POOLS, pool_names
+from .names import (
+    GENERIC_FUSIONS,
+    LONG_TEXTS,
+    OUTPUT_DTYPES,
+    SENTENCE_POOLS,
+    SPECIAL_TOKENS,
+    SUBWORD_POOLS,
+    LongTexts,
+    OutputDtype,
+    pool_names,
+)
 from .pool import pool_sentence, pool_words
 
 Level = Literal["token", "word", "sentence"]
-OutputDtype = Literal["float32", "float16"]
-OUTPUT_DTYPES: tuple[str, ...] = ("float32", "float16")
-LongTexts = Literal["truncate", "window"]
-LONG_TEXTS: tuple[str, ...] = ("truncate", "window")
 Result = LayerStack | WordVectors | SentenceVector
 
 

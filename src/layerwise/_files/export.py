@@ -49,7 +49,7 @@ def export_store(
             f"export writes pooled vectors to a file: {str(path)!r} names a store. Give -o a .parquet, .npz "
             "or .jsonl file; to pool into a store, run extract again with --pool"
         )
-    fmt = output_format(path)
+    fmt = output_format(path, plan.level)
     opened: Any = open_store(store) if isinstance(store, str | os.PathLike) else store
     meta_in: dict = opened.meta
     if meta_in.get("level") != "token":
@@ -92,10 +92,6 @@ def export_store(
         "source": str(opened.path),
         "exported_with": __version__,
     }
-    if fmt == ".parquet":
-        from .parquet import check_parquet_plan
-
-        check_parquet_plan(plan.level)
 
     def fill(writer) -> dict:
         from .._progress import progress_bar

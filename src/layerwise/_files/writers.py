@@ -42,10 +42,11 @@ import os
 import secrets
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from .._features.names import OutputDtype
 from .._results import LayerStack, SentenceVector, WordVectors, check_float16, layers_along, result_values
 from ..errors import LayerwiseError, OptionError, OutputError, check_choice
 
@@ -56,19 +57,25 @@ if TYPE_CHECKING:
     from .blocks import Writer
 
 logger = logging.getLogger("layerwise")
-OutputDtype = Literal["float32", "float16"]
 FORMATS = (".npz", ".jsonl", ".parquet")
 Result = LayerStack | WordVectors | SentenceVector
 BLOCK_BYTES = 64 << 20  # a block's pooled results held for Parquet's input order: about this much
 
 
-def output_format(path: str | Path) -> str:
+def output_format(path: str | Path, level: str | None = None) -> str:
+    """An output file's format, from its suffix; with ``level`` (the plan's: token, word or
+    sentence), also whether the format holds such rows (Parquet holds pooled ones). The writers and
+    the CLI ask this before any work, the CLI before it loads a model."""
     suffix = Path(path).suffix.lower()
     if suffix not in FORMATS:
         raise OptionError(
             f"output {str(path)!r} has an unknown suffix {suffix!r}; use .npz (compact arrays), .jsonl, "
             ".parquet (pooled vectors as a table) or a folder ending in .lw (a store)"
         )
+    if suffix == ".parquet" and level is not None:
+        from .parquet import check_parquet_plan
+
+        check_parquet_plan(level)
     return suffix
 
 
@@ -152,11 +159,7 @@ def extract_to_file(
     if not isinstance(plan, OutputPlan):
         raise OptionError(f"plan must be a layerwise.OutputPlan, not {type(plan).__name__}")
     path = Path(path)
-    fmt = output_format(path)  # before any work
-    if fmt == ".parquet":
-        from .parquet import check_parquet_plan
-
-        check_parquet_plan(plan.level)
+    fmt = output_format(path, plan.level)  # before any work
     plan = encoder.settle(plan)
     corpus = as_corpus(corpus)
     scan = corpus.scan()  # every row checked before anything is written

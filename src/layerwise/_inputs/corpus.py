@@ -25,7 +25,18 @@ from pathlib import Path
 from ..errors import InputError, LayerwiseError, OptionError, check_choice
 from .chunks import read_chunks
 from .encoding import RawInputs, normalize_inputs
-from .formats import MISSING, Bad, FileFormat, Start, detect_format
+from .formats import (
+    BAD_ROWS,
+    ENCODING_ERRORS,
+    MISSING,
+    Bad,
+    BadRow,
+    EncodingErrors,
+    FileFormat,
+    Format,
+    Start,
+    detect_format,
+)
 from .scan import Scan, pick_ranges, range_sizes, scan_memory, scan_rows
 from .sources import (
     check_ids,
@@ -36,7 +47,6 @@ from .sources import (
     row_problem,
 )
 
-BAD_ROW_CHOICES = ("error", "skip")
 SKIPPED_SHOWN = 20  # the first skipped rows are listed; all of them are counted
 
 
@@ -65,17 +75,17 @@ class Corpus:
         self,
         source: str | os.PathLike | Sequence[str | os.PathLike],
         *,
-        format: str | None = None,
+        format: Format | None = None,
         text_column: str | None = None,
         pair_column: str | None = None,
         id_column: str | None = None,
         words_column: str | None = None,
         limit: int | None = None,
-        on_bad_row: str = "error",
-        encoding_errors: str = "strict",
+        on_bad_row: BadRow = "error",
+        encoding_errors: EncodingErrors = "strict",
     ) -> None:
-        check_choice("on_bad_row", on_bad_row, BAD_ROW_CHOICES)
-        check_choice("encoding_errors", encoding_errors, ("strict", "replace"))
+        check_choice("on_bad_row", on_bad_row, BAD_ROWS)
+        check_choice("encoding_errors", encoding_errors, ENCODING_ERRORS)
         if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
             raise OptionError(f"limit={limit!r} must be a whole number >= 1 (the first N texts)")
         if text_column is not None and words_column is not None:
@@ -303,9 +313,9 @@ def _stdin_named(chunks: Iterator, spool: Path) -> Iterator:
 def as_corpus(
     source: object,
     *,
-    format: str | None = None,
+    format: Format | None = None,
     text_column: str | None = None,
-    encoding_errors: str = "strict",
+    encoding_errors: EncodingErrors = "strict",
 ) -> Corpus:
     """``source`` as a Corpus: a Corpus as it is; a path (str or os.PathLike) read with ``format``,
     ``text_column`` and ``encoding_errors`` (the rest of Corpus' keywords: build the Corpus); any

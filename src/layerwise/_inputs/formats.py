@@ -23,13 +23,19 @@ import lzma
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Literal, get_args
 
 from ..errors import InputError, MissingDependencyError, OptionError
 
 CHUNK_ROWS = 4096
 COMPRESSIONS = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd", ".bz2": "bz2", ".xz": "xz"}
-FORMATS = ("txt", "tsv", "jsonl", "csv", "parquet")
+# how a corpus' files are read: their format, invalid UTF-8 in them, and a row that holds no text
+Format = Literal["txt", "tsv", "jsonl", "csv", "parquet"]
+FORMATS: tuple[str, ...] = get_args(Format)
+EncodingErrors = Literal["strict", "replace"]
+ENCODING_ERRORS: tuple[str, ...] = get_args(EncodingErrors)
+BadRow = Literal["error", "skip"]
+BAD_ROWS: tuple[str, ...] = get_args(BadRow)
 _BY_SUFFIX = {
     ".txt": "txt", ".text": "txt", ".tsv": "tsv", ".jsonl": "jsonl", ".ndjson": "jsonl", ".csv": "csv",
     ".parquet": "parquet", ".pq": "parquet",

@@ -14,12 +14,10 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
 from ..errors import InputError, check_choice
 from .encoding import lone_surrogate
-
-EncodingErrors = Literal["strict", "replace"]
+from .formats import ENCODING_ERRORS, EncodingErrors
 
 
 @dataclass(frozen=True)
@@ -82,7 +80,7 @@ JSONL_FIELDS = frozenset({"text", "text_pair"})
 
 def read_input_file(path: str | Path, *, encoding_errors: EncodingErrors = "strict") -> InputFile:
     """Read texts (and pairs) from ``path``; the format follows the suffix."""
-    check_choice("encoding_errors", encoding_errors, ("strict", "replace"))
+    check_choice("encoding_errors", encoding_errors, ENCODING_ERRORS)
     path = Path(path)
     suffix = path.suffix.lower()
     if str(path) == "-":

@@ -7,11 +7,11 @@ from typing import Annotated
 
 import typer
 
+from .._inputs.formats import EncodingErrors
 from .._settings import Settings
 from ..errors import LayerwiseError, OptionError
 from ._options import (
     MODEL_SETTINGS,
-    EncodingErrorsChoice,
     EncodingErrorsOption,
     LayersOption,
     _check_output_file,
@@ -99,11 +99,11 @@ def _check_projection(projection: str) -> None:
         ) from None
 
 
-def _read_single_texts(input: Path, encoding_errors: EncodingErrorsChoice, command: str) -> list[str]:
+def _read_single_texts(input: Path, encoding_errors: EncodingErrors, command: str) -> list[str]:
     """Texts of a .txt/.jsonl file; pairs are refused, as their second segment would be dropped."""
     from .._inputs.readers import read_input_file
 
-    data = read_input_file(input, encoding_errors=encoding_errors.value)
+    data = read_input_file(input, encoding_errors=encoding_errors)
     if data.text_pairs is not None and any(pair is not None for pair in data.text_pairs):
         raise OptionError(
             f"{str(input)!r} holds text pairs; `layerwise {command}` looks at single texts and would drop "
@@ -126,7 +126,7 @@ def analyze(
     ] = None,
     projection: ProjectionOption = "pca",
     max_texts: Annotated[int | None, typer.Option(min=2, help="Use the first N texts")] = None,
-    encoding_errors: EncodingErrorsOption = EncodingErrorsChoice.strict,
+    encoding_errors: EncodingErrorsOption = "strict",
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar")] = False,
 ) -> None:
     """Layer analysis of your texts as one self-contained HTML report (CKA, drift, anisotropy, ...)."""
@@ -160,7 +160,7 @@ def plot(
     projection: ProjectionOption = "pca",
     settings: Settings = MODEL_SETTINGS,  # the model options (@model_options)
     layers: LayersOption = "all",
-    encoding_errors: EncodingErrorsOption = EncodingErrorsChoice.strict,
+    encoding_errors: EncodingErrorsOption = "strict",
 ) -> None:
     """One panel per layer: every occurrence of the given words, projected to 2-D and coloured by word."""
     _setup_logging(quiet=True)

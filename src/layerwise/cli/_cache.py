@@ -15,9 +15,7 @@ from ..errors import LayerwiseError, OptionError
 from ._groups import NO_RAY, InputFormatOption, RayOptions, TextColumnOption, ray_options
 from ._options import (
     MODEL_SETTINGS,
-    EncodingErrorsChoice,
     EncodingErrorsOption,
-    FinalNormChoice,
     _fail,
     _setup_logging,
     _use_available_cores,
@@ -47,7 +45,7 @@ def parse_count(value: str, option: str) -> int:
 
 
 @app.command()
-@model_options(final_norm=FinalNormChoice.none)  # SAELens' default: the raw residual stream
+@model_options(final_norm="none")  # SAELens' default: the raw residual stream
 @ray_options(shard_size=False)
 def cache(
     input: Annotated[
@@ -81,7 +79,7 @@ def cache(
     overwrite: Annotated[
         bool, typer.Option(help="Start again: remove what the cache holds (nothing else)")
     ] = False,
-    encoding_errors: EncodingErrorsOption = EncodingErrorsChoice.strict,
+    encoding_errors: EncodingErrorsOption = "strict",
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar")] = False,
     ray: RayOptions = NO_RAY,  # --ray and its options (@ray_options)
     settings: Settings = MODEL_SETTINGS,  # the model options (@model_options)
@@ -104,8 +102,8 @@ def cache(
             layers=layers, hooks=tuple(h.strip() for h in hooks.split(",")), context=context, tokens=count,
             dtype=dtype, shuffle_seed=seed, final_norm=settings.final_norm, overwrite=overwrite,
         )  # fmt: skip
-        corpus = as_corpus(input, format=format.value if format else None, text_column=text_column,
-                           encoding_errors=encoding_errors.value)  # fmt: skip
+        corpus = as_corpus(input, format=format, text_column=text_column,
+                           encoding_errors=encoding_errors)  # fmt: skip
         _use_available_cores()
         err.print(f"loading {settings.model or 'the default model'} …", highlight=False)
         if ray.mode is not None:

@@ -10,27 +10,24 @@ from typing import Annotated
 
 import typer
 
-from .._features.names import FUSE_HELP, POOL_HELP
 from .._settings import Settings
 from ..errors import InputError, LayerwiseError, OptionError
 from ._groups import (
     ALL_COLUMNS,
     DEFAULT_LAYOUT,
+    DEFAULT_PLAN,
     NO_RAY,
     CorpusColumns,
     LayoutOptions,
+    PlanOptions,
     RayOptions,
     corpus_options,
     layout_options,
+    plan_options,
     ray_options,
 )
 from ._options import (
     MODEL_SETTINGS,
-    LayersOption,
-    LongTextsChoice,
-    LongTextsOption,
-    OutDtype,
-    SpecialTokensChoice,
     _fail,
     _setup_logging,
     _use_available_cores,
@@ -39,19 +36,11 @@ from ._options import (
     model_options,
 )
 
-PoolOption = Annotated[
-    str,
-    typer.Option("--pool", "-p", help=POOL_HELP),
-]
-FuseOption = Annotated[
-    str | None,
-    typer.Option(
-        "--fuse",
-        help=f"Fuse layers (word/sentence pooling): {FUSE_HELP} (--layers)",
-    ),
-]
 NoTextOption = Annotated[
     bool, typer.Option("--no-text", help="Leave the texts out of the output (ids only): a smaller file")
+]
+QuietOption = Annotated[
+    bool, typer.Option("--quiet", "-q", help="No progress bar or summary (warnings and errors show)")
 ]
 
 
@@ -60,6 +49,7 @@ NoTextOption = Annotated[
 @ray_options()
 @layout_options()
 @corpus_options()
+@plan_options(pool="token", dtype_default="float16 in a store, else float32", windows=True)
 def extract(
     inputs: Annotated[
         list[str],
@@ -72,35 +62,12 @@ def extract(
     output: Annotated[
         Path, typer.Option("--output", "-o", help="Output: .npz, .jsonl, .parquet (pooled) or a store (*.lw)")
     ],
-    layers: LayersOption = "all",
-    dtype: Annotated[
-        OutDtype | None,
-        typer.Option(
-            "--dtype", help="Dtype of the written vectors [default: float16 in a store, else float32]"
-        ),
-    ] = None,
-    pool: PoolOption = "token",
-    fuse: FuseOption = None,
-    special_tokens: Annotated[
-        SpecialTokensChoice, typer.Option(help="Sentence pooling over [CLS]/[SEP] too (include) or not")
-    ] = SpecialTokensChoice.include,
-    normalize: Annotated[
-        bool,
-        typer.Option(
-            "--normalize", help="L2-normalise sentence vectors (as sentence-transformers' Normalize)"
-        ),
-    ] = False,
-    long_texts: LongTextsOption = LongTextsChoice.truncate,
-    stride: Annotated[
-        int | None, typer.Option(min=1, help="Window step in tokens [default: half a window]")
-    ] = None,
     no_text: NoTextOption = False,
     overwrite: Annotated[
         bool, typer.Option(help="Start an existing store again instead of resuming it")
     ] = False,
-    quiet: Annotated[
-        bool, typer.Option("--quiet", "-q", help="No progress bar or summary (warnings and errors show)")
-    ] = False,
+    quiet: QuietOption = False,
+    plan_options: PlanOptions = DEFAULT_PLAN,  # --layers, --pool and the rest of the plan (@plan_options)
     columns: CorpusColumns = ALL_COLUMNS,  # the corpus options (@corpus_options)
     layout: LayoutOptions = DEFAULT_LAYOUT,  # the store's layout (@layout_options)
     ray: RayOptions = NO_RAY,  # --ray and its options (@ray_options)
@@ -111,45 +78,13 @@ def extract(
     The output's metadata records how it was made: `layerwise info OUTPUT`."""
     _setup_logging(quiet)
     try:
-        from .._features.plan import OutputPlan
-
         to_store = output.suffix.lower() == ".lw" or output.is_dir()
         on_ray = ray.mode is not None
         backend = "--ray" if on_ray else ("a store (-o *.lw)" if to_store else f"a {output.suffix} file")
         _refuse_unused(backend, to_store=to_store, on_ray=on_ray, no_text=no_text, overwrite=overwrite,
                        layout=layout.given(), ray_only=ray.given())  # fmt: skip
-        if not to_store:
-            from .._files.writers import output_format
-
-            output_format(output)  # fail on bad options before loading anything
-        for name in inputs:
-            if output.exists() and Path(name).exists() and os.path.samefile(output, name):
-                raise OptionError(
-                    f"the output {str(output)!r} is the input file; writing it would replace your data: "
-                    "choose another output path"
-                )
-        default_dtype = OutDtype.float16 if to_store else OutDtype.float32
-        plan = OutputPlan.parse(
-            layers=layers,
-            pool=pool,
-            fuse=fuse,
-            special_tokens=special_tokens.value,
-            dtype=(dtype or default_dtype).value,
-            normalize=normalize,
-            long_texts=long_texts.value,
-            stride=stride,
-        )  # fmt: skip  (its final norm: the settings' (--final-norm), the one value every back end takes
-        if output.suffix.lower() == ".parquet":
-            from .._files.parquet import check_parquet_plan
-
-            check_parquet_plan(plan.level)
-        corpus = columns.corpus(inputs)
-        if not len(corpus):  # reads every row once: a bad one stops here, before the model loads
-            skipped = corpus.scan().n_skipped
-            raise InputError(
-                f"{corpus.describe()} holds no texts" + (f" ({skipped} bad rows skipped)" if skipped else "")
-            )
-        source = corpus.describe()
+        plan = plan_options.plan("float16" if to_store else "float32")
+        corpus = _checked_corpus(columns.corpus(inputs), output, plan, to_store)
         if ray.mode is not None:
             _extract_on_ray(ray.mode, ray, settings, corpus, output, plan, overwrite, layout.layout(), quiet)
             return
@@ -165,21 +100,41 @@ def extract(
             from ..store import extract_to_store
 
             stored = extract_to_store(enc, corpus, output, plan, layout=layout.layout(), overwrite=overwrite,
-                                      source=source, progress=progress)  # fmt: skip
+                                      source=corpus.describe(), progress=progress)  # fmt: skip
             if not quiet:
                 _report_store(stored, enc.name, corpus.scan().n_skipped)
             return
         from .._files.writers import extract_to_file
 
-        summary = extract_to_file(
-            enc, corpus, output, plan, source=source, progress=progress, keep_text=not no_text
-        )
+        summary = extract_to_file(enc, corpus, output, plan, source=corpus.describe(), progress=progress,
+                                  keep_text=not no_text)  # fmt: skip
     except LayerwiseError as exc:
         raise _fail(exc) from None
     if not quiet:
         _report_file(
             summary, plan.hidden_states(enc.n_hidden_states), enc.name, enc.max_length, output, started
         )
+
+
+def _checked_corpus(corpus, output: Path, plan, to_store: bool):
+    """What fails without the model fails before it loads: the output's format against the plan, an
+    output that is one of the inputs, and a corpus without texts (its every row is read once)."""
+    if not to_store:
+        from .._files.writers import output_format
+
+        output_format(output, plan.level)
+    for path in corpus.files:
+        if output.exists() and os.path.samefile(output, path):
+            raise OptionError(
+                f"the output {str(output)!r} is the input file; writing it would replace your data: "
+                "choose another output path"
+            )
+    if not len(corpus):
+        skipped = corpus.scan().n_skipped
+        raise InputError(
+            f"{corpus.describe()} holds no texts" + (f" ({skipped} bad rows skipped)" if skipped else "")
+        )
+    return corpus
 
 
 def _refuse_unused(
@@ -272,34 +227,22 @@ def _report_store(summary, model: str, n_skipped: int = 0) -> None:
 
 
 @app.command()
+@plan_options(pool="sentence:mean", dtype_default="float32", windows=False)
 def export(
     store: Annotated[Path, typer.Argument(help="A token-level store (*.lw)")],
     output: Annotated[Path, typer.Option("--output", "-o", help="Output: .parquet, .npz or .jsonl")],
-    layers: LayersOption = "all",
-    pool: PoolOption = "sentence:mean",
-    fuse: FuseOption = None,
-    special_tokens: Annotated[
-        SpecialTokensChoice, typer.Option(help="Sentence pooling over [CLS]/[SEP] too (include) or not")
-    ] = SpecialTokensChoice.include,
-    normalize: Annotated[bool, typer.Option("--normalize", help="L2-normalise sentence vectors")] = False,
-    dtype: Annotated[
-        OutDtype, typer.Option("--dtype", help="Dtype of the written vectors")
-    ] = OutDtype.float32,
     no_text: NoTextOption = False,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar or summary")] = False,
+    quiet: QuietOption = False,
+    plan_options: PlanOptions = DEFAULT_PLAN,  # --layers, --pool and the rest of the plan (@plan_options)
 ) -> None:
     """Pool a token-level store's rows into pooled vectors (.parquet, .npz, .jsonl) without the model:
     the store holds the tokens, offsets and word ids pooling needs."""
     _setup_logging(quiet)
     started = time.perf_counter()
     try:
-        from .._features.plan import OutputPlan
         from .._files.export import export_store
 
-        plan = OutputPlan.parse(
-            layers=layers, pool=pool, fuse=fuse, special_tokens=special_tokens.value, dtype=dtype.value,
-            normalize=normalize,
-        )  # fmt: skip
+        plan = plan_options.plan("float32")
         summary = export_store(store, output, plan, keep_text=not no_text, progress=False if quiet else None)
     except LayerwiseError as exc:
         raise _fail(exc) from None

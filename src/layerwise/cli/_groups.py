@@ -1,40 +1,32 @@
-"""The option groups besides the model's: the corpus' format and columns and the store's layout
-(``layerwise extract``), and Ray (``extract`` and ``cache``). Each reaches a command as one value
+"""The option groups besides the model's: the output plan (``layerwise extract`` and ``export``),
+the corpus' format and columns and the store's layout (``extract``), and Ray (``extract`` and
+``cache``). Each reaches a command as one value
 (``option_group``), so the command lists none of them and a new option of a group is added here
 alone."""
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from ._options import EncodingErrorsChoice, EncodingErrorsOption, option_group
+from .._features.names import FUSE_HELP, POOL_HELP, LongTexts, OutputDtype, SpecialTokens
+from .._inputs.formats import BadRow, EncodingErrors, Format
+from ._options import EncodingErrorsOption, LayersOption, option_group
 
 if TYPE_CHECKING:
+    from .._features.plan import OutputPlan
     from .._inputs.corpus import Corpus
     from ..store._format import StoreLayout
 
+PLAN_PANEL = "Output plan"
 INPUT_PANEL = "Input columns"
 LAYOUT_PANEL = "Store layout"
 RAY_PANEL = "Ray"
-
-
-class FormatChoice(StrEnum):
-    txt = "txt"
-    tsv = "tsv"
-    jsonl = "jsonl"
-    csv = "csv"
-    parquet = "parquet"
-
-
-class BadRowChoice(StrEnum):
-    error = "error"
-    skip = "skip"
 
 
 # a corpus' text column and format, as every command that reads one names them
@@ -42,7 +34,7 @@ TextColumnOption = Annotated[
     str | None, typer.Option(help="The column of the texts (CSV, Parquet) [default: text]")
 ]
 InputFormatOption = Annotated[
-    FormatChoice | None, typer.Option("--format", help="Input format [default: from the suffix]")
+    Format | None, typer.Option("--format", help="Input format [default: from the suffix]")
 ]
 
 
@@ -57,17 +49,71 @@ def _optional_int(name: str, help: str, panel: str) -> inspect.Parameter:
 
 
 @dataclass(frozen=True)
+class PlanOptions:
+    """What to write, as the options gave it: ``OutputPlan.parse``'s keywords; ``dtype`` None: the
+    output's own default (:meth:`plan` takes it)."""
+
+    layers: str = "all"
+    pool: str = "token"
+    fuse: str | None = None
+    special_tokens: SpecialTokens = "include"
+    normalize: bool = False
+    dtype: OutputDtype | None = None
+    long_texts: LongTexts = "truncate"
+    stride: int | None = None
+
+    def plan(self, default_dtype: OutputDtype) -> OutputPlan:
+        """The OutputPlan; its final norm is the model options' (``--final-norm``), which every back
+        end takes from the Settings."""
+        from .._features.plan import OutputPlan
+
+        given = dataclasses.asdict(self) | {"dtype": self.dtype or default_dtype}
+        return OutputPlan.parse(**given)
+
+
+def plan_options(*, pool: str, dtype_default: str, windows: bool) -> Callable[[Callable], Callable]:
+    """--layers, --pool (default ``pool``), --fuse, --special-tokens, --normalize, --dtype (its help
+    says ``dtype_default``) and, for a command that runs the model (``windows``), --long-texts and
+    --stride: the command takes them as ``plan_options: PlanOptions``."""
+
+    def option(name: str, default: object, kind: object, *flags: str, help: str) -> inspect.Parameter:
+        return _parameter(
+            name, default, Annotated[kind, typer.Option(*flags, help=help, rich_help_panel=PLAN_PANEL)]
+        )
+
+    parameters = [
+        _parameter("layers", "all", LayersOption),
+        option("pool", pool, str, "--pool", "-p", help=POOL_HELP),
+        option("fuse", None, str | None, "--fuse",
+               help=f"Fuse layers (word/sentence pooling): {FUSE_HELP} (--layers)"),
+        option("special_tokens", "include", SpecialTokens,
+               help="Sentence pooling over [CLS]/[SEP] too (include) or not"),
+        option("normalize", False, bool, "--normalize",
+               help="L2-normalise sentence vectors (as sentence-transformers' Normalize)"),
+        option("dtype", None, OutputDtype | None, "--dtype",
+               help=f"Dtype of the written vectors [default: {dtype_default}]"),
+    ]  # fmt: skip
+    if windows:
+        parameters += [
+            option("long_texts", "truncate", LongTexts,
+                   help="Inputs over the model maximum: truncate, or sliding windows"),
+            _optional_int("stride", "Window step in tokens [default: half a window]", PLAN_PANEL),
+        ]  # fmt: skip
+    return option_group(("plan_options",), parameters, lambda **given: {"plan_options": PlanOptions(**given)})
+
+
+@dataclass(frozen=True)
 class CorpusColumns:
     """How the input files are read: ``lw.Corpus``'s keywords, as the options gave them."""
 
-    format: str | None = None
+    format: Format | None = None
     text_column: str | None = None
     pair_column: str | None = None
     id_column: str | None = None
     words_column: str | None = None
     limit: int | None = None
-    on_bad_row: str = "error"
-    encoding_errors: str = "strict"
+    on_bad_row: BadRow = "error"
+    encoding_errors: EncodingErrors = "strict"
 
     def corpus(self, inputs: list[str]) -> Corpus:
         from .._inputs.corpus import Corpus
@@ -87,25 +133,20 @@ def corpus_options() -> Callable[[Callable], Callable]:
         )
 
     parameters = [
-        _parameter("encoding_errors", EncodingErrorsChoice.strict, EncodingErrorsOption),
-        _parameter("format", None, Annotated[FormatChoice | None, typer.Option(
+        _parameter("encoding_errors", "strict", EncodingErrorsOption),
+        _parameter("format", None, Annotated[Format | None, typer.Option(
             "--format", help="Input format [default: from the suffix]", rich_help_panel=INPUT_PANEL)]),
         column("text_column", "Column (field) holding the text"),
         column("pair_column", "Column holding a second segment: a pair"),
         column("id_column", "Column holding each row's id [default: the 0-based row]"),
         column("words_column", "List column of pre-split words (instead of a text)"),
         _optional_int("limit", "Only the first N texts: try before you run", INPUT_PANEL),
-        _parameter("on_bad_row", BadRowChoice.error, Annotated[BadRowChoice, typer.Option(
+        _parameter("on_bad_row", "error", Annotated[BadRow, typer.Option(
             help="A null or non-text row: stop before writing (error), or skip and count it",
             rich_help_panel=INPUT_PANEL)]),
     ]  # fmt: skip
 
-    def build(*, encoding_errors: Any, format: Any, on_bad_row: Any, **columns: Any) -> dict[str, Any]:
-        chosen = CorpusColumns(format=format.value if format else None, on_bad_row=on_bad_row.value,
-                               encoding_errors=encoding_errors.value, **columns)  # fmt: skip
-        return {"columns": chosen}
-
-    return option_group(("columns",), parameters, build)
+    return option_group(("columns",), parameters, lambda **given: {"columns": CorpusColumns(**given)})
 
 
 @dataclass(frozen=True)
@@ -184,4 +225,5 @@ def ray_options(*, shard_size: bool = True) -> Callable[[Callable], Callable]:
 
 
 # a command's defaults for the groups' values, which the decorators replace on each run (as MODEL_SETTINGS)
-ALL_COLUMNS, DEFAULT_LAYOUT, NO_RAY = CorpusColumns(), LayoutOptions(), RayOptions()
+DEFAULT_PLAN, ALL_COLUMNS = PlanOptions(), CorpusColumns()
+DEFAULT_LAYOUT, NO_RAY = LayoutOptions(), RayOptions()

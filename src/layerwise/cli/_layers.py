@@ -11,12 +11,12 @@ from typing import Annotated
 import typer
 
 from .. import __version__
+from .._inputs.formats import EncodingErrors, Format
 from .._settings import Settings
 from ..errors import LayerwiseError, OptionError
 from ._groups import InputFormatOption, TextColumnOption
 from ._options import (
     MODEL_SETTINGS,
-    EncodingErrorsChoice,
     EncodingErrorsOption,
     _check_output_file,
     _fail,
@@ -59,7 +59,7 @@ def layers(
     ] = "sentence:mean",
     json_path: Annotated[Path | None, typer.Option("--json", help="Also write the table as JSON")] = None,
     seed: Annotated[int, typer.Option(help="Seed of the augmentations and permutations")] = 0,
-    encoding_errors: EncodingErrorsOption = EncodingErrorsChoice.strict,
+    encoding_errors: EncodingErrorsOption = "strict",
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar")] = False,
     settings: Settings = MODEL_SETTINGS,  # the model options (@model_options)
 ) -> None:
@@ -76,9 +76,7 @@ def layers(
             raise OptionError("--views 1 compares nothing: pass 0 (no view metrics) or 2 or more")
         if json_path is not None:
             _check_output_file(json_path, "--json")  # before the work, not after it
-        texts = _first_texts(
-            input, format.value if format else None, text_column, max_texts, encoding_errors.value
-        )
+        texts = _first_texts(input, format, text_column, max_texts, encoding_errors)
         _use_available_cores()
         err.print(f"loading {settings.model or 'the default model'} …", highlight=False)
         enc = Encoder.from_settings(settings)
@@ -110,8 +108,8 @@ def layers(
             raise _fail(failed) from None
 
 
-def _first_texts(source: str, format: str | None, text_column: str | None, limit: int,
-                 encoding_errors: str) -> list[str]:  # fmt: skip
+def _first_texts(source: str, format: Format | None, text_column: str | None, limit: int,
+                 encoding_errors: EncodingErrors) -> list[str]:  # fmt: skip
     """The first ``limit`` non-empty texts of a corpus; pairs are refused (their second segment
     would be dropped)."""
     from .._inputs.corpus import Corpus

@@ -12,7 +12,6 @@ import inspect
 import logging
 import os
 from collections.abc import Callable
-from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -20,7 +19,9 @@ import typer
 from rich.console import Console
 
 from .. import __version__
-from .._settings import Settings
+from .._features.names import LongTexts
+from .._inputs.formats import EncodingErrors
+from .._settings import FinalNorm, FinalNormName, Method, ModelDtype, Settings, parse_final_norm
 from ..errors import LayerwiseError, OptionError
 
 app = typer.Typer(
@@ -34,42 +35,13 @@ app = typer.Typer(
 err = Console(stderr=True)
 
 
-class OutDtype(StrEnum):
-    float32 = "float32"
-    float16 = "float16"
-
-
-class ModelDtype(StrEnum):
-    float32 = "float32"
-    float16 = "float16"
-    bfloat16 = "bfloat16"
-
-
-class MethodChoice(StrEnum):
-    hidden_states = "hidden_states"
-    hooks = "hooks"
-
-
-class SpecialTokensChoice(StrEnum):
-    include = "include"
-    exclude = "exclude"
-
-
-class LongTextsChoice(StrEnum):
-    truncate = "truncate"
-    window = "window"
-
-
-class EncodingErrorsChoice(StrEnum):
-    strict = "strict"
-    replace_invalid = "replace"  # not "replace": that would hide str.replace
-
-
+# The choices are the library's own Literal types (Typer offers their values): each list is
+# written once, where the library checks it.
 LongTextsOption = Annotated[
-    LongTextsChoice, typer.Option(help="Inputs over the model maximum: truncate, or sliding windows")
+    LongTexts, typer.Option(help="Inputs over the model maximum: truncate, or sliding windows")
 ]
 EncodingErrorsOption = Annotated[
-    EncodingErrorsChoice, typer.Option(help="strict: stop at invalid UTF-8; replace: use U+FFFD")
+    EncodingErrors, typer.Option(help="strict: stop at invalid UTF-8; replace: use U+FFFD")
 ]
 ModelOption = Annotated[
     str | None,
@@ -83,27 +55,19 @@ LayersOption = Annotated[
 DeviceOption = Annotated[str, typer.Option("--device", help="auto | cpu | cuda | cuda:N")]
 
 
-class FinalNormChoice(StrEnum):
-    last = "last"
-    none = "none"
-    all = "all"
-
-
 _FINAL_NORM_HELP = (
     "Decoder LMs: the final norm on the last hidden state (last, as transformers returns it), on none "
     "(the raw residual stream), or on all (layers compare on one scale) [default: {}]; encoders have none"
 )
 FinalNormOption = Annotated[
-    FinalNormChoice | None, typer.Option(help=_FINAL_NORM_HELP.format("last"), rich_help_panel="Model")
+    FinalNormName | None, typer.Option(help=_FINAL_NORM_HELP.format("last"), rich_help_panel="Model")
 ]
 
 
-def final_norm_value(choice: FinalNormChoice | None):
+def final_norm_value(choice: FinalNormName | None) -> FinalNorm:
     """The Python value of --final-norm: True (last), False (none) or "all"; not given (None):
     True, the final norm on the last hidden state, as transformers returns it."""
-    from .._settings import parse_final_norm
-
-    return True if choice is None else parse_final_norm(choice.value)
+    return True if choice is None else parse_final_norm(choice)
 
 
 StreamsOption = Annotated[
@@ -127,14 +91,14 @@ _MANY_MODELS = Annotated[
 ]  # fmt: skip
 
 
-def _model_parameters(final_norm: FinalNormChoice | None, many: bool = False) -> list[inspect.Parameter]:
+def _model_parameters(final_norm: FinalNormName | None, many: bool = False) -> list[inspect.Parameter]:
     def option(name: str, default: object, annotation: object) -> inspect.Parameter:
         return inspect.Parameter(name, _KEYWORD, default=default, annotation=annotation)
 
     return [
         option("model", None, _MANY_MODELS if many else ModelOption),
         option("device", "auto", DeviceOption),
-        option("model_dtype", ModelDtype.float32, Annotated[
+        option("model_dtype", "float32", Annotated[
             ModelDtype, typer.Option(help="Compute dtype of the model", rich_help_panel=_MODEL)]),
         option("max_length", None, Annotated[int | None, typer.Option(
             min=1, help="Tokens per input [default: model maximum]", rich_help_panel=_MODEL)]),
@@ -151,9 +115,9 @@ def _model_parameters(final_norm: FinalNormChoice | None, many: bool = False) ->
         option("allow_nan", False, Annotated[bool, typer.Option(
             "--allow-nan", help="Keep NaN/inf hidden states (with a warning) instead of stopping",
             rich_help_panel=_MODEL)]),
-        option("final_norm", final_norm, Annotated[FinalNormChoice | None, typer.Option(
+        option("final_norm", final_norm, Annotated[FinalNormName | None, typer.Option(
             help=_FINAL_NORM_HELP.format(final_norm or "last"), rich_help_panel=_MODEL)]),
-        option("method", MethodChoice.hidden_states, Annotated[MethodChoice, typer.Option(
+        option("method", "hidden_states", Annotated[Method, typer.Option(
             help="output_hidden_states or forward hooks (the same numbers)", rich_help_panel=_MODEL)]),
     ]  # fmt: skip
 
@@ -195,7 +159,7 @@ def option_group(
 
 
 def model_options(
-    final_norm: FinalNormChoice | None = None, *, many: bool = False
+    final_norm: FinalNormName | None = None, *, many: bool = False
 ) -> Callable[[Callable], Callable]:
     """Give a command the model options (--model, --device, --model-dtype, --max-length,
     --batch-size, --max-tokens, --packed, --streams, --allow-nan, --final-norm, --method); it takes
@@ -218,9 +182,9 @@ def settings_from_options(*, model, device, model_dtype, max_length, batch_size,
                           streams, allow_nan, final_norm, method):  # fmt: skip
     """The Settings of the model options' values (checked: a bad value names itself)."""
     return Settings(
-        model, device=device, model_dtype=model_dtype.value, max_length=max_length, batch_size=batch_size,
+        model, device=device, model_dtype=model_dtype, max_length=max_length, batch_size=batch_size,
         max_tokens=max_tokens, packed=packed, streams=streams, allow_nan=allow_nan,
-        final_norm=final_norm_value(final_norm), method=method.value,
+        final_norm=final_norm_value(final_norm), method=method,
     )  # fmt: skip
 
 

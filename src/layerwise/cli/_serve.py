@@ -14,7 +14,6 @@ from .._settings import Settings
 from ..errors import LayerwiseError, MissingDependencyError, OptionError
 from ._options import (
     MODEL_SETTINGS,
-    LongTextsChoice,
     LongTextsOption,
     _fail,
     _setup_logging,
@@ -80,7 +79,7 @@ def serve(
     body_timeout: Annotated[
         float, typer.Option(min=0.001, max=3600, help="Seconds for a request's body to arrive (else 408)")
     ] = 60.0,
-    long_texts: LongTextsOption = LongTextsChoice.truncate,
+    long_texts: LongTextsOption = "truncate",
     model_process: Annotated[
         bool | None,
         typer.Option(
@@ -113,7 +112,7 @@ def serve(
             max_explore_tokens=max_explore_tokens,
             header_timeout_s=header_timeout,
             body_timeout_s=body_timeout,
-            long_texts=long_texts.value,
+            long_texts=long_texts,
             streams=settings.streams,  # model runs at once; this process's Encoders run one each
             model_process=bool(model_process),
         )
