@@ -223,6 +223,7 @@ SERVE_CASES = {
     "header_timeout": ["--header-timeout", "3"],
     "body_timeout": ["--body-timeout", "4"],
     "long_texts": ["--long-texts", "window"],
+    "stride": ["--long-texts", "window", "--stride", "64"],
     "max_length": ["--max-length", "32"],
     "device": ["--device", "cpu"],
     "model_dtype": ["--model-dtype", "bfloat16"],
@@ -286,6 +287,9 @@ def test_every_serve_option_reaches_the_server(monkeypatch, tmp_path):
         if served(*args) == baseline:
             dropped.append(option)
     assert not dropped, f"serve options accepted and dropped: {dropped}"
+    assert served("--long-texts", "window", "--stride", "64")["settings"].stride == 64
+    refused = CliRunner().invoke(app, ["serve", "--stride", "64"])  # as extract refuses it
+    assert refused.exit_code == 2 and "applies to sliding windows only" in refused.output
 
 
 # every field of the HTTP bodies: a value that changes the response, or is refused naming the field

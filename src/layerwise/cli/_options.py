@@ -127,6 +127,15 @@ MODEL_OPTIONS: tuple[str, ...] = tuple(p.name for p in _model_parameters(None))
 MODEL_SETTINGS = Settings()
 
 
+def _evaluated(parameter: inspect.Parameter, command: Callable) -> inspect.Parameter:
+    """``parameter`` with its annotation evaluated where it is a string (``from __future__ import
+    annotations``), in the namespace of the function that wrote it."""
+    if not isinstance(parameter.annotation, str):
+        return parameter
+    written = inspect.unwrap(command)
+    return parameter.replace(annotation=eval(parameter.annotation, written.__globals__))
+
+
 def option_group(
     provides: tuple[str, ...], parameters: list[inspect.Parameter], build: Callable[..., dict[str, Any]]
 ) -> Callable[[Callable], Callable]:
@@ -136,8 +145,11 @@ def option_group(
     names = tuple(p.name for p in parameters)
 
     def decorate(command: Callable) -> Callable:
-        own = inspect.signature(command, eval_str=True)
-        kept = [p.replace(kind=_KEYWORD) for p in own.parameters.values() if p.name not in provides]
+        own = inspect.signature(command)
+        # Typer needs the kept options' types; the provided values' are not evaluated, so a command may
+        # name one that is imported for the type checker alone (a ServeSettings, whose module needs FastAPI)
+        kept = [_evaluated(p, command).replace(kind=_KEYWORD) for p in own.parameters.values()
+                if p.name not in provides]  # fmt: skip
         clash = {p.name for p in kept} & set(names)
         assert not clash, f"{command.__name__} declares a group's options itself: {clash}"
         every = [*kept, *parameters]

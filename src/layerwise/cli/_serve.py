@@ -3,25 +3,31 @@
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import ipaddress
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from .._features.names import LongTexts
 from .._settings import Settings
 from ..errors import LayerwiseError, MissingDependencyError, OptionError
 from ._options import (
     MODEL_SETTINGS,
-    LongTextsOption,
     _fail,
     _setup_logging,
     _use_available_cores,
     app,
     err,
     model_options,
+    option_group,
 )
+
+if TYPE_CHECKING:
+    from ..serve import ServeSettings
 
 # The Encoders of this process serve tokenisation, metadata and the explorer; the batcher's runs go
 # to the model process (serve/model_process.py) on a CPU, or to one stream of their own on a GPU.
@@ -46,40 +52,69 @@ StoreOption = Annotated[
 ]
 
 
+LIMITS_PANEL = "Server limits"
+
+
+def server_options() -> Callable[[Callable], Callable]:
+    """The server's own options (its API key, size limits, queue, timeouts and its long-text
+    default): the command takes them as ``served: ServeSettings``, checked as it checks them."""
+
+    def option(name: str, default: object, kind: object, **typer_options: Any) -> inspect.Parameter:
+        return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default,
+                                 annotation=Annotated[kind, typer.Option(rich_help_panel=LIMITS_PANEL,
+                                                                         **typer_options)])  # fmt: skip
+
+    parameters = [
+        option("api_key_file", None, Path | None,
+               help="File whose first line is the API key [default: $LAYERWISE_API_KEY]"),
+        option("max_batch_tokens", 16_384, int, min=1, help="Tokens gathered for one model run"),
+        option("max_wait_ms", 2.0, float, min=0, max=1000, help="Longest wait for a run to fill (ms)"),
+        option("max_inputs", 2048, int, min=1, help="Inputs per request (else 413)"),
+        option("max_request_tokens", 131_072, int, min=1, help="Tokens per request (else 413)"),
+        option("max_queue_tokens", 1_048_576, int, min=1, help="Tokens waiting (else 429)"),
+        option("max_body_mb", 8.0, float, min=0.001, help="Request body size (else 413)"),
+        option("max_response_mb", 64.0, float, min=0.001,
+               help="Vectors in one response (else 413; npz or a store for more)"),
+        option("max_queue_mb", 512.0, float, min=0.001,
+               help="Vectors of the requests queued and running (else 429)"),
+        option("max_explore_tokens", 2048, int, min=1, help="Tokens of an explorer text (else 413)"),
+        option("header_timeout", 10.0, float, min=0.001, max=3600,
+               help="Seconds for a request's headers to arrive (else 408)"),
+        option("body_timeout", 60.0, float, min=0.001, max=3600,
+               help="Seconds for a request's body to arrive (else 408)"),
+        option("long_texts", "truncate", LongTexts,
+               help="Inputs over the model maximum, where a request does not say: truncate, or "
+               "sliding windows"),
+        option("stride", None, int | None, min=1, help="Window step in tokens [default: half a window]"),
+    ]  # fmt: skip
+
+    def build(*, api_key_file: Path | None, max_body_mb: float, max_response_mb: float, max_queue_mb: float,
+              header_timeout: float, body_timeout: float, **limits: Any) -> dict[str, Any]:  # fmt: skip
+        _require_uvicorn("serve")
+        from ..serve import ServeSettings, read_api_key
+
+        served = ServeSettings(api_key=read_api_key(api_key_file), max_body_bytes=int(max_body_mb * 2**20),
+                               max_response_bytes=int(max_response_mb * 2**20),
+                               max_queue_bytes=int(max_queue_mb * 2**20), header_timeout_s=header_timeout,
+                               body_timeout_s=body_timeout, **limits)  # fmt: skip
+        return {"served": served}
+
+    return option_group(("served",), parameters, build)
+
+
+# ``served: ServeSettings = SERVED``: the value @server_options replaces on each run (a ServeSettings
+# is not made here: importing the service needs FastAPI, and ``layerwise --help`` must not)
+SERVED: Any = None
+
+
 @app.command()
 @model_options(many=True)
+@server_options()
 def serve(
     host: Annotated[
         str, typer.Option(help="Address to bind; anything but loopback is reachable by others")
     ] = "127.0.0.1",
     port: Annotated[int, typer.Option(min=0, max=65535, help="Port (0: any free port)")] = 8000,
-    api_key_file: Annotated[
-        Path | None, typer.Option(help="File whose first line is the API key [default: $LAYERWISE_API_KEY]")
-    ] = None,
-    max_batch_tokens: Annotated[int, typer.Option(min=1, help="Tokens gathered for one model run")] = 16_384,
-    max_wait_ms: Annotated[
-        float, typer.Option(min=0, max=1000, help="Longest wait for a run to fill (ms)")
-    ] = 2,
-    max_inputs: Annotated[int, typer.Option(min=1, help="Inputs per request (else 413)")] = 2048,
-    max_request_tokens: Annotated[int, typer.Option(min=1, help="Tokens per request (else 413)")] = 131_072,
-    max_queue_tokens: Annotated[int, typer.Option(min=1, help="Tokens waiting (else 429)")] = 1_048_576,
-    max_body_mb: Annotated[float, typer.Option(min=0.001, help="Request body size (else 413)")] = 8.0,
-    max_response_mb: Annotated[
-        float, typer.Option(min=0.001, help="Vectors in one response (else 413; npz or a store for more)")
-    ] = 64.0,
-    max_queue_mb: Annotated[
-        float, typer.Option(min=0.001, help="Vectors of the requests queued and running (else 429)")
-    ] = 512.0,
-    max_explore_tokens: Annotated[
-        int, typer.Option(min=1, help="Tokens of an explorer text (else 413)")
-    ] = 2048,
-    header_timeout: Annotated[
-        float, typer.Option(min=0.001, max=3600, help="Seconds for a request's headers to arrive (else 408)")
-    ] = 10.0,
-    body_timeout: Annotated[
-        float, typer.Option(min=0.001, max=3600, help="Seconds for a request's body to arrive (else 408)")
-    ] = 60.0,
-    long_texts: LongTextsOption = "truncate",
     model_process: Annotated[
         bool | None,
         typer.Option(
@@ -89,6 +124,7 @@ def serve(
         ),
     ] = None,
     store: StoreOption = None,
+    served: ServeSettings = SERVED,  # the server's limits (@server_options)
     models: list[str] | None = None,  # --model, repeated (@model_options)
     settings: Settings = MODEL_SETTINGS,  # the model options (@model_options)
 ) -> None:
@@ -96,26 +132,8 @@ def serve(
     layer explorer page at /."""
     _setup_logging(quiet=False)
     try:
-        _require_uvicorn("serve")
-        from ..serve import ServeSettings, create_app, read_api_key
+        from ..serve import create_app
 
-        served = ServeSettings(
-            api_key=read_api_key(api_key_file),
-            max_body_bytes=int(max_body_mb * 2**20),
-            max_inputs=max_inputs,
-            max_request_tokens=max_request_tokens,
-            max_batch_tokens=max_batch_tokens,
-            max_wait_ms=max_wait_ms,
-            max_queue_tokens=max_queue_tokens,
-            max_response_bytes=int(max_response_mb * 2**20),
-            max_queue_bytes=int(max_queue_mb * 2**20),
-            max_explore_tokens=max_explore_tokens,
-            header_timeout_s=header_timeout,
-            body_timeout_s=body_timeout,
-            long_texts=long_texts,
-            streams=settings.streams,  # model runs at once; this process's Encoders run one each
-            model_process=bool(model_process),
-        )
         if not _is_loopback(host) and served.api_key is None:
             err.print(
                 f"[yellow]warning:[/] binding {host}, which other machines can reach, without an API key; "
@@ -123,9 +141,11 @@ def serve(
                 highlight=False,
             )
         encoders = _load_encoders(models, settings.replace(streams=SERVE_STREAMS))
-        if model_process is None:  # a GPU runs its kernels without the GIL's help: one process there
-            on_cpu = all(encoder.device.type == "cpu" for encoder in encoders.values())
-            served = dataclasses.replace(served, model_process=on_cpu)
+        # model runs at once (this process's Encoders run one each); a GPU runs its kernels without
+        # the GIL's help: one process there
+        on_cpu = all(encoder.device.type == "cpu" for encoder in encoders.values())
+        chosen = on_cpu if model_process is None else model_process
+        served = dataclasses.replace(served, streams=settings.streams, model_process=chosen)
         application = create_app(encoders, served, reference_store=store)
     except LayerwiseError as exc:
         raise _fail(exc) from None

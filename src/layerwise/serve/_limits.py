@@ -7,7 +7,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import OptionError
+from .._features.names import LONG_TEXTS, LongTexts
+from ..errors import OptionError, check_choice
 
 API_KEY_ENV = "LAYERWISE_API_KEY"
 
@@ -38,7 +39,8 @@ class ServeSettings:
     # a slow client is cut (408) when its request's headers, then its body, take longer than these
     header_timeout_s: float = 10.0
     body_timeout_s: float = 60.0
-    long_texts: str = "truncate"  # inputs over the model maximum: truncate | window
+    # inputs over the model maximum where a request does not say: truncate | window (of stride)
+    long_texts: LongTexts = "truncate"
     stride: int | None = None
     # model runs at once, each on its share of torch's threads (None: 1 in-process; in the model
     # process the default of extraction, streams.default_streams)
@@ -76,8 +78,15 @@ class ServeSettings:
             isinstance(self.streams, bool) or not isinstance(self.streams, int) or self.streams < 1
         ):
             raise OptionError(f"streams={self.streams!r} must be a whole number >= 1 (or None)")
-        if self.long_texts not in ("truncate", "window"):
-            raise OptionError(f"long_texts={self.long_texts!r}: choose truncate or window")
+        check_choice("long_texts", self.long_texts, LONG_TEXTS)
+        if self.stride is not None:
+            if isinstance(self.stride, bool) or not isinstance(self.stride, int) or self.stride < 1:
+                raise OptionError(f"stride={self.stride!r} must be a whole number >= 1 (or None)")
+            if self.long_texts != "window":
+                raise OptionError(
+                    f"stride={self.stride} applies to sliding windows only; pass long_texts='window' "
+                    "(--long-texts window) too or drop stride"
+                )
         if self.api_key is not None and len(self.api_key) < 8:
             raise OptionError("the API key is shorter than 8 characters; use a long random one")
 
