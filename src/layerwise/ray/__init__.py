@@ -288,22 +288,8 @@ def extract_to_store(
     if not isinstance(layout, StoreLayout):
         raise OptionError(f"layout must be a layerwise.StoreLayout, not {type(layout).__name__}")
     ray = _ray()
-    started = time.perf_counter()
-    from .._inputs.corpus import Corpus
-
-    data, corpus = corpus, None
-    if isinstance(data, str | os.PathLike):
-        data = Corpus(data, text_column=None if column == "text" else column)
-    planning = time.perf_counter()
-    if isinstance(data, Corpus):
-        corpus, texts = data, []
-        # one streamed pass: rows checked and counted, nothing held, each shard's texts hashed for
-        # every size the plan may pick (the store's own when resuming), its first row recorded
-        sizes = shard_size or (_resumed_shard_size(Path(path), overwrite) or PLANNED_SIZES)
-        n_texts = corpus.scan(ranges=sizes).n_texts
-    else:
-        texts = _texts_of(data, column)
-        n_texts = len(texts)
+    started = time.perf_counter()  # the plan's time: the corpus' one pass, the shard table
+    corpus, texts, n_texts = _read_for_planning(corpus, column, Path(path), shard_size, overwrite)
     settings, plan, name, n_hidden = _checked(settings, plan)
     path = Path(path)
     table = begin_sharded_store(
@@ -314,7 +300,7 @@ def extract_to_store(
              "source": corpus.describe() if corpus is not None else "memory"},
     )  # fmt: skip
     ranges = [(shard["start"], shard["stop"]) for shard in table["shards"]]
-    plan_seconds = time.perf_counter() - planning
+    plan_seconds = time.perf_counter() - started
 
     from ..store._sharded import shard_progress
 
@@ -326,23 +312,8 @@ def extract_to_store(
         for k, (a, b) in enumerate(ranges)
         if k in todo
     ]
-    written = []
-    if rows:
-        context = ray.data.DataContext.get_current()
-        context.enable_progress_bars = False  # redrawing them costs the driver a core on a small machine
-        shards = ray.data.from_items(rows, override_num_blocks=len(rows))
-        results = shards.map_batches(
-            writer,
-            batch_size=1,
-            compute=ray.data.ActorPoolStrategy(size=min(workers, len(rows))),
-            fn_constructor_args=(settings, threads_per_worker, plan, str(path), table, layout, corpus),
-            num_cpus=threads_per_worker,
-            num_gpus=1 if settings.device.startswith("cuda") else 0,  # one GPU per actor
-            # a dead actor is restarted and its shard retried (Ray Data's own default for actor pools,
-            # max_restarts=-1 and max_task_retries=-1: passing them is deprecated, RayDeprecationWarning):
-            # the shard resumes from its last commit (tests/test_ray.py kills an actor mid-shard)
-        )
-        written = results.take_all()
+    constructor = (settings, threads_per_worker, plan, str(path), table, layout, corpus)
+    written = _write_shards(ray, writer, rows, constructor, workers, threads_per_worker) if rows else []
     progress = shard_progress(path)  # not ShardedStore(path): that reads every manifest
     if progress.pending:
         raise RuntimeError(f"{path}: {progress.n_texts} of {n_texts} texts after the run; rerun to finish")
@@ -364,6 +335,46 @@ def extract_to_store(
         plan_seconds=plan_seconds,
         n_truncated=truncated,
     )
+
+
+def _read_for_planning(
+    data: Any, column: str, path: Path, shard_size: int | None, overwrite: bool
+) -> tuple[Any, list[str], int]:
+    """``(corpus, texts, n_texts)``: a Corpus (a path read with ``column``) read once to plan the
+    shards, with no texts held; or the texts of a list or a Ray Dataset's ``column``, held."""
+    from .._inputs.corpus import Corpus
+
+    if isinstance(data, str | os.PathLike):
+        data = Corpus(data, text_column=None if column == "text" else column)
+    if not isinstance(data, Corpus):
+        texts = _texts_of(data, column)
+        return None, texts, len(texts)
+    # one streamed pass: rows checked and counted, nothing held, each shard's texts hashed for
+    # every size the plan may pick (the store's own when resuming), its first row recorded
+    sizes = shard_size or (_resumed_shard_size(path, overwrite) or PLANNED_SIZES)
+    return data, [], data.scan(ranges=sizes).n_texts
+
+
+def _write_shards(
+    ray: Any, writer: type, rows: list[dict], constructor: tuple, workers: int, threads_per_worker: int
+) -> list[dict]:
+    """Each row's shard written by one of ``workers`` actors of ``writer(*constructor)``; their
+    small result rows back."""
+    context = ray.data.DataContext.get_current()
+    context.enable_progress_bars = False  # redrawing them costs the driver a core on a small machine
+    settings: Settings = constructor[0]
+    shards = ray.data.from_items(rows, override_num_blocks=len(rows))
+    return shards.map_batches(
+        writer,
+        batch_size=1,
+        compute=ray.data.ActorPoolStrategy(size=min(workers, len(rows))),
+        fn_constructor_args=constructor,
+        num_cpus=threads_per_worker,
+        num_gpus=1 if settings.device.startswith("cuda") else 0,  # one GPU per actor
+        # a dead actor is restarted and its shard retried (Ray Data's own default for actor pools,
+        # max_restarts=-1 and max_task_retries=-1: passing them is deprecated, RayDeprecationWarning):
+        # the shard resumes from its last commit (tests/test_ray.py kills an actor mid-shard)
+    ).take_all()
 
 
 from ._cache import cache_activations as cache_activations  # noqa: E402  (it builds on the actors above)
