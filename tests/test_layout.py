@@ -13,7 +13,7 @@ MAX_FUNCTION_LINES = 80
 # The test fails when one grows, and when one fits the limits (take it off the list then).
 OVER_THE_LIMIT = {
     # one concept each, long: the HTML report, the probe runners, BERT pretraining
-    "_cache/verify.py:verify_cache": 96, "_analysis/report.py:write_report": 165,
+    "_analysis/report.py:write_report": 165,
     "_probing/runners.py:probe": 97, "_probing/runners.py:_probe_tokens": 87,
     "reference/pretrain.py:pretrain": 120,
 }  # fmt: skip

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import os
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -36,8 +37,6 @@ class CacheReport(VerifyReport):
 def verify_cache(path: str | os.PathLike) -> VerifyReport:
     """Check everything (module docstring); never raises for damage, reports it. ``n_texts`` of
     the report counts contexts, ``n_rows`` tokens; ``text_ids`` names the bad contexts' slots."""
-    import pyarrow as pa
-
     from .writer import permutation
 
     path = Path(path)
@@ -50,32 +49,19 @@ def verify_cache(path: str | os.PathLike) -> VerifyReport:
         return CacheReport(
             path, 0, 0, [f"{str(path)!r} is not a complete layerwise activation cache (it {what})"]
         )
-    n, context, per_shard, n_shards = (
-        meta["n_contexts"],
-        meta["context"],
-        meta["shard_contexts"],
-        meta["n_shards"],
-    )
+    n, context, per_shard = meta["n_contexts"], meta["context"], meta["shard_contexts"]
     report = CacheReport(path, n, n * context)
     problems, bad = report.problems, report.text_ids
-    file = path / CONTEXTS
-    size = file.stat().st_size if file.exists() else -1
-    if size != n * context * 4:
-        problems.append(f"{CONTEXTS} holds {max(size, 0)} bytes, the record says {n * context * 4}")
-        return report
-    digest = hashlib.sha256()
-    with open(file, "rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 24), b""):
-            digest.update(chunk)
-    if digest.hexdigest() != meta["contexts_sha256"]:
-        problems.append(f"{CONTEXTS} differs from the contexts the cache was computed from (SHA-256)")
+    changed_contexts = _contexts_problem(path, meta)
+    if changed_contexts is not None:
+        problems.append(changed_contexts)
         return report
     order = permutation(n, meta["shuffle_seed"])
     schema = features({c: meta["d_model"] for c in meta["columns"]}, context, meta["dtype"]).arrow_schema
     missing: list[str] = []
     unchecked: list[int] = []  # the slots of shards whose bytes changed
     for k, crc in enumerate(shard_crcs(path, meta)):
-        name = shard_name(k, n_shards)
+        name = shard_name(k, meta["n_shards"])
         lo, hi = k * per_shard, min((k + 1) * per_shard, n)
         if not (path / name).exists():
             missing.append(name)
@@ -85,47 +71,73 @@ def verify_cache(path: str | os.PathLike) -> VerifyReport:
             problems.append(changed)
             unchecked += list(range(lo, hi))
             continue
-        try:
-            slot = lo
-            with pa.memory_map(str(path / name)) as source:
-                reader = pa.ipc.open_stream(source)
-                if not reader.schema.equals(schema):
-                    problems.append(f"{name} has another schema than the cache's")
-                    continue
-                for batch in reader:
-                    rows = batch.num_rows
-                    ids = batch.column(TOKEN_IDS).flatten().to_numpy().reshape(rows, context)
-                    want = read_contexts(file, context, order[slot : slot + rows])
-                    wrong = (
-                        np.flatnonzero((ids != want).any(axis=1)) if len(want) == rows else np.arange(rows)
-                    )
-                    bad += [int(slot + w) for w in wrong]
-                    for column in meta["columns"]:
-                        values = (
-                            batch.column(column).storage.flatten().flatten().to_numpy(zero_copy_only=False)
-                        )
-                        if not np.isfinite(values).all():
-                            problems.append(f"{name}: column {column} holds NaN or inf")
-                    slot += rows
-            if slot != hi:
-                problems.append(f"{name} holds {slot - lo} contexts, the record says {hi - lo}")
-        except (OSError, pa.ArrowException) as exc:
-            problems.append(f"{name} cannot be read ({exc})")
-    if missing:
-        first = missing[0]
-        problems.append(f"{len(missing)} of {n_shards} shards are not written yet (first {first}): rerun the "
-                        "command that made the cache, it resumes")  # fmt: skip
-    elif (
-        not (path / STATE).exists()
-        or not (path / INFO).exists()
-        or ("index_crc32" not in meta and meta.get("format_version", 1) >= 2)
-    ):
-        problems.append(f"{STATE} or {INFO} is missing: rerun the command that made the cache to finish it")
-    else:
-        problems += index_problems(path, meta)
+        problems += _shard_problems(path / name, range(lo, hi), schema, meta, order, bad)
+    problems += _completion_problems(path, meta, missing)
     if bad:
         problems.append(
             f"{len(bad)} contexts hold other token ids than their slot's context (first slot {bad[0]})"
         )
     report.text_ids = sorted(set(bad) | set(unchecked))
     return report
+
+
+def _contexts_problem(path: Path, meta: dict) -> str | None:
+    """What is wrong with the token contexts the cache was computed from: their size or their
+    SHA-256 against the record; None when they are as recorded."""
+    file, expected = path / CONTEXTS, meta["n_contexts"] * meta["context"] * 4
+    size = file.stat().st_size if file.exists() else -1
+    if size != expected:
+        return f"{CONTEXTS} holds {max(size, 0)} bytes, the record says {expected}"
+    digest = hashlib.sha256()
+    with open(file, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 24), b""):
+            digest.update(chunk)
+    if digest.hexdigest() != meta["contexts_sha256"]:
+        return f"{CONTEXTS} differs from the contexts the cache was computed from (SHA-256)"
+    return None
+
+
+def _shard_problems(
+    file: Path, slots: range, schema: Any, meta: dict, order: np.ndarray, bad: list[int]
+) -> list[str]:
+    """A shard whose bytes are as recorded, read: its schema, its row count, its values finite, and
+    each context's token ids against its slot's (the slots that differ are added to ``bad``)."""
+    import pyarrow as pa
+
+    context, name, problems = meta["context"], file.name, []
+    try:
+        slot = slots.start
+        with pa.memory_map(str(file)) as source:
+            reader = pa.ipc.open_stream(source)
+            if not reader.schema.equals(schema):
+                return [f"{name} has another schema than the cache's"]
+            for batch in reader:
+                rows = batch.num_rows
+                ids = batch.column(TOKEN_IDS).flatten().to_numpy().reshape(rows, context)
+                want = read_contexts(file.parent / CONTEXTS, context, order[slot : slot + rows])
+                wrong = np.flatnonzero((ids != want).any(axis=1)) if len(want) == rows else np.arange(rows)
+                bad += [int(slot + w) for w in wrong]
+                for column in meta["columns"]:
+                    values = batch.column(column).storage.flatten().flatten().to_numpy(zero_copy_only=False)
+                    if not np.isfinite(values).all():
+                        problems.append(f"{name}: column {column} holds NaN or inf")
+                slot += rows
+        if slot != slots.stop:
+            problems.append(f"{name} holds {slot - slots.start} contexts, the record says {len(slots)}")
+    except (OSError, pa.ArrowException) as exc:
+        problems.append(f"{name} cannot be read ({exc})")
+    return problems
+
+
+def _completion_problems(path: Path, meta: dict, missing: list[str]) -> list[str]:
+    """Shards not yet written, a missing state or info file, else the index's own problems."""
+    if missing:
+        return [f"{len(missing)} of {meta['n_shards']} shards are not written yet (first {missing[0]}): "
+                "rerun the command that made the cache, it resumes"]  # fmt: skip
+    if (
+        not (path / STATE).exists()
+        or not (path / INFO).exists()
+        or ("index_crc32" not in meta and meta.get("format_version", 1) >= 2)
+    ):
+        return [f"{STATE} or {INFO} is missing: rerun the command that made the cache to finish it"]
+    return index_problems(path, meta)
