@@ -13,6 +13,7 @@ import json
 import time
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -67,6 +68,23 @@ code{background:#f0f0f0;padding:0 .2rem;border-radius:3px}
 """
 
 
+@dataclass
+class _Measures:
+    """The report's statistics of one set of texts, every layer."""
+
+    layers: tuple[int, ...]
+    word_vectors: list
+    chosen: list[str]  # the words whose contexts are compared
+    cka: np.ndarray
+    cosine: np.ndarray
+    moves: dict
+    aniso: np.ndarray
+    intra: np.ndarray
+    selfsim: dict
+    n_tokens: int
+    label_free: LayerMetrics
+
+
 def write_report(
     stacks: Sequence[LayerStack],
     folder: str | Path,
@@ -97,97 +115,125 @@ def write_report(
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise InputError(f"cannot create the report folder {str(folder)!r}: {exc.strerror}") from exc
-    word_vectors = [pool_words(s, "mean") for s in stacks]
-    layers = stacks[0].layers
-    chosen = list(words) if words else frequent_words([w.words for w in word_vectors])
-    cka = layer_similarity(stacks, "cka", max_rows=max_rows)
-    cosine = layer_similarity(stacks, "cosine", max_rows=max_rows)
-    moves = drift(stacks, max_rows=max_rows)
-    aniso = anisotropy(stacks, max_rows=max_rows)
-    intra = intra_sentence_similarity(word_vectors)
-    selfsim = self_similarity(word_vectors, chosen) if chosen else {}
-    n_tokens = sum(s.n_tokens for s in stacks)
-    label_free = layer_metrics(stacks, metrics="one-pass")
+    m = _measure(stacks, words, max_rows)
+    figures = _draw(m, folder, projection)
+    stats = {
+        "model": model, "layers": list(m.layers), "n_texts": len(stacks), "n_tokens": m.n_tokens,
+        "words": m.chosen, "cka": m.cka.tolist(), "cosine": m.cosine.tolist(),
+        "drift": {k: np.asarray(v).tolist() for k, v in m.moves.items()}, "anisotropy": m.aniso.tolist(),
+        "intra_sentence_similarity": m.intra.tolist(),
+        "self_similarity": {w: v.tolist() for w, v in m.selfsim.items()},
+        "label_free": m.label_free.as_dict(), "layerwise_version": __version__,
+    }  # fmt: skip
+    (folder / "stats.json").write_text(json.dumps(stats, indent=2) + "\n", encoding="utf-8")
+    seconds = time.perf_counter() - started
+    sections = [
+        f"<h1>Layer report: {html.escape(model)}</h1>",
+        f'<p class="meta">{len(stacks)} texts, {m.n_tokens} tokens, {len(m.layers)} hidden states (0 = embedding '
+        f"output). Source: <code>{html.escape(source or 'in-memory texts')}</code>. layerwise {__version__}, "
+        f"{time.strftime('%Y-%m-%d %H:%M')}, {seconds:.1f} s.</p>",
+        *_layer_sections(m, figures),
+        *label_free_section(m.label_free, figures, kind),
+        *_word_sections(m, figures, projection),
+        '<h2>Settings</h2><p class="meta">'
+        + html.escape(
+            f"model {model}; max length {max_length}; long texts: sliding windows; "
+            f"words: mean of their wordpieces; statistics on up to {max_rows} sampled rows; "
+            f"projection: {projection}."
+        )
+        + "</p>",
+    ]  # fmt: skip
+    page = f"<!doctype html><html lang=en><head><meta charset=utf-8><title>layerwise report: {html.escape(model)}</title><style>{CSS}</style></head><body>{''.join(sections)}</body></html>"
+    report = folder / "report.html"
+    report.write_text(page, encoding="utf-8")
+    return report
 
+
+def _measure(stacks: Sequence[LayerStack], words: Sequence[str] | None, max_rows: int) -> _Measures:
+    word_vectors = [pool_words(s, "mean") for s in stacks]
+    chosen = list(words) if words else frequent_words([w.words for w in word_vectors])
+    return _Measures(
+        layers=stacks[0].layers,
+        word_vectors=word_vectors,
+        chosen=chosen,
+        cka=layer_similarity(stacks, "cka", max_rows=max_rows),
+        cosine=layer_similarity(stacks, "cosine", max_rows=max_rows),
+        moves=drift(stacks, max_rows=max_rows),
+        aniso=anisotropy(stacks, max_rows=max_rows),
+        intra=intra_sentence_similarity(word_vectors),
+        selfsim=self_similarity(word_vectors, chosen) if chosen else {},
+        n_tokens=sum(s.n_tokens for s in stacks),
+        label_free=layer_metrics(stacks, metrics="one-pass"),
+    )
+
+
+def _draw(m: _Measures, folder: Path, projection: str) -> dict[str, Path]:
+    """Every figure of the report, as PNG files in ``folder``, by name."""
+    layers = m.layers
     figures = {
-        "cka": plot_heatmap(cka, layers, folder / "cka.png", title="Linear CKA between layers (tokens)"),
+        "cka": plot_heatmap(m.cka, layers, folder / "cka.png", title="Linear CKA between layers (tokens)"),
         "cosine": plot_heatmap(
-            cosine, layers, folder / "cosine.png", title="Mean cosine between layers (same token)"
+            m.cosine, layers, folder / "cosine.png", title="Mean cosine between layers (same token)"
         ),
         "drift": plot_lines(
-            {"mean cos(h_l, h_l-1)": moves["cosine"]},
-            list(moves["layers"]),
+            {"mean cos(h_l, h_l-1)": m.moves["cosine"]},
+            list(m.moves["layers"]),
             folder / "drift.png",
             title="How much each layer changes a token",
             ylabel="cosine to previous layer",
             xlabel="layer l (compared with layer l-1)",
         ),
         "isotropy": plot_lines(
-            {"anisotropy (random pairs)": aniso, "intra-sentence (adjusted)": intra},
+            {"anisotropy (random pairs)": m.aniso, "intra-sentence (adjusted)": m.intra},
             layers,
             folder / "isotropy.png",
             title="Anisotropy and intra-sentence similarity",
             ylabel="cosine",
         ),
     }
-    picks = label_free.picks()
-    for name, values in label_free.values.items():
+    picks = m.label_free.picks()
+    for name, values in m.label_free.values.items():
         figures[name] = plot_lines(
             {name.replace("_", " "): values}, layers, folder / f"{name}.png", best=picks[name],
             title=f"{name.replace('_', ' ').capitalize()} ({'higher' if HIGHER_IS_BETTER[name] else 'lower'} "
             "is better; the star marks the pick)", ylabel=name.replace("_", " "),
         )  # fmt: skip
-    if selfsim:
-        figures["self"] = plot_lines(selfsim, layers, folder / "self_similarity.png",
-                                     title="Self-similarity across contexts (adjusted)", ylabel="cosine - anisotropy")  # fmt: skip
-        points, labels = [], []
-        for item in word_vectors:
-            for j, w in enumerate(item.words):
-                if w.lower() in chosen:
-                    points.append(item.vectors[:, j])
-                    labels.append(w.lower())
-        if len(points) >= 3:
-            figures["projection"] = plot_projections(
-                np.stack(points, axis=1), labels, layers, folder / "projection.png",
-                projection=projection,  # type: ignore[arg-type]
-                title=f"{projection.upper()} of the chosen words' vectors, one panel per layer",
-            )  # fmt: skip
+    if not m.selfsim:
+        return figures
+    figures["self"] = plot_lines(m.selfsim, layers, folder / "self_similarity.png",
+                                 title="Self-similarity across contexts (adjusted)", ylabel="cosine - anisotropy")  # fmt: skip
+    points, labels = [], []
+    for item in m.word_vectors:
+        for j, w in enumerate(item.words):
+            if w.lower() in m.chosen:
+                points.append(item.vectors[:, j])
+                labels.append(w.lower())
+    if len(points) >= 3:
+        figures["projection"] = plot_projections(
+            np.stack(points, axis=1), labels, layers, folder / "projection.png",
+            projection=projection,  # type: ignore[arg-type]
+            title=f"{projection.upper()} of the chosen words' vectors, one panel per layer",
+        )  # fmt: skip
+    return figures
 
-    stats = {
-        "model": model,
-        "layers": list(layers),
-        "n_texts": len(stacks),
-        "n_tokens": n_tokens,
-        "words": chosen,
-        "cka": cka.tolist(),
-        "cosine": cosine.tolist(),
-        "drift": {k: np.asarray(v).tolist() for k, v in moves.items()},
-        "anisotropy": aniso.tolist(),
-        "intra_sentence_similarity": intra.tolist(),
-        "self_similarity": {w: v.tolist() for w, v in selfsim.items()},
-        "label_free": label_free.as_dict(),
-        "layerwise_version": __version__,
-    }
-    (folder / "stats.json").write_text(json.dumps(stats, indent=2) + "\n", encoding="utf-8")
-    seconds = time.perf_counter() - started
 
+def _layer_sections(m: _Measures, figures: dict[str, Path]) -> list[str]:
+    """How similar the layers are, and how much each changes a token: explained, drawn, tabled."""
+    layers, moves = m.layers, m.moves
     per_layer = [
-        [f"L{layer}", aniso[k], intra[k], *(moves["cosine"][k - 1] if k else float("nan"),),
+        [f"L{layer}", m.aniso[k], m.intra[k], *(moves["cosine"][k - 1] if k else float("nan"),),
          *(moves["distance"][k - 1] if k else float("nan"),)]
         for k, layer in enumerate(layers)
     ]  # fmt: skip
-    sections = [
-        f"<h1>Layer report: {html.escape(model)}</h1>",
-        f'<p class="meta">{len(stacks)} texts, {n_tokens} tokens, {len(layers)} hidden states (0 = embedding output). '
-        f"Source: <code>{html.escape(source or 'in-memory texts')}</code>. layerwise {__version__}, "
-        f"{time.strftime('%Y-%m-%d %H:%M')}, {seconds:.1f} s.</p>",
+    return [
         "<h2>How similar are the layers to each other?</h2>",
         '<p class="explain"><b>Linear CKA</b> (centred kernel alignment, Kornblith et al. 2019) compares two layers '
         "over all tokens at once: 1 means one layer is a rotation and rescaling of the other, values near 0 mean "
         "they encode unrelated structure. The <b>cosine</b> map compares the same token's vector in two layers.</p>",
         _figure(figures["cka"]),
         _table(
-            ["layer", *[f"L{i}" for i in layers]], [[f"L{i}", *cka[k].tolist()] for k, i in enumerate(layers)]
+            ["layer", *[f"L{i}" for i in layers]],
+            [[f"L{i}", *m.cka[k].tolist()] for k, i in enumerate(layers)],
         ),
         _figure(figures["cosine"]),
         "<h2>How much does each layer change a token?</h2>",
@@ -203,35 +249,27 @@ def write_report(
             per_layer,
         ),
     ]
-    sections += label_free_section(label_free, figures, kind)
-    if selfsim:
+
+
+def _word_sections(m: _Measures, figures: dict[str, Path], projection: str) -> list[str]:
+    """Whether the same words drift apart in different contexts (none without chosen words)."""
+    if not m.selfsim:
+        return []
+    sections = [
+        "<h2>Do the same words drift apart in different contexts?</h2>",
+        '<p class="explain"><b>Self-similarity</b>: the mean cosine between one word\'s vectors in different '
+        "contexts, minus the anisotropy (Ethayarajh 2019). High means the layer represents the word the same "
+        "way everywhere; lower values mean more context-specific vectors.</p>",
+        _figure(figures["self"]),
+        _table(["word", *[f"L{i}" for i in m.layers]], [[w, *v.tolist()] for w, v in m.selfsim.items()]),
+    ]
+    if "projection" in figures:
         sections += [
-            "<h2>Do the same words drift apart in different contexts?</h2>",
-            '<p class="explain"><b>Self-similarity</b>: the mean cosine between one word\'s vectors in different '
-            "contexts, minus the anisotropy (Ethayarajh 2019). High means the layer represents the word the same "
-            "way everywhere; lower values mean more context-specific vectors.</p>",
-            _figure(figures["self"]),
-            _table(["word", *[f"L{i}" for i in layers]], [[w, *v.tolist()] for w, v in selfsim.items()]),
+            f'<p class="explain">Each point is one occurrence of a chosen word, projected to 2-D with '
+            f"{projection.upper()} separately in every layer; colours are words.</p>",
+            _figure(figures["projection"]),
         ]
-        if "projection" in figures:
-            sections += [
-                f'<p class="explain">Each point is one occurrence of a chosen word, projected to 2-D with '
-                f"{projection.upper()} separately in every layer; colours are words.</p>",
-                _figure(figures["projection"]),
-            ]
-    sections.append(
-        '<h2>Settings</h2><p class="meta">'
-        + html.escape(
-            f"model {model}; max length {max_length}; long texts: sliding windows; "
-            f"words: mean of their wordpieces; statistics on up to {max_rows} sampled rows; "
-            f"projection: {projection}."
-        )
-        + "</p>"
-    )
-    page = f"<!doctype html><html lang=en><head><meta charset=utf-8><title>layerwise report: {html.escape(model)}</title><style>{CSS}</style></head><body>{''.join(sections)}</body></html>"
-    report = folder / "report.html"
-    report.write_text(page, encoding="utf-8")
-    return report
+    return sections
 
 
 EXPLAINED = {
