@@ -25,6 +25,7 @@ import time
 from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -247,26 +248,13 @@ def pretrain(corpus: str | Path, output: str | Path, settings: PretrainSettings 
              progress: bool | None = None) -> dict:  # fmt: skip
     """Train a WordPiece vocabulary and a BERT with MLM + NSP on ``corpus``; save to ``output``.
     Returns the training log (final held-out metrics included)."""
-    from safetensors.torch import save_file
-    from transformers import PreTrainedTokenizerFast
-
     settings = settings or PretrainSettings()
-    if settings.hidden % settings.heads:
-        raise OptionError(f"hidden={settings.hidden} must be divisible by heads={settings.heads}")
-    if not (math.isfinite(settings.learning_rate) and settings.learning_rate > 0):
-        raise OptionError(
-            f"learning_rate={settings.learning_rate!r} must be a positive number, e.g. 5e-4 (the default)"
-        )
-    if not (math.isfinite(settings.warmup) and 0 <= settings.warmup < 1):
-        raise OptionError(
-            f"warmup={settings.warmup!r} is the share of steps spent warming up: use 0 <= warmup < 1"
-        )
     output = Path(output)
-    if output.exists() and any(output.iterdir()):
-        raise OptionError(f"output folder {str(output)!r} is not empty; choose a new folder")
+    _check(settings, output)
     rng = random.Random(settings.seed)
     torch.manual_seed(settings.seed)
     started = time.perf_counter()
+    # the data: documents shuffled, a held-out share, a WordPiece vocabulary from the rest
     documents = read_documents(corpus)
     rng.shuffle(documents)
     n_eval = max(2, int(len(documents) * settings.eval_fraction))
@@ -281,6 +269,7 @@ def pretrain(corpus: str | Path, output: str | Path, settings: PretrainSettings 
     eval_examples = build_examples(
         encode(documents[:n_eval]), settings.max_length, random.Random(settings.seed + 1)
     )
+    # the model, trained, then scored on the held-out examples
     config = BertConfig(
         vocab_size=len(vocab), hidden_size=settings.hidden, num_hidden_layers=settings.layers,
         num_attention_heads=settings.heads, intermediate_size=settings.intermediate or 4 * settings.hidden,
@@ -288,6 +277,41 @@ def pretrain(corpus: str | Path, output: str | Path, settings: PretrainSettings 
     )  # fmt: skip
     settings.vocab_size = len(vocab)
     model = BertForPreTraining(config)
+    log = _train(model, train_examples, ids_of, settings, rng, progress)
+    final = evaluate(model, eval_examples, ids_of, settings, settings.seed + 2)
+    _save(model, config, tokenizer, output)
+    result = {
+        "settings": asdict(settings),
+        "documents": {"train": len(documents) - n_eval, "held_out": n_eval},
+        "examples": {"train": len(train_examples), "held_out": len(eval_examples)},
+        "held_out": final,
+        "log": log,
+        "seconds": time.perf_counter() - started,
+    }
+    (output / "pretraining_log.json").write_text(json.dumps(result, indent=2) + "\n")
+    return result
+
+
+def _check(settings: PretrainSettings, output: Path) -> None:
+    """Settings that cannot train, and an output folder that holds something, refused up front."""
+    if settings.hidden % settings.heads:
+        raise OptionError(f"hidden={settings.hidden} must be divisible by heads={settings.heads}")
+    if not (math.isfinite(settings.learning_rate) and settings.learning_rate > 0):
+        raise OptionError(
+            f"learning_rate={settings.learning_rate!r} must be a positive number, e.g. 5e-4 (the default)"
+        )
+    if not (math.isfinite(settings.warmup) and 0 <= settings.warmup < 1):
+        raise OptionError(
+            f"warmup={settings.warmup!r} is the share of steps spent warming up: use 0 <= warmup < 1"
+        )
+    if output.exists() and any(output.iterdir()):
+        raise OptionError(f"output folder {str(output)!r} is not empty; choose a new folder")
+
+
+def _train(model: BertForPreTraining, examples: list, ids_of: dict[str, int], settings: PretrainSettings,
+           rng: random.Random, progress: bool | None) -> list[dict]:  # fmt: skip
+    """``settings.steps`` steps of AdamW (linear warm-up, then linear decay) on MLM + NSP, batches
+    drawn from ``examples`` in epochs of a new order; returns the log, one entry per 50 steps."""
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=settings.learning_rate, weight_decay=0.01)
     warmup = max(1, int(settings.steps * settings.warmup))
@@ -299,17 +323,18 @@ def pretrain(corpus: str | Path, output: str | Path, settings: PretrainSettings 
     log: list[dict] = []
     bar = _progress(progress)
     order: list[int] = []
+    n_vocab = settings.vocab_size
     with bar if bar is not None else contextlib.nullcontext():
         task = bar.add_task("pretraining", total=settings.steps, info="") if bar else None
-        window = {"loss": 0.0, "mlm": 0, "mlm_n": 0, "nsp": 0, "n": 0}
+        window = _Window()
         for step in range(settings.steps):
             if len(order) < settings.batch_size:
-                order += rng.sample(range(len(train_examples)), len(train_examples))
-            batch = [train_examples[i] for i in order[: settings.batch_size]]
+                order += rng.sample(range(len(examples)), len(examples))
+            batch = [examples[i] for i in order[: settings.batch_size]]
             del order[: settings.batch_size]
             ids, types, mask, special, labels = collate(batch, ids_of["cls"], ids_of["sep"], ids_of["pad"])
             masked, chosen = mask_tokens(
-                ids, special, ids_of["mask"], len(vocab), len(SPECIAL_TOKENS), generator
+                ids, special, ids_of["mask"], n_vocab, len(SPECIAL_TOKENS), generator
             )
             mlm, nsp = model(masked, types, mask, chosen)
             gold = ids[chosen]
@@ -319,33 +344,51 @@ def pretrain(corpus: str | Path, output: str | Path, settings: PretrainSettings 
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             optimizer.step()
             schedule.step()
-            window["loss"] += float(loss.detach())
-            window["mlm"] += int((mlm.argmax(-1) == gold).sum())
-            window["mlm_n"] += len(gold)
-            window["nsp"] += int((nsp.argmax(-1) == labels).sum())
-            window["n"] += len(batch)
+            window.add(loss, mlm, gold, nsp, labels)
             if (step + 1) % 50 == 0 or step + 1 == settings.steps:
-                entry = {
-                    "step": step + 1,
-                    "loss": window["loss"] / max(1, (step % 50) + 1),
-                    "mlm_accuracy": window["mlm"] / max(1, window["mlm_n"]),
-                    "nsp_accuracy": window["nsp"] / max(1, window["n"]),
-                }
+                entry = window.entry(step)
                 log.append(entry)
                 logger.info(
                     "step %(step)d loss %(loss).3f mlm acc %(mlm_accuracy).3f nsp acc %(nsp_accuracy).3f",
                     entry,
                 )
-                window = {"loss": 0.0, "mlm": 0, "mlm_n": 0, "nsp": 0, "n": 0}
+                window = _Window()
                 if bar is not None:
-                    bar.update(
-                        task,
-                        info=f"loss {entry['loss']:.2f} · MLM {entry['mlm_accuracy']:.1%} "
-                        f"· NSP {entry['nsp_accuracy']:.1%}",
-                    )
+                    bar.update(task, info=f"loss {entry['loss']:.2f} · MLM {entry['mlm_accuracy']:.1%} "
+                                          f"· NSP {entry['nsp_accuracy']:.1%}")  # fmt: skip
             if bar is not None:
                 bar.advance(task)
-    final = evaluate(model, eval_examples, ids_of, settings, settings.seed + 2)
+    return log
+
+
+class _Window:
+    """The loss and accuracies of the steps since the last log entry."""
+
+    def __init__(self) -> None:
+        self.loss, self.mlm, self.mlm_n, self.nsp, self.n = 0.0, 0, 0, 0, 0
+
+    def add(self, loss: torch.Tensor, mlm: torch.Tensor, gold: torch.Tensor, nsp: torch.Tensor,
+            labels: torch.Tensor) -> None:  # fmt: skip
+        self.loss += float(loss.detach())
+        self.mlm += int((mlm.argmax(-1) == gold).sum())
+        self.mlm_n += len(gold)
+        self.nsp += int((nsp.argmax(-1) == labels).sum())
+        self.n += len(labels)
+
+    def entry(self, step: int) -> dict:
+        return {
+            "step": step + 1,
+            "loss": self.loss / max(1, (step % 50) + 1),
+            "mlm_accuracy": self.mlm / max(1, self.mlm_n),
+            "nsp_accuracy": self.nsp / max(1, self.n),
+        }
+
+
+def _save(model: BertForPreTraining, config: BertConfig, tokenizer: Any, output: Path) -> None:
+    """The model as a transformers BERT folder: config, safetensors weights, the fast tokenizer."""
+    from safetensors.torch import save_file
+    from transformers import PreTrainedTokenizerFast
+
     output.mkdir(parents=True, exist_ok=True)
     save_config(config, output, ["BertForPreTraining"])
     save_file(model.hf_state_dict(), str(output / "model.safetensors"), metadata={"format": "pt"})
@@ -353,16 +396,6 @@ def pretrain(corpus: str | Path, output: str | Path, settings: PretrainSettings 
         tokenizer_object=tokenizer._tokenizer, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]",
         sep_token="[SEP]", mask_token="[MASK]", model_max_length=config.max_position_embeddings,
     ).save_pretrained(output)  # fmt: skip
-    result = {
-        "settings": asdict(settings),
-        "documents": {"train": len(documents) - n_eval, "held_out": n_eval},
-        "examples": {"train": len(train_examples), "held_out": len(eval_examples)},
-        "held_out": final,
-        "log": log,
-        "seconds": time.perf_counter() - started,
-    }
-    (output / "pretraining_log.json").write_text(json.dumps(result, indent=2) + "\n")
-    return result
 
 
 def _progress(enabled: bool | None):
