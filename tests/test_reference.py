@@ -11,7 +11,7 @@ import torch
 import layerwise as lw
 from layerwise.errors import ModelLoadError, OptionError
 from layerwise.reference import Bert, BertConfig, PretrainSettings, pretrain
-from layerwise.reference.pretrain import SPECIAL_TOKENS, mask_tokens
+from layerwise.reference.examples import SPECIAL_TOKENS, mask_tokens
 
 TEXTS = ["The bank raised rates.", "Hi", "A longer sentence that needs no padding at all, unlike the others."]
 
