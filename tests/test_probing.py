@@ -190,6 +190,10 @@ def test_probe_errors(tmp_path, tiny_encoder):
         lw.probe("ner", encoder=tiny_encoder)
     with pytest.raises(OptionError, match="needs train= and dev="):
         lw.probe("conllu", train=tmp_path / "x", encoder=tiny_encoder)
+    # a generic fusion fuses layers a caller lists: refused by name (it failed an assertion inside)
+    for task in ("conllu", "tsv", "pairs"):
+        with pytest.raises(OptionError, match="'mean' fuses the layers you choose"):
+            lw.probe(task, train=tmp_path / "x", dev=tmp_path / "y", encoder=tiny_encoder, fuses=("mean",))
     with pytest.raises(InputError, match="does not exist"):
         read_conllu(tmp_path / "missing.conllu")
     with pytest.raises(InputError, match="column 'pos' is not a CoNLL-U column"):

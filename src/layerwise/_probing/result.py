@@ -1,18 +1,33 @@
-"""Probe results: one row per layer or fusion, the table, the JSON and the per-layer curve."""
+"""How a probe runs (ProbeRun) and what it finds: one row per layer or fusion, the table, the JSON
+and the per-layer curve."""
 
 from __future__ import annotations
 
 import json
 import math
 import os
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+from .._features.names import SubwordPool
 from ..errors import MissingDependencyError
 
-if TYPE_CHECKING:
-    pass
+
+@dataclass(frozen=True)
+class ProbeRun:
+    """How one probe runs, whatever its task: the fusions probed besides every layer, the controls,
+    the scalar mix, the subword pooling of a word's features (token tasks), the seed, the progress
+    bar and the memory budget of word features in bytes (token tasks; above it they go through a
+    store on disk)."""
+
+    fusions: Sequence[str]
+    controls: Sequence[str]
+    scalar_mix: bool
+    subword: SubwordPool
+    seed: int
+    progress: bool | None
+    budget: int
 
 
 @dataclass

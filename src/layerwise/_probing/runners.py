@@ -8,15 +8,15 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
 from .._features.fuse import check_fusion, fusion_layers
-from .._features.names import NAMED_FUSIONS, SUBWORD_POOLS, SubwordPool
+from .._features.names import GENERIC_FUSIONS, NAMED_FUSIONS, SUBWORD_POOLS, SubwordPool
 from ..errors import InputError, OptionError, check_choice
 from .linear import _require_sklearn, fit_predict, scalar_mix_probe
-from .result import ProbeResult, ProbeRow
+from .result import ProbeResult, ProbeRow, ProbeRun
 from .sources import (
     LayerSource,
     _distinct_fusions,
@@ -25,7 +25,7 @@ from .sources import (
     available_memory,
     random_twin,
 )
-from .tagging import TokenRun, probe_tokens
+from .tagging import probe_tokens
 from .tasks import entity_f1, read_conll2003, read_conllu, read_table
 
 if TYPE_CHECKING:
@@ -42,30 +42,19 @@ def _sentence_features(encoder, texts, progress):
     return encoder.embed(texts, layers="all", pool="mean", long_texts="window", progress=progress)
 
 
-def _probe_sentences(
-    encoder,
-    train_texts,
-    train_labels,
-    dev_texts,
-    dev_labels,
-    *,
-    fusions,
-    controls,
-    scalar_mix,
-    seed,
-    progress,
-):
+def _probe_sentences(encoder, train_texts, train_labels, dev_texts, dev_labels, run: ProbeRun) -> tuple:
+    seed, progress = run.seed, run.progress
     classes = sorted(set(train_labels))
     index = {c: i for i, c in enumerate(classes)}
     y_train = np.asarray([index[c] for c in train_labels])
     y_dev = np.asarray([index.get(c, -1) for c in dev_labels])
 
-    def run(enc) -> tuple[np.ndarray, np.ndarray]:
+    def features(enc) -> tuple[np.ndarray, np.ndarray]:
         a = _sentence_features(enc, train_texts, progress).transpose(1, 0, 2)  # (layers, n, hidden)
         b = _sentence_features(enc, dev_texts, progress).transpose(1, 0, 2)
         return a, b
 
-    f_train, f_dev = run(encoder)
+    f_train, f_dev = features(encoder)
     rows = []
     for k in range(encoder.n_hidden_states):
         acc = float((fit_predict(f_train[k], y_train, f_dev[k], seed=seed) == y_dev).mean())
@@ -78,15 +67,15 @@ def _probe_sentences(
         return acc, acc
 
     n_hidden = encoder.n_hidden_states
-    rows += _fusion_rows(rows, _distinct_fusions(fusions, n_hidden), n_hidden, fit_fusion)
+    rows += _fusion_rows(rows, _distinct_fusions(run.fusions, n_hidden), n_hidden, fit_fusion)
     mix_weights = None
-    if scalar_mix:
+    if run.scalar_mix:
         pred, mix_weights = scalar_mix_probe(f_train, y_train, f_dev, n_classes=len(classes), seed=seed)
         acc = float((pred == y_dev).mean())
         rows.append(ProbeRow("scalar_mix", "scalar_mix", tuple(range(encoder.n_hidden_states)), acc, acc))
-    if "random_model" in controls:
+    if "random_model" in run.controls:
         with tempfile.TemporaryDirectory(prefix="layerwise-random-") as folder:
-            r_train, r_dev = run(random_twin(encoder, seed, Path(folder)))
+            r_train, r_dev = features(random_twin(encoder, seed, Path(folder)))
             for row in rows:
                 if row.kind == "layer":
                     k = row.layers[0]
@@ -116,10 +105,10 @@ def _gold_scores(source, values: list[str], column: str) -> list[float]:
     return scores
 
 
-def _probe_pairs(encoder, firsts, seconds, scores, *, fusions, controls, progress):
+def _probe_pairs(encoder, firsts, seconds, scores, run: ProbeRun) -> tuple:
     from scipy.stats import spearmanr
 
-    gold = np.asarray(scores, dtype=np.float64)
+    gold, progress = np.asarray(scores, dtype=np.float64), run.progress
 
     def layer_vectors(enc) -> tuple[np.ndarray, np.ndarray]:
         a = _sentence_features(enc, firsts, progress).transpose(1, 0, 2)
@@ -134,10 +123,12 @@ def _probe_pairs(encoder, firsts, seconds, scores, *, fusions, controls, progres
 
     a, b = layer_vectors(encoder)
     rows = [ProbeRow(f"L{k}", "layer", (k,), spearman(a[k], b[k])) for k in range(encoder.n_hidden_states)]
-    for name in fusions:
+    for name in run.fusions:
         fa, fb = _fused(LayerSource(a), encoder, name), _fused(LayerSource(b), encoder, name)
-        rows.append(ProbeRow(name, "fusion", fusion_layers(name, encoder.n_hidden_states), spearman(fa, fb)))
-    if "random_model" in controls:
+        layers = fusion_layers(name, encoder.n_hidden_states)
+        assert layers is not None, f"{name} is a named fusion"  # probe() refuses the generic ones
+        rows.append(ProbeRow(name, "fusion", layers, spearman(fa, fb)))
+    if "random_model" in run.controls:
         with tempfile.TemporaryDirectory(prefix="layerwise-random-") as folder:
             ra, rb = layer_vectors(random_twin(encoder, 0, Path(folder)))
             for row in rows:
@@ -181,23 +172,26 @@ def probe(
     check_choice("subword", subword, SUBWORD_POOLS)
     for control in controls:
         check_choice("controls item", control, ("random_model", "control_task"))
+    fusions = tuple(fuses)
+    for fuse in fusions:
+        check_fusion(fuse)
+        if fuse in GENERIC_FUSIONS:  # they fuse the layers a caller lists; a probe lists none
+            raise OptionError(
+                f"fuses: {fuse!r} fuses the layers you choose, and a probe chooses none; name a fusion "
+                f"of its own layers: {', '.join(NAMED_FUSIONS)}"
+            )
     started = time.perf_counter()
     if encoder is None:
         from .._encoder import Encoder
 
         encoder = Encoder(model)
-    fusions = tuple(fuses)
-    for fuse in fusions:
-        check_fusion(fuse)
-    common: dict[str, Any] = {"fusions": fusions, "controls": controls, "seed": seed, "progress": progress}
+    run = ProbeRun(fusions, tuple(controls), scalar_mix, subword, seed, progress,
+                   budget=memory_budget or available_memory() // 2)  # fmt: skip
     if task in ("conllu", "conll"):
-        run = TokenRun(**common, scalar_mix=scalar_mix, subword=subword,
-                       budget=memory_budget or available_memory() // 2)  # fmt: skip
         column, metric, found = _tagging_task(encoder, task, train, dev, column, max_train, max_dev, run)
     elif task == "tsv":
         metric = "accuracy"
-        found = _sentence_task(encoder, train, dev, (text_column, label_column), max_train, max_dev,
-                               scalar_mix=scalar_mix, **common)  # fmt: skip
+        found = _sentence_task(encoder, train, dev, (text_column, label_column), max_train, max_dev, run)
     else:
         source = data or dev
         if source is None:
@@ -205,8 +199,7 @@ def probe(
         table = read_table(source, [first_column, second_column, score_column])
         scores = _gold_scores(source, table[score_column], score_column)
         metric = "Spearman"
-        found = _probe_pairs(encoder, table[first_column], table[second_column], scores,
-                             fusions=fusions, controls=controls, progress=progress)  # fmt: skip
+        found = _probe_pairs(encoder, table[first_column], table[second_column], scores, run)
     rows, weights, n_train, n_dev = found
     center = None
     if weights is not None:
@@ -226,7 +219,7 @@ def probe(
 
 
 def _tagging_task(encoder, task: str, train, dev, column: str | None, max_train: int | None,
-                  max_dev: int | None, run: TokenRun) -> tuple[str, str, tuple]:  # fmt: skip
+                  max_dev: int | None, run: ProbeRun) -> tuple[str, str, tuple]:  # fmt: skip
     """``(label column, metric, found)`` of a CoNLL-U or CoNLL-2003 task: words tagged from
     ``column`` (default upos / ner), scored by accuracy, or entity F1 for CoNLL-2003's NER."""
     if train is None or dev is None:
@@ -243,13 +236,11 @@ def _tagging_task(encoder, task: str, train, dev, column: str | None, max_train:
 
 
 def _sentence_task(encoder, train, dev, columns: tuple[str, str], max_train: int | None,
-                   max_dev: int | None, **options: Any) -> tuple:  # fmt: skip
+                   max_dev: int | None, run: ProbeRun) -> tuple:  # fmt: skip
     """A TSV sentence-classification task: ``columns`` are (text, label) of the two files."""
     if train is None or dev is None:
         raise OptionError("task 'tsv' needs train= and dev= files with a header row")
     text, label = columns
     a, b = read_table(train, [text, label]), read_table(dev, [text, label])
     n = max_train or len(a[text])
-    return _probe_sentences(
-        encoder, a[text][:n], a[label][:n], b[text][:max_dev], b[label][:max_dev], **options
-    )
+    return _probe_sentences(encoder, a[text][:n], a[label][:n], b[text][:max_dev], b[label][:max_dev], run)

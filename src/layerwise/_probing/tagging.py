@@ -7,16 +7,14 @@ import contextlib
 import logging
 import tempfile
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from .._features.names import SubwordPool
 from .linear import control_labels, fit_predict, scalar_mix_probe
-from .result import ProbeRow
+from .result import ProbeRow, ProbeRun
 from .sources import _distinct_fusions, _fused, _fusion_rows, random_twin, word_sources
 
 logger = logging.getLogger("layerwise")
@@ -58,21 +56,7 @@ class Stages:
             self._bar.stop()
 
 
-@dataclass(frozen=True)
-class TokenRun:
-    """How one token probe runs: the fusions and controls, the scalar mix, the subword pooling of a
-    word's features, the seed, the progress bar and the memory budget of word features in bytes."""
-
-    fusions: Sequence[str]
-    controls: Sequence[str]
-    scalar_mix: bool
-    subword: SubwordPool
-    seed: int
-    progress: bool | None
-    budget: int
-
-
-def probe_tokens(encoder: Any, train: Any, dev: Any, metric_fn: Callable | None, run: TokenRun) -> tuple:
+def probe_tokens(encoder: Any, train: Any, dev: Any, metric_fn: Callable | None, run: ProbeRun) -> tuple:
     """``(rows, scalar-mix weights, n_train, n_dev)`` of probing every word of ``train``/``dev``
     (read sentences with ``.words`` and ``.labels``); ``metric_fn(gold tags, predicted tags)`` is
     the task's metric (None: accuracy)."""
@@ -139,7 +123,7 @@ def _scorer(classes: list, dev: Any, y_dev: np.ndarray, metric_fn: Callable | No
 
 
 def _mix_row(
-    encoder: Any, f_train: Any, y_train: np.ndarray, f_dev: Any, n_classes: int, score: Score, run: TokenRun
+    encoder: Any, f_train: Any, y_train: np.ndarray, f_dev: Any, n_classes: int, score: Score, run: ProbeRun
 ) -> tuple[ProbeRow, np.ndarray]:
     """The scalar-mix probe's row and weights; it sees every layer at once, so training words are
     subsampled when they would not fit the memory budget."""
@@ -173,7 +157,7 @@ def _control_task(rows, train, dev, f_train, f_dev, seed: int, stages: Stages) -
             row.control_task = float((predicted == c_dev).mean())
 
 
-def _random_model(rows, encoder, train, dev, y_train, score: Score, run: TokenRun, folder: Path,
+def _random_model(rows, encoder, train, dev, y_train, score: Score, run: ProbeRun, folder: Path,
                   stages: Stages) -> None:  # fmt: skip
     """Each layer row's task metric with a randomly initialised model of the same architecture."""
     twin = random_twin(encoder, run.seed, folder / "random-model")
