@@ -157,15 +157,19 @@ def test_words_without_wordpieces_keep_their_slot(default_encoder, caplog):
 
 def test_every_front_end_lists_the_pools_and_fusions_of_names_py():
     # one list each (features/names.py): the CLI's help, the server's schema and the checks read it
+    from typer.main import get_command
+
     from layerwise._features.names import FUSIONS, SENTENCE_POOLS, SUBWORD_POOLS, pool_names
-    from layerwise.cli._extract import FuseOption, PoolOption
+    from layerwise.cli import app
     from layerwise.serve._schemas import LayersRequest
 
-    pool_help = PoolOption.__metadata__[0].help
-    assert pool_help == LayersRequest.model_fields["pool"].description
-    assert pool_help.endswith("sentence:" + "|".join(SENTENCE_POOLS))
-    assert "word:" + "|".join(SUBWORD_POOLS) in pool_help
-    assert all(name in FuseOption.__metadata__[0].help for name in FUSIONS)
+    for command in ("extract", "export"):  # the plan's option group, as each command shows it
+        options = {p.name: p for p in get_command(app).commands[command].params}  # type: ignore[attr-defined]
+        pool_help = options["pool"].help
+        assert pool_help == LayersRequest.model_fields["pool"].description
+        assert pool_help.endswith("sentence:" + "|".join(SENTENCE_POOLS))
+        assert "word:" + "|".join(SUBWORD_POOLS) in pool_help
+        assert all(name in options["fuse"].help for name in FUSIONS)
     assert len(pool_names()) == 1 + len(SUBWORD_POOLS) + len(SENTENCE_POOLS)
     with pytest.raises(OptionError, match="layerwise implements cls, mean, max, last"):
         from layerwise._features.names import sentence_convention
