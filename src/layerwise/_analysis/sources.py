@@ -12,7 +12,7 @@ from ..errors import InputError, OptionError
 if TYPE_CHECKING:
     from typing import Unpack
 
-    from .._features.plan import LongTexts
+    from .._features.names import LongTexts
     from .._settings import FinalNorm, Method
 
 

@@ -26,7 +26,8 @@ import torch
 from .._extract import Engine
 from .._features.device_pool import DevicePlan
 from .._features.layers import LayerSpec, resolve_layers
-from .._features.plan import LONG_TEXTS, LongTexts, OutputPlan, Result, check_final_norm_for
+from .._features.names import LONG_TEXTS, LongTexts
+from .._features.plan import OutputPlan, Result, check_final_norm_for
 from .._inputs.encoding import (
     EncodedInput,
     InputEncoder,

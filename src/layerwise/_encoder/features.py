@@ -14,8 +14,8 @@ from typing import Any, Protocol, cast
 import numpy as np
 
 from .._features.layers import LayerSpec
-from .._features.names import SentencePool, SpecialTokens, SubwordPool, sentence_convention
-from .._features.plan import LongTexts, OutputPlan
+from .._features.names import LongTexts, SentencePool, SpecialTokens, SubwordPool, sentence_convention
+from .._features.plan import OutputPlan
 from .._features.stream import all_features, features_layers, sentence_matrix, word_vectors
 from .._inputs.encoding import as_texts
 from .._inputs.words import split_word_inputs

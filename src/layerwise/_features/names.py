@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Literal, get_args
 
-from ..errors import OptionError
+from ..errors import OptionError, check_choice
 
 # the type checkers' Literal, and its values for the checks and the front ends
 SentencePool = Literal["cls", "mean", "max", "last"]
@@ -41,6 +41,21 @@ FUSIONS: tuple[str, ...] = (*NAMED_FUSIONS, *GENERIC_FUSIONS)
 # the help of every front end that takes them (CLI options, the server's schema)
 POOL_HELP = f"token | word:{'|'.join(SUBWORD_POOLS)} | sentence:{'|'.join(SENTENCE_POOLS)}"
 FUSE_HELP = f"{', '.join(NAMED_FUSIONS)}; or {', '.join(GENERIC_FUSIONS)} over the layers"
+
+
+def check_long_texts(long_texts: object, stride: object) -> None:
+    """``long_texts`` is one of LONG_TEXTS, and ``stride`` (a window's step) is None or a whole
+    number >= 1 that comes with windows: the plan's and the server's default's one rule."""
+    check_choice("long_texts", long_texts, LONG_TEXTS)
+    if stride is None:
+        return
+    if isinstance(stride, bool) or not isinstance(stride, int) or stride < 1:
+        raise OptionError(f"stride={stride!r} must be a whole number >= 1 (or None)")
+    if long_texts != "window":
+        raise OptionError(
+            f"stride={stride} applies to sliding windows only; pass long_texts='window' "
+            "(--long-texts window) too or drop stride"
+        )
 
 
 def pool_names() -> list[str]:

@@ -30,13 +30,13 @@ from .fuse import check_fusion, fuse_layers, fusion_layers
 from .layers import LayerSpec, resolve_layers
 from .names import (
     GENERIC_FUSIONS,
-    LONG_TEXTS,
     OUTPUT_DTYPES,
     SENTENCE_POOLS,
     SPECIAL_TOKENS,
     SUBWORD_POOLS,
     LongTexts,
     OutputDtype,
+    check_long_texts,
     pool_names,
 )
 from .pool import pool_sentence, pool_words
@@ -128,15 +128,7 @@ class OutputPlan:
                     f"fuse={self.fuse!r} uses its own hidden states; drop layers={self.layers!r}, or fuse "
                     "the layers you choose with a generic fusion: fuse='mean', 'sum' or 'concat'"
                 )
-        check_choice("long_texts", self.long_texts, LONG_TEXTS)
-        if self.stride is not None:
-            if isinstance(self.stride, bool) or not isinstance(self.stride, int) or self.stride < 1:
-                raise OptionError(f"stride={self.stride!r} must be a whole number >= 1 (or None)")
-            if self.long_texts != "window":
-                raise OptionError(
-                    f"stride={self.stride} applies to sliding windows only; pass long_texts='window' "
-                    "(--long-texts window) too or drop stride"
-                )
+        check_long_texts(self.long_texts, self.stride)
         check_final_norm(self.final_norm, optional=True)
 
     @classmethod

@@ -7,8 +7,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from .._features.names import LONG_TEXTS, LongTexts
-from ..errors import OptionError, check_choice
+from .._features.names import LongTexts, check_long_texts
+from ..errors import OptionError
 
 API_KEY_ENV = "LAYERWISE_API_KEY"
 
@@ -78,15 +78,7 @@ class ServeSettings:
             isinstance(self.streams, bool) or not isinstance(self.streams, int) or self.streams < 1
         ):
             raise OptionError(f"streams={self.streams!r} must be a whole number >= 1 (or None)")
-        check_choice("long_texts", self.long_texts, LONG_TEXTS)
-        if self.stride is not None:
-            if isinstance(self.stride, bool) or not isinstance(self.stride, int) or self.stride < 1:
-                raise OptionError(f"stride={self.stride!r} must be a whole number >= 1 (or None)")
-            if self.long_texts != "window":
-                raise OptionError(
-                    f"stride={self.stride} applies to sliding windows only; pass long_texts='window' "
-                    "(--long-texts window) too or drop stride"
-                )
+        check_long_texts(self.long_texts, self.stride)
         if self.api_key is not None and len(self.api_key) < 8:
             raise OptionError("the API key is shorter than 8 characters; use a long random one")
 
