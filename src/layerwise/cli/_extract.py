@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -35,6 +35,10 @@ from ._options import (
     err,
     model_options,
 )
+
+if TYPE_CHECKING:
+    from .._features.plan import OutputPlan
+    from .._inputs.corpus import Corpus
 
 NoTextOption = Annotated[
     bool, typer.Option("--no-text", help="Leave the texts out of the output (ids only): a smaller file")
@@ -116,7 +120,7 @@ def extract(
         )
 
 
-def _checked_corpus(corpus, output: Path, plan, to_store: bool):
+def _checked_corpus(corpus: Corpus, output: Path, plan: OutputPlan, to_store: bool) -> Corpus:
     """What fails without the model fails before it loads: the output's format against the plan, an
     output that is one of the inputs, and a corpus without texts (its every row is read once)."""
     if not to_store:

@@ -19,7 +19,6 @@ import typer
 from rich.console import Console
 
 from .. import __version__
-from .._features.names import LongTexts
 from .._inputs.formats import EncodingErrors
 from .._settings import FinalNorm, FinalNormName, Method, ModelDtype, Settings, parse_final_norm
 from ..errors import LayerwiseError, OptionError
@@ -37,9 +36,6 @@ err = Console(stderr=True)
 
 # The choices are the library's own Literal types (Typer offers their values): each list is
 # written once, where the library checks it.
-LongTextsOption = Annotated[
-    LongTexts, typer.Option(help="Inputs over the model maximum: truncate, or sliding windows")
-]
 EncodingErrorsOption = Annotated[
     EncodingErrors, typer.Option(help="strict: stop at invalid UTF-8; replace: use U+FFFD")
 ]
@@ -59,9 +55,6 @@ _FINAL_NORM_HELP = (
     "Decoder LMs: the final norm on the last hidden state (last, as transformers returns it), on none "
     "(the raw residual stream), or on all (layers compare on one scale) [default: {}]; encoders have none"
 )
-FinalNormOption = Annotated[
-    FinalNormName | None, typer.Option(help=_FINAL_NORM_HELP.format("last"), rich_help_panel="Model")
-]
 
 
 def final_norm_value(choice: FinalNormName | None) -> FinalNorm:
