@@ -16,7 +16,7 @@ import typer
 
 from .._features.names import FUSE_HELP, POOL_HELP, LongTexts, OutputDtype, SpecialTokens
 from .._inputs.formats import BadRow, EncodingErrors, Format
-from ._options import EncodingErrorsOption, LayersOption, option_group
+from ._options import EncodingErrorsOption, LayersOption, group_option, group_parameter, option_group
 
 if TYPE_CHECKING:
     from .._features.plan import OutputPlan
@@ -38,14 +38,8 @@ InputFormatOption = Annotated[
 ]
 
 
-def _parameter(name: str, default: object, annotation: object) -> inspect.Parameter:
-    return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
-
-
 def _optional_int(name: str, help: str, panel: str) -> inspect.Parameter:
-    return _parameter(
-        name, None, Annotated[int | None, typer.Option(min=1, help=help, rich_help_panel=panel)]
-    )
+    return group_option(name, None, int | None, min=1, help=help, panel=panel)
 
 
 @dataclass(frozen=True)
@@ -77,12 +71,10 @@ def plan_options(*, pool: str, dtype_default: str, windows: bool) -> Callable[[C
     --stride: the command takes them as ``plan_options: PlanOptions``."""
 
     def option(name: str, default: object, kind: object, *flags: str, help: str) -> inspect.Parameter:
-        return _parameter(
-            name, default, Annotated[kind, typer.Option(*flags, help=help, rich_help_panel=PLAN_PANEL)]
-        )
+        return group_option(name, default, kind, *flags, help=help, panel=PLAN_PANEL)
 
     parameters = [
-        _parameter("layers", "all", LayersOption),
+        group_parameter("layers", "all", LayersOption),
         option("pool", pool, str, "--pool", "-p", help=POOL_HELP),
         option("fuse", None, str | None, "--fuse",
                help=f"Fuse layers (word/sentence pooling): {FUSE_HELP} (--layers)"),
@@ -128,22 +120,19 @@ def corpus_options() -> Callable[[Callable], Callable]:
     --limit, --on-bad-row: the command takes them as ``columns: CorpusColumns``."""
 
     def column(name: str, help: str) -> inspect.Parameter:
-        return _parameter(
-            name, None, Annotated[str | None, typer.Option(help=help, rich_help_panel=INPUT_PANEL)]
-        )
+        return group_option(name, None, str | None, help=help, panel=INPUT_PANEL)
 
     parameters = [
-        _parameter("encoding_errors", "strict", EncodingErrorsOption),
-        _parameter("format", None, Annotated[Format | None, typer.Option(
-            "--format", help="Input format [default: from the suffix]", rich_help_panel=INPUT_PANEL)]),
+        group_parameter("encoding_errors", "strict", EncodingErrorsOption),
+        group_option("format", None, Format | None, "--format", panel=INPUT_PANEL,
+                     help="Input format [default: from the suffix]"),
         column("text_column", "Column (field) holding the text"),
         column("pair_column", "Column holding a second segment: a pair"),
         column("id_column", "Column holding each row's id [default: the 0-based row]"),
         column("words_column", "List column of pre-split words (instead of a text)"),
         _optional_int("limit", "Only the first N texts: try before you run", INPUT_PANEL),
-        _parameter("on_bad_row", "error", Annotated[BadRow, typer.Option(
-            help="A null or non-text row: stop before writing (error), or skip and count it",
-            rich_help_panel=INPUT_PANEL)]),
+        group_option("on_bad_row", "error", BadRow, panel=INPUT_PANEL,
+                     help="A null or non-text row: stop before writing (error), or skip and count it"),
     ]  # fmt: skip
 
     return option_group(("columns",), parameters, lambda **given: {"columns": CorpusColumns(**given)})
@@ -207,9 +196,8 @@ def ray_options(*, shard_size: bool = True) -> Callable[[Callable], Callable]:
     """--ray, --workers, --threads-per-worker and (``shard_size``: a sharded store's) --shard-size:
     the command takes them as ``ray: RayOptions``."""
     parameters = [
-        _parameter("ray", None, Annotated[str | None, typer.Option(
-            "--ray", help="Run on Ray: local (start one here) or auto (join a cluster)",
-            rich_help_panel=RAY_PANEL)]),
+        group_option("ray", None, str | None, "--ray", panel=RAY_PANEL,
+                     help="Run on Ray: local (start one here) or auto (join a cluster)"),
         _optional_int("workers", "Ray actors, each with its model [default: 2]", RAY_PANEL),
         _optional_int("threads_per_worker", "torch threads (CPUs) per actor [default: 1]", RAY_PANEL),
     ]  # fmt: skip

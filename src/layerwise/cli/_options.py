@@ -84,10 +84,23 @@ _MANY_MODELS = Annotated[
 ]  # fmt: skip
 
 
-def _model_parameters(final_norm: FinalNormName | None, many: bool = False) -> list[inspect.Parameter]:
-    def option(name: str, default: object, annotation: object) -> inspect.Parameter:
-        return inspect.Parameter(name, _KEYWORD, default=default, annotation=annotation)
+def group_parameter(name: str, default: object, annotation: object) -> inspect.Parameter:
+    """One option of a group (``option_group``): the keyword ``name``, its default and its Typer
+    annotation."""
+    return inspect.Parameter(name, _KEYWORD, default=default, annotation=annotation)
 
+
+def group_option(
+    name: str, default: object, kind: object, *flags: str, panel: str, **typer_options: Any
+) -> inspect.Parameter:
+    """One option of a group, of type ``kind``, listed under ``panel`` in the help: ``flags`` and
+    ``typer_options`` as ``typer.Option`` takes them."""
+    option = typer.Option(*flags, rich_help_panel=panel, **typer_options)
+    return group_parameter(name, default, Annotated[kind, option])
+
+
+def _model_parameters(final_norm: FinalNormName | None, many: bool = False) -> list[inspect.Parameter]:
+    option = group_parameter
     return [
         option("model", None, _MANY_MODELS if many else ModelOption),
         option("device", "auto", DeviceOption),

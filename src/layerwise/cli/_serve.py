@@ -22,6 +22,7 @@ from ._options import (
     _use_available_cores,
     app,
     err,
+    group_option,
     model_options,
     option_group,
 )
@@ -60,9 +61,7 @@ def server_options() -> Callable[[Callable], Callable]:
     default): the command takes them as ``served: ServeSettings``, checked as it checks them."""
 
     def option(name: str, default: object, kind: object, **typer_options: Any) -> inspect.Parameter:
-        return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default,
-                                 annotation=Annotated[kind, typer.Option(rich_help_panel=LIMITS_PANEL,
-                                                                         **typer_options)])  # fmt: skip
+        return group_option(name, default, kind, panel=LIMITS_PANEL, **typer_options)
 
     parameters = [
         option("api_key_file", None, Path | None,
