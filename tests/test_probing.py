@@ -329,3 +329,19 @@ def test_cli_probe_refuses_unwritable_outputs_before_work(tmp_path, pos_files):
     )
     result = CliRunner().invoke(app, [*base, "--plot", str(tmp_path / "p.bmp")])
     assert result.exit_code == 2 and "use a .png, .svg or .pdf file" in result.output
+
+
+def test_cli_probe_offers_the_subword_pools_of_names_py(tmp_path, pos_files):
+    """--subword takes the library's SubwordPool values and refuses another before any work."""
+    from typer.testing import CliRunner
+
+    from layerwise._features.names import SUBWORD_POOLS
+    from layerwise.cli import app
+
+    train, dev = pos_files
+    for task in ("conllu", "conll"):
+        args = ["probe", task, "--train", str(train), "--dev", str(dev), "--subword", "median"]
+        result = CliRunner().invoke(app, [*args, "--model", str(tmp_path / "no-model")])
+        output = " ".join(result.output.split())
+        assert result.exit_code == 2 and "'median' is not one of" in output
+        assert all(f"'{pool}'" in output for pool in SUBWORD_POOLS)

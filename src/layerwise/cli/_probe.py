@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from .._features.names import SUBWORD_POOLS
+from .._features.names import SubwordPool
 from .._settings import Settings
 from ..errors import LayerwiseError
 from ._options import MODEL_SETTINGS, _check_output_file, _fail, _setup_logging, app, err, model_options
@@ -27,6 +27,7 @@ ControlsOption = Annotated[
     str, typer.Option("--controls", help="random_model,control_task | random_model | control_task | none")
 ]
 SeedOption = Annotated[int, typer.Option(help="Seed of probes, controls and the random model")]
+SubwordOption = Annotated[SubwordPool, typer.Option(help="How a word's subword vectors become one")]
 
 
 def _controls(value: str) -> tuple[str, ...]:
@@ -67,7 +68,7 @@ def probe_conllu(
     column: Annotated[str, typer.Option(help="upos | xpos | deprel | feats | lemma")] = "upos",
     max_train: Annotated[int | None, typer.Option(min=1, help="Use the first N training sentences")] = None,
     max_dev: Annotated[int | None, typer.Option(min=1, help="Use the first N dev sentences")] = None,
-    subword: Annotated[str, typer.Option(help=" | ".join(SUBWORD_POOLS))] = "first",
+    subword: SubwordOption = "first",
     controls: ControlsOption = "random_model,control_task",
     seed: SeedOption = 0,
     settings: Settings = MODEL_SETTINGS,  # the model options (@model_options)
@@ -88,7 +89,7 @@ def probe_conll(
     column: Annotated[str, typer.Option(help="ner (entity F1) | pos | chunk")] = "ner",
     max_train: Annotated[int | None, typer.Option(min=1, help="Use the first N training sentences")] = None,
     max_dev: Annotated[int | None, typer.Option(min=1, help="Use the first N dev sentences")] = None,
-    subword: Annotated[str, typer.Option(help=" | ".join(SUBWORD_POOLS))] = "first",
+    subword: SubwordOption = "first",
     controls: ControlsOption = "random_model,control_task",
     seed: SeedOption = 0,
     settings: Settings = MODEL_SETTINGS,  # the model options (@model_options)
