@@ -71,7 +71,9 @@ def verify_cache(path: str | os.PathLike) -> VerifyReport:
             problems.append(changed)
             unchecked += list(range(lo, hi))
             continue
-        problems += _shard_problems(path / name, range(lo, hi), schema, meta, order, bad)
+        found, wrong = _shard_problems(path / name, range(lo, hi), schema, meta, order)
+        problems += found
+        bad += wrong
     problems += _completion_problems(path, meta, missing)
     if bad:
         problems.append(
@@ -98,19 +100,21 @@ def _contexts_problem(path: Path, meta: dict) -> str | None:
 
 
 def _shard_problems(
-    file: Path, slots: range, schema: Any, meta: dict, order: np.ndarray, bad: list[int]
-) -> list[str]:
-    """A shard whose bytes are as recorded, read: its schema, its row count, its values finite, and
-    each context's token ids against its slot's (the slots that differ are added to ``bad``)."""
+    file: Path, slots: range, schema: Any, meta: dict, order: np.ndarray
+) -> tuple[list[str], list[int]]:
+    """``(problems, wrong slots)`` of a shard whose bytes are as recorded, read: its schema, its row
+    count, its values finite, and each context's token ids against its slot's."""
     import pyarrow as pa
 
-    context, name, problems = meta["context"], file.name, []
+    context, name = meta["context"], file.name
+    problems: list[str] = []
+    bad: list[int] = []
     try:
         slot = slots.start
         with pa.memory_map(str(file)) as source:
             reader = pa.ipc.open_stream(source)
             if not reader.schema.equals(schema):
-                return [f"{name} has another schema than the cache's"]
+                return [f"{name} has another schema than the cache's"], []
             for batch in reader:
                 rows = batch.num_rows
                 ids = batch.column(TOKEN_IDS).flatten().to_numpy().reshape(rows, context)
@@ -126,7 +130,7 @@ def _shard_problems(
             problems.append(f"{name} holds {slot - slots.start} contexts, the record says {len(slots)}")
     except (OSError, pa.ArrowException) as exc:
         problems.append(f"{name} cannot be read ({exc})")
-    return problems
+    return problems, bad
 
 
 def _completion_problems(path: Path, meta: dict, missing: list[str]) -> list[str]:

@@ -127,8 +127,8 @@ def _checked_corpus(corpus: Corpus, output: Path, plan: OutputPlan, to_store: bo
         from .._files.writers import output_format
 
         output_format(output, plan.level)
-    for path in corpus.files:
-        if output.exists() and os.path.samefile(output, path):
+    for path in corpus.files if output.exists() else ():
+        if os.path.samefile(output, path):
             raise OptionError(
                 f"the output {str(output)!r} is the input file; writing it would replace your data: "
                 "choose another output path"

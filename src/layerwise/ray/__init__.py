@@ -313,7 +313,8 @@ def extract_to_store(
         if k in todo
     ]
     constructor = (settings, threads_per_worker, plan, str(path), table, layout, corpus)
-    written = _write_shards(ray, writer, rows, constructor, workers, threads_per_worker) if rows else []
+    gpus = 1 if settings.device.startswith("cuda") else 0  # one GPU per actor
+    written = _write_shards(ray, writer, rows, constructor, workers, threads_per_worker, gpus) if rows else []
     progress = shard_progress(path)  # not ShardedStore(path): that reads every manifest
     if progress.pending:
         raise RuntimeError(f"{path}: {progress.n_texts} of {n_texts} texts after the run; rerun to finish")
@@ -355,14 +356,12 @@ def _read_for_planning(
     return data, [], data.scan(ranges=sizes).n_texts
 
 
-def _write_shards(
-    ray: Any, writer: type, rows: list[dict], constructor: tuple, workers: int, threads_per_worker: int
-) -> list[dict]:
-    """Each row's shard written by one of ``workers`` actors of ``writer(*constructor)``; their
-    small result rows back."""
+def _write_shards(ray: Any, writer: type, rows: list[dict], constructor: tuple, workers: int,
+                  threads_per_worker: int, gpus: int) -> list[dict]:  # fmt: skip
+    """Each row's shard written by one of ``workers`` actors of ``writer(*constructor)``, each with
+    ``threads_per_worker`` CPUs and ``gpus`` GPUs; their small result rows back."""
     context = ray.data.DataContext.get_current()
     context.enable_progress_bars = False  # redrawing them costs the driver a core on a small machine
-    settings: Settings = constructor[0]
     shards = ray.data.from_items(rows, override_num_blocks=len(rows))
     return shards.map_batches(
         writer,
@@ -370,7 +369,7 @@ def _write_shards(
         compute=ray.data.ActorPoolStrategy(size=min(workers, len(rows))),
         fn_constructor_args=constructor,
         num_cpus=threads_per_worker,
-        num_gpus=1 if settings.device.startswith("cuda") else 0,  # one GPU per actor
+        num_gpus=gpus,
         # a dead actor is restarted and its shard retried (Ray Data's own default for actor pools,
         # max_restarts=-1 and max_task_retries=-1: passing them is deprecated, RayDeprecationWarning):
         # the shard resumes from its last commit (tests/test_ray.py kills an actor mid-shard)
