@@ -214,3 +214,37 @@ def test_an_encoder_on_cuda_warms_the_device_once_when_made(make_tiny_model, mon
     enc = lw.Encoder(make_tiny_model("bert", 4), device=DEVICE)
     assert len(calls) == 1 and calls[0] > 0
     assert enc.extract(["warm"])[0].hidden.shape[0] == enc.n_hidden_states
+
+
+def test_cli_on_cuda_writes_what_it_writes_on_the_cpu(tmp_path, make_tiny_model):
+    """`layerwise extract` to Parquet (every layer, sentence mean) and to a store exported back out,
+    with --device cuda and --device cpu: the same vectors to 1e-4."""
+    import pyarrow.parquet as pq
+    from typer.testing import CliRunner
+
+    from layerwise.cli import app
+
+    model, source = make_tiny_model("bert", 4), tmp_path / "texts.txt"
+    source.write_text("\n".join(TEXTS) + "\n", encoding="utf-8")
+
+    def vectors(path, columns):
+        table = pq.read_table(path)
+        return np.stack([np.stack(table.column(c).to_numpy(zero_copy_only=False)) for c in columns])
+
+    written = {}
+    for device in ("cpu", DEVICE):
+        on = ["--model", str(model), "--device", device, "-q"]
+        pooled, store, exported = (
+            tmp_path / f"{device}{suffix}" for suffix in (".parquet", ".lw", "_x.parquet")
+        )
+        for args in (
+            ["extract", str(source), "-o", str(pooled), "--pool", "sentence:mean", *on],
+            ["extract", str(source), "-o", str(store), "--dtype", "float32", *on],
+            ["export", str(store), "-o", str(exported), "--layers", "-1", "-q"],
+        ):
+            result = CliRunner().invoke(app, args)
+            assert result.exit_code == 0, result.output
+        written[device] = (vectors(pooled, [f"layer_{i}" for i in range(5)]), vectors(exported, ["layer_4"]))
+    for cpu, gpu in zip(written["cpu"], written[DEVICE], strict=True):
+        assert cpu.shape == gpu.shape and cpu.shape[1] == len(TEXTS)
+        np.testing.assert_allclose(gpu, cpu, atol=1e-4, rtol=1e-4)
