@@ -31,6 +31,7 @@ from common import interleaved_times
 
 import layerwise as lw
 from layerwise._inputs.batches import length_sorted_batches
+from layerwise._inputs.block import TokenColumns
 
 
 def _sync(device: str) -> None:
@@ -124,8 +125,8 @@ def measure_embed(folder: Path, dtype: str, texts: list[str], repeats: int, devi
         counted = 0
         with torch.inference_mode():
             for batch_ids in batches:
-                batch = engine.packed.prepare([units[u] for u in batch_ids], with_token_types=engine.with_token_types,
-                                              device=engine.device)  # fmt: skip
+                columns = TokenColumns.of_units([units[u] for u in batch_ids])
+                batch = engine.packed.prepare(columns, with_token_types=engine.with_token_types, device=engine.device)
                 engine.packed.forward(batch, layers)
                 counted += sum(batch.lengths)
         _sync(device)

@@ -16,21 +16,23 @@ as :class:`LayerStack`, one per input.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import logging
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
 
-from ._features.device_pool import DevicePlan, finish, pool_batch
+from ._call import Call
+from ._features.device_pool import finish, pool_batch
 from ._inputs.batches import length_sorted_batches
-from ._inputs.encoding import EncodedInput, segment_ids
+from ._inputs.block import EncodedBlock, EncodedInput, TokenColumns
 from ._inputs.windows import Window, plan_windows
 from ._model.decoders import apply_final_norm, is_decoder_config
 from ._model.handle import ModelHandle
@@ -42,11 +44,12 @@ from ._model.sdpa import attention_kernels
 from ._model.streams import ForwardLock, ForwardPool, check_streams
 from ._progress import progress_bar
 from ._results import LayerStack
-from ._rows import Rows, make_stack, nonfinite_error, packed_rows, split_rows, stitch_stack, word_id_array
+from ._rows import Rows, block_stacks, make_stack, nonfinite_error, packed_rows, split_rows, stitch_stack
 from ._settings import FinalNorm, Method, Settings
 from .errors import ModelLoadError, OptionError
 
 logger = logging.getLogger("layerwise")
+Key = TypeVar("Key")
 
 
 def warm_up(model: Any, ids: list[int], device: torch.device, name: str) -> None:
@@ -116,26 +119,12 @@ class Engine:
                 self.packed = packed_forward(model)
 
     def stream(
-        self,
-        encoded: list[EncodedInput],
-        *,
-        layers: tuple[int, ...],
-        method: Method,
-        taps: tuple[str, ...],
-        stride: int | None,
-        batch_size: int | None,
-        max_tokens: int | None,
-        progress: bool | None,
-        final_norm: FinalNorm = True,
-        device_pool: DevicePlan | None = None,
-        dtype: str = "float32",
+        self, encoded: list[EncodedInput], call: Call, progress: bool | None = None
     ) -> Iterator[tuple[int, LayerStack]]:
-        """Plan units and batches now (so bad input fails here), run them lazily. ``final_norm``:
-        a decoder's final norm on the last hidden state (True), none (False) or every one ("all");
-        ``device_pool`` and ``dtype``: see ``_Call``."""
-        for name, value in (("batch_size", batch_size), ("max_tokens", max_tokens)):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise OptionError(f"{name}={value!r} must be a whole number >= 1 (or None)")
+        """Per-input objects (the server's merged requests, windows, the padded forward) through the
+        forward: ``(input index, LayerStack)`` as batches finish. Units and batches are planned now
+        (so bad input fails here) and run lazily."""
+        _check_batching(call)
         units: list[EncodedInput | Window] = []
         owners: list[tuple[int, int]] = []  # per unit: (input index, window number or -1)
         n_windows: dict[int, int] = {}
@@ -144,27 +133,84 @@ class Engine:
                 units.append(item)
                 owners.append((item.index, -1))
                 continue
-            if "attention_probs" in taps:
+            if "attention_probs" in call.taps:
                 raise OptionError(
                     f"attention_probs cannot be stitched across windows (input {item.index} has "
                     f"{len(item)} tokens > {self.max_length}); use long_texts='truncate' for attention maps"
                 )
-            windows = plan_windows(item, self.max_length, stride, causal=self.causal)
+            windows = plan_windows(item, self.max_length, call.stride, causal=self.causal)
             n_windows[item.index] = len(windows)
             for k, window in enumerate(windows):
                 units.append(window)
                 owners.append((item.index, k))
-        packed = self._runs_packed(method, taps)
-        lengths = [len(u) for u in units]
-        budget = max_tokens or self.max_tokens
+        packed = self._runs_packed(call.method, call.taps)
+        batches = self._plan_batches([len(u) for u in units], call, packed)
+        if not (packed and not n_windows and not call.taps):
+            call = dataclasses.replace(call, device_pool=None)
+        return self._run(encoded, units, owners, n_windows, batches, call, progress)
+
+    def blockwise(self, call: Call) -> bool:
+        """Whether ``call`` runs on :meth:`stream_blocks`: the packed forward, no taps, no windows."""
+        return self._runs_packed(call.method, call.taps) and not call.taps and call.long_texts != "window"
+
+    def stream_blocks(
+        self,
+        blocks: Iterable[EncodedBlock],
+        call: Call,
+        progress: bool | None = None,
+        total: int | None = None,
+    ) -> Iterator[tuple[EncodedBlock, np.ndarray, Rows]]:
+        """Blocks of tokenised inputs through the packed forward, one batch at a time: ``(block, rows
+        of the block in this batch, their Rows)``. No per-input object is made: a batch is a gather
+        of the block's columns, its states (or pooled rows) one host array. ``total``: the inputs of
+        all blocks, for the progress bar. Needs :meth:`blockwise`."""
+        _check_batching(call)
+
+        def jobs() -> Iterator[tuple[tuple[EncodedBlock, np.ndarray], Callable[[], TokenColumns]]]:
+            for block in blocks:
+                for batch in self._plan_batches(block.lengths.tolist(), call, True):
+                    rows = np.asarray(batch, dtype=np.int64)
+                    yield (block, rows), (lambda block=block, rows=rows: block.columns(rows))
+
+        bar = None if progress is None and (total or 0) <= self.batch_size else progress_bar(
+            "extracting", "inputs", progress
+        )  # fmt: skip
+        task = bar.add_task("extract", total=total) if bar is not None else None
+        nonfinite: list[int] = []  # inputs whose states hold NaN or inf (kept: allow_nan)
+        with bar if bar is not None else nullcontext():
+            for (block, rows), out in self._batch_rows(jobs(), call, packed=True):
+                if out.nonfinite:
+                    bad = [k for k, (hidden, _) in enumerate(out) if not np.isfinite(hidden).all()]
+                    if bad and not self.allow_nan:
+                        i = int(rows[bad[0]])
+                        raise nonfinite_error(block.first + i, block.texts[i], out[bad[0]][0], call.layers)
+                    nonfinite += [block.first + int(rows[k]) for k in bad]
+                yield block, rows, out
+                if bar is not None and task is not None:
+                    bar.advance(task, len(rows))
+        if nonfinite:
+            _warn_nonfinite(nonfinite)
+
+    def block_stream(
+        self,
+        blocks: Iterable[EncodedBlock],
+        call: Call,
+        progress: bool | None = None,
+        total: int | None = None,
+    ) -> Iterator[tuple[int, LayerStack]]:
+        """:meth:`stream_blocks` as ``(input index, LayerStack)``: each stack's arrays are views of its
+        batch's and block's (one copy per batch)."""
+        pooled = None if call.device_pool is None else call.device_pool.level
+        for block, rows, out in self.stream_blocks(blocks, call, progress, total):
+            yield from block_stacks(block, rows, out, call.layers, pooled)
+
+    def _plan_batches(self, lengths: list[int], call: Call, packed: bool) -> list[list[int]]:
+        budget = call.max_tokens or self.max_tokens
         if packed and self.pool is not None and lengths:
             # fewer batches than streams would leave a stream idle (a server's run of a few short
             # requests fits one batch): split the tokens evenly, in at most that many batches
             budget = min(budget, -(-sum(lengths) // self.pool.streams) + max(lengths))
-        batches = length_sorted_batches(lengths, batch_size or self.batch_size, budget, padded=not packed)
-        on_device = device_pool if packed and not n_windows and not taps else None
-        run = _Call(layers, method, taps, final_norm, on_device, RESULT_DTYPES[dtype])
-        return self._run(encoded, units, owners, n_windows, batches, run, progress)
+        return length_sorted_batches(lengths, call.batch_size or self.batch_size, budget, padded=not packed)
 
     def forward_units(
         self,
@@ -177,10 +223,25 @@ class Engine:
         """Sequences that need no windows (``.ids``, ``.type_ids``, ``len``: the cache's contexts) through
         the forward: ``(unit indices, Rows)`` per batch; the same units give the same batches (bytes)."""
         packed = self._runs_packed("hidden_states", taps)  # else the taps need Hugging Face's forward
-        run = _Call(layers, "hidden_states" if packed else "hooks", taps, final_norm)
+        call = Call(layers, "hidden_states" if packed else "hooks", taps, final_norm=final_norm)
         lengths = [len(u) for u in units]
         batches = length_sorted_batches(lengths, self.batch_size, self.max_tokens, padded=not packed)
-        return self._batch_rows(list(units), batches, run)
+        return self._batch_rows(self._unit_jobs(list(units), batches, packed), call, packed=packed)
+
+    @staticmethod
+    def _unit_jobs(
+        units: list[Any], batches: list[list[int]], packed: bool
+    ) -> Iterator[tuple[list[int], Callable]]:
+        """Each batch's unit indices and what its forward reads: the units' columns (packed) or the
+        units themselves (the padded forward collates them)."""
+        for batch_ids in batches:
+            picked = [units[u] for u in batch_ids]
+            yield (
+                batch_ids,
+                (lambda picked=picked: TokenColumns.of_units(picked))
+                if packed
+                else (lambda picked=picked: picked),
+            )
 
     def _run(
         self,
@@ -189,55 +250,52 @@ class Engine:
         owners: list[tuple[int, int]],
         n_windows: dict[int, int],
         batches: list[list[int]],
-        run: _Call,
+        call: Call,
         progress: bool | None,
     ) -> Iterator[tuple[int, LayerStack]]:
-        layers = run.layers
+        layers = call.layers
+        by_index = {item.index: item for item in encoded}
         quiet = progress is None and len(batches) <= 1
         bar = None if quiet else progress_bar("extracting", "inputs", progress)
         task = bar.add_task("extract", total=len(units)) if bar is not None else None
         pending: dict[int, dict[int, tuple]] = {}  # windows of long inputs until all are done
-        nonfinite: set[int] = set()  # inputs whose vectors hold NaN or inf
+        nonfinite: list[int] = []  # inputs whose vectors hold NaN or inf
+        packed = self._runs_packed(call.method, call.taps)
         with bar if bar is not None else nullcontext():
-            for batch_ids, rows in self._batch_rows(units, batches, run):
+            for batch_ids, rows in self._batch_rows(
+                self._unit_jobs(units, batches, packed), call, packed=packed
+            ):
                 for u, (hidden, tapped) in zip(batch_ids, rows, strict=True):
                     index, k = owners[u]
                     if rows.nonfinite and not np.isfinite(hidden).all():
                         if not self.allow_nan:
-                            raise nonfinite_error(encoded[index], hidden, layers)
-                        nonfinite.add(index)
+                            raise nonfinite_error(index, by_index[index].text, hidden, layers)
+                        nonfinite.append(index)
                     if k < 0:  # pooled on the device: the rows are the input's pooled vectors
-                        pooled = None if run.device_pool is None else hidden[:, 0] if run.sentence else hidden
-                        yield index, make_stack(encoded[index], hidden, tapped, layers, pooled=pooled)
+                        pooled = (
+                            None if call.device_pool is None else hidden[:, 0] if call.sentence else hidden
+                        )
+                        yield index, make_stack(by_index[index], hidden, tapped, layers, pooled=pooled)
                         continue
                     pending.setdefault(index, {})[k] = (units[u], hidden, tapped)
                     if len(pending[index]) == n_windows[index]:
-                        yield index, stitch_stack(encoded[index], pending.pop(index), layers)
+                        yield index, stitch_stack(by_index[index], pending.pop(index), layers)
                 if bar is not None and task is not None:
                     bar.advance(task, len(batch_ids))
         if nonfinite:
-            # kept on request (allow_nan), but a silent NaN is a wrong number: say so
-            logger.warning(
-                "%d input(s) have NaN or inf in their hidden states (first: input %d); the model produced "
-                "them: with model_dtype='float16' try float32, else check the weights",
-                len(nonfinite),
-                min(nonfinite),
-            )
+            _warn_nonfinite(nonfinite)
 
     def _batch_rows(
-        self,
-        units: list[EncodedInput | Window],
-        batches: list[list[int]],
-        run: _Call,
-    ) -> Iterator[tuple[list[int], Rows]]:
-        """Each batch with its rows, in order; on the forward pool's streams when it has one (a few
-        batches ahead of the caller, who consumes the rows meanwhile); on a GPU one batch ahead."""
-        packed = self._runs_packed(run.method, run.taps)
+        self, jobs: Iterable[tuple[Key, Callable[[], Any]]], call: Call, *, packed: bool
+    ) -> Iterator[tuple[Key, Rows]]:
+        """Each batch's rows, in order, from ``(key, its input)`` jobs; on the forward pool's streams
+        when it has one (a few batches ahead of the caller, who consumes the rows meanwhile); on a
+        GPU one batch ahead."""
         if packed and self.device.type == "cuda":
             # launch batch k+1 before reading batch k: the GPU computes while the host copies (host_copy.py)
-            waiting: tuple[list[int], list[int], HostCopy] | None = None
-            for batch_ids in batches:
-                launched = (batch_ids, *self._launch_packed([units[u] for u in batch_ids], run))
+            waiting: tuple[Key, list[int], HostCopy] | None = None
+            for key, columns in jobs:
+                launched = (key, *self._launch_packed(columns(), call))
                 if waiting is not None:
                     yield waiting[0], packed_rows(*waiting[1:])
                 waiting = launched
@@ -245,39 +303,35 @@ class Engine:
                 yield waiting[0], packed_rows(*waiting[1:])
             return
         if self.pool is None or not packed:
-            for batch_ids in batches:
-                yield batch_ids, self._forward_units([units[u] for u in batch_ids], run)
+            forward = self._forward_packed if packed else self._forward_padded
+            for key, batch in jobs:
+                yield key, forward(batch(), call)
             return
-        ahead: deque[tuple[list[int], Future]] = deque()
+        ahead: deque[tuple[Key, Future]] = deque()
         try:
-            for batch_ids in batches:
-                ahead.append(
-                    (batch_ids, self.pool.submit(self._forward_packed, [units[u] for u in batch_ids], run))
-                )
+            for key, columns in jobs:
+                ahead.append((key, self.pool.submit(lambda c=columns: self._forward_packed(c(), call))))
                 if len(ahead) > self.pool.streams:
-                    batch_ids, future = ahead.popleft()
-                    yield batch_ids, future.result()
+                    key, future = ahead.popleft()
+                    yield key, future.result()
             while ahead:
-                batch_ids, future = ahead.popleft()
-                yield batch_ids, future.result()
+                key, future = ahead.popleft()
+                yield key, future.result()
         finally:  # the caller stopped early or a batch failed: drop the batches not started
             for _, future in ahead:
                 future.cancel()
 
-    def _forward_units(self, units: Sequence[EncodedInput | Window], run: _Call) -> Rows:
-        layers, method, taps = run.layers, run.method, run.taps
-        if self._runs_packed(method, taps):
-            return self._forward_packed(units, run)
+    def _forward_padded(self, units: Sequence[EncodedInput | Window], call: Call) -> Rows:
         model = self.model  # built (and adopted) before the lock is taken
         batch = collate(units, pad_id=self.pad_id, with_token_types=self.with_token_types, device=self.device)
         kernels = attention_kernels(self.device)  # no cuDNN attention: it plans each new shape (sdpa.py)
-        with self.lock.exclusive(), torch.inference_mode(), eager_attention_for(model, taps), kernels:
+        with self.lock.exclusive(), torch.inference_mode(), eager_attention_for(model, call.taps), kernels:
             hidden, tapped = forward_batch(
-                model, batch, layers=layers, method=method, layer_owner=self.layer_owner,
-                layer_attr=self.layer_attr, layer_list=self.layer_list, model_type=self.model_type, taps=taps,
+                model, batch, layers=call.layers, method=call.method, layer_owner=self.layer_owner,
+                layer_attr=self.layer_attr, layer_list=self.layer_list, model_type=self.model_type, taps=call.taps,
             )  # fmt: skip
-            hidden = apply_final_norm(model, hidden, layers, run.final_norm)
-        return split_rows(HostCopy(hidden, tapped, run.dtype), [len(u) for u in units])
+            hidden = apply_final_norm(model, hidden, call.layers, call.final_norm)
+        return split_rows(HostCopy(hidden, tapped, RESULT_DTYPES[call.dtype]), [len(u) for u in units])
 
     def _runs_packed(self, method: Method, taps: tuple[str, ...]) -> bool:
         """The packed forward gives hidden states, and a decoder's attn_out and mlp_out: other taps
@@ -287,54 +341,39 @@ class Engine:
             return False
         return not taps or (isinstance(self.packed, PackedDecoder) and set(taps) <= set(PACKED_TAPS))
 
-    def _forward_packed(self, units: Sequence[EncodedInput | Window], run: _Call) -> Rows:
-        return packed_rows(*self._launch_packed(units, run))
+    def _forward_packed(self, columns: TokenColumns, call: Call) -> Rows:
+        return packed_rows(*self._launch_packed(columns, call))
 
-    def _launch_packed(
-        self, units: Sequence[EncodedInput | Window], run: _Call
-    ) -> tuple[list[int], HostCopy]:
+    def _launch_packed(self, columns: TokenColumns, call: Call) -> tuple[list[int], HostCopy]:
         """The batch's packed forward, launched, and its results on their way to the host."""
         packed: Any = self.packed  # one packed forward for the whole batch (_adopt may replace it)
         assert packed is not None
-        batch = packed.prepare(units, with_token_types=self.with_token_types, device=self.device)
+        batch = packed.prepare(columns, with_token_types=self.with_token_types, device=self.device)
         with self.lock.shared(), torch.inference_mode(), attention_kernels(self.device):
             tapped: dict[str, torch.Tensor] = {}
-            if run.taps:  # (L, N, H), and {tap: (L', N, H)}: real tokens only
-                hidden, tapped = packed.forward_with_taps(batch, run.layers, run.taps)
+            if call.taps:  # (L, N, H), and {tap: (L', N, H)}: real tokens only
+                hidden, tapped = packed.forward_with_taps(batch, call.layers, call.taps)
             else:
-                hidden = packed.forward(batch, run.layers)
-            hidden = apply_final_norm(self.models.current, hidden, run.layers, run.final_norm)
-            hidden, sizes = _device_pool(hidden, units, run, list(batch.lengths))
-            return sizes, HostCopy(hidden, tapped, run.dtype)
+                hidden = packed.forward(batch, call.layers)
+            hidden = apply_final_norm(self.models.current, hidden, call.layers, call.final_norm)
+            sizes = columns.lengths
+            if call.device_pool is not None:  # only the pooled rows cross to the host
+                pooled, sizes = pool_batch(hidden, columns, call.device_pool)
+                hidden = finish(pooled, call.layers, call.device_pool)
+            return sizes, HostCopy(hidden, tapped, RESULT_DTYPES[call.dtype])
 
 
-def _device_pool(
-    hidden: torch.Tensor, units: Sequence[EncodedInput | Window], run: _Call, lengths: list[int]
-) -> tuple[torch.Tensor, list[int]]:
-    """The batch's states, pooled where they are when the call pools on the device (only the pooled
-    rows then cross to the host), and each input's number of rows."""
-    plan = run.device_pool
-    if plan is None:
-        return hidden, lengths
-    items = cast(Sequence[EncodedInput], units)  # no windows on this path; ids as each stack has them
-    tokens = [(segment_ids(item.sequence_ids), word_id_array(item)) for item in items]
-    pooled, sizes = pool_batch(hidden, tokens, plan.level, plan.pool, plan.special_tokens)
-    return finish(pooled, run.layers, plan), sizes
+def _check_batching(call: Call) -> None:
+    for name, value in (("batch_size", call.batch_size), ("max_tokens", call.max_tokens)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise OptionError(f"{name}={value!r} must be a whole number >= 1 (or None)")
 
 
-@dataclass(frozen=True)
-class _Call:
-    """What one call of :meth:`Engine.stream` computes for each batch."""
-
-    layers: tuple[int, ...]
-    method: Method
-    taps: tuple[str, ...]
-    final_norm: FinalNorm
-    # with the packed forward and no windows, each input's result is made on the device
-    # (features/device_pool.py), and its stack carries it (``pooled``) and no token states
-    device_pool: DevicePlan | None = None
-    dtype: torch.dtype = torch.float32  # of the results: cast before they cross to the host
-
-    @property
-    def sentence(self) -> bool:
-        return self.device_pool is not None and self.device_pool.level == "sentence"
+def _warn_nonfinite(indices: list[int]) -> None:
+    # kept on request (allow_nan), but a silent NaN is a wrong number: say so
+    logger.warning(
+        "%d input(s) have NaN or inf in their hidden states (first: input %d); the model produced "
+        "them: with model_dtype='float16' try float32, else check the weights",
+        len(set(indices)),
+        min(indices),
+    )

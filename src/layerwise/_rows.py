@@ -5,28 +5,53 @@ states hold NaN or inf."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 import numpy as np
 
-from ._inputs.encoding import EncodedInput, segment_ids
+from ._inputs.block import EncodedBlock, EncodedInput, segment_ids
 from ._inputs.windows import stitch
 from ._model.host_copy import HostCopy
 from ._results import LayerStack
 from .errors import NonFiniteError
 
 
-class Rows(list[tuple[np.ndarray, dict[str, np.ndarray]]]):
-    """Per-row ``(hidden (L, n, H), taps)`` of one batch; ``nonfinite``: the batch held NaN/inf."""
+class Rows:
+    """One batch's outputs on the host, per unit ``(hidden (L, n, H), taps)``: views of one array
+    ``(L, R, W)`` with the units' rows back to back (``array``, ``sizes``: a packed batch, or its
+    pooled rows), or one array per unit (``parts``: a padded batch, cut). ``nonfinite``: the batch
+    held NaN or inf (then the units are looked at one by one)."""
 
-    nonfinite: bool = False
+    def __init__(
+        self,
+        sizes: Sequence[int],
+        array: np.ndarray | None = None,
+        taps: Mapping[str, np.ndarray] | None = None,
+        parts: list[tuple[np.ndarray, dict[str, np.ndarray]]] | None = None,
+        nonfinite: bool = False,
+    ) -> None:
+        self.sizes = list(sizes)
+        self.array, self.taps, self.parts, self.nonfinite = array, dict(taps or {}), parts, nonfinite
+        self.starts = np.concatenate([[0], np.cumsum(self.sizes, dtype=np.int64)])
+
+    def __len__(self) -> int:
+        return len(self.sizes)
+
+    def __getitem__(self, k: int) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        if self.parts is not None:
+            return self.parts[k]
+        assert self.array is not None
+        lo, hi = int(self.starts[k]), int(self.starts[k + 1])
+        return self.array[:, lo:hi], {name: t[:, lo:hi] for name, t in self.taps.items()}
+
+    def __iter__(self) -> Iterator[tuple[np.ndarray, dict[str, np.ndarray]]]:
+        return (self[k] for k in range(len(self)))
 
 
 def split_rows(copy: HostCopy, lengths: Sequence[int]) -> Rows:
     """Cut a padded batch into per-row arrays without padding: ``(hidden (L, n, H), taps)``."""
     hidden_np, taps_np, finite = copy.arrays()
-    rows = Rows()
-    rows.nonfinite = not finite  # padding is summed too: then the rows are looked at one by one
+    parts = []
     for row, n in enumerate(lengths):
         taps = {}
         for name, array in taps_np.items():
@@ -34,8 +59,9 @@ def split_rows(copy: HostCopy, lengths: Sequence[int]) -> Rows:
                 taps[name] = np.ascontiguousarray(array[:, row, :, :n, :n])
             else:
                 taps[name] = np.ascontiguousarray(array[:, row, :n])
-        rows.append((np.ascontiguousarray(hidden_np[:, row, :n]), taps))
-    return rows
+        parts.append((np.ascontiguousarray(hidden_np[:, row, :n]), taps))
+    # padding is summed too: a NaN there marks the batch, and then the rows are looked at one by one
+    return Rows(lengths, parts=parts, nonfinite=not finite)
 
 
 def make_stack(
@@ -77,13 +103,7 @@ def packed_rows(lengths: list[int], copy: HostCopy) -> Rows:
     layer, and every consumer (the store's transposing cast, pooling, npz) reads them once anyway).
     ``lengths``: each input's rows: its tokens, or its pooled vectors (one, or one per word)."""
     array, taps, finite = copy.arrays()
-    rows = Rows()
-    start = 0
-    for n in lengths:
-        rows.append((array[:, start : start + n], {k: t[:, start : start + n] for k, t in taps.items()}))
-        start += n
-    rows.nonfinite = not finite
-    return rows
+    return Rows(lengths, array, taps, nonfinite=not finite)
 
 
 def stitch_stack(item: EncodedInput, parts: dict[int, tuple], layers: tuple[int, ...]) -> LayerStack:
@@ -97,14 +117,55 @@ def stitch_stack(item: EncodedInput, parts: dict[int, tuple], layers: tuple[int,
     return make_stack(item, hidden, taps, layers, n_windows=len(windows))
 
 
-def nonfinite_error(item: EncodedInput, hidden: np.ndarray, layers: tuple[int, ...]) -> NonFiniteError:
-    """The error for an input whose hidden states (``(L, n, H)`` of ``layers``) hold NaN or inf."""
+def nonfinite_error(index: int, text: str, hidden: np.ndarray, layers: tuple[int, ...]) -> NonFiniteError:
+    """The error for input ``index`` (``text``) whose hidden states (``(L, n, H)`` of ``layers``)
+    hold NaN or inf."""
     finite = np.isfinite(hidden.reshape(hidden.shape[0], -1)).all(axis=1)
     first = int(np.flatnonzero(~finite)[0]) if (~finite).any() else 0
     return NonFiniteError(
-        f"the model produced NaN or inf for input {item.index} ({item.text!r:.60}) at hidden state "
+        f"the model produced NaN or inf for input {index} ({text!r:.60}) at hidden state "
         f"{layers[first]}: with model_dtype='float16' try float32, else check the weights; "
         "allow_nan=True (--allow-nan) keeps them",
-        index=item.index,
+        index=index,
         layer=layers[first],
+    )
+
+
+def block_stacks(
+    block: EncodedBlock, rows: np.ndarray, out: Rows, layers: tuple[int, ...], pooled: str | None
+) -> Iterator[tuple[int, LayerStack]]:
+    """The LayerStack of each input ``rows`` (of ``block``) of one batch, in batch order: its states
+    (or its pooled rows: ``pooled`` "sentence" or "word") and token columns are views of the batch's
+    and the block's arrays, not copies."""
+    for k, i in enumerate(rows.tolist()):
+        hidden, taps = out[k]
+        yield block.first + i, block_stack(block, i, hidden, taps, layers, pooled)
+
+
+def block_stack(
+    block: EncodedBlock,
+    i: int,
+    hidden: np.ndarray,
+    taps: Mapping[str, np.ndarray],
+    layers: tuple[int, ...],
+    pooled: str | None,
+) -> LayerStack:
+    """Input ``i`` of ``block`` as a LayerStack of its rows ``hidden`` (see :func:`block_stacks`)."""
+    lo, hi = int(block.starts[i]), int(block.starts[i + 1])
+    return LayerStack(
+        hidden=hidden if pooled is None else np.empty((len(layers), hi - lo, 0), dtype=np.float32),
+        pooled=None if pooled is None else hidden[:, 0] if pooled == "sentence" else hidden,
+        layers=layers,
+        tokens=block.tokens(i),
+        offsets=block.offsets[lo:hi],
+        word_ids=block.word_ids[lo:hi],
+        segment_ids=block.segments[lo:hi],
+        text=block.texts[i],
+        text_pair=block.text_pairs[i] if block.text_pairs is not None else None,
+        words=block.words[i] if block.words is not None else None,
+        truncated=bool(block.truncated[i]),
+        words_lost=int(block.words_lost[i]),
+        words_empty=block.words_empty.get(i, ()),
+        taps=dict(taps),
+        tap_layers=tuple(j for j in layers if j >= 1) if taps else (),
     )

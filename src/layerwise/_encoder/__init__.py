@@ -3,6 +3,7 @@ and word features (features.py)."""
 
 from __future__ import annotations
 
-from .core import CPU_MAX_TOKENS, GPU_MAX_TOKENS, LONG_TEXTS, Encoder, LongTexts
+from .._features.names import LONG_TEXTS, LongTexts
+from .core import CPU_MAX_TOKENS, GPU_MAX_TOKENS, Encoder
 
 __all__ = ["CPU_MAX_TOKENS", "GPU_MAX_TOKENS", "LONG_TEXTS", "Encoder", "LongTexts"]

@@ -18,29 +18,20 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any, Unpack, overload
 
 import torch
 
+from .._call import Call
 from .._extract import Engine
 from .._features.device_pool import DevicePlan
-from .._features.layers import LayerSpec, resolve_layers
-from .._features.names import LONG_TEXTS, LongTexts
+from .._features.layers import LayerSpec
+from .._features.names import LongTexts
 from .._features.plan import OutputPlan, Result, check_final_norm_for
-from .._inputs.encoding import (
-    EncodedInput,
-    InputEncoder,
-    normalize_inputs,
-    report_empty_words,
-    report_truncation_warning,
-)
-from .._inputs.windows import check_window_memory, check_window_options
+from .._inputs.encoding import EncodedBlock, EncodedInput, InputEncoder, normalize_inputs
 from .._model.decoders import is_decoder_config
 from .._model.gguf_files import gguf_read_once
 from .._model.handle import ModelHandle
-from .._model.hooks import DECODER_TAPS, check_taps
-from .._model.host_copy import RESULT_DTYPES
 from .._model.sentence_transformers import read_sentence_transformers
 from .._model.source import (
     load_config_and_tokenizer,
@@ -50,7 +41,6 @@ from .._model.source import (
 )
 from .._results import LayerStack
 from .._settings import (
-    METHODS,
     FinalNorm,
     Method,
     ModelDtype,
@@ -59,7 +49,8 @@ from .._settings import (
     check_final_norm,
     settings_of,
 )
-from ..errors import InputError, OptionError, check_choice
+from ..errors import InputError, OptionError
+from .calls import make_call, stream_batches, stream_stacks
 from .features import FeatureCalls
 from .warm import warm_device
 
@@ -195,17 +186,43 @@ class Encoder(FeatureCalls):
         sentence or word plan the vectors are pooled, fused and normalised on the model's device: its
         stacks then carry them (``pooled``) and every token's metadata, but no token states."""
         settled = self.settle(plan)
-        # sentence and word plans are made on the model's device (features/device_pool.py): only
-        # their results cross to the host, and the stacks carry them (``pooled``), no token states
+        call = self.plan_call(settled)
+        raw = normalize_inputs(texts, text_pairs=text_pairs, pairs=pairs, words=words)
+        stream = stream_stacks(self, call, raw, progress, report_truncation)
+        return ((index, stack, settled.result(stack, self.n_hidden_states)) for index, stack in stream)
+
+    def iter_batches(
+        self,
+        plan: OutputPlan,
+        texts: Sequence[str] | None = None,
+        *,
+        text_pairs: Sequence[str] | None = None,
+        pairs: Sequence[tuple[str, str]] | None = None,
+        words: Sequence[Sequence[str]] | None = None,
+        progress: bool | None = None,
+    ) -> tuple[Iterator[tuple[EncodedBlock, Any, Any]] | None, tuple[int, ...]]:
+        """A sentence or word plan's results batch by batch, ``(block, rows, Rows)``, where the engine
+        runs it blockwise (the packed forward, no windows), with the hidden states they hold; else
+        ``(None, ...)``: take :meth:`iter_results`. The options are checked, and the first block
+        tokenised, before this returns."""
+        settled = self.settle(plan)
+        call = self.plan_call(settled)
+        if call.device_pool is None or not self.engine.blockwise(call):
+            return None, call.layers
+        raw = normalize_inputs(texts, text_pairs=text_pairs, pairs=pairs, words=words)
+        return stream_batches(self, call, raw, progress), call.layers
+
+    def plan_call(self, settled: OutputPlan) -> Call:
+        """The engine's call for a settled plan: its hidden states, long texts and final norm; a
+        sentence or word plan is pooled, fused and normalised on the model's device
+        (features/device_pool.py): only its results cross to the host, and the stacks carry them
+        (``pooled``), no token states."""
         on_device = None
         if settled.level in ("sentence", "word") and settled.mode is not None:
             on_device = DevicePlan(settled.level, settled.mode, settled.special_tokens, settled.fuse,
                                    settled.normalize, self.n_hidden_states)  # fmt: skip
-        request = _Request(layers=settled.hidden_states(self.n_hidden_states), long_texts=settled.long_texts,
-                           stride=settled.stride, final_norm=settled.final_norm,  # an encoder's: None
-                           device_pool=on_device)  # fmt: skip
-        stream = _stream(self, request, texts, text_pairs, pairs, words, progress, report_truncation)
-        return ((index, stack, settled.result(stack, self.n_hidden_states)) for index, stack in stream)
+        return make_call(self, settled.hidden_states(self.n_hidden_states), long_texts=settled.long_texts,
+                         stride=settled.stride, final_norm=settled.final_norm, device_pool=on_device)  # fmt: skip
 
     def tokenize(
         self,
@@ -244,11 +261,13 @@ class Encoder(FeatureCalls):
         run a corpus in blocks pass ``report_truncation=False`` and report once themselves.
         ``method`` and ``final_norm``: None takes the Encoder's own. ``dtype``: of the states
         (float32, or float16: cast on the device, so half the bytes cross and no float32 is made)."""
-        request = _Request(layers, method, taps, long_texts, stride, batch_size, max_tokens, final_norm,
-                           dtype)  # fmt: skip
-        return _stream(self, request, texts, text_pairs, pairs, words, progress, report_truncation)
+        call = make_call(
+            self, layers, method, taps, long_texts, stride, batch_size, max_tokens, final_norm, dtype
+        )
+        raw = normalize_inputs(texts, text_pairs=text_pairs, pairs=pairs, words=words)
+        return stream_stacks(self, call, raw, progress, report_truncation)
 
-    def _final_norm(self, value: FinalNorm | None) -> FinalNorm:
+    def call_final_norm(self, value: FinalNorm | None) -> FinalNorm:
         """A call's final norm: its own, else this Encoder's; "all" and False need a decoder."""
         if value is None:
             return self.final_norm
@@ -287,55 +306,6 @@ class Encoder(FeatureCalls):
         return ordered[0] if single else ordered
 
 
-@dataclass(frozen=True)
-class _Request:
-    """What one streaming call computes: ``Encoder.iter_extract``'s keywords, and ``device_pool``
-    (the plan's pool, fusion, normalisation) for ``Encoder.iter_results``' sentence and word plans."""
-
-    layers: LayerSpec = "all"
-    method: Method | None = None  # None: the Encoder's
-    taps: Sequence[str] = ()
-    long_texts: LongTexts = "truncate"
-    stride: int | None = None
-    batch_size: int | None = None
-    max_tokens: int | None = None
-    final_norm: FinalNorm | None = None  # None: the Encoder's
-    dtype: str = "float32"
-    device_pool: DevicePlan | None = None
-
-
-def _stream(
-    self: Encoder,
-    request: _Request,
-    texts: Sequence[str] | None,
-    text_pairs: Sequence[str] | None,
-    pairs: Sequence[tuple[str, str]] | None,
-    words: Sequence[Sequence[str]] | None,
-    progress: bool | None,
-    report_truncation: bool,
-) -> Iterator[tuple[int, LayerStack]]:
-    """Check ``request``, then the inputs; tokenise them and start the engine's stream (see
-    ``Engine.stream``)."""
-    layer_ids = resolve_layers(request.layers, self.n_hidden_states)
-    check_choice("dtype", request.dtype, tuple(RESULT_DTYPES))
-    method = self.method if request.method is None else request.method
-    norm = self._final_norm(request.final_norm)
-    long_texts, stride = request.long_texts, request.stride
-    taps = _check_extract_options(self, method, request.taps, long_texts, stride)
-    raw = normalize_inputs(texts, text_pairs=text_pairs, pairs=pairs, words=words)
-    if long_texts == "window":
-        check_window_memory(raw, len(layer_ids), self.hidden_size)
-    encoded = self.inputs.encode(raw, truncate=long_texts == "truncate")
-    if report_truncation:
-        report_truncation_warning(encoded, self.max_length)
-    report_empty_words(encoded)
-    return self.engine.stream(
-        encoded, layers=layer_ids, method=method, taps=taps, stride=stride, batch_size=request.batch_size,
-        max_tokens=request.max_tokens, progress=progress, final_norm=norm, device_pool=request.device_pool,
-        dtype=request.dtype,
-    )  # fmt: skip
-
-
 def _decoder_and_final_norm(config: Any, final_norm: Any, name: str) -> tuple[bool, Any]:
     """Whether the model is a decoder LM, and its ``final_norm`` setting (``"all"`` needs a decoder)."""
     is_decoder = is_decoder_config(config)
@@ -351,20 +321,3 @@ def _dimensions(config) -> tuple[str, int, int]:
 def _padding_idx(model: object) -> int | None:
     """The embeddings' own padding index (MPNet fixes it at 1); decoders have none to say."""
     return getattr(getattr(model, "embeddings", None), "padding_idx", None)
-
-
-def _check_extract_options(
-    encoder: Encoder, method: str, taps: Sequence[str], long_texts: str, stride: int | None
-) -> tuple[str, ...]:  # the plan checks these too; extract() and the taps have no plan
-    """The options of a call that extracts, checked before any work; the taps as a tuple."""
-    check_choice("method", method, METHODS)
-    checked = check_taps(taps)
-    if encoder.is_decoder and set(checked) - set(DECODER_TAPS):
-        raise OptionError(
-            f"taps={list(checked)!r}: a decoder LM ({encoder.model_type}) has the taps "
-            f"{', '.join(DECODER_TAPS)}; "
-            "its blocks are pre-norm, with no module for attention_output or intermediate"
-        )
-    check_choice("long_texts", long_texts, LONG_TEXTS)
-    check_window_options(long_texts, stride, encoder.max_length)
-    return checked

@@ -20,6 +20,7 @@ from .._features.stream import all_features, features_layers, sentence_matrix, w
 from .._inputs.encoding import as_texts
 from .._inputs.words import split_word_inputs
 from .._results import WordVectors
+from .batch_results import sentence_rows, word_results
 from .._settings import FinalNorm
 
 
@@ -32,6 +33,7 @@ class Extracting(Protocol):
     sentence_transformers: Any
 
     def iter_results(self, plan: OutputPlan, texts: Sequence[str] | None = None, **inputs: Any) -> Any: ...
+    def iter_batches(self, plan: OutputPlan, texts: Sequence[str] | None = None, **inputs: Any) -> Any: ...
     def iter_extract(self, texts: Sequence[str] | None = None, **options: Any) -> Any: ...
 
 
@@ -70,11 +72,16 @@ class FeatureCalls:
                           long_texts=long_texts, stride=stride, final_norm=final_norm)  # fmt: skip
         single = isinstance(texts, str)
         batch = [texts] if single else (as_texts(texts) if texts is not None else None)  # any iterable
-        outputs = enc.iter_results(plan, batch, text_pairs=text_pairs, pairs=pairs, progress=progress)  # type: ignore[arg-type]
         n_texts = len(batch) if batch is not None else len(pairs or ())
-        array = sentence_matrix(
-            outputs, n_texts, plan, n_hidden_states=enc.n_hidden_states, hidden_size=enc.hidden_size
-        )
+        batches, held = enc.iter_batches(plan, batch, text_pairs=text_pairs, pairs=pairs, progress=progress)
+        if batches is not None:  # each batch's rows into the result at once (batch_results.py)
+            shape = (n_texts, *plan.row_shape(enc.hidden_size, enc.n_hidden_states))
+            array = sentence_rows(batches, np.empty(shape, dtype=plan.dtype), plan, held)
+        else:
+            outputs = enc.iter_results(plan, batch, text_pairs=text_pairs, pairs=pairs, progress=progress)  # type: ignore[arg-type]
+            array = sentence_matrix(
+                outputs, n_texts, plan, n_hidden_states=enc.n_hidden_states, hidden_size=enc.hidden_size
+            )
         if _drops_axis(layers, fuse):
             array = array[:, 0]
         return array[0] if single else array
@@ -110,11 +117,15 @@ class FeatureCalls:
         plan = OutputPlan(layers, "word", subword, fuse=fuse, dtype=dtype, long_texts=long_texts,  # type: ignore[arg-type]
                           stride=stride, final_norm=final_norm)  # fmt: skip
         texts, words = split_word_inputs(inputs, words)
-        outputs = cast(Extracting, self).iter_results(
-            plan, texts, text_pairs=text_pairs, pairs=pairs, words=words, progress=progress
-        )
+        enc = cast(Extracting, self)
         n_inputs = len(next(x for x in (texts, pairs, words) if x is not None) or ())
-        results = word_vectors(outputs, n_inputs, plan.dtype)
+        inputs_given = {"text_pairs": text_pairs, "pairs": pairs, "words": words, "progress": progress}
+        batches, held = enc.iter_batches(plan, texts, **inputs_given)
+        if batches is not None:  # each batch's words at once (batch_results.py)
+            results = word_results(batches, [None] * n_inputs, plan, held)
+        else:
+            outputs = enc.iter_results(plan, texts, **inputs_given)
+            results = word_vectors(outputs, n_inputs, plan.dtype)
         if _drops_axis(layers, fuse):
             results = [WordVectors(**{**r.__dict__, "vectors": r.vectors[0]}) for r in results]
         return results

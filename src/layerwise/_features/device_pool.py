@@ -19,13 +19,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from .fuse import fusion_layers
 from .names import NAMED_FUSIONS
-from .pool import word_group_ids
+
+if TYPE_CHECKING:  # the batch's columns (inputs/block.py): read here, never built
+    from .._inputs.block import TokenColumns
 
 GROUP_POOLS = ("first", "last", "mean", "max", "first_last")
 SENTENCE_AS_GROUP = {"cls": "first", "last": "last", "mean": "mean", "max": "max"}
@@ -72,45 +75,56 @@ def _to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
     return tensor.to(device, non_blocking=True)
 
 
-# each input's tokens as (segment ids, word ids with -1 for special tokens), as a LayerStack has them
-Tokens = Sequence[tuple[np.ndarray, np.ndarray]]
-
-
-def sentence_owner(tokens: Tokens, special_tokens: str, pool: str) -> np.ndarray:
+def sentence_owner(columns: TokenColumns, special_tokens: str, pool: str) -> np.ndarray:
     """Each packed token's input, or -1 for a token the sentence pool leaves out (``exclude``:
     special tokens, unless the input has no content token; cls always reads the first token)."""
-    parts = []
-    for b, (_, word_ids) in enumerate(tokens):
-        own = np.full(len(word_ids), b, dtype=np.int64)
-        if special_tokens == "exclude" and pool != "cls" and (word_ids >= 0).any():
-            own[word_ids < 0] = -1
-        parts.append(own)
-    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+    lengths = np.asarray(columns.lengths, dtype=np.int64)
+    owner = np.repeat(np.arange(len(lengths), dtype=np.int64), lengths)
+    if special_tokens == "exclude" and pool != "cls" and len(owner):
+        assert columns.word_ids is not None
+        special = columns.word_ids < 0
+        has_content = np.add.reduceat(~special, columns.starts) > 0
+        owner[special & has_content[owner]] = -1
+    return owner
 
 
-def word_owner(tokens: Tokens) -> tuple[np.ndarray, list[int]]:
+def word_owner(columns: TokenColumns) -> tuple[np.ndarray, list[int]]:
     """Each packed token's word across the batch (-1 for special tokens) and each input's number of
-    words, in :func:`pool.word_groups`' order."""
-    parts, counts, offset = [], [], 0
-    for segments, word_ids in tokens:
-        group, n_words = word_group_ids(segments, word_ids)
-        parts.append(np.where(group >= 0, group + offset, -1))
-        counts.append(n_words)
-        offset += n_words
-    return (np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)), counts
+    words: words numbered input by input, each input's in order of first appearance of its
+    (segment, word id) pairs, as :func:`pool.word_groups` numbers them."""
+    assert columns.word_ids is not None and columns.segments is not None
+    lengths = np.asarray(columns.lengths, dtype=np.int64)
+    text = np.repeat(np.arange(len(lengths), dtype=np.int64), lengths)
+    word = columns.word_ids.astype(np.int64)
+    kept = np.flatnonzero(word >= 0)
+    owner = np.full(len(word), -1, dtype=np.int64)
+    if not len(kept):
+        return owner, [0] * len(lengths)
+    span = int(word.max()) + 1
+    keys = (text[kept] * 2 + columns.segments[kept].astype(np.int64)) * span + word[kept]
+    unique, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
+    rank = np.empty(len(unique), dtype=np.int64)
+    rank[np.argsort(first, kind="stable")] = np.arange(len(unique))  # by first appearance
+    owner[kept] = rank[inverse.reshape(-1)]
+    counts = np.bincount(unique // (2 * span), minlength=len(lengths))
+    return owner, counts.tolist()
 
 
 def pool_batch(
-    hidden: torch.Tensor, tokens: Tokens, level: str, pool: str, special_tokens: str
+    hidden: torch.Tensor, columns: TokenColumns, plan: DevicePlan
 ) -> tuple[torch.Tensor, list[int]]:
-    """A packed batch's states pooled per input (``level`` "sentence") or per word ("word"), where
+    """A packed batch's states pooled per input (a sentence plan) or per word (a word plan), where
     they are: ``(L, rows, H)`` and each input's number of rows (1 per input for a sentence)."""
-    if level == "sentence":
-        owner, sizes, n_groups = sentence_owner(tokens, special_tokens, pool), [1] * len(tokens), len(tokens)
-        group_pool = SENTENCE_AS_GROUP[pool]
+    if plan.level == "sentence":
+        owner = sentence_owner(columns, plan.special_tokens, plan.pool)
+        sizes, n_groups, group_pool = (
+            [1] * len(columns.lengths),
+            len(columns.lengths),
+            SENTENCE_AS_GROUP[plan.pool],
+        )
     else:
-        owner, sizes = word_owner(tokens)
-        n_groups, group_pool = sum(sizes), pool
+        owner, sizes = word_owner(columns)
+        n_groups, group_pool = sum(sizes), plan.pool
     return pool_groups(hidden, owner, n_groups, group_pool), sizes
 
 

@@ -22,51 +22,12 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from ..errors import InputError, OptionError
-from .words import empty_words, word_keys, word_offsets_to_text
+from .block import EncodedBlock, EncodedInput, segment_ids
+from .words import empty_words, word_keys
+
+__all__ = ["EncodedBlock", "EncodedInput", "InputEncoder", "RawInputs", "normalize_inputs", "segment_ids"]
 
 logger = logging.getLogger("layerwise")
-
-
-@dataclass(frozen=True, slots=True)
-class EncodedInput:
-    """One tokenised input. Offsets are character spans into ``text`` (or ``text_pair`` for tokens
-    whose segment id is 1); special tokens get ``(0, 0)`` and word id ``None``."""
-
-    index: int
-    text: str
-    text_pair: str | None
-    words: tuple[str, ...] | None
-    ids: tuple[int, ...]
-    type_ids: tuple[int, ...]
-    tokens: tuple[str, ...]
-    offsets: tuple[tuple[int, int], ...]
-    word_ids: tuple[int | None, ...]
-    sequence_ids: tuple[int | None, ...]
-    truncated: bool
-    n_tokens_untruncated: int
-    words_lost: int = 0
-    # False when a very long input was tokenised only as far as truncation needs: then
-    # n_tokens_untruncated and words_lost are lower bounds ("at least")
-    counts_exact: bool = True
-    words_empty: tuple[int, ...] = ()  # pre-split words with no token (they keep their slot downstream)
-
-    def __len__(self) -> int:
-        return len(self.ids)
-
-
-def segment_ids(sequence_ids: Sequence[int | None]) -> np.ndarray:
-    """Segment (0 = first text, 1 = second) of every token, from the tokenizer's sequence ids.
-
-    Not from ``type_ids``: RoBERTa-style tokenizers give both segments type id 0. Special tokens
-    belong to the segment of the content token before them ([CLS] to 0, the [SEP] after A to 0,
-    the final [SEP] to 1), which is BERT's token-type layout."""
-    out = np.zeros(len(sequence_ids), dtype=np.int8)
-    current = 0
-    for position, sequence in enumerate(sequence_ids):
-        if sequence is not None:
-            current = sequence
-        out[position] = current
-    return out
 
 
 def _check_str(value: object, what: str, index: int) -> str:
@@ -228,11 +189,25 @@ class InputEncoder:
         self._free.encode_special_tokens = not special_tokens_in_text
         self._capped.encode_special_tokens = not special_tokens_in_text
 
+    def capped_tokenizer(self) -> Tokenizer:
+        """The tokenizer as the forward sees it: truncating at ``max_length``, no padding (a
+        benchmark's limit: its batch call alone)."""
+        return self._capped
+
     def encode(self, raw: RawInputs, *, truncate: bool = True) -> list[EncodedInput]:
         """Tokenise. With ``truncate=False`` inputs longer than ``max_length`` are kept whole
         (for sliding windows); otherwise they are cut and flagged."""
+        return self.encode_block(raw, truncate=truncate).items()
+
+    def encode_block(
+        self, raw: RawInputs, *, truncate: bool = True, first: int = 0, detailed: bool = True
+    ) -> EncodedBlock:
+        """:meth:`encode` as arrays (block.py): no per-input object is built. ``first``: the call's
+        index of ``raw``'s first input (a block of a longer call), for errors and results.
+        ``detailed=False``: without offsets and word ids (the fast tokenizer's leaner batch call),
+        for a call that reads neither; single texts cut at the maximum only (else it is ignored)."""
         if not len(raw):
-            return []
+            raw = RawInputs([], None, None)  # nothing to tokenise: no check of the form applies
         if raw.text_pairs is not None and not self.pairs:
             raise InputError(
                 "this model is a decoder language model: it has no segments, so it takes no text pairs. "
@@ -240,7 +215,7 @@ class InputEncoder:
             )
         if raw.words is not None:
             batch: list = [list(w) for w in raw.words]
-            pretokenized = True
+            pretokenized = detailed = True  # their empty words are found from word ids
         elif raw.text_pairs is not None:
             batch = list(zip(raw.texts, raw.text_pairs, strict=True))
             pretokenized = False
@@ -258,73 +233,105 @@ class InputEncoder:
                     if found is not None:
                         bounded[i] = found
                         batch[i] = [] if pretokenized else ""  # nothing left to tokenise here
-        encodings = self._free.encode_batch(batch, is_pretokenized=pretokenized)
-        lengths = [len(e.ids) for e in encodings]
-        too_long = [i for i, n in enumerate(lengths) if n > self.max_length] if truncate else []
-        full_words = {i: word_keys(encodings[i]) for i in too_long}
-        if too_long:
-            capped = self._capped.encode_batch([batch[i] for i in too_long], is_pretokenized=pretokenized)
-            for i, enc in zip(too_long, capped, strict=True):
-                encodings[i] = enc
-        lost = {i: len(full_words[i] - word_keys(encodings[i])) for i in too_long}
+        if truncate and raw.text_pairs is None:
+            encodings, lengths, untruncated, lost = self._capped_batch(batch, pretokenized, detailed)
+            too_long = np.flatnonzero(untruncated > lengths).tolist()
+        else:  # pairs are cut longest_first: counted whole, then cut; windows keep every token
+            detailed = True
+            encodings = self._free.encode_batch(batch, is_pretokenized=pretokenized) if batch else []
+            lengths = np.fromiter((len(e) for e in encodings), np.int64, count=len(encodings))
+            untruncated = lengths.copy()
+            too_long = np.flatnonzero(lengths > self.max_length).tolist() if truncate else []
+            lost = np.zeros(len(encodings), dtype=np.int64)
+            if too_long:
+                full_words = {i: word_keys(encodings[i]) for i in too_long}
+                capped = self._capped.encode_batch([batch[i] for i in too_long], is_pretokenized=pretokenized)
+                for i, enc in zip(too_long, capped, strict=True):
+                    encodings[i] = enc
+                    lengths[i] = len(enc)
+                    lost[i] = len(full_words[i] - word_keys(enc))
         for i, (enc, n_tokens, n_lost) in bounded.items():
-            encodings[i], lengths[i], lost[i] = enc, n_tokens, n_lost
-        too_long_set = set(too_long) | set(bounded)
+            encodings[i], lengths[i], untruncated[i], lost[i] = enc, len(enc), n_tokens, n_lost
+        truncated = np.zeros(len(encodings), dtype=bool)
+        truncated[too_long] = True
+        truncated[list(bounded)] = True
+        exact = np.ones(len(encodings), dtype=bool)
+        exact[list(bounded)] = False
+        empty: dict[int, tuple[int, ...]] = {}
         if raw.words is not None:
             # pre-split words: every word after the last one that kept a token is lost, including
             # words that would have had no token anyway (a trailing " " or "\u200b")
-            for i in too_long_set:
+            for i in np.flatnonzero(truncated).tolist():
                 present = [w for w in encodings[i].word_ids if w is not None]
                 lost[i] = len(raw.words[i]) - (max(present) + 1 if present else 0)
-        out = []
-        for i, enc in enumerate(encodings):
-            ids = tuple(enc.ids)  # each .ids builds a new list from the Rust encoding: once here
-            if not ids:
-                raise self._no_tokens(i, raw)
-            if self.vocab_size is not None and ids and max(ids) >= self.vocab_size:
-                raise self._unknown_id(i, ids, enc.tokens, raw)
-            offsets = enc.offsets
-            if raw.words is not None:
-                offsets = word_offsets_to_text(offsets, enc.word_ids, raw.words[i])
-            out.append(
-                EncodedInput(
-                    index=i,
-                    text=raw.texts[i],
-                    text_pair=raw.text_pairs[i] if raw.text_pairs is not None else None,
-                    words=raw.words[i] if raw.words is not None else None,
-                    ids=ids,
-                    type_ids=tuple(enc.type_ids),
-                    tokens=tuple(enc.tokens),
-                    offsets=tuple((int(a), int(b)) for a, b in offsets),
-                    word_ids=tuple(enc.word_ids),
-                    sequence_ids=tuple(enc.sequence_ids),
-                    truncated=i in too_long_set,
-                    n_tokens_untruncated=lengths[i],
-                    words_lost=lost.get(i, 0),
-                    counts_exact=i not in bounded,
-                    words_empty=empty_words(enc, raw.words[i], i in too_long_set) if raw.words else (),
-                )
-            )
-        return out
+            for i, enc in enumerate(encodings):
+                found = empty_words(enc, raw.words[i], bool(truncated[i]))
+                if found:
+                    empty[i] = found
+        block = EncodedBlock(raw.texts, raw.text_pairs, raw.words, encodings, lengths, truncated,
+                             untruncated, lost, exact, empty, first, detailed)  # fmt: skip
+        self._check_ids(block, raw)
+        return block
 
-    def _no_tokens(self, i: int, raw: RawInputs) -> InputError:
+    def _capped_batch(self, batch: list, pretokenized: bool, detailed: bool) -> tuple:
+        """One batch call with the model's truncation: ``(encodings, lengths, lengths before the cut,
+        words lost)``. A cut input's rest comes back as overflowing pieces (stride 0: no overlap),
+        each wrapped in the special tokens again: they give its full length and its lost words
+        (from a detailed encoding of the cut inputs alone, when the call was lean)."""
+        if not batch:
+            empty = np.zeros(0, dtype=np.int64)
+            return [], empty, empty.copy(), empty.copy()
+        encode = self._capped.encode_batch if detailed else self._capped.encode_batch_fast
+        encodings = encode(batch, is_pretokenized=pretokenized)
+        lengths = np.fromiter((len(e) for e in encodings), np.int64, count=len(encodings))
+        untruncated, lost = lengths.copy(), np.zeros(len(encodings), dtype=np.int64)
+        cut = [i for i, enc in enumerate(encodings) if enc.overflowing]
+        if not cut:
+            return encodings, lengths, untruncated, lost
+        processor = self._capped.post_processor
+        added = processor.num_special_tokens_to_add(False) if processor is not None else 0
+        detail = encodings if detailed else dict(zip(cut, self._capped.encode_batch([batch[i] for i in cut],
+                                                                                     is_pretokenized=pretokenized)))  # fmt: skip
+        for i in cut:
+            pieces = detail[i].overflowing
+            untruncated[i] = lengths[i] + sum(len(piece) - added for piece in pieces)
+            lost[i] = len(set().union(*(word_keys(piece) for piece in pieces)) - word_keys(detail[i]))
+        return encodings, lengths, untruncated, lost
+
+    def _check_ids(self, block: EncodedBlock, raw: RawInputs) -> None:
+        """The first input (in input order) with no token, or a token id past the model's rows."""
+        bad = [int(i) for i in np.flatnonzero(block.lengths == 0)[:1]]
+        if self.vocab_size is not None and block.n_tokens and int(block.ids.max()) >= self.vocab_size:
+            position = int(np.argmax(block.ids >= self.vocab_size))
+            bad.append(int(np.searchsorted(block.starts, position, side="right")) - 1)
+        if not bad:
+            return
+        i = min(bad)
+        if block.lengths[i] == 0:
+            raise self._no_tokens(i, raw, block.first)
+        enc = block.encodings[i]
+        raise self._unknown_id(i, tuple(enc.ids), enc.tokens, raw, block.first)
+
+    def _no_tokens(self, i: int, raw: RawInputs, first: int = 0) -> InputError:
         # only a tokenizer that adds no special token (GPT-2's, Qwen2's: no BOS) gives an input none:
         # an empty text, or one of characters its byte-level vocabulary has no bytes for (it drops them)
         return InputError(
-            f"input {i} ({raw.texts[i]!r:.60}) gives no tokens: this model's tokenizer adds no BOS or "
+            f"input {first + i} ({raw.texts[i]!r:.60}) gives no tokens: this model's tokenizer adds no BOS or "
             "other special token, and the input is empty or made of characters its vocabulary cannot "
             "represent; leave such inputs out",
-            index=i,
+            index=first + i,
         )
 
-    def _unknown_id(self, i: int, ids: tuple[int, ...], tokens: list[str], raw: RawInputs) -> InputError:
+    def _unknown_id(
+        self, i: int, ids: tuple[int, ...], tokens: list[str], raw: RawInputs, first: int = 0
+    ) -> InputError:
         top = max(ids)
         token = tokens[ids.index(top)]
         return InputError(
-            f"tokenizer and model disagree: input {i} ({raw.texts[i]!r:.60}) has token {token!r} "
+            f"tokenizer and model disagree: input {first + i} ({raw.texts[i]!r:.60}) has token {token!r} "
             f"with id {top} >= the model's vocab size {self.vocab_size}; the tokenizer is not the "
             "one this model was trained with: load the model with its own tokenizer files",
-            index=i,
+            index=first + i,
         )
 
     def _prefix_encoding(self, item, pretokenized: bool):

@@ -126,6 +126,14 @@ def plan_groups(
     return column, groups
 
 
+def _to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host tensor on ``device`` without waiting: pinned first on a GPU (a copy from pageable memory
+    would wait for the forward just launched)."""
+    if device.type == "cuda":
+        return tensor.pin_memory().to(device, non_blocking=True)
+    return tensor.to(device)
+
+
 def unpackable(config: Any) -> str | None:
     """What in ``config`` the packed forward cannot express exactly, or None when it can."""
     if config.model_type not in PACKED_MODEL_TYPES:
@@ -178,22 +186,18 @@ class PackedEncoder:
             return None
         return cls(model)
 
-    def prepare(
-        self,
-        items: Sequence[Any],  # EncodedInput | Window: .ids, .type_ids, len()
-        *,
-        with_token_types: bool,
-        device: torch.device,
-    ) -> PackedBatch:
-        lengths = [len(item) for item in items]
-        ids = torch.tensor([i for item in items for i in item.ids], dtype=torch.long)
-        if with_token_types:
-            types = torch.tensor([t for item in items for t in item.type_ids], dtype=torch.long)
+    def prepare(self, columns: Any, *, with_token_types: bool, device: torch.device) -> PackedBatch:
+        """The batch's index tensors from its columns (inputs/block.py ``TokenColumns``: ids and
+        type ids back to back, each input's length)."""
+        lengths = columns.lengths
+        ids = torch.from_numpy(columns.ids)
+        if with_token_types and columns.type_ids is not None:
+            types = torch.from_numpy(columns.type_ids)
         else:
             types = torch.zeros(len(ids), dtype=torch.long)
         column, groups = plan_groups(lengths, device, key_mask=True)
         positions = column + (self.padding_idx + 1 if self.model_type in _OFFSET_POSITIONS else 0)
-        ids, types, positions = (t.to(device, non_blocking=True) for t in (ids, types, positions))
+        ids, types, positions = (_to_device(t, device) for t in (ids, types, positions))
         return PackedBatch(ids, types, positions, lengths=lengths, groups=groups)
 
     def forward(self, batch: PackedBatch, layers: Sequence[int]) -> torch.Tensor:

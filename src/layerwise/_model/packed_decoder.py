@@ -171,12 +171,13 @@ class PackedDecoder:
         self.model._layerwise_packed_hooks = True
 
     def prepare(
-        self, items: Sequence[Any], *, device: torch.device, with_token_types: bool = False
+        self, columns: Any, *, device: torch.device, with_token_types: bool = False
     ) -> PackedDecoderBatch:
-        """The batch's ids back to back, each text's positions, its attention grids (decoders have
-        no token types: ``with_token_types`` is there for the engine's one call)."""
-        lengths = [len(item) for item in items]
-        ids = torch.tensor([i for item in items for i in item.ids], dtype=torch.long)
+        """The batch's ids back to back (inputs/block.py ``TokenColumns``), each text's positions, its
+        attention grids (decoders have no token types: ``with_token_types`` is there for the engine's
+        one call)."""
+        lengths = columns.lengths
+        ids = torch.from_numpy(columns.ids)
         column, groups = plan_groups(lengths, device, key_mask=False)
         return PackedDecoderBatch(ids.to(device), column.to(device), lengths, groups)
 

@@ -22,6 +22,7 @@ import numpy as np
 
 from .._inputs.display import token_display
 from .._model.decoders import final_norm_module
+from .._call import Call
 from ..errors import InputError
 
 if TYPE_CHECKING:
@@ -216,10 +217,8 @@ def _extract_with_masks(encoder: Encoder, head: MaskedLMHead | CausalLMHead, tex
     encoded = head.inputs.encode(normalize_inputs([text]))
     report_truncation_warning(encoded, encoder.max_length)
     layers = tuple(range(encoder.n_hidden_states))
-    stream = encoder.engine.stream(
-        encoded, layers=layers, method="hidden_states", taps=(), stride=None, batch_size=None,
-        max_tokens=None, progress=False, final_norm=False,  # raw: CausalLMHead norms every state once
-    )  # fmt: skip
+    call = Call(layers, "hidden_states", final_norm=False)  # raw: CausalLMHead norms every state once
+    stream = encoder.engine.stream(encoded, call, progress=False)
     return dict(stream)[0]
 
 

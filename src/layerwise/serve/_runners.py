@@ -7,6 +7,7 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, Protocol
 
+from .._call import Call
 from ._jobs import Finish, Forward, Job, Results, Run
 
 if TYPE_CHECKING:
@@ -39,10 +40,8 @@ def compute(
     """A run's results: the engine's stacks (length-sorted batches under its token budget, as
     ``forward`` says), each through its input's Finish (its request's OutputPlan). The server's
     runs merge requests, so they take the engine's stream, not Encoder.iter_results."""
-    stream = encoder.engine.stream(
-        encoded, layers=forward.layers, method=encoder.method, taps=(), stride=forward.stride,
-        batch_size=None, max_tokens=None, progress=False, final_norm=forward.final_norm,  # type: ignore[arg-type]
-    )  # fmt: skip
+    call = Call(forward.layers, encoder.method, stride=forward.stride, final_norm=forward.final_norm)  # type: ignore[arg-type]
+    stream = encoder.engine.stream(encoded, call, progress=False)
     return [(index, finishes[index].apply(stack)) for index, stack in stream]
 
 

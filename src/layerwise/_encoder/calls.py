@@ -1,0 +1,163 @@
+"""From a call's inputs to the engine's stream: the :class:`~layerwise._call.Call` value checked and
+settled against the model, the inputs tokenised in blocks beside the forward, warnings once a call.
+
+Inputs run in blocks: the first holds one batch's worth, so the device starts at once; each next one
+is tokenised on a thread (the fast tokenizer releases the GIL) while this one runs, and holds
+:data:`GROWTH` times as many, up to :data:`MAX_BLOCK` batches. Bad input in the first block fails before the stream
+starts; an error in a later block is raised at its turn, after the results of the inputs before it:
+errors arrive in input order. Windows (``long_texts="window"``), taps and the padded forward run on
+per-input objects (``Engine.stream``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+from .._call import Call
+from .._features.device_pool import DevicePlan
+from .._features.layers import LayerSpec, resolve_layers
+from .._features.names import LONG_TEXTS, LongTexts
+from .._inputs.ahead import ahead
+from .._inputs.block import EncodedBlock
+from .._inputs.encoding import RawInputs, report_empty_words, report_truncation_warning
+from .._inputs.windows import check_window_memory, check_window_options
+from .._model.hooks import DECODER_TAPS, check_taps
+from .._model.host_copy import RESULT_DTYPES
+from .._results import LayerStack
+from .._settings import METHODS, FinalNorm, Method
+from ..errors import OptionError, check_choice
+
+if TYPE_CHECKING:
+    from .core import Encoder
+
+logger = logging.getLogger("layerwise")
+
+MAX_BLOCK = 16  # batches' worth of inputs in one block, at most
+GROWTH = 4  # each block holds this many times its predecessor's inputs (fewer, larger tokenizer calls)
+
+
+def make_call(
+    encoder: Encoder,
+    layers: LayerSpec = "all",
+    method: Method | None = None,
+    taps: Sequence[str] = (),
+    long_texts: LongTexts = "truncate",
+    stride: int | None = None,
+    batch_size: int | None = None,
+    max_tokens: int | None = None,
+    final_norm: FinalNorm | None = None,
+    dtype: str = "float32",
+    device_pool: DevicePlan | None = None,
+) -> Call:
+    """A call's options checked and settled against ``encoder`` (layers resolved; None: the
+    Encoder's method and final norm), before any work."""
+    layer_ids = resolve_layers(layers, encoder.n_hidden_states)
+    check_choice("dtype", dtype, tuple(RESULT_DTYPES))
+    method = encoder.method if method is None else method
+    check_choice("method", method, METHODS)
+    checked = check_taps(taps)
+    if encoder.is_decoder and set(checked) - set(DECODER_TAPS):
+        raise OptionError(
+            f"taps={list(checked)!r}: a decoder LM ({encoder.model_type}) has the taps "
+            f"{', '.join(DECODER_TAPS)}; "
+            "its blocks are pre-norm, with no module for attention_output or intermediate"
+        )
+    check_choice("long_texts", long_texts, LONG_TEXTS)
+    check_window_options(long_texts, stride, encoder.max_length)
+    return Call(layer_ids, method, checked, long_texts, stride, batch_size, max_tokens,
+                encoder.call_final_norm(final_norm), device_pool, dtype)  # fmt: skip
+
+
+def stream_stacks(
+    encoder: Encoder, call: Call, raw: RawInputs, progress: bool | None, report: bool
+) -> Iterator[tuple[int, LayerStack]]:
+    """``(input index, LayerStack)`` of ``raw`` as batches finish (see the module's docstring)."""
+    engine = encoder.engine
+    if engine.blockwise(call):
+        return engine.block_stream(blocks_ahead(encoder, raw, report), call, progress, len(raw))
+    if call.long_texts == "window":
+        check_window_memory(raw, len(call.layers), encoder.hidden_size)
+    encoded = encoder.inputs.encode(raw, truncate=call.long_texts == "truncate")
+    if report:
+        report_truncation_warning(encoded, encoder.max_length)
+    report_empty_words(encoded)
+    return engine.stream(encoded, call, progress)
+
+
+def stream_batches(
+    encoder: Encoder, call: Call, raw: RawInputs, progress: bool | None
+) -> Iterator[tuple[EncodedBlock, Any, Any]]:
+    """``Engine.stream_blocks`` over ``raw``'s blocks: ``(block, rows, Rows)`` per batch, for a
+    sentence or word plan made on the device (``call.device_pool``). Needs
+    ``encoder.engine.blockwise(call)``. A sentence pool that reads no word ids tokenises lean (no
+    offsets, no word ids: the results expose neither)."""
+    plan = call.device_pool
+    assert plan is not None
+    lean = plan.level == "sentence" and (plan.special_tokens == "include" or plan.pool == "cls")
+    blocks = blocks_ahead(encoder, raw, True, detailed=not lean)
+    return encoder.engine.stream_blocks(blocks, call, progress, len(raw))
+
+
+def blocks_ahead(
+    encoder: Encoder, raw: RawInputs, report: bool, *, detailed: bool = True
+) -> Iterator[EncodedBlock]:
+    """``raw`` tokenised in blocks, the first now, each next one on a thread while the caller runs
+    this one; the truncation and empty-word warnings once, for the whole call, after the last."""
+    step = encoder.batch_size
+    bounds, start = [], 0
+    while start < len(raw):
+        bounds.append((start, min(len(raw), start + step)))
+        start, step = start + step, min(GROWTH * step, MAX_BLOCK * encoder.batch_size)
+
+    def encode(bound: tuple[int, int]) -> EncodedBlock:
+        lo, hi = bound
+        return encoder.inputs.encode_block(_part(raw, lo, hi), first=lo, detailed=detailed)
+
+    first = encode(bounds[0]) if bounds else None  # bad input in the first block fails here
+
+    def run() -> Iterator[EncodedBlock]:
+        seen: list[EncodedBlock] = []
+        if first is not None:
+            seen.append(first)
+            yield first
+        for _, block in ahead(bounds[1:], encode):
+            seen.append(block)
+            yield block
+        _report(seen, len(raw), encoder.max_length, report)
+
+    return run()
+
+
+def _part(raw: RawInputs, lo: int, hi: int) -> RawInputs:
+    pairs = raw.text_pairs[lo:hi] if raw.text_pairs is not None else None
+    words = raw.words[lo:hi] if raw.words is not None else None
+    return RawInputs(raw.texts[lo:hi], pairs, words, raw.field)
+
+
+def _report(blocks: list[EncodedBlock], n_inputs: int, max_length: int, truncation: bool) -> None:
+    """The call's truncation warning (counts over all its blocks) and empty-word warning, once."""
+    if truncation and any(b.truncated.any() for b in blocks):
+        hit = [(b, i) for b in blocks for i in b.truncated.nonzero()[0].tolist()]
+        first_block, i = hit[0]
+        exact = all(bool(b.counts_exact[i]) for b, i in hit)
+        logger.warning(
+            "%d of %d inputs were longer than %d tokens and were truncated (first: input %d, %s%d tokens; "
+            "%s%d words lost in all); their results have truncated=True. Pass long_texts='window' "
+            "to keep every token with sliding windows.",
+            len(hit), n_inputs, max_length, first_block.first + i,
+            "" if first_block.counts_exact[i] else "at least ", int(first_block.n_untruncated[i]),
+            "" if exact else "at least ", sum(int(b.words_lost[i]) for b, i in hit),
+        )  # fmt: skip
+    empty = [(b, i) for b in blocks for i in sorted(b.words_empty)]
+    if empty:
+        block, i = empty[0]
+        words = block.words[i] if block.words is not None else ()
+        word = words[block.words_empty[i][0]] if words else ""
+        logger.warning(
+            "%d words in %d inputs produced no wordpiece (first: input %d, word %d, %r); they keep their "
+            "slot with a zero vector and are listed in words_empty",
+            sum(len(b.words_empty[i]) for b, i in empty), len(empty), block.first + i,
+            block.words_empty[i][0], word,
+        )  # fmt: skip
