@@ -1,9 +1,10 @@
 """From a call's inputs to the engine's stream: the :class:`~layerwise._call.Call` value checked and
 settled against the model, the inputs tokenised in blocks beside the forward, warnings once a call.
 
-Inputs run in blocks: the first holds one batch's worth, so the device starts at once; each next one
-is tokenised on a thread (the fast tokenizer releases the GIL) while this one runs, and holds
-:data:`GROWTH` times as many, up to :data:`MAX_BLOCK` batches. Bad input in the first block fails before the stream
+Inputs run in blocks. On a GPU the first holds one batch's worth, so the device starts at once; each
+next one is tokenised on a thread (the fast tokenizer releases the GIL) while this one runs, and
+holds :data:`GROWTH` times as many, up to :data:`MAX_BLOCK` batches. On a CPU, where the forward
+needs the cores the tokenizer would use, blocks of :data:`MAX_BLOCK` batches are tokenised in line. Bad input in the first block fails before the stream
 starts; an error in a later block is raised at its turn, after the results of the inputs before it:
 errors arrive in input order. Windows (``long_texts="window"``), taps and the padded forward run on
 per-input objects (``Engine.stream``).
@@ -105,11 +106,16 @@ def blocks_ahead(
 ) -> Iterator[EncodedBlock]:
     """``raw`` tokenised in blocks, the first now, each next one on a thread while the caller runs
     this one; the truncation and empty-word warnings once, for the whole call, after the last."""
-    step = encoder.batch_size
+    # on a CPU the tokenizer and the forward each keep every core busy: tokenising beside the
+    # forward only makes them take turns (12 % slower on 2 cores, benchmarks/host_cost.py), so
+    # there each block is tokenised in line, and the blocks are large from the first
+    beside = encoder.device.type != "cpu"
+    largest = MAX_BLOCK * encoder.batch_size
+    step = encoder.batch_size if beside else largest
     bounds, start = [], 0
     while start < len(raw):
         bounds.append((start, min(len(raw), start + step)))
-        start, step = start + step, min(GROWTH * step, MAX_BLOCK * encoder.batch_size)
+        start, step = start + step, min(GROWTH * step, largest)
 
     def encode(bound: tuple[int, int]) -> EncodedBlock:
         lo, hi = bound
@@ -122,7 +128,8 @@ def blocks_ahead(
         if first is not None:
             seen.append(first)
             yield first
-        for _, block in ahead(bounds[1:], encode):
+        rest = ahead(bounds[1:], encode) if beside else ((bound, encode(bound)) for bound in bounds[1:])
+        for _, block in rest:
             seen.append(block)
             yield block
         _report(seen, len(raw), encoder.max_length, report)

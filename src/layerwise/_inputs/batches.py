@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from ..errors import OptionError
 
 PAD_SLACK = 0.25  # an item may be padded by up to a quarter of its batch's width…
@@ -44,6 +46,8 @@ def length_sorted_batches(
         raise OptionError(f"batch_size={batch_size} must be >= 1")
     if max_tokens is not None and max_tokens < 1:
         raise OptionError(f"max_tokens={max_tokens} must be >= 1, or None for no token budget")
+    if not padded:
+        return _packed_batches(lengths, batch_size, max_tokens)
     order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
     batches: list[list[int]] = []
     current: list[int] = []
@@ -64,4 +68,22 @@ def length_sorted_batches(
         tokens += lengths[i]
     if current:
         batches.append(current)
+    return batches
+
+
+def _packed_batches(lengths: Sequence[int], batch_size: int, max_tokens: int | None) -> list[list[int]]:
+    """:func:`length_sorted_batches` with ``padded=False``: items sorted longest first (ties in input
+    order), cut where the next item would pass ``batch_size`` items or ``max_tokens`` real tokens (an
+    item over the budget alone gets a batch of its own); one search per batch, not a loop per item."""
+    sizes = np.asarray(lengths, dtype=np.int64)
+    order = np.argsort(-sizes, kind="stable")
+    total = np.concatenate([[0], np.cumsum(sizes[order])])
+    batches, start, n = [], 0, len(order)
+    while start < n:
+        stop = min(n, start + batch_size)
+        if max_tokens is not None:
+            fits = int(np.searchsorted(total, total[start] + max_tokens, side="right")) - 1
+            stop = min(stop, max(fits, start + 1))
+        batches.append(order[start:stop].tolist())
+        start = stop
     return batches

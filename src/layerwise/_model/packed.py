@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -108,22 +109,25 @@ def plan_groups(
     """Each token's position within its own sequence ``(N,)``, and the batch's attention grids
     (:func:`attention_groups`): where each token sits in its group's grid and, with ``key_mask``,
     which keys are real (a causal grid needs none: padding comes after every real key)."""
-    lengths_t = torch.tensor(lengths, dtype=torch.long)
-    row = torch.repeat_interleave(torch.arange(len(lengths)), lengths_t)
-    starts = torch.cumsum(lengths_t, 0) - lengths_t
-    column = torch.arange(int(lengths_t.sum())) - starts[row]
+    sizes = np.asarray(lengths, dtype=np.int64)
+    ends = np.cumsum(sizes)
+    starts = ends - sizes
+    column = np.arange(int(ends[-1]) if len(ends) else 0, dtype=np.int64) - np.repeat(starts, sizes)
     groups = []
     for first, stop in attention_groups(lengths):
-        part = lengths[first:stop]
-        width, start, end = max(part), int(starts[first]), int(starts[stop - 1]) + part[-1]
+        part = sizes[first:stop]
+        width, start, end = int(part.max()), int(starts[first]), int(ends[stop - 1])
         flat = mask = None
-        if min(part) < width:  # padding in this group's grid: where each token sits, which keys are real
-            flat = ((row[start:end] - first) * width + column[start:end]).to(device, non_blocking=True)
+        if (
+            int(part.min()) < width
+        ):  # padding in this group's grid: where each token sits, which keys are real
+            row = np.repeat(np.arange(stop - first, dtype=np.int64), part)
+            flat = _to_device(torch.from_numpy(row * width + column[start:end]), device)
             if key_mask:
-                mask = (torch.arange(width)[None, :] < lengths_t[first:stop, None])[:, None, None, :]
-                mask = mask.to(device, non_blocking=True)
+                real = np.arange(width)[None, :] < part[:, None]
+                mask = _to_device(torch.from_numpy(real[:, None, None, :]), device)
         groups.append(AttentionGroup(start, end, stop - first, width, flat, mask))
-    return column, groups
+    return torch.from_numpy(column), groups
 
 
 def _to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
