@@ -126,7 +126,9 @@ def measure_embed(folder: Path, dtype: str, texts: list[str], repeats: int, devi
         with torch.inference_mode():
             for batch_ids in batches:
                 columns = TokenColumns.of_units([units[u] for u in batch_ids])
-                batch = engine.packed.prepare(columns, with_token_types=engine.with_token_types, device=engine.device)
+                batch = engine.packed.prepare(
+                    columns, with_token_types=engine.with_token_types, device=engine.device
+                )
                 engine.packed.forward(batch, layers)
                 counted += sum(batch.lengths)
         _sync(device)
@@ -152,7 +154,8 @@ def measure_embed(folder: Path, dtype: str, texts: list[str], repeats: int, devi
     }  # fmt: skip
     limits = report["limits"]
     print(f"BERT-base shape {dtype}, {len(texts)} texts, {n_tokens} tokens (tokens/s, medians of {repeats}):\n"
-          f"  embed(layers='all')   {rate['embed']:>10,}  target >= 1,000,000; the pooled loop {rate['pooled_loop']:,}\n"
+          f"  embed(layers='all')   {rate['embed']:>10,}  target >= 600,000 and >= 1.5 x the pooled loop "
+          f"{rate['pooled_loop']:,} (= {rate['embed'] / rate['pooled_loop']:.2f})\n"
           f"  extract float16       {rate['extract_float16']:>10,}  target >= 0.8 x the packed forward "
           f"{rate['packed_forward']:,} (= {rate['extract_float16'] / rate['packed_forward']:.2f})\n"
           f"  limits: full-batch forward {limits['full_batch_forward_tokens_per_s']:,} tokens/s, pinned "

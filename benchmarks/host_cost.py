@@ -39,9 +39,8 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import interleaved_times, mixed_corpus, parser, write_result
-
 import numpy as np
+from common import interleaved_times, mixed_corpus, parser, write_result
 
 import layerwise as lw
 from layerwise._call import Call
@@ -190,7 +189,9 @@ def run(folder: Path, texts: list[str], repeats: int, profile: bool) -> dict:
                         "x_floor": round(seconds / floor, 3)}  # fmt: skip
         target = TARGETS.get(key)
         limit = f"  target <= {target}x" if target else ""
-        print(f"{key:12s} {seconds:.3f} s  {n_tokens / seconds:>10,.0f} tok/s  {seconds / floor:.2f}x the floor{limit}")
+        print(
+            f"{key:12s} {seconds:.3f} s  {n_tokens / seconds:>10,.0f} tok/s  {seconds / floor:.2f}x the floor{limit}"
+        )
     over_loop = median["loop"] / median["embed"]
     print(f"embed runs {over_loop:.2f}x the hand loop (target >= {LOOP_TARGET}x)")
     report = {

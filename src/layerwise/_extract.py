@@ -17,13 +17,13 @@ as :class:`LayerStack`, one per input.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import logging
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future
 from contextlib import nullcontext
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import numpy as np
@@ -147,7 +147,7 @@ class Engine:
         batches = self._plan_batches([len(u) for u in units], call, packed)
         if not (packed and not n_windows and not call.taps):
             call = dataclasses.replace(call, device_pool=None)
-        return self._run(encoded, units, owners, n_windows, batches, call, progress)
+        return _unit_stacks(self, encoded, units, owners, n_windows, batches, call, progress)
 
     def blockwise(self, call: Call) -> bool:
         """Whether ``call`` runs on :meth:`stream_blocks`: the packed forward, no taps, no windows."""
@@ -170,7 +170,7 @@ class Engine:
             for block in blocks:
                 for batch in self._plan_batches(block.lengths.tolist(), call, True):
                     rows = np.asarray(batch, dtype=np.int64)
-                    yield (block, rows), (lambda block=block, rows=rows: block.columns(rows))
+                    yield (block, rows), functools.partial(block.columns, rows)
 
         bar = None if progress is None and (total or 0) <= self.batch_size else progress_bar(
             "extracting", "inputs", progress
@@ -226,64 +226,7 @@ class Engine:
         call = Call(layers, "hidden_states" if packed else "hooks", taps, final_norm=final_norm)
         lengths = [len(u) for u in units]
         batches = length_sorted_batches(lengths, self.batch_size, self.max_tokens, padded=not packed)
-        return self._batch_rows(self._unit_jobs(list(units), batches, packed), call, packed=packed)
-
-    @staticmethod
-    def _unit_jobs(
-        units: list[Any], batches: list[list[int]], packed: bool
-    ) -> Iterator[tuple[list[int], Callable]]:
-        """Each batch's unit indices and what its forward reads: the units' columns (packed) or the
-        units themselves (the padded forward collates them)."""
-        for batch_ids in batches:
-            picked = [units[u] for u in batch_ids]
-            yield (
-                batch_ids,
-                (lambda picked=picked: TokenColumns.of_units(picked))
-                if packed
-                else (lambda picked=picked: picked),
-            )
-
-    def _run(
-        self,
-        encoded: list[EncodedInput],
-        units: list[EncodedInput | Window],
-        owners: list[tuple[int, int]],
-        n_windows: dict[int, int],
-        batches: list[list[int]],
-        call: Call,
-        progress: bool | None,
-    ) -> Iterator[tuple[int, LayerStack]]:
-        layers = call.layers
-        by_index = {item.index: item for item in encoded}
-        quiet = progress is None and len(batches) <= 1
-        bar = None if quiet else progress_bar("extracting", "inputs", progress)
-        task = bar.add_task("extract", total=len(units)) if bar is not None else None
-        pending: dict[int, dict[int, tuple]] = {}  # windows of long inputs until all are done
-        nonfinite: list[int] = []  # inputs whose vectors hold NaN or inf
-        packed = self._runs_packed(call.method, call.taps)
-        with bar if bar is not None else nullcontext():
-            for batch_ids, rows in self._batch_rows(
-                self._unit_jobs(units, batches, packed), call, packed=packed
-            ):
-                for u, (hidden, tapped) in zip(batch_ids, rows, strict=True):
-                    index, k = owners[u]
-                    if rows.nonfinite and not np.isfinite(hidden).all():
-                        if not self.allow_nan:
-                            raise nonfinite_error(index, by_index[index].text, hidden, layers)
-                        nonfinite.append(index)
-                    if k < 0:  # pooled on the device: the rows are the input's pooled vectors
-                        pooled = (
-                            None if call.device_pool is None else hidden[:, 0] if call.sentence else hidden
-                        )
-                        yield index, make_stack(by_index[index], hidden, tapped, layers, pooled=pooled)
-                        continue
-                    pending.setdefault(index, {})[k] = (units[u], hidden, tapped)
-                    if len(pending[index]) == n_windows[index]:
-                        yield index, stitch_stack(by_index[index], pending.pop(index), layers)
-                if bar is not None and task is not None:
-                    bar.advance(task, len(batch_ids))
-        if nonfinite:
-            _warn_nonfinite(nonfinite)
+        return self._batch_rows(_unit_jobs(list(units), batches, packed), call, packed=packed)
 
     def _batch_rows(
         self, jobs: Iterable[tuple[Key, Callable[[], Any]]], call: Call, *, packed: bool
@@ -328,7 +271,8 @@ class Engine:
         with self.lock.exclusive(), torch.inference_mode(), eager_attention_for(model, call.taps), kernels:
             hidden, tapped = forward_batch(
                 model, batch, layers=call.layers, method=call.method, layer_owner=self.layer_owner,
-                layer_attr=self.layer_attr, layer_list=self.layer_list, model_type=self.model_type, taps=call.taps,
+                layer_attr=self.layer_attr, layer_list=self.layer_list, model_type=self.model_type,
+                taps=call.taps,
             )  # fmt: skip
             hidden = apply_final_norm(model, hidden, call.layers, call.final_norm)
         return split_rows(HostCopy(hidden, tapped, RESULT_DTYPES[call.dtype]), [len(u) for u in units])
@@ -361,6 +305,60 @@ class Engine:
                 pooled, sizes = pool_batch(hidden, columns, call.device_pool)
                 hidden = finish(pooled, call.layers, call.device_pool)
             return sizes, HostCopy(hidden, tapped, RESULT_DTYPES[call.dtype])
+
+
+def _unit_stacks(
+    engine: Engine,
+    encoded: list[EncodedInput],
+    units: list[EncodedInput | Window],
+    owners: list[tuple[int, int]],
+    n_windows: dict[int, int],
+    batches: list[list[int]],
+    call: Call,
+    progress: bool | None,
+) -> Iterator[tuple[int, LayerStack]]:
+    layers = call.layers
+    by_index = {item.index: item for item in encoded}
+    quiet = progress is None and len(batches) <= 1
+    bar = None if quiet else progress_bar("extracting", "inputs", progress)
+    task = bar.add_task("extract", total=len(units)) if bar is not None else None
+    pending: dict[int, dict[int, tuple]] = {}  # windows of long inputs until all are done
+    nonfinite: list[int] = []  # inputs whose vectors hold NaN or inf
+    packed = engine._runs_packed(call.method, call.taps)
+    with bar if bar is not None else nullcontext():
+        for batch_ids, rows in engine._batch_rows(_unit_jobs(units, batches, packed), call, packed=packed):
+            for u, (hidden, tapped) in zip(batch_ids, rows, strict=True):
+                index, k = owners[u]
+                if rows.nonfinite and not np.isfinite(hidden).all():
+                    if not engine.allow_nan:
+                        raise nonfinite_error(index, by_index[index].text, hidden, layers)
+                    nonfinite.append(index)
+                if k < 0:  # pooled on the device: the rows are the input's pooled vectors
+                    pooled = None if call.device_pool is None else hidden[:, 0] if call.sentence else hidden
+                    yield index, make_stack(by_index[index], hidden, tapped, layers, pooled=pooled)
+                    continue
+                pending.setdefault(index, {})[k] = (units[u], hidden, tapped)
+                if len(pending[index]) == n_windows[index]:
+                    yield index, stitch_stack(by_index[index], pending.pop(index), layers)
+            if bar is not None and task is not None:
+                bar.advance(task, len(batch_ids))
+    if nonfinite:
+        _warn_nonfinite(nonfinite)
+
+
+def _unit_jobs(
+    units: list[Any], batches: list[list[int]], packed: bool
+) -> Iterator[tuple[list[int], Callable]]:
+    """Each batch's unit indices and what its forward reads: the units' columns (packed) or the
+    units themselves (the padded forward collates them)."""
+    for batch_ids in batches:
+        picked = [units[u] for u in batch_ids]
+        yield (
+            batch_ids,
+            (lambda picked=picked: TokenColumns.of_units(picked))
+            if packed
+            else (lambda picked=picked: picked),
+        )
 
 
 def _check_batching(call: Call) -> None:

@@ -32,7 +32,7 @@ class Rows:
     ) -> None:
         self.sizes = list(sizes)
         self.array, self.taps, self.parts, self.nonfinite = array, dict(taps or {}), parts, nonfinite
-        self.starts = np.concatenate([[0], np.cumsum(self.sizes, dtype=np.int64)])
+        self.starts = np.concatenate([[0], np.cumsum(self.sizes, dtype=np.int64)]).tolist()
 
     def __len__(self) -> int:
         return len(self.sizes)
@@ -41,8 +41,8 @@ class Rows:
         if self.parts is not None:
             return self.parts[k]
         assert self.array is not None
-        lo, hi = int(self.starts[k]), int(self.starts[k + 1])
-        return self.array[:, lo:hi], {name: t[:, lo:hi] for name, t in self.taps.items()}
+        lo, hi = self.starts[k], self.starts[k + 1]
+        return self.array[:, lo:hi], {name: t[:, lo:hi] for name, t in self.taps.items()} if self.taps else {}
 
     def __iter__(self) -> Iterator[tuple[np.ndarray, dict[str, np.ndarray]]]:
         return (self[k] for k in range(len(self)))
@@ -151,7 +151,7 @@ def block_stack(
     pooled: str | None,
 ) -> LayerStack:
     """Input ``i`` of ``block`` as a LayerStack of its rows ``hidden`` (see :func:`block_stacks`)."""
-    lo, hi = int(block.starts[i]), int(block.starts[i + 1])
+    lo, hi = block.bounds[i], block.bounds[i + 1]
     return LayerStack(
         hidden=hidden if pooled is None else np.empty((len(layers), hi - lo, 0), dtype=np.float32),
         pooled=None if pooled is None else hidden[:, 0] if pooled == "sentence" else hidden,
@@ -166,6 +166,6 @@ def block_stack(
         truncated=bool(block.truncated[i]),
         words_lost=int(block.words_lost[i]),
         words_empty=block.words_empty.get(i, ()),
-        taps=dict(taps),
+        taps=dict(taps) if taps else {},
         tap_layers=tuple(j for j in layers if j >= 1) if taps else (),
     )

@@ -32,11 +32,10 @@ from typing import Any
 
 import numpy as np
 
-from .._inputs.batches import TokenUnit
-from .._results import check_float16
 from .._settings import Settings, numbers_keys
-from ..errors import NonFiniteError, OptionError, StoreError
+from ..errors import OptionError, StoreError
 from ..store._lock import writer_lock
+from .activations import activations
 from .contexts import framing_for, read_contexts, write_contexts
 from .format import (
     CONTEXTS,
@@ -299,7 +298,7 @@ def write_shards(
             for k in todo:
                 slots = order[k * per_shard : min((k + 1) * per_shard, n)]
                 token_ids = read_contexts(path / CONTEXTS, context, slots)
-                arrays = _activations(encoder, token_ids, meta, columns, slots)
+                arrays = activations(encoder, token_ids, meta, columns, slots)
                 if writing is not None:
                     _written(*writing, bar, task)
                 writing = (
@@ -340,52 +339,3 @@ def finish_cache(path: Path, meta: dict) -> bool:
     for k in range(n_shards):  # the record holds them now
         (path / checksum_name(shard_name(k, n_shards))).unlink(missing_ok=True)
     return True
-
-
-def _check_finite(batch: list[int], rows, layers: tuple[int, ...], context_ids: np.ndarray) -> None:
-    """The batch's sum was not finite: find the context and hidden state that are not (a sum can
-    also overflow with every value finite) and name them."""
-    for u, (hidden, _) in zip(batch, rows, strict=True):
-        for j, layer in enumerate(layers):
-            if not np.isfinite(hidden[j]).all():
-                context = int(context_ids[u])
-                raise NonFiniteError(
-                    f"the model produced NaN or inf in hidden state {layer} of context {context} (row "
-                    f"{context} of contexts.i32): with model_dtype='float16' try float32, else check the "
-                    "weights",
-                    index=context,
-                    layer=layer,
-                )
-
-
-def _activations(
-    encoder, token_ids: np.ndarray, meta: dict, columns: dict[str, int], context_ids: np.ndarray
-) -> dict[str, np.ndarray]:
-    """Every requested hidden state of each context, in the cache's dtype: ``{column: (B, T, H)}``."""
-    import torch
-
-    zeros = (0,) * token_ids.shape[1]
-    units = [TokenUnit(tuple(row.tolist()), zeros) for row in token_ids]
-    out = {
-        name: np.empty((len(units), token_ids.shape[1], width), dtype=meta["dtype"])
-        for name, width in columns.items()
-    }
-    layers = tuple(meta["layers"])
-    taps = tuple(h for h in meta.get("hooks", ["resid"]) if h != "resid")
-    sources = [(name, kind, int(j)) for name, (kind, j) in zip(columns, meta["sources"], strict=True)]
-    threads = torch.get_num_threads()
-    forward = encoder.engine.forward_units(units, layers=layers, final_norm=meta["final_norm"], taps=taps)
-    for batch, rows in forward:
-        if rows.nonfinite:
-            _check_finite(batch, rows, layers, context_ids)
-        torch.set_num_threads(1)  # one context's copy is small; the forward's streams hold the cores
-        try:
-            for u, (hidden, tapped) in zip(batch, rows, strict=True):
-                for name, kind, j in sources:  # torch's cast: vectorised, NumPy's runs element by element
-                    value = hidden[j] if kind == "resid" else tapped[kind][j]
-                    if meta["dtype"] == "float16":  # inf would be cached for a value past its range
-                        check_float16(value, f"{name} of context {int(context_ids[u])}")
-                    torch.from_numpy(out[name][u]).copy_(torch.from_numpy(np.ascontiguousarray(value)))
-        finally:
-            torch.set_num_threads(threads)
-    return out

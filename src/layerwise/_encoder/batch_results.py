@@ -53,8 +53,11 @@ def word_results(batches: Batches, results: list, plan: OutputPlan, layers: tupl
         words = _BatchWords(block, rows)
         for k, i in enumerate(rows.tolist()):
             vectors, _ = batch[k]
+            result: WordVectors
             if block.words_empty.get(i):  # pre-split words with no token keep a slot: pool_words' path
-                result = plan.result(block_stack(block, i, vectors, {}, layers, "word"), len(layers))
+                made = plan.result(block_stack(block, i, vectors, {}, layers, "word"), len(layers))
+                assert isinstance(made, WordVectors)
+                result = made
             else:
                 picked = np.ascontiguousarray(vectors[0] if fused else vectors)
                 result = words.vectors(k, picked, plan.fuse, layers)
@@ -101,7 +104,7 @@ class _BatchWords:
         text = block.texts[i]
         words = []
         for (start, end), segment, word_id in zip(
-            spans.tolist(), segments.tolist(), self.word_ids[lo:hi].tolist()
+            spans.tolist(), segments.tolist(), self.word_ids[lo:hi].tolist(), strict=True
         ):
             if given is not None and segment == 0:
                 words.append(given[word_id])

@@ -4,17 +4,16 @@ settled against the model, the inputs tokenised in blocks beside the forward, wa
 Inputs run in blocks. On a GPU the first holds one batch's worth, so the device starts at once; each
 next one is tokenised on a thread (the fast tokenizer releases the GIL) while this one runs, and
 holds :data:`GROWTH` times as many, up to :data:`MAX_BLOCK` batches. On a CPU, where the forward
-needs the cores the tokenizer would use, blocks of :data:`MAX_BLOCK` batches are tokenised in line. Bad input in the first block fails before the stream
-starts; an error in a later block is raised at its turn, after the results of the inputs before it:
-errors arrive in input order. Windows (``long_texts="window"``), taps and the padded forward run on
-per-input objects (``Engine.stream``).
+needs the cores the tokenizer would use, blocks of :data:`MAX_BLOCK` batches are tokenised in line.
+Bad input in the first block fails before the stream starts; an error in a later block is raised
+at its turn, after the results of the inputs before it: errors arrive in input order. Windows
+(``long_texts="window"``), taps and the padded forward run on per-input objects (``Engine.stream``).
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from .._call import Call
 from .._features.device_pool import DevicePlan
@@ -22,7 +21,8 @@ from .._features.layers import LayerSpec, resolve_layers
 from .._features.names import LONG_TEXTS, LongTexts
 from .._inputs.ahead import ahead
 from .._inputs.block import EncodedBlock
-from .._inputs.encoding import RawInputs, report_empty_words, report_truncation_warning
+from .._inputs.encoding import RawInputs
+from .._inputs.reports import report_blocks, report_empty_words, report_truncation_warning
 from .._inputs.windows import check_window_memory, check_window_options
 from .._model.hooks import DECODER_TAPS, check_taps
 from .._model.host_copy import RESULT_DTYPES
@@ -30,10 +30,26 @@ from .._results import LayerStack
 from .._settings import METHODS, FinalNorm, Method
 from ..errors import OptionError, check_choice
 
-if TYPE_CHECKING:
-    from .core import Encoder
 
-logger = logging.getLogger("layerwise")
+class Encoder(Protocol):
+    """What these functions read of the Encoder (core.py), typed by this interface so that this
+    module does not import core.py back."""
+
+    @property
+    def n_hidden_states(self) -> int: ...
+
+    hidden_size: int
+    max_length: int
+    batch_size: int
+    method: Method
+    is_decoder: bool
+    model_type: str
+    device: Any
+    engine: Any
+    inputs: Any
+
+    def call_final_norm(self, value: FinalNorm | None) -> FinalNorm: ...
+
 
 MAX_BLOCK = 16  # batches' worth of inputs in one block, at most
 GROWTH = 4  # each block holds this many times its predecessor's inputs (fewer, larger tokenizer calls)
@@ -132,7 +148,7 @@ def blocks_ahead(
         for _, block in rest:
             seen.append(block)
             yield block
-        _report(seen, len(raw), encoder.max_length, report)
+        report_blocks(seen, len(raw), encoder.max_length, truncation=report)
 
     return run()
 
@@ -141,30 +157,3 @@ def _part(raw: RawInputs, lo: int, hi: int) -> RawInputs:
     pairs = raw.text_pairs[lo:hi] if raw.text_pairs is not None else None
     words = raw.words[lo:hi] if raw.words is not None else None
     return RawInputs(raw.texts[lo:hi], pairs, words, raw.field)
-
-
-def _report(blocks: list[EncodedBlock], n_inputs: int, max_length: int, truncation: bool) -> None:
-    """The call's truncation warning (counts over all its blocks) and empty-word warning, once."""
-    if truncation and any(b.truncated.any() for b in blocks):
-        hit = [(b, i) for b in blocks for i in b.truncated.nonzero()[0].tolist()]
-        first_block, i = hit[0]
-        exact = all(bool(b.counts_exact[i]) for b, i in hit)
-        logger.warning(
-            "%d of %d inputs were longer than %d tokens and were truncated (first: input %d, %s%d tokens; "
-            "%s%d words lost in all); their results have truncated=True. Pass long_texts='window' "
-            "to keep every token with sliding windows.",
-            len(hit), n_inputs, max_length, first_block.first + i,
-            "" if first_block.counts_exact[i] else "at least ", int(first_block.n_untruncated[i]),
-            "" if exact else "at least ", sum(int(b.words_lost[i]) for b, i in hit),
-        )  # fmt: skip
-    empty = [(b, i) for b in blocks for i in sorted(b.words_empty)]
-    if empty:
-        block, i = empty[0]
-        words = block.words[i] if block.words is not None else ()
-        word = words[block.words_empty[i][0]] if words else ""
-        logger.warning(
-            "%d words in %d inputs produced no wordpiece (first: input %d, word %d, %r); they keep their "
-            "slot with a zero vector and are listed in words_empty",
-            sum(len(b.words_empty[i]) for b, i in empty), len(empty), block.first + i,
-            block.words_empty[i][0], word,
-        )  # fmt: skip

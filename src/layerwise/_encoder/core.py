@@ -221,8 +221,9 @@ class Encoder(FeatureCalls):
         if settled.level in ("sentence", "word") and settled.mode is not None:
             on_device = DevicePlan(settled.level, settled.mode, settled.special_tokens, settled.fuse,
                                    settled.normalize, self.n_hidden_states)  # fmt: skip
-        return make_call(self, settled.hidden_states(self.n_hidden_states), long_texts=settled.long_texts,
-                         stride=settled.stride, final_norm=settled.final_norm, device_pool=on_device)  # fmt: skip
+        layers = settled.hidden_states(self.n_hidden_states)
+        return make_call(self, layers, long_texts=settled.long_texts, stride=settled.stride,
+                         final_norm=settled.final_norm, device_pool=on_device)  # fmt: skip
 
     def tokenize(
         self,

@@ -20,8 +20,8 @@ from .._features.stream import all_features, features_layers, sentence_matrix, w
 from .._inputs.encoding import as_texts
 from .._inputs.words import split_word_inputs
 from .._results import WordVectors
-from .batch_results import sentence_rows, word_results
 from .._settings import FinalNorm
+from .batch_results import sentence_rows, word_results
 
 
 class Extracting(Protocol):
@@ -73,7 +73,7 @@ class FeatureCalls:
         single = isinstance(texts, str)
         batch = [texts] if single else (as_texts(texts) if texts is not None else None)  # any iterable
         n_texts = len(batch) if batch is not None else len(pairs or ())
-        batches, held = enc.iter_batches(plan, batch, text_pairs=text_pairs, pairs=pairs, progress=progress)
+        batches, held = enc.iter_batches(plan, batch, text_pairs=text_pairs, pairs=pairs, progress=progress)  # type: ignore[arg-type]
         if batches is not None:  # each batch's rows into the result at once (batch_results.py)
             shape = (n_texts, *plan.row_shape(enc.hidden_size, enc.n_hidden_states))
             array = sentence_rows(batches, np.empty(shape, dtype=plan.dtype), plan, held)

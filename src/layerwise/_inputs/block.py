@@ -163,6 +163,7 @@ class EncodedBlock:
     # False: tokenised without offsets and word ids (the fast tokenizer's encode_batch_fast), for
     # a call that reads neither (sentence vectors of all tokens or the first)
     detailed: bool = True
+    source: Any = None  # the InputEncoder: its vocabulary turns ids into token strings
 
     def __len__(self) -> int:
         return len(self.encodings)
@@ -170,6 +171,10 @@ class EncodedBlock:
     @cached_property
     def starts(self) -> np.ndarray:  # (B + 1,): input i's tokens are starts[i]:starts[i + 1]
         return np.concatenate([[0], np.cumsum(self.lengths)]).astype(np.int64)
+
+    @cached_property
+    def bounds(self) -> list[int]:  # starts as Python ints (per-input slicing without NumPy scalars)
+        return self.starts.tolist()
 
     @property
     def n_tokens(self) -> int:
@@ -221,8 +226,16 @@ class EncodedBlock:
             offsets[lo:hi] = part
         return offsets
 
+    @cached_property
+    def _token_strings(self) -> np.ndarray | None:  # every token's string: one gather per block
+        vocabulary = getattr(self.source, "vocabulary", None)
+        return None if vocabulary is None else vocabulary[self.ids]
+
     def tokens(self, i: int) -> tuple[str, ...]:
-        return tuple(self.encodings[i].tokens)
+        strings = self._token_strings
+        if strings is None:
+            return tuple(self.encodings[i].tokens)
+        return tuple(strings[self.bounds[i] : self.bounds[i + 1]].tolist())
 
     def columns(self, rows: np.ndarray) -> TokenColumns:
         """Inputs ``rows`` (of this block) back to back, as the forward and the device pools read them."""

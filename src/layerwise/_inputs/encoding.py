@@ -14,9 +14,11 @@ never padded beyond its longest text. Texts longer than the model's maximum are 
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from tokenizers import Tokenizer
@@ -189,6 +191,18 @@ class InputEncoder:
         self._free.encode_special_tokens = not special_tokens_in_text
         self._capped.encode_special_tokens = not special_tokens_in_text
 
+    @functools.cached_property
+    def vocabulary(self) -> np.ndarray | None:
+        """Each token id's string (an object array), so that a block's tokens are one gather; None
+        when a probe finds a token string that is not its id's entry (then each encoding's own
+        tokens are read)."""
+        entries = self._free.get_vocab(with_added_tokens=True)
+        strings = np.empty(max(entries.values(), default=-1) + 1, dtype=object)
+        for token, i in entries.items():
+            strings[i] = token
+        probe = self._free.encode("Ünïcödé déjà-vu 😀, [SEP] x\u200by 日本語 12.5% naïve <unk> </s>")
+        return strings if tuple(strings[probe.ids].tolist()) == tuple(probe.tokens) else None
+
     def capped_tokenizer(self) -> Tokenizer:
         """The tokenizer as the forward sees it: truncating at ``max_length``, no padding (a
         benchmark's limit: its batch call alone)."""
@@ -269,7 +283,7 @@ class InputEncoder:
                 if found:
                     empty[i] = found
         block = EncodedBlock(raw.texts, raw.text_pairs, raw.words, encodings, lengths, truncated,
-                             untruncated, lost, exact, empty, first, detailed)  # fmt: skip
+                             untruncated, lost, exact, empty, first, detailed, self)  # fmt: skip
         self._check_ids(block, raw)
         return block
 
@@ -290,8 +304,10 @@ class InputEncoder:
             return encodings, lengths, untruncated, lost
         processor = self._capped.post_processor
         added = processor.num_special_tokens_to_add(False) if processor is not None else 0
-        detail = encodings if detailed else dict(zip(cut, self._capped.encode_batch([batch[i] for i in cut],
-                                                                                     is_pretokenized=pretokenized)))  # fmt: skip
+        detail: Any = encodings
+        if not detailed:  # the lean call has no word ids: the cut inputs again, in detail
+            again = self._capped.encode_batch([batch[i] for i in cut], is_pretokenized=pretokenized)
+            detail = dict(zip(cut, again, strict=True))
         for i in cut:
             pieces = detail[i].overflowing
             untruncated[i] = lengths[i] + sum(len(piece) - added for piece in pieces)
@@ -316,8 +332,8 @@ class InputEncoder:
         # only a tokenizer that adds no special token (GPT-2's, Qwen2's: no BOS) gives an input none:
         # an empty text, or one of characters its byte-level vocabulary has no bytes for (it drops them)
         return InputError(
-            f"input {first + i} ({raw.texts[i]!r:.60}) gives no tokens: this model's tokenizer adds no BOS or "
-            "other special token, and the input is empty or made of characters its vocabulary cannot "
+            f"input {first + i} ({raw.texts[i]!r:.60}) gives no tokens: this model's tokenizer adds no BOS "
+            "or other special token, and the input is empty or made of characters its vocabulary cannot "
             "represent; leave such inputs out",
             index=first + i,
         )
@@ -354,38 +370,3 @@ class InputEncoder:
                     return capped, len(free.ids), len(word_keys(free) - word_keys(capped))
             limit *= 4
         return None
-
-
-def report_empty_words(encoded: Sequence[EncodedInput]) -> None:
-    """One warning for all pre-split words of a call that produced no wordpiece."""
-    hit = [e for e in encoded if e.words_empty]
-    if hit:
-        first = hit[0]
-        word = first.words[first.words_empty[0]] if first.words else ""
-        logger.warning(
-            "%d words in %d inputs produced no wordpiece (first: input %d, word %d, %r); they keep their "
-            "slot with a zero vector and are listed in words_empty",
-            sum(len(e.words_empty) for e in hit), len(hit), first.index, first.words_empty[0], word,
-        )  # fmt: skip
-
-
-def report_truncation_warning(encoded: Sequence[EncodedInput], max_length: int) -> None:
-    """One warning for all truncated inputs of a call, with counts ("at least" where bounded)."""
-    truncated = [e for e in encoded if e.truncated]
-    if not truncated:
-        return
-    first = truncated[0]
-    bound = "" if all(e.counts_exact for e in truncated) else "at least "
-    logger.warning(
-        "%d of %d inputs were longer than %d tokens and were truncated (first: input %d, %s%d tokens; "
-        "%s%d words lost in all); their results have truncated=True. Pass long_texts='window' "
-        "to keep every token with sliding windows.",
-        len(truncated),
-        len(encoded),
-        max_length,
-        first.index,
-        "" if first.counts_exact else "at least ",
-        first.n_tokens_untruncated,
-        bound,
-        sum(e.words_lost for e in truncated),
-    )

@@ -20,9 +20,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .._call import Call
 from .._inputs.display import token_display
 from .._model.decoders import final_norm_module
-from .._call import Call
 from ..errors import InputError
 
 if TYPE_CHECKING:
@@ -212,7 +212,8 @@ def logit_lens(
 def _extract_with_masks(encoder: Encoder, head: MaskedLMHead | CausalLMHead, text: str) -> LayerStack:
     """``encoder.extract(text, layers="all")``, except that "[MASK]" in the text is the mask
     token (extract reads special-token strings typed in a text as plain text)."""
-    from .._inputs.encoding import normalize_inputs, report_truncation_warning
+    from .._inputs.encoding import normalize_inputs
+    from .._inputs.reports import report_truncation_warning
 
     encoded = head.inputs.encode(normalize_inputs([text]))
     report_truncation_warning(encoded, encoder.max_length)
