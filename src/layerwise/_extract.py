@@ -167,7 +167,15 @@ class Engine:
         _check_batching(call)
 
         def jobs() -> Iterator[tuple[tuple[EncodedBlock, np.ndarray], Callable[[], TokenColumns]]]:
-            for block in blocks:
+            source, nothing = iter(blocks), np.zeros(0, np.int64)
+            while True:
+                try:
+                    block = next(source)
+                except StopIteration:
+                    return
+                except Exception as exc:  # a later block's bad input: raised at its turn, not ahead
+                    yield (None, nothing), functools.partial(_raise, exc)  # type: ignore[misc]
+                    return
                 for batch in self._plan_batches(block.lengths.tolist(), call, True):
                     rows = np.asarray(batch, dtype=np.int64)
                     yield (block, rows), functools.partial(block.columns, rows)
@@ -238,7 +246,12 @@ class Engine:
             # launch batch k+1 before reading batch k: the GPU computes while the host copies (host_copy.py)
             waiting: tuple[Key, list[int], HostCopy] | None = None
             for key, columns in jobs:
-                launched = (key, *self._launch_packed(columns(), call))
+                try:
+                    launched = (key, *self._launch_packed(columns(), call))
+                except Exception:  # the batches before it are handed out first
+                    if waiting is not None:
+                        yield waiting[0], packed_rows(*waiting[1:])
+                    raise
                 if waiting is not None:
                     yield waiting[0], packed_rows(*waiting[1:])
                 waiting = launched
@@ -359,6 +372,10 @@ def _unit_jobs(
             if packed
             else (lambda picked=picked: picked),
         )
+
+
+def _raise(exc: BaseException) -> Any:
+    raise exc
 
 
 def _check_batching(call: Call) -> None:
