@@ -132,6 +132,22 @@ def cache_shards(megabytes: int, context: int = 128) -> tuple[list[dict[str, np.
     return shards, token_ids
 
 
+def crc_rates(megabytes: int = 256) -> dict[str, float]:
+    """MB/s of CRC-32 over one buffer: Python's zlib (the system zlib) and the one the writers use."""
+    import zlib
+
+    from layerwise._checksum import IMPLEMENTATION, crc32
+
+    data = np.random.default_rng(2).integers(0, 256, megabytes * 2**20, dtype=np.uint8)
+    rates = {}
+    for name, fn in (("zlib", zlib.crc32), (f"layerwise ({IMPLEMENTATION})", crc32)):
+        fn(data[: 2**20])
+        started = time.perf_counter()
+        fn(data)
+        rates[name] = round(data.nbytes / 1e6 / (time.perf_counter() - started))
+    return rates
+
+
 def profiled(fn, *args) -> list[str]:
     """The top functions, by time spent in them, of every thread ``fn`` runs (cProfile per thread)."""
     profiles: list[cProfile.Profile] = []
@@ -165,8 +181,12 @@ def main() -> None:
     args_parser.add_argument("--repeats", type=int, default=3)
     args_parser.add_argument("--folder", type=Path, default=None, help="where to write (default: a temp dir)")
     args_parser.add_argument("--profile", action="store_true")
+    args_parser.add_argument("--crc", choices=["fast", "zlib"], default="fast",
+                             help="zlib: the writers with Python's zlib CRC-32 (zlib-ng hidden), for comparison")
     args_parser.add_argument("--output", type=Path, default=None, help="the result file (default: results/)")
     args = args_parser.parse_args()
+    if args.crc == "zlib":
+        sys.modules["zlib_ng"] = None  # type: ignore[assignment]  # layerwise falls back to zlib
     import torch  # noqa: F401  (loaded in every writing process: the store's cast path uses it)
 
     folder = Path(tempfile.mkdtemp(prefix="lw-writers-", dir=args.folder))
@@ -185,8 +205,10 @@ def main() -> None:
             "megabytes": args.mb, "repeats": args.repeats, "texts": len(texts), "store_bytes": store_bytes,
             "cache_bytes": cache_bytes, "mb_per_s": {k: round(v) for k, v in median.items()},
             "share_of_dd": {k: round(median[k] / median["dd"], 3) for k in ("store", "cache")},
-            "target": TARGET, "rounds": {k: [round(r) for r in v] for k, v in rates.items()},
+            "target": TARGET, "rounds": {k: [round(r) for r in v] for k, v in rates.items()}, "crc": args.crc,
         }  # fmt: skip
+        report["crc32_mb_per_s"] = crc_rates()
+        print("CRC-32:", ", ".join(f"{k} {v:,} MB/s" for k, v in report["crc32_mb_per_s"].items()))
         for key in ("dd", "store", "cache"):
             share = f"  {median[key] / median['dd']:.2f}x dd (target >= {TARGET})" if key != "dd" else ""
             print(f"{key:6s} {median[key]:8,.0f} MB/s{share}")

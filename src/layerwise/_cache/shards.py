@@ -14,12 +14,12 @@ import hashlib
 import io
 import os
 import tempfile
-import zlib
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from .._checksum import crc32
 from .format import INFO, STATE, TOKEN_IDS, checksum_name, shard_name, write_json, write_text_atomically
 
 _MAX_VALUES = 2**30
@@ -60,7 +60,7 @@ class _Checksummed(io.RawIOBase):
         return True
 
     def write(self, data: Any) -> int:
-        self.crc32 = zlib.crc32(data, self.crc32)
+        self.crc32 = crc32(data, self.crc32)
         return self.handle.write(data)
 
 
@@ -96,7 +96,7 @@ def file_crc32(path: Path) -> int:
     crc = 0
     with open(path, "rb") as handle:
         for block in iter(lambda: handle.read(1 << 24), b""):
-            crc = zlib.crc32(block, crc)
+            crc = crc32(block, crc)
     return crc
 
 

@@ -20,12 +20,12 @@ import logging
 import os
 import queue
 import threading
-import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from .._checksum import crc32
 from ..errors import StoreError
 from ._columns import records_table
 from ._format import DATA, MANIFEST, OFFSETS, POSITIONS
@@ -165,7 +165,7 @@ class Committer(threading.Thread):
                 data[job.start : end] = job.pieces[0] if len(job.pieces) == 1 else np.concatenate(job.pieces)
         if job.records:
             content = part_bytes(job.records)
-            part = self.path / MANIFEST / part_name(job.first_position, zlib.crc32(content))
+            part = self.path / MANIFEST / part_name(job.first_position, crc32(content))
             tmp = part.with_name(f".{part.name}.partial")
             try:
                 with open(tmp, "wb") as handle:

@@ -21,12 +21,12 @@ from __future__ import annotations
 import bisect
 import os
 import re
-import zlib
 from collections import OrderedDict
 from pathlib import Path
 
 import numpy as np
 
+from .._checksum import crc32
 from ..errors import StoreDamagedError
 from ._columns import numbers
 from ._format import MANIFEST, OFFSETS_CHUNK, POSITIONS, damaged
@@ -173,7 +173,7 @@ class ManifestParts:
         name = self.names[k]
         content = (self.path / MANIFEST / name).read_bytes()
         expected = part_checksum(name)
-        if expected is not None and zlib.crc32(content) != expected:
+        if expected is not None and crc32(content) != expected:
             raise part_damaged(self.path, name, "differs from the checksum in its name (its bytes changed)")
         return content
 
