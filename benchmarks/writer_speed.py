@@ -181,8 +181,12 @@ def main() -> None:
     args_parser.add_argument("--repeats", type=int, default=3)
     args_parser.add_argument("--folder", type=Path, default=None, help="where to write (default: a temp dir)")
     args_parser.add_argument("--profile", action="store_true")
-    args_parser.add_argument("--crc", choices=["fast", "zlib"], default="fast",
-                             help="zlib: the writers with Python's zlib CRC-32 (zlib-ng hidden), for comparison")
+    args_parser.add_argument(
+        "--crc",
+        choices=["fast", "zlib"],
+        default="fast",
+        help="zlib: the writers with Python's zlib CRC-32 (zlib-ng hidden), for comparison",
+    )
     args_parser.add_argument("--output", type=Path, default=None, help="the result file (default: results/)")
     args = args_parser.parse_args()
     if args.crc == "zlib":

@@ -109,10 +109,13 @@ def _vocabulary_files(folder: Path) -> list[tuple[str, dict[str, tuple[int, ...]
         lines = (folder / "vocab.txt").read_text(encoding="utf-8").split("\n")
         if lines and lines[-1] == "":
             lines = lines[:-1]
-        entries: dict[str, tuple[int, ...]] = {}
-        for i, token in enumerate(lines):
-            key = token.rstrip("\r")
-            entries[key] = (*entries.get(key, ()), i)
+        keys = [token.rstrip("\r") for token in lines] if any("\r" in t for t in lines) else lines
+        entries: dict[str, tuple[int, ...]] = {key: (i,) for i, key in enumerate(keys)}
+        if len(entries) < len(keys):  # a token on several lines has each line's id
+            multi: dict[str, list[int]] = {}
+            for i, key in enumerate(keys):
+                multi.setdefault(key, []).append(i)
+            entries = {key: tuple(ids) for key, ids in multi.items()}
         found.append(("vocab.txt", entries))
     if (folder / "vocab.json").is_file():
         try:
