@@ -24,7 +24,6 @@ from typing import Any
 
 import numpy as np
 
-
 # a block of at least this many tokens builds the id -> string table (once per tokenizer, ~20 ms for
 # 30,000 entries) instead of reading each encoding's tokens: a one-line command never pays for it
 VOCABULARY_FROM = 4096
