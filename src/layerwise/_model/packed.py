@@ -63,18 +63,25 @@ class AttentionGroup:
 # Random 32-text batches of the serving benchmark ran at the same speed within noise for GROUP_COST
 # from 1,024 to 16,384 and 10 % slower at 65,536 (ad-hoc sweep, default model).
 GROUP_COST = 4096
+# On a GPU each group is a handful of kernel launches, each worth far more than 4,096 query-key pairs
+# of arithmetic: short UD EWT sentences in batches of 1,024 on an H200 (BERT-base shape) ran the
+# packed forward at 911,546 tokens/s with 4,096 (15, 5 and 3 groups a batch), 1,190,887 with 2^20
+# (4, 1, 1), 1,136,822 with 2^24 and 797,588 with one grid a batch (benchmarks/gpu_groups.py)
+GPU_GROUP_COST = 1 << 20
 _RUN_RATIO = 0.85  # sequences within this length ratio of a run's first are never split apart
 _MAX_RUNS = 64  # more runs than this (an unsorted batch): one group
 
 
-def attention_groups(lengths: Sequence[int]) -> list[tuple[int, int]]:
+def attention_groups(lengths: Sequence[int], group_cost: int | None = None) -> list[tuple[int, int]]:
     """Split sequences ``0..B-1`` into groups of consecutive ones, ``[(first, stop), ...]``, that
-    minimise the padded attention cost ``sum B_g * max(L)^2 + GROUP_COST`` per group (exact over
-    runs of similar length; the engine passes length-sorted batches, longest first)."""
+    minimise the padded attention cost ``sum B_g * max(L)^2 + group_cost`` per group (exact over
+    runs of similar length; the engine passes length-sorted batches, longest first).
+    ``group_cost``: a group's overhead in query-key pairs (None: :data:`GROUP_COST`, the CPU's)."""
+    group_cost = GROUP_COST if group_cost is None else group_cost
     b = len(lengths)
     width = max(lengths)
     padded = b * width * width
-    if padded - sum(n * n for n in lengths) <= GROUP_COST:
+    if padded - sum(n * n for n in lengths) <= group_cost:
         return [(0, b)]
     runs = [0]  # starts of runs of similar length
     for i in range(1, b):
@@ -92,7 +99,7 @@ def attention_groups(lengths: Sequence[int]) -> list[tuple[int, int]]:
         top = 0
         for i in range(j - 1, -1, -1):  # the group = runs i..j-1
             top = max(top, longest[i])
-            cost = best[i] + (runs[j] - runs[i]) * top * top + GROUP_COST
+            cost = best[i] + (runs[j] - runs[i]) * top * top + group_cost
             if cost < best[j]:
                 best[j], cut[j] = cost, i
     bounds = []
@@ -114,7 +121,7 @@ def plan_groups(
     starts = ends - sizes
     column = np.arange(int(ends[-1]) if len(ends) else 0, dtype=np.int64) - np.repeat(starts, sizes)
     groups = []
-    for first, stop in attention_groups(lengths):
+    for first, stop in attention_groups(lengths, GPU_GROUP_COST if device.type == "cuda" else GROUP_COST):
         part = sizes[first:stop]
         width, start, end = int(part.max()), int(starts[first]), int(ends[stop - 1])
         flat = mask = None
