@@ -211,7 +211,12 @@ def main() -> None:
         else:
             kept = json.loads(args.output.read_text(encoding="utf-8")) if args.output.exists() else {}
         report.update({k: v for k, v in kept.items() if k not in ("machine", args.part)})
+        # the parts kept may come from another GPU: each part says which ran it
+        kept_parts = [p for p in ("extract", "cache", "embed", "store") if p in kept and p != args.part]
+        report["gpu_by_part"] = {**dict.fromkeys(kept_parts, kept.get("gpu")), **kept.get("gpu_by_part", {})}
         report["gpu"], report["torch"], report[args.part] = gpu, torch.__version__, []
+    parts = ("extract", "cache", "embed", "store") if args.part == "all" else (args.part,)
+    report["gpu_by_part"] = {**report.get("gpu_by_part", {}), **dict.fromkeys(parts, gpu)}
     report[f"{args.part}_command"] = "python benchmarks/gpu_speed.py " + " ".join(sys.argv[1:])
 
     def save() -> None:

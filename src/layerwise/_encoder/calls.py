@@ -123,8 +123,8 @@ def blocks_ahead(
     """``raw`` tokenised in blocks, the first now, each next one on a thread while the caller runs
     this one; the truncation and empty-word warnings once, for the whole call, after the last."""
     # on a CPU the tokenizer and the forward each keep every core busy: tokenising beside the
-    # forward only makes them take turns (12 % slower on 2 cores, benchmarks/host_cost.py), so
-    # there each block is tokenised in line, and the blocks are large from the first
+    # forward only makes them take turns (it was slower on 2 cores), so there each block is
+    # tokenised in line, and the blocks are large from the first
     beside = encoder.device.type != "cpu"
     largest = MAX_BLOCK * encoder.batch_size
     step = encoder.batch_size if beside else largest
