@@ -257,9 +257,11 @@ class Encoder(FeatureCalls):
     ) -> Iterator[tuple[int, LayerStack]]:
         """Yield ``(input index, LayerStack)`` as batches finish (longest inputs first).
 
-        Memory stays bounded by one batch; use :meth:`extract` for results in input order. Arguments
-        are checked and inputs tokenised before this returns, so bad input fails here. Callers that
-        run a corpus in blocks pass ``report_truncation=False`` and report once themselves.
+        Memory stays bounded by one block of inputs; use :meth:`extract` for results in input order.
+        Arguments are checked, and the first block of inputs tokenised, before this returns, so bad
+        options fail here; a later block's bad input fails at its turn, after the results of the
+        inputs before it (calls.py). Callers that run a corpus in blocks pass
+        ``report_truncation=False`` and report once themselves.
         ``method`` and ``final_norm``: None takes the Encoder's own. ``dtype``: of the states
         (float32, or float16: cast on the device, so half the bytes cross and no float32 is made)."""
         call = make_call(
