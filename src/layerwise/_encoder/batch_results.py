@@ -19,6 +19,7 @@ from .._features.plan import OutputPlan
 from .._inputs.block import EncodedBlock, gather_index
 from .._results import WordVectors, check_float16
 from .._rows import Rows, block_stack
+from ..errors import OptionError
 
 Batches = Iterable[tuple[EncodedBlock, np.ndarray, Rows]]
 
@@ -39,7 +40,7 @@ def _check_float16_rows(values: np.ndarray, indices: np.ndarray, layers: tuple[i
     input by input, so that the error names the input."""
     try:
         check_float16(values, "a batch")
-    except Exception:
+    except OptionError:
         for k, index in enumerate(indices.tolist()):
             check_float16(values[k], f"input {index}", layers)
         raise

@@ -160,9 +160,8 @@ class EncodedBlock:
     n_untruncated: np.ndarray  # (B,) tokens before truncation (a lower bound where not counts_exact)
     words_lost: np.ndarray  # (B,)
     counts_exact: np.ndarray  # (B,) bool
-    words_empty: dict[int, tuple[int, ...]] = field(
-        default_factory=dict
-    )  # by row: pre-split words with no token
+    # by row: the pre-split words that produced no token
+    words_empty: dict[int, tuple[int, ...]] = field(default_factory=dict)
     first: int = 0  # the call's index of this block's first input
     # False: tokenised without offsets and word ids (the fast tokenizer's encode_batch_fast), for
     # a call that reads neither (sentence vectors of all tokens or the first)
