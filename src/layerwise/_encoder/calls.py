@@ -22,7 +22,7 @@ from .._features.names import LONG_TEXTS, LongTexts
 from .._inputs.ahead import ahead
 from .._inputs.block import EncodedBlock
 from .._inputs.encoding import RawInputs
-from .._inputs.reports import report_blocks, report_empty_words, report_truncation_warning
+from .._inputs.reports import report_blocks
 from .._inputs.windows import check_window_memory, check_window_options
 from .._model.hooks import DECODER_TAPS, check_taps
 from .._model.host_copy import RESULT_DTYPES
@@ -96,11 +96,9 @@ def stream_stacks(
         return engine.block_stream(blocks_ahead(encoder, raw, report), call, progress, len(raw))
     if call.long_texts == "window":
         check_window_memory(raw, len(call.layers), encoder.hidden_size)
-    encoded = encoder.inputs.encode(raw, truncate=call.long_texts == "truncate")
-    if report:
-        report_truncation_warning(encoded, encoder.max_length)
-    report_empty_words(encoded)
-    return engine.stream(encoded, call, progress)
+    block = encoder.inputs.encode_block(raw, truncate=call.long_texts == "truncate")
+    report_blocks([block], len(raw), encoder.max_length, truncation=report)
+    return engine.stream(block.items(), call, progress)
 
 
 def stream_batches(

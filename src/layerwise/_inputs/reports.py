@@ -1,50 +1,14 @@
 """The warnings about a call's inputs, once a call: inputs truncated at the model's maximum (with
-how many tokens and words they lost) and pre-split words that produced no wordpiece. From per-input
-objects (``EncodedInput``) or from the blocks a call was tokenised in (block.py)."""
+how many tokens and words they lost) and pre-split words that produced no wordpiece, counted over
+the blocks a call was tokenised in (block.py)."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
 
-from .block import EncodedBlock, EncodedInput
+from .block import EncodedBlock
 
 logger = logging.getLogger("layerwise")
-
-
-def report_empty_words(encoded: Sequence[EncodedInput]) -> None:
-    """One warning for all pre-split words of a call that produced no wordpiece."""
-    hit = [e for e in encoded if e.words_empty]
-    if hit:
-        first = hit[0]
-        word = first.words[first.words_empty[0]] if first.words else ""
-        logger.warning(
-            "%d words in %d inputs produced no wordpiece (first: input %d, word %d, %r); they keep their "
-            "slot with a zero vector and are listed in words_empty",
-            sum(len(e.words_empty) for e in hit), len(hit), first.index, first.words_empty[0], word,
-        )  # fmt: skip
-
-
-def report_truncation_warning(encoded: Sequence[EncodedInput], max_length: int) -> None:
-    """One warning for all truncated inputs of a call, with counts ("at least" where bounded)."""
-    truncated = [e for e in encoded if e.truncated]
-    if not truncated:
-        return
-    first = truncated[0]
-    bound = "" if all(e.counts_exact for e in truncated) else "at least "
-    logger.warning(
-        "%d of %d inputs were longer than %d tokens and were truncated (first: input %d, %s%d tokens; "
-        "%s%d words lost in all); their results have truncated=True. Pass long_texts='window' "
-        "to keep every token with sliding windows.",
-        len(truncated),
-        len(encoded),
-        max_length,
-        first.index,
-        "" if first.counts_exact else "at least ",
-        first.n_tokens_untruncated,
-        bound,
-        sum(e.words_lost for e in truncated),
-    )
 
 
 def report_blocks(

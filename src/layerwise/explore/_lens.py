@@ -213,10 +213,11 @@ def _extract_with_masks(encoder: Encoder, head: MaskedLMHead | CausalLMHead, tex
     """``encoder.extract(text, layers="all")``, except that "[MASK]" in the text is the mask
     token (extract reads special-token strings typed in a text as plain text)."""
     from .._inputs.encoding import normalize_inputs
-    from .._inputs.reports import report_truncation_warning
+    from .._inputs.reports import report_blocks
 
-    encoded = head.inputs.encode(normalize_inputs([text]))
-    report_truncation_warning(encoded, encoder.max_length)
+    block = head.inputs.encode_block(normalize_inputs([text]))
+    report_blocks([block], 1, encoder.max_length)
+    encoded = block.items()
     layers = tuple(range(encoder.n_hidden_states))
     call = Call(layers, "hidden_states", final_norm=False)  # raw: CausalLMHead norms every state once
     stream = encoder.engine.stream(encoded, call, progress=False)
