@@ -50,6 +50,8 @@ from .errors import ModelLoadError, OptionError
 
 logger = logging.getLogger("layerwise")
 Key = TypeVar("Key")
+# a packed batch on its way to the host: each input's rows, the copy, pooled rows' token -> row map
+Launched = tuple[list[int], HostCopy, np.ndarray | None]
 
 
 def warm_up(model: Any, ids: list[int], device: torch.device, name: str) -> None:
@@ -244,7 +246,7 @@ class Engine:
         GPU one batch ahead."""
         if packed and self.device.type == "cuda":
             # launch batch k+1 before reading batch k: the GPU computes while the host copies (host_copy.py)
-            waiting: tuple[Key, list[int], HostCopy] | None = None
+            waiting: tuple[Key, *Launched] | None = None
             for key, columns in jobs:
                 try:
                     launched = (key, *self._launch_packed(columns(), call))
@@ -301,7 +303,7 @@ class Engine:
     def _forward_packed(self, columns: TokenColumns, call: Call) -> Rows:
         return packed_rows(*self._launch_packed(columns, call))
 
-    def _launch_packed(self, columns: TokenColumns, call: Call) -> tuple[list[int], HostCopy]:
+    def _launch_packed(self, columns: TokenColumns, call: Call) -> Launched:
         """The batch's packed forward, launched, and its results on their way to the host."""
         packed: Any = self.packed  # one packed forward for the whole batch (_adopt may replace it)
         assert packed is not None
@@ -313,11 +315,11 @@ class Engine:
             else:
                 hidden = packed.forward(batch, call.layers)
             hidden = apply_final_norm(self.models.current, hidden, call.layers, call.final_norm)
-            sizes = columns.lengths
+            sizes, owner = columns.lengths, None
             if call.device_pool is not None:  # only the pooled rows cross to the host
-                pooled, sizes = pool_batch(hidden, columns, call.device_pool)
+                pooled, sizes, owner = pool_batch(hidden, columns, call.device_pool)
                 hidden = finish(pooled, call.layers, call.device_pool)
-            return sizes, HostCopy(hidden, tapped, RESULT_DTYPES[call.dtype])
+            return sizes, HostCopy(hidden, tapped, RESULT_DTYPES[call.dtype]), owner
 
 
 def _unit_stacks(

@@ -152,6 +152,18 @@ def check_float16(values: np.ndarray, where: str, layers: tuple[int, ...] = ()) 
     )
 
 
+def check_float16_rows(values: np.ndarray, names: list[str], layers: tuple[int, ...] = ()) -> None:
+    """:func:`check_float16` on a batch whose first axis holds one item each (an input, a context),
+    named by ``names``: the batch is checked at once, and only one past the range is looked at item
+    by item, so that the error names the first item that overflows."""
+    try:
+        check_float16(values, "a batch")
+    except OptionError:
+        for value, name in zip(values, names, strict=True):
+            check_float16(value, name, layers)
+        raise
+
+
 def layers_along(stack: LayerStack, fuse: str | None) -> tuple[int, ...]:
     """The hidden states along the first axis of a result of ``stack``: its layers, or none when
     a fusion made one vector of them."""

@@ -20,7 +20,8 @@ class Rows:
     """One batch's outputs on the host, per unit ``(hidden (L, n, H), taps)``: views of one array
     ``(L, R, W)`` with the units' rows back to back (``array``, ``sizes``: a packed batch, or its
     pooled rows), or one array per unit (``parts``: a padded batch, cut). ``nonfinite``: the batch
-    held NaN or inf (then the units are looked at one by one)."""
+    held NaN or inf (then the units are looked at one by one). ``owner``: for rows pooled on the
+    device, each token's row (-1: none), as the pools grouped them."""
 
     def __init__(
         self,
@@ -29,9 +30,11 @@ class Rows:
         taps: Mapping[str, np.ndarray] | None = None,
         parts: list[tuple[np.ndarray, dict[str, np.ndarray]]] | None = None,
         nonfinite: bool = False,
+        owner: np.ndarray | None = None,
     ) -> None:
         self.sizes = list(sizes)
         self.array, self.taps, self.parts, self.nonfinite = array, dict(taps or {}), parts, nonfinite
+        self.owner = owner
         self.starts = np.concatenate([[0], np.cumsum(self.sizes, dtype=np.int64)]).tolist()
 
     def __len__(self) -> int:
@@ -98,12 +101,13 @@ def word_id_array(item: EncodedInput) -> np.ndarray:  # -1 for special tokens, a
     return np.asarray([-1 if w is None else w for w in item.word_ids], dtype=np.int32)
 
 
-def packed_rows(lengths: list[int], copy: HostCopy) -> Rows:
+def packed_rows(lengths: list[int], copy: HostCopy, owner: np.ndarray | None = None) -> Rows:
     """A packed batch's rows: views of the batch's arrays, not copies (the rows are contiguous per
     layer, and every consumer (the store's transposing cast, pooling, npz) reads them once anyway).
-    ``lengths``: each input's rows: its tokens, or its pooled vectors (one, or one per word)."""
+    ``lengths``: each input's rows: its tokens, or its pooled vectors (one, or one per word);
+    ``owner``: pooled rows' token -> row map (device_pool.pool_batch)."""
     array, taps, finite = copy.arrays()
-    return Rows(lengths, array, taps, nonfinite=not finite)
+    return Rows(lengths, array, taps, nonfinite=not finite, owner=owner)
 
 
 def stitch_stack(item: EncodedInput, parts: dict[int, tuple], layers: tuple[int, ...]) -> LayerStack:

@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 
 from .._inputs.batches import TokenUnit
-from .._results import check_float16
-from ..errors import NonFiniteError, OptionError
+from .._results import check_float16_rows
+from ..errors import NonFiniteError
 
 
 def _check_finite(batch: list[int], rows, layers: tuple[int, ...], context_ids: np.ndarray) -> None:
@@ -36,17 +36,6 @@ def _batch_states(rows: Any, kind: str, j: int, width: int) -> np.ndarray:
         stacked = rows.array if kind == "resid" else rows.taps[kind]
         return stacked[j].reshape(len(rows), width, -1)
     return np.stack([(hidden if kind == "resid" else taps[kind])[j] for hidden, taps in rows])
-
-
-def _check_float16_contexts(values: np.ndarray, name: str, context_ids: np.ndarray) -> None:
-    """check_float16 on a batch of contexts ``(B, T, H)``: only a batch past the range is looked at
-    context by context, so that the error names the context."""
-    try:
-        check_float16(values, f"{name} of a batch")
-    except OptionError:
-        for k, context in enumerate(context_ids.tolist()):
-            check_float16(values[k], f"{name} of context {int(context)}")
-        raise
 
 
 def activations(
@@ -79,7 +68,8 @@ def activations(
             for name, kind, j in sources:
                 value = _batch_states(rows, kind, j, width)
                 if meta["dtype"] == "float16":  # inf would be cached for a value past its range
-                    _check_float16_contexts(value, name, context_ids[lo:hi])
+                    names = [f"{name} of context {int(c)}" for c in context_ids[lo:hi].tolist()]
+                    check_float16_rows(value, names)
                 # torch's cast: vectorised, NumPy's runs element by element
                 torch.from_numpy(out[name][lo:hi]).copy_(torch.from_numpy(np.ascontiguousarray(value)))
         finally:

@@ -5,7 +5,8 @@ A sentence plan's batch arrives as ``(L, B, W)`` (``(1, B, D)`` fused), pooled, 
 normalised on the model's device; it is written into the ``(n_inputs, L, W)`` result in one
 assignment. A word plan's batch arrives as ``(L, n_words, W)``; what each input's WordVectors says
 of its words (spans, segments, subword counts) is computed for the whole batch from the block's
-columns, the same numbers :func:`~layerwise._features.pool.pool_words` gives from a LayerStack.
+columns and the token -> word map the device pools used, the same numbers
+:func:`~layerwise._features.pool.pool_words` gives from a LayerStack.
 """
 
 from __future__ import annotations
@@ -14,12 +15,10 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from .._features.device_pool import word_owner
 from .._features.plan import OutputPlan
 from .._inputs.block import EncodedBlock, gather_index
-from .._results import WordVectors, check_float16
+from .._results import WordVectors, check_float16, check_float16_rows
 from .._rows import Rows, block_stack
-from ..errors import OptionError
 
 Batches = Iterable[tuple[EncodedBlock, np.ndarray, Rows]]
 
@@ -30,20 +29,10 @@ def sentence_rows(batches: Batches, out: np.ndarray, plan: OutputPlan, layers: t
         assert batch.array is not None
         values = batch.array[0] if plan.fuse is not None else np.swapaxes(batch.array, 0, 1)
         if out.dtype == np.float16:  # a value past its range would become inf
-            _check_float16_rows(values, block.first + rows, () if plan.fuse else layers)
+            names = [f"input {index}" for index in (block.first + rows).tolist()]
+            check_float16_rows(values, names, () if plan.fuse else layers)
         out[block.first + rows] = values
     return out
-
-
-def _check_float16_rows(values: np.ndarray, indices: np.ndarray, layers: tuple[int, ...]) -> None:
-    """check_float16 on a batch's rows (one per input): only a batch that overflows is looked at
-    input by input, so that the error names the input."""
-    try:
-        check_float16(values, "a batch")
-    except OptionError:
-        for k, index in enumerate(indices.tolist()):
-            check_float16(values[k], f"input {index}", layers)
-        raise
 
 
 def word_results(batches: Batches, results: list, plan: OutputPlan, layers: tuple[int, ...]) -> list:
@@ -51,7 +40,7 @@ def word_results(batches: Batches, results: list, plan: OutputPlan, layers: tupl
     fused = plan.fuse is not None
     for block, rows, batch in batches:
         assert batch.array is not None
-        words = _BatchWords(block, rows)
+        words = _BatchWords(block, rows, batch)
         for k, i in enumerate(rows.tolist()):
             vectors, _ = batch[k]
             result: WordVectors
@@ -70,30 +59,26 @@ def word_results(batches: Batches, results: list, plan: OutputPlan, layers: tupl
 
 
 class _BatchWords:
-    """The words of one batch's inputs, numbered as the device pools numbered them (word_owner):
-    each word's first and last token, span, segment, word id and number of subwords."""
+    """The words of one batch's inputs, as the device pools grouped their tokens (``Rows.owner``,
+    ``Rows.sizes``): each word's first and last token, span, segment, word id and subword count."""
 
-    def __init__(self, block: EncodedBlock, rows: np.ndarray) -> None:
+    def __init__(self, block: EncodedBlock, rows: np.ndarray, batch: Rows) -> None:
+        assert batch.owner is not None
         self.block, self.rows = block, rows
-        columns = block.columns(rows)
-        owner, counts = word_owner(columns)
-        n_words = sum(counts)
-        tokens = np.flatnonzero(owner >= 0)
-        group = owner[tokens]
+        n_words = sum(batch.sizes)
+        tokens = np.flatnonzero(batch.owner >= 0)
+        group = batch.owner[tokens]
         first = np.full(n_words, -1, dtype=np.int64)
         last = np.full(n_words, -1, dtype=np.int64)
         first[group[::-1]] = tokens[::-1]
         last[group] = tokens
-        offsets = block.offsets[gather_index(block.starts, block.lengths, rows)]
+        index = gather_index(block.starts, block.lengths, rows)  # the batch's tokens in the block
+        offsets = block.offsets[index]
         self.spans = np.stack([offsets[first, 0], offsets[last, 1]], axis=1).astype(np.int32)
-        self.segments = (
-            columns.segments[first] if columns.segments is not None else np.zeros(n_words, np.int8)
-        )
-        self.word_ids = (
-            columns.word_ids[first] if columns.word_ids is not None else np.zeros(n_words, np.int32)
-        )
+        self.segments = block.segments[index[first]]
+        self.word_ids = block.word_ids[index[first]]
         self.n_subwords = np.bincount(group, minlength=n_words).astype(np.int32)
-        self.bounds = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        self.bounds = np.concatenate([[0], np.cumsum(batch.sizes)]).astype(np.int64)
 
     def vectors(self, k: int, vectors: np.ndarray, fuse: str | None, layers: tuple[int, ...]) -> WordVectors:
         """The WordVectors of the batch's ``k``-th input, holding ``vectors``."""

@@ -112,9 +112,10 @@ def word_owner(columns: TokenColumns) -> tuple[np.ndarray, list[int]]:
 
 def pool_batch(
     hidden: torch.Tensor, columns: TokenColumns, plan: DevicePlan
-) -> tuple[torch.Tensor, list[int]]:
+) -> tuple[torch.Tensor, list[int], np.ndarray]:
     """A packed batch's states pooled per input (a sentence plan) or per word (a word plan), where
-    they are: ``(L, rows, H)`` and each input's number of rows (1 per input for a sentence)."""
+    they are: ``(L, rows, H)``, each input's number of rows (1 per input for a sentence), and each
+    token's row (-1: none), which the host reads again to describe the rows (a word's tokens)."""
     if plan.level == "sentence":
         owner = sentence_owner(columns, plan.special_tokens, plan.pool)
         sizes, n_groups, group_pool = (
@@ -125,7 +126,7 @@ def pool_batch(
     else:
         owner, sizes = word_owner(columns)
         n_groups, group_pool = sum(sizes), plan.pool
-    return pool_groups(hidden, owner, n_groups, group_pool), sizes
+    return pool_groups(hidden, owner, n_groups, group_pool), sizes, owner
 
 
 @dataclass(frozen=True)
