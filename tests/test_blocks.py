@@ -16,7 +16,7 @@ from tokenizers import Tokenizer
 import layerwise as lw
 from layerwise._encoder.calls import blocks_ahead
 from layerwise._features.device_pool import sentence_owner, word_owner
-from layerwise._features.pool import word_group_ids
+from layerwise._features.pool import word_group_keys
 from layerwise._inputs.batches import length_sorted_batches
 from layerwise._inputs.block import TokenColumns, gather_index
 from layerwise._inputs.encoding import normalize_inputs
@@ -134,10 +134,10 @@ def test_word_owner_numbers_words_as_each_inputs_own_groups_do():
         owner, counts = word_owner(columns)
         expected, offset = [], 0
         for segments, words in parts:
-            group, n_words = word_group_ids(segments, words)
+            group, keys = word_group_keys(segments, words)  # the per-input numbering, a loop per token
             expected.append(np.where(group >= 0, group + offset, -1))
-            offset += n_words
-        assert counts == [word_group_ids(s, w)[1] for s, w in parts]
+            offset += len(keys)
+        assert counts == [len(word_group_keys(s, w)[1]) for s, w in parts]
         assert owner.tolist() == np.concatenate(expected).tolist()
         # a sentence's owner: every token its input's; with exclude, special tokens out unless all are
         own = sentence_owner(columns, "exclude", "mean")

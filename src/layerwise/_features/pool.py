@@ -69,12 +69,6 @@ def word_group_keys(segments: np.ndarray, word_ids: np.ndarray) -> tuple[np.ndar
     return group, list(keys)
 
 
-def word_group_ids(segments: np.ndarray, word_ids: np.ndarray) -> tuple[np.ndarray, int]:
-    """Each token's word number (-1 for special tokens) and the number of words."""
-    group, keys = word_group_keys(segments, word_ids)
-    return group, len(keys)
-
-
 def pool_words(
     stack: LayerStack, subword: SubwordPool = "first", vectors: np.ndarray | None = None
 ) -> WordVectors:
