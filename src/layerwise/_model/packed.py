@@ -64,9 +64,9 @@ class AttentionGroup:
 # from 1,024 to 16,384 and 10 % slower at 65,536 (ad-hoc sweep, default model).
 GROUP_COST = 4096
 # On a GPU each group is a handful of kernel launches, each worth far more than 4,096 query-key pairs
-# of arithmetic: short UD EWT sentences in batches of 1,024 on an H200 (BERT-base shape) ran the
-# packed forward at 911,546 tokens/s with 4,096 (15, 5 and 3 groups a batch), 1,190,887 with 2^20
-# (4, 1, 1), 1,136,822 with 2^24 and 797,588 with one grid a batch (benchmarks/gpu_groups.py)
+# of arithmetic: short UD EWT sentences in batches of 1,024 on an H200 (BERT-base shape, float16) ran
+# the packed forward at 716,687 tokens/s with 4,096 (15, 5 and 3 groups a batch), 1,191,404 with
+# 2^20 (4, 1, 1), 1,155,071 with 2^24 and 836,436 with one grid a batch (benchmarks/gpu_groups.py)
 GPU_GROUP_COST = 1 << 20
 _RUN_RATIO = 0.85  # sequences within this length ratio of a run's first are never split apart
 _MAX_RUNS = 64  # more runs than this (an unsorted batch): one group
