@@ -44,7 +44,16 @@ from ._model.sdpa import attention_kernels
 from ._model.streams import ForwardLock, ForwardPool, check_streams
 from ._progress import progress_bar
 from ._results import LayerStack
-from ._rows import Rows, block_stacks, make_stack, nonfinite_error, packed_rows, split_rows, stitch_stack
+from ._rows import (
+    Rows,
+    block_stacks,
+    check_overflow,
+    make_stack,
+    nonfinite_error,
+    packed_rows,
+    split_rows,
+    stitch_stack,
+)
 from ._settings import FinalNorm, Method, Settings
 from .errors import ModelLoadError, OptionError
 
@@ -195,6 +204,7 @@ class Engine:
                         i = int(rows[bad[0]])
                         raise nonfinite_error(block.first + i, block.texts[i], out[bad[0]][0], call.layers)
                     nonfinite += [block.first + int(rows[k]) for k in bad]
+                check_overflow(out, lambda k, block=block, rows=rows: block.first + int(rows[k]), call.layers)
                 yield block, rows, out
                 if bar is not None and task is not None:
                     bar.advance(task, len(rows))
@@ -342,6 +352,7 @@ def _unit_stacks(
     packed = engine._runs_packed(call.method, call.taps)
     with bar if bar is not None else nullcontext():
         for batch_ids, rows in engine._batch_rows(_unit_jobs(units, batches, packed), call, packed=packed):
+            check_overflow(rows, lambda k, batch_ids=batch_ids: owners[batch_ids[k]][0], layers)
             for u, (hidden, tapped) in zip(batch_ids, rows, strict=True):
                 index, k = owners[u]
                 if rows.nonfinite and not np.isfinite(hidden).all():

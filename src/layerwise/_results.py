@@ -137,7 +137,7 @@ def check_float16(values: np.ndarray, where: str, layers: tuple[int, ...] = ()) 
     stored as inf, a wrong number read back as if measured. (Decoders' residual streams grow with
     depth: Gemma 3 270M's pass 100,000 from hidden state 9 on.) ``layers``: the hidden states along
     ``values``' first axis (none for a fused result), to name the first that overflows."""
-    if values.size == 0:
+    if values.size == 0 or values.dtype == np.float16:
         return
     peak = max(float(values.max()), -float(values.min()))
     if not FLOAT16_MAX < peak < np.inf:  # NaN and inf are the NaN check's to report
@@ -145,11 +145,27 @@ def check_float16(values: np.ndarray, where: str, layers: tuple[int, ...] = ()) 
     if layers and values.shape[0] == len(layers):
         peaks = np.abs(values.reshape(len(layers), -1)).max(axis=1)
         where = f"hidden state {layers[int(np.argmax(peaks > FLOAT16_MAX))]} of {where}"
-    raise OptionError(
-        f"{where} holds {peak:,.0f}, past float16's largest value ({FLOAT16_MAX:,.0f}): stored as "
-        "float16 it would read back as inf. Write float32 (--dtype float32, dtype='float32'), or leave "
-        "out the hidden states that large"
+    raise float16_overflow(f"{where} holds {peak:,.0f}")
+
+
+def float16_overflow(what: str) -> OptionError:
+    """The error for values past float16's range; ``what`` says where and how large."""
+    return OptionError(
+        f"{what}, past float16's largest value ({FLOAT16_MAX:,.0f}): stored as float16 it would read "
+        "back as inf. Write float32 (--dtype float32, dtype='float32'), or leave out the hidden states "
+        "that large"
     )
+
+
+def to_dtype(
+    values: np.ndarray, dtype: str | np.dtype, where: str, layers: tuple[int, ...] = ()
+) -> np.ndarray:
+    """``values`` as ``dtype``: the one NumPy cast of an output's numbers, so that none reaches
+    float16 without :func:`check_float16` (``where``, ``layers``: what its error names)."""
+    dtype = np.dtype(dtype)
+    if dtype == np.float16:
+        check_float16(values, where, layers)
+    return values.astype(dtype, copy=False)
 
 
 def check_float16_rows(values: np.ndarray, names: list[str], layers: tuple[int, ...] = ()) -> None:

@@ -5,14 +5,14 @@ states hold NaN or inf."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
 from ._inputs.block import EncodedBlock, EncodedInput, segment_ids
 from ._inputs.windows import stitch
 from ._model.host_copy import HostCopy
-from ._results import LayerStack
+from ._results import FLOAT16_MAX, LayerStack, float16_overflow
 from .errors import NonFiniteError
 
 
@@ -20,7 +20,8 @@ class Rows:
     """One batch's outputs on the host, per unit ``(hidden (L, n, H), taps)``: views of one array
     ``(L, R, W)`` with the units' rows back to back (``array``, ``sizes``: a packed batch, or its
     pooled rows), or one array per unit (``parts``: a padded batch, cut). ``nonfinite``: the batch
-    held NaN or inf (then the units are looked at one by one). ``owner``: for rows pooled on the
+    held NaN or inf (then the units are looked at one by one); ``peak``: the largest magnitude of
+    float16 rows before their cast. ``owner``: for rows pooled on the
     device, each token's row (-1: none), as the pools grouped them."""
 
     def __init__(
@@ -31,8 +32,12 @@ class Rows:
         parts: list[tuple[np.ndarray, dict[str, np.ndarray]]] | None = None,
         nonfinite: bool = False,
         owner: np.ndarray | None = None,
+        peak: float = 0.0,
     ) -> None:
         self.sizes = list(sizes)
+        # float16 rows whose values passed 65,504 before the cast: inf now, refused (overflow_error)
+        self.overflows = FLOAT16_MAX < peak < np.inf
+        self.peak = peak
         self.array, self.taps, self.parts, self.nonfinite = array, dict(taps or {}), parts, nonfinite
         self.owner = owner
         self.starts = np.concatenate([[0], np.cumsum(self.sizes, dtype=np.int64)]).tolist()
@@ -64,7 +69,7 @@ def split_rows(copy: HostCopy, lengths: Sequence[int]) -> Rows:
                 taps[name] = np.ascontiguousarray(array[:, row, :n])
         parts.append((np.ascontiguousarray(hidden_np[:, row, :n]), taps))
     # padding is summed too: a NaN there marks the batch, and then the rows are looked at one by one
-    return Rows(lengths, parts=parts, nonfinite=not finite)
+    return Rows(lengths, parts=parts, nonfinite=not finite, peak=copy.peak())
 
 
 def make_stack(
@@ -107,7 +112,7 @@ def packed_rows(lengths: list[int], copy: HostCopy, owner: np.ndarray | None = N
     ``lengths``: each input's rows: its tokens, or its pooled vectors (one, or one per word);
     ``owner``: pooled rows' token -> row map (device_pool.pool_batch)."""
     array, taps, finite = copy.arrays()
-    return Rows(lengths, array, taps, nonfinite=not finite, owner=owner)
+    return Rows(lengths, array, taps, nonfinite=not finite, owner=owner, peak=copy.peak())
 
 
 def stitch_stack(item: EncodedInput, parts: dict[int, tuple], layers: tuple[int, ...]) -> LayerStack:
@@ -119,6 +124,25 @@ def stitch_stack(item: EncodedInput, parts: dict[int, tuple], layers: tuple[int,
         for name in ordered[0][2]
     }
     return make_stack(item, hidden, taps, layers, n_windows=len(windows))
+
+
+def check_overflow(out: Rows, index_of: Callable[[int], int], layers: tuple[int, ...]) -> None:
+    """Refuse float16 rows that a value past 65,504 made inf in their cast (``out.overflows``), naming
+    the first input (``index_of``: unit -> input) and hidden state that hold one. Inf in a batch whose
+    float32 sum was finite comes from the cast only: the model's own NaN/inf is nonfinite_error's."""
+    if not out.overflows or out.nonfinite:
+        return
+    for k, (hidden, taps) in enumerate(out):
+        for values in (hidden, *taps.values()):
+            bad = np.isinf(values.reshape(values.shape[0], -1)).any(axis=1)
+            if bad.any():
+                layer = layers[int(np.argmax(bad))] if len(layers) == len(bad) else None
+                what = (
+                    f"input {index_of(k)}"
+                    if layer is None
+                    else f"hidden state {layer} of input {index_of(k)}"
+                )
+                raise float16_overflow(f"{what} holds a value (its batch reaches {out.peak:,.0f})")
 
 
 def nonfinite_error(index: int, text: str, hidden: np.ndarray, layers: tuple[int, ...]) -> NonFiniteError:

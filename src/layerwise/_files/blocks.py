@@ -20,7 +20,7 @@ from typing import IO
 import numpy as np
 
 from .._inputs.corpus import Block
-from .._results import LayerStack, SentenceVector, WordVectors
+from .._results import LayerStack, SentenceVector, WordVectors, check_float16, result_values
 
 Result = LayerStack | WordVectors | SentenceVector
 
@@ -54,6 +54,8 @@ class Writer:
         self.n_empty += sum(1 for text in block.texts if not text.strip())
 
     def put(self, index: int, result: Result, n_tokens: int) -> None:
+        if self.dtype == "float16":  # every format's rows pass here: none holds inf for a large value
+            check_float16(result_values(result), f"input {index}", self._layers_along(result))
         self.n_seen += 1
         self.block_seen += 1
         self.n_tokens += n_tokens
@@ -62,6 +64,14 @@ class Writer:
             self.n_words += result.n_words
         else:
             self.truncated[index] = result.truncated
+
+    def _layers_along(self, result: Result) -> tuple[int, ...]:
+        """The hidden states along the first axis of ``result``'s numbers (none when fused)."""
+        if isinstance(result, LayerStack):
+            return result.layers
+        if isinstance(result, WordVectors):
+            return () if result.fuse else result.layers
+        return () if self.meta.get("fuse") else tuple(self.meta.get("layers") or ())
 
     def end_block(self) -> None:
         if self.block is not None and self.block_seen != len(self.block):

@@ -43,6 +43,15 @@ class HostCopy:
         self._check = hidden.sum()
         self._event, self._dtype = None, dtype
         tensors = {"": hidden, **taps}
+        # float16 results are cast here, before the host sees them: their largest magnitude goes
+        # along (one reduction, no sync) so that a value past float16's range is refused, not inf
+        self._peak = (
+            torch.stack(
+                [torch.stack(torch.aminmax(t.detach())).abs().max().float() for t in tensors.values()]
+            ).max()
+            if dtype == torch.float16 and hidden.numel()
+            else None
+        )
         if hidden.device.type != "cuda":
             self._host = {name: _to_numpy(t, dtype) for name, t in tensors.items()}
             return
@@ -64,6 +73,11 @@ class HostCopy:
         host = dict(self._host)
         hidden = host.pop("")
         return hidden, host, finite
+
+    def peak(self) -> float:
+        """The largest magnitude of a float16 result before its cast (0.0 for other dtypes): past
+        65,504 the cast made inf of it (call after :meth:`arrays`)."""
+        return 0.0 if self._peak is None else float(self._peak)
 
 
 def _pinned_copy(tensor: torch.Tensor) -> torch.Tensor:

@@ -109,11 +109,13 @@ class EmbedActor(_ModelActor):
     def __call__(self, batch: dict) -> dict:
         import numpy as np
 
+        from .._results import to_dtype
+
         texts = [str(t) for t in batch[self.column]]
         rows: list[Any] = [None] * len(texts)
         for index, _, result in self.encoder.iter_results(self.plan, texts, progress=False):
             rows[index] = result.vector  # type: ignore[union-attr]
-        return {**batch, self.output_column: np.stack(rows).astype(self.plan.dtype)}
+        return {**batch, self.output_column: to_dtype(np.stack(rows), self.plan.dtype, "a batch of texts")}
 
 
 class ShardWriter(_ModelActor):

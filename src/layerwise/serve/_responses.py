@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 from fastapi import Response
 
-from .._results import LayerStack, SentenceVector, WordVectors
+from .._results import LayerStack, SentenceVector, WordVectors, to_dtype
 
 try:
     import orjson as _orjson
@@ -78,6 +78,7 @@ def _finite(value: Any) -> Any:
 
 
 def layer_item(index: int, result: Any, dtype: str) -> dict:
+    where = f"input {index}"
     if isinstance(result, LayerStack):
         return {
             "index": index,
@@ -88,7 +89,7 @@ def layer_item(index: int, result: Any, dtype: str) -> dict:
             "truncated": result.truncated,
             "n_windows": result.n_windows,
             "words_empty": list(result.words_empty),
-            "hidden": b64_array(result.hidden, dtype),
+            "hidden": b64_array(to_dtype(result.hidden, dtype, where, result.layers), dtype),
         }
     if isinstance(result, WordVectors):
         return {
@@ -99,10 +100,13 @@ def layer_item(index: int, result: Any, dtype: str) -> dict:
             "n_subwords": result.n_subwords.tolist(),
             "words_lost": result.words_lost,
             "words_empty": list(result.words_empty),
-            "word_vectors": b64_array(result.vectors, dtype),
+            "word_vectors": b64_array(
+                to_dtype(result.vectors, dtype, where, () if result.fuse else result.layers), dtype
+            ),
         }
     assert isinstance(result, SentenceVector)
-    return {"index": index, "truncated": result.truncated, "embedding": b64_array(result.vector, dtype)}
+    vector = to_dtype(result.vector, dtype, where)
+    return {"index": index, "truncated": result.truncated, "embedding": b64_array(vector, dtype)}
 
 
 def validation_error(errors: list) -> ApiError:

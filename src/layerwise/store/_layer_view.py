@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from .._results import to_dtype
 from ._columns import numbers
 from ._format import OFFSETS
 from ._parts import damaged
@@ -213,4 +214,4 @@ class LayerView:
 
     def __array__(self, dtype=None, copy=None) -> np.ndarray:
         array = self[0 : self._n]
-        return array.astype(dtype) if dtype is not None else array
+        return to_dtype(array, dtype, "the rows read") if dtype is not None else array

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .._results import to_dtype
 from ..errors import OptionError, StoreDamagedError
 from ._format import OFFSETS, classify, damaged, read_store_meta
 from ._reader import LayerView, Store, StoreDescription
@@ -146,7 +147,7 @@ class ShardedLayerView:
 
     def __array__(self, dtype=None, copy=None) -> np.ndarray:
         array = self[:]
-        return array if dtype is None else array.astype(dtype)
+        return array if dtype is None else to_dtype(array, dtype, "the rows read")
 
 
 class ShardedStore(StoreDescription):
