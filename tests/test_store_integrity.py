@@ -341,3 +341,57 @@ def test_rerun_removes_zarr_temp_files_a_kill_left(tmp_path, tiny):
     summary = lw.extract_to_store(tiny, texts, path)
     assert summary.n_written == 0 and not list(path.rglob("*.partial"))
     np.testing.assert_array_equal(lw.open_store(path)[3].hidden, before)
+
+
+def _set_offsets(path, index, value):
+    import zarr
+
+    zarr.open_group(str(path), mode="r+")["offsets"][index] = value
+
+
+def _flip_offsets_byte(path):
+    chunk = path / "offsets" / "c" / "0"
+    data = bytearray(chunk.read_bytes())
+    data[min(85, len(data) - 1)] = 0xFF
+    chunk.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda path, n: _set_offsets(path, n, int(lw.open_store(path).n_rows) - 30),  # last entry shorter
+        lambda path, n: _set_offsets(path, n - 1, -1),  # a hole: the entry before the last unwritten
+        lambda path, n: _flip_offsets_byte(path),
+    ],
+    ids=["last-entry-short", "hole", "flipped-byte"],
+)
+def test_a_damaged_commit_marker_fails_bulk_reads_and_verify_never_fewer_rows(tmp_path, good_store, damage):
+    """A commit marker cut short used to make array(-1)[:] and iter_chunks return fewer rows with
+    complete=True, and a hole made verify say OK about a store missing texts."""
+    path = _copy(good_store, tmp_path)
+    n = len(lw.open_store(path))
+    damage(path, n)
+    with pytest.raises(StoreDamagedError, match="commit marker|offsets"):
+        store = lw.open_store(path)
+        store.array(-1)[:]
+    with pytest.raises(StoreDamagedError, match="commit marker|offsets"):
+        sum(len(rows) for rows in lw.open_store(path).array(-1).iter_chunks(7))
+    report = lw.verify_store(path)
+    assert not report.ok and not report.incomplete and "DAMAGED" in str(report)
+
+
+def test_verify_reports_a_store_missing_texts_as_incomplete_exit_1(tmp_path, good_store):
+    from typer.testing import CliRunner
+
+    from layerwise.cli import app
+
+    path = _copy(good_store, tmp_path)
+    n = len(lw.open_store(path))
+    import zarr
+
+    zarr.open_group(str(path), mode="r+")["offsets"][n - 1 :] = -1  # as a write stopped before them
+    report = lw.verify_store(path)
+    assert report.incomplete and not report.ok and not report.problems
+    assert f"INCOMPLETE: {n - 2} of the {n} texts" in str(report)
+    result = CliRunner().invoke(app, ["verify", str(path)])
+    assert result.exit_code == 1 and "INCOMPLETE" in result.output and "resumes" in result.output

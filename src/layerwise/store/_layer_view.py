@@ -82,6 +82,24 @@ class LayerView:
         self._index = RowIndex(store.parts.offsets, store.parts.n_valid)
         self.shape = (self._n, self._data.shape[-1])
         self.dtype = self._data.dtype
+        self._check_extent()
+
+    def _check_extent(self) -> None:
+        """The view's length is the commit marker's last entry: it must be where the last committed
+        text's manifest row says its rows end, or a damaged marker would cut every bulk read short
+        (or stretch it) with no text's check noticing."""
+        n = self._store.parts.n_committed
+        if not n:
+            return
+        ((start, n_rows, _),) = self._expected(n - 1, n)
+        first, end = (int(v) for v in self._index.span(n - 1, n + 1))
+        if start != first or start + n_rows != end:
+            raise self._store.changed_under_us() or damaged(
+                self._store.path,
+                [f"{OFFSETS} say the last committed text (position {n - 1}) holds rows {first}..{end - 1}, "
+                 f"its manifest row says {start}..{start + n_rows - 1}: the commit marker is damaged"],
+                [],
+            )  # fmt: skip
 
     def __len__(self) -> int:
         return self._n

@@ -43,14 +43,26 @@ class VerifyReport:
     problems: list[str] = field(default_factory=list)
     text_ids: list[int] = field(default_factory=list)
     checksums: bool = True
+    n_expected: int = 0  # the texts the store was started for (its metadata); 0: not recorded
+
+    @property
+    def incomplete(self) -> bool:
+        """Undamaged, but fewer texts are committed than the store was started for."""
+        return not self.problems and self.n_texts < self.n_expected
 
     @property
     def ok(self) -> bool:
-        return not self.problems
+        return not self.problems and not self.incomplete
 
     def __str__(self) -> str:
+        what = "rows, offsets, manifest, shards" + (" and checksums" if self.checksums else "")
+        if self.incomplete:
+            return (
+                f"{self.path}: INCOMPLETE: {self.n_texts} of the {self.n_expected} texts it was started "
+                f"for are committed ({self.n_rows} rows; their {what} agree). Its write stopped early: "
+                "run the same extract again (it resumes where it stopped) to add the rest"
+            )
         if self.ok:
-            what = "rows, offsets, manifest, shards" + (" and checksums" if self.checksums else "")
             return f"{self.path}: OK: {self.n_texts} texts, {self.n_rows} rows; {what} agree"
         lines = [f"{self.path}: DAMAGED ({len(self.problems)} problem(s))"]
         lines += [f"  - {p}" for p in self.problems]
@@ -60,7 +72,29 @@ class VerifyReport:
         return "\n".join(lines)
 
 
-def layout_problems(opened: OpenedParts) -> tuple[list[str], list[tuple[int, int]], bool]:
+def _marker_holes(opened: OpenedParts, whole: bool) -> list[str]:
+    """A writer fills the commit marker in order, so an unwritten entry (-1) followed by written
+    ones is damage: the texts past the hole would otherwise read as never committed. ``whole``: look
+    at every entry past the hole (verify), else at two chunks of them (opening stays constant)."""
+    offsets, n_valid = opened.offsets, opened.n_valid
+    if offsets is None or n_valid >= offsets.shape[0]:
+        return []
+    stop = None if whole else n_valid + 2 * int(offsets.chunks[0])
+    rest = np.asarray(offsets[n_valid:stop], dtype=np.int64)
+    written = np.flatnonzero(rest >= 0)
+    if not written.size:
+        return []
+    k = n_valid + int(written[0])
+    return [
+        f"{OFFSETS}[{n_valid}] is unwritten but {OFFSETS}[{k}] holds {int(rest[written[0]])}: the commit "
+        f"marker is damaged ({len(written)} entries past the hole; the texts from position "
+        f"{n_valid - 1} on read as never committed)"
+    ]
+
+
+def layout_problems(
+    opened: OpenedParts, whole_marker: bool = False
+) -> tuple[list[str], list[tuple[int, int]], bool]:
     """What opening checks (module docstring): ``(problems, row ranges of missing data shards,
     whether the manifest can be scanned against the offsets at all)``."""
     problems = list(opened.problems)
@@ -90,6 +124,7 @@ def layout_problems(opened: OpenedParts) -> tuple[list[str], list[tuple[int, int
     n, n_texts = opened.n_committed, int(meta.get("n_texts", 0))
     if n > n_texts:
         problems.append(f"{n} texts are committed but the store was started for {n_texts}")
+    problems += _marker_holes(opened, whole_marker)
     end = opened.end
     if end > data.shape[0]:
         problems.append(f"{OFFSETS} point to row {end} but the data array holds {data.shape[0]} rows")
@@ -326,9 +361,10 @@ def scan_store(path: str | os.PathLike, *, checksums: bool = True) -> VerifyRepo
         opened = open_parts(Path(path))
     except StoreDamagedError as exc:  # its metadata cannot be read or was changed
         return VerifyReport(Path(path), 0, 0, list(exc.problems))
-    problems, missing_shards, scannable = layout_problems(opened)
+    problems, missing_shards, scannable = layout_problems(opened, whole_marker=True)
     n = opened.n_committed
     report = VerifyReport(Path(path), n, opened.end if opened.offsets is not None and opened.n_valid else 0)
+    report.n_expected = int(opened.meta.get("n_texts", 0))
     columns = ("text_id", "position", "start", "n_rows", "crc32", *_LIST_COLUMN.values())
     if checksums:  # each text against its SHA-1 too
         columns += ("text", "text_pair", "text_sha1")
