@@ -345,3 +345,32 @@ def test_cli_probe_offers_the_subword_pools_of_names_py(tmp_path, pos_files):
         output = " ".join(result.output.split())
         assert result.exit_code == 2 and "'median' is not one of" in output
         assert all(f"'{pool}'" in output for pool in SUBWORD_POOLS)
+
+
+def test_probe_conll_on_plain_text_names_the_line_and_one_class_is_refused(tmp_path, tiny_encoder):
+    """Plain sentences given as CoNLL used to probe to accuracy 100.0 on every layer, "L0 ◀ best"."""
+    from typer.testing import CliRunner
+
+    from layerwise.cli import app
+
+    small = tmp_path / "small.txt"
+    small.write_text("The cat sat on the mat.\nStocks fell sharply on Monday.\nA dog barked.\n", encoding="utf-8")
+    with pytest.raises(InputError, match=r"line 1 has 6 columns; CoNLL-2003 has 2 to 4"):
+        read_conll2003(small)
+    ragged = tmp_path / "ragged.conll"
+    ragged.write_text("The O\ncat sat O\n", encoding="utf-8")
+    with pytest.raises(InputError, match=r"line 2 has 3 columns, line 1 has 2"):
+        read_conll2003(ragged)
+    result = CliRunner().invoke(
+        app, ["probe", "conll", "--train", str(small), "--dev", str(small)]
+    )
+    assert result.exit_code == 2 and "line 1 has 6 columns; CoNLL-2003 has 2 to 4" in result.output
+    one_class = tmp_path / "o.conll"
+    one_class.write_text("The DT B-NP O\ncat NN I-NP O\n\nDogs NNS B-NP O\nbark VBP B-VP O\n", encoding="utf-8")
+    with pytest.raises(InputError, match=r"hold one class \('O' only"):
+        lw.probe("conll", train=one_class, dev=one_class, encoder=tiny_encoder)
+    table = tmp_path / "one.tsv"
+    table.write_text("sentence\tlabel\na good one\tpos\nanother\tpos\n", encoding="utf-8")
+    with pytest.raises(InputError, match="hold one class"):
+        lw.probe("tsv", train=table, dev=table, encoder=tiny_encoder)
+    assert read_conll2003(one_class, "pos").labels == [["DT", "NN"], ["NNS", "VBP"]]

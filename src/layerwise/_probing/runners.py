@@ -26,7 +26,7 @@ from .sources import (
     random_twin,
 )
 from .tagging import probe_tokens
-from .tasks import entity_f1, read_conll2003, read_conllu, read_table
+from .tasks import entity_f1, read_conll2003, read_conllu, read_table, require_classes
 
 if TYPE_CHECKING:
     from .._encoder import Encoder
@@ -45,6 +45,7 @@ def _sentence_features(encoder, texts, progress):
 def _probe_sentences(encoder, train_texts, train_labels, dev_texts, dev_labels, run: ProbeRun) -> tuple:
     seed, progress = run.seed, run.progress
     classes = sorted(set(train_labels))
+    require_classes(classes, "labels")
     index = {c: i for i, c in enumerate(classes)}
     y_train = np.asarray([index[c] for c in train_labels])
     y_dev = np.asarray([index.get(c, -1) for c in dev_labels])

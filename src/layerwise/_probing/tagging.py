@@ -16,6 +16,7 @@ import numpy as np
 from .linear import control_labels, fit_predict, scalar_mix_probe
 from .result import ProbeRow, ProbeRun
 from .sources import _distinct_fusions, _fused, _fusion_rows, random_twin, word_sources
+from .tasks import require_classes
 
 logger = logging.getLogger("layerwise")
 Score = Callable[[np.ndarray], tuple[float, float]]  # predicted classes -> (task metric, accuracy)
@@ -61,6 +62,7 @@ def probe_tokens(encoder: Any, train: Any, dev: Any, metric_fn: Callable | None,
     (read sentences with ``.words`` and ``.labels``); ``metric_fn(gold tags, predicted tags)`` is
     the task's metric (None: accuracy)."""
     classes = sorted({label for sentence in train.labels for label in sentence})
+    require_classes(classes, "labels")
     index = {c: i for i, c in enumerate(classes)}
     unknown = sorted({label for sentence in dev.labels for label in sentence} - set(index))
     if unknown:

@@ -90,6 +90,7 @@ def read_conll2003(path: str | os.PathLike, column: str = "ner") -> TaggedSenten
     cw: list[str] = []
     cl: list[str] = []
     path = Path(path)
+    width = first = 0  # every token line has the columns of the first: a plain sentence does not
     for number, line in enumerate(_text_lines(path, "CoNLL file"), start=1):
         fields = line.split()
         if not fields or fields[0] == "-DOCSTART-":
@@ -98,8 +99,16 @@ def read_conll2003(path: str | os.PathLike, column: str = "ner") -> TaggedSenten
                 labels.append(cl)
             cw, cl = [], []
             continue
-        if len(fields) < 2:
-            raise InputError(f"{path}: line {number} needs a word and a label", line=number)
+        if not width:
+            width, first = len(fields), number
+            if not 2 <= width <= 4 or (column != "ner" and width != 4):
+                raise _not_conll(path, number, width, column)
+        if len(fields) != width:
+            raise InputError(
+                f"{path}: line {number} has {len(fields)} columns, line {first} has {width}: a CoNLL file "
+                "has one token per line (word POS chunk NER, or word and label), blank lines between texts",
+                line=number,
+            )
         cw.append(fields[0])
         cl.append(fields[positions[column]])
     if cw:
@@ -108,6 +117,29 @@ def read_conll2003(path: str | os.PathLike, column: str = "ner") -> TaggedSenten
     if not words:
         raise _none_found(path, "CoNLL sentences")
     return TaggedSentences(words, labels)
+
+
+def _not_conll(path: Path, number: int, width: int, column: str) -> InputError:
+    wanted = "4 (word POS chunk NER)" if column != "ner" else "2 to 4 (word ... NER)"
+    return InputError(
+        f"{path}: line {number} has {width} columns; CoNLL-2003 has {wanted}, one token per line and a "
+        "blank line between sentences. Is it plain text? Tag it first, or give a CoNLL file",
+        line=number,
+    )
+
+
+def require_classes(labels: list[str] | set[str], what: str) -> None:
+    """Refuse a task whose training labels hold one class: every layer would score 100 % (a probe
+    that always says it), and a ranking of them would be noise presented as a finding."""
+    classes = sorted(set(labels))
+    if len(classes) < 2:
+        raise InputError(
+            f"the training {what} hold one class ({classes[0]!r} only, if any): every layer would score "
+            "100 and no layer could be ranked. Give training data with at least two classes (is the column "
+            "right?)"
+            if classes
+            else f"the training {what} are empty"
+        )
 
 
 def _dialect(path: Path) -> str:
