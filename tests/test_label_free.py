@@ -405,7 +405,7 @@ def test_texts_too_short_for_a_metric_leave_it_empty_not_an_error(tmp_path, tiny
 
     from layerwise.cli import app
 
-    metrics = lw.analyze.layer_metrics(tiny_encoder.extract(["a", "b"], layers="all"))
+    metrics = lw.analyze.layer_metrics(tiny_encoder.extract(["a", "b", "c", "d"], layers="all"))
     assert np.isnan(metrics.values["intrinsic_dimension"]).all()  # 3 tokens each: TwoNN needs 4
     assert metrics.picks()["intrinsic_dimension"] is None and metrics.as_dict()["best"]["curvature"] in (
         1,
@@ -413,7 +413,7 @@ def test_texts_too_short_for_a_metric_leave_it_empty_not_an_error(tmp_path, tiny
         3,
     )
     source = tmp_path / "short.txt"
-    source.write_text("a\nb\n", encoding="utf-8")
+    source.write_text("a\nb\nc\nd\n", encoding="utf-8")
     result = CliRunner().invoke(app, ["layers", str(source), "--model", tiny_encoder.source, "--quiet"])
     assert result.exit_code == 0 and "Try hidden state" in result.output, result.output
 
@@ -477,3 +477,26 @@ def test_how_an_encoder_reads_its_texts_is_named_once_and_reaches_iter_extract(t
     assert seen == [{"layers": "all", **asked}]
     whole = tiny_encoder.extract(texts, layers="all")  # short texts: windows change nothing
     np.testing.assert_allclose(got, lw.analyze.curvature(whole), atol=1e-6)
+
+
+def test_identical_texts_and_undefined_metrics_pick_no_layer_with_a_warning(tiny_encoder, caplog):
+    """Five identical lines gave a `*` pick on intrinsic dimension, NaN dataset entropy, no warning."""
+    import logging
+
+    with caplog.at_level(logging.WARNING, logger="layerwise"):
+        same = lw.analyze.layer_metrics(tiny_encoder, ["The cat sat on the mat."] * 5, metrics="one-pass")
+    assert same.n_distinct == 1 and set(same.picks().values()) == {None}
+    assert "1 distinct text(s) among 5: too few to pick a layer" in caplog.text
+    texts = [f"sentence number {i} is about {w}" for i, w in enumerate(["cats", "dogs", "stocks", "rain", "tea"])]
+    varied = lw.analyze.layer_metrics(tiny_encoder, texts, metrics="one-pass")
+    assert varied.n_distinct == 5 and varied.picks()["intrinsic_dimension"] is not None
+    values = dict(varied.values)
+    values["curvature"] = values["curvature"].copy()
+    values["curvature"][2] = np.nan  # undefined at one layer: it cannot rank that layer
+    nan_table = label_free.LayerMetrics(varied.layers, values, 5, 5)
+    assert nan_table.picks()["curvature"] is None
+    assert any("curvature is undefined (NaN) at hidden state(s) [2]" in w for w in nan_table.warnings())
+    assert label_free.LayerMetrics.from_dict(same.as_dict()).n_distinct == 1
+    from layerwise._analysis import layer_choice
+
+    assert "0% of the depth" not in layer_choice.recommend(same).reason

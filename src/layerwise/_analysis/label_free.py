@@ -18,6 +18,7 @@ text and hidden state (n_texts x hidden states x width, float32) for the set-lev
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -31,11 +32,16 @@ from .spectra import center_unit, curvature_of, gram_eigenvalues, matrix_entropy
 if TYPE_CHECKING:
     from typing import Unpack
 
+logger = logging.getLogger("layerwise")
+
 # For each metric: does a higher value mark a better layer? The paper's reading of each, fixed before
 # any labelled score was looked at (benchmarks/label_free_layers.py measures how well each picks).
 # a metric whose values across layers differ by less than this, relative to their size, picks
 # nothing: its differences are rounding, not signal
 NO_SIGNAL = 1e-5  # rounding left 1.5e-6 (effective rank of duplicates); a random model differs by 5e-5
+# fewer distinct texts than this pick no layer: the dataset metrics see one point (NaN entropy), and
+# the per-text ones measure one sentence, not the corpus a layer is chosen for
+MIN_DISTINCT_TEXTS = 4
 HIGHER_IS_BETTER: dict[str, bool] = {
     "prompt_entropy": False,  # compression: intermediate layers discard token-level detail
     "dataset_entropy": True,  # texts spread apart: more of the set's variety kept
@@ -252,12 +258,21 @@ class LayerMetrics:
     layers: tuple[int, ...]
     values: dict[str, np.ndarray]
     n_texts: int
+    n_distinct: int | None = None  # distinct texts among them (None: not known)
 
     def best(self, metric: str) -> int:
         """The hidden state a metric picks: its best value (see HIGHER_IS_BETTER) among the layers'
         outputs, hidden states 1.. (the embeddings, state 0, are not contextual)."""
+        if self.n_distinct is not None and self.n_distinct < MIN_DISTINCT_TEXTS:
+            raise InputError(
+                f"{self.n_distinct} distinct text(s) among {self.n_texts}: too few to pick a layer by (give "
+                f"at least {MIN_DISTINCT_TEXTS} different texts, ideally hundreds from the corpus to embed)"
+            )
         values = np.asarray(self.values[metric], dtype=np.float64)
-        candidates = [k for k, layer in enumerate(self.layers) if layer > 0 and np.isfinite(values[k])]
+        candidates = [k for k, layer in enumerate(self.layers) if layer > 0]
+        undefined = [self.layers[k] for k in candidates if not np.isfinite(values[k])]
+        if undefined:  # a metric undefined at some layer cannot rank that layer against the others
+            raise InputError(f"{metric} is undefined (NaN) at hidden state(s) {undefined}: no pick")
         if not candidates:
             raise InputError(f"{metric} has no value for any layer past the embeddings")
         spread = float(np.ptp(values[candidates]))
@@ -271,14 +286,21 @@ class LayerMetrics:
 
     def picks(self) -> dict[str, int | None]:
         """Each metric's pick; None for a metric with no signal: no value past the embeddings (texts
-        too short), or the same value at every layer (duplicate texts give effective rank 1.0000015
-        everywhere, and a pick by rounding noise)."""
-        out: dict[str, int | None] = {}
+        too short), NaN at a layer, the same value at every layer (duplicate texts give effective rank
+        1.0000015 everywhere, and a pick by rounding noise), or too few distinct texts."""
+        return {name: pick for name, (pick, _) in self._judged().items()}
+
+    def warnings(self) -> list[str]:
+        """Why metrics pick nothing (each reason once): what :func:`layer_metrics` logs."""
+        return list(dict.fromkeys(why for _, why in self._judged().values() if why))
+
+    def _judged(self) -> dict[str, tuple[int | None, str | None]]:
+        out: dict[str, tuple[int | None, str | None]] = {}
         for name in self.values:
             try:
-                out[name] = self.best(name)
-            except InputError:
-                out[name] = None
+                out[name] = (self.best(name), None)
+            except InputError as exc:
+                out[name] = (None, str(exc))
         return out
 
     @classmethod
@@ -286,12 +308,16 @@ class LayerMetrics:
         """The table :meth:`as_dict` wrote (a ``layerwise layers --json`` file, a benchmark record)."""
         values = {name: np.asarray([np.nan if v is None else v for v in vals], dtype=np.float64)
                   for name, vals in table["metrics"].items()}  # fmt: skip
-        return cls(tuple(table["layers"]), values, int(table["n_texts"]))
+        distinct = table.get("n_distinct")
+        return cls(
+            tuple(table["layers"]), values, int(table["n_texts"]), None if distinct is None else int(distinct)
+        )
 
     def as_dict(self) -> dict:
         return {
             "layers": list(self.layers),
             "n_texts": self.n_texts,
+            "n_distinct": self.n_distinct,
             "metrics": {
                 name: [None if not np.isfinite(v) else float(v) for v in vals]
                 for name, vals in self.values.items()
@@ -318,9 +344,12 @@ def layer_metrics(
     values: dict[str, np.ndarray] = {}
     layers: tuple[int, ...] = ()
     n_texts = len(texts or ())
+    n_distinct = len(set(texts)) if texts else None
     if any(name in ONE_PASS_METRICS for name in names):
         running, means = _one_pass(source, texts, set(names), alpha, reading)
         layers, n_texts = running.layers or (), len(means)
+        if n_distinct is None:  # a store or stacks: texts whose vectors are the same are the same text
+            n_distinct = len(np.unique(means.reshape(len(means), -1), axis=0))
         for name in names:
             if name in ("prompt_entropy", "curvature", "intrinsic_dimension"):
                 values[name] = running.mean_of(name)
@@ -342,7 +371,10 @@ def layer_metrics(
             values["dime"] = dime_of(view_vectors[:, :2], alpha=alpha, seed=seed)
         if "infonce" in viewed:
             values["infonce"] = infonce_of(view_vectors[:, :2])
-    return LayerMetrics(layers, {name: values[name] for name in names}, n_texts)
+    table = LayerMetrics(layers, {name: values[name] for name in names}, n_texts, n_distinct)
+    for why in table.warnings():
+        logger.warning("%s", why)
+    return table
 
 
 def _metric_names(metrics: str | Iterable[str], *, has_encoder: bool) -> list[str]:

@@ -192,9 +192,10 @@ def recommend(metrics: LayerMetrics, *, kind: str = "encoder", use: str = "mean"
     if not agree:
         gap = abs(top[0] - top[1])
         away = f"{gap} layer{'s' * (gap != 1)} away"
+        band = f"{spread:.0%} of the depth" if spread >= 0.005 else "one layer: its best rules agreed exactly"
         reason += (
             f" The next rule picks hidden state {top[1]}, {away}: more than the benchmark's "
-            f"spread ({spread:.0%} of the depth), so try both (layerwise probe scores them with labels)."
+            f"spread ({band}), so try both (layerwise probe scores them with labels)."
         )
     frozen = tuple(Candidate(k, tuple(v)) for k, v in candidates.items())
     return Recommendation(layer, rule, reason, name, frozen, agree, dict(held))
