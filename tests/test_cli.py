@@ -250,7 +250,6 @@ def test_sigterm_leaves_no_temp_files(tmp_path, make_tiny_model):
     [
         ("data.json", ".json files are not read as one JSON document"),
         ("data.zip", ".zip files are not read as an archive"),
-        ("-", "reading standard input (-) needs --format"),
     ],
 )
 def test_unsupported_inputs_are_refused_before_reading(tmp_path, name, fragment):

@@ -414,7 +414,9 @@ def test_info_names_bad_metadata_and_reads_a_cache(tmp_path, model):
     (tmp_path / "empty.npz").write_bytes(b"")
     empty = cli("info", tmp_path / "empty.npz")
     assert (
-        empty.exit_code == 2 and "cannot be read as an .npz" in empty.output and "Aborted" not in empty.output
+        empty.exit_code == 2
+        and "is not an .npz that layerwise wrote" in empty.output
+        and "Aborted" not in empty.output
     )
     (tmp_path / "t.txt").write_text("a b c d e f g h\n" * 20)
     assert cli("cache", tmp_path / "t.txt", "-o", tmp_path / "acts", "--model", model, "--context", "8",

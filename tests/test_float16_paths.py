@@ -83,7 +83,9 @@ def test_file_writers_and_export_refuse_it_and_leave_nothing(loud, tmp_path, suf
     with pytest.raises(OptionError, match=r"hidden state 3 of input \d .*" + PAST):
         lw.export_store(store, out, lw.OutputPlan.parse(pool="sentence:mean", layers=-1, dtype="float16"))
     assert not out.exists()
-    summary = lw.export_store(store, out, lw.OutputPlan.parse(pool="sentence:mean", layers=0, dtype="float16"))
+    summary = lw.export_store(
+        store, out, lw.OutputPlan.parse(pool="sentence:mean", layers=0, dtype="float16")
+    )
     assert summary["n_texts"] == len(TEXTS)
 
 
@@ -92,9 +94,15 @@ def test_store_cache_and_store_reads_refuse_it(loud, tmp_path):
         lw.extract_to_store(loud, TEXTS, tmp_path / "s.lw", progress=False)
     with pytest.raises(OptionError, match=PAST):
         lw.cache_activations(
-            loud, TEXTS * 20, tmp_path / "cache", lw.CacheOptions(layers=[3], context=8, tokens=64), progress=False
+            loud,
+            TEXTS * 20,
+            tmp_path / "cache",
+            lw.CacheOptions(layers=[3], context=8, tokens=64),
+            progress=False,
         )
-    lw.extract_to_store(loud, TEXTS, tmp_path / "f32.lw", lw.OutputPlan.parse(dtype="float32"), progress=False)
+    lw.extract_to_store(
+        loud, TEXTS, tmp_path / "f32.lw", lw.OutputPlan.parse(dtype="float32"), progress=False
+    )
     view = lw.open_store(tmp_path / "f32.lw").array(-1)
     with pytest.raises(OptionError, match=PAST):
         np.asarray(view, dtype=np.float16)
@@ -109,7 +117,9 @@ def test_cli_extract_and_export_exit_2_with_the_message(loud_folder, tmp_path):
     runner = CliRunner()
     common = ["--model", str(loud_folder), "--device", "cpu", "--quiet"]
     out = tmp_path / "e.parquet"
-    result = runner.invoke(app, ["extract", str(texts), "-o", str(out), "--pool", "sentence:mean", "--dtype", "float16", *common])
+    result = runner.invoke(
+        app, ["extract", str(texts), "-o", str(out), "--pool", "sentence:mean", "--dtype", "float16", *common]
+    )
     assert result.exit_code == 2, result.output
     assert "past float16's largest value" in result.output and not out.exists()
     store = tmp_path / "b32.lw"

@@ -487,7 +487,9 @@ def test_identical_texts_and_undefined_metrics_pick_no_layer_with_a_warning(tiny
         same = lw.analyze.layer_metrics(tiny_encoder, ["The cat sat on the mat."] * 5, metrics="one-pass")
     assert same.n_distinct == 1 and set(same.picks().values()) == {None}
     assert "1 distinct text(s) among 5: too few to pick a layer" in caplog.text
-    texts = [f"sentence number {i} is about {w}" for i, w in enumerate(["cats", "dogs", "stocks", "rain", "tea"])]
+    texts = [
+        f"sentence number {i} is about {w}" for i, w in enumerate(["cats", "dogs", "stocks", "rain", "tea"])
+    ]
     varied = lw.analyze.layer_metrics(tiny_encoder, texts, metrics="one-pass")
     assert varied.n_distinct == 5 and varied.picks()["intrinsic_dimension"] is not None
     values = dict(varied.values)

@@ -354,19 +354,21 @@ def test_probe_conll_on_plain_text_names_the_line_and_one_class_is_refused(tmp_p
     from layerwise.cli import app
 
     small = tmp_path / "small.txt"
-    small.write_text("The cat sat on the mat.\nStocks fell sharply on Monday.\nA dog barked.\n", encoding="utf-8")
+    small.write_text(
+        "The cat sat on the mat.\nStocks fell sharply on Monday.\nA dog barked.\n", encoding="utf-8"
+    )
     with pytest.raises(InputError, match=r"line 1 has 6 columns; CoNLL-2003 has 2 to 4"):
         read_conll2003(small)
     ragged = tmp_path / "ragged.conll"
     ragged.write_text("The O\ncat sat O\n", encoding="utf-8")
     with pytest.raises(InputError, match=r"line 2 has 3 columns, line 1 has 2"):
         read_conll2003(ragged)
-    result = CliRunner().invoke(
-        app, ["probe", "conll", "--train", str(small), "--dev", str(small)]
-    )
+    result = CliRunner().invoke(app, ["probe", "conll", "--train", str(small), "--dev", str(small)])
     assert result.exit_code == 2 and "line 1 has 6 columns; CoNLL-2003 has 2 to 4" in result.output
     one_class = tmp_path / "o.conll"
-    one_class.write_text("The DT B-NP O\ncat NN I-NP O\n\nDogs NNS B-NP O\nbark VBP B-VP O\n", encoding="utf-8")
+    one_class.write_text(
+        "The DT B-NP O\ncat NN I-NP O\n\nDogs NNS B-NP O\nbark VBP B-VP O\n", encoding="utf-8"
+    )
     with pytest.raises(InputError, match=r"hold one class \('O' only"):
         lw.probe("conll", train=one_class, dev=one_class, encoder=tiny_encoder)
     table = tmp_path / "one.tsv"

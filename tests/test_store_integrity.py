@@ -371,10 +371,10 @@ def test_a_damaged_commit_marker_fails_bulk_reads_and_verify_never_fewer_rows(tm
     path = _copy(good_store, tmp_path)
     n = len(lw.open_store(path))
     damage(path, n)
-    with pytest.raises(StoreDamagedError, match="commit marker|offsets"):
+    with pytest.raises(StoreDamagedError, match=r"commit marker|offsets"):
         store = lw.open_store(path)
         store.array(-1)[:]
-    with pytest.raises(StoreDamagedError, match="commit marker|offsets"):
+    with pytest.raises(StoreDamagedError, match=r"commit marker|offsets"):
         sum(len(rows) for rows in lw.open_store(path).array(-1).iter_chunks(7))
     report = lw.verify_store(path)
     assert not report.ok and not report.incomplete and "DAMAGED" in str(report)

@@ -70,10 +70,22 @@ def cache_damaged(path: Path, problems: list[str]) -> StoreDamagedError:
     return damaged(path, problems, [], "cache")
 
 
+# what a cache's folder holds besides its record: a folder with these and no record lost its record
+CACHE_ENTRIES = ("contexts.i32", "state.json", "dataset_info.json")
+
+
+def lost_its_record(path: Path) -> bool:
+    """A folder with a cache's own files but no layerwise-cache.json: a damaged cache."""
+    path = Path(path)
+    return path.is_dir() and not (path / META).exists() and any((path / n).exists() for n in CACHE_ENTRIES)
+
+
 def read_meta(path: Path) -> dict | None:
     """The cache's own record when ``path`` is a layerwise activation cache, else None. A record
     that cannot be read, or whose content differs from its seal, is damage (StoreDamagedError):
     its name says the folder is a cache."""
+    if not Path(path).is_dir():  # a file, or nothing: not a cache (its readers say what it is)
+        return None
     try:
         text = (path / META).read_text(encoding="utf-8")
     except FileNotFoundError:

@@ -10,6 +10,7 @@ from ..errors import OptionError
 from .format import hook_name
 
 DTYPES = ("float16", "float32")
+MAX_SHARD_BYTES = 2 * 2**30
 SHARD_BYTES = 128 * 2**20  # a shard's activations: what one killed run can lose, and RAM while writing
 
 
@@ -91,3 +92,8 @@ def check_numbers(encoder, context, tokens, dtype, shuffle_seed, final_norm, sha
             "named ln_final.hook_normalized) or False (the raw residual stream, TransformerLens' hooks)"
         )
     whole("shard_bytes", shard_bytes, 1)
+    if shard_bytes > MAX_SHARD_BYTES:
+        raise OptionError(
+            f"shard_bytes={shard_bytes:,} is past its bound, {MAX_SHARD_BYTES:,} (2 GiB): a shard is held in "
+            f"memory while it is written. Use {SHARD_BYTES:,} (the default) or less"
+        )

@@ -20,7 +20,18 @@ import numpy as np
 from ..errors import StoreDamagedError
 from ..store._verify import VerifyReport
 from .contexts import read_contexts
-from .format import CONTEXTS, INFO, STATE, TOKEN_IDS, features, read_meta, shard_name
+from .format import (
+    CACHE_ENTRIES,
+    CONTEXTS,
+    INFO,
+    META,
+    STATE,
+    TOKEN_IDS,
+    features,
+    lost_its_record,
+    read_meta,
+    shard_name,
+)
 from .load import crc_problem, index_problems, shard_crcs
 
 
@@ -44,6 +55,12 @@ def verify_cache(path: str | os.PathLike) -> VerifyReport:
         meta = read_meta(path)
     except StoreDamagedError as exc:  # the record cannot be read, or was changed
         return CacheReport(path, 0, 0, list(exc.problems))
+    if meta is None and lost_its_record(path):
+        found = ", ".join(n for n in CACHE_ENTRIES if (path / n).exists())
+        return CacheReport(
+            path, 0, 0, [f"its record, {META}, is missing (the folder holds a cache's {found}): what "
+                         "made it, and every shard's checksum, are lost"]
+        )  # fmt: skip
     if meta is None or "n_contexts" not in meta:
         what = "has no record" if meta is None else "was stopped before its token pass ended"
         return CacheReport(

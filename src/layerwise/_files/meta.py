@@ -59,6 +59,11 @@ def _npz_meta(path: Path) -> dict:
 
     import numpy as np
 
+    if not zipfile.is_zipfile(path):  # np.load would try it as a pickle and suggest unsafe loading
+        raise InputError(
+            f"{str(path)!r} is not an .npz that layerwise wrote (not a zip archive at all): give an output "
+            "of layerwise extract -o FILE.npz"
+        )
     try:
         with np.load(path, allow_pickle=False) as npz:
             if "meta" not in npz.files:
@@ -67,7 +72,10 @@ def _npz_meta(path: Path) -> dict:
     except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:  # EOFError: an empty file
         if isinstance(exc, InputError):
             raise
-        raise InputError(f"{str(path)!r} cannot be read as an .npz: {exc or type(exc).__name__}") from None
+        reason = "it holds pickled objects, which layerwise never writes" if "pickle" in str(exc) else exc
+        raise InputError(
+            f"{str(path)!r} is not an .npz that layerwise wrote ({reason or type(exc).__name__})"
+        ) from None
 
 
 def _jsonl_meta(path: Path) -> dict:

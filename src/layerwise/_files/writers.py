@@ -113,6 +113,10 @@ def atomic_path(path: Path) -> Iterator[Path]:
     The file gets the mode a plain ``open()`` would give it (0666 minus the umask), not
     mkstemp's 0600."""
     directory = path.parent if str(path.parent) else Path(".")
+    if directory.exists() and not directory.is_dir():
+        raise OptionError(
+            f"{str(path)!r}: {str(directory)!r} is a file, not a folder; name a file in a folder"
+        )
     if not directory.is_dir():
         raise OptionError(f"output folder {str(directory)!r} does not exist; create it first")
     _remove_stale_temp_files(path)

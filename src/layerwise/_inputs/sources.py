@@ -91,7 +91,7 @@ def spool_stdin(given_format: str | None) -> Path:
     """Standard input, copied to a temporary file (removed with this object): a corpus is read
     twice (scan, then extract), and Parquet needs to seek."""
     if given_format is None:
-        raise OptionError("reading standard input (-) needs --format: txt, tsv, jsonl, csv or parquet")
+        given_format = "txt"  # one text per line
     handle, name = tempfile.mkstemp(prefix="layerwise-stdin-", suffix=f".{given_format}")
     with os.fdopen(handle, "wb") as out:
         shutil.copyfileobj(sys.stdin.buffer, out, 1 << 20)

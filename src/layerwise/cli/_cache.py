@@ -124,7 +124,15 @@ def cache(
 
 def _seed(value: str) -> int | None:
     """--shuffle-seed: a whole number, or none (source order)."""
-    return None if value.strip().lower() == "none" else int(parse_count(value, "--shuffle-seed"))
+    text = value.strip()
+    if text.lower() == "none":
+        return None
+    if not text.isdigit():
+        raise OptionError(
+            f"--shuffle-seed {value!r} is not a seed: write a whole number from 0 up (e.g. 0, 42, 1234), "
+            "or none to keep the source order"
+        )
+    return int(text)
 
 
 def _report_cache(summary, count: int, output: Path, quiet: bool) -> None:

@@ -28,6 +28,7 @@ from ._groups import (
 )
 from ._options import (
     MODEL_SETTINGS,
+    _check_output_file,
     _fail,
     _setup_logging,
     _use_available_cores,
@@ -82,7 +83,7 @@ def extract(
     The output's metadata records how it was made: `layerwise info OUTPUT`."""
     _setup_logging(quiet)
     try:
-        to_store = output.suffix.lower() == ".lw" or output.is_dir()
+        to_store = _is_store_output(output)
         on_ray = ray.mode is not None
         backend = "--ray" if on_ray else ("a store (-o *.lw)" if to_store else f"a {output.suffix} file")
         _refuse_unused(backend, to_store=to_store, on_ray=on_ray, no_text=no_text, overwrite=overwrite,
@@ -120,13 +121,27 @@ def extract(
         )
 
 
+def _is_store_output(output: Path) -> bool:
+    """-o names a store: a path ending in .lw, or a folder. A folder named like a file format (d.npz)
+    is refused: a store written into it would be taken for the file its name promises."""
+    suffix = output.suffix.lower()
+    if output.is_dir() and suffix in (".npz", ".jsonl", ".parquet", ".json", ".csv", ".txt", ".tsv"):
+        raise OptionError(
+            f"-o {str(output)!r} is a folder, but {suffix} names a file format: give a file path (e.g. "
+            f"{str(output / ('vectors' + suffix))!r}), or a store folder ending in .lw"
+        )
+    return suffix == ".lw" or output.is_dir()
+
+
 def _checked_corpus(corpus: Corpus, output: Path, plan: OutputPlan, to_store: bool) -> Corpus:
     """What fails without the model fails before it loads: the output's format against the plan, an
-    output that is one of the inputs, and a corpus without texts (its every row is read once)."""
+    output path that cannot be written, an output that is one of the inputs, and a corpus without
+    texts (its every row is read once)."""
     if not to_store:
         from .._files.writers import output_format
 
         output_format(output, plan.level)
+        _check_output_file(output, "-o")
     for path in corpus.files if output.exists() else ():
         if os.path.samefile(output, path):
             raise OptionError(

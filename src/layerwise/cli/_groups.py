@@ -165,10 +165,19 @@ def layout_options() -> Callable[[Callable], Callable]:
     """The store's layout options: the command takes them as ``layout: LayoutOptions``."""
     parameters = [
         _optional_int(
-            "block_size", "Store: texts sorted and committed together [default: 2048]", LAYOUT_PANEL
+            "block_size",
+            "Store: texts sorted and committed together [default: 2048; at most 1,048,576]",
+            LAYOUT_PANEL,
         ),
-        _optional_int("chunk_rows", "Store: rows per chunk [default: 128]", LAYOUT_PANEL),
-        _optional_int("shard_chunks", "Store: chunks per shard (one file) [default: 64]", LAYOUT_PANEL),
+        _optional_int(
+            "chunk_rows", "Store: rows per chunk [default: 128; at most 65,536 rows and 64 MiB]", LAYOUT_PANEL
+        ),
+        _optional_int(
+            "shard_chunks",
+            "Store: chunks per shard (one file, held in memory while written) [default: 64; at most "
+            "16,384 chunks and 2 GiB]",
+            LAYOUT_PANEL,
+        ),
     ]
     return option_group(("layout",), parameters, lambda **given: {"layout": LayoutOptions(**given)})
 

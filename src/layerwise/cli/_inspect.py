@@ -10,7 +10,7 @@ import typer
 from rich.console import Console
 
 from .._settings import Settings
-from ..errors import LayerwiseError
+from ..errors import LayerwiseError, OptionError
 from ._options import MODEL_SETTINGS, LayersOption, _fail, _setup_logging, app, err, model_options
 
 
@@ -49,11 +49,22 @@ def verify(
 ) -> None:
     """Check a store (offsets, manifest, shards, every text's checksum) or an activation cache
     (record, contexts, shards, every context's token ids). Exit 1 if it is damaged."""
+    if store.is_file() or not store.exists():
+        what = "a file" if store.is_file() else "not there (no such file or folder)"
+        raise _fail(
+            OptionError(
+                f"{str(store)!r} is {what}: verify checks a store folder (*.lw, layerwise extract -o) or an "
+                "activation cache folder (layerwise cache -o), every row against the checksum it was "
+                "written with. A .npz, .parquet or .jsonl file carries no checksums: layerwise info shows "
+                "how it was made"
+            )
+        )
     try:
+        from .._cache.format import lost_its_record
         from .._cache.format import read_meta as read_cache_meta
         from ..store import verify_store
 
-        if read_cache_meta(store) is not None:
+        if read_cache_meta(store) is not None or lost_its_record(store):
             from .._cache import verify_cache
 
             report = verify_cache(store)

@@ -35,6 +35,15 @@ if TYPE_CHECKING:
 SERVE_STREAMS = 1
 
 
+def _check_host(host: str) -> None:
+    """An empty or blank --host would bind every interface under a URL that names none."""
+    if not host.strip() or host != host.strip():
+        raise OptionError(
+            f"--host {host!r} is not an address: use 127.0.0.1 (this machine only, the default), or an "
+            "interface's address, or 0.0.0.0 (every interface; with an API key)"
+        )
+
+
 def _is_loopback(host: str) -> bool:
     if host == "localhost":
         return True
@@ -54,6 +63,9 @@ StoreOption = Annotated[
 
 
 LIMITS_PANEL = "Server limits"
+# a request's body and a response are held in memory whole, the queue's vectors too: past these a
+# limit is no limit (and inf or 1e400 cannot become a byte count)
+MAX_MB = {"body": 1024.0, "response": 16384.0, "queue": 65536.0}
 
 
 def server_options() -> Callable[[Callable], Callable]:
@@ -71,10 +83,11 @@ def server_options() -> Callable[[Callable], Callable]:
         option("max_inputs", 2048, int, min=1, help="Inputs per request (else 413)"),
         option("max_request_tokens", 131_072, int, min=1, help="Tokens per request (else 413)"),
         option("max_queue_tokens", 1_048_576, int, min=1, help="Tokens waiting (else 429)"),
-        option("max_body_mb", 8.0, float, min=0.001, help="Request body size (else 413)"),
-        option("max_response_mb", 64.0, float, min=0.001,
+        option("max_body_mb", 8.0, float, min=0.001, max=MAX_MB["body"],
+               help="Request body size (else 413)"),
+        option("max_response_mb", 64.0, float, min=0.001, max=MAX_MB["response"],
                help="Vectors in one response (else 413; npz or a store for more)"),
-        option("max_queue_mb", 512.0, float, min=0.001,
+        option("max_queue_mb", 512.0, float, min=0.001, max=MAX_MB["queue"],
                help="Vectors of the requests queued and running (else 429)"),
         option("max_explore_tokens", 2048, int, min=1, help="Tokens of an explorer text (else 413)"),
         option("header_timeout", 10.0, float, min=0.001, max=3600,
@@ -133,6 +146,7 @@ def serve(
     try:
         from ..serve import create_app
 
+        _check_host(host)
         if not _is_loopback(host) and served.api_key is None:
             err.print(
                 f"[yellow]warning:[/] binding {host}, which other machines can reach, without an API key; "

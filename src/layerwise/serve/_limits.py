@@ -13,6 +13,9 @@ from ..errors import OptionError
 API_KEY_ENV = "LAYERWISE_API_KEY"
 
 
+MAX_LIMIT = 2**40  # a count or byte size past this is no limit: a typo, or inf
+
+
 @dataclass(frozen=True)
 class ServeSettings:
     """Limits of one server. A request over a size limit gets 413, a full queue 429."""
@@ -61,8 +64,8 @@ class ServeSettings:
             "max_explore_tokens",
         ):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise OptionError(f"{name}={value!r} must be a whole number >= 1")
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_LIMIT:
+                raise OptionError(f"{name}={value!r} must be a whole number from 1 to {MAX_LIMIT:,} (2**40)")
         if self.max_request_tokens > self.max_queue_tokens:
             raise OptionError(
                 f"max_request_tokens={self.max_request_tokens} is larger than max_queue_tokens="

@@ -60,6 +60,14 @@ CHUNK_ROWS = 128
 SHARD_CHUNKS = 64
 OFFSETS_CHUNK = 4096
 BLOCK_SIZE = 2048
+# what a layout may ask for: each bound is what one unit costs past it (StoreLayout, --help)
+MAX_CHUNK_BYTES = 64 * 2**20
+MAX_SHARD_BYTES = 2 * 2**30
+LAYOUT_LIMITS = {
+    "block_size": (1 << 20, "a block's texts are tokenised and sorted in memory together"),
+    "chunk_rows": (1 << 16, "a chunk is read whole for one row, and written whole, padded"),
+    "shard_chunks": (1 << 14, "zarr indexes a shard's chunks in one table built in Python"),
+}
 
 
 @dataclass(frozen=True)
@@ -76,6 +84,33 @@ class StoreLayout:
         for name, value in dataclasses.asdict(self).items():
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise OptionError(f"{name}={value!r} must be a whole number >= 1")
+            if value > LAYOUT_LIMITS[name][0]:
+                raise OptionError(
+                    f"{name}={value:,} is past its bound, {LAYOUT_LIMITS[name][0]:,}: "
+                    f"{LAYOUT_LIMITS[name][1]}"
+                )
+
+    def check_cost(self, row_bytes: int) -> None:
+        """Refuse a chunk or shard too large for rows of ``row_bytes`` (say the bound and the largest
+        value that fits): zarr writes the last shard whole, padded, even for three texts, and the
+        writer holds a shard in memory while it fills."""
+        chunk = self.chunk_rows * row_bytes
+        if chunk > MAX_CHUNK_BYTES:
+            raise OptionError(
+                f"chunk_rows={self.chunk_rows:,} makes a chunk of {chunk / 2**20:,.0f} MiB "
+                f"({row_bytes:,} bytes a row), past its bound of {MAX_CHUNK_BYTES // 2**20} MiB: a chunk is "
+                "written whole, padded, however few texts fill it. Use --chunk-rows "
+                f"{MAX_CHUNK_BYTES // row_bytes:,} or fewer "
+                f"(default {CHUNK_ROWS})"
+            )
+        shard = chunk * self.shard_chunks
+        if shard > MAX_SHARD_BYTES:
+            raise OptionError(
+                f"shard_chunks={self.shard_chunks:,} chunks of {self.chunk_rows:,} rows make a shard of "
+                f"{shard / 2**20:,.0f} MiB, past its bound of {MAX_SHARD_BYTES // 2**20:,} MiB: the writer "
+                "holds a shard in memory, and writes the last one whole. Use --shard-chunks "
+                f"{MAX_SHARD_BYTES // chunk:,} or fewer (default {SHARD_CHUNKS})"
+            )
 
 
 # The store's own entries, in the order overwrite removes them: the commit marker first (so that a
@@ -189,11 +224,23 @@ def folder_kind(path: Path, what: str, is_ours) -> str:
     return "ours" if is_ours(path) else "other"
 
 
-def not_a_store(path: Path) -> NotAStoreError:
-    return NotAStoreError(
-        f"{str(path)!r} is a folder that is not a layerwise store (no zarr.json with layerwise metadata); "
-        "layerwise will not write into it or remove anything from it: choose another path"
-    )
+def not_a_store(path: Path, reading: bool = False) -> NotAStoreError:
+    """The error for a folder that is not a store: a writer will not touch it; a reader (``reading``)
+    says what it needs, and names an activation cache as one."""
+    what = f"{str(path)!r} is a folder that is not a layerwise store (no zarr.json with layerwise metadata)"
+    if not reading:
+        return NotAStoreError(
+            f"{what}; layerwise will not write into it or remove anything from it: choose another path"
+        )
+    if (path / "layerwise-cache.json").exists():
+        return NotAStoreError(
+            f"{str(path)!r} is a layerwise activation cache, not a store: verify checks it; read it with "
+            "lw.load_cache (a datasets folder). export and open_store read stores (layerwise extract -o X.lw)"
+        )
+    if path.is_dir() and not any(path.iterdir()):
+        return NotAStoreError(f"{str(path)!r} is an empty folder, not a layerwise store: give a store folder "
+                              "(layerwise extract INPUT -o corpus.lw writes one)")  # fmt: skip
+    return NotAStoreError(f"{what}: give a store folder (layerwise extract INPUT -o corpus.lw writes one)")
 
 
 def remove_store_entries(path: Path) -> None:

@@ -60,7 +60,7 @@ def open_parts(path: Path) -> OpenedParts:
     import zarr
 
     if classify(path) != "store":
-        raise not_a_store(path) if path.is_dir() else _missing(path)
+        raise not_a_store(path, reading=True) if path.is_dir() else _missing(path)
     meta = read_store_meta(path) or {}
     group = zarr.open_group(str(path), mode="r")
     problems: list[str] = []

@@ -109,6 +109,7 @@ class StoreWriter:
         self.fuse, self.special_tokens = plan.fuse, plan.special_tokens
         self.dtype, self.block_size = plan.dtype, layout.block_size
         self.chunk_rows, self.shard_rows = layout.chunk_rows, layout.chunk_rows * layout.shard_chunks
+        layout.check_cost(int(np.prod(self._row_shape())) * np.dtype(self.dtype).itemsize)
         self.source = source
         self.meta = self._meta()
 
