@@ -155,3 +155,39 @@ def test_standard_input_defaults_to_text_lines(tmp_path, tiny_encoder):
 
     with np.load(out) as npz:
         assert sum(name.startswith("hidden_") for name in npz.files) == 2
+
+
+@pytest.mark.parametrize(
+    ("hidden", "target", "extra"),
+    [("zarr", "s.lw", "store"), ("pyarrow", "s.lw", "store"), ("datasets", "acts", "cache")],
+)
+def test_verify_without_an_extra_names_the_pip_command_not_damage(place, monkeypatch, hidden, target, extra):
+    import sys
+
+    import layerwise as lw
+    from layerwise.errors import MissingDependencyError
+
+    monkeypatch.setitem(sys.modules, hidden, None)  # as if not installed
+    result = run("verify", place / target)
+    assert result.exit_code == 2 and f"pip install 'layerwise[{extra}]'" in result.output
+    assert "DAMAGED" not in result.output
+    verify = lw.verify_store if target.endswith(".lw") else lw.verify_cache
+    with pytest.raises(MissingDependencyError, match=f"pip install 'layerwise\\[{extra}\\]'"):
+        verify(place / target)
+
+
+def test_info_reads_the_layers_table_and_the_analyze_report(place, tiny_encoder):
+    import layerwise as lw
+
+    model = ["--model", tiny_encoder.source, "-q"]
+    table = place / "layers.json"
+    assert run("layers", place / "small.txt", "--json", table, *model).exit_code == 0
+    meta = lw.read_meta(table)
+    assert meta["kind"] == "layers table" and meta["layerwise_version"] == lw.__version__
+    assert meta["model"] == tiny_encoder.name and meta["final_norm"] is None and meta["max_length"] is None
+    assert run("analyze", place / "small.txt", "-o", place / "report", *model).exit_code == 0
+    report = lw.read_meta(place / "report")
+    assert report["kind"] == "analysis report" and report["source"] == str(place / "small.txt")
+    assert report["model_dtype"] == tiny_encoder.settings.model_dtype and "device" in report
+    shown = run("info", place / "report")
+    assert shown.exit_code == 0 and "analysis report" in shown.output

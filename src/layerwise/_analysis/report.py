@@ -96,11 +96,13 @@ def write_report(
     max_rows: int = 20000,
     source: str | None = None,
     kind: str = "encoder",
+    settings: dict | None = None,
 ) -> Path:
     """Analyse ``stacks`` (every layer of each text, e.g. ``enc.extract(texts, long_texts="window")``)
     and write ``folder/report.html`` (plus figures and stats.json). ``model`` and ``max_length``
     are shown in the report's settings; ``kind`` ("encoder" or "decoder") picks the layer
-    recommendation's rule."""
+    recommendation's rule; ``settings``: the Encoder's (``enc.settings.as_dict()``), recorded in
+    stats.json's ``made`` with the version and the source, as every layerwise output records them."""
     from .plot import PROJECTIONS
 
     started = time.perf_counter()
@@ -124,6 +126,8 @@ def write_report(
         "intra_sentence_similarity": m.intra.tolist(),
         "self_similarity": {w: v.tolist() for w, v in m.selfsim.items()},
         "label_free": m.label_free.as_dict(), "layerwise_version": __version__,
+        "made": {"layerwise": __version__, "settings": settings or {"model": model, "max_length": max_length},
+                 "source": source, "projection": projection, "words": list(words) if words else None},
     }  # fmt: skip
     (folder / "stats.json").write_text(json.dumps(stats, indent=2) + "\n", encoding="utf-8")
     seconds = time.perf_counter() - started

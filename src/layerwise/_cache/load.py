@@ -64,8 +64,9 @@ def index_problems(path: Path, meta: dict) -> list[str]:
 def load_cache(path: str | os.PathLike, *, check: bool = True) -> Any:
     """The activation cache at ``path`` as a ``datasets.Dataset`` (columns: one per hook, and
     ``token_ids``), its record and shards checked first (module docstring); ``check=False`` skips
-    the shards' read (the record is always checked). StoreDamagedError when anything differs,
-    NotAStoreError when ``path`` is not a finished cache."""
+    the shards' read (the record is always checked): their bytes are then not compared with their
+    checksums, so verify the cache once (``layerwise verify``) before loading it so.
+    StoreDamagedError when anything differs, NotAStoreError when ``path`` is not a finished cache."""
     require_cache_dependencies()
     path = Path(path)
     meta = read_meta(path)

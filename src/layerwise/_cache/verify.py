@@ -30,6 +30,7 @@ from .format import (
     features,
     lost_its_record,
     read_meta,
+    require_cache_dependencies,
     shard_name,
 )
 from .load import crc_problem, index_problems, shard_crcs
@@ -48,6 +49,7 @@ class CacheReport(VerifyReport):
 def verify_cache(path: str | os.PathLike) -> VerifyReport:
     """Check everything (module docstring); never raises for damage, reports it. ``n_texts`` of
     the report counts contexts, ``n_rows`` tokens; ``text_ids`` names the bad contexts' slots."""
+    require_cache_dependencies()  # a missing extra is not damage: the pip command, not a traceback
     from .writer import permutation
 
     path = Path(path)

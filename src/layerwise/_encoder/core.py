@@ -141,6 +141,12 @@ class Encoder(FeatureCalls):
         plan.hidden_states(self.n_hidden_states)  # a layer past the model fails here
         return plan.with_final_norm(self.final_norm, is_decoder=self.is_decoder)
 
+    def run_settings(self) -> dict:
+        """These settings as a record says them: an encoder's ``final_norm`` is None (it has none)."""
+        ran = self.settings.as_dict()
+        ran["final_norm"] = ran["final_norm"] if self.is_decoder else None
+        return ran
+
     def run_meta(self, plan: OutputPlan) -> dict:
         """How a run of ``plan`` is made, for every output's metadata (``lw.read_meta`` reads it
         back): layerwise's version, these settings under their Python names (``model`` is the

@@ -38,12 +38,14 @@ def read_meta(path: str | os.PathLike) -> dict[str, Any]:
     path = Path(path)
     if path.is_dir():
         meta = _folder_meta(path)
+    elif path.is_file() and path.suffix.lower() == ".json":
+        meta = _made_meta(path, "layers table")
     elif path.is_file():
         kind = KINDS.get(path.suffix.lower())
         if kind is None:
             raise InputError(
-                f"{str(path)!r} is not a layerwise output: give an .npz, .jsonl or .parquet file, or a store "
-                "folder (*.lw)"
+                f"{str(path)!r} is not a layerwise output: give an .npz, .jsonl, .parquet or .json file "
+                "(layerwise layers --json), a store folder (*.lw), a cache or an analyze report folder"
             )
         meta = {
             "kind": kind,
@@ -52,6 +54,25 @@ def read_meta(path: str | os.PathLike) -> dict[str, Any]:
     else:
         raise InputError(f"{str(path)!r} does not exist")
     return {"path": str(path), **meta}
+
+
+def _made_meta(path: Path, kind: str) -> dict:
+    """The ``made`` record of a JSON output (``layerwise layers --json``, an analyze report's
+    stats.json): the version, the settings under their Python names, the source and the rest."""
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise InputError(f"{str(path)!r} cannot be read as JSON ({exc})") from None
+    made = record.get("made") if isinstance(record, dict) else None
+    if not isinstance(made, dict):
+        raise InputError(
+            f"{str(path)!r} is JSON without a layerwise 'made' record: not a layers table or an analyze "
+            "report's stats.json (reports written before layerwise 0.3 recorded only the model)"
+        )
+    rest = {k: v for k, v in made.items() if k not in ("layerwise", "settings")}
+    settings = made.get("settings") if isinstance(made.get("settings"), dict) else {}
+    model = {"model": record["model"]} if "model" in record else {}
+    return {"kind": kind, "layerwise_version": made.get("layerwise"), **settings, **model, **rest}
 
 
 def _npz_meta(path: Path) -> dict:
@@ -136,6 +157,8 @@ def _folder_meta(path: Path) -> dict:
     cache = read_cache_meta(path)
     if cache is not None:
         return {"kind": "activation cache", **cache}
+    if (path / "stats.json").is_file() and (path / "report.html").is_file():
+        return _made_meta(path / "stats.json", "analysis report")
     raise InputError(
         f"{str(path)!r} is a folder that is not a layerwise store (no zarr.json with layerwise "
         "metadata) nor an activation cache (no layerwise-cache.json)"

@@ -145,7 +145,8 @@ def analyze(
         stacks = enc.extract(texts, long_texts="window", progress=False if quiet else None)
         report = write_report(stacks, output, model=enc.name, max_length=enc.max_length, words=chosen,
                               projection=projection, source=str(input),
-                              kind="decoder" if enc.is_decoder else "encoder")  # fmt: skip
+                              kind="decoder" if enc.is_decoder else "encoder",
+                              settings=enc.run_settings())  # fmt: skip
     except LayerwiseError as exc:
         raise _fail(exc) from None
     err.print(f"report written to {report}", highlight=False)

@@ -93,9 +93,7 @@ def layers(
         typer.echo(choice.candidates_text())
     if json_path is not None:
         # how the table was made, as every layerwise output says
-        ran = enc.settings.as_dict()
-        ran["final_norm"] = ran["final_norm"] if enc.is_decoder else None  # as output files say
-        made = {"layerwise": __version__, "settings": ran, "source": input, "views": views,
+        made = {"layerwise": __version__, "settings": enc.run_settings(), "source": input, "views": views,
                 "seed": seed, "pool": pool}  # fmt: skip
         table = {**metrics.as_dict(), "model": enc.name, "made": made, "recommendation": choice.as_dict()}
         try:  # atomically: a failed write leaves no half-written file

@@ -103,7 +103,9 @@ class Store(StoreDescription):
 
     @property
     def data(self):
-        """The raw Zarr array of rows (includes rows past the commit marker after a crash)."""
+        """The raw Zarr array of rows, unchecked: no checksum is compared, and rows past the commit
+        marker (after a crash) are included. For code that reads Zarr itself; ``store[i]`` and
+        ``store.array`` check every read, and ``layerwise verify`` checks the whole store."""
         try:
             return self._group[DATA]
         except KeyError:  # removed since the store was opened
