@@ -132,7 +132,22 @@ def machine() -> dict[str, Any]:
         "torch_threads": torch.get_num_threads(),
         "python": platform.python_version(),
         "date": time.strftime("%Y-%m-%d"),
+        "commit": _commit(),
     }
+
+
+def _commit() -> str | None:
+    """The commit the code ran at (``+`` when the tree had uncommitted changes), if in a git clone."""
+    import subprocess
+
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=HERE, capture_output=True,
+                              text=True, check=True).stdout.strip()  # fmt: skip
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=HERE,
+                               capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return head + ("+" if dirty else "")
 
 
 def result_path(name: str) -> Path:
