@@ -25,6 +25,22 @@ REPO = Path(__file__).resolve().parents[1]
 # The first 500 dev sentences of UD English EWT (CC BY-SA 4.0; licence and attribution beside them),
 # committed so that the tests run on a bare clone (scripts/vendor_ud_ewt.py made the file).
 UD_EWT_DEV = REPO / "tests" / "data" / "ud_ewt" / "en_ewt-ud-dev.sentences.txt"
+# Tests that skip when their set-up is missing (a browser, a network namespace for Ray) must not skip
+# where that set-up is promised: .ci/run names them in LAYERWISE_REQUIRE, and a skip there fails.
+REQUIRED_MODULES = {"browser": "test_explorer_browser.py", "ray": "test_ray.py"}
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    required = {REQUIRED_MODULES[k] for k in os.environ.get("LAYERWISE_REQUIRE", "").split(",") if k}
+    if report.skipped and item.path.name in required:
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        report.outcome = "failed"
+        report.longrepr = f"skipped where LAYERWISE_REQUIRE promises it runs: {reason}"
+
+
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json")
 ARCHITECTURES = ("bert", "roberta", "distilbert", "mpnet", "electra")
 
@@ -84,9 +100,27 @@ def default_model_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def default_encoder():
+    """The default model on its light path (the packed forward on weights read from safetensors),
+    for the whole session: building its transformers model would move every later test to that
+    model, so that what the sentence-transformers and parity checks cover depended on test order.
+    It refuses to build one; tests that need the transformers model take ``default_hf_model``."""
     import layerwise as lw
 
-    return lw.Encoder(device="cpu")
+    enc = lw.Encoder(device="cpu")
+
+    def refuse():
+        raise AssertionError("the shared default_encoder stays on its light path: use default_hf_model")
+
+    enc.models.transformers = refuse  # type: ignore[method-assign]
+    return enc
+
+
+@pytest.fixture(scope="session")
+def default_hf_model():
+    """The default model as transformers builds it, from an Encoder of its own."""
+    import layerwise as lw
+
+    return lw.Encoder(device="cpu").model
 
 
 @pytest.fixture(scope="session")

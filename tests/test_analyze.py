@@ -221,3 +221,36 @@ def test_cli_checks_outputs_and_projection_before_extracting(tmp_path, make_tiny
     args = ["plot", str(source), "--words", "$^$,bank,crane", "-o", str(tmp_path / "d.png"), "--model", model]
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
+
+
+def _words(vectors: np.ndarray) -> lw.WordVectors:
+    n = vectors.shape[1]
+    return lw.WordVectors(
+        vectors=vectors, layers=tuple(range(vectors.shape[0])), words=tuple(f"w{i}" for i in range(n)),
+        spans=np.zeros((n, 2), np.int32), segment_ids=np.zeros(n, np.int32), n_subwords=np.ones(n, np.int32),
+        text=" ".join(f"w{i}" for i in range(n)),
+    )  # fmt: skip
+
+
+def test_intra_sentence_similarity_known_answers():
+    """Written out: per sentence, the mean over its words of cos(word, the sentence's mean word);
+    the mean over sentences; minus the anisotropy (the mean cosine of distinct rows)."""
+    rng = np.random.default_rng(3)
+    sentences = [rng.normal(size=(2, n, 5)) for n in (3, 4, 2)]
+    expected = np.zeros(2)
+    for v in sentences:
+        for layer in range(2):
+            centre = v[layer].mean(axis=0)
+            cosines = [w @ centre / np.linalg.norm(w) / np.linalg.norm(centre) for w in v[layer]]
+            expected[layer] += np.mean(cosines) / len(sentences)
+    got = lw.analyze.intra_sentence_similarity([_words(v) for v in sentences], adjust=False)
+    np.testing.assert_allclose(got, expected, rtol=1e-12)
+    # four rows with every pair at cosine c: the anisotropy is c whichever pairs are drawn, and a
+    # sentence of two of them has cos(word, mean) = sqrt((1 + c) / 2) for both words
+    t = 0.5
+    rows = np.eye(4) + t  # pairwise cosine (2t + 4t^2) / (1 + 2t + 4t^2)
+    c = (2 * t + 4 * t * t) / (1 + 2 * t + 4 * t * t)
+    items = [_words(np.stack([rows[:2]] * 3)), _words(np.stack([rows[2:]] * 3))]
+    np.testing.assert_allclose(lw.analyze.anisotropy(items), [c] * 3, rtol=1e-12)
+    adjusted = lw.analyze.intra_sentence_similarity(items)
+    np.testing.assert_allclose(adjusted, [np.sqrt((1 + c) / 2) - c] * 3, rtol=1e-12)

@@ -18,7 +18,6 @@ import torch
 from conftest import corpus, needs_smollm2
 
 import layerwise as lw
-from layerwise._cache.contexts import framing_for
 from layerwise._cache.format import read_meta
 from layerwise.errors import LayerSpecError, NotAStoreError, OptionError, StoreError
 
@@ -31,25 +30,27 @@ def _shard_bytes(path: Path) -> dict[str, bytes]:
 
 
 def _source_contexts(enc, context: int, texts=TEXTS) -> np.ndarray:
-    """The contexts cut independently: documents joined with the separator, framed windows."""
-    framing = framing_for(enc.tokenizer, enc.is_decoder)
+    """The contexts cut independently, as docs/formats.md says: an encoder's window is [CLS] body
+    [SEP] and documents are joined by [SEP]; a decoder that starts with BOS has BOS body, documents
+    joined by BOS; any other decoder the bare body, documents joined by EOS."""
+    tok = enc.tokenizer
+    if not enc.is_decoder:
+        begin, end, separator = [tok.cls_token_id], [tok.sep_token_id], [tok.sep_token_id]
+    elif tok.bos_token_id is not None and tok("a")["input_ids"][:1] == [tok.bos_token_id]:
+        begin, end, separator = [tok.bos_token_id], [], [tok.bos_token_id]
+    else:
+        begin, end, separator = [], [], [tok.eos_token_id]
     stream: list[int] = []
     for k, text in enumerate(texts):
-        stream += (list(framing.separator) if k else []) + enc.tokenizer(text, add_special_tokens=False)[
-            "input_ids"
-        ]
-    body = context - len(framing.begin) - len(framing.end)
+        stream += (separator if k else []) + tok(text, add_special_tokens=False)["input_ids"]
+    body = context - len(begin) - len(end)
     rows, start = [], 0
     while True:
-        if (
-            framing.begin
-            and framing.begin == framing.separator
-            and stream[start : start + 1] == list(framing.separator)
-        ):
-            start += 1
+        if begin and begin == separator and stream[start : start + 1] == separator:
+            start += 1  # a window that would open with the separator after BOS skips it
         if len(stream) - start < body:
             break
-        rows.append(list(framing.begin) + stream[start : start + body] + list(framing.end))
+        rows.append(begin + stream[start : start + body] + end)
         start += body
     return np.asarray(rows, dtype=np.int32)
 

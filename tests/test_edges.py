@@ -61,7 +61,9 @@ def test_a_zst_of_several_frames_reads_whole(tmp_path, model):
     ]
     path = tmp_path / "t.txt.zst"
     path.write_bytes(b"".join(frames))
-    assert len(lw.Corpus(path)) == 3
+    corpus = lw.Corpus(path)
+    assert len(corpus) == 3
+    assert [t for block in corpus.blocks(10) for t in block.texts] == ["a b", "c d", "e f"]
 
 
 def test_a_gz_that_is_not_gzip_is_named(tmp_path, model):

@@ -14,7 +14,7 @@ TEXTS = [
 ]
 
 
-def test_default_encoder_properties(default_encoder):
+def test_default_encoder_properties(default_encoder, default_hf_model):
     enc = default_encoder
     assert enc.name == lw.DEFAULT_MODEL
     assert (enc.n_layers, enc.n_hidden_states, enc.hidden_size) == (6, 7, 384)
@@ -22,7 +22,7 @@ def test_default_encoder_properties(default_encoder):
     assert enc.sentence_transformers == lw._model.sentence_transformers.SentenceTransformersConfig(
         256, "mean", True
     )
-    assert enc.model.training is False
+    assert default_hf_model.training is False
     assert enc.tokenizer.is_fast
     stacks = enc.extract(["The bank raised rates.", "We sat on the river bank."])
     s = stacks[0]
@@ -34,14 +34,15 @@ def test_default_encoder_properties(default_encoder):
     assert s.segment_ids.tolist() == [0] * 7
 
 
-def test_results_match_a_direct_forward(default_encoder):
-    """Batched, sorted, truncated-at-depth extraction equals a plain HF forward per text."""
+def test_results_match_a_direct_forward(default_encoder, default_hf_model):
+    """Batched, sorted, truncated-at-depth extraction (the light model's) equals a plain HF forward
+    per text."""
     enc = default_encoder
     stacks = enc.extract(TEXTS, batch_size=3)
     for text, stack in zip(TEXTS, stacks, strict=True):
         inputs = enc.tokenizer([text], return_tensors="pt")
         with torch.inference_mode():
-            reference = enc.model(**inputs, output_hidden_states=True).hidden_states
+            reference = default_hf_model(**inputs, output_hidden_states=True).hidden_states
         expected = torch.stack(reference)[:, 0].numpy()
         np.testing.assert_allclose(stack.hidden, expected, atol=2e-5, rtol=0)
         assert stack.text == text

@@ -97,26 +97,42 @@ def test_neighbours_equal_brute_force_cosine_search(reference, tiny_encoder):
 
 
 def test_similarity_equals_pairwise_linear_cka(reference):
-    from layerwise._analysis.stats import layer_matrix, linear_cka
+    """Linear CKA written out (Kornblith et al. 2019): columns centred, ||Y'X||^2 / (||X'X|| ||Y'Y||)
+    over every token row of the reference (fewer than its 4,000-row sample: all of them)."""
+    rows = [np.concatenate([s.hidden[k] for s in reference.stacks]).astype(np.float64) for k in range(4)]
+    assert len(rows[0]) < 4000
+    centred = [x - x.mean(axis=0) for x in rows]
 
-    matrix, _ = layer_matrix(reference.stacks, max_rows=4000)
+    def cka(x, y):
+        return np.linalg.norm(y.T @ x) ** 2 / (np.linalg.norm(x.T @ x) * np.linalg.norm(y.T @ y))
+
     got = reference.similarity
-    for i in range(len(matrix)):
-        for j in range(len(matrix)):
-            assert got[i, j] == pytest.approx(linear_cka(matrix[i], matrix[j]), abs=1e-10)
+    for i in range(4):
+        for j in range(4):
+            assert got[i, j] == pytest.approx(cka(centred[i], centred[j]), abs=1e-10)
 
 
-def test_word_projection_is_layerwise_plots_projection(reference):
-    from layerwise._analysis.plot import project, word_occurrences
-
+def test_word_projection_is_the_pca_of_each_occurrence(reference):
+    """Written out: each site's vector is the mean of the wordpieces inside its span, and each
+    layer's points are the first two principal components (numpy's SVD of the centred points,
+    up to each component's sign)."""
     got = word_projection(reference.stacks, ["the", "a", "nonexistentword"])
-    points, labels, layers = word_occurrences(reference.stacks, ["the", "a"])
-    assert got["labels"] == labels and got["layers"] == layers
-    assert got["missing"] == ["nonexistentword"]
-    for k in range(len(layers)):
-        np.testing.assert_allclose(got["points"][k], project(points[k], "pca"), atol=1e-9)
+    assert got["missing"] == ["nonexistentword"] and set(got["labels"]) == {"the", "a"}
+    vectors = []
     for (s, segment, start, end), label in zip(got["sites"], got["labels"], strict=True):
-        assert segment == 0 and reference.stacks[s].text[start:end].lower() == label
+        stack = reference.stacks[s]
+        assert segment == 0 and stack.text[start:end].lower() == label
+        inside = (stack.offsets[:, 0] >= start) & (stack.offsets[:, 1] <= end) & (stack.offsets[:, 1] > 0)
+        vectors.append(stack.hidden[:, inside].astype(np.float64).mean(axis=1))
+    points = np.stack(vectors, axis=1)  # (layers, sites, dim)
+    assert len(got["layers"]) == len(points)
+    for k, layer_points in enumerate(points):
+        centred = layer_points - layer_points.mean(axis=0)
+        components = np.linalg.svd(centred, full_matrices=False)[2][:2]
+        expected = centred @ components.T
+        ours = np.asarray(got["points"][k])
+        signs = np.sign(np.sum(ours * expected, axis=0))
+        np.testing.assert_allclose(ours * signs, expected, rtol=1e-5, atol=2e-5)  # float32 points
     with pytest.raises(InputError, match="3 or more"):
         word_projection(reference.stacks, ["nonexistentword"])
 

@@ -33,9 +33,10 @@ XSS = '<script>window.__xss = 1</script> "><img src=x onerror="window.__xss = 2"
 
 
 @pytest.fixture(scope="module")
-def server(default_encoder, make_tiny_mlm, decoder_encoder):
+def server(make_tiny_mlm, decoder_encoder):
     mlm = lw.Encoder(make_tiny_mlm("bert"), device="cpu")
-    models = {default_encoder.name: default_encoder, "tiny-mlm": mlm, "tiny-llama": decoder_encoder("llama")}
+    default = lw.Encoder(device="cpu")  # its own: the attention view builds the transformers model
+    models = {default.name: default, "tiny-mlm": mlm, "tiny-llama": decoder_encoder("llama")}
     app = create_app(models)
     with running_server(app) as url:
         yield url
@@ -119,7 +120,7 @@ def test_grid_neighbours_attention_projection_in_chromium(page, server, default_
     shown = np.array(
         page.evaluate("Array.from(window.layerwiseExplorer.state.attention.values)"), dtype=np.float32
     )
-    taps = default_encoder.extract(SENTENCE, taps=["attention_probs"]).taps["attention_probs"]
+    taps = lw.Encoder(device="cpu").extract(SENTENCE, taps=["attention_probs"]).taps["attention_probs"]
     np.testing.assert_allclose(shown.reshape(taps[1].shape), taps[1], atol=1e-7)
 
     # projection: wait for the points, then move the layer slider

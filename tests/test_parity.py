@@ -12,9 +12,13 @@ SENTENCES = [
 ]
 
 
-def test_default_model_matches_numpy_forward(default_encoder, default_model_dir):
-    enc = default_encoder
-    config = enc.model.config
+def test_default_model_matches_numpy_forward(default_model_dir):
+    """A fresh Encoder runs the light model (weights read from safetensors, no transformers class):
+    that is the model compared here, checked not to have been replaced on the way."""
+    import layerwise as lw
+
+    enc = lw.Encoder(device="cpu")
+    config = enc.config
     weights = load_file(str(default_model_dir / "model.safetensors"))
     # one batch that needs padding, including a sentence pair (segment ids 0 and 1)
     stacks = enc.extract(SENTENCES[:3], batch_size=8) + enc.extract(pairs=[(SENTENCES[3], "Yes, it did.")])
@@ -45,6 +49,7 @@ def test_default_model_matches_numpy_forward(default_encoder, default_model_dir)
             diff = np.abs(stack.layer(layer) - reference[layer][row, :n]).max()
             worst = max(worst, float(diff))
     assert worst <= 1e-4, f"max abs diff {worst}"
+    assert not enc.models.built  # the light model was compared, not transformers'
 
 
 def test_hooks_equal_output_hidden_states_on_default_model(default_encoder):

@@ -21,15 +21,15 @@ def hf_hidden(model, batch) -> torch.Tensor:
         return torch.stack(model(**batch, output_hidden_states=True).hidden_states)
 
 
-def test_default_model_parity_every_layer(default_encoder):
-    ref = Bert.from_hf(default_encoder.model)
+def test_default_model_parity_every_layer(default_encoder, default_hf_model):
+    ref = Bert.from_hf(default_hf_model)
     batch = default_encoder.tokenizer(
         TEXTS, ["Yes.", "Hello there", "Fine."], padding=True, return_tensors="pt"
     )
     assert batch["attention_mask"].min() == 0 and batch["token_type_ids"].max() == 1
     with torch.no_grad():
         ours = ref(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
-    theirs = hf_hidden(default_encoder.model, batch)
+    theirs = hf_hidden(default_hf_model, batch)
     real = batch["attention_mask"].bool()
     assert ours.shape == theirs.shape == (7, 3, batch["input_ids"].shape[1], 384)
     assert (ours - theirs)[:, real].abs().max() <= 1e-5
@@ -60,8 +60,8 @@ def test_random_configs_parity(hidden, layers, heads, inner):
     assert (ours - theirs)[:, mask.bool()].abs().max() <= 1e-5
 
 
-def test_packed_equals_padded(default_encoder):
-    ref = Bert.from_hf(default_encoder.model)
+def test_packed_equals_padded(default_encoder, default_hf_model):
+    ref = Bert.from_hf(default_hf_model)
     encoded = default_encoder.tokenize(TEXTS)
     batch = default_encoder.tokenizer(TEXTS, padding=True, return_tensors="pt")
     lengths = torch.tensor([len(e) for e in encoded])

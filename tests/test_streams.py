@@ -102,13 +102,20 @@ def test_an_error_in_a_stream_reaches_the_caller_and_the_pool_goes_on(encoders, 
 
 
 def test_a_caller_that_stops_early_leaves_the_streams_usable(encoders):
-    concurrent, _ = encoders
+    concurrent, single = encoders
     stream = concurrent.iter_extract(TEXTS, layers=-1)
     first = next(stream)
     stream.close()  # the batches not yet started are dropped
     index, stack = first
     assert stack.hidden.shape[0] == 1 and 0 <= index < len(TEXTS)
-    assert len(concurrent.extract(TEXTS[:3])) == 3
+    # what came before the stop is right, and so is what runs after it
+    np.testing.assert_allclose(
+        stack.hidden, single.extract([TEXTS[index]], layers=-1)[0].hidden, atol=1e-5, rtol=0
+    )
+    after = concurrent.extract(TEXTS[:3])
+    for got, want in zip(after, single.extract(TEXTS[:3]), strict=True):
+        assert got.text == want.text
+        np.testing.assert_allclose(got.hidden, want.hidden, atol=1e-5, rtol=0)
 
 
 def test_hugging_face_forwards_wait_for_packed_ones_and_run_alone():
