@@ -31,6 +31,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # benchmarks never download: the m
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
+# LAYERWISE_RESULTS_DIR sends what a run writes elsewhere (the smoke test's runs: the committed
+# results stay as they were); reads fall back to the committed files
+OUT = Path(os.environ["LAYERWISE_RESULTS_DIR"]) if os.environ.get("LAYERWISE_RESULTS_DIR") else RESULTS
 UD_EWT = Path(os.environ.get("LAYERWISE_UD_EWT") or Path(__file__).resolve().parent / "data" / "ud_ewt")
 
 
@@ -151,8 +154,9 @@ def _commit() -> str | None:
 
 
 def result_path(name: str) -> Path:
-    """``benchmarks/results/NAME.json``: the one result file of benchmark ``NAME``."""
-    return RESULTS / f"{name}.json"
+    """``benchmarks/results/NAME.json``: the one result file of benchmark ``NAME`` (under
+    LAYERWISE_RESULTS_DIR when that is set)."""
+    return OUT / f"{name}.json"
 
 
 def write_result(name: str, report: dict[str, Any], path: Path | None = None) -> Path:
@@ -168,6 +172,7 @@ def write_result(name: str, report: dict[str, Any], path: Path | None = None) ->
 def read_result(name: str) -> dict[str, Any]:
     """The last result of ``name`` (for benchmarks that rerun one part and keep the others)."""
     path = result_path(name)
+    path = path if path.exists() else RESULTS / f"{name}.json"
     return json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
 
 

@@ -30,6 +30,7 @@ Prints the docs' table (docs/guide/analysis.md) and writes the result and the ru
 from __future__ import annotations
 
 import json
+import os
 import random
 import sys
 import time
@@ -38,9 +39,10 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import HERE, parser, read_documents, read_result, result_path, write_result
+from common import HERE, OUT, parser, read_documents, read_result, write_result
 
-RULES_FILE = HERE.parent / "src" / "layerwise" / "analysis" / "data" / "label_free_rules.json"
+SHIPPED_RULES = HERE.parent / "src" / "layerwise" / "_analysis" / "data" / "label_free_rules.json"
+RULES_FILE = OUT / SHIPPED_RULES.name if os.environ.get("LAYERWISE_RESULTS_DIR") else SHIPPED_RULES
 NEAR_BEST_POINTS = 2.0  # the band of layers whose spread the table records
 
 
@@ -276,7 +278,7 @@ def main() -> None:
     args_parser.add_argument("--max-dev", type=int, default=500)
     args_parser.add_argument("--rescore", action="store_true", help="re-score the recorded layers; no model")
     args = args_parser.parse_args()
-    report = read_result("label_free_layers") if result_path("label_free_layers").exists() else {}
+    report = read_result("label_free_layers")
     if "models" not in report:
         report = {"models": {}}
     report.pop("machine", None)

@@ -237,6 +237,11 @@ MODELS = (
 
 
 def main() -> None:
+    import argparse
+
+    argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    ).parse_args()
     import layerwise as lw
 
     for model in MODELS:

@@ -1,0 +1,54 @@
+"""Every benchmark script still runs: each answers --help (its imports and arguments work after a
+rename), and the one whose run takes seconds (re-scoring the recorded layers) runs whole, writing
+into a temporary folder (LAYERWISE_RESULTS_DIR), never over the committed results.
+
+A run of the others takes minutes to hours on 2 cores; their figures are checked against their
+result files by tests/test_figures.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from conftest import REPO
+
+SCRIPTS = sorted(p for p in (REPO / "benchmarks").glob("*.py") if p.name != "common.py")
+
+
+def _run(args: list[str], env: dict | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, *args], cwd=REPO, capture_output=True, text=True, timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )  # fmt: skip
+
+
+def _smoke(path) -> subprocess.CompletedProcess:
+    """A script's --help; a helper module (no __main__: gpu_limits, layer_tasks) imported."""
+    if '__name__ == "__main__"' in path.read_text(encoding="utf-8"):
+        return _run([str(path), "--help"])
+    probe = f"import sys; sys.path.insert(0, 'benchmarks'); import {path.stem}; print('usage: imported')"
+    return _run(["-c", probe])
+
+
+@pytest.mark.slow
+def test_every_benchmark_script_answers_help():
+    assert len(SCRIPTS) > 30
+    with ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(lambda p: (p.name, _smoke(p)), SCRIPTS))
+    broken = [f"{name}: {r.returncode} {r.stderr.strip()[-400:]}" for name, r in results
+              if r.returncode != 0 or "usage" not in r.stdout]  # fmt: skip
+    assert not broken, "\n".join(broken)
+
+
+def test_label_free_rescore_runs_and_reproduces_the_shipped_rules(tmp_path):
+    """It once wrote to the 0.2 path src/layerwise/analysis/data and ended in FileNotFoundError."""
+    result = _run(["benchmarks/label_free_layers.py", "--rescore"], {"LAYERWISE_RESULTS_DIR": str(tmp_path)})
+    assert result.returncode == 0, result.stderr[-2000:]
+    written = json.loads((tmp_path / "label_free_rules.json").read_text())
+    shipped = json.loads((REPO / "src/layerwise/_analysis/data/label_free_rules.json").read_text())
+    assert written == shipped
+    assert (tmp_path / "label_free_layers.json").exists()
