@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from ._features.names import LongTexts
 from ._settings import FinalNorm, Method
+from .errors import OptionError
 
 if TYPE_CHECKING:
     from ._features.device_pool import DevicePlan
@@ -37,6 +38,11 @@ class Call:
     final_norm: FinalNorm = True
     device_pool: DevicePlan | None = None
     dtype: str = "float32"
+
+    def check_batching(self) -> None:
+        for name, value in (("batch_size", self.batch_size), ("max_tokens", self.max_tokens)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise OptionError(f"{name}={value!r} must be a whole number >= 1 (or None)")
 
     @property
     def sentence(self) -> bool:

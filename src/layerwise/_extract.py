@@ -53,6 +53,7 @@ from ._rows import (
     packed_rows,
     split_rows,
     stitch_stack,
+    warn_nonfinite,
 )
 from ._settings import FinalNorm, Method, Settings
 from .errors import ModelLoadError, OptionError
@@ -135,7 +136,7 @@ class Engine:
         """Per-input objects (the server's merged requests, windows, the padded forward) through the
         forward: ``(input index, LayerStack)`` as batches finish. Units and batches are planned now
         (so bad input fails here) and run lazily."""
-        _check_batching(call)
+        call.check_batching()
         units: list[EncodedInput | Window] = []
         owners: list[tuple[int, int]] = []  # per unit: (input index, window number or -1)
         n_windows: dict[int, int] = {}
@@ -175,7 +176,7 @@ class Engine:
         of the block in this batch, their Rows)``. No per-input object is made: a batch is a gather
         of the block's columns, its states (or pooled rows) one host array. ``total``: the inputs of
         all blocks, for the progress bar. Needs :meth:`blockwise`."""
-        _check_batching(call)
+        call.check_batching()
 
         def jobs() -> Iterator[tuple[tuple[EncodedBlock, np.ndarray], Callable[[], TokenColumns]]]:
             source, nothing = iter(blocks), np.zeros(0, np.int64)
@@ -204,12 +205,12 @@ class Engine:
                         i = int(rows[bad[0]])
                         raise nonfinite_error(block.first + i, block.texts[i], out[bad[0]][0], call.layers)
                     nonfinite += [block.first + int(rows[k]) for k in bad]
-                check_overflow(out, lambda k, block=block, rows=rows: block.first + int(rows[k]), call.layers)
+                check_overflow(out, block.first + rows, call.layers)
                 yield block, rows, out
                 if bar is not None and task is not None:
                     bar.advance(task, len(rows))
         if nonfinite:
-            _warn_nonfinite(nonfinite)
+            warn_nonfinite(nonfinite)
 
     def block_stream(
         self,
@@ -352,7 +353,8 @@ def _unit_stacks(
     packed = engine._runs_packed(call.method, call.taps)
     with bar if bar is not None else nullcontext():
         for batch_ids, rows in engine._batch_rows(_unit_jobs(units, batches, packed), call, packed=packed):
-            check_overflow(rows, lambda k, batch_ids=batch_ids: owners[batch_ids[k]][0], layers)
+            if rows.overflows:
+                check_overflow(rows, [owners[u][0] for u in batch_ids], layers)
             for u, (hidden, tapped) in zip(batch_ids, rows, strict=True):
                 index, k = owners[u]
                 if rows.nonfinite and not np.isfinite(hidden).all():
@@ -369,7 +371,7 @@ def _unit_stacks(
             if bar is not None and task is not None:
                 bar.advance(task, len(batch_ids))
     if nonfinite:
-        _warn_nonfinite(nonfinite)
+        warn_nonfinite(nonfinite)
 
 
 def _unit_jobs(
@@ -389,19 +391,3 @@ def _unit_jobs(
 
 def _raise(exc: BaseException) -> Any:
     raise exc
-
-
-def _check_batching(call: Call) -> None:
-    for name, value in (("batch_size", call.batch_size), ("max_tokens", call.max_tokens)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-            raise OptionError(f"{name}={value!r} must be a whole number >= 1 (or None)")
-
-
-def _warn_nonfinite(indices: list[int]) -> None:
-    # kept on request (allow_nan), but a silent NaN is a wrong number: say so
-    logger.warning(
-        "%d input(s) have NaN or inf in their hidden states (first: input %d); the model produced "
-        "them: with model_dtype='float16' try float32, else check the weights",
-        len(set(indices)),
-        min(indices),
-    )

@@ -5,7 +5,8 @@ states hold NaN or inf."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+import logging
+from collections.abc import Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -14,6 +15,8 @@ from ._inputs.windows import stitch
 from ._model.host_copy import HostCopy
 from ._results import FLOAT16_MAX, LayerStack, float16_overflow
 from .errors import NonFiniteError
+
+logger = logging.getLogger("layerwise")
 
 
 class Rows:
@@ -126,9 +129,9 @@ def stitch_stack(item: EncodedInput, parts: dict[int, tuple], layers: tuple[int,
     return make_stack(item, hidden, taps, layers, n_windows=len(windows))
 
 
-def check_overflow(out: Rows, index_of: Callable[[int], int], layers: tuple[int, ...]) -> None:
+def check_overflow(out: Rows, inputs: Sequence[int] | np.ndarray, layers: tuple[int, ...]) -> None:
     """Refuse float16 rows that a value past 65,504 made inf in their cast (``out.overflows``), naming
-    the first input (``index_of``: unit -> input) and hidden state that hold one. Inf in a batch whose
+    the first input (``inputs``: each unit's) and hidden state that hold one. Inf in a batch whose
     float32 sum was finite comes from the cast only: the model's own NaN/inf is nonfinite_error's."""
     if not out.overflows or out.nonfinite:
         return
@@ -138,11 +141,21 @@ def check_overflow(out: Rows, index_of: Callable[[int], int], layers: tuple[int,
             if bad.any():
                 layer = layers[int(np.argmax(bad))] if len(layers) == len(bad) else None
                 what = (
-                    f"input {index_of(k)}"
+                    f"input {int(inputs[k])}"
                     if layer is None
-                    else f"hidden state {layer} of input {index_of(k)}"
+                    else f"hidden state {layer} of input {int(inputs[k])}"
                 )
                 raise float16_overflow(f"{what} holds a value (its batch reaches {out.peak:,.0f})")
+
+
+def warn_nonfinite(indices: list[int]) -> None:
+    """Inputs kept with NaN or inf on request (allow_nan): a silent NaN is a wrong number, so say so."""
+    logger.warning(
+        "%d input(s) have NaN or inf in their hidden states (first: input %d); the model produced "
+        "them: with model_dtype='float16' try float32, else check the weights",
+        len(set(indices)),
+        min(indices),
+    )
 
 
 def nonfinite_error(index: int, text: str, hidden: np.ndarray, layers: tuple[int, ...]) -> NonFiniteError:

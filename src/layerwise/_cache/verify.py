@@ -58,9 +58,9 @@ def verify_cache(path: str | os.PathLike) -> VerifyReport:
     except StoreDamagedError as exc:  # the record cannot be read, or was changed
         return CacheReport(path, 0, 0, list(exc.problems))
     if meta is None and lost_its_record(path):
-        found = ", ".join(n for n in CACHE_ENTRIES if (path / n).exists())
+        entries = ", ".join(n for n in CACHE_ENTRIES if (path / n).exists())
         return CacheReport(
-            path, 0, 0, [f"its record, {META}, is missing (the folder holds a cache's {found}): what "
+            path, 0, 0, [f"its record, {META}, is missing (the folder holds a cache's {entries}): what "
                          "made it, and every shard's checksum, are lost"]
         )  # fmt: skip
     if meta is None or "n_contexts" not in meta:

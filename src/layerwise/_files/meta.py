@@ -70,7 +70,7 @@ def _made_meta(path: Path, kind: str) -> dict:
             "report's stats.json (reports written before layerwise 0.3 recorded only the model)"
         )
     rest = {k: v for k, v in made.items() if k not in ("layerwise", "settings")}
-    settings = made.get("settings") if isinstance(made.get("settings"), dict) else {}
+    settings: dict = made["settings"] if isinstance(made.get("settings"), dict) else {}
     model = {"model": record["model"]} if "model" in record else {}
     return {"kind": kind, "layerwise_version": made.get("layerwise"), **settings, **model, **rest}
 
