@@ -192,9 +192,8 @@ class Engine:
                     rows = np.asarray(batch, dtype=np.int64)
                     yield (block, rows), functools.partial(block.columns, rows)
 
-        bar = None if progress is None and (total or 0) <= self.batch_size else progress_bar(
-            "extracting", "inputs", progress
-        )  # fmt: skip
+        quiet = progress is None and (total or 0) <= self.batch_size
+        bar = None if quiet else progress_bar("extracting", "inputs", progress)
         task = bar.add_task("extract", total=total) if bar is not None else None
         nonfinite: list[int] = []  # inputs whose states hold NaN or inf (kept: allow_nan)
         with bar if bar is not None else nullcontext():
@@ -202,7 +201,7 @@ class Engine:
                 if out.nonfinite:
                     bad = [k for k, (hidden, _) in enumerate(out) if not np.isfinite(hidden).all()]
                     if bad and not self.allow_nan:
-                        i = int(rows[bad[0]])
+                        i = int(rows[bad[0]])  # the first input, named
                         raise nonfinite_error(block.first + i, block.texts[i], out[bad[0]][0], call.layers)
                     nonfinite += [block.first + int(rows[k]) for k in bad]
                 check_overflow(out, block.first + rows, call.layers)
