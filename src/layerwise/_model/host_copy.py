@@ -47,7 +47,7 @@ class HostCopy:
             self._check = hidden.sum()
         else:
             # float16 results are cast here, before the host sees them: their smallest and largest
-            # values go along instead of the sum (one pass, 1.7x a sum's time on a CPU; NaN and inf
+            # values go along instead of the sum (one pass, a little dearer than a sum; NaN and inf
             # show in them too), so that a value past float16's range is refused, not stored as inf
             ends = torch.stack([torch.stack(torch.aminmax(t.detach())).float() for t in tensors.values()])
             self._check, self._peak = ends.sum(), ends.abs().max()
