@@ -91,6 +91,8 @@ class Corpus:
         if text_column is not None and words_column is not None:
             raise OptionError("pass --text-column or --words-column, not both (words make the text)")
         self.limit, self.on_bad_row, self.encoding_errors = limit, on_bad_row, encoding_errors
+        if not isinstance(source, str | os.PathLike):
+            source = list(source)  # read once here and once by find_files: not a one-shot iterator
         named = [source] if isinstance(source, str | os.PathLike) else source
         if format is None and any(os.fspath(s) == "-" for s in named if isinstance(s, str | os.PathLike)):
             format = "txt"  # standard input with no --format: one text per line, as cat users expect
