@@ -191,3 +191,19 @@ def test_info_reads_the_layers_table_and_the_analyze_report(place, tiny_encoder)
     assert report["model_dtype"] == tiny_encoder.settings.model_dtype and "device" in report
     shown = run("info", place / "report")
     assert shown.exit_code == 0 and "analysis report" in shown.output
+
+
+def test_the_layout_help_states_the_bounds_the_store_enforces():
+    import typer
+
+    from layerwise.store._format import LAYOUT_LIMITS, MAX_CHUNK_BYTES, MAX_SHARD_BYTES
+
+    extract = typer.main.get_command(app).commands["extract"]  # type: ignore[attr-defined]
+    helps = {p.name: p.help for p in extract.params}
+    assert f"at most {LAYOUT_LIMITS['block_size'][0]:,}]" in helps["block_size"]
+    assert (
+        f"at most {LAYOUT_LIMITS['chunk_rows'][0]:,} rows and {MAX_CHUNK_BYTES // 2**20} MiB"
+        in helps["chunk_rows"]
+    )
+    shard = f"at most {LAYOUT_LIMITS['shard_chunks'][0]:,} chunks and {MAX_SHARD_BYTES // 2**30} GiB"
+    assert shard in helps["shard_chunks"].replace("\n", " ")

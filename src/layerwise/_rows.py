@@ -24,8 +24,8 @@ class Rows:
     ``(L, R, W)`` with the units' rows back to back (``array``, ``sizes``: a packed batch, or its
     pooled rows), or one array per unit (``parts``: a padded batch, cut). ``nonfinite``: the batch
     held NaN or inf (then the units are looked at one by one); ``peak``: the largest magnitude of
-    float16 rows before their cast. ``owner``: for rows pooled on the
-    device, each token's row (-1: none), as the pools grouped them."""
+    float16 rows before their cast. ``owner``: for rows pooled on the device, each token's row
+    (-1: none), as the pools grouped them."""
 
     def __init__(
         self,
@@ -38,7 +38,7 @@ class Rows:
         peak: float = 0.0,
     ) -> None:
         self.sizes = list(sizes)
-        # float16 rows whose values passed 65,504 before the cast: inf now, refused (overflow_error)
+        # float16 rows whose values passed 65,504 before the cast: inf now, refused (check_overflow)
         self.overflows = FLOAT16_MAX < peak < np.inf
         self.peak = peak
         self.array, self.taps, self.parts, self.nonfinite = array, dict(taps or {}), parts, nonfinite

@@ -162,7 +162,9 @@ class LayoutOptions:
 
 
 def layout_options() -> Callable[[Callable], Callable]:
-    """The store's layout options: the command takes them as ``layout: LayoutOptions``."""
+    """The store's layout options: the command takes them as ``layout: LayoutOptions``. Their bounds
+    are written out, not read from store._format, so that the command line does not import the store
+    at start-up; tests/test_hostile_inputs.py holds them equal to its constants."""
     parameters = [
         _optional_int(
             "block_size",
