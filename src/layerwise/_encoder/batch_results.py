@@ -88,14 +88,17 @@ class _BatchWords:
         pair = block.text_pairs[i] if block.text_pairs is not None else None
         given = block.words[i] if block.words is not None else None
         text = block.texts[i]
-        words = []
-        for (start, end), segment, word_id in zip(
-            spans.tolist(), segments.tolist(), self.word_ids[lo:hi].tolist(), strict=True
-        ):
-            if given is not None and segment == 0:
-                words.append(given[word_id])
-            else:
-                words.append((pair if segment == 1 and pair is not None else text)[start:end])
+        if given is None and pair is None:  # the common case: every word is a slice of the text
+            words = [text[start:end] for start, end in spans.tolist()]
+        else:
+            words = []
+            for (start, end), segment, word_id in zip(
+                spans.tolist(), segments.tolist(), self.word_ids[lo:hi].tolist(), strict=True
+            ):
+                if given is not None and segment == 0:
+                    words.append(given[word_id])
+                else:
+                    words.append((pair if segment == 1 and pair is not None else text)[start:end])
         return WordVectors(
             vectors=vectors,
             layers=layers,
