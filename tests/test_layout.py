@@ -76,3 +76,78 @@ def test_no_two_sibling_modules_import_each_other_not_even_for_types():
 
         circles += [f"{package.name}/{m}.py" for m in sorted(graph) if reaches(m, m, {m})]
     assert not circles, f"modules in an import circle (type-only imports count): {circles}"
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(SRC.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _is_package(dotted: str) -> bool:
+    return (SRC.parent / dotted.replace(".", "/") / "__init__.py").is_file()
+
+
+def _is_module(dotted: str) -> bool:
+    where = SRC.parent / dotted.replace(".", "/")
+    return where.with_suffix(".py").is_file() or (where / "__init__.py").is_file()
+
+
+def _imports_from(path: Path) -> list[tuple[str, list[str]]]:
+    """``(module imported from, names)`` of every ``from … import`` of layerwise in ``path``, at any
+    depth (inside functions and ``if TYPE_CHECKING`` too), relative ones resolved."""
+    here = _module_name(path)
+    package = here if path.stem == "__init__" else here.rpartition(".")[0]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if not isinstance(node, ast.ImportFrom):
+            continue
+        if node.level:
+            base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+            target = f"{base}.{node.module}" if node.module else base
+        elif node.module and (node.module == "layerwise" or node.module.startswith("layerwise.")):
+            target = node.module
+        else:
+            continue
+        found.append((target, [a.name for a in node.names]))
+    return found
+
+
+def test_no_module_imports_from_a_package_init_above_it():
+    """A name taken from the ``__init__`` of a package the importer sits in runs back up the house
+    (``from .. import __version__`` made ``layerwise/__init__.py`` a floor of the data path); a
+    package's modules import from the modules that define things (``_version.py``)."""
+    upward = []
+    for path in sorted(SRC.rglob("*.py")):
+        if path.name == "__main__.py":  # ``python -m``'s entry runs its package: not a floor of it
+            continue
+        here = _module_name(path)
+        for target, names in _imports_from(path):
+            if not _is_package(target) or not (here.startswith(target + ".") or here == target):
+                continue
+            upward += [f"{path.relative_to(SRC)}: from {target} import {n}" for n in names
+                       if not _is_module(f"{target}.{n}")]  # fmt: skip
+    assert not upward, "names imported from a package's __init__ above the importer:\n" + "\n".join(upward)
+
+
+def test_no_circle_runs_through_a_package_init():
+    """The sibling test with each ``__init__`` as a node of its package: a child that takes a name
+    from ``__init__`` while ``__init__`` imports the child is a circle too (ray's actors once were)."""
+    circles = []
+    for package in [SRC, *(p for p in SRC.rglob("*") if (p / "__init__.py").is_file())]:
+        name = _module_name(package / "__init__.py")
+        graph: dict[str, set[str]] = {}
+        for path in package.glob("*.py"):
+            edges = set()
+            for target, names in _imports_from(path):
+                if target == name:
+                    edges |= {n if _is_module(f"{name}.{n}") else "__init__" for n in names}
+                elif target.startswith(name + "."):
+                    edges.add(target[len(name) + 1 :].split(".")[0])
+            graph[path.stem] = edges - {path.stem}
+        graph = {m: {n for n in e if n in graph} for m, e in graph.items()}
+
+        def reaches(start: str, goal: str, seen: set[str], graph=graph) -> bool:
+            return any(n == goal or (n not in seen and reaches(n, goal, seen | {n})) for n in graph[start])
+
+        circles += [f"{package.name}/{m}.py" for m in sorted(graph) if reaches(m, m, {m})]
+    assert not circles, f"modules in an import circle through their package's __init__: {circles}"

@@ -121,9 +121,10 @@ def _fake_ray() -> SimpleNamespace:
 
 @pytest.fixture()
 def fake_ray(monkeypatch):
-    import layerwise.ray as lw_ray
+    from layerwise.ray import _drivers, _runtime
 
-    monkeypatch.setattr(lw_ray, "_ray", _fake_ray)
+    for module in (_runtime, _drivers):  # where init() and the drivers look Ray up
+        monkeypatch.setattr(module, "_ray", _fake_ray)
 
 
 def _corpus(folder: Path) -> Path:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
-__version__ = "0.3.0.dev0"
+from ._version import __version__
 
 # public name -> module that defines it
 _EXPORTS = {

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import __version__
 from .._features.pool import pool_words
 from .._results import LayerStack
+from .._version import __version__
 from ..errors import InputError, check_choice
 from .label_free import HIGHER_IS_BETTER, LayerMetrics, layer_metrics
 from .plot import plot_heatmap, plot_lines, plot_projections

@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from .._settings import Settings, numbers_keys
+from .._version import __version__
 from ..errors import OptionError, StoreError
 from ..store._lock import writer_lock
 from .activations import activations
@@ -204,7 +205,6 @@ def begin_cache(
 
 
 def _model_record(encoder: Any) -> dict:
-    from .. import __version__
     from .._model.source import weights_sha256
 
     return {

@@ -49,6 +49,7 @@ from .._settings import (
     check_final_norm,
     settings_of,
 )
+from .._version import __version__
 from ..errors import InputError, OptionError
 from .calls import make_call, stream_batches, stream_stacks
 from .features import FeatureCalls
@@ -151,7 +152,6 @@ class Encoder(FeatureCalls):
         """How a run of ``plan`` is made, for every output's metadata (``lw.read_meta`` reads it
         back): layerwise's version, these settings under their Python names (``model`` is the
         name, ``model_source`` where it was loaded from), the weights' hash, the settled plan."""
-        from .. import __version__
         from .._model.source import weights_sha256
 
         settled = self.settle(plan)

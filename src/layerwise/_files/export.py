@@ -20,6 +20,7 @@ import numpy as np
 
 from .._features.plan import OutputPlan
 from .._results import LayerStack
+from .._version import __version__
 from ..errors import LayerSpecError, OptionError
 
 BLOCK = 1024  # texts per read
@@ -109,7 +110,6 @@ def _stored_layers(opened: Any, plan: OutputPlan) -> tuple[tuple[int, ...], list
 def _exported_meta(opened: Any, plan: OutputPlan) -> dict:
     """The file's metadata: how the store's vectors were made (model, settings, final norm, long
     texts) carries over; the pooling is this export's."""
-    from .. import __version__
 
     store_only = {
         "format", "format_version", "row_shape", "n_texts", "pairs", "block_size", "chunk_rows",

@@ -10,9 +10,9 @@ from typing import Annotated
 
 import typer
 
-from .. import __version__
 from .._inputs.formats import EncodingErrors, Format
 from .._settings import Settings
+from .._version import __version__
 from ..errors import LayerwiseError, OptionError
 from ._groups import InputFormatOption, TextColumnOption
 from ._options import (

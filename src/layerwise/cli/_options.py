@@ -18,9 +18,9 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
-from .. import __version__
 from .._inputs.formats import EncodingErrors
 from .._settings import FinalNorm, FinalNormName, Method, ModelDtype, Settings, parse_final_norm
+from .._version import __version__
 from ..errors import LayerwiseError, OptionError
 
 app = typer.Typer(

@@ -11,7 +11,8 @@ from pathlib import Path
 
 from .._cache.options import CacheOptions
 from .._settings import Settings
-from . import _ModelActor, _ray
+from ._actors import _ModelActor
+from ._runtime import _ray
 
 
 class CacheShardWriter(_ModelActor):

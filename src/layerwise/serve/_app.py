@@ -18,6 +18,7 @@ from fastapi.exceptions import RequestValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from .._version import __version__
 from ..errors import OptionError
 from ._batcher import Batcher
 from ._docs_pages import add_docs_pages
@@ -68,7 +69,7 @@ def create_app(
 
     app = ServedApp(
         title="layerwise",
-        version=_version(),
+        version=__version__,
         lifespan=lifespan,
         docs_url=None,  # served from this machine's files (docs_pages.py), not FastAPI's CDN pages
         redoc_url=None,
@@ -115,8 +116,3 @@ def _runner(encoders: Mapping[str, Encoder], settings: ServeSettings):
         return ProcessRunner(encoders, settings.streams)
     return LocalRunner(encoders, settings.streams or 1)
 
-
-def _version() -> str:
-    from .. import __version__
-
-    return __version__
