@@ -327,15 +327,24 @@ def test_a_new_setting_that_changes_the_numbers_is_checked_on_resume_with_no_lis
         lw.extract_to_store(tiny_encoder, texts, path, progress=False)
 
 
-def test_the_encoders_keywords_are_the_settings_fields(make_tiny_model):
-    """Settings is the constructor's one source of fields: Encoder(model, **options) takes exactly
-    the other fields, and an unknown keyword names the known ones."""
-    import typing
+def test_the_encoder_is_made_from_one_settings_value(make_tiny_model):
+    """Encoder(settings) is the constructor; Encoder(model, **options) builds the same Settings, and
+    an unknown keyword names the known ones. The Encoder keeps the Settings whole (no field copied
+    onto it), and the engine receives them resolved for the model and the device."""
+    import dataclasses
 
-    from layerwise._settings import SETTINGS_FIELDS, SettingsOptions
-
-    assert set(typing.get_type_hints(SettingsOptions)) == set(SETTINGS_FIELDS) - {"model"}
-    enc = lw.Encoder(make_tiny_model("bert", 2), device="cpu", batch_size=3, max_tokens=77, streams=1)
-    assert (enc.settings.batch_size, enc.engine.batch_size, enc.engine.max_tokens) == (3, 3, 77)
+    model = make_tiny_model("bert", 2)
+    settings = lw.Settings(str(model), device="cpu", batch_size=3, max_tokens=77, streams=1)
+    enc = lw.Encoder(settings)
+    assert enc.settings == settings.replace(model=enc.name)
+    assert lw.Encoder(str(model), device="cpu", batch_size=3, max_tokens=77, streams=1).settings == enc.settings
+    assert lw.Encoder(settings, batch_size=5).settings.batch_size == 5  # keywords replace fields
+    assert enc.engine.settings == enc.settings.replace(max_length=enc.max_length)  # only filled in
+    assert (enc.batch_size, enc.max_tokens, enc.engine.settings.device) == (3, 77, "cpu")
+    names = {f.name for f in dataclasses.fields(lw.Settings)}
+    assert not names & set(vars(enc)), "the Encoder copies a field of its Settings"
+    default = lw.Encoder(lw.Settings(str(model), device="cpu"))
+    assert (default.settings.batch_size, default.engine.settings.batch_size) == (None, 128)
+    assert default.engine.settings.max_tokens == 2048
     with pytest.raises(OptionError, match=r"unknown options \['batchsize'\].*batch_size"):
-        lw.Encoder(make_tiny_model("bert", 2), batchsize=3)
+        lw.Encoder(str(model), batchsize=3)

@@ -80,25 +80,31 @@ def warm_up(model: Any, ids: list[int], device: torch.device, name: str) -> None
         )
 
 
+def _resolved(settings: Settings, name: str) -> int:
+    value = getattr(settings, name)
+    if value is None:  # a bug, never the user's: the Encoder fills these in for its model and device
+        raise AssertionError(f"the engine takes resolved settings; {name} is None")
+    return int(value)
+
+
 class Engine:
     """The extraction loop: inputs (or their windows) in length-sorted batches under a token
     budget, the forward pass cut at the deepest requested layer, windows stitched back, results
     streamed as ``(input index, LayerStack)`` as batches finish (longest first)."""
 
-    # settings: packed, streams, allow_nan; max_length, batch_size, max_tokens resolved for the device
-    def __init__(self, models: ModelHandle, tokenizer: Any, settings: Settings, *, device: torch.device,
-                 max_length: int, batch_size: int, max_tokens: int) -> None:  # fmt: skip
-        config = models.config
-        self.allow_nan = settings.allow_nan
-        packed, streams = settings.packed, settings.streams
+    def __init__(self, models: ModelHandle, tokenizer: Any, settings: Settings) -> None:
+        """``settings`` resolved for this model and device (Encoder: device, max_length, batch_size and
+        max_tokens filled in): the engine reads them from there."""
+        config, self.settings, self.allow_nan = models.config, settings, settings.allow_nan
         pad_id = tokenizer.pad_token_id
-        self.models, self.device, self.max_length = models, device, max_length
+        self.models, self.device = models, torch.device(settings.device)
+        self.max_length = _resolved(settings, "max_length")
         self.pad_id: int = pad_id if pad_id is not None else (getattr(config, "pad_token_id", None) or 0)
         # a light model stands only for types whose transformers forward takes token_type_ids
         forward = models.current.forward if models.built else None
         accepts_types = forward is None or "token_type_ids" in inspect.signature(forward).parameters
         self.with_token_types = accepts_types and getattr(config, "type_vocab_size", 0) >= 2
-        self.batch_size, self.max_tokens = batch_size, max_tokens
+        self.batch_size, self.max_tokens = (_resolved(settings, n) for n in ("batch_size", "max_tokens"))
         self.model_type: str = config.model_type
         self.causal = is_decoder_config(config)  # windows keep each token's left context (windows.py)
         self._warm_up_ids = [tokenizer.cls_token_id or 0, tokenizer.sep_token_id or 0]
@@ -106,8 +112,8 @@ class Engine:
         self.lock = ForwardLock()
         # the unpadded forward where the architecture allows it (packed.py, packed_decoder.py); None:
         # Hugging Face's padded one
-        self.packed = packed_forward(models.current) if packed else None
-        streams = check_streams(streams, device, config.hidden_size)
+        self.packed = packed_forward(models.current) if settings.packed else None
+        streams = check_streams(settings.streams, self.device, config.hidden_size)
         self.pool = ForwardPool(streams) if streams > 1 and self.packed is not None else None
         if models.built:
             self._adopt(models.current)

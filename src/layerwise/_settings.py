@@ -20,8 +20,9 @@ Torch-free: a driver builds and checks settings without loading torch.
 from __future__ import annotations
 
 import dataclasses
+import typing
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypedDict, get_args
+from typing import Any, Literal, get_args
 
 from .errors import OptionError, check_choice
 
@@ -86,9 +87,37 @@ def numbers_keys(cls: type) -> tuple[str, ...]:
     )
 
 
+def setting(default: Any, help: str, *, numbers: bool = False, flags: tuple[str, ...] = (),
+            whole: bool = False, cli: tuple[Any, Any] | None = None) -> Any:  # fmt: skip
+    """A field of :class:`Settings`, and everything a front end needs to offer it: ``help`` (the
+    command line's help, the option's one line), ``numbers`` (it changes the numbers: the resume
+    checks compare it, :data:`NUMBERS`), ``flags`` (the option's spellings, else ``--field-name``),
+    ``whole`` (a whole number >= 1, or None: checked here, ``min=1`` on the command line), ``cli``
+    (``(type, to_value)`` where the command line spells it otherwise than Python: its type there,
+    and the function from that spelling to the value). The field's type, default and choices (a
+    Literal's values) are the option's."""
+    metadata = {"help": help, "flags": flags, "whole": whole, "cli": cli, **(NUMBERS if numbers else {})}
+    return field(default=default, metadata=metadata)
+
+
+def final_norm_value(choice: FinalNormName | None) -> FinalNorm:
+    """The Python value of --final-norm: True (last), False (none) or "all"; not given (None):
+    True, the final norm on the last hidden state, as transformers returns it."""
+    return True if choice is None else parse_final_norm(choice)
+
+
+FINAL_NORM_HELP = (
+    "Decoder LMs: the final norm on the last hidden state (last, as transformers returns it), on none "
+    "(the raw residual stream), or on all (layers compare on one scale) [default: {}]; encoders have none"
+)
+
+
 @dataclass(frozen=True)
 class Settings:
-    """How a model is loaded and run.
+    """How a model is loaded and run. Adding a setting is adding a field here with :func:`setting`:
+    every command that loads a model offers it (cli/_options.py reads the fields), the Encoder and
+    the engine receive it whole, every output's metadata records it (``read_meta``), and a field
+    marked ``numbers=True`` joins the resume checks (tests/test_new_setting.py makes that one edit).
 
     Args:
         model: a hub name, a folder, a GGUF file, or None for the packaged all-MiniLM-L6-v2.
@@ -108,33 +137,57 @@ class Settings:
         method: ``output_hidden_states`` or forward hooks (the same numbers): the default of calls.
     """
 
-    model: str | None = None  # changes the numbers: the resume checks compare its weights' hash
-    device: str = "auto"
-    model_dtype: ModelDtype = field(default="float32", metadata=NUMBERS)
-    max_length: int | None = field(default=None, metadata=NUMBERS)
-    batch_size: int | None = None
-    max_tokens: int | None = None
-    packed: bool = True
-    streams: int | None = None
-    allow_nan: bool = False
-    final_norm: FinalNorm = field(default=True, metadata=NUMBERS)
-    method: Method = "hidden_states"
+    # the model changes the numbers too: the resume checks compare its weights' hash
+    model: str | None = setting(
+        None,
+        "Hugging Face name or local folder [default: packaged all-MiniLM-L6-v2]",
+        flags=("--model", "-m"),
+    )
+    device: str = setting("auto", "auto | cpu | cuda | cuda:N")
+    model_dtype: ModelDtype = setting("float32", "Compute dtype of the model", numbers=True)
+    max_length: int | None = setting(
+        None, "Tokens per input [default: model maximum]", numbers=True, whole=True
+    )
+    batch_size: int | None = setting(
+        None,
+        "Most inputs per forward pass [default: 128 on CPU, 1024 on GPU]",
+        flags=("--batch-size", "-b"),
+        whole=True,
+    )
+    max_tokens: int | None = setting(
+        None,
+        "Most tokens per forward pass (padded ones with --no-packed) [default: 2048 on CPU, 32768 on GPU]",
+        whole=True,
+    )
+    packed: bool = setting(True, "Unpadded forward where the architecture allows it (same numbers)")
+    streams: int | None = setting(
+        None,
+        "Packed batches run at once on the CPU [default: 2 for models up to 512 wide, 2+ cores]",
+        whole=True,
+    )
+    allow_nan: bool = setting(
+        False, "Keep NaN/inf hidden states (with a warning) instead of stopping", flags=("--allow-nan",)
+    )
+    final_norm: FinalNorm = setting(
+        True, FINAL_NORM_HELP, numbers=True, cli=(FinalNormName | None, final_norm_value)
+    )
+    method: Method = setting("hidden_states", "output_hidden_states or forward hooks (the same numbers)")
 
     def __post_init__(self) -> None:
         if self.model is not None and not isinstance(self.model, str):
             object.__setattr__(self, "model", str(self.model))  # a Path: kept as its string
         if not isinstance(self.device, str):
             object.__setattr__(self, "device", str(self.device))  # a torch.device
-        check_choice("model_dtype", self.model_dtype, MODEL_DTYPES)
-        _whole("max_length", self.max_length, optional=True)
-        _whole("batch_size", self.batch_size, optional=True)
-        _whole("max_tokens", self.max_tokens, optional=True)
-        _whole("streams", self.streams, optional=True)
-        for name in ("packed", "allow_nan"):
-            if not isinstance(getattr(self, name), bool):
-                raise OptionError(f"{name}={getattr(self, name)!r} must be True or False")
+        hints = typing.get_type_hints(type(self))
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.metadata.get("whole"):
+                _whole(f.name, value, optional=True)
+            elif hints[f.name] is bool and not isinstance(value, bool):
+                raise OptionError(f"{f.name}={value!r} must be True or False")
+            elif typing.get_origin(hints[f.name]) is Literal:
+                check_choice(f.name, value, get_args(hints[f.name]))
         check_final_norm(self.final_norm)
-        check_choice("method", self.method, METHODS)
 
     def replace(self, **changes: Any) -> Settings:
         """A copy with ``changes`` (checked like the original)."""
@@ -154,31 +207,17 @@ class Settings:
         return cls(**values)
 
 
-SETTINGS_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Settings))
-
-
-class SettingsOptions(TypedDict, total=False):
-    """The keywords of ``Encoder(model, **options)``: the fields of :class:`Settings` but the model
-    (documented there; a test holds the two equal)."""
-
-    device: Any  # a string or a torch.device
-    model_dtype: ModelDtype
-    max_length: int | None
-    batch_size: int | None
-    max_tokens: int | None
-    packed: bool
-    streams: int | None
-    allow_nan: bool
-    final_norm: FinalNorm
-    method: Method
-
-
-def settings_of(model: Any, options: dict[str, Any] | SettingsOptions) -> Settings:
-    """The Settings of ``Encoder(model, **options)`` (an unknown keyword names the known ones)."""
-    unknown = sorted(set(options) - set(SETTINGS_FIELDS))
+def settings_of(model: Any, options: dict[str, Any]) -> Settings:
+    """The Settings of ``Encoder(model, **options)``: ``model`` a Settings (``options`` replace its
+    fields) or the model's name (``options`` are the other fields). An unknown keyword names the
+    known ones."""
+    names = [f.name for f in dataclasses.fields(Settings)]
+    unknown = sorted(set(options) - set(names))
     if unknown or "model" in options:
         raise OptionError(
-            f"Encoder() got unknown options {unknown or ['model']}: it takes the model, then "
-            f"{', '.join(f for f in SETTINGS_FIELDS if f != 'model')} (layerwise.Settings documents each)"
+            f"Encoder() got unknown options {unknown or ['model']}: it takes a layerwise.Settings or the "
+            f"model, then {', '.join(f for f in names if f != 'model')} (layerwise.Settings documents each)"
         )
+    if isinstance(model, Settings):
+        return model.replace(**options) if options else model
     return Settings(None if model is None else str(model), **options)

@@ -38,13 +38,18 @@ class Encoder(Protocol):
     @property
     def n_hidden_states(self) -> int: ...
 
+    @property
+    def max_length(self) -> int: ...
+    @property
+    def batch_size(self) -> int: ...
+    @property
+    def method(self) -> Method: ...
+    @property
+    def device(self) -> Any: ...
+
     hidden_size: int
-    max_length: int
-    batch_size: int
-    method: Method
     is_decoder: bool
     model_type: str
-    device: Any
     engine: Any
     inputs: Any
 

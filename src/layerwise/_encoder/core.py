@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterator, Sequence
-from typing import Any, Unpack, overload
+from typing import Any, overload
 
 import torch
 
@@ -40,15 +40,7 @@ from .._model.source import (
     usable_max_length,
 )
 from .._results import LayerStack
-from .._settings import (
-    FinalNorm,
-    Method,
-    ModelDtype,
-    Settings,
-    SettingsOptions,
-    check_final_norm,
-    settings_of,
-)
+from .._settings import FinalNorm, Method, ModelDtype, Settings, check_final_norm, settings_of
 from .._version import __version__
 from ..errors import InputError, OptionError
 from .calls import make_call, stream_batches, stream_stacks
@@ -68,60 +60,81 @@ _TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16":
 class Encoder(FeatureCalls):
     """A BERT-family encoder or a decoder language model that returns every hidden state.
 
-    ``Encoder(model, **options)``: ``model`` is a hub name, a folder, a GGUF file, or None for the
-    packaged all-MiniLM-L6-v2; the options are the fields of :class:`~layerwise.Settings`, which
-    documents each (device, model_dtype, max_length, batch_size, max_tokens, packed, streams,
-    allow_nan, final_norm, method). ``Encoder.from_settings(s)`` makes one from such a value, and
-    ``enc.settings`` says what it was made with.
+    ``Encoder(settings)``: a :class:`~layerwise.Settings`, the one value that says which model and
+    how it runs. ``Encoder(model, **options)`` is the short form: ``model`` a hub name, a folder, a
+    GGUF file, or None for the packaged all-MiniLM-L6-v2, and the options the other fields of
+    Settings, which documents each (device, model_dtype, max_length, batch_size, max_tokens,
+    packed, streams, allow_nan, final_norm, method). ``enc.settings`` says what it was made with,
+    ``enc.engine.settings`` the same resolved for this model and device (what runs).
     Front ends batching across callers use ``inputs.encode`` and ``engine.stream`` directly."""
 
-    def __init__(self, model: str | os.PathLike | None = None, **options: Unpack[SettingsOptions]) -> None:
+    def __init__(self, model: Settings | str | os.PathLike | None = None, **options: Any) -> None:
         given = settings_of(model, options)  # checks every value before anything loads
-        model_dtype, final_norm, packed = given.model_dtype, given.final_norm, given.packed
-        self.source, self.name = resolve_model_source(model)
-        self.device = pick_device(given.device)
-        self.model_dtype: ModelDtype = model_dtype
-        self.method: Method = given.method
-        dtype = _TORCH_DTYPES[model_dtype]  # light=packed: the packed forward needs no transformers class
+        self.source, self.name = resolve_model_source(given.model)
+        device = pick_device(given.device)
+        dtype = _TORCH_DTYPES[given.model_dtype]  # light=packed: the packed forward needs no HF class
         with gguf_read_once(self.source):
             self.config, self.tokenizer = load_config_and_tokenizer(self.source, self.name)  # fast tokenizer
-            self.models = ModelHandle(self.source, self.name, self.config, dtype, self.device, light=packed)
+            self.models = ModelHandle(self.source, self.name, self.config, dtype, device, light=given.packed)
         self.model_type, self.n_layers, self.hidden_size = _dimensions(self.config)
-        self.is_decoder, self.final_norm = _decoder_and_final_norm(self.config, final_norm, self.name)
+        self.is_decoder = _checked_decoder(self.config, given.final_norm, self.name)
         self.sentence_transformers = read_sentence_transformers(self.source)
         convention = self.sentence_transformers.max_seq_length if self.sentence_transformers else None
-        padding_idx = _padding_idx(self.models.current)
-        self.max_length = usable_max_length(
-            self.config, self.tokenizer, given.max_length, convention, padding_idx
+        max_length = usable_max_length(
+            self.config, self.tokenizer, given.max_length, convention, _padding_idx(self.models.current)
         )
         vocab = int(self.config.vocab_size)  # token ids past it are refused at encode time
-        self.inputs = InputEncoder(self.tokenizer.backend_tokenizer, self.max_length, vocab_size=vocab,
+        self.inputs = InputEncoder(self.tokenizer.backend_tokenizer, max_length, vocab_size=vocab,
                                    pairs=not self.is_decoder)  # fmt: skip
-        on_cpu = self.device.type == "cpu"
-        max_tokens = given.max_tokens or (CPU_MAX_TOKENS if on_cpu else GPU_MAX_TOKENS)
-        batch_size = given.batch_size or (CPU_BATCH_SIZE if on_cpu else GPU_BATCH_SIZE)
-        self.engine = Engine(
-            self.models,
-            self.tokenizer,
-            given,
-            device=self.device,
-            max_length=self.max_length,
-            batch_size=batch_size,
-            max_tokens=max_tokens,
-        )
-        self.batch_size, self.max_tokens = batch_size, max_tokens  # the defaults of every call
-        if self.device.type == "cuda":  # the GPU's set-up paid here, not by the first call (warm.py)
-            warm_device(self.engine, self.tokenizer.unk_token_id or 0, self.n_hidden_states)
         # what it was made with; the model by its name (the packaged default's hub name for None),
         # which any process resolves to the same files (Encoder.source is where they were found)
         self.settings = given.replace(model=self.name)
+        on_cpu = device.type == "cpu"
+        resolved = self.settings.replace(
+            device=str(device),
+            max_length=max_length,
+            batch_size=given.batch_size or (CPU_BATCH_SIZE if on_cpu else GPU_BATCH_SIZE),
+            max_tokens=given.max_tokens or (CPU_MAX_TOKENS if on_cpu else GPU_MAX_TOKENS),
+        )
+        self.engine = Engine(self.models, self.tokenizer, resolved)
+        if device.type == "cuda":  # the GPU's set-up paid here, not by the first call (warm.py)
+            warm_device(self.engine, self.tokenizer.unk_token_id or 0, self.n_hidden_states)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Encoder:
-        """The Encoder ``settings`` describe (every field of it, none dropped)."""
+        """The Encoder ``settings`` describe (every field of it, none dropped): ``Encoder(settings)``."""
         if not isinstance(settings, Settings):
             raise OptionError(f"settings must be a layerwise.Settings, not {type(settings).__name__}")
-        return cls(**settings.as_dict())
+        return cls(settings)
+
+    # what runs, read from the engine's resolved Settings (the Encoder keeps no copy of a field)
+    @property
+    def device(self) -> torch.device:
+        return self.engine.device
+
+    @property
+    def model_dtype(self) -> ModelDtype:
+        return self.settings.model_dtype
+
+    @property
+    def method(self) -> Method:  # the default of calls that do not say
+        return self.settings.method
+
+    @property
+    def final_norm(self) -> FinalNorm:  # the default of calls that do not say
+        return self.settings.final_norm
+
+    @property
+    def max_length(self) -> int:
+        return self.engine.max_length
+
+    @property
+    def batch_size(self) -> int:  # the default of every call
+        return self.engine.batch_size
+
+    @property
+    def max_tokens(self) -> int:  # the default of every call
+        return self.engine.max_tokens
 
     @property
     def model(self):  # the transformers model, built on first use (the packed forward needs none)
@@ -315,11 +328,11 @@ class Encoder(FeatureCalls):
         return ordered[0] if single else ordered
 
 
-def _decoder_and_final_norm(config: Any, final_norm: Any, name: str) -> tuple[bool, Any]:
-    """Whether the model is a decoder LM, and its ``final_norm`` setting (``"all"`` needs a decoder)."""
+def _checked_decoder(config: Any, final_norm: Any, name: str) -> bool:
+    """Whether the model is a decoder LM (its ``final_norm`` setting checked: ``"all"`` needs one)."""
     is_decoder = is_decoder_config(config)
     check_final_norm_for(final_norm, is_decoder=is_decoder, name=repr(name))
-    return is_decoder, final_norm
+    return is_decoder
 
 
 def _dimensions(config) -> tuple[str, int, int]:

@@ -7,10 +7,12 @@ imported inside the commands.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import logging
 import os
+import typing
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
@@ -19,7 +21,7 @@ import typer
 from rich.console import Console
 
 from .._inputs.formats import EncodingErrors
-from .._settings import FinalNorm, FinalNormName, Method, ModelDtype, Settings, parse_final_norm
+from .._settings import FinalNormName, Settings
 from .._version import __version__
 from ..errors import LayerwiseError, OptionError
 
@@ -39,40 +41,14 @@ err = Console(stderr=True)
 EncodingErrorsOption = Annotated[
     EncodingErrors, typer.Option(help="strict: stop at invalid UTF-8; replace: use U+FFFD")
 ]
-ModelOption = Annotated[
-    str | None,
-    typer.Option(
-        "--model", "-m", help="Hugging Face name or local folder [default: packaged all-MiniLM-L6-v2]"
-    ),
-]
 LayersOption = Annotated[
     str, typer.Option("--layers", "-l", help="all | -1 | 0,4,-1 | 0:4 (end excluded) | last4; 0 = embeddings")
 ]
-DeviceOption = Annotated[str, typer.Option("--device", help="auto | cpu | cuda | cuda:N")]
 
 
-_FINAL_NORM_HELP = (
-    "Decoder LMs: the final norm on the last hidden state (last, as transformers returns it), on none "
-    "(the raw residual stream), or on all (layers compare on one scale) [default: {}]; encoders have none"
-)
-
-
-def final_norm_value(choice: FinalNormName | None) -> FinalNorm:
-    """The Python value of --final-norm: True (last), False (none) or "all"; not given (None):
-    True, the final norm on the last hidden state, as transformers returns it."""
-    return True if choice is None else parse_final_norm(choice)
-
-
-StreamsOption = Annotated[
-    int | None,
-    typer.Option(
-        min=1, help="Packed batches run at once on the CPU [default: 2 for models up to 512 wide, 2+ cores]",
-        rich_help_panel="Model",
-    ),
-]  # fmt: skip
-
-# The options of how a model is loaded and run: declared here once, taken by every command that
-# loads a model (@model_options), which receives them as one Settings.
+# The options of how a model is loaded and run: made from the fields of Settings (their type,
+# default, help and spellings: _settings.setting), taken by every command that loads a model
+# (@model_options), which receives them as one Settings.
 _MODEL = "Model"
 _KEYWORD = inspect.Parameter.KEYWORD_ONLY
 
@@ -99,36 +75,34 @@ def group_option(
     return group_parameter(name, default, Annotated[kind, option])
 
 
+def _setting_option(
+    field: dataclasses.Field, kind: Any, final_norm: FinalNormName | None
+) -> inspect.Parameter:
+    """The option of one Settings field: its type (or its command-line spelling's), default, help
+    and flags from the field (``_settings.setting``); ``final_norm``: the command's default of it."""
+    meta = field.metadata
+    default = field.default
+    if meta.get("cli"):
+        kind, default = meta["cli"][0], final_norm  # the command's own default, in its spelling
+    help_text = meta["help"].format(final_norm or "last") if field.name == "final_norm" else meta["help"]
+    limits = {"min": 1} if meta.get("whole") else {}
+    flags = meta.get("flags", ())
+    return group_option(field.name, default, kind, *flags, panel=_MODEL, help=help_text, **limits)
+
+
 def _model_parameters(final_norm: FinalNormName | None, many: bool = False) -> list[inspect.Parameter]:
-    option = group_parameter
-    return [
-        option("model", None, _MANY_MODELS if many else ModelOption),
-        option("device", "auto", DeviceOption),
-        option("model_dtype", "float32", Annotated[
-            ModelDtype, typer.Option(help="Compute dtype of the model", rich_help_panel=_MODEL)]),
-        option("max_length", None, Annotated[int | None, typer.Option(
-            min=1, help="Tokens per input [default: model maximum]", rich_help_panel=_MODEL)]),
-        option("batch_size", None, Annotated[int | None, typer.Option(
-            "--batch-size", "-b", min=1, rich_help_panel=_MODEL,
-            help="Most inputs per forward pass [default: 128 on CPU, 1024 on GPU]")]),
-        option("max_tokens", None, Annotated[int | None, typer.Option(
-            min=1, help="Most tokens per forward pass (padded ones with --no-packed) [default: 2048 on "
-            "CPU, 32768 on GPU]", rich_help_panel=_MODEL)]),
-        option("packed", True, Annotated[bool, typer.Option(
-            help="Unpadded forward where the architecture allows it (same numbers)",
-            rich_help_panel=_MODEL)]),
-        option("streams", None, StreamsOption),
-        option("allow_nan", False, Annotated[bool, typer.Option(
-            "--allow-nan", help="Keep NaN/inf hidden states (with a warning) instead of stopping",
-            rich_help_panel=_MODEL)]),
-        option("final_norm", final_norm, Annotated[FinalNormName | None, typer.Option(
-            help=_FINAL_NORM_HELP.format(final_norm or "last"), rich_help_panel=_MODEL)]),
-        option("method", "hidden_states", Annotated[Method, typer.Option(
-            help="output_hidden_states or forward hooks (the same numbers)", rich_help_panel=_MODEL)]),
-    ]  # fmt: skip
+    kinds = typing.get_type_hints(Settings)
+    parameters = [_setting_option(f, kinds[f.name], final_norm) for f in dataclasses.fields(Settings)]
+    if many:  # the server's models: --model repeated
+        parameters[0] = group_parameter("model", None, _MANY_MODELS)
+    return parameters
 
 
-MODEL_OPTIONS: tuple[str, ...] = tuple(p.name for p in _model_parameters(None))
+def model_option_names() -> tuple[str, ...]:
+    """The keywords of the model options: the fields of Settings."""
+    return tuple(f.name for f in dataclasses.fields(Settings))
+
+
 # a command's ``settings: Settings = MODEL_SETTINGS``: the value @model_options replaces on each run
 MODEL_SETTINGS = Settings()
 
@@ -196,14 +170,13 @@ def model_options(
     return option_group(provides, _model_parameters(final_norm, many), build)
 
 
-def settings_from_options(*, model, device, model_dtype, max_length, batch_size, max_tokens, packed,
-                          streams, allow_nan, final_norm, method):  # fmt: skip
-    """The Settings of the model options' values (checked: a bad value names itself)."""
-    return Settings(
-        model, device=device, model_dtype=model_dtype, max_length=max_length, batch_size=batch_size,
-        max_tokens=max_tokens, packed=packed, streams=streams, allow_nan=allow_nan,
-        final_norm=final_norm_value(final_norm), method=method,
-    )  # fmt: skip
+def settings_from_options(**values: Any) -> Settings:
+    """The Settings of the model options' values, each field's command-line spelling turned into its
+    value (checked: a bad value names itself)."""
+    for f in dataclasses.fields(Settings):
+        if f.metadata.get("cli"):
+            values[f.name] = f.metadata["cli"][1](values[f.name])
+    return Settings(**values)
 
 
 def _version(value: bool) -> None:

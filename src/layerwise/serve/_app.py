@@ -115,4 +115,3 @@ def _runner(encoders: Mapping[str, Encoder], settings: ServeSettings):
 
         return ProcessRunner(encoders, settings.streams)
     return LocalRunner(encoders, settings.streams or 1)
-
