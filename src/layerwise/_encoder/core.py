@@ -41,10 +41,10 @@ from .._model.source import (
 )
 from .._results import LayerStack
 from .._settings import FinalNorm, Method, ModelDtype, Settings, check_final_norm, settings_of
-from .._version import __version__
 from ..errors import InputError, OptionError
 from .calls import make_call, stream_batches, stream_stacks
 from .features import FeatureCalls
+from .records import RunRecords
 from .warm import warm_device
 
 logger = logging.getLogger("layerwise")
@@ -57,7 +57,7 @@ CPU_BATCH_SIZE, GPU_BATCH_SIZE = 128, 1024
 _TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
-class Encoder(FeatureCalls):
+class Encoder(FeatureCalls, RunRecords):
     """A BERT-family encoder or a decoder language model that returns every hidden state.
 
     ``Encoder(settings)``: a :class:`~layerwise.Settings`, the one value that says which model and
@@ -154,38 +154,6 @@ class Encoder(FeatureCalls):
         encoder): the plan a run carries out and its outputs record."""
         plan.hidden_states(self.n_hidden_states)  # a layer past the model fails here
         return plan.with_final_norm(self.final_norm, is_decoder=self.is_decoder)
-
-    def run_settings(self) -> dict:
-        """These settings as a record says them: an encoder's ``final_norm`` is None (it has none)."""
-        ran = self.settings.as_dict()
-        ran["final_norm"] = ran["final_norm"] if self.is_decoder else None
-        return ran
-
-    def run_meta(self, plan: OutputPlan) -> dict:
-        """How a run of ``plan`` is made, for every output's metadata (``lw.read_meta`` reads it
-        back): layerwise's version, these settings under their Python names (``model`` is the
-        name, ``model_source`` where it was loaded from), the weights' hash, the settled plan."""
-        from .._model.source import weights_sha256
-
-        settled = self.settle(plan)
-        settings = self.settings.as_dict()
-        settings.update(
-            model_source=str(self.source),
-            device_used=str(self.device),
-            max_length=self.max_length,
-            batch_size=self.batch_size,
-            max_tokens=self.max_tokens,
-            streams=self.engine.pool.streams if self.engine.pool is not None else 1,
-            packed=self.engine.packed is not None,
-        )  # fmt: skip  (what ran, resolved)
-        return {
-            "layerwise_version": __version__,
-            **settings,
-            "weights_sha256": weights_sha256(self.models.current),
-            "hidden_size": self.hidden_size,
-            "decoder": self.is_decoder,
-            **settled.meta(self.n_hidden_states),
-        }
 
     def iter_results(
         self,

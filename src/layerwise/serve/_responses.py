@@ -12,6 +12,8 @@ from fastapi import Response
 
 from .._results import LayerStack, SentenceVector, WordVectors, to_dtype
 
+NPZ = "application/x-npz"  # the media type of an .npz answer (Accept: application/x-npz)
+
 try:
     import orjson as _orjson
 except ImportError:  # fastapi installed without the serve extra: the standard library, slower

@@ -7,11 +7,9 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import JSONResponse, PlainTextResponse
-from starlette.concurrency import run_in_threadpool
 
-from .._features.plan import OutputPlan
 from ._errors import mapped_route_class
-from ._responses import json_response, layer_item
+from ._responses import NPZ, json_response
 from ._schemas import (
     EmbeddingsRequest,
     EmbeddingsResponse,
@@ -21,9 +19,8 @@ from ._schemas import (
     ModelsResponse,
     error_responses,
 )
-from ._service import Service, _off_loop, _raw
+from ._service import Service
 
-NPZ = "application/x-npz"
 POST_ERRORS = (401, 404, 413, 422, 429, 500, 503)
 NPZ_RESPONSE: dict[int | str, dict[str, Any]] = {
     200: {"content": {NPZ: {"schema": {"type": "string", "format": "binary"}}},
@@ -51,47 +48,7 @@ async def embeddings(body: EmbeddingsRequest, service: Served):
 @router.post("/v1/layers", summary="Tokens, offsets, word ids and vectors of the requested layers",
              response_model=LayersResponse, responses=LAYERS_RESPONSES)  # fmt: skip
 async def layers_endpoint(body: LayersRequest, request: Request, service: Served):
-    served = service.pick(body.model)
-    raw = _raw(texts=body.texts, text_pairs=body.text_pairs, pairs=body.pairs, words=body.words)
-    plan = served.encoder.settle(
-        OutputPlan.parse(
-            layers=body.layers, pool=body.pool, fuse=body.fuse, special_tokens=body.special_tokens,
-            dtype=body.dtype, normalize=body.normalize, final_norm=body.final_norm,
-            long_texts=service.settings.long_texts,
-            stride=service.settings.stride if service.settings.long_texts == "window" else None,
-        )
-    )  # fmt: skip
-    as_npz = NPZ in request.headers.get("accept", "")
-    per_value = (2 if plan.dtype == "float16" else 4) * (1 if as_npz else 4 / 3)  # base64 in JSON
-    results, n_tokens, _ = await service.run(served, raw, plan, bytes_per_value=per_value)
-    n_hidden = served.encoder.n_hidden_states
-    meta = {
-        "model": served.name,
-        **plan.meta(n_hidden),
-        "max_length": served.encoder.max_length,
-        "model_dtype": served.encoder.model_dtype,
-    }
-    if as_npz:
-        from .._files.writers import npz_bytes
-
-        content = await run_in_threadpool(
-            npz_bytes,
-            enumerate(results),
-            texts=raw.texts,
-            text_pairs=raw.text_pairs,
-            meta=meta,
-            dtype=plan.dtype,
-        )
-        return Response(content, media_type=NPZ)
-    work = n_tokens * len(meta["layers"])
-    items = await _off_loop(work, lambda: [layer_item(i, r, plan.dtype) for i, r in enumerate(results)])
-    response_body = {
-        "object": "layers",
-        **meta,
-        "results": items,
-        "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens},
-    }
-    return await _off_loop(work, json_response, response_body)
+    return await service.answer_layers(body, as_npz=NPZ in request.headers.get("accept", ""))
 
 
 @router.get("/v1/models", summary="The models this server serves", response_model=ModelsResponse,

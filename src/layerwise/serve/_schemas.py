@@ -3,12 +3,19 @@ are strict (no "3" for 3), and layerwise's own fields take the CLI's string form
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
-from .._features.names import POOL_HELP
+from .._features.names import POOL_HELP, SENTENCE_POOLS, sentence_convention
+from .._features.plan import OutputPlan, levelled_pool
 from .._settings import parse_final_norm
+from ..errors import OptionError
+from ._limits import ServeSettings
+from ._responses import ApiError
+
+if TYPE_CHECKING:
+    from .._inputs.encoding import RawInputs
 
 LayerValue = str | int | list[int]
 
@@ -36,6 +43,16 @@ FINAL_NORM_HELP = (
 )
 
 
+# the pools /v1/embeddings takes, from their one list (_features/names.py)
+SENTENCE_POOL_CHOICES = " | ".join(f"sentence:{mode}" for mode in SENTENCE_POOLS)
+
+
+def _long_texts(settings: ServeSettings) -> dict[str, Any]:
+    """The server's long-text handling, as a plan takes it (the requests do not choose it)."""
+    stride = settings.stride if settings.long_texts == "window" else None
+    return {"long_texts": settings.long_texts, "stride": stride}
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
@@ -51,13 +68,42 @@ class EmbeddingsRequest(_Strict):
     dimensions: int | None = Field(None, description="Only the model's own width is accepted")
     user: str | None = None
     layers: LayerValue | None = Field(None, description="A layer spec: -1, 'last4', '0,4,-1'… (default: -1)")
-    pool: str | None = Field(
-        None, description="sentence:mean | sentence:cls | sentence:max (default: the model's convention)"
-    )
+    pool: str | None = Field(None, description=f"{SENTENCE_POOL_CHOICES} (default: the model's convention)")
     fuse: str | None = Field(None, description="A fusion (concat_last4, mean_all…) to get one vector")
     special_tokens: Literal["include", "exclude"] = "include"
     normalize: bool | None = Field(None, description="L2-normalise (default: the model's convention)")
     final_norm: FinalNormValue | None = Field(None, description=FINAL_NORM_HELP)
+
+    def raw(self) -> RawInputs:
+        """The request's texts."""
+        from .._inputs.encoding import normalize_inputs
+
+        return normalize_inputs([self.input] if isinstance(self.input, str) else self.input)
+
+    def plan(self, convention: Any, settings: ServeSettings) -> OutputPlan:
+        """This request's plan, before the model settles it. Defaults follow the model's
+        sentence-transformers ``convention`` (Encoder.encode): the last layer, its pooling, its
+        normalisation; every field the request sets overrides them."""
+        pool = self.pool
+        if pool is None:  # the model's own pooling; one layerwise does not implement is an error
+            try:
+                pool = f"sentence:{sentence_convention(convention)[0]}"
+            except OptionError as exc:
+                raise ApiError(422, f"{exc}: pass pool (e.g. sentence:mean)", param="pool") from None
+        normalize = bool(convention and convention.normalize) if self.normalize is None else self.normalize
+        if not levelled_pool(pool).startswith("sentence:"):  # "mean" as Encoder.embed takes it is one
+            raise ApiError(
+                422,
+                f"pool={pool!r}: /v1/embeddings returns one vector per input; use "
+                f"{', '.join(f'sentence:{mode}' for mode in SENTENCE_POOLS)} (or the bare mode), "
+                "or /v1/layers for token and word vectors",
+                param="pool",
+            )
+        layers = self.layers if self.layers is not None or self.fuse is not None else -1
+        return OutputPlan.parse(
+            layers=layers, pool=pool, fuse=self.fuse, special_tokens=self.special_tokens, normalize=normalize,
+            final_norm=self.final_norm, **_long_texts(settings),
+        )  # fmt: skip
 
 
 class LayersRequest(_Strict):
@@ -93,6 +139,20 @@ class LayersRequest(_Strict):
     normalize: bool = False
     dtype: Literal["float32", "float16"] = "float32"
     final_norm: FinalNormValue | None = Field(None, description=FINAL_NORM_HELP)
+
+    def plan(self, settings: ServeSettings) -> OutputPlan:
+        """This request's plan, before the model settles it."""
+        return OutputPlan.parse(
+            layers=self.layers, pool=self.pool, fuse=self.fuse, special_tokens=self.special_tokens,
+            dtype=self.dtype, normalize=self.normalize, final_norm=self.final_norm, **_long_texts(settings),
+        )  # fmt: skip
+
+    def raw(self) -> RawInputs:
+        """The request's inputs (an InputError is a 422 naming the field: _errors.py)."""
+        from .._inputs.encoding import normalize_inputs
+
+        pairs: Any = self.pairs  # [first, second] lists: normalize_inputs checks that each has two
+        return normalize_inputs(self.texts, text_pairs=self.text_pairs, pairs=pairs, words=self.words)
 
 
 # ------------------------------------------------------------------------------------ responses

@@ -12,17 +12,16 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from fastapi import Response
 from starlette.concurrency import run_in_threadpool
 
-from .._features.names import SENTENCE_POOLS
-from .._features.plan import OutputPlan, levelled_pool
-from ..errors import OptionError
+from .._features.plan import OutputPlan
 from ._admission import check_response_size, result_values, tokenise
 from ._batcher import Batcher, Finish, Job
 from ._limits import ServeSettings
 from ._metrics import Metrics
-from ._responses import ApiError
-from ._schemas import EmbeddingsRequest
+from ._responses import NPZ, ApiError, json_response, layer_item
+from ._schemas import EmbeddingsRequest, LayersRequest
 from ._served_schema import model_ids
 
 if TYPE_CHECKING:
@@ -123,7 +122,7 @@ class Service:
         texts = [body.input] if isinstance(body.input, str) else body.input
         if not texts:
             raise ApiError(422, "input is an empty list; send at least one text", param="input")
-        plan = _embeddings_plan(served.encoder, body, self.settings)
+        plan = served.encoder.settle(body.plan(served.encoder.sentence_transformers, self.settings))
         width = plan.row_shape(served.encoder.hidden_size, served.encoder.n_hidden_states)
         if len(width) == 2 and width[0] != 1:
             raise ApiError(
@@ -141,9 +140,7 @@ class Service:
                 param="dimensions",
             )
         per_value = 20.0 if body.encoding_format == "float" else 4 * 4 / 3  # a float as JSON text; base64
-        results, n_tokens, truncated = await self.run(
-            served, _raw(texts=texts), plan, bytes_per_value=per_value
-        )
+        results, n_tokens, truncated = await self.run(served, body.raw(), plan, bytes_per_value=per_value)
         data = []
         for i, result in enumerate(results):
             vector = result.vector.reshape(-1).astype(np.float32)
@@ -159,6 +156,35 @@ class Service:
             "model": served.name,
             "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens},
         }
+
+    async def answer_layers(self, body: LayersRequest, *, as_npz: bool) -> Response:
+        """The answer to ``POST /v1/layers``: JSON, or the .npz file (``as_npz``: the request's
+        Accept header asks for application/x-npz)."""
+        served = self.pick(body.model)
+        raw = body.raw()
+        plan = served.encoder.settle(body.plan(self.settings))
+        per_value = (2 if plan.dtype == "float16" else 4) * (1 if as_npz else 4 / 3)  # base64 in JSON
+        results, n_tokens, _ = await self.run(served, raw, plan, bytes_per_value=per_value)
+        encoder = served.encoder
+        meta = {"model": served.name, **plan.meta(encoder.n_hidden_states), "max_length": encoder.max_length,
+                "model_dtype": encoder.model_dtype}  # fmt: skip
+        if as_npz:
+            from .._files.writers import npz_bytes
+
+            content = await run_in_threadpool(
+                npz_bytes,
+                enumerate(results),
+                texts=raw.texts,
+                text_pairs=raw.text_pairs,
+                meta=meta,
+                dtype=plan.dtype,
+            )
+            return Response(content, media_type=NPZ)
+        work = n_tokens * len(meta["layers"])
+        items = await _off_loop(work, lambda: [layer_item(i, r, plan.dtype) for i, r in enumerate(results)])
+        usage = {"prompt_tokens": n_tokens, "total_tokens": n_tokens}
+        body_out = {"object": "layers", **meta, "results": items, "usage": usage}
+        return await _off_loop(work, json_response, body_out)
 
 
 # Work below this size runs on the event loop: a hop to the thread pool costs more than it, and
@@ -185,40 +211,3 @@ def _settle(future, results, error) -> None:
         future.set_exception(error)
     else:
         future.set_result(results)
-
-
-def _raw(**inputs) -> RawInputs:
-    from .._inputs.encoding import normalize_inputs
-
-    return normalize_inputs(**inputs)  # an InputError is a 422 naming the field (serve/errors.py)
-
-
-def _embeddings_plan(encoder: Encoder, body: EmbeddingsRequest, settings: ServeSettings) -> OutputPlan:
-    """Defaults follow the model's sentence-transformers convention (Encoder.encode): last layer,
-    its pooling, its normalisation; every field the request sets overrides them."""
-    from .._features.names import sentence_convention
-
-    st = encoder.sentence_transformers
-    pool = body.pool
-    if pool is None:  # the model's own pooling; one layerwise does not implement is an error
-        try:
-            pool = f"sentence:{sentence_convention(st)[0]}"
-        except OptionError as exc:
-            raise ApiError(422, f"{exc}: pass pool (e.g. sentence:mean)", param="pool") from None
-    normalize = body.normalize if body.normalize is not None else bool(st and st.normalize)
-    if not levelled_pool(pool).startswith("sentence:"):  # "mean" as Encoder.embed takes it is one
-        raise ApiError(
-            422,
-            f"pool={pool!r}: /v1/embeddings returns one vector per input; use "
-            f"{', '.join(f'sentence:{mode}' for mode in SENTENCE_POOLS)} (or the bare mode), "
-            "or /v1/layers for token and word vectors",
-            param="pool",
-        )
-    layers = body.layers if body.layers is not None or body.fuse is not None else -1
-    return encoder.settle(
-        OutputPlan.parse(
-            layers=layers, pool=pool, fuse=body.fuse, special_tokens=body.special_tokens, normalize=normalize,
-            final_norm=body.final_norm, long_texts=settings.long_texts,
-            stride=settings.stride if settings.long_texts == "window" else None,
-        )
-    )  # fmt: skip
