@@ -151,3 +151,16 @@ def test_no_circle_runs_through_a_package_init():
 
         circles += [f"{package.name}/{m}.py" for m in sorted(graph) if reaches(m, m, {m})]
     assert not circles, f"modules in an import circle through their package's __init__: {circles}"
+
+
+def test_no_private_name_crosses_a_module():
+    """A name with a leading underscore belongs to its module; what another module needs is public
+    inside the package (``cli/_shared.py``' ``fail``, not ``_fail``). Private modules may be
+    imported: their names say they are not the public API."""
+    crossing = []
+    for path in sorted(SRC.rglob("*.py")):
+        for target, names in _imports_from(path):
+            private = [n for n in names if n.startswith("_") and not n.startswith("__")]
+            crossing += [f"{path.relative_to(SRC)}: from {target} import {n}" for n in private
+                         if not _is_module(f"{target}.{n}")]  # fmt: skip
+    assert not crossing, "private names imported from another module:\n" + "\n".join(crossing)

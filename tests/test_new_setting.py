@@ -16,7 +16,9 @@ import pytest
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "layerwise"
 ANCHOR = "    method: Method = setting("
-NEW_FIELD = '    probe_me: int | None = setting(None, "A setting added by a test", numbers=True, whole=True)\n'
+NEW_FIELD = (
+    '    probe_me: int | None = setting(None, "A setting added by a test", numbers=True, whole=True)\n'
+)
 
 # run in the copy: every command with the model options has the new one; the Settings, the Encoder and
 # numbers_keys see it
@@ -37,7 +39,8 @@ with_model = {name: {p.name for p in c.params} for name, c in commands(get_comma
               if "model_dtype" in {p.name for p in c.params}}
 enc = lw.Encoder(sys.argv[1], device="cpu", probe_me=3)
 print(json.dumps({
-    "commands": sorted(with_model), "lacking": sorted(n for n, ps in with_model.items() if "probe_me" not in ps),
+    "commands": sorted(with_model),
+    "lacking": sorted(n for n, ps in with_model.items() if "probe_me" not in ps),
     "numbers_keys": list(numbers_keys(Settings)), "encoder": enc.settings.probe_me,
     "engine": enc.engine.settings.probe_me, "meta": enc.run_meta(lw.OutputPlan())["probe_me"],
 }))
@@ -82,9 +85,10 @@ def test_a_new_option_is_recorded_checked_on_resume_and_refused_when_bad(edited,
     read = _run(edited, "-c", f"import layerwise as lw; print(lw.read_meta({str(out)!r})['probe_me'])")
     assert read.stdout.strip() == "7", read.stderr
     store = tmp_path / "texts.lw"
-    first = _run(edited, *cli, "extract", str(texts), "-o", str(store), "--model", str(model), "--probe-me", "7")
+    to_store = [*cli, "extract", str(texts), "-o", str(store), "--model", str(model), "--probe-me"]
+    first = _run(edited, *to_store, "7")
     assert first.returncode == 0, first.stderr
-    again = _run(edited, *cli, "extract", str(texts), "-o", str(store), "--model", str(model), "--probe-me", "8")
+    again = _run(edited, *to_store, "8")
     assert again.returncode == 2 and "probe_me" in again.stderr, again.stderr
     bad = _run(edited, *cli, "extract", str(texts), "-o", str(tmp_path / "b.npz"), "--probe-me", "0")
     assert bad.returncode == 2 and "--probe-me" in bad.stderr, bad.stderr

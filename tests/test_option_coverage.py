@@ -124,7 +124,7 @@ def fake_ray(monkeypatch):
     from layerwise.ray import _drivers, _runtime
 
     for module in (_runtime, _drivers):  # where init() and the drivers look Ray up
-        monkeypatch.setattr(module, "_ray", _fake_ray)
+        monkeypatch.setattr(module, "import_ray", _fake_ray)
 
 
 def _corpus(folder: Path) -> Path:

@@ -337,7 +337,8 @@ def test_the_encoder_is_made_from_one_settings_value(make_tiny_model):
     settings = lw.Settings(str(model), device="cpu", batch_size=3, max_tokens=77, streams=1)
     enc = lw.Encoder(settings)
     assert enc.settings == settings.replace(model=enc.name)
-    assert lw.Encoder(str(model), device="cpu", batch_size=3, max_tokens=77, streams=1).settings == enc.settings
+    same = lw.Encoder(str(model), device="cpu", batch_size=3, max_tokens=77, streams=1)
+    assert same.settings == enc.settings
     assert lw.Encoder(settings, batch_size=5).settings.batch_size == 5  # keywords replace fields
     assert enc.engine.settings == enc.settings.replace(max_length=enc.max_length)  # only filled in
     assert (enc.batch_size, enc.max_tokens, enc.engine.settings.device) == (3, 77, "cpu")

@@ -265,7 +265,7 @@ class JsonlWriter(Writer):
     def __init__(self, target, meta, dtype, contents: Contents) -> None:
         super().__init__(target, meta, dtype, contents)
         assert isinstance(target, Path)  # .jsonl is written to a file only
-        # both closed by close(), which every caller reaches (writers._write)
+        # both closed by close(), which every caller reaches (writers.write_output)
         self.out = open(target, "wb")  # noqa: SIM115
         self.spool = tempfile.TemporaryFile(dir=target.parent)  # noqa: SIM115
         self.spans: dict[int, tuple[int, int]] = {}

@@ -38,7 +38,7 @@ def export_store(
     sentence mean of every stored hidden state) and write them to ``path`` (.parquet, .npz or
     .jsonl). Returns counts: n_texts, n_tokens, n_words, n_truncated."""
     from .blocks import Contents
-    from .writers import _write, _writer_class, output_format
+    from .writers import output_format, write_output, writer_class_of
 
     plan = plan if plan is not None else OutputPlan(level="sentence", mode="mean")
     path = Path(path)
@@ -69,8 +69,8 @@ def export_store(
         return writer.finish()
 
     meta = _exported_meta(opened, plan)
-    writer_class, contents = _writer_class(fmt), Contents(n_texts, pairs, id_kind, keep_text)
-    return _write(path, lambda tmp: writer_class(tmp, meta, plan.dtype, contents), fill)
+    writer_class, contents = writer_class_of(fmt), Contents(n_texts, pairs, id_kind, keep_text)
+    return write_output(path, lambda tmp: writer_class(tmp, meta, plan.dtype, contents), fill)
 
 
 def _complete_token_store(store: Any) -> Any:

@@ -175,12 +175,12 @@ def extract_to_file(
         "n_skipped": scan.n_skipped,
         "keep_text": keep_text,
     }
-    writer_class = _writer_class(fmt)
+    writer_class = writer_class_of(fmt)
     size = _block_size(plan, encoder, fmt)
     from .blocks import Contents
 
     contents = Contents(scan.n_texts, scan.has_pairs, scan.id_kind, keep_text)
-    summary = _write(
+    summary = write_output(
         path,
         lambda tmp: writer_class(tmp, meta, plan.dtype, contents),
         lambda writer: _extract_blocks(encoder, corpus, writer, plan, size, progress),
@@ -198,7 +198,7 @@ def extract_to_file(
     return {**summary, "n_skipped": scan.n_skipped}
 
 
-def _writer_class(fmt: str) -> type[Writer]:
+def writer_class_of(fmt: str) -> type[Writer]:
     from .blocks import JsonlWriter, NpzWriter
 
     if fmt == ".parquet":
@@ -255,7 +255,7 @@ def _extract_blocks(
     return writer.finish()
 
 
-def _write(path: Path, make, fill) -> dict:
+def write_output(path: Path, make, fill) -> dict:
     """``fill(writer)`` for a writer ``make(tmp)`` makes on a temporary file that becomes ``path``
     only when all went well."""
     try:
@@ -288,10 +288,10 @@ def write_results(
     result is a LayerStack, a WordVectors or a SentenceVector. Returns summary counts."""
     check_choice("dtype", dtype, ("float32", "float16"))
     path = Path(path)
-    writer_class = _writer_class(output_format(path))
+    writer_class = writer_class_of(output_format(path))
     from .blocks import Contents
 
-    return _write(
+    return write_output(
         path,
         lambda tmp: writer_class(tmp, meta, dtype, Contents(len(texts), text_pairs is not None)),
         lambda writer: _write_one_block(writer, results, texts, text_pairs),

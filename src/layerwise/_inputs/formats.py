@@ -236,7 +236,7 @@ def line_chunks(
             yield chunk
 
 
-def _decode(raw: bytes, errors: str) -> str | Bad:
+def decode_line(raw: bytes, errors: str) -> str | Bad:
     try:
         return raw.decode("utf-8", errors=errors)
     except UnicodeDecodeError as exc:
@@ -247,11 +247,11 @@ def _decode(raw: bytes, errors: str) -> str | Bad:
 
 
 def _txt_row(raw: bytes, number: int, errors: str, names: dict, strict: bool) -> dict:
-    return {"text": _decode(raw, errors)}
+    return {"text": decode_line(raw, errors)}
 
 
 def _tsv_row(raw: bytes, number: int, errors: str, names: dict, strict: bool) -> dict:
-    line = _decode(raw, errors)
+    line = decode_line(raw, errors)
     if isinstance(line, Bad):
         return {"text": line}
     if not line.strip():
@@ -293,7 +293,7 @@ def _looks_like(name: str, known: str) -> bool:
 
 
 def _jsonl_row(raw: bytes, number: int, errors: str, names: dict, strict: bool) -> dict:
-    line = _decode(raw, errors)
+    line = decode_line(raw, errors)
     if isinstance(line, Bad):
         return {"text": line}
     try:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from ..errors import InputError, MissingDependencyError, OptionError, import_optional
-from .formats import CHUNK_ROWS, FileFormat, RawChunk, _decode, open_binary
+from .formats import CHUNK_ROWS, FileFormat, RawChunk, decode_line, open_binary
 
 
 def _check_columns(path: Path, columns: dict[str, str], present: list[str]) -> None:
@@ -99,7 +99,7 @@ def _table_chunk(batch: Any, columns: dict[str, str], first_row: int, errors: st
     if errors is not None:
         for role in ("text", "pair"):
             if role in values:
-                values[role] = [None if v is None else _decode(v, errors) for v in values[role]]
+                values[role] = [None if v is None else decode_line(v, errors) for v in values[role]]
     return RawChunk(first_row, values, list(range(first_row + 1, first_row + 1 + batch.num_rows)), None)
 
 

@@ -13,7 +13,7 @@ if TYPE_CHECKING:
     pass
 
 
-def _require_sklearn() -> None:
+def require_sklearn() -> None:
     try:
         import scipy  # noqa: F401
         import sklearn  # noqa: F401

@@ -15,14 +15,14 @@ import numpy as np
 from .._features.fuse import check_fusion, fusion_layers
 from .._features.names import GENERIC_FUSIONS, NAMED_FUSIONS, SUBWORD_POOLS, SubwordPool
 from ..errors import InputError, OptionError, check_choice
-from .linear import _require_sklearn, fit_predict, scalar_mix_probe
+from .linear import fit_predict, require_sklearn, scalar_mix_probe
 from .result import ProbeResult, ProbeRow, ProbeRun
 from .sources import (
     LayerSource,
-    _distinct_fusions,
-    _fused,
-    _fusion_rows,
     available_memory,
+    distinct_fusions,
+    fused,
+    fusion_rows,
     random_twin,
 )
 from .tagging import probe_tokens
@@ -63,12 +63,12 @@ def _probe_sentences(encoder, train_texts, train_labels, dev_texts, dev_labels, 
     train_source, dev_source = LayerSource(f_train), LayerSource(f_dev)
 
     def fit_fusion(name: str) -> tuple[float, float]:
-        a, b = _fused(train_source, encoder, name), _fused(dev_source, encoder, name)
+        a, b = fused(train_source, encoder, name), fused(dev_source, encoder, name)
         acc = float((fit_predict(a, y_train, b, seed=seed) == y_dev).mean())
         return acc, acc
 
     n_hidden = encoder.n_hidden_states
-    rows += _fusion_rows(rows, _distinct_fusions(run.fusions, n_hidden), n_hidden, fit_fusion)
+    rows += fusion_rows(rows, distinct_fusions(run.fusions, n_hidden), n_hidden, fit_fusion)
     mix_weights = None
     if run.scalar_mix:
         pred, mix_weights = scalar_mix_probe(f_train, y_train, f_dev, n_classes=len(classes), seed=seed)
@@ -125,7 +125,7 @@ def _probe_pairs(encoder, firsts, seconds, scores, run: ProbeRun) -> tuple:
     a, b = layer_vectors(encoder)
     rows = [ProbeRow(f"L{k}", "layer", (k,), spearman(a[k], b[k])) for k in range(encoder.n_hidden_states)]
     for name in run.fusions:
-        fa, fb = _fused(LayerSource(a), encoder, name), _fused(LayerSource(b), encoder, name)
+        fa, fb = fused(LayerSource(a), encoder, name), fused(LayerSource(b), encoder, name)
         layers = fusion_layers(name, encoder.n_hidden_states)
         assert layers is not None, f"{name} is a named fusion"  # probe() refuses the generic ones
         rows.append(ProbeRow(name, "fusion", layers, spearman(fa, fb)))
@@ -168,7 +168,7 @@ def probe(
     label column (conllu: upos, xpos, deprel…; conll: ner, pos, chunk). Word features larger
     than ``memory_budget`` bytes (default: half the available memory) go through a store on disk.
     ``fuses`` names the fusions probed besides every single layer (default: the BERT paper's Table 7)."""
-    _require_sklearn()
+    require_sklearn()
     check_choice("task", task, TASKS)
     check_choice("subword", subword, SUBWORD_POOLS)
     for control in controls:

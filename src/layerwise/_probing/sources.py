@@ -112,14 +112,14 @@ def word_features(
     return np.concatenate([v.vectors for v in vectors], axis=1)
 
 
-def _fused(source: LayerSource, encoder: Encoder, name: str, rows: np.ndarray | None = None) -> np.ndarray:
+def fused(source: LayerSource, encoder: Encoder, name: str, rows: np.ndarray | None = None) -> np.ndarray:
     wanted = fusion_layers(name, encoder.n_hidden_states)
     assert wanted is not None, f"{name} is a named fusion"
     picked = source.layers(wanted, rows)
     return fuse_layers(picked, wanted, name, n_hidden_states=encoder.n_hidden_states, axis=0)
 
 
-def _distinct_fusions(fusions: Sequence[str], n_hidden: int) -> list[tuple[str, int | str]]:
+def distinct_fusions(fusions: Sequence[str], n_hidden: int) -> list[tuple[str, int | str]]:
     """Each fusion with what its probe equals: a layer index (single-layer fusions), the name of an
     earlier fusion over the same layers (a mean equals a sum after standardisation), or itself."""
     out: list[tuple[str, int | str]] = []
@@ -136,13 +136,13 @@ def _distinct_fusions(fusions: Sequence[str], n_hidden: int) -> list[tuple[str, 
     return out
 
 
-def _fusion_rows(
+def fusion_rows(
     layer_rows: Sequence[ProbeRow],
     distinct: Sequence[tuple[str, int | str]],
     n_hidden: int,
     fit_fusion,
 ) -> list[ProbeRow]:
-    """Rows for the fusions in ``distinct`` (see :func:`_distinct_fusions`): a single-layer fusion
+    """Rows for the fusions in ``distinct`` (see :func:`distinct_fusions`): a single-layer fusion
     repeats that layer's row, a mean repeats the sum over the same layers, and only the rest are
     trained, with ``fit_fusion(name) -> (score, accuracy)``."""
     out: list[ProbeRow] = []

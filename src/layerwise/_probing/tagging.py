@@ -15,7 +15,7 @@ import numpy as np
 
 from .linear import control_labels, fit_predict, scalar_mix_probe
 from .result import ProbeRow, ProbeRun
-from .sources import _distinct_fusions, _fused, _fusion_rows, random_twin, word_sources
+from .sources import distinct_fusions, fused, fusion_rows, random_twin, word_sources
 from .tasks import require_classes
 
 logger = logging.getLogger("layerwise")
@@ -71,7 +71,7 @@ def probe_tokens(encoder: Any, train: Any, dev: Any, metric_fn: Callable | None,
     y_dev = np.asarray([index.get(label, -1) for sentence in dev.labels for label in sentence])
     score = _scorer(classes, dev, y_dev, metric_fn)
     n_hidden, seed = encoder.n_hidden_states, run.seed
-    distinct = _distinct_fusions(run.fusions, n_hidden)
+    distinct = distinct_fusions(run.fusions, n_hidden)
     total = 2 + n_hidden + sum(source == name for name, source in distinct) + int(run.scalar_mix)
     total += n_hidden * ("control_task" in run.controls) + (2 + n_hidden) * ("random_model" in run.controls)
     stages = Stages(run.progress, total)
@@ -89,10 +89,10 @@ def probe_tokens(encoder: Any, train: Any, dev: Any, metric_fn: Callable | None,
 
         def fit_fusion(name: str) -> tuple[float, float]:
             stages.step(f"probe {name}")
-            train_x, dev_x = _fused(f_train, encoder, name), _fused(f_dev, encoder, name)
+            train_x, dev_x = fused(f_train, encoder, name), fused(f_dev, encoder, name)
             return score(fit_predict(train_x, y_train, dev_x, seed=seed))
 
-        rows += _fusion_rows(rows, distinct, n_hidden, fit_fusion)
+        rows += fusion_rows(rows, distinct, n_hidden, fit_fusion)
         mix_weights = None
         if run.scalar_mix:
             stages.step("scalar-mix probe")

@@ -11,7 +11,7 @@ import signal
 import sys
 
 from . import _analysis, _cache, _extract, _inspect, _layers, _probe, _serve  # noqa: F401  (they register their commands)
-from ._options import app, err
+from ._shared import app, err
 
 __all__ = ["app", "main"]
 

@@ -9,19 +9,9 @@ import typer
 
 from .._inputs.formats import EncodingErrors
 from .._settings import Settings
-from ..errors import LayerwiseError, OptionError
-from ._options import (
-    MODEL_SETTINGS,
-    EncodingErrorsOption,
-    LayersOption,
-    _check_output_file,
-    _fail,
-    _setup_logging,
-    _use_available_cores,
-    app,
-    err,
-    model_options,
-)
+from ..errors import OptionError
+from ._options import MODEL_SETTINGS, EncodingErrorsOption, LayersOption, model_options
+from ._shared import app, check_output_file, err, setup_logging, use_available_cores
 
 
 @app.command()
@@ -43,27 +33,24 @@ def pretrain(
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar")] = False,
 ) -> None:
     """Pretrain a small BERT from scratch (WordPiece + masked LM + next-sentence prediction) on CPU."""
-    _setup_logging(quiet=True)
-    try:
-        from ..reference.pretrain import PretrainSettings
-        from ..reference.pretrain import pretrain as run_pretraining
+    setup_logging(quiet=True)
+    from ..reference.pretrain import PretrainSettings
+    from ..reference.pretrain import pretrain as run_pretraining
 
-        _use_available_cores()
-        settings = PretrainSettings(
-            layers=layers,
-            hidden=hidden,
-            heads=heads,
-            steps=steps,
-            vocab_size=vocab_size,
-            max_length=max_length,
-            batch_size=batch_size,
-            learning_rate=learning_rate,
-            seed=seed,
-            eval_fraction=eval_fraction,
-        )
-        result = run_pretraining(corpus, output, settings, progress=False if quiet else None)
-    except LayerwiseError as exc:
-        raise _fail(exc) from None
+    use_available_cores()
+    settings = PretrainSettings(
+        layers=layers,
+        hidden=hidden,
+        heads=heads,
+        steps=steps,
+        vocab_size=vocab_size,
+        max_length=max_length,
+        batch_size=batch_size,
+        learning_rate=learning_rate,
+        seed=seed,
+        eval_fraction=eval_fraction,
+    )
+    result = run_pretraining(corpus, output, settings, progress=False if quiet else None)
     held_out = result["held_out"]
     err.print(
         f"saved to {output} after {steps} steps in {result['seconds']:.0f} s. Held out: MLM accuracy "
@@ -130,25 +117,22 @@ def analyze(
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar")] = False,
 ) -> None:
     """Layer analysis of your texts as one self-contained HTML report (CKA, drift, anisotropy, ...)."""
-    _setup_logging(quiet)
-    try:
-        from .._analysis.report import write_report
-        from .._encoder import Encoder
+    setup_logging(quiet)
+    from .._analysis.report import write_report
+    from .._encoder import Encoder
 
-        _check_projection(projection)
-        if output.exists() and not output.is_dir():
-            raise OptionError(f"--output {str(output)!r} is a file; the report needs a folder")
-        texts = _read_single_texts(input, encoding_errors, "analyze")[:max_texts]
-        _use_available_cores()
-        enc = Encoder.from_settings(settings)
-        chosen = [w.strip() for w in words.split(",") if w.strip()] if words else None
-        stacks = enc.extract(texts, long_texts="window", progress=False if quiet else None)
-        report = write_report(stacks, output, model=enc.name, max_length=enc.max_length, words=chosen,
-                              projection=projection, source=str(input),
-                              kind="decoder" if enc.is_decoder else "encoder",
-                              settings=enc.run_settings())  # fmt: skip
-    except LayerwiseError as exc:
-        raise _fail(exc) from None
+    _check_projection(projection)
+    if output.exists() and not output.is_dir():
+        raise OptionError(f"--output {str(output)!r} is a file; the report needs a folder")
+    texts = _read_single_texts(input, encoding_errors, "analyze")[:max_texts]
+    use_available_cores()
+    enc = Encoder.from_settings(settings)
+    chosen = [w.strip() for w in words.split(",") if w.strip()] if words else None
+    stacks = enc.extract(texts, long_texts="window", progress=False if quiet else None)
+    report = write_report(stacks, output, model=enc.name, max_length=enc.max_length, words=chosen,
+                          projection=projection, source=str(input),
+                          kind="decoder" if enc.is_decoder else "encoder",
+                          settings=enc.run_settings())  # fmt: skip
     err.print(f"report written to {report}", highlight=False)
 
 
@@ -164,18 +148,15 @@ def plot(
     encoding_errors: EncodingErrorsOption = "strict",
 ) -> None:
     """One panel per layer: every occurrence of the given words, projected to 2-D and coloured by word."""
-    _setup_logging(quiet=True)
-    try:
-        from .._analysis.plot import plot_word_projections
-        from .._encoder import Encoder
+    setup_logging(quiet=True)
+    from .._analysis.plot import plot_word_projections
+    from .._encoder import Encoder
 
-        _check_projection(projection)
-        _check_output_file(output, "--output", (".png", ".svg", ".pdf"))
-        texts = _read_single_texts(input, encoding_errors, "plot")
-        chosen = [w.strip() for w in words.split(",") if w.strip()]
-        enc = Encoder.from_settings(settings)
-        stacks = (s for _, s in enc.iter_extract(texts, layers=layers, long_texts="window", progress=False))
-        path = plot_word_projections(stacks, chosen, output, projection=projection, model=enc.name)  # type: ignore[arg-type]
-    except LayerwiseError as exc:
-        raise _fail(exc) from None
+    _check_projection(projection)
+    check_output_file(output, "--output", (".png", ".svg", ".pdf"))
+    texts = _read_single_texts(input, encoding_errors, "plot")
+    chosen = [w.strip() for w in words.split(",") if w.strip()]
+    enc = Encoder.from_settings(settings)
+    stacks = (s for _, s in enc.iter_extract(texts, layers=layers, long_texts="window", progress=False))
+    path = plot_word_projections(stacks, chosen, output, projection=projection, model=enc.name)  # type: ignore[arg-type]
     err.print(f"figure written to {path}", highlight=False)

@@ -11,18 +11,10 @@ from typing import Annotated
 import typer
 
 from .._settings import Settings
-from ..errors import LayerwiseError, OptionError
+from ..errors import OptionError
 from ._groups import NO_RAY, InputFormatOption, RayOptions, TextColumnOption, ray_options
-from ._options import (
-    MODEL_SETTINGS,
-    EncodingErrorsOption,
-    _fail,
-    _setup_logging,
-    _use_available_cores,
-    app,
-    err,
-    model_options,
-)
+from ._options import MODEL_SETTINGS, EncodingErrorsOption, model_options
+from ._shared import app, err, setup_logging, use_available_cores
 
 _SCALE = {"": 1, "K": 10**3, "M": 10**6, "G": 10**9, "B": 10**9}
 
@@ -87,38 +79,35 @@ def cache(
     """Cache the activations of several layers from one forward pass per context, for SAE and probe
     training: a shuffled, resumable Hugging Face datasets folder in SAELens' cached-activations
     schema (datasets.load_from_disk opens it). Rerun the same command to resume after a crash."""
-    _setup_logging(quiet)
-    try:
-        from .._cache import cache_activations
-        from .._cache.format import classify, not_a_cache
-        from .._cache.options import CacheOptions
-        from .._encoder import Encoder
-        from .._inputs.corpus import as_corpus
+    setup_logging(quiet)
+    from .._cache import cache_activations
+    from .._cache.format import classify, not_a_cache
+    from .._cache.options import CacheOptions
+    from .._encoder import Encoder
+    from .._inputs.corpus import as_corpus
 
-        count, seed = parse_count(tokens, "--tokens"), _seed(shuffle_seed)
-        if classify(output) == "other":
-            raise not_a_cache(output)  # before the model loads
-        options = CacheOptions(  # one value, whichever back end runs it; --final-norm: none unless asked
-            layers=layers, hooks=tuple(h.strip() for h in hooks.split(",")), context=context, tokens=count,
-            dtype=dtype, shuffle_seed=seed, final_norm=settings.final_norm, overwrite=overwrite,
-        )  # fmt: skip
-        corpus = as_corpus(input, format=format, text_column=text_column,
-                           encoding_errors=encoding_errors)  # fmt: skip
-        _use_available_cores()
-        err.print(f"loading {settings.model or 'the default model'} …", highlight=False)
-        if ray.mode is not None:
-            from .. import ray as lw_ray
+    count, seed = parse_count(tokens, "--tokens"), _seed(shuffle_seed)
+    if classify(output) == "other":
+        raise not_a_cache(output)  # before the model loads
+    options = CacheOptions(  # one value, whichever back end runs it; --final-norm: none unless asked
+        layers=layers, hooks=tuple(h.strip() for h in hooks.split(",")), context=context, tokens=count,
+        dtype=dtype, shuffle_seed=seed, final_norm=settings.final_norm, overwrite=overwrite,
+    )  # fmt: skip
+    corpus = as_corpus(input, format=format, text_column=text_column,
+                       encoding_errors=encoding_errors)  # fmt: skip
+    use_available_cores()
+    err.print(f"loading {settings.model or 'the default model'} …", highlight=False)
+    if ray.mode is not None:
+        from .. import ray as lw_ray
 
-            workers, threads = ray.sizes()
-            lw_ray.init(ray.mode, workers=workers, threads_per_worker=threads)
-            summary = lw_ray.cache_activations(
-                settings, corpus, output, options, workers=workers, threads_per_worker=threads
-            )
-        else:
-            enc = Encoder.from_settings(settings)
-            summary = cache_activations(enc, corpus, output, options, progress=False if quiet else None)
-    except LayerwiseError as exc:
-        raise _fail(exc) from None
+        workers, threads = ray.sizes()
+        lw_ray.init(ray.mode, workers=workers, threads_per_worker=threads)
+        summary = lw_ray.cache_activations(
+            settings, corpus, output, options, workers=workers, threads_per_worker=threads
+        )
+    else:
+        enc = Encoder.from_settings(settings)
+        summary = cache_activations(enc, corpus, output, options, progress=False if quiet else None)
     _report_cache(summary, count, output, quiet)
 
 

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from .._settings import Settings
-from ..errors import InputError, LayerwiseError, OptionError
+from ..errors import InputError, OptionError
 from ._groups import (
     ALL_COLUMNS,
     DEFAULT_LAYOUT,
@@ -26,16 +26,8 @@ from ._groups import (
     plan_options,
     ray_options,
 )
-from ._options import (
-    MODEL_SETTINGS,
-    _check_output_file,
-    _fail,
-    _setup_logging,
-    _use_available_cores,
-    app,
-    err,
-    model_options,
-)
+from ._options import MODEL_SETTINGS, model_options
+from ._shared import app, check_output_file, err, setup_logging, use_available_cores
 
 if TYPE_CHECKING:
     from .._features.plan import OutputPlan
@@ -81,40 +73,37 @@ def extract(
     """Extract hidden states of every requested layer for each input and write them to a file
     (.npz, .jsonl, .parquet for pooled vectors) or to a resumable store (a folder ending in .lw).
     The output's metadata records how it was made: `layerwise info OUTPUT`."""
-    _setup_logging(quiet)
-    try:
-        to_store = _is_store_output(output)
-        on_ray = ray.mode is not None
-        backend = "--ray" if on_ray else ("a store (-o *.lw)" if to_store else f"a {output.suffix} file")
-        _refuse_unused(backend, to_store=to_store, on_ray=on_ray, no_text=no_text, overwrite=overwrite,
-                       layout=layout.given(), ray_only=ray.given())  # fmt: skip
-        plan = plan_options.plan("float16" if to_store else "float32")
-        corpus = _checked_corpus(columns.corpus(inputs), output, plan, to_store)
-        if ray.mode is not None:
-            _extract_on_ray(ray.mode, ray, settings, corpus, output, plan, overwrite, layout.layout(), quiet)
-            return
-        from .._encoder import Encoder
+    setup_logging(quiet)
+    to_store = _is_store_output(output)
+    on_ray = ray.mode is not None
+    backend = "--ray" if on_ray else ("a store (-o *.lw)" if to_store else f"a {output.suffix} file")
+    _refuse_unused(backend, to_store=to_store, on_ray=on_ray, no_text=no_text, overwrite=overwrite,
+                   layout=layout.given(), ray_only=ray.given())  # fmt: skip
+    plan = plan_options.plan("float16" if to_store else "float32")
+    corpus = _checked_corpus(columns.corpus(inputs), output, plan, to_store)
+    if ray.mode is not None:
+        _extract_on_ray(ray.mode, ray, settings, corpus, output, plan, overwrite, layout.layout(), quiet)
+        return
+    from .._encoder import Encoder
 
-        started = time.perf_counter()
-        _use_available_cores()  # before the Encoder: its default streams follow the thread count
-        if not quiet:  # a model takes seconds to load (a GGUF file ten): say what is happening
-            err.print(f"loading {settings.model or 'the packaged all-MiniLM-L6-v2'} …", highlight=False)
-        enc = Encoder.from_settings(settings)
-        progress = False if quiet else None
-        if to_store:
-            from ..store import extract_to_store
+    started = time.perf_counter()
+    use_available_cores()  # before the Encoder: its default streams follow the thread count
+    if not quiet:  # a model takes seconds to load (a GGUF file ten): say what is happening
+        err.print(f"loading {settings.model or 'the packaged all-MiniLM-L6-v2'} …", highlight=False)
+    enc = Encoder.from_settings(settings)
+    progress = False if quiet else None
+    if to_store:
+        from ..store import extract_to_store
 
-            stored = extract_to_store(enc, corpus, output, plan, layout=layout.layout(), overwrite=overwrite,
-                                      source=corpus.describe(), progress=progress)  # fmt: skip
-            if not quiet:
-                _report_store(stored, enc.name, corpus.scan().n_skipped)
-            return
-        from .._files.writers import extract_to_file
+        stored = extract_to_store(enc, corpus, output, plan, layout=layout.layout(), overwrite=overwrite,
+                                  source=corpus.describe(), progress=progress)  # fmt: skip
+        if not quiet:
+            _report_store(stored, enc.name, corpus.scan().n_skipped)
+        return
+    from .._files.writers import extract_to_file
 
-        summary = extract_to_file(enc, corpus, output, plan, source=corpus.describe(), progress=progress,
-                                  keep_text=not no_text)  # fmt: skip
-    except LayerwiseError as exc:
-        raise _fail(exc) from None
+    summary = extract_to_file(enc, corpus, output, plan, source=corpus.describe(), progress=progress,
+                              keep_text=not no_text)  # fmt: skip
     if not quiet:
         _report_file(
             summary, plan.hidden_states(enc.n_hidden_states), enc.name, enc.max_length, output, started
@@ -141,7 +130,7 @@ def _checked_corpus(corpus: Corpus, output: Path, plan: OutputPlan, to_store: bo
         from .._files.writers import output_format
 
         output_format(output, plan.level)
-        _check_output_file(output, "-o")
+        check_output_file(output, "-o")
     for path in corpus.files if output.exists() else ():
         if os.path.samefile(output, path):
             raise OptionError(
@@ -256,15 +245,12 @@ def export(
 ) -> None:
     """Pool a token-level store's rows into pooled vectors (.parquet, .npz, .jsonl) without the model:
     the store holds the tokens, offsets and word ids pooling needs."""
-    _setup_logging(quiet)
+    setup_logging(quiet)
     started = time.perf_counter()
-    try:
-        from .._files.export import export_store
+    from .._files.export import export_store
 
-        plan = plan_options.plan("float32")
-        summary = export_store(store, output, plan, keep_text=not no_text, progress=False if quiet else None)
-    except LayerwiseError as exc:
-        raise _fail(exc) from None
+    plan = plan_options.plan("float32")
+    summary = export_store(store, output, plan, keep_text=not no_text, progress=False if quiet else None)
     if not quiet:
         err.print(
             f"exported {summary['n_texts']} texts ({plan.pool}) from {store} to {output} in "

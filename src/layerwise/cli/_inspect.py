@@ -10,8 +10,9 @@ import typer
 from rich.console import Console
 
 from .._settings import Settings
-from ..errors import LayerwiseError, OptionError
-from ._options import MODEL_SETTINGS, LayersOption, _fail, _setup_logging, app, err, model_options
+from ..errors import OptionError
+from ._options import MODEL_SETTINGS, LayersOption, model_options
+from ._shared import app, err, fail, setup_logging
 
 
 @app.command()
@@ -25,15 +26,12 @@ def show(
     layers: LayersOption = "all",
 ) -> None:
     """Print a tokens x layers table: vector norm and cosine to the previous layer."""
-    _setup_logging(quiet=True)
-    try:
-        from .._analysis.show import layer_table
-        from .._encoder import Encoder
+    setup_logging(quiet=True)
+    from .._analysis.show import layer_table
+    from .._encoder import Encoder
 
-        enc = Encoder.from_settings(settings)
-        stack = enc.extract([text], text_pairs=[pair] if pair is not None else None, layers=layers)[0]
-    except LayerwiseError as exc:
-        raise _fail(exc) from None
+    enc = Encoder.from_settings(settings)
+    stack = enc.extract([text], text_pairs=[pair] if pair is not None else None, layers=layers)[0]
     from .._inputs.display import token_display
 
     table = layer_table(stack, model=enc.name, display=token_display(enc.tokenizer))
@@ -51,7 +49,7 @@ def verify(
     (record, contexts, shards, every context's token ids). Exit 1 if it is damaged."""
     if store.is_file() or not store.exists():
         what = "a file" if store.is_file() else "not there (no such file or folder)"
-        raise _fail(
+        raise fail(
             OptionError(
                 f"{str(store)!r} is {what}: verify checks a store folder (*.lw, layerwise extract -o) or an "
                 "activation cache folder (layerwise cache -o), every row against the checksum it was "
@@ -59,19 +57,16 @@ def verify(
                 "how it was made"
             )
         )
-    try:
-        from .._cache.format import lost_its_record
-        from .._cache.format import read_meta as read_cache_meta
-        from ..store import verify_store
+    from .._cache.format import lost_its_record
+    from .._cache.format import read_meta as read_cache_meta
+    from ..store import verify_store
 
-        if read_cache_meta(store) is not None or lost_its_record(store):
-            from .._cache import verify_cache
+    if read_cache_meta(store) is not None or lost_its_record(store):
+        from .._cache import verify_cache
 
-            report = verify_cache(store)
-        else:
-            report = verify_store(store)
-    except LayerwiseError as exc:  # damage (a sharded store's table, a record): DAMAGED, exit 1
-        raise _fail(exc) from None
+        report = verify_cache(store)
+    else:
+        report = verify_store(store)
     (Console() if report.ok else err).print(str(report), highlight=False, markup=False, soft_wrap=True)
     if not report.ok:
         raise typer.Exit(code=1)
@@ -84,12 +79,9 @@ def info(
 ) -> None:
     """Print how an output was made: layerwise's version, the model and its settings (dtype, max
     length, final norm, …), the plan (layers, pooling, fusion, dtype) and the source corpus."""
-    try:
-        from .._files.meta import read_meta
+    from .._files.meta import read_meta
 
-        meta = read_meta(path)
-    except LayerwiseError as exc:
-        raise _fail(exc) from None
+    meta = read_meta(path)
     if as_json:
         import json
 

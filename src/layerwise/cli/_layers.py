@@ -13,19 +13,10 @@ import typer
 from .._inputs.formats import EncodingErrors, Format
 from .._settings import Settings
 from .._version import __version__
-from ..errors import LayerwiseError, OptionError
+from ..errors import OptionError
 from ._groups import InputFormatOption, TextColumnOption
-from ._options import (
-    MODEL_SETTINGS,
-    EncodingErrorsOption,
-    _check_output_file,
-    _fail,
-    _setup_logging,
-    _use_available_cores,
-    app,
-    err,
-    model_options,
-)
+from ._options import MODEL_SETTINGS, EncodingErrorsOption, model_options
+from ._shared import app, check_output_file, err, fail, setup_logging, use_available_cores
 
 
 @app.command()
@@ -65,27 +56,24 @@ def layers(
 ) -> None:
     """Which layer to try first, without labels: label-free metrics per hidden state (Skean et al.
     2025), and the layer the best-measured rule picks, with how reliable that rule has been."""
-    _setup_logging(quiet)
-    try:
-        from .._analysis.label_free import layer_metrics
-        from .._analysis.layer_choice import recommend, use_of_pool
-        from .._encoder import Encoder
+    setup_logging(quiet)
+    from .._analysis.label_free import layer_metrics
+    from .._analysis.layer_choice import recommend, use_of_pool
+    from .._encoder import Encoder
 
-        use = use_of_pool(pool)
-        if views == 1:
-            raise OptionError("--views 1 compares nothing: pass 0 (no view metrics) or 2 or more")
-        if json_path is not None:
-            _check_output_file(json_path, "--json")  # before the work, not after it
-        texts = _first_texts(input, format, text_column, max_texts, encoding_errors)
-        _use_available_cores()
-        err.print(f"loading {settings.model or 'the default model'} …", highlight=False)
-        enc = Encoder.from_settings(settings)
-        names = "all" if views >= 2 else "one-pass"
-        metrics = layer_metrics(enc, texts, metrics=names, views=max(views, 2), seed=seed,
-                                progress=False if quiet else None)  # fmt: skip
-        choice = recommend(metrics, kind="decoder" if enc.is_decoder else "encoder", use=use)
-    except LayerwiseError as exc:
-        raise _fail(exc) from None
+    use = use_of_pool(pool)
+    if views == 1:
+        raise OptionError("--views 1 compares nothing: pass 0 (no view metrics) or 2 or more")
+    if json_path is not None:
+        check_output_file(json_path, "--json")  # before the work, not after it
+    texts = _first_texts(input, format, text_column, max_texts, encoding_errors)
+    use_available_cores()
+    err.print(f"loading {settings.model or 'the default model'} …", highlight=False)
+    enc = Encoder.from_settings(settings)
+    names = "all" if views >= 2 else "one-pass"
+    metrics = layer_metrics(enc, texts, metrics=names, views=max(views, 2), seed=seed,
+                            progress=False if quiet else None)  # fmt: skip
+    choice = recommend(metrics, kind="decoder" if enc.is_decoder else "encoder", use=use)
     _print_table(metrics, choice.layer)
     typer.echo(str(choice))
     if len(choice.candidates) > 1:
@@ -103,7 +91,7 @@ def layers(
         except OSError as exc:
             tmp.unlink(missing_ok=True)
             failed = OptionError(f"--json {str(json_path)!r} cannot be written: {exc.strerror or exc}")
-            raise _fail(failed) from None
+            raise fail(failed) from None
 
 
 def _first_texts(source: str, format: Format | None, text_column: str | None, limit: int,

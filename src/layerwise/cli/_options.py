@@ -1,5 +1,6 @@
-"""What every command shares: the Typer app they register on, the option types and choices, and
-the helpers that report errors, set up logging and size torch's threads.
+"""The options commands share: the option types and choices, option groups (``option_group``) and
+the model options made from the fields of Settings (``@model_options``). The app and the helpers
+are in _shared.py.
 
 Importing this module must stay cheap (``layerwise --help`` never imports torch): the library is
 imported inside the commands.
@@ -10,31 +11,14 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
-import logging
-import os
 import typing
 from collections.abc import Callable
-from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 
 from .._inputs.formats import EncodingErrors
 from .._settings import FinalNormName, Settings
-from .._version import __version__
-from ..errors import LayerwiseError, OptionError
-
-app = typer.Typer(
-    name="layerwise",
-    help="Contextual embeddings from every layer of transformer encoders (BERT family) and decoder LMs.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-    rich_markup_mode=None,  # plain click help: it wraps at any width, where rich cut values at 80 columns
-)
-err = Console(stderr=True)
-
 
 # The choices are the library's own Literal types (Typer offers their values): each list is
 # written once, where the library checks it.
@@ -137,10 +121,7 @@ def option_group(
         @functools.wraps(command)
         def run(**values: Any) -> Any:
             chosen = {name: values.pop(name) for name in names}
-            try:
-                values.update(build(**chosen))
-            except LayerwiseError as exc:
-                raise _fail(exc) from None
+            values.update(build(**chosen))  # a bad value: a LayerwiseError, reported as the command's
             return command(**values)
 
         run.__signature__ = own.replace(parameters=every)  # type: ignore[attr-defined]  # what Typer reads
@@ -153,10 +134,10 @@ def option_group(
 def model_options(
     final_norm: FinalNormName | None = None, *, many: bool = False
 ) -> Callable[[Callable], Callable]:
-    """Give a command the model options (--model, --device, --model-dtype, --max-length,
-    --batch-size, --max-tokens, --packed, --streams, --allow-nan, --final-norm, --method); it takes
-    them as one ``settings: Settings`` keyword. ``final_norm``: the command's default of
-    --final-norm (None: last; the activation cache says none, SAELens' raw residual stream).
+    """Give a command the model options, one per field of Settings (--model, --device,
+    --model-dtype, …: _model_parameters); it takes them as one ``settings: Settings`` keyword.
+    ``final_norm``: the command's default of --final-norm (None: last; the activation cache says
+    none, SAELens' raw residual stream).
     ``many``: --model may be repeated (the server's models): the command takes them as ``models``
     (None: not given), and ``settings`` without a model."""
 
@@ -177,77 +158,3 @@ def settings_from_options(**values: Any) -> Settings:
         if f.metadata.get("cli"):
             values[f.name] = f.metadata["cli"][1](values[f.name])
     return Settings(**values)
-
-
-def _version(value: bool) -> None:
-    if value:
-        typer.echo(f"layerwise {__version__}")
-        raise typer.Exit()
-
-
-@app.callback()
-def _root(
-    version: Annotated[
-        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")
-    ] = False,
-) -> None:
-    """Contextual embeddings from every layer of transformer encoders (BERT family) and decoder LMs."""
-
-
-def _check_output_file(path: Path, option: str, suffixes: tuple[str, ...] | None = None) -> None:
-    """Refuse an output file that cannot be written, before any work is done."""
-
-    if suffixes is not None and path.suffix.lower() not in suffixes:
-        raise OptionError(f"{option} {str(path)!r}: use a {', '.join(suffixes[:-1])} or {suffixes[-1]} file")
-    if path.is_dir():
-        raise OptionError(f"{option} {str(path)!r} is a folder; give a file name")
-    folder = path.parent
-    if folder.exists() and not folder.is_dir():
-        raise OptionError(f"{option} {str(path)!r}: {str(folder)!r} is a file, not a folder; name a file")
-    if not folder.is_dir():
-        raise OptionError(
-            f"{option} {str(path)!r}: the folder {str(folder)!r} does not exist; create it first"
-        )
-    # the only proof that a file can be made there (root passes os.access; /proc refuses anyway)
-    import tempfile
-
-    try:
-        with tempfile.NamedTemporaryFile(dir=folder, prefix=".layerwise-", suffix=".tmp"):
-            pass
-    except OSError as exc:
-        raise OptionError(
-            f"{option} {str(path)!r}: a file cannot be written in {str(folder)!r} ({exc.strerror or exc}); "
-            "choose another folder"
-        ) from None
-
-
-def _fail(exc: Exception) -> typer.Exit:
-    """Print ``exc`` and the exit to raise: 1 for damage found on disk (as ``verify`` reports it),
-    2 for everything else a user can fix by changing the command."""
-    from rich.markup import escape
-
-    from ..errors import StoreDamagedError
-
-    # the message quotes user values ("[/bold]", "corpus [draft].txt"): never read them as markup
-    if isinstance(exc, StoreDamagedError):
-        err.print(f"[bold red]DAMAGED:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
-        return typer.Exit(code=1)
-    err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
-    return typer.Exit(code=2)
-
-
-def _setup_logging(quiet: bool) -> None:
-    # --quiet hides progress and the summary, never a warning: a NaN or a truncation must be seen
-    level = logging.WARNING if quiet else logging.INFO
-    logging.basicConfig(format="%(levelname)s: %(message)s", level=level)
-    logging.getLogger("layerwise").setLevel(level)
-
-
-def _use_available_cores() -> None:
-    """torch counts the machine's cores; a container or taskset may allow fewer."""
-
-    import torch
-
-    available = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    if torch.get_num_threads() > available:
-        torch.set_num_threads(available)

@@ -10,10 +10,10 @@ from rich.console import Console
 
 from .._features.names import SubwordPool
 from .._settings import Settings
-from ..errors import LayerwiseError
-from ._options import MODEL_SETTINGS, _check_output_file, _fail, _setup_logging, app, err, model_options
+from ._options import MODEL_SETTINGS, model_options
+from ._shared import ReportingTyper, app, check_output_file, err, setup_logging
 
-probe_app = typer.Typer(
+probe_app = ReportingTyper(
     help="Layer-wise probes: one row per layer and per fusion, with controls. Which layer, which fusion?",
     no_args_is_help=True,
 )
@@ -37,27 +37,24 @@ def _controls(value: str) -> tuple[str, ...]:
 def _run_probe(
     task: str, json_path: Path | None, plot_path: Path | None, settings: Settings, **options
 ) -> None:
-    _setup_logging(quiet=False)
-    try:
-        from .._encoder import Encoder
-        from .._probing import probe
+    setup_logging(quiet=False)
+    from .._encoder import Encoder
+    from .._probing import probe
 
-        # a probe runs for minutes: refuse an unwritable --json/--plot before it starts
-        if json_path is not None:
-            _check_output_file(json_path, "--json")
-        if plot_path is not None:
-            _check_output_file(plot_path, "--plot", (".png", ".svg", ".pdf"))
-        # the probed model, and the random-model control built as it is (settings whole)
-        result = probe(task, encoder=Encoder.from_settings(settings), **options)  # type: ignore[arg-type]
-        Console().print(result.table())
-        if json_path is not None:
-            result.to_json(json_path)
-            err.print(f"numbers written to {json_path}", highlight=False)
-        if plot_path is not None:
-            result.plot(plot_path)
-            err.print(f"curve written to {plot_path}", highlight=False)
-    except LayerwiseError as exc:
-        raise _fail(exc) from None
+    # a probe runs for minutes: refuse an unwritable --json/--plot before it starts
+    if json_path is not None:
+        check_output_file(json_path, "--json")
+    if plot_path is not None:
+        check_output_file(plot_path, "--plot", (".png", ".svg", ".pdf"))
+    # the probed model, and the random-model control built as it is (settings whole)
+    result = probe(task, encoder=Encoder.from_settings(settings), **options)  # type: ignore[arg-type]
+    Console().print(result.table())
+    if json_path is not None:
+        result.to_json(json_path)
+        err.print(f"numbers written to {json_path}", highlight=False)
+    if plot_path is not None:
+        result.plot(plot_path)
+        err.print(f"curve written to {plot_path}", highlight=False)
 
 
 @probe_app.command("conllu")

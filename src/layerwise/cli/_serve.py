@@ -14,18 +14,9 @@ import typer
 
 from .._features.names import LongTexts
 from .._settings import Settings
-from ..errors import LayerwiseError, MissingDependencyError, OptionError
-from ._options import (
-    MODEL_SETTINGS,
-    _fail,
-    _setup_logging,
-    _use_available_cores,
-    app,
-    err,
-    group_option,
-    model_options,
-    option_group,
-)
+from ..errors import MissingDependencyError, OptionError
+from ._options import MODEL_SETTINGS, group_option, model_options, option_group
+from ._shared import app, err, setup_logging, use_available_cores
 
 if TYPE_CHECKING:
     from ..serve import ServeSettings
@@ -142,26 +133,23 @@ def serve(
 ) -> None:
     """Serve every layer over HTTP: OpenAI-compatible /v1/embeddings, /v1/layers, /metrics, and the
     layer explorer page at /."""
-    _setup_logging(quiet=False)
-    try:
-        from ..serve import create_app
+    setup_logging(quiet=False)
+    from ..serve import create_app
 
-        _check_host(host)
-        if not _is_loopback(host) and served.api_key is None:
-            err.print(
-                f"[yellow]warning:[/] binding {host}, which other machines can reach, without an API key; "
-                "pass --api-key-file or set LAYERWISE_API_KEY",
-                highlight=False,
-            )
-        encoders = _load_encoders(models, settings.replace(streams=SERVE_STREAMS))
-        # model runs at once (this process's Encoders run one each); a GPU runs its kernels without
-        # the GIL's help: one process there
-        on_cpu = all(encoder.device.type == "cpu" for encoder in encoders.values())
-        chosen = on_cpu if model_process is None else model_process
-        served = dataclasses.replace(served, streams=settings.streams, model_process=chosen)
-        application = create_app(encoders, served, reference_store=store)
-    except LayerwiseError as exc:
-        raise _fail(exc) from None
+    _check_host(host)
+    if not _is_loopback(host) and served.api_key is None:
+        err.print(
+            f"[yellow]warning:[/] binding {host}, which other machines can reach, without an API key; "
+            "pass --api-key-file or set LAYERWISE_API_KEY",
+            highlight=False,
+        )
+    encoders = _load_encoders(models, settings.replace(streams=SERVE_STREAMS))
+    # model runs at once (this process's Encoders run one each); a GPU runs its kernels without
+    # the GIL's help: one process there
+    on_cpu = all(encoder.device.type == "cpu" for encoder in encoders.values())
+    chosen = on_cpu if model_process is None else model_process
+    served = dataclasses.replace(served, streams=settings.streams, model_process=chosen)
+    application = create_app(encoders, served, reference_store=store)
     err.print(
         f"serving {', '.join(encoders)} on http://{host}:{port} (explorer: /, docs: /docs, OpenAI "
         f"base_url: http://{host}:{port}/v1){'' if served.api_key else '; no API key'}",
@@ -191,7 +179,7 @@ def _load_encoders(model: list[str] | None, base) -> dict:
     passive_openmp_here()
     from .._encoder import Encoder
 
-    _use_available_cores()
+    use_available_cores()
     encoders = {}
     for name in list(model) if model else [None]:
         encoder = Encoder.from_settings(base.replace(model=name))
@@ -236,23 +224,20 @@ def explore(
     """Open the layer explorer on a text: starts the server (as `layerwise serve`) and prints the URL."""
     from urllib.parse import urlencode
 
-    _setup_logging(quiet=False)
-    try:
-        _require_uvicorn("explore")
-        if not _is_loopback(host):
-            raise OptionError(
-                f"--host {host!r}: explore binds loopback only; use layerwise serve --host with an API key"
-            )
-        from ..serve import ServeSettings, create_app
+    setup_logging(quiet=False)
+    _require_uvicorn("explore")
+    if not _is_loopback(host):
+        raise OptionError(
+            f"--host {host!r}: explore binds loopback only; use layerwise serve --host with an API key"
+        )
+    from ..serve import ServeSettings, create_app
 
-        # the views' hidden states with the final norm asked for (a decoder's layers on one scale:
-        # --final-norm all); the logit lens reads every state through the norm whatever it is
-        encoders = _load_encoders(models, settings.replace(streams=SERVE_STREAMS))
-        served = ServeSettings(streams=settings.streams)
-        application = create_app(encoders, served, reference_store=store)
-        sock = _bind(host, port)
-    except LayerwiseError as exc:
-        raise _fail(exc) from None
+    # the views' hidden states with the final norm asked for (a decoder's layers on one scale:
+    # --final-norm all); the logit lens reads every state through the norm whatever it is
+    encoders = _load_encoders(models, settings.replace(streams=SERVE_STREAMS))
+    served = ServeSettings(streams=settings.streams)
+    application = create_app(encoders, served, reference_store=store)
+    sock = _bind(host, port)
     bound = sock.getsockname()[1]
     query = {k: v for k, v in (("text", text), ("model", next(iter(encoders)))) if v}
     url = f"http://{host}:{bound}/?{urlencode(query)}"

@@ -11,7 +11,7 @@ from .._settings import Settings
 from ..store._format import StoreLayout
 
 
-class _ModelActor:
+class ModelActor:
     """Loads the Encoder once per actor, from the driver's Settings, whole."""
 
     def __init__(self, settings: Settings, threads: int) -> None:
@@ -27,7 +27,7 @@ class _ModelActor:
         self.encoder = Encoder.from_settings(settings)
 
 
-class EmbedActor(_ModelActor):
+class EmbedActor(ModelActor):
     def __init__(self, settings: Settings, threads: int, plan: OutputPlan, column: str, output_column: str):
         super().__init__(settings, threads)
         self.plan, self.column, self.output_column = plan, column, output_column
@@ -44,7 +44,7 @@ class EmbedActor(_ModelActor):
         return {**batch, self.output_column: to_dtype(np.stack(rows), self.plan.dtype, "a batch of texts")}
 
 
-class ShardWriter(_ModelActor):
+class ShardWriter(ModelActor):
     """Writes whole shards (one row of the shard dataset each) with the ordinary store writer."""
 
     def __init__(

@@ -11,11 +11,11 @@ from pathlib import Path
 
 from .._cache.options import CacheOptions
 from .._settings import Settings
-from ._actors import _ModelActor
-from ._runtime import _ray
+from ._actors import ModelActor
+from ._runtime import import_ray
 
 
-class CacheShardWriter(_ModelActor):
+class CacheShardWriter(ModelActor):
     """Writes the shards ``k % n_workers == worker`` of one cache (one row per worker)."""
 
     def __init__(self, settings: Settings, threads: int, path: str, meta: dict, n_workers: int) -> None:
@@ -56,7 +56,7 @@ def cache_activations(
     if not isinstance(cache_options, CacheOptions):
         raise OptionError(f"options must be a layerwise.CacheOptions, not {type(cache_options).__name__}")
     started = time.perf_counter()
-    ray = _ray()
+    ray = import_ray()
     # the driver tokenises and checks (it needs the tokenizer and the weights' hash), on the CPU
     driver = Encoder.from_settings(settings.replace(device="cpu") if settings.device == "auto" else settings)
     with disk_errors(Path(path)), begin_cache(driver, corpus, path, cache_options) as meta:

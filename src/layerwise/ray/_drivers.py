@@ -16,7 +16,7 @@ from .._settings import Settings
 from ..errors import OptionError
 from ..store._format import StoreLayout
 from ._actors import EmbedActor, ShardWriter
-from ._runtime import _ray
+from ._runtime import import_ray
 
 logger = logging.getLogger("layerwise")
 
@@ -52,7 +52,7 @@ def _texts_of(data: Any, column: str) -> list[str]:
     """A list of strings as it is, or a Ray Dataset's ``column`` in dataset order."""
     if isinstance(data, list | tuple):
         return list(data)
-    ray = _ray()
+    ray = import_ray()
     if isinstance(data, ray.data.Dataset):
         context = ray.data.DataContext.get_current()
         context.execution_options.preserve_order = True
@@ -105,7 +105,7 @@ def embed(
     ``Encoder.from_settings(settings).embed`` computes it (``plan``: sentence pooling only, default
     the last layer's mean; token and word vectors go to a store: :func:`extract_to_store`).
     ``settings``: the model and how it runs (default: the packaged model)."""
-    ray = _ray()
+    ray = import_ray()
     settings = Settings() if settings is None else settings
     plan = OutputPlan.parse(layers=-1, pool="sentence:mean") if plan is None else plan
     if plan.level != "sentence":
@@ -169,7 +169,7 @@ def extract_to_store(
     layout = StoreLayout() if layout is None else layout
     if not isinstance(layout, StoreLayout):
         raise OptionError(f"layout must be a layerwise.StoreLayout, not {type(layout).__name__}")
-    ray = _ray()
+    ray = import_ray()
     started = time.perf_counter()  # the plan's time: the corpus' one pass, the shard table
     corpus, texts, n_texts = _read_for_planning(corpus, column, Path(path), shard_size, overwrite)
     settings, plan, name, n_hidden = _checked(settings, plan)

@@ -7,7 +7,7 @@ import os
 from ..errors import MissingDependencyError, OptionError
 
 
-def _ray():
+def import_ray():
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # nothing is sent anywhere
     try:
         import ray
@@ -22,7 +22,7 @@ def _ray():
 def init(mode: str = "local", *, workers: int = 2, threads_per_worker: int = 1) -> None:
     """Start or join Ray: ``local`` starts one on this machine (loopback, no dashboard);
     ``auto`` joins the running cluster (``ray start`` / RAY_ADDRESS). No-op when Ray is up."""
-    ray = _ray()
+    ray = import_ray()
     if ray.is_initialized():
         return
     if mode == "local":

@@ -24,7 +24,7 @@ from starlette.staticfiles import StaticFiles
 
 from ..errors import LayerwiseError, OptionError
 from ._errors import mapped_route_class
-from ._explorer_views import VIEWS, TextRequest, _View
+from ._explorer_views import VIEWS, TextRequest, View
 from ._responses import ApiError, json_response
 from ._schemas import error_responses
 
@@ -175,7 +175,7 @@ async def similarity(explorer: Served, model: str | None = None):
     return json_response(await run_in_threadpool(work))
 
 
-def _route(view: _View) -> Callable:
+def _route(view: View) -> Callable:
     """The endpoint of ``view``: the request's model picked, its stack fetched when the view needs it,
     the work in the thread pool (errors: the service's one mapping)."""
 

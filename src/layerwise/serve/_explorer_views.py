@@ -14,7 +14,7 @@ from pydantic import Field
 
 from .._inputs.display import token_display
 from ._responses import ApiError, b64_array
-from ._schemas import _Strict
+from ._schemas import StrictModel
 
 if TYPE_CHECKING:
     from .._results import LayerStack
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 # ``explorer`` below: the served state, serve/explorer.Explorer (reference sets, heads, admission)
 
 
-class TextRequest(_Strict):
+class TextRequest(StrictModel):
     model: str | None = None
     text: str = Field(min_length=1, max_length=100_000)
     text_pair: str | None = Field(None, max_length=100_000)
@@ -47,7 +47,7 @@ class LensRequest(TextRequest):
     k: int = Field(5, ge=1, le=50)
 
 
-class ProjectionRequest(_Strict):
+class ProjectionRequest(StrictModel):
     model: str | None = None
     words: list[Annotated[str, Field(pattern=r"\S")]] = Field(
         min_length=1, max_length=20, description="Words to place (each with a non-space character)"
@@ -132,7 +132,7 @@ def _projection(explorer: Any, served: Any, body: ProjectionRequest, stack: None
 
 
 @dataclass(frozen=True)
-class _View:
+class View:
     """A POST view: its route, its request body, and ``work(explorer, served, body, stack)`` run in
     the thread pool (``stack``: every hidden state of the text, through the batcher, when asked)."""
 
@@ -144,13 +144,13 @@ class _View:
 
 
 VIEWS = (
-    _View("tokens", "Explorer grid: per token and layer, the token_statistics", TextRequest, _tokens, True),
-    _View("neighbours", "Explorer: a token's nearest reference tokens per layer", NeighboursRequest,
+    View("tokens", "Explorer grid: per token and layer, the token_statistics", TextRequest, _tokens, True),
+    View("neighbours", "Explorer: a token's nearest reference tokens per layer", NeighboursRequest,
           _neighbours, True),
-    _View("attention", "Explorer: every head's attention at one layer", AttentionRequest, _attention),
-    _View("lens", "Explorer: each layer's top predictions for [MASK], or a decoder's next token (logit lens)",
+    View("attention", "Explorer: every head's attention at one layer", AttentionRequest, _attention),
+    View("lens", "Explorer: each layer's top predictions for [MASK], or a decoder's next token (logit lens)",
           LensRequest, _lens),
-    _View("projection", "Explorer: layerwise plot's per-layer projection, as data", ProjectionRequest,
+    View("projection", "Explorer: layerwise plot's per-layer projection, as data", ProjectionRequest,
           _projection),
 )  # fmt: skip
 

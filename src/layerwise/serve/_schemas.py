@@ -53,11 +53,11 @@ def _long_texts(settings: ServeSettings) -> dict[str, Any]:
     return {"long_texts": settings.long_texts, "stride": stride}
 
 
-class _Strict(BaseModel):
+class StrictModel(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
 
-class EmbeddingsRequest(_Strict):
+class EmbeddingsRequest(StrictModel):
     """OpenAI's ``POST /v1/embeddings`` body, plus layerwise's optional plan fields."""
 
     input: str | Annotated[list[str], Field(min_length=1)] = Field(
@@ -106,7 +106,7 @@ class EmbeddingsRequest(_Strict):
         )  # fmt: skip
 
 
-class LayersRequest(_Strict):
+class LayersRequest(StrictModel):
     """``POST /v1/layers``: per input, tokens, offsets, word ids and the requested layers' vectors.
     Exactly one of ``texts`` (with ``text_pairs`` for pairs), ``pairs`` or ``words``, non-empty."""
 
