@@ -57,46 +57,41 @@ def _run_probe(
         err.print(f"curve written to {plot_path}", highlight=False)
 
 
-@probe_app.command("conllu")
-@model_options()
-def probe_conllu(
-    train: Annotated[Path, typer.Option(help="Training CoNLL-U file")],
-    dev: Annotated[Path, typer.Option(help="Dev CoNLL-U file")],
-    column: Annotated[str, typer.Option(help="upos | xpos | deprel | feats | lemma")] = "upos",
-    max_train: Annotated[int | None, typer.Option(min=1, help="Use the first N training sentences")] = None,
-    max_dev: Annotated[int | None, typer.Option(min=1, help="Use the first N dev sentences")] = None,
-    subword: SubwordOption = "first",
-    controls: ControlsOption = "random_model,control_task",
-    seed: SeedOption = 0,
-    settings: Settings = MODEL_SETTINGS,  # the model options (@model_options)
-    json_path: JsonOption = None,
-    plot_path: PlotOption = None,
-) -> None:
-    """Word-level tags from CoNLL-U (Universal Dependencies): accuracy per layer and fusion."""
-    _run_probe("conllu", json_path, plot_path, settings, train=train, dev=dev, column=column,
-               max_train=max_train, max_dev=max_dev, subword=subword, controls=_controls(controls),
-               seed=seed)  # fmt: skip
+def _word_task(task: str, doc: str, train_help: str, dev_help: str, column_help: str, column: str) -> None:
+    """Register ``probe TASK`` for word-level tags read from files (conllu, conll): one command body,
+    with the task's own help and default column."""
+
+    def command(train, dev, column=column, max_train=None, max_dev=None, subword="first",
+                controls="random_model,control_task", seed=0, settings=MODEL_SETTINGS, json_path=None,
+                plot_path=None) -> None:  # fmt: skip
+        _run_probe(task, json_path, plot_path, settings, train=train, dev=dev, column=column,
+                   max_train=max_train, max_dev=max_dev, subword=subword, controls=_controls(controls),
+                   seed=seed)  # fmt: skip
+
+    command.__annotations__ = {
+        "train": Annotated[Path, typer.Option(help=train_help)],
+        "dev": Annotated[Path, typer.Option(help=dev_help)],
+        "column": Annotated[str, typer.Option(help=column_help)],
+        "max_train": Annotated[int | None, typer.Option(min=1, help="Use the first N training sentences")],
+        "max_dev": Annotated[int | None, typer.Option(min=1, help="Use the first N dev sentences")],
+        "subword": SubwordOption, "controls": ControlsOption, "seed": SeedOption,
+        "settings": Settings,  # the model options (@model_options)
+        "json_path": JsonOption, "plot_path": PlotOption, "return": None,
+    }  # fmt: skip
+    command.__name__ = command.__qualname__ = f"probe_{task}"
+    command.__doc__ = doc
+    probe_app.command(task)(model_options()(command))
 
 
-@probe_app.command("conll")
-@model_options()
-def probe_conll(
-    train: Annotated[Path, typer.Option(help="CoNLL-2003 style training file (word POS chunk NER)")],
-    dev: Annotated[Path, typer.Option(help="Dev file, e.g. eng.testa")],
-    column: Annotated[str, typer.Option(help="ner (entity F1) | pos | chunk")] = "ner",
-    max_train: Annotated[int | None, typer.Option(min=1, help="Use the first N training sentences")] = None,
-    max_dev: Annotated[int | None, typer.Option(min=1, help="Use the first N dev sentences")] = None,
-    subword: SubwordOption = "first",
-    controls: ControlsOption = "random_model,control_task",
-    seed: SeedOption = 0,
-    settings: Settings = MODEL_SETTINGS,  # the model options (@model_options)
-    json_path: JsonOption = None,
-    plot_path: PlotOption = None,
-) -> None:
-    """CoNLL-2003 columns; NER is scored by entity-level F1 with BIO decoding (conlleval rules)."""
-    _run_probe("conll", json_path, plot_path, settings, train=train, dev=dev, column=column,
-               max_train=max_train, max_dev=max_dev, subword=subword, controls=_controls(controls),
-               seed=seed)  # fmt: skip
+_word_task(
+    "conllu", "Word-level tags from CoNLL-U (Universal Dependencies): accuracy per layer and fusion.",
+    "Training CoNLL-U file", "Dev CoNLL-U file", "upos | xpos | deprel | feats | lemma", "upos",
+)  # fmt: skip
+_word_task(
+    "conll", "CoNLL-2003 columns; NER is scored by entity-level F1 with BIO decoding (conlleval rules).",
+    "CoNLL-2003 style training file (word POS chunk NER)", "Dev file, e.g. eng.testa",
+    "ner (entity F1) | pos | chunk", "ner",
+)  # fmt: skip
 
 
 @probe_app.command("tsv")
