@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "layerwise"
@@ -164,3 +165,43 @@ def test_no_private_name_crosses_a_module():
             crossing += [f"{path.relative_to(SRC)}: from {target} import {n}" for n in private
                          if not _is_module(f"{target}.{n}")]  # fmt: skip
     assert not crossing, "private names imported from another module:\n" + "\n".join(crossing)
+
+
+# files of other projects that docstrings cite (where a convention comes from)
+ELSEWHERE = {"run_squad.py", "utils/output_capturing.py", "modeling_bert.py", "create_pretraining_data.py"}
+REPO = SRC.parents[1]
+
+
+def _docstrings(path: Path):
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+            text = ast.get_docstring(node, clean=False)
+            if text:
+                yield text
+
+
+def test_docstrings_name_modules_that_exist():
+    """Every ``….py`` a docstring names is a file of this repository (a path's tail: ``_inputs/block.py``,
+    ``tests/test_parity.py``), and every ``layerwise.a.b`` resolves to a module, then a name that module
+    holds: a module renamed or moved cannot leave its old name in the prose."""
+    files = [p.relative_to(REPO).as_posix() for d in ("src", "tests", "benchmarks", "scripts")
+             for p in (REPO / d).rglob("*.py")]  # fmt: skip
+    stale = []
+    for path in sorted(SRC.rglob("*.py")):
+        for text in _docstrings(path):
+            for ref in re.findall(r"[\w./]*\w\.py\b", text):
+                tail = ref.lstrip("./")
+                if tail not in ELSEWHERE and not any(f == tail or f.endswith("/" + tail) for f in files):
+                    stale.append(f"{path.relative_to(SRC)}: {ref}")
+            for dotted in re.findall(r"\blayerwise(?:\.\w+)+", text):
+                parts = dotted.split(".")
+                k = max(k for k in range(1, len(parts) + 1) if _is_module(".".join(parts[:k])))
+                if k == len(parts):
+                    continue
+                module = REPO / "src" / Path(*parts[:k])
+                source = (module.with_suffix(".py") if module.with_suffix(".py").is_file()
+                          else module / "__init__.py").read_text(encoding="utf-8")  # fmt: skip
+                if not re.search(rf"\b{re.escape(parts[k])}\b", source):  # defined or re-exported there
+                    stale.append(f"{path.relative_to(SRC)}: {dotted}")
+    assert not stale, "docstrings naming modules or names that do not exist:\n" + "\n".join(stale)

@@ -122,7 +122,7 @@ class Engine:
 
     @property
     def model(self) -> Any:
-        """The transformers model (built on first use: see model_handle.py)."""
+        """The transformers model (built on first use: see _model/handle.py)."""
         return self.models.transformers()
 
     def _adopt(self, model: Any) -> None:

@@ -1,16 +1,16 @@
 """Settings: how a model is loaded and run, as one frozen value that travels whole.
 
     settings = Settings(model="SmolLM2.gguf", model_dtype="bfloat16", max_length=64)
-    enc = Encoder.from_settings(settings)          # or Encoder("SmolLM2.gguf", model_dtype=...)
-    enc.settings                                   # what it was made with (model: its resolved source)
+    enc = Encoder(settings)                        # or Encoder("SmolLM2.gguf", model_dtype=...)
+    enc.settings                                   # what it was made with (model: its name)
 
 Each front end builds one from its options (the CLI's ``extract`` and ``serve``, the HTTP server,
 ``lw.ray``) and hands it on intact: to Ray actors, to the server's model process, to every output's
 metadata and to the store's resume check. None of them rebuilds an Encoder from a subset of its
 settings, so an option cannot be dropped on one path (nanoGPT's one ``GPTConfig`` is the model).
-Adding a setting means adding a field here (and its CLI option in cli/options.py;
-tests/test_option_coverage.py fails until every command and back end honours it or refuses it by
-name); a field that changes the numbers carries :data:`NUMBERS`, and every resume check follows.
+Adding a setting is one edit: a field of :class:`Settings` made with :func:`setting`, whose
+metadata is its command-line option everywhere (cli/_options.py reads it); a field that changes the
+numbers says ``numbers=True``, and every resume check follows (tests/test_new_setting.py).
 
 What a *run* returns (layers, pooling, fusion, the final norm of a call, long texts) is an
 :class:`~layerwise.OutputPlan`; ``final_norm`` here is the default a plan without one gets.

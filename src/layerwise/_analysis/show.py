@@ -28,7 +28,7 @@ def _short(cosine: float) -> str:
 
 
 def layer_table(stack: LayerStack, *, model: str, display: Callable[[str], str] | None = None) -> Table:
-    """``display``: a token's piece as a person reads it (inputs/display.py); a leading or trailing
+    """``display``: a token's piece as a person reads it (_inputs/display.py); a leading or trailing
     space is shown by quoting the token."""
     norms, cosine = layer_norms_and_drift(stack)
     shown = [_quoted(display(t)) if display is not None else t for t in stack.tokens]

@@ -6,8 +6,8 @@
     enc = Encoder("SmolLM2.Q4_1.gguf")     # a decoder LM (Llama, Qwen2, Mistral, Gemma, GPT-2), GGUF too
     stacks = enc.extract(["The bank raised rates."], layers="all")
 
-The data flows one way: inputs (inputs.py) -> the engine (extract.py: batches, forward, windows)
--> LayerStacks (results.py) -> an OutputPlan (plan.py) or the feature functions (features.py).
+The data flows one way: inputs (_inputs/) -> the engine (_extract.py: batches, forward, windows)
+-> LayerStacks (_results.py) -> an OutputPlan (plan.py) or the feature functions (features.py).
 The Encoder holds the model and exposes the short public calls; it does no pooling itself.
 Batching follows sentence-transformers' ``encode``: inputs sorted by token length, batched, run
 under ``torch.inference_mode``, moved to the CPU batch by batch, and returned in input order.
@@ -202,7 +202,7 @@ class Encoder(FeatureCalls, RunRecords):
     def plan_call(self, settled: OutputPlan) -> Call:
         """The engine's call for a settled plan: its hidden states, long texts and final norm; a
         sentence or word plan is pooled, fused and normalised on the model's device
-        (features/device_pool.py): only its results cross to the host, and the stacks carry them
+        (_features/device_pool.py): only its results cross to the host, and the stacks carry them
         (``pooled``), no token states."""
         on_device = None
         if settled.level in ("sentence", "word") and settled.mode is not None:

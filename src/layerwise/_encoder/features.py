@@ -2,7 +2,7 @@
 
 Each is thin: an :class:`~layerwise.OutputPlan`, the one path from a plan to its outputs
 (``Encoder.iter_results``; ``features`` pools the raw stream once per mode), and a function of
-features/stream.py that puts the results in input order. :class:`FeatureCalls` is the part of
+_features/stream.py that puts the results in input order. :class:`FeatureCalls` is the part of
 :class:`~layerwise.Encoder` that holds them (core.py holds loading and extraction).
 """
 

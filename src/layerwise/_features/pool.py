@@ -73,7 +73,7 @@ def pool_words(
     stack: LayerStack, subword: SubwordPool = "first", vectors: np.ndarray | None = None
 ) -> WordVectors:
     """Word vectors at every layer of ``stack``. ``vectors``: the words' vectors pooled already, where
-    the states were (features/device_pool.py); the stack then gives the words, spans and counts."""
+    the states were (device_pool.py); the stack then gives the words, spans and counts."""
     check_choice("subword", subword, SUBWORD_POOLS)
     group, keys = word_groups(stack)
     n_words = len(keys)

@@ -198,7 +198,7 @@ class PackedEncoder:
         return cls(model)
 
     def prepare(self, columns: Any, *, with_token_types: bool, device: torch.device) -> PackedBatch:
-        """The batch's index tensors from its columns (inputs/block.py ``TokenColumns``: ids and
+        """The batch's index tensors from its columns (_inputs/block.py ``TokenColumns``: ids and
         type ids back to back, each input's length)."""
         lengths = columns.lengths
         ids = torch.from_numpy(columns.ids)

@@ -173,7 +173,7 @@ class PackedDecoder:
     def prepare(
         self, columns: Any, *, device: torch.device, with_token_types: bool = False
     ) -> PackedDecoderBatch:
-        """The batch's ids back to back (inputs/block.py ``TokenColumns``), each text's positions, its
+        """The batch's ids back to back (_inputs/block.py ``TokenColumns``), each text's positions, its
         attention grids (decoders have no token types: ``with_token_types`` is there for the engine's
         one call)."""
         lengths = columns.lengths
@@ -183,7 +183,7 @@ class PackedDecoder:
 
     def forward(self, batch: PackedDecoderBatch, layers: Sequence[int]) -> torch.Tensor:
         """Hidden states ``layers`` of the packed batch: ``(len(layers), N, H)``, every one the raw
-        residual stream (the engine applies the final norm a call asks for: model/decoders.py)."""
+        residual stream (the engine applies the final norm a call asks for: decoders.py)."""
         return self.forward_with_taps(batch, layers, ())[0]
 
     def forward_with_taps(

@@ -1,6 +1,6 @@
 """Hugging Face's own forward of a padded batch, cut at the deepest requested layer: the path
 for hooks, the BERT-family taps and architectures the packed forward does not run (the engine,
-extract.py, picks it)."""
+_extract.py, picks it)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """``layerwise layers``: which layer to try first, without labels (the label-free metrics of
-analysis/label_free.py and the rule of analysis/layer_choice.py)."""
+_analysis/label_free.py and the rule of _analysis/layer_choice.py)."""
 
 from __future__ import annotations
 

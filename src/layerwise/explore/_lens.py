@@ -41,7 +41,7 @@ class MaskedLMHead:
     vocabulary: list[str]
     device: Any = "cpu"
     inputs: Any = None  # an InputEncoder that reads "[MASK]" in a text as the mask token
-    shown_by: Callable[[str], str] = str  # a piece as a person reads it (inputs/display.py)
+    shown_by: Callable[[str], str] = str  # a piece as a person reads it (_inputs/display.py)
 
     @classmethod
     def load(cls, encoder: Encoder) -> MaskedLMHead | None:
@@ -99,7 +99,7 @@ class CausalLMHead:
     device: Any = "cpu"
     mask_token: None = None
     inputs: Any = None
-    shown_by: Callable[[str], str] = str  # a piece as a person reads it (inputs/display.py)
+    shown_by: Callable[[str], str] = str  # a piece as a person reads it (_inputs/display.py)
 
     @classmethod
     def load(cls, encoder: Encoder) -> CausalLMHead | None:
@@ -178,7 +178,7 @@ def logit_lens(
     at each ``[MASK]`` in ``text`` (InputError when there is none), for a decoder LM at the last
     token (its next token). ``{"kind": "mask" | "next_token", "tokens", "layers", "masks":
     [{"position", "predictions": [[(token, p)…] per layer], "pieces": [[piece…] per layer]}]}``:
-    tokens as a person reads them (``" Paris"``, not ``"ĠParis"``: inputs/display.py), their raw
+    tokens as a person reads them (``" Paris"``, not ``"ĠParis"``: _inputs/display.py), their raw
     vocabulary pieces in ``pieces``."""
     head = head if head is not None else load_lens_head(encoder)
     if head is None:

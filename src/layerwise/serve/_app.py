@@ -1,7 +1,7 @@
 """The FastAPI application: OpenAI-compatible embeddings, per-layer vectors, health, models, metrics.
 
 Every request is: validate (422) -> tokenise and check its size (413) -> queue (429) -> one shared
-model run, where the request's OutputPlan is applied to its rows (batcher.py) -> encode the
+model run, where the request's OutputPlan is applied to its rows (_batcher.py) -> encode the
 response. Only the models given to :func:`create_app` are served; a request names one of them and
 nothing else: it cannot load a model, read a path or write a file.
 """

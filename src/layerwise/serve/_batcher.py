@@ -4,7 +4,7 @@ Request handlers tokenise their inputs and submit a :class:`Job`. Each of the ru
 has a thread here that gathers runs: it takes the oldest job, waits at most ``max_wait`` seconds
 (from that job's arrival) for more jobs of the same model until ``max_batch_tokens`` tokens are
 gathered, and hands them to its stream as one run. The runner runs it, in this process
-(:class:`LocalRunner`) or in the model process (model_process.py), where the engine sorts the
+(:class:`LocalRunner`) or in the model process (_model_process.py), where the engine sorts the
 inputs by length and batches them under its token budget, and each input's rows go through its
 job's :class:`Finish` (the layers it asked for, its OutputPlan) where they were computed: what comes
 back is each request's own results, nothing more. With several streams, runs overlap: one is
@@ -222,7 +222,7 @@ class Batcher:
     def _for_stream_zero(self, slot: int) -> bool:
         """A lone client's job while no stream runs: stream 0's, not ``slot``'s (lock held).
 
-        Stream 0 alone may run a lone job on all of the model process's threads (model_process.py:
+        Stream 0 alone may run a lone job on all of the model process's threads (_model_process.py:
         ProcessRunner.start); on any other stream it would run on that stream's one thread, and a
         second stream with a thread team of its own slows both (libgomp's idle threads then sleep
         instead of spinning, and every parallel region waits for a wake-up). One client at a time

@@ -1,5 +1,5 @@
 """The layer explorer's views: what each ``POST /v1/explore/<view>`` computes from its request,
-one table (:data:`VIEWS`) that serve/explorer.py registers as routes. Each view's ``work`` runs in the
+one table (:data:`VIEWS`) that _explorer.py registers as routes. Each view's ``work`` runs in the
 thread pool and returns what a function of :mod:`layerwise.explore` returns for the same input."""
 
 from __future__ import annotations
@@ -160,7 +160,7 @@ VIEWS = (
 
 def _shown(encoder) -> Callable[[str], str]:
     """The tokenizer's pieces as a person reads them (``" capital"``, not ``"Ġcapital"``), as the
-    lens and ``layerwise show`` print them (inputs/display.py); made once per tokenizer."""
+    lens and ``layerwise show`` print them (_inputs/display.py); made once per tokenizer."""
     return _display_of(encoder.tokenizer)
 
 

@@ -1,5 +1,5 @@
 """The service's routes on an APIRouter: module-level functions with the served state
-(:class:`service.Service`) as a dependency. create_app (app.py) includes them."""
+(:class:`service.Service`) as a dependency. create_app (_app.py) includes them."""
 
 from __future__ import annotations
 

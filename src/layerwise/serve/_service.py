@@ -1,6 +1,6 @@
 """What the server serves: its models, settings, batcher and metrics, and the work of a request
-(:class:`Service`); the routes (routes.py), the explorer (explorer.py) and the fast path in front of
-FastAPI (fast_path.py) take it as ``app.state.service``."""
+(:class:`Service`); the routes (_routes.py), the explorer (_explorer.py) and the fast path in front of
+FastAPI (_fast_path.py) take it as ``app.state.service``."""
 
 from __future__ import annotations
 
@@ -117,7 +117,7 @@ class Service:
 
     async def answer_embeddings(self, body: EmbeddingsRequest) -> dict:
         """The response body of ``POST /v1/embeddings`` (an ApiError for a refused request): the
-        route below and the fast path in front of FastAPI (fast_path.py) both answer with it."""
+        route below and the fast path in front of FastAPI (_fast_path.py) both answer with it."""
         served = self.pick(body.model)
         texts = [body.input] if isinstance(body.input, str) else body.input
         if not texts:

@@ -34,7 +34,7 @@ logger = logging.getLogger("layerwise")
 
 
 def part_name(first_position: int, crc32: int) -> str:
-    """A manifest part's file name: its first position, and the CRC-32 of its bytes (index.py
+    """A manifest part's file name: its first position, and the CRC-32 of its bytes (_index.py
     checks every read of the part against it; 0.2's parts carry no checksum)."""
     return f"part-{first_position:012d}-{crc32:08x}.parquet"
 

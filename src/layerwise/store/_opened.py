@@ -1,4 +1,4 @@
-"""What the readers behind a store's reads (lookup.py, layer_view.py) use of the store they serve:
+"""What the readers behind a store's reads (_lookup.py, _layer_view.py) use of the store they serve:
 :class:`OpenedStore`, which :class:`reader.Store` is. They see this interface, not the reader's
 module, so the reader composes them without either importing the other."""
 

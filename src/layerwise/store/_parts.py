@@ -1,6 +1,6 @@
 """A store's parts as they are on disk, opened without judging whether they agree (verify.py
 does): the commit marker's valid length, the manifest parts, the id -> position map, and the error
-that says a store is damaged. Nothing here reads per-text data whole (index.py)."""
+that says a store is damaged. Nothing here reads per-text data whole (_index.py)."""
 
 from __future__ import annotations
 

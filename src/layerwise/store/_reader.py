@@ -52,7 +52,7 @@ class Store(StoreDescription):
     """A layerwise store opened for reading. ``store[text_id]`` gives the result for one input
     text (a LayerStack, WordVectors or sentence vector, by the store's level); ``store[a:b]`` a
     list of them. Opening reads nothing per text: each access reads the manifest rows, offsets
-    and data rows it needs (index.py), so memory does not grow with the store."""
+    and data rows it needs (_index.py), so memory does not grow with the store."""
 
     def __init__(self, path: str | os.PathLike) -> None:
         require_store_dependencies()

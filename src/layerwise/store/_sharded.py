@@ -1,6 +1,6 @@
 """A sharded store: several ordinary stores that read as one (written by ``lw.ray``).
 
-The layout, the table and the identity every shard records are in shard_table.py. Each shard is
+The layout, the table and the identity every shard records are in _shard_table.py. Each shard is
 written by exactly one writer with the crash-safe store writer, so each resumes on its own.
 ``open_store`` reads a sharded store transparently: ``len``, ``store[i]`` by global id, iteration in
 input order, ``array(layer)`` across shards, one manifest; and it opens only shards that belong

@@ -5,7 +5,7 @@
   against the data, the manifest parts' names, and that every committed data shard file exists
   (a directory listing). Each text read is then checked on its own: its manifest row must be at
   its position, name its id, and agree with the offsets about its rows; its rows must match the
-  checksum written at commit (reader.py). Without these a deleted manifest part or data shard
+  checksum written at commit (_reader.py). Without these a deleted manifest part or data shard
   silently returned another text's vectors or zeros.
 * :func:`scan_store` (``Store.verify()``, ``layerwise verify``, and a writer before it resumes)
   goes through every manifest part in order, with the offsets it covers: the manifest has one row
@@ -370,7 +370,7 @@ def rows_checksum(rows: np.ndarray) -> int:
 
 def verify_one_store(path: str | os.PathLike, *, block_rows: int = 65536) -> VerifyReport:
     """Check one (unsharded) store's structure and every text's checksum (:func:`scan_store`).
-    ``layerwise.verify_store`` also takes a sharded store (api.py). ``block_rows`` is kept for
+    ``layerwise.verify_store`` also takes a sharded store (_api.py). ``block_rows`` is kept for
     callers; data is read a shard at a time."""
     return scan_store(path, checksums=True)
 

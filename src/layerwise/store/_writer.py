@@ -228,7 +228,7 @@ class StoreWriter:
 
     # ------------------------------------------------------------------ the run
     def _results(self, block: Block):
-        """The block's results: tokenised now (on inputs/ahead.py's thread), computed as they are read."""
+        """The block's results: tokenised now (on _inputs/ahead.py's thread), computed as they are read."""
         texts = block.texts if block.words is None else None
         return self.encoder.iter_results(  # truncation is reported once, with corpus-wide numbers
             self.plan, texts, text_pairs=block.text_pairs, words=block.words, progress=False,
@@ -346,7 +346,7 @@ def extract_to_store(
     refused, naming it); a finished store is left as it is. Every argument and every text is checked
     before anything is created; only an empty folder or a layerwise store is written into, and
     ``overwrite`` removes only the store's own entries. ``shard`` is the identity a shard of a
-    sharded store records (set by store/shard_writer.py)."""
+    sharded store records (set by _shard_writer.py)."""
     # the weights' hash for the metadata (remembered on the model) while zarr and pyarrow import:
     # hashlib lets go of the GIL, so on a fresh process this hides most of its 0.06 s
     hashing = threading.Thread(target=weights_sha256, args=(encoder.models.current,), name="layerwise-hash")
