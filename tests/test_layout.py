@@ -205,3 +205,26 @@ def test_docstrings_name_modules_that_exist():
                 if not re.search(rf"\b{re.escape(parts[k])}\b", source):  # defined or re-exported there
                     stale.append(f"{path.relative_to(SRC)}: {dotted}")
     assert not stale, "docstrings naming modules or names that do not exist:\n" + "\n".join(stale)
+
+
+def test_the_layout_in_the_docs_names_every_module():
+    """docs/internals.md's layout lists every module under its package's line (a package's
+    ``__init__.py`` aside), so a new module is placed and described where a reader looks."""
+    block = (REPO / "docs" / "internals.md").read_text(encoding="utf-8").split("## Layout", 1)[1]
+    block = block.split("```text", 1)[1].split("```", 1)[0]
+    sections: dict[str, str] = {}
+    current = ""
+    for line in block.splitlines():
+        heading = re.match(r"^  (\S+)", line)
+        if heading:  # "  _model/  source.py (…)" opens a package's lines; "  _rows.py …" a top-level one
+            current = heading.group(1).rstrip("/") if heading.group(1).endswith("/") else ""
+        sections[current] = sections.get(current, "") + line + "\n"
+    unlisted = []
+    for path in sorted(SRC.rglob("*.py")):
+        relative = path.relative_to(SRC).as_posix()
+        package, _, name = relative.partition("/") if "/" in relative else ("", "", relative)
+        if name == "__init__.py" and package:
+            continue
+        if not re.search(rf"(?<![\w/]){re.escape(name)}\b", sections.get(package, "")):
+            unlisted.append(relative)
+    assert not unlisted, f"modules docs/internals.md's layout does not name: {unlisted}"
