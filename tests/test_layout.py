@@ -228,3 +228,33 @@ def test_the_layout_in_the_docs_names_every_module():
         if not re.search(rf"(?<![\w/]){re.escape(name)}\b", sections.get(package, "")):
             unlisted.append(relative)
     assert not unlisted, f"modules docs/internals.md's layout does not name: {unlisted}"
+
+
+# the longest chain of module-level imports inside the package (layerwise.store -> … -> _version);
+# a refactoring may make it shorter, never longer
+MAX_IMPORT_DEPTH = 10
+
+
+def test_the_module_level_import_graph_has_no_circle_and_is_no_deeper_than_it_was():
+    modules = {_module_name(p): p for p in SRC.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        package = name if path.stem == "__init__" else name.rpartition(".")[0]
+        found = set()
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:  # what importing it runs
+            if isinstance(node, ast.ImportFrom) and node.level:
+                base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                target = f"{base}.{node.module}" if node.module else base
+                wanted = (f"{target}.{a.name}" for a in node.names)
+                found |= {w if w in modules else target for w in wanted}
+        graph[name] = found & set(modules) - {name}
+    depth: dict[str, int] = {}
+
+    def measure(name: str, path: tuple[str, ...]) -> int:
+        assert name not in path, f"import circle: {' -> '.join((*path, name))}"
+        if name not in depth:
+            depth[name] = 1 + max((measure(d, (*path, name)) for d in graph[name]), default=0)
+        return depth[name]
+
+    deepest = max(modules, key=lambda m: measure(m, ()))
+    assert depth[deepest] <= MAX_IMPORT_DEPTH, f"{deepest} starts a chain of {depth[deepest]} imports"
