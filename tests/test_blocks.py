@@ -215,7 +215,7 @@ def test_blocks_on_a_thread_give_the_blocks_in_line_and_one_warning(enc, caplog,
     the truncation counted over all of them, once."""
     texts = [*ud_sentences(limit=50), LONG, *ud_sentences(limit=30), LONG]
     raw = normalize_inputs(texts)
-    monkeypatch.setattr(enc, "batch_size", 4)
+    monkeypatch.setattr(type(enc), "batch_size", property(lambda self: 4))  # a property
     monkeypatch.setattr("layerwise._encoder.calls.MAX_BLOCK", 4)
     with caplog.at_level(logging.WARNING, logger="layerwise"):
         in_line = list(blocks_ahead(enc, raw, True))
@@ -223,7 +223,7 @@ def test_blocks_on_a_thread_give_the_blocks_in_line_and_one_warning(enc, caplog,
         class Cuda:
             type = "cuda"
 
-        monkeypatch.setattr(enc, "device", Cuda())
+        monkeypatch.setattr(type(enc), "device", property(lambda self: Cuda()))
         beside = list(blocks_ahead(enc, raw, True))
     assert [b.first for b in beside] == [0, 4, 20, 36, 52, 68]  # one batch, then 4x more, up to 16
     assert [b.first for b in in_line] == list(range(0, len(texts), 16))
@@ -237,7 +237,7 @@ def test_blocks_on_a_thread_give_the_blocks_in_line_and_one_warning(enc, caplog,
 
 
 def test_an_error_in_a_later_block_comes_after_the_results_before_it(enc, monkeypatch):
-    monkeypatch.setattr(enc, "batch_size", 4)
+    monkeypatch.setattr(type(enc), "batch_size", property(lambda self: 4))  # a property
     monkeypatch.setattr("layerwise._encoder.calls.MAX_BLOCK", 4)  # blocks of 16 inputs
     real = enc.inputs.encode_block
 
