@@ -56,6 +56,7 @@ from ._rows import (
     warn_nonfinite,
 )
 from ._settings import FinalNorm, Method, Settings
+from ._streamed_rows import streamed_rows
 from .errors import ModelLoadError, OptionError
 
 logger = logging.getLogger("layerwise")
@@ -112,9 +113,13 @@ class Engine:
         self.lock = ForwardLock()
         # the unpadded forward where the architecture allows it (packed.py, packed_decoder.py); None:
         # Hugging Face's padded one
-        self.packed = packed_forward(models.current) if settings.packed else None
+        # a streamed model (streaming=True) runs block by block, layer by layer (_streamed_rows.py)
+        self.streamed, self.stream_block_tokens = models.streamed, settings.stream_block_tokens or 0
+        self.packed = models.streamed or (packed_forward(models.current) if settings.packed else None)
         streams = check_streams(settings.streams, self.device, config.hidden_size)
-        self.pool = ForwardPool(streams) if streams > 1 and self.packed is not None else None
+        self.pool = (
+            ForwardPool(streams) if streams > 1 and self.packed is not None and not self.streamed else None
+        )
         if models.built:
             self._adopt(models.current)
         else:
@@ -259,7 +264,10 @@ class Engine:
     ) -> Iterator[tuple[Key, Rows]]:
         """Each batch's rows, in order, from ``(key, its input)`` jobs; on the forward pool's streams
         when it has one (a few batches ahead of the caller, who consumes the rows meanwhile); on a
-        GPU one batch ahead."""
+        GPU one batch ahead; a streamed model block by block."""
+        if packed and self.streamed is not None:
+            yield from streamed_rows(self, jobs, call)
+            return
         if packed and self.device.type == "cuda":
             # launch batch k+1 before reading batch k: the GPU computes while the host copies (host_copy.py)
             waiting: tuple[Key, *Launched] | None = None
@@ -330,12 +338,17 @@ class Engine:
                 hidden, tapped = packed.forward_with_taps(batch, call.layers, call.taps)
             else:
                 hidden = packed.forward(batch, call.layers)
-            hidden = apply_final_norm(self.models.current, hidden, call.layers, call.final_norm)
-            sizes, owner = columns.lengths, None
-            if call.device_pool is not None:  # only the pooled rows cross to the host
-                pooled, sizes, owner = pool_batch(hidden, columns, call.device_pool)
-                hidden = finish(pooled, call.layers, call.device_pool)
-            return sizes, HostCopy(hidden, tapped, RESULT_DTYPES[call.dtype]), owner
+            return self.to_host(hidden, tapped, columns, call)
+
+    def to_host(self, hidden: torch.Tensor, tapped: dict, columns: TokenColumns, call: Call) -> Launched:
+        """A batch's hidden states ``(L, N, H)`` as the call wants them, on their way to the host: the
+        final norm, the device pools (only the pooled rows cross), the copy in the result's dtype."""
+        hidden = apply_final_norm(self.models.current, hidden, call.layers, call.final_norm)
+        sizes, owner = columns.lengths, None
+        if call.device_pool is not None:
+            pooled, sizes, owner = pool_batch(hidden, columns, call.device_pool)
+            hidden = finish(pooled, call.layers, call.device_pool)
+        return sizes, HostCopy(hidden, tapped, RESULT_DTYPES[call.dtype]), owner
 
 
 def _unit_stacks(

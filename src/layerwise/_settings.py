@@ -20,6 +20,7 @@ Torch-free: a driver builds and checks settings without loading torch.
 from __future__ import annotations
 
 import dataclasses
+import re
 import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
@@ -100,6 +101,19 @@ def setting(default: Any, help: str, *, numbers: bool = False, flags: tuple[str,
     return field(default=default, metadata=metadata)
 
 
+_BYTE_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+               "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}  # fmt: skip
+
+
+def parse_bytes(text: object, name: str) -> int:
+    """A size such as ``4GB``, ``512MB``, ``16GiB`` or a number of bytes, as a whole number of bytes."""
+    found = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", str(text))
+    unit = found.group(2).upper() if found else None
+    if found is None or unit not in _BYTE_UNITS or float(found.group(1)) <= 0:
+        raise OptionError(f"{name}={text!r} is not a size; write it as 4GB, 512MB, 16GiB or a byte count")
+    return int(float(found.group(1)) * _BYTE_UNITS[unit])
+
+
 def final_norm_value(choice: FinalNormName | None) -> FinalNorm:
     """The Python value of --final-norm: True (last), False (none) or "all"; not given (None):
     True, the final norm on the last hidden state, as transformers returns it."""
@@ -135,6 +149,10 @@ class Settings:
         final_norm: a decoder's final norm on the last hidden state (True), on none (False) or on
             every one ("all"): the default of every call that does not say (OutputPlan.final_norm).
         method: ``output_hidden_states`` or forward hooks (the same numbers): the default of calls.
+        streaming: run the model layer by layer over blocks of texts, each layer's weights read once
+            per block from the memory-mapped checkpoint: models larger than memory (_model/streamed.py).
+        max_device_memory: a streamed model's memory budget ("4GB"): the block size follows from it.
+        stream_block_tokens: tokens per streamed block; None: what the budget holds, else 32768.
     """
 
     # the model changes the numbers too: the resume checks compare its weights' hash
@@ -172,6 +190,18 @@ class Settings:
         True, FINAL_NORM_HELP, numbers=True, cli=(FinalNormName | None, final_norm_value)
     )
     method: Method = setting("hidden_states", "output_hidden_states or forward hooks (the same numbers)")
+    streaming: bool = setting(
+        False,
+        "Layer-streamed forward for models larger than memory: each layer's weights read once per "
+        "block of texts (same numbers)",
+    )
+    max_device_memory: str | None = setting(
+        None,
+        "A streamed model's memory for weights and activations, e.g. 4GB: sets the block size",
+    )
+    stream_block_tokens: int | None = setting(
+        None, "Tokens per streamed block [default: what --max-device-memory holds, else 32768]", whole=True
+    )
 
     def __post_init__(self) -> None:
         if self.model is not None and not isinstance(self.model, str):
@@ -188,6 +218,10 @@ class Settings:
             elif typing.get_origin(hints[f.name]) is Literal:
                 check_choice(f.name, value, get_args(hints[f.name]))
         check_final_norm(self.final_norm)
+        if self.max_device_memory is not None:
+            parse_bytes(self.max_device_memory, "max_device_memory")
+        if self.streaming and not self.packed:
+            raise OptionError("streaming=True runs the packed forward layer by layer: leave packed=True")
 
     def replace(self, **changes: Any) -> Settings:
         """A copy with ``changes`` (checked like the original)."""

@@ -39,6 +39,7 @@ from .._model.source import (
     resolve_model_source,
     usable_max_length,
 )
+from .._model.streamed import block_tokens
 from .._results import LayerStack
 from .._settings import FinalNorm, Method, ModelDtype, Settings, check_final_norm, settings_of
 from ..errors import InputError, OptionError
@@ -75,7 +76,8 @@ class Encoder(FeatureCalls, RunRecords):
         dtype = _TORCH_DTYPES[given.model_dtype]  # light=packed: the packed forward needs no HF class
         with gguf_read_once(self.source):
             self.config, self.tokenizer = load_config_and_tokenizer(self.source, self.name)  # fast tokenizer
-            self.models = ModelHandle(self.source, self.name, self.config, dtype, device, light=given.packed)
+            self.models = ModelHandle(self.source, self.name, self.config, dtype, device, light=given.packed,
+                                      streaming=given.streaming)  # fmt: skip
         self.model_type, self.n_layers, self.hidden_size = _dimensions(self.config)
         self.is_decoder = _checked_decoder(self.config, given.final_norm, self.name)
         self.sentence_transformers = read_sentence_transformers(self.source)
@@ -95,6 +97,7 @@ class Encoder(FeatureCalls, RunRecords):
             max_length=max_length,
             batch_size=given.batch_size or (CPU_BATCH_SIZE if on_cpu else GPU_BATCH_SIZE),
             max_tokens=given.max_tokens or (CPU_MAX_TOKENS if on_cpu else GPU_MAX_TOKENS),
+            stream_block_tokens=block_tokens(self.models.streamed, given, max_length, self.n_hidden_states),
         )
         self.engine = Engine(self.models, self.tokenizer, resolved)
         if device.type == "cuda":  # the GPU's set-up paid here, not by the first call (warm.py)

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from ..errors import OptionError
 from .light import load_light_model
 from .source import load_model
 
@@ -25,12 +26,18 @@ class ModelHandle:
     until the transformers model exists, then that), ``transformers()`` builds the latter once."""
 
     def __init__(self, source: str, name: str, config: Any, dtype: torch.dtype, device: torch.device, *,
-                 light: bool) -> None:  # fmt: skip
+                 light: bool, streaming: bool = False) -> None:  # fmt: skip
         self.source, self.name, self.config = source, name, config
         self.dtype, self.device = dtype, device
         self._lock = threading.Lock()
         self._listeners: list[Callable[[Any], None]] = []
         self._hf: Any = None
+        self.streamed: Any = None  # the layer-streamed forward (streamed.py): no weights held at all
+        if streaming:
+            from .streamed import streamed_forward
+
+            self.streamed, self._light = streamed_forward(source, name, config, dtype, device), None
+            return
         self._light = load_light_model(source, config, dtype) if light else None
         if self._light is None:
             self._hf = self._load()
@@ -46,12 +53,20 @@ class ModelHandle:
     def current(self) -> Any:
         """The module tree the packed forward runs on, and whose weights are hashed: both have
         Hugging Face's parameter names and the same tensors."""
-        return self._hf if self._hf is not None else self._light
+        if self._hf is not None:
+            return self._hf
+        return self.streamed.skeleton if self.streamed is not None else self._light
 
     def transformers(self) -> Any:
         """The transformers model (``AutoModel``), built on the first call; listeners hear of it."""
         if self._hf is not None:
             return self._hf
+        if self.streamed is not None:
+            raise OptionError(
+                f"model {self.name!r} is streamed (streaming=True): its weights are never whole in memory, "
+                "and this needs the transformers model (Encoder.model, method='hooks', sub-layer taps, "
+                "packed=False). Load it in memory (streaming=False) for that"
+            )
         with self._lock:
             if self._hf is None:
                 model = self._load()

@@ -206,7 +206,7 @@ def _why_not(config: Any) -> str | None:
     return None
 
 
-def _weights_file(source: str) -> Path | None:
+def weights_file(source: str) -> Path | None:
     """``model.safetensors`` of a local folder, or of a hub model in the local cache; None if absent."""
     folder = Path(source)
     if folder.is_dir():
@@ -225,11 +225,18 @@ def _weights_file(source: str) -> Path | None:
     return Path(found) if found else None
 
 
+def base_prefix(config: Any, stored: set[str]) -> str | None:
+    """The prefix under which ``stored`` (a checkpoint's names) holds every weight of the encoder: ""
+    or the architecture's base-model prefix (``bert.``); None when neither holds them all."""
+    wanted = LightModel(config, pooler=False).state_dict(keep_vars=True)  # name -> meta parameter
+    return next((p for p in ("", _PREFIX[config.model_type]) if all(p + k in stored for k in wanted)), None)
+
+
 def load_light_model(source: str, config: Any, dtype: torch.dtype) -> LightModel | None:
     """The checkpoint of ``source`` as a :class:`LightModel` in ``dtype`` (as ``from_pretrained``
     casts it), or None when only the transformers loader can load it (see the module docstring)."""
     reason = _why_not(config)
-    path = None if reason else _weights_file(source)
+    path = None if reason else weights_file(source)
     if path is None:
         logger.debug("loading %s with transformers: %s", source, reason or "no model.safetensors")
         return None
@@ -247,10 +254,9 @@ def _read(path: Path, config: Any, dtype: torch.dtype, source: str) -> LightMode
         stored = set(handle.keys())
         # a checkpoint without the (unused) pooler, e.g. of a masked-LM model, loads without it, as
         # load_model allows; weights_sha256 leaves the transformers model's random pooler out
-        wanted = LightModel(config, pooler=False).state_dict(keep_vars=True)  # name -> meta parameter
-        prefixes = ("", _PREFIX[config.model_type])
-        prefix = next((p for p in prefixes if all(p + k in stored for k in wanted)), None)
+        prefix = base_prefix(config, stored)
         if prefix is None:
+            wanted = LightModel(config, pooler=False).state_dict(keep_vars=True)
             missing = sorted(k for k in wanted if k not in stored)[:3]
             logger.debug("loading %s with transformers: weights named otherwise: %s", source, missing)
             return None

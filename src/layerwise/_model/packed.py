@@ -213,20 +213,28 @@ class PackedEncoder:
 
     def forward(self, batch: PackedBatch, layers: Sequence[int]) -> torch.Tensor:
         """Hidden states ``layers`` (0 = embeddings) of the packed batch: ``(len(layers), N, H)``."""
-        h = self.embeddings(
-            input_ids=batch.ids[None], token_type_ids=batch.types[None], position_ids=batch.positions[None]
-        )[0]
-        if self.project is not None:
-            h = self.project(h)
+        h = self.embed(batch)
         wanted = set(layers)
         states: dict[int, torch.Tensor] = {0: h} if 0 in wanted else {}
         for depth, layer in enumerate(self.layers[: max(layers)], start=1):
-            h = self._layer(layer, h, batch)
+            h = self.run_layer(layer, h, batch)
             if depth in wanted:
                 states[depth] = h
         return torch.stack([states[i] for i in layers])
 
-    def _layer(self, layer: Any, h: torch.Tensor, batch: PackedBatch) -> torch.Tensor:
+    def embed(self, batch: PackedBatch) -> torch.Tensor:
+        """Hidden state 0 of the packed batch, ``(N, H)``."""
+        ids, types, positions = batch.ids[None], batch.types[None], batch.positions[None]
+        h = self.embeddings(input_ids=ids, token_type_ids=types, position_ids=positions)[0]
+        return self.project(h) if self.project is not None else h
+
+    def forget(self, layer: Any) -> None:
+        """Drop what was derived from ``layer``'s weights (the fused projections, prepacked copies):
+        the streamed forward (streamed.py) releases a layer's weights after each block."""
+        self._qkv.pop(id(layer.attention.self), None)
+        self.linear.forget()
+
+    def run_layer(self, layer: Any, h: torch.Tensor, batch: PackedBatch) -> torch.Tensor:
         """The layer's modules op for op as their forward runs them in eval mode (dropout is the
         identity), with the linear layers on self.linear."""
         context = self._attend(layer.attention.self, h, batch)

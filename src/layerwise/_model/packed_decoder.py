@@ -29,7 +29,7 @@ import threading
 import types
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -52,14 +52,15 @@ class _Stop(Exception):
 
 
 @dataclass
-class _Run:
-    """What one thread's packed forward needs inside transformers' code."""
+class PackedRun:
+    """What one thread's packed forward needs inside transformers' code (the streamed forward,
+    streamed.py, runs the layers itself and needs only the groups)."""
 
     groups: list[AttentionGroup]
-    wanted: set[int]
-    stop_after: int
-    states: dict[int, torch.Tensor]
-    linear: PrepackedLinears
+    wanted: set[int] = field(default_factory=set)
+    stop_after: int = 1 << 30
+    states: dict[int, torch.Tensor] = field(default_factory=dict)
+    linear: PrepackedLinears | None = None
     taps: tuple[str, ...] = ()  # attn_out, mlp_out of the blocks of hidden states ``wanted`` >= 1
     tapped: dict[str, dict[int, torch.Tensor]] | None = None
 
@@ -104,7 +105,7 @@ def packed_attention(module, query, key, value, attention_mask, dropout=0.0, sca
                      sliding_window=None, softcap=None, **kwargs):  # fmt: skip
     """transformers' attention interface for a packed batch: query ``(1, heads, N, d)``, keys and
     values ``(1, kv_heads, N, d)`` -> ``(1, N, heads, d)``."""
-    run: _Run | None = getattr(_local, "run", None)
+    run: PackedRun | None = getattr(_local, "run", None)
     if run is None:
         raise RuntimeError("layerwise's packed attention called outside a packed forward")
     q, k, v = query[0], key[0], value[0]  # (heads, N, d)
@@ -130,7 +131,7 @@ def _layers(model: Any) -> Any:
     return getattr(model, "layers", None) or getattr(model, "h", None)
 
 
-def _register() -> None:
+def register_packed_attention() -> None:
     from transformers import AttentionInterface
 
     AttentionInterface.register(ATTENTION, packed_attention)
@@ -140,7 +141,7 @@ class PackedDecoder:
     """The packed forward of a transformers decoder model (``LlamaModel``, …), on its own modules."""
 
     def __init__(self, model: Any) -> None:
-        _register()
+        register_packed_attention()
         self.model = model
         self.layers: nn.ModuleList = _layers(model)
         self.linear = PrepackedLinears()
@@ -195,8 +196,10 @@ class PackedDecoder:
         n_layers = len(self.layers)
         # all layers: run to the end, where the model applies its final norm; else stop after the deepest
         stop_after = deepest if deepest < n_layers else n_layers + 1
-        run = _Run(batch.groups, set(layers), stop_after, {}, self.linear, tuple(taps), {t: {} for t in taps})
-        with _running(run), _implementation(self.model.config, ATTENTION), contextlib.suppress(_Stop):
+        tapped: dict[str, dict[int, torch.Tensor]] = {t: {} for t in taps}
+        run = PackedRun(batch.groups, set(layers), stop_after, {}, self.linear, tuple(taps), tapped)
+        switched = attention_implementation(self.model.config, ATTENTION)
+        with running_packed(run), switched, contextlib.suppress(_Stop):
             self.model(input_ids=batch.ids[None], position_ids=batch.positions[None], use_cache=False)
         states, tapped = run.states, run.tapped or {}
         tap_layers = [i for i in layers if i >= 1]
@@ -205,7 +208,7 @@ class PackedDecoder:
 
 
 @contextmanager
-def _running(run: _Run) -> Iterator[None]:
+def running_packed(run: PackedRun) -> Iterator[None]:
     _local.run = run
     try:
         yield
@@ -218,7 +221,7 @@ _switched: dict[int, tuple[int, Any]] = {}  # id(config) -> (packed forwards run
 
 
 @contextmanager
-def _implementation(config: Any, name: str) -> Iterator[None]:
+def attention_implementation(config: Any, name: str) -> Iterator[None]:
     """The attention implementation the model's layers look up at each call, set while any packed
     forward runs (streams run several at once: the first sets it, the last puts the model's own
     back). A Hugging Face forward of the engine takes the exclusive lock, so it never runs then."""
@@ -242,7 +245,7 @@ def _implementation(config: Any, name: str) -> Iterator[None]:
 
 
 def _record_input(module: nn.Module, args: tuple, kwargs: dict) -> None:
-    run: _Run | None = getattr(_local, "run", None)
+    run: PackedRun | None = getattr(_local, "run", None)
     if run is None:
         return
     hidden = args[0] if args else kwargs["hidden_states"]
@@ -254,7 +257,7 @@ def _record_input(module: nn.Module, args: tuple, kwargs: dict) -> None:
 
 def _recorder(depth: int):
     def hook(module: nn.Module, args: tuple, output: Any) -> None:
-        run: _Run | None = getattr(_local, "run", None)
+        run: PackedRun | None = getattr(_local, "run", None)
         if run is None:
             return
         if depth in run.wanted:
@@ -268,7 +271,7 @@ def _recorder(depth: int):
 
 def _tap_recorder(tap: str, depth: int):
     def hook(module: nn.Module, args: tuple, output: Any) -> None:
-        run: _Run | None = getattr(_local, "run", None)
+        run: PackedRun | None = getattr(_local, "run", None)
         if run is None or tap not in run.taps or depth not in run.wanted or run.tapped is None:
             return
         value = output[0] if isinstance(output, tuple | list) else output
@@ -279,8 +282,10 @@ def _tap_recorder(tap: str, depth: int):
 
 def _switched_linear(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     """``nn.Linear.forward``, on oneDNN with a prepacked weight inside a packed forward."""
-    run: _Run | None = getattr(_local, "run", None)
+    run: PackedRun | None = getattr(_local, "run", None)
     if run is None:
+        return F.linear(x, self.weight, self.bias)
+    if run.linear is None:
         return F.linear(x, self.weight, self.bias)
     flat = run.linear(x.reshape(-1, x.shape[-1]), self.weight, self.bias)
     return flat.view(*x.shape[:-1], flat.shape[-1])

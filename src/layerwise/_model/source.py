@@ -325,6 +325,9 @@ def weights_sha256(model) -> str:
     writing many shards hashes its weights once."""
     import torch
 
+    streamed = getattr(model, "_layerwise_streamed", None)
+    if streamed is not None:  # a skeleton of meta tensors: the same bytes, read from its checkpoint
+        return streamed.weights_sha256()
     skipped = getattr(model, "_layerwise_not_loaded", ())
     state = sorted((k, v) for k, v in model.state_dict().items() if not k.startswith(skipped))
     fingerprint = tuple((name, t.data_ptr(), t._version) for name, t in state)

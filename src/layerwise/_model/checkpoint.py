@@ -1,0 +1,66 @@
+"""A checkpoint's tensors read by name from memory-mapped safetensors files: one ``model.safetensors``
+or the shards ``model.safetensors.index.json`` lists. The layer-streamed forward (streamed.py) reads
+one layer's weights from here when it needs them, never the whole model."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from pathlib import Path
+
+import torch
+
+from ..errors import ModelLoadError
+
+INDEX = "model.safetensors.index.json"
+
+
+class Checkpoint:
+    """Tensor name -> the safetensors file that holds it; :meth:`read` reads some of them."""
+
+    def __init__(self, files: dict[str, Path]) -> None:
+        self.files = files
+
+    @classmethod
+    def find(cls, source: str, name: str) -> Checkpoint:
+        """The checkpoint of ``source`` (a folder, or a hub name in the local cache), or an error that
+        says what to convert: streaming reads weights memory-mapped, which only safetensors allows."""
+        from safetensors import safe_open
+
+        from .light import weights_file
+
+        single = weights_file(source)
+        folder = Path(source) if Path(source).is_dir() else single.parent if single is not None else None
+        if single is not None:
+            with safe_open(str(single), framework="pt") as handle:
+                return cls(dict.fromkeys(handle.keys(), single))
+        if folder is not None and (folder / INDEX).is_file():
+            weight_map = json.loads((folder / INDEX).read_text(encoding="utf-8"))["weight_map"]
+            return cls({key: folder / file for key, file in weight_map.items()})
+        kind = "a GGUF file" if str(source).lower().endswith(".gguf") else "its weights"
+        raise ModelLoadError(
+            f"model {name!r}: streaming reads each layer's weights memory-mapped from safetensors, and "
+            f"{kind} are not in that format. Convert it once: load it in memory and save it with "
+            "model.save_pretrained(folder) (safetensors is the default), then stream the folder"
+        )
+
+    def names(self) -> set[str]:
+        return set(self.files)
+
+    def read(self, names: Iterable[str], dtype: torch.dtype, device: torch.device) -> dict[str, torch.Tensor]:
+        """``names``' tensors, floating ones cast to ``dtype`` (as ``from_pretrained`` casts them), on
+        ``device``."""
+        from safetensors import safe_open
+
+        by_file: dict[Path, list[str]] = {}
+        for key in names:
+            by_file.setdefault(self.files[key], []).append(key)
+        out = {}
+        for file, keys in by_file.items():
+            with safe_open(str(file), framework="pt") as handle:
+                for key in keys:
+                    tensor = handle.get_tensor(key)
+                    if tensor.is_floating_point():
+                        tensor = tensor.to(dtype)
+                    out[key] = tensor.to(device)
+        return out

@@ -1,0 +1,303 @@
+"""Layer-streamed forward: every layer of a model larger than memory, each layer's weights read once
+per block of texts.
+
+Extraction is not generation: every text of a block passes layer i before any text needs layer i+1.
+So the block's residual stream stays where the model runs while the weights stream in, one unit at
+a time: the embeddings over every batch of the block, then layer 1 over every batch, and so on.
+Each unit's weights are read from the memory-mapped checkpoint (checkpoint.py), used for the whole
+block and dropped; the next unit's are read on a thread while this one runs, so at most two units'
+weights are resident at once (:attr:`StreamedForward.peak_resident` counts them; a test holds it).
+
+The numbers are the in-memory packed forward's: the same modules run the same ops (packed.py for
+BERT-family encoders; the decoder layers' own forward with the packed attention,
+packed_decoder.py). Supported: the encoders of the packed forward, and the Llama family of
+decoders (llama, mistral, qwen2, qwen3), from safetensors.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections.abc import Generator, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..errors import ModelLoadError, OptionError
+from .checkpoint import Checkpoint
+from .decoders import is_decoder_config
+
+STREAMED_DECODER_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+
+
+def check_streamable(config: Any, name: str) -> None:
+    """Refuse an architecture the streamed forward does not run, naming the ones it does."""
+    from .packed import PACKED_MODEL_TYPES, unpackable
+
+    if is_decoder_config(config):
+        ok = config.model_type in STREAMED_DECODER_TYPES
+    else:
+        ok = unpackable(config) is None
+    if not ok:
+        raise ModelLoadError(
+            f"model {name!r} is a {config.model_type!r} model, which layerwise does not stream yet; it "
+            f"streams the encoders {', '.join(PACKED_MODEL_TYPES)} and the decoders "
+            f"{', '.join(STREAMED_DECODER_TYPES)}. Load it in memory (streaming=False)"
+        )
+
+
+class StreamedForward:
+    """The streamed forward of one model: a skeleton of its modules on the meta device, each unit's
+    weights assigned from the checkpoint for one block and released after it."""
+
+    def __init__(self, skeleton: Any, units: list[list[nn.Module]], checkpoint: Checkpoint,
+                 prefix: str, dtype: torch.dtype, device: torch.device) -> None:  # fmt: skip
+        self.skeleton, self.checkpoint, self.prefix = skeleton, checkpoint, prefix
+        self.dtype, self.device = dtype, device
+        self.units = units  # the embeddings, then each layer: the modules whose weights load together
+        self._names = [_unit_names(skeleton, modules) for modules in units]
+        self._reader = ThreadPoolExecutor(1, thread_name_prefix="layerwise-weights")
+        self._lock = threading.Lock()
+        self.resident = 0  # units whose weights are in memory now (the running one, the one read next)
+        self.peak_resident = 0
+        self._sha256: str | None = None
+        skeleton._layerwise_streamed = self  # weights_sha256(skeleton) asks this object (source.py)
+
+    def unit_bytes(self, k: int) -> int:
+        """What unit ``k``'s weights take in memory, in the model's dtype."""
+        size = torch.empty((), dtype=self.dtype).element_size()
+        return sum(p.numel() * (size if p.is_floating_point() else p.element_size())
+                   for m in self.units[k] for p in m.parameters())  # fmt: skip
+
+    def _read(self, k: int) -> dict[str, torch.Tensor]:
+        with self._lock:
+            self.resident += 1
+            self.peak_resident = max(self.peak_resident, self.resident)
+        try:
+            stored = self.checkpoint.read([self.prefix + n for n in self._names[k]], self.dtype, self.device)
+        except BaseException:
+            self._release_count()
+            raise
+        return {n: stored[self.prefix + n] for n in self._names[k]}
+
+    def _release_count(self) -> None:
+        with self._lock:
+            self.resident -= 1
+
+    @contextmanager
+    def _units(self, last: int) -> Iterator[Iterator[int]]:
+        """Units 0 … ``last`` in turn, each one's weights assigned while the caller runs it and the
+        next one's read meanwhile on a thread; released after, also when the block fails."""
+        ahead: list[Future] = [self._reader.submit(self._read, 0)]
+
+        def walk() -> Generator[int, None, None]:
+            for k in range(last + 1):
+                weights = ahead.pop().result()
+                if k < last:
+                    ahead.append(self._reader.submit(self._read, k + 1))
+                self.skeleton.load_state_dict(weights, strict=False, assign=True)
+                del weights
+                try:
+                    yield k
+                finally:
+                    for module in self.units[k]:
+                        module.to_empty(device=torch.device("meta"))
+                    self._release_count()
+
+        walker = walk()
+        try:
+            yield walker
+        finally:
+            walker.close()  # a failure mid-block: the running unit is released now, not at collection
+            for future in ahead:  # and the one read ahead
+                if future.exception() is None:
+                    self._release_count()
+
+    def weights_sha256(self) -> str:
+        """:func:`~layerwise._model.source.weights_sha256`'s digest of the in-memory model (every
+        tensor's name and bytes in the model's dtype, by name), from the checkpoint, once."""
+        if self._sha256 is None:
+            digest = hashlib.sha256()
+            for name in sorted(self.skeleton.state_dict()):
+                tensor = self.checkpoint.read([self.prefix + name], self.dtype, torch.device("cpu"))[
+                    self.prefix + name
+                ]
+                digest.update(name.encode())
+                digest.update(tensor.contiguous().reshape(-1).view(torch.uint8).numpy().data)
+            self._sha256 = digest.hexdigest()
+        return self._sha256
+
+    def block_tokens(self, budget: int, budget_text: str, max_length: int, n_kept: int) -> int:
+        """The tokens a block may hold in ``budget`` bytes: two units' weights (the running one and
+        the one read ahead), then per token the residual stream, ``n_kept`` kept hidden states and a
+        layer's working activations. A budget short of one text is refused with both sizes."""
+        config = self.skeleton.config
+        size = torch.empty((), dtype=self.dtype).element_size()
+        weights = 2 * max(self.unit_bytes(k) for k in range(len(self.units)))
+        inner = getattr(config, "intermediate_size", 4 * config.hidden_size)
+        per_token = size * (config.hidden_size * (n_kept + 4) + inner)
+        fits = (budget - weights) // per_token
+        if fits < max_length:
+            raise OptionError(
+                f"max_device_memory={budget_text!r} ({budget:,} bytes) is too small to stream this model: "
+                f"two layers' weights take {weights:,} bytes and one text of {max_length} tokens "
+                f"{max_length * per_token:,} bytes more; give at least "
+                f"{weights + max_length * per_token:,} bytes"
+            )
+        return int(fits)
+
+
+def _unit_names(skeleton: nn.Module, modules: list[nn.Module]) -> list[str]:
+    """The state-dict names of ``modules`` inside ``skeleton``."""
+    owned = {id(p) for m in modules for p in m.parameters()} | {id(b) for m in modules for b in m.buffers()}
+    state = skeleton.state_dict(keep_vars=True)
+    return [name for name, tensor in state.items() if id(tensor) in owned]
+
+
+class StreamedEncoder(StreamedForward):
+    """A BERT-family encoder, streamed: the packed forward's own layer function (packed.py)."""
+
+    def __init__(self, config: Any, checkpoint: Checkpoint, prefix: str, dtype: torch.dtype,
+                 device: torch.device, *, pooler: bool) -> None:  # fmt: skip
+        from .light import LightModel
+        from .packed import PackedEncoder
+
+        skeleton = LightModel(config, pooler=pooler)  # every weight on the meta device
+        self.packed = PackedEncoder(skeleton)
+        first = [
+            skeleton.embeddings,
+            *([skeleton.embeddings_project] if self.packed.project is not None else []),
+        ]
+        super().__init__(skeleton, [first, *[[layer] for layer in self.packed.layers]], checkpoint, prefix,
+                         dtype, device)  # fmt: skip
+
+    def prepare(self, columns: Any, *, with_token_types: bool, device: torch.device) -> Any:
+        return self.packed.prepare(columns, with_token_types=with_token_types, device=device)
+
+    def forward_block(self, batches: Sequence[Any], layers: Sequence[int]) -> list[torch.Tensor]:
+        """Hidden states ``layers`` of every batch of a block: ``(len(layers), N_b, H)`` each."""
+        wanted = set(layers)
+        kept: list[dict[int, torch.Tensor]] = [{} for _ in batches]
+        hidden: list[torch.Tensor] = []
+        with self._units(max(layers)) as units:
+            for depth in units:
+                if depth == 0:
+                    hidden = [self.packed.embed(batch) for batch in batches]
+                else:
+                    layer = self.packed.layers[depth - 1]
+                    hidden = [
+                        self.packed.run_layer(layer, h, b) for h, b in zip(hidden, batches, strict=True)
+                    ]
+                    self.packed.forget(layer)
+                if depth in wanted:
+                    for store, h in zip(kept, hidden, strict=True):
+                        store[depth] = h
+        return [torch.stack([store[i] for i in layers]) for store in kept]
+
+
+class StreamedDecoder(StreamedForward):
+    """A Llama-family decoder, streamed: each decoder layer's own forward, with the packed attention
+    (packed_decoder.py) over each batch's per-text grids."""
+
+    def __init__(self, config: Any, checkpoint: Checkpoint, prefix: str, dtype: torch.dtype,
+                 device: torch.device) -> None:  # fmt: skip
+        from transformers import AutoModel
+
+        from .packed_decoder import register_packed_attention
+
+        register_packed_attention()
+        with torch.device("meta"):
+            skeleton = AutoModel.from_config(config, dtype=dtype)
+        # buffers computed at construction (the rotary frequencies) must be real numbers
+        skeleton.rotary_emb = type(skeleton.rotary_emb)(skeleton.config).to(device)
+        norm = checkpoint.read([prefix + n for n in _unit_names(skeleton, [skeleton.norm])], dtype, device)
+        skeleton.load_state_dict({k[len(prefix) :]: v for k, v in norm.items()}, strict=False, assign=True)
+        layers = list(skeleton.layers)
+        super().__init__(skeleton, [[skeleton.embed_tokens], *[[layer] for layer in layers]], checkpoint,
+                         prefix, dtype, device)  # fmt: skip
+        self.layers = layers
+
+    def prepare(self, columns: Any, *, with_token_types: bool = False, device: torch.device) -> Any:
+        from .packed import plan_groups
+        from .packed_decoder import PackedDecoderBatch
+
+        column, groups = plan_groups(columns.lengths, device, key_mask=False)
+        ids = torch.from_numpy(columns.ids).to(device)
+        return PackedDecoderBatch(ids, column.to(device), columns.lengths, groups)
+
+    def forward_block(self, batches: Sequence[Any], layers: Sequence[int]) -> list[torch.Tensor]:
+        """Hidden states ``layers`` of every batch of a block: ``(len(layers), N_b, H)`` each, the raw
+        residual stream (the engine applies the final norm a call asks for)."""
+        from .packed_decoder import ATTENTION, PackedRun, attention_implementation, running_packed
+
+        wanted = set(layers)
+        kept: list[dict[int, torch.Tensor]] = [{} for _ in batches]
+        hidden: list[torch.Tensor] = []
+        rotary: list[Any] = []
+        config = self.skeleton.config
+        with self._units(max(layers)) as units, attention_implementation(config, ATTENTION):
+            for depth in units:
+                if depth == 0:
+                    hidden = [self.skeleton.embed_tokens(b.ids[None]) for b in batches]  # (1, N, H)
+                    rotary = [
+                        self.skeleton.rotary_emb(h, b.positions[None])
+                        for h, b in zip(hidden, batches, strict=True)
+                    ]
+                else:
+                    layer = self.layers[depth - 1]
+                    for i, batch in enumerate(batches):
+                        with running_packed(PackedRun(batch.groups)):
+                            hidden[i] = layer(
+                                hidden[i], attention_mask=None, position_ids=batch.positions[None],
+                                position_embeddings=rotary[i], use_cache=False,
+                            )  # fmt: skip
+                if depth in wanted:
+                    for store, h in zip(kept, hidden, strict=True):
+                        store[depth] = h[0]
+        return [torch.stack([store[i] for i in layers]) for store in kept]
+
+
+def streamed_forward(source: str, name: str, config: Any, dtype: torch.dtype,
+                     device: torch.device) -> StreamedForward:  # fmt: skip
+    """The streamed forward of ``source`` (refusing what it cannot stream, naming the fix)."""
+    check_streamable(config, name)
+    checkpoint = Checkpoint.find(source, name)
+    stored = checkpoint.names()
+    if is_decoder_config(config):
+        prefix = "model." if any(k.startswith("model.layers.") for k in stored) else ""
+        return StreamedDecoder(config, checkpoint, prefix, dtype, device)
+    from .light import base_prefix
+
+    base = base_prefix(config, stored)
+    if base is None:
+        raise ModelLoadError(
+            f"model {name!r}: its checkpoint does not hold every weight of the encoder under the model's "
+            "names; load it in memory (streaming=False), or save it again with model.save_pretrained(folder)"
+        )
+    pooler = f"{base}pooler.dense.weight" in stored and config.model_type != "electra"
+    return StreamedEncoder(config, checkpoint, base, dtype, device, pooler=pooler)
+
+
+DEFAULT_BLOCK_TOKENS = 32768  # weights read once per 32,768 tokens: a small share of their compute
+
+
+def block_tokens(
+    forward: StreamedForward | None, settings: Any, max_length: int, n_hidden_states: int
+) -> int | None:
+    """A streamed model's block size: ``stream_block_tokens`` when given, else what
+    ``max_device_memory`` holds (every hidden state kept), else :data:`DEFAULT_BLOCK_TOKENS`; None
+    when the model is not streamed."""
+    from .._settings import parse_bytes
+
+    if forward is None:
+        return None
+    budget = settings.max_device_memory
+    fits = None
+    if budget is not None:
+        fits = forward.block_tokens(
+            parse_bytes(budget, "max_device_memory"), budget, max_length, n_hidden_states
+        )
+    return settings.stream_block_tokens or fits or DEFAULT_BLOCK_TOKENS

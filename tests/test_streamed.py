@@ -1,0 +1,128 @@
+"""Layer-streamed extraction (streaming=True): every hidden state equals the in-memory forward's, at
+most two units' weights are ever resident, the block size follows the memory budget, and what
+cannot be streamed is refused by name."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import layerwise as lw
+from layerwise.errors import ModelLoadError, OptionError
+
+TEXTS = [
+    "The bank raised rates.",
+    "She sat on the river bank and watched the water for a long while.",
+    "Layer by layer.",
+    "A much longer sentence about nothing in particular, which goes on and on, so that it is cut.",
+]
+PAIRS = [("Where is the bank?", "By the river."), ("Who wrote it?", "Nobody knows who wrote it.")]
+
+
+def _same_stacks(streamed, in_memory) -> None:
+    assert len(streamed) == len(in_memory)
+    for a, b in zip(streamed, in_memory, strict=True):
+        assert a.tokens == b.tokens
+        np.testing.assert_allclose(a.hidden, b.hidden, atol=1e-5, rtol=0)
+
+
+@pytest.fixture(scope="module")
+def bert(make_tiny_model):
+    model = make_tiny_model("bert", 3)
+    return lw.Encoder(model, device="cpu"), lw.Encoder(
+        model, device="cpu", streaming=True, stream_block_tokens=24
+    )
+
+
+def test_a_streamed_encoder_gives_every_layer_of_the_in_memory_forward(bert):
+    memory, streamed = bert
+    _same_stacks(streamed.extract(TEXTS, layers="all"), memory.extract(TEXTS, layers="all"))
+    _same_stacks(streamed.extract(pairs=PAIRS, layers="all"), memory.extract(pairs=PAIRS, layers="all"))
+    windowed = {"layers": "all", "long_texts": "window", "stride": 4}
+    _same_stacks(streamed.extract(TEXTS, **windowed), memory.extract(TEXTS, **windowed))
+    np.testing.assert_allclose(
+        streamed.embed(TEXTS, layers="all"), memory.embed(TEXTS, layers="all"), atol=1e-5
+    )
+    assert streamed.engine.packed.peak_resident <= 2  # the running unit and the one read ahead
+    hashes = [enc.run_meta(lw.OutputPlan())["weights_sha256"] for enc in (streamed, memory)]
+    assert hashes[0] == hashes[1]  # a store resumes across the two
+
+
+def test_a_streamed_encoder_reads_each_layer_once_per_block_and_holds_two_at_most(bert, monkeypatch):
+    """Counted on the tensors themselves: whenever a unit's weights are read, the skeleton holds real
+    (not meta) weights of at most one other unit."""
+    _, streamed = bert
+    forward = streamed.engine.packed
+    reads: list[int] = []
+    original = forward.checkpoint.read
+
+    def counted(names, dtype, device):
+        held = sum(any(not p.is_meta for m in unit for p in m.parameters()) for unit in forward.units)
+        reads.append(held + 1)
+        return original(names, dtype, device)
+
+    many = TEXTS * 10  # batches of 4 texts, blocks of 24 tokens or more: several blocks
+    n_tokens = sum(len(s.tokens) for s in streamed.extract(many, layers=0, batch_size=4))
+    monkeypatch.setattr(streamed.engine.packed.checkpoint, "read", counted)
+    streamed.extract(many, layers="all", batch_size=4)
+    blocks = len(reads) // 4  # each block reads the embeddings and the 3 layers, once
+    assert len(reads) == 4 * blocks and 1 < blocks <= -(-n_tokens // 24)
+    assert max(reads) <= 2
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+@pytest.mark.parametrize("final_norm", [True, False, "all"])
+def test_a_streamed_decoder_gives_every_layer_of_the_in_memory_forward(decoder_folder, arch, final_norm):
+    folder = decoder_folder(arch)
+    memory = lw.Encoder(folder, device="cpu", final_norm=final_norm)
+    streamed = lw.Encoder(folder, device="cpu", final_norm=final_norm, streaming=True, stream_block_tokens=40)
+    _same_stacks(streamed.extract(TEXTS, layers="all"), memory.extract(TEXTS, layers="all"))
+    assert streamed.engine.packed.peak_resident <= 2
+    hashes = [enc.run_meta(lw.OutputPlan())["weights_sha256"] for enc in (streamed, memory)]
+    assert hashes[0] == hashes[1]
+
+
+def test_the_command_line_streams_with_the_same_numbers(make_tiny_model, tmp_path):
+    from typer.testing import CliRunner
+
+    from layerwise.cli import app
+
+    texts = tmp_path / "texts.txt"
+    texts.write_text("\n".join(TEXTS) + "\n")
+    model = make_tiny_model("bert", 3)
+    runs = {}
+    for name, extra in (("memory", []), ("streamed", ["--streaming", "--stream-block-tokens", "16"])):
+        out = tmp_path / f"{name}.npz"
+        run = CliRunner().invoke(app, ["extract", str(texts), "-o", str(out), "--model", str(model), *extra])
+        assert run.exit_code == 0, run.output
+        runs[name] = out
+    assert lw.read_meta(runs["streamed"])["streaming"] is True
+    assert lw.read_meta(runs["streamed"])["stream_block_tokens"] == 16
+    with np.load(runs["memory"]) as a, np.load(runs["streamed"]) as b:
+        keys = [k for k in a.files if k.startswith("hidden")]
+        assert keys and all(np.allclose(a[k], b[k], atol=1e-5) for k in keys)
+
+
+def test_the_block_follows_the_memory_budget_and_a_budget_under_one_layer_is_refused(make_tiny_model):
+    model = make_tiny_model("bert", 3)
+    enc = lw.Encoder(model, device="cpu", streaming=True, max_device_memory="64MB")
+    assert enc.engine.settings.stream_block_tokens > 1000
+    meta = enc.run_meta(lw.OutputPlan())
+    assert (meta["streaming"], meta["max_device_memory"]) == (True, "64MB")
+    assert meta["stream_block_tokens"] == enc.engine.settings.stream_block_tokens
+    with pytest.raises(OptionError, match=r"max_device_memory='10KB'.*layer.*bytes"):
+        lw.Encoder(model, device="cpu", streaming=True, max_device_memory="10KB")
+    with pytest.raises(OptionError, match=r"max_device_memory='lots'"):
+        lw.Settings(max_device_memory="lots")
+
+
+def test_what_needs_the_whole_model_is_refused_when_streaming(bert, decoder_folder, tmp_path):
+    _, streamed = bert
+    with pytest.raises(OptionError, match="streaming"):
+        streamed.extract(TEXTS, method="hooks")
+    with pytest.raises(OptionError, match="streaming"):
+        streamed.model  # noqa: B018
+    with pytest.raises(OptionError, match="packed"):
+        lw.Settings(streaming=True, packed=False)
+    with pytest.raises(ModelLoadError, match=r"does not stream yet.*qwen3.*streaming=False"):
+        lw.Encoder(decoder_folder("gemma"), device="cpu", streaming=True)
