@@ -64,13 +64,13 @@ def test_packed_runs_only_the_layers_needed(make_tiny_model, monkeypatch):
     packed, _ = pair_of_encoders(make_tiny_model("bert", 4))
     calls: list[int] = []
     forward = packed.engine.packed
-    layers, run_layer = forward.layers, forward._layer
+    layers, run_layer = forward.layers, forward.run_layer
 
     def counted(layer, h, batch):
         calls.append(layers.index(layer))
         return run_layer(layer, h, batch)
 
-    monkeypatch.setattr(forward, "_layer", counted)
+    monkeypatch.setattr(forward, "run_layer", counted)
     packed.extract(["one text", "and another one"], layers=[2])
     assert calls == [0, 1]  # one packed batch, layers 1 and 2 only
     packed.extract(["one text"], layers=[0])  # the embeddings: no layer runs at all

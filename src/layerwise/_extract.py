@@ -29,6 +29,7 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 
+from ._batch_runs import one_ahead, streamed_rows
 from ._call import Call
 from ._features.device_pool import finish, pool_batch
 from ._inputs.batches import length_sorted_batches
@@ -39,7 +40,7 @@ from ._model.handle import ModelHandle
 from ._model.hooks import eager_attention_for, find_layer_list
 from ._model.host_copy import RESULT_DTYPES, HostCopy
 from ._model.packed_decoder import PACKED_TAPS, PackedDecoder, packed_forward
-from ._model.padded import collate, forward_batch
+from ._model.padded import collate, forward_batch, warm_up
 from ._model.sdpa import attention_kernels
 from ._model.streams import ForwardLock, ForwardPool, check_streams
 from ._progress import progress_bar
@@ -56,29 +57,12 @@ from ._rows import (
     warn_nonfinite,
 )
 from ._settings import FinalNorm, Method, Settings
-from ._streamed_rows import streamed_rows
-from .errors import ModelLoadError, OptionError
+from .errors import OptionError
 
 logger = logging.getLogger("layerwise")
 Key = TypeVar("Key")
 # a packed batch on its way to the host: each input's rows, the copy, pooled rows' token -> row map
 Launched = tuple[list[int], HostCopy, np.ndarray | None]
-
-
-def warm_up(model: Any, ids: list[int], device: torch.device, name: str) -> None:
-    """One full-depth forward with ``output_hidden_states`` before any truncated one.
-
-    transformers 5 installs its hidden-state capture hooks lazily, on the layers present at the
-    first such call; if that call ran on a truncated encoder, later full runs would miss layers.
-    This also checks that the model returns one hidden state per layer plus the embeddings."""
-    expected = model.config.num_hidden_layers + 1
-    with torch.inference_mode():
-        states = model(input_ids=torch.tensor([ids], device=device), output_hidden_states=True).hidden_states
-    if len(states) != expected:
-        raise ModelLoadError(
-            f"{name!r} returned {len(states)} hidden states, expected {expected} "
-            "(embeddings + one per layer); is it a BERT-family encoder?"
-        )
 
 
 def _resolved(settings: Settings, name: str) -> int:
@@ -113,7 +97,7 @@ class Engine:
         self.lock = ForwardLock()
         # the unpadded forward where the architecture allows it (packed.py, packed_decoder.py); None:
         # Hugging Face's padded one
-        # a streamed model (streaming=True) runs block by block, layer by layer (_streamed_rows.py)
+        # a streamed model (streaming=True) runs block by block, layer by layer (_batch_runs.py)
         self.streamed, self.stream_block_tokens = models.streamed, settings.stream_block_tokens or 0
         self.packed = models.streamed or (packed_forward(models.current) if settings.packed else None)
         streams = check_streams(settings.streams, self.device, config.hidden_size)
@@ -269,20 +253,7 @@ class Engine:
             yield from streamed_rows(self, jobs, call)
             return
         if packed and self.device.type == "cuda":
-            # launch batch k+1 before reading batch k: the GPU computes while the host copies (host_copy.py)
-            waiting: tuple[Key, *Launched] | None = None
-            for key, columns in jobs:
-                try:
-                    launched = (key, *self._launch_packed(columns(), call))
-                except Exception:  # the batches before it are handed out first
-                    if waiting is not None:
-                        yield waiting[0], packed_rows(*waiting[1:])
-                    raise
-                if waiting is not None:
-                    yield waiting[0], packed_rows(*waiting[1:])
-                waiting = launched
-            if waiting is not None:
-                yield waiting[0], packed_rows(*waiting[1:])
+            yield from one_ahead(self, jobs, call)
             return
         if self.pool is None or not packed:
             forward = self._forward_packed if packed else self._forward_padded
@@ -325,9 +296,9 @@ class Engine:
         return not taps or (isinstance(self.packed, PackedDecoder) and set(taps) <= set(PACKED_TAPS))
 
     def _forward_packed(self, columns: TokenColumns, call: Call) -> Rows:
-        return packed_rows(*self._launch_packed(columns, call))
+        return packed_rows(*self.launch_packed(columns, call))
 
-    def _launch_packed(self, columns: TokenColumns, call: Call) -> Launched:
+    def launch_packed(self, columns: TokenColumns, call: Call) -> Launched:
         """The batch's packed forward, launched, and its results on their way to the host."""
         packed: Any = self.packed  # one packed forward for the whole batch (_adopt may replace it)
         assert packed is not None

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from .._settings import Method
+from ..errors import ModelLoadError
 from .decoders import raw_hidden_states
 from .hooks import HookRecorder, truncated_encoder
 
@@ -81,3 +82,19 @@ def forward_batch(
     hidden = torch.stack([states[i] for i in layers])
     tapped = {t: torch.stack([recorder.taps[t][i] for i in tap_layers]) for t in taps if tap_layers}
     return hidden, tapped
+
+
+def warm_up(model: Any, ids: list[int], device: torch.device, name: str) -> None:
+    """One full-depth forward with ``output_hidden_states`` before any truncated one.
+
+    transformers 5 installs its hidden-state capture hooks lazily, on the layers present at the
+    first such call; if that call ran on a truncated encoder, later full runs would miss layers.
+    This also checks that the model returns one hidden state per layer plus the embeddings."""
+    expected = model.config.num_hidden_layers + 1
+    with torch.inference_mode():
+        states = model(input_ids=torch.tensor([ids], device=device), output_hidden_states=True).hidden_states
+    if len(states) != expected:
+        raise ModelLoadError(
+            f"{name!r} returned {len(states)} hidden states, expected {expected} "
+            "(embeddings + one per layer); is it a BERT-family encoder?"
+        )

@@ -176,6 +176,10 @@ def _load_encoders(model: list[str] | None, base) -> dict:
     # own setting wins; offline extraction keeps OpenMP's default, where nothing else runs.
     from ..serve._model_process import passive_openmp_here
 
+    if base.streaming:  # before anything loads (create_app says the same to the library's callers)
+        from ..serve._app import NOT_INTERACTIVE
+
+        raise OptionError(NOT_INTERACTIVE.format("the model"))
     passive_openmp_here()
     from .._encoder import Encoder
 

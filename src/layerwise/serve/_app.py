@@ -34,6 +34,12 @@ if TYPE_CHECKING:
     from .._encoder import Encoder
 
 logger = logging.getLogger("layerwise")
+# the server answers requests as they come; a streamed model reads all its weights for every block
+NOT_INTERACTIVE = (
+    "{} is streamed (streaming=True, --streaming): every block of texts reads all of its weights, so each "
+    "request would wait for the whole model to be read, and a server cannot answer interactively that "
+    "way. Serve a model that fits in memory; streaming is for corpus work (extract, cache, layers, probe)"
+)
 
 
 def create_app(
@@ -48,6 +54,9 @@ def create_app(
     ``reference_store``, a token-level store of one of the models, else the built-in sample)."""
     if not encoders:
         raise OptionError("create_app needs at least one model")
+    streamed = [name for name, enc in encoders.items() if getattr(enc.settings, "streaming", False)]
+    if streamed:
+        raise OptionError(NOT_INTERACTIVE.format(", ".join(map(repr, streamed))))
     settings = settings or ServeSettings()
     metrics = Metrics()
     batcher = Batcher(

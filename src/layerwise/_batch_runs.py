@@ -1,7 +1,11 @@
-"""The engine's batches through a layer-streamed model (_model/streamed.py): batches gathered into
-blocks of ``stream_block_tokens`` real tokens, each block run layer by layer (each layer's weights
-read once for the whole block), then each batch's rows handed on as the in-memory forward hands
-them (the final norm, the device pools, the copy to the host: ``Engine.to_host``)."""
+"""How the engine's packed batches run where they do not simply run one after the other:
+
+- on a GPU, one ahead: batch k+1 is launched before batch k's rows are read, so the GPU computes
+  while the host copies (_model/host_copy.py);
+- on a layer-streamed model (_model/streamed.py), block by block: batches gathered into blocks of
+  ``stream_block_tokens`` real tokens, each block run layer by layer (each layer's weights read once
+  for the whole block), then each batch's rows handed on as the in-memory forward hands them (the
+  final norm, the device pools, the copy to the host: ``Engine.to_host``)."""
 
 from __future__ import annotations
 
@@ -15,6 +19,25 @@ from ._model.sdpa import attention_kernels
 from ._rows import Rows, packed_rows
 
 Key = TypeVar("Key")
+
+
+def one_ahead(
+    engine: Any, jobs: Iterable[tuple[Key, Callable[[], Any]]], call: Call
+) -> Iterator[tuple[Key, Rows]]:
+    """Each batch's rows, in order, batch k+1 launched before batch k is read."""
+    waiting: tuple[Key, Any] | None = None
+    for key, columns in jobs:
+        try:
+            launched = (key, engine.launch_packed(columns(), call))
+        except Exception:  # the batches before it are handed out first
+            if waiting is not None:
+                yield waiting[0], packed_rows(*waiting[1])
+            raise
+        if waiting is not None:
+            yield waiting[0], packed_rows(*waiting[1])
+        waiting = launched
+    if waiting is not None:
+        yield waiting[0], packed_rows(*waiting[1])
 
 
 def streamed_rows(
