@@ -64,3 +64,19 @@ class Checkpoint:
                         tensor = tensor.to(dtype)
                     out[key] = tensor.to(device)
         return out
+
+    def read_rows(self, name: str, rows: list[int], dtype: torch.dtype) -> torch.Tensor:
+        """Rows ``rows`` (sorted, unique) of the 2-D tensor ``name``, in ``dtype``: each run of
+        consecutive rows read as one slice of the memory-mapped file, nothing else of the tensor."""
+        from safetensors import safe_open
+
+        runs: list[tuple[int, int]] = []
+        for row in rows:
+            if runs and runs[-1][1] == row:
+                runs[-1] = (runs[-1][0], row + 1)
+            else:
+                runs.append((row, row + 1))
+        with safe_open(str(self.files[name]), framework="pt") as handle:
+            table = handle.get_slice(name)
+            parts = [table[start:stop] for start, stop in runs]
+        return torch.cat(parts).to(dtype) if parts else torch.empty(0)

@@ -21,6 +21,7 @@ import threading
 from collections.abc import Generator, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -53,12 +54,18 @@ class StreamedForward:
     """The streamed forward of one model: a skeleton of its modules on the meta device, each unit's
     weights assigned from the checkpoint for one block and released after it."""
 
-    def __init__(self, skeleton: Any, units: list[list[nn.Module]], checkpoint: Checkpoint,
-                 prefix: str, dtype: torch.dtype, device: torch.device) -> None:  # fmt: skip
+    def __init__(self, skeleton: Any, units: list[list[nn.Module]], words: nn.Module,
+                 checkpoint: Checkpoint, prefix: str, dtype: torch.dtype,
+                 device: torch.device) -> None:  # fmt: skip
         self.skeleton, self.checkpoint, self.prefix = skeleton, checkpoint, prefix
         self.dtype, self.device = dtype, device
         self.units = units  # the embeddings, then each layer: the modules whose weights load together
         self._names = [_unit_names(skeleton, modules) for modules in units]
+        # the word embeddings are read by row, only the block's token ids (a 128k-token vocabulary
+        # outweighs a layer); the batches' ids are renumbered into that small table
+        self.words, self._words_shape = words, tuple(words.weight.shape)
+        self._words_name = _unit_names(skeleton, [words])[0]
+        self._names[0].remove(self._words_name)
         self._reader = ThreadPoolExecutor(1, thread_name_prefix="layerwise-weights")
         self._lock = threading.Lock()
         self.resident = 0  # units whose weights are in memory now (the running one, the one read next)
@@ -67,37 +74,54 @@ class StreamedForward:
         skeleton._layerwise_streamed = self  # weights_sha256(skeleton) asks this object (source.py)
 
     def unit_bytes(self, k: int) -> int:
-        """What unit ``k``'s weights take in memory, in the model's dtype."""
+        """What unit ``k``'s weights take in memory, in the model's dtype (the embeddings' without the
+        word table, whose rows are counted per token)."""
         size = torch.empty((), dtype=self.dtype).element_size()
+        words = id(self.words.weight)
         return sum(p.numel() * (size if p.is_floating_point() else p.element_size())
-                   for m in self.units[k] for p in m.parameters())  # fmt: skip
+                   for m in self.units[k] for p in m.parameters() if id(p) != words)  # fmt: skip
 
-    def _read(self, k: int) -> dict[str, torch.Tensor]:
+    def _read(self, k: int, vocabulary: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Unit ``k``'s weights; for the embeddings, the word table's rows of ``vocabulary``."""
         with self._lock:
             self.resident += 1
             self.peak_resident = max(self.peak_resident, self.resident)
         try:
             stored = self.checkpoint.read([self.prefix + n for n in self._names[k]], self.dtype, self.device)
+            weights = {n: stored[self.prefix + n] for n in self._names[k]}
+            if k == 0:
+                rows = self.checkpoint.read_rows(
+                    self.prefix + self._words_name, vocabulary.tolist(), self.dtype
+                )
+                weights[self._words_name] = rows.to(self.device)
         except BaseException:
             self._release_count()
             raise
-        return {n: stored[self.prefix + n] for n in self._names[k]}
+        return weights
+
+    @staticmethod
+    def renumbered(ids: torch.Tensor, vocabulary: torch.Tensor) -> torch.Tensor:
+        """``ids`` as rows of the block's word table (``vocabulary``: the block's ids, sorted)."""
+        return torch.searchsorted(vocabulary, ids)
 
     def _release_count(self) -> None:
         with self._lock:
             self.resident -= 1
 
     @contextmanager
-    def _units(self, last: int) -> Iterator[Iterator[int]]:
+    def _units(self, last: int, vocabulary: torch.Tensor) -> Iterator[Iterator[int]]:
         """Units 0 … ``last`` in turn, each one's weights assigned while the caller runs it and the
-        next one's read meanwhile on a thread; released after, also when the block fails."""
-        ahead: list[Future] = [self._reader.submit(self._read, 0)]
+        next one's read meanwhile on a thread; released after, also when the block fails. The word
+        table holds the rows of ``vocabulary``, the block's token ids."""
+        ahead: list[Future] = [self._reader.submit(self._read, 0, vocabulary)]
 
         def walk() -> Generator[int, None, None]:
             for k in range(last + 1):
                 weights = ahead.pop().result()
                 if k < last:
-                    ahead.append(self._reader.submit(self._read, k + 1))
+                    ahead.append(self._reader.submit(self._read, k + 1, vocabulary))
+                if k == 0:  # the block's rows: a table of its own shape
+                    self.words.weight = nn.Parameter(weights.pop(self._words_name), requires_grad=False)
                 self.skeleton.load_state_dict(weights, strict=False, assign=True)
                 del weights
                 try:
@@ -105,6 +129,9 @@ class StreamedForward:
                 finally:
                     for module in self.units[k]:
                         module.to_empty(device=torch.device("meta"))
+                    if k == 0:
+                        meta = torch.empty(self._words_shape, device="meta")
+                        self.words.weight = nn.Parameter(meta, requires_grad=False)
                     self._release_count()
 
         walker = walk()
@@ -171,8 +198,10 @@ class StreamedEncoder(StreamedForward):
             skeleton.embeddings,
             *([skeleton.embeddings_project] if self.packed.project is not None else []),
         ]
-        super().__init__(skeleton, [first, *[[layer] for layer in self.packed.layers]], checkpoint, prefix,
-                         dtype, device)  # fmt: skip
+        units = [first, *[[layer] for layer in self.packed.layers]]
+        super().__init__(
+            skeleton, units, skeleton.embeddings.word_embeddings, checkpoint, prefix, dtype, device
+        )
 
     def prepare(self, columns: Any, *, with_token_types: bool, device: torch.device) -> Any:
         return self.packed.prepare(columns, with_token_types=with_token_types, device=device)
@@ -182,10 +211,13 @@ class StreamedEncoder(StreamedForward):
         wanted = set(layers)
         kept: list[dict[int, torch.Tensor]] = [{} for _ in batches]
         hidden: list[torch.Tensor] = []
-        with self._units(max(layers)) as units:
+        vocabulary = torch.unique(torch.cat([b.ids for b in batches]))
+        with self._units(max(layers), vocabulary) as units:
             for depth in units:
                 if depth == 0:
-                    hidden = [self.packed.embed(batch) for batch in batches]
+                    hidden = [
+                        self.packed.embed(replace(b, ids=self.renumbered(b.ids, vocabulary))) for b in batches
+                    ]
                 else:
                     layer = self.packed.layers[depth - 1]
                     hidden = [
@@ -216,8 +248,8 @@ class StreamedDecoder(StreamedForward):
         norm = checkpoint.read([prefix + n for n in _unit_names(skeleton, [skeleton.norm])], dtype, device)
         skeleton.load_state_dict({k[len(prefix) :]: v for k, v in norm.items()}, strict=False, assign=True)
         layers = list(skeleton.layers)
-        super().__init__(skeleton, [[skeleton.embed_tokens], *[[layer] for layer in layers]], checkpoint,
-                         prefix, dtype, device)  # fmt: skip
+        units = [[skeleton.embed_tokens], *[[layer] for layer in layers]]
+        super().__init__(skeleton, units, skeleton.embed_tokens, checkpoint, prefix, dtype, device)
         self.layers = layers
 
     def prepare(self, columns: Any, *, with_token_types: bool = False, device: torch.device) -> Any:
@@ -238,10 +270,13 @@ class StreamedDecoder(StreamedForward):
         hidden: list[torch.Tensor] = []
         rotary: list[Any] = []
         config = self.skeleton.config
-        with self._units(max(layers)) as units, attention_implementation(config, ATTENTION):
+        vocabulary = torch.unique(torch.cat([b.ids for b in batches]))
+        with self._units(max(layers), vocabulary) as units, attention_implementation(config, ATTENTION):
             for depth in units:
-                if depth == 0:
-                    hidden = [self.skeleton.embed_tokens(b.ids[None]) for b in batches]  # (1, N, H)
+                if depth == 0:  # (1, N, H) each
+                    hidden = [
+                        self.skeleton.embed_tokens(self.renumbered(b.ids, vocabulary)[None]) for b in batches
+                    ]
                     rotary = [
                         self.skeleton.rotary_emb(h, b.positions[None])
                         for h, b in zip(hidden, batches, strict=True)
