@@ -63,7 +63,7 @@ class StreamedForward:
         self._names = [_unit_names(skeleton, modules) for modules in units]
         # the word embeddings are read by row, only the block's token ids (a 128k-token vocabulary
         # outweighs a layer); the batches' ids are renumbered into that small table
-        self.words, self._words_shape = words, tuple(words.weight.shape)
+        self.words, self._words_shape = words, tuple(words.get_parameter("weight").shape)
         self._words_name = _unit_names(skeleton, [words])[0]
         self._names[0].remove(self._words_name)
         self._reader = ThreadPoolExecutor(1, thread_name_prefix="layerwise-weights")
