@@ -43,6 +43,12 @@ def test_a_streamed_encoder_gives_every_layer_of_the_in_memory_forward(bert):
     np.testing.assert_allclose(
         streamed.embed(TEXTS, layers="all"), memory.embed(TEXTS, layers="all"), atol=1e-5
     )
+    words = [streamed.embed_words(TEXTS, layers="all"), memory.embed_words(TEXTS, layers="all")]
+    for a, b in zip(*words, strict=True):
+        assert a.words == b.words
+        np.testing.assert_allclose(a.vectors, b.vectors, atol=1e-5)
+    fused = {"layers": "all", "fuse": "mean_all"}
+    np.testing.assert_allclose(streamed.embed(TEXTS, **fused), memory.embed(TEXTS, **fused), atol=1e-5)
     assert streamed.engine.packed.peak_resident <= 2  # the running unit and the one read ahead
     hashes = [enc.run_meta(lw.OutputPlan())["weights_sha256"] for enc in (streamed, memory)]
     assert hashes[0] == hashes[1]  # a store resumes across the two
@@ -77,6 +83,8 @@ def test_a_streamed_decoder_gives_every_layer_of_the_in_memory_forward(decoder_f
     memory = lw.Encoder(folder, device="cpu", final_norm=final_norm)
     streamed = lw.Encoder(folder, device="cpu", final_norm=final_norm, streaming=True, stream_block_tokens=40)
     _same_stacks(streamed.extract(TEXTS, layers="all"), memory.extract(TEXTS, layers="all"))
+    pooled = {"layers": "all", "pool": "last" if arch == "qwen3" else "mean"}  # reduced layer by layer
+    np.testing.assert_allclose(streamed.embed(TEXTS, **pooled), memory.embed(TEXTS, **pooled), atol=1e-5)
     assert streamed.engine.packed.peak_resident <= 2
     hashes = [enc.run_meta(lw.OutputPlan())["weights_sha256"] for enc in (streamed, memory)]
     assert hashes[0] == hashes[1]

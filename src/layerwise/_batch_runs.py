@@ -4,8 +4,9 @@
   while the host copies (_model/host_copy.py);
 - on a layer-streamed model (_model/streamed.py), block by block: batches gathered into blocks of
   ``stream_block_tokens`` real tokens, each block run layer by layer (each layer's weights read once
-  for the whole block), then each batch's rows handed on as the in-memory forward hands them (the
-  final norm, the device pools, the copy to the host: ``Engine.to_host``)."""
+  for the whole block), each layer's states reduced as the call wants them as soon as they are
+  computed (the final norm, the device pools), then each batch's rows handed on as the in-memory
+  forward hands them."""
 
 from __future__ import annotations
 
@@ -15,6 +16,9 @@ from typing import Any, TypeVar
 import torch
 
 from ._call import Call
+from ._features.device_pool import finish, pool_batch
+from ._model.decoders import apply_final_norm
+from ._model.host_copy import RESULT_DTYPES, HostCopy
 from ._model.sdpa import attention_kernels
 from ._rows import Rows, packed_rows
 
@@ -58,15 +62,31 @@ def streamed_rows(
 
 
 def _block_rows(engine: Any, block: list[tuple[Key, Any]], call: Call) -> Iterator[tuple[Key, Rows]]:
-    streamed = engine.packed
+    """One block through the streamed model. Each requested hidden state is reduced as soon as its
+    layer is computed (the final norm, the call's pools), so the block holds the pooled rows of
+    every layer, not every layer's states; on a GPU, unpooled states leave the device then."""
+    streamed, pooling, current = engine.packed, call.device_pool, engine.models.current
+    columns = [c for _, c in block]
     prepared = [
-        streamed.prepare(c, with_token_types=engine.with_token_types, device=engine.device) for _, c in block
+        streamed.prepare(c, with_token_types=engine.with_token_types, device=engine.device) for c in columns
     ]
+    described: list[tuple[list[int], Any]] = [(c.lengths, None) for c in columns]  # each batch's rows
+
+    def keep(i: int, depth: int, hidden: torch.Tensor) -> torch.Tensor:
+        hidden = apply_final_norm(current, hidden[None], (depth,), call.final_norm)
+        if pooling is None:
+            return hidden[0] if hidden.device.type == "cpu" else hidden[0].to("cpu")
+        pooled, sizes, owner = pool_batch(hidden, columns[i], pooling)
+        described[i] = (sizes, owner)
+        return pooled[0]
+
     with engine.lock.exclusive(), torch.inference_mode(), attention_kernels(engine.device):
-        hidden = streamed.forward_block(prepared, call.layers)
-        launched = [
-            engine.to_host(h, {}, columns, call) for h, (_, columns) in zip(hidden, block, strict=True)
-        ]
-    del hidden, prepared
+        kept = streamed.forward_block(prepared, call.layers, keep)
+        launched = []
+        for (sizes, owner), hidden in zip(described, kept, strict=True):
+            if pooling is not None:
+                hidden = finish(hidden, call.layers, pooling)
+            launched.append((sizes, HostCopy(hidden, {}, RESULT_DTYPES[call.dtype]), owner))
+    del kept, prepared
     for (key, _), rows in zip(block, launched, strict=True):
         yield key, packed_rows(*rows)

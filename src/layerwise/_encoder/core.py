@@ -97,7 +97,7 @@ class Encoder(FeatureCalls, RunRecords):
             max_length=max_length,
             batch_size=given.batch_size or (CPU_BATCH_SIZE if on_cpu else GPU_BATCH_SIZE),
             max_tokens=given.max_tokens or (CPU_MAX_TOKENS if on_cpu else GPU_MAX_TOKENS),
-            stream_block_tokens=block_tokens(self.models.streamed, given, max_length, self.n_hidden_states),
+            stream_block_tokens=block_tokens(self.models.streamed, given, max_length),
         )
         self.engine = Engine(self.models, self.tokenizer, resolved)
         if device.type == "cuda":  # the GPU's set-up paid here, not by the first call (warm.py)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
-from collections.abc import Generator, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import replace
@@ -48,6 +48,15 @@ def check_streamable(config: Any, name: str) -> None:
             f"streams the encoders {', '.join(PACKED_MODEL_TYPES)} and the decoders "
             f"{', '.join(STREAMED_DECODER_TYPES)}. Load it in memory (streaming=False)"
         )
+
+
+# what a block keeps of batch i's hidden state ``depth`` ``(N, H)``: the state itself, or less (the
+# call's pools: _batch_runs.py), computed as soon as the layer is, so the block never holds every layer
+Keep = Callable[[int, int, torch.Tensor], torch.Tensor]
+
+
+def _as_is(i: int, depth: int, hidden: torch.Tensor) -> torch.Tensor:
+    return hidden
 
 
 class StreamedForward:
@@ -157,15 +166,17 @@ class StreamedForward:
             self._sha256 = digest.hexdigest()
         return self._sha256
 
-    def block_tokens(self, budget: int, budget_text: str, max_length: int, n_kept: int) -> int:
+    def block_tokens(self, budget: int, budget_text: str, max_length: int) -> int:
         """The tokens a block may hold in ``budget`` bytes: two units' weights (the running one and
-        the one read ahead), then per token the residual stream, ``n_kept`` kept hidden states and a
-        layer's working activations. A budget short of one text is refused with both sizes."""
+        the one read ahead), then per token its word-table row, the residual stream and a layer's
+        working activations (queries, keys, values, context, the feed-forward's inner width twice);
+        what the call keeps leaves as each layer is computed. A budget short of one text is
+        refused with both sizes."""
         config = self.skeleton.config
         size = torch.empty((), dtype=self.dtype).element_size()
         weights = 2 * max(self.unit_bytes(k) for k in range(len(self.units)))
         inner = getattr(config, "intermediate_size", 4 * config.hidden_size)
-        per_token = size * (config.hidden_size * (n_kept + 4) + inner)
+        per_token = size * (config.hidden_size * 6 + 2 * inner)
         fits = (budget - weights) // per_token
         if fits < max_length:
             raise OptionError(
@@ -206,7 +217,9 @@ class StreamedEncoder(StreamedForward):
     def prepare(self, columns: Any, *, with_token_types: bool, device: torch.device) -> Any:
         return self.packed.prepare(columns, with_token_types=with_token_types, device=device)
 
-    def forward_block(self, batches: Sequence[Any], layers: Sequence[int]) -> list[torch.Tensor]:
+    def forward_block(
+        self, batches: Sequence[Any], layers: Sequence[int], keep: Keep = _as_is
+    ) -> list[torch.Tensor]:
         """Hidden states ``layers`` of every batch of a block: ``(len(layers), N_b, H)`` each."""
         wanted = set(layers)
         kept: list[dict[int, torch.Tensor]] = [{} for _ in batches]
@@ -224,9 +237,9 @@ class StreamedEncoder(StreamedForward):
                         self.packed.run_layer(layer, h, b) for h, b in zip(hidden, batches, strict=True)
                     ]
                     self.packed.forget(layer)
-                if depth in wanted:
-                    for store, h in zip(kept, hidden, strict=True):
-                        store[depth] = h
+                if depth in wanted:  # what the call keeps of it, as soon as it is computed
+                    for i, (store, h) in enumerate(zip(kept, hidden, strict=True)):
+                        store[depth] = keep(i, depth, h)
         return [torch.stack([store[i] for i in layers]) for store in kept]
 
 
@@ -260,7 +273,9 @@ class StreamedDecoder(StreamedForward):
         ids = torch.from_numpy(columns.ids).to(device)
         return PackedDecoderBatch(ids, column.to(device), columns.lengths, groups)
 
-    def forward_block(self, batches: Sequence[Any], layers: Sequence[int]) -> list[torch.Tensor]:
+    def forward_block(
+        self, batches: Sequence[Any], layers: Sequence[int], keep: Keep = _as_is
+    ) -> list[torch.Tensor]:
         """Hidden states ``layers`` of every batch of a block: ``(len(layers), N_b, H)`` each, the raw
         residual stream (the engine applies the final norm a call asks for)."""
         from .packed_decoder import ATTENTION, PackedRun, attention_implementation, running_packed
@@ -289,9 +304,9 @@ class StreamedDecoder(StreamedForward):
                                 hidden[i], attention_mask=None, position_ids=batch.positions[None],
                                 position_embeddings=rotary[i], use_cache=False,
                             )  # fmt: skip
-                if depth in wanted:
-                    for store, h in zip(kept, hidden, strict=True):
-                        store[depth] = h[0]
+                if depth in wanted:  # what the call keeps of it, as soon as it is computed
+                    for i, (store, h) in enumerate(zip(kept, hidden, strict=True)):
+                        store[depth] = keep(i, depth, h[0])
         return [torch.stack([store[i] for i in layers]) for store in kept]
 
 
@@ -319,20 +334,18 @@ def streamed_forward(source: str, name: str, config: Any, dtype: torch.dtype,
 DEFAULT_BLOCK_TOKENS = 32768  # weights read once per 32,768 tokens: a small share of their compute
 
 
-def block_tokens(
-    forward: StreamedForward | None, settings: Any, max_length: int, n_hidden_states: int
-) -> int | None:
+def block_tokens(forward: StreamedForward | None, settings: Any, max_length: int) -> int | None:
     """A streamed model's block size: ``stream_block_tokens`` when given, else what
-    ``max_device_memory`` holds (every hidden state kept), else :data:`DEFAULT_BLOCK_TOKENS`; None
-    when the model is not streamed."""
+    ``max_device_memory`` holds, else :data:`DEFAULT_BLOCK_TOKENS`; None when the model is not
+    streamed."""
     from .._settings import parse_bytes
 
     if forward is None:
         return None
     budget = settings.max_device_memory
-    fits = None
-    if budget is not None:
-        fits = forward.block_tokens(
-            parse_bytes(budget, "max_device_memory"), budget, max_length, n_hidden_states
-        )
+    fits = (
+        None
+        if budget is None
+        else forward.block_tokens(parse_bytes(budget, "max_device_memory"), budget, max_length)
+    )
     return settings.stream_block_tokens or fits or DEFAULT_BLOCK_TOKENS
