@@ -16,7 +16,7 @@ from the page cache. Target (issue 67): streamed >= 0.8x in memory.
 layerwise and reads the corpus, records its resident size, then loads the model and runs the same
 ``embed``. The growth is the peak minus that size. The streamed run has ``max_device_memory`` = a
 quarter of the weights. Its bound: two units' weights + the block's activations (its tokens x the
-per-token bytes the block size was chosen from) + 300 MB.
+per-token bytes it was chosen from, and one batch's working activations) + 300 MB.
 
 **Cost model**: the bytes read per block (every weight once; the word table only for the block's
 ids) against the block's FLOPs (2 x the layers' parameters per token). This machine's disk or page
@@ -77,14 +77,12 @@ def child(mode: str, folder: str, n_sentences: int, n_documents: int, budget: st
     started = time.perf_counter()
     enc.embed(texts, layers="all", progress=False)
     report = {"baseline_kib": baseline, "seconds": time.perf_counter() - started}
-    if mode == "streamed":
-        forward = enc.engine.packed
-        config = forward.skeleton.config
-        size = 4
-        per_token = size * (config.hidden_size * 6 + 2 * config.intermediate_size)
+    if mode == "streamed":  # the sizes the block was chosen from (_model/streamed.py: costs)
+        forward, engine = enc.engine.packed, enc.engine
+        weights, stream, work = forward.costs()
         report.update(
-            block_tokens=enc.engine.stream_block_tokens, per_token_bytes=per_token,
-            two_units_bytes=2 * max(forward.unit_bytes(k) for k in range(len(forward.units))),
+            block_tokens=engine.stream_block_tokens, batch_tokens=engine.max_tokens, two_units_bytes=weights,
+            activation_bytes=engine.stream_block_tokens * stream + engine.max_tokens * work,
             peak_resident_units=forward.peak_resident,
         )  # fmt: skip
     print(json.dumps(report))
@@ -171,7 +169,7 @@ def run(folder: Path, args) -> dict:
     budget = f"{weights // 4}"
     memory_runs = {mode: measured(mode, folder, args, budget) for mode in ("memory", "streamed")}
     s = memory_runs["streamed"]
-    bound_mb = (s["two_units_bytes"] + s["block_tokens"] * s["per_token_bytes"]) / 2**20 + SLACK_MB
+    bound_mb = (s["two_units_bytes"] + s["activation_bytes"]) / 2**20 + SLACK_MB
     print(f"memory: in memory +{memory_runs['memory']['growth_mb']} MB; streamed with a budget of a quarter of the "
           f"weights ({int(budget) / 2**20:.0f} MiB, blocks of {s['block_tokens']} tokens) +{s['growth_mb']} MB, "
           f"bound {bound_mb:.0f} MB (two units' weights + the block's activations + {SLACK_MB} MB)")  # fmt: skip

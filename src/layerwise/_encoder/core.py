@@ -92,13 +92,13 @@ class Encoder(FeatureCalls, RunRecords):
         # which any process resolves to the same files (Encoder.source is where they were found)
         self.settings = given.replace(model=self.name)
         on_cpu = device.type == "cpu"
-        block = block_tokens(self.models.streamed, given, max_length)
         max_tokens = given.max_tokens or (CPU_MAX_TOKENS if on_cpu else GPU_MAX_TOKENS)
+        block, max_tokens = block_tokens(self.models.streamed, given, max_length, max_tokens)
         resolved = self.settings.replace(
             device=str(device),
             max_length=max_length,
             batch_size=given.batch_size or (CPU_BATCH_SIZE if on_cpu else GPU_BATCH_SIZE),
-            max_tokens=min(max_tokens, block) if block else max_tokens,  # a batch never outgrows a block
+            max_tokens=max_tokens,
             stream_block_tokens=block,
         )
         self.engine = Engine(self.models, self.tokenizer, resolved)

@@ -166,26 +166,33 @@ class StreamedForward:
             self._sha256 = digest.hexdigest()
         return self._sha256
 
-    def block_tokens(self, budget: int, budget_text: str, max_length: int) -> int:
-        """The tokens a block may hold in ``budget`` bytes: two units' weights (the running one and
-        the one read ahead), then per token its word-table row, the residual stream and a layer's
-        working activations (queries, keys, values, context, the feed-forward's inner width twice);
-        what the call keeps leaves as each layer is computed. A budget short of one text is
-        refused with both sizes."""
+    def costs(self) -> tuple[int, int, int]:
+        """``(weights, stream, work)`` in bytes: two units' weights (the running one and the one read
+        ahead); per token of a block, its residual stream and word-table row; per token of the batch
+        a layer is running, its working activations (queries, keys, values, context, the
+        feed-forward's inner width twice)."""
         config = self.skeleton.config
         size = torch.empty((), dtype=self.dtype).element_size()
-        weights = 2 * max(self.unit_bytes(k) for k in range(len(self.units)))
         inner = getattr(config, "intermediate_size", 4 * config.hidden_size)
-        per_token = size * (config.hidden_size * 6 + 2 * inner)
-        fits = (budget - weights) // per_token
-        if fits < max_length:
+        weights = 2 * max(self.unit_bytes(k) for k in range(len(self.units)))
+        return weights, 2 * size * config.hidden_size, size * (6 * config.hidden_size + 2 * inner)
+
+    def fit(self, budget: int, budget_text: str, max_length: int, max_tokens: int) -> tuple[int, int]:
+        """``(block tokens, batch tokens)`` that ``budget`` bytes hold: two units' weights, one
+        batch's working activations (at most half of what is left, and at least one text's), and
+        the block's residual stream. A budget short of one text is refused, with both sizes."""
+        weights, stream, work = self.costs()
+        left = budget - weights
+        batch = min(max_tokens, max(max_length, left // (2 * work)))
+        block = (left - batch * work) // stream
+        if block < max_length:
+            needed = weights + max_length * (work + stream)
             raise OptionError(
                 f"max_device_memory={budget_text!r} ({budget:,} bytes) is too small to stream this model: "
                 f"two layers' weights take {weights:,} bytes and one text of {max_length} tokens "
-                f"{max_length * per_token:,} bytes more; give at least "
-                f"{weights + max_length * per_token:,} bytes"
+                f"{max_length * (work + stream):,} bytes more; give at least {needed:,} bytes"
             )
-        return int(fits)
+        return int(block), int(batch)
 
 
 def _unit_names(skeleton: nn.Module, modules: list[nn.Module]) -> list[str]:
@@ -334,18 +341,19 @@ def streamed_forward(source: str, name: str, config: Any, dtype: torch.dtype,
 DEFAULT_BLOCK_TOKENS = 32768  # weights read once per 32,768 tokens: a small share of their compute
 
 
-def block_tokens(forward: StreamedForward | None, settings: Any, max_length: int) -> int | None:
-    """A streamed model's block size: ``stream_block_tokens`` when given, else what
-    ``max_device_memory`` holds, else :data:`DEFAULT_BLOCK_TOKENS`; None when the model is not
-    streamed."""
+def block_tokens(
+    forward: StreamedForward | None, settings: Any, max_length: int, max_tokens: int
+) -> tuple[int | None, int]:
+    """A streamed model's ``(block tokens, batch tokens)``: the block ``stream_block_tokens`` when
+    given, else what ``max_device_memory`` holds, else :data:`DEFAULT_BLOCK_TOKENS`; batches never
+    larger than a block or than the budget allows. ``(None, max_tokens)`` when not streamed."""
     from .._settings import parse_bytes
 
     if forward is None:
-        return None
+        return None, max_tokens
     budget = settings.max_device_memory
-    fits = (
-        None
-        if budget is None
-        else forward.block_tokens(parse_bytes(budget, "max_device_memory"), budget, max_length)
-    )
-    return settings.stream_block_tokens or fits or DEFAULT_BLOCK_TOKENS
+    block, batch = DEFAULT_BLOCK_TOKENS, max_tokens
+    if budget is not None:
+        block, batch = forward.fit(parse_bytes(budget, "max_device_memory"), budget, max_length, max_tokens)
+    block = settings.stream_block_tokens or block
+    return block, min(batch, block)
