@@ -82,7 +82,9 @@ def child(mode: str, folder: str, n_sentences: int, n_documents: int, budget: st
         weights, stream, work = forward.costs()
         report.update(
             block_tokens=engine.stream_block_tokens, batch_tokens=engine.max_tokens, two_units_bytes=weights,
-            activation_bytes=engine.stream_block_tokens * stream + engine.max_tokens * work,
+            streams=engine.pool.streams if engine.pool else 1,
+            activation_bytes=engine.stream_block_tokens * stream
+            + engine.max_tokens * work * (engine.pool.streams if engine.pool else 1),
             peak_resident_units=forward.peak_resident,
         )  # fmt: skip
     print(json.dumps(report))

@@ -101,9 +101,9 @@ class Engine:
         self.streamed, self.stream_block_tokens = models.streamed, settings.stream_block_tokens or 0
         self.packed = models.streamed or (packed_forward(models.current) if settings.packed else None)
         streams = check_streams(settings.streams, self.device, config.hidden_size)
-        self.pool = (
-            ForwardPool(streams) if streams > 1 and self.packed is not None and not self.streamed else None
-        )
+        self.pool = ForwardPool(streams) if streams > 1 and self.packed is not None else None
+        if self.streamed is not None:  # a block's batches run each layer on the same streams
+            self.streamed.pool = self.pool
         if models.built:
             self._adopt(models.current)
         else:

@@ -40,6 +40,7 @@ from .._model.source import (
     usable_max_length,
 )
 from .._model.streamed import block_tokens
+from .._model.streams import check_streams
 from .._results import LayerStack
 from .._settings import FinalNorm, Method, ModelDtype, Settings, check_final_norm, settings_of
 from ..errors import InputError, OptionError
@@ -93,7 +94,8 @@ class Encoder(FeatureCalls, RunRecords):
         self.settings = given.replace(model=self.name)
         on_cpu = device.type == "cpu"
         max_tokens = given.max_tokens or (CPU_MAX_TOKENS if on_cpu else GPU_MAX_TOKENS)
-        block, max_tokens = block_tokens(self.models.streamed, given, max_length, max_tokens)
+        streams = check_streams(given.streams, device, self.hidden_size)  # batches running at once
+        block, max_tokens = block_tokens(self.models.streamed, given, max_length, max_tokens, streams)
         resolved = self.settings.replace(
             device=str(device),
             max_length=max_length,

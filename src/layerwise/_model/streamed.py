@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
-from collections.abc import Callable, Generator, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import replace
@@ -80,6 +80,7 @@ class StreamedForward:
         self.resident = 0  # units whose weights are in memory now (the running one, the one read next)
         self.peak_resident = 0
         self._sha256: str | None = None
+        self.pool: Any = None  # the engine's forward streams on a CPU (_model/streams.py), if any
         skeleton._layerwise_streamed = self  # weights_sha256(skeleton) asks this object (source.py)
 
     def unit_bytes(self, k: int) -> int:
@@ -152,6 +153,20 @@ class StreamedForward:
                 if future.exception() is None:
                     self._release_count()
 
+    def _each(self, step: Callable[..., torch.Tensor], work: Iterable[tuple]) -> list[torch.Tensor]:
+        """``step(*item)`` for each batch's item, on the engine's forward streams when it has them
+        (``pool``: batches of one layer are independent, as the in-memory forward runs them)."""
+        items = list(work)
+        if self.pool is None or len(items) < 2:
+            return [step(*item) for item in items]
+
+        def run(item: tuple) -> torch.Tensor:
+            with torch.inference_mode():  # thread-local: each stream enters it
+                return step(*item)
+
+        futures = [self.pool.submit(run, item) for item in items]
+        return [future.result() for future in futures]
+
     def weights_sha256(self) -> str:
         """:func:`~layerwise._model.source.weights_sha256`'s digest of the in-memory model (every
         tensor's name and bytes in the model's dtype, by name), from the checkpoint, once."""
@@ -177,11 +192,15 @@ class StreamedForward:
         weights = 2 * max(self.unit_bytes(k) for k in range(len(self.units)))
         return weights, 2 * size * config.hidden_size, size * (6 * config.hidden_size + 2 * inner)
 
-    def fit(self, budget: int, budget_text: str, max_length: int, max_tokens: int) -> tuple[int, int]:
-        """``(block tokens, batch tokens)`` that ``budget`` bytes hold: two units' weights, one
-        batch's working activations (at most half of what is left, and at least one text's), and
-        the block's residual stream. A budget short of one text is refused, with both sizes."""
+    def fit(
+        self, budget: int, budget_text: str, max_length: int, max_tokens: int, streams: int = 1
+    ) -> tuple[int, int]:
+        """``(block tokens, batch tokens)`` that ``budget`` bytes hold: two units' weights, the
+        working activations of the batches running at once (``streams``: at most half of what is
+        left, and at least one text's each), and the block's residual stream. A budget short of one
+        text is refused, with both sizes."""
         weights, stream, work = self.costs()
+        work *= streams
         left = budget - weights
         batch = min(max_tokens, max(max_length, left // (2 * work)))
         block = (left - batch * work) // stream
@@ -240,9 +259,10 @@ class StreamedEncoder(StreamedForward):
                     ]
                 else:
                     layer = self.packed.layers[depth - 1]
-                    hidden = [
-                        self.packed.run_layer(layer, h, b) for h, b in zip(hidden, batches, strict=True)
-                    ]
+                    run = self.packed.run_layer
+                    hidden = self._each(
+                        lambda h, b, run=run, layer=layer: run(layer, h, b), zip(hidden, batches, strict=True)
+                    )
                     self.packed.forget(layer)
                 if depth in wanted:  # what the call keeps of it, as soon as it is computed
                     for i, (store, h) in enumerate(zip(kept, hidden, strict=True)):
@@ -305,12 +325,13 @@ class StreamedDecoder(StreamedForward):
                     ]
                 else:
                     layer = self.layers[depth - 1]
-                    for i, batch in enumerate(batches):
-                        with running_packed(PackedRun(batch.groups)):
-                            hidden[i] = layer(
-                                hidden[i], attention_mask=None, position_ids=batch.positions[None],
-                                position_embeddings=rotary[i], use_cache=False,
-                            )  # fmt: skip
+
+                    def step(h: torch.Tensor, batch: Any, rotated: Any, layer: Any = layer) -> torch.Tensor:
+                        with running_packed(PackedRun(batch.groups)):  # this thread's grids
+                            return layer(h, attention_mask=None, position_ids=batch.positions[None],
+                                         position_embeddings=rotated, use_cache=False)  # fmt: skip
+
+                    hidden = self._each(step, zip(hidden, batches, rotary, strict=True))
                 if depth in wanted:  # what the call keeps of it, as soon as it is computed
                     for i, (store, h) in enumerate(zip(kept, hidden, strict=True)):
                         store[depth] = keep(i, depth, h[0])
@@ -342,7 +363,7 @@ DEFAULT_BLOCK_TOKENS = 32768  # weights read once per 32,768 tokens: a small sha
 
 
 def block_tokens(
-    forward: StreamedForward | None, settings: Any, max_length: int, max_tokens: int
+    forward: StreamedForward | None, settings: Any, max_length: int, max_tokens: int, streams: int = 1
 ) -> tuple[int | None, int]:
     """A streamed model's ``(block tokens, batch tokens)``: the block ``stream_block_tokens`` when
     given, else what ``max_device_memory`` holds, else :data:`DEFAULT_BLOCK_TOKENS`; batches never
@@ -354,6 +375,8 @@ def block_tokens(
     budget = settings.max_device_memory
     block, batch = DEFAULT_BLOCK_TOKENS, max_tokens
     if budget is not None:
-        block, batch = forward.fit(parse_bytes(budget, "max_device_memory"), budget, max_length, max_tokens)
+        block, batch = forward.fit(
+            parse_bytes(budget, "max_device_memory"), budget, max_length, max_tokens, streams
+        )
     block = settings.stream_block_tokens or block
     return block, min(batch, block)
