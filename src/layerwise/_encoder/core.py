@@ -95,12 +95,15 @@ class Encoder(FeatureCalls, RunRecords):
         on_cpu = device.type == "cpu"
         max_tokens = given.max_tokens or (CPU_MAX_TOKENS if on_cpu else GPU_MAX_TOKENS)
         streams = check_streams(given.streams, device, self.hidden_size)  # batches running at once
-        block, max_tokens = block_tokens(self.models.streamed, given, max_length, max_tokens, streams)
+        block, max_tokens, streams = block_tokens(
+            self.models.streamed, given, max_length, max_tokens, streams
+        )
         resolved = self.settings.replace(
             device=str(device),
             max_length=max_length,
             batch_size=given.batch_size or (CPU_BATCH_SIZE if on_cpu else GPU_BATCH_SIZE),
             max_tokens=max_tokens,
+            streams=streams if block else given.streams,  # a tight streaming budget runs one at a time
             stream_block_tokens=block,
         )
         self.engine = Engine(self.models, self.tokenizer, resolved)

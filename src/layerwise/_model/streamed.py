@@ -364,19 +364,26 @@ DEFAULT_BLOCK_TOKENS = 32768  # weights read once per 32,768 tokens: a small sha
 
 def block_tokens(
     forward: StreamedForward | None, settings: Any, max_length: int, max_tokens: int, streams: int = 1
-) -> tuple[int | None, int]:
-    """A streamed model's ``(block tokens, batch tokens)``: the block ``stream_block_tokens`` when
-    given, else what ``max_device_memory`` holds, else :data:`DEFAULT_BLOCK_TOKENS`; batches never
-    larger than a block or than the budget allows. ``(None, max_tokens)`` when not streamed."""
+) -> tuple[int | None, int, int]:
+    """A streamed model's ``(block tokens, batch tokens, streams)``: the block
+    ``stream_block_tokens`` when given, else what ``max_device_memory`` holds, else
+    :data:`DEFAULT_BLOCK_TOKENS`; batches never larger than a block or than the budget allows; the
+    concurrent batches down to one where the budget holds only one. ``(None, max_tokens, streams)``
+    when not streamed."""
     from .._settings import parse_bytes
 
     if forward is None:
-        return None, max_tokens
+        return None, max_tokens, streams
     budget = settings.max_device_memory
     block, batch = DEFAULT_BLOCK_TOKENS, max_tokens
     if budget is not None:
-        block, batch = forward.fit(
-            parse_bytes(budget, "max_device_memory"), budget, max_length, max_tokens, streams
-        )
+        size = parse_bytes(budget, "max_device_memory")
+        try:
+            block, batch = forward.fit(size, budget, max_length, max_tokens, streams)
+        except OptionError:
+            if streams == 1:
+                raise
+            streams = 1  # the batches one at a time, then (the error, if any, is about one)
+            block, batch = forward.fit(size, budget, max_length, max_tokens, streams)
     block = settings.stream_block_tokens or block
-    return block, min(batch, block)
+    return block, min(batch, block), streams
