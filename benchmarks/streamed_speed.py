@@ -185,7 +185,7 @@ def run(folder: Path, args) -> dict:
         "rounds": {k: [round(t, 3) for t in v] for k, v in times.items()},
         "cost_model": {"bytes_read_per_block": weights, "page_cache_read_s": round(read_seconds, 3),
                        "flop_per_block": flop_per_token * n_tokens, "matmul_gflops": round(gflops, 1)},
-        "memory": {"budget_bytes": int(budget), "runs": memory_runs, "bound_mb": round(bound_mb, 1),
+        "memory": {"budget_bytes": int(budget), "runs": memory_runs, "bound_mb": round(bound_mb, 1), "slack_mb": SLACK_MB,
                    "held": s["growth_mb"] <= bound_mb},
         "held": {"speed": ratio >= TARGET_SPEED, "memory": s["growth_mb"] <= bound_mb},
     }  # fmt: skip
