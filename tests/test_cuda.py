@@ -250,3 +250,20 @@ def test_cli_on_cuda_writes_what_it_writes_on_the_cpu(tmp_path, make_tiny_model)
     for cpu, gpu in zip(written["cpu"], written[DEVICE], strict=True):
         assert cpu.shape == gpu.shape and cpu.shape[1] == len(TEXTS)
         np.testing.assert_allclose(gpu, cpu, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("arch", ["bert", "llama"])
+def test_streamed_on_cuda_equals_in_memory_on_cuda(make_tiny_model, decoder_folder, arch):
+    """Layer-streamed on the GPU (each layer's weights assigned on the device for one block; the
+    unpooled states leave it as each layer is computed) equals the in-memory GPU forward."""
+    folder = make_tiny_model("bert", 4) if arch == "bert" else decoder_folder("llama")
+    texts = [s for s in TEXTS if s][:20]
+    memory = lw.Encoder(folder, device=DEVICE)
+    streamed = lw.Encoder(folder, device=DEVICE, streaming=True, stream_block_tokens=200)
+    for a, b in zip(streamed.extract(texts, layers="all"), memory.extract(texts, layers="all"), strict=True):
+        np.testing.assert_allclose(a.hidden, b.hidden, atol=ATOL, rtol=RTOL)
+    pooled = {"layers": "all", "pool": "mean"}
+    np.testing.assert_allclose(
+        streamed.embed(texts, **pooled), memory.embed(texts, **pooled), atol=ATOL, rtol=RTOL
+    )
+    assert streamed.engine.packed.peak_resident <= 2

@@ -192,7 +192,7 @@ class LightModel(nn.Module):
             self.pooler = LightPooler(config)
 
 
-def _why_not(config: Any) -> str | None:
+def light_unsupported(config: Any) -> str | None:
     """Why the packed forward cannot run ``config`` on a LightModel, or None when it can."""
     reason = unpackable(config)
     if reason:
@@ -235,7 +235,7 @@ def base_prefix(config: Any, stored: set[str]) -> str | None:
 def load_light_model(source: str, config: Any, dtype: torch.dtype) -> LightModel | None:
     """The checkpoint of ``source`` as a :class:`LightModel` in ``dtype`` (as ``from_pretrained``
     casts it), or None when only the transformers loader can load it (see the module docstring)."""
-    reason = _why_not(config)
+    reason = light_unsupported(config)
     path = None if reason else weights_file(source)
     if path is None:
         logger.debug("loading %s with transformers: %s", source, reason or "no model.safetensors")

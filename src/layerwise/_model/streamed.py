@@ -36,16 +36,18 @@ STREAMED_DECODER_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
 def check_streamable(config: Any, name: str) -> None:
     """Refuse an architecture the streamed forward does not run, naming the ones it does."""
-    from .packed import PACKED_MODEL_TYPES, unpackable
+    from .light import light_unsupported
+    from .packed import PACKED_MODEL_TYPES
 
     if is_decoder_config(config):
-        ok = config.model_type in STREAMED_DECODER_TYPES
-    else:
-        ok = unpackable(config) is None
-    if not ok:
+        reason = None if config.model_type in STREAMED_DECODER_TYPES else f"model type {config.model_type!r}"
+    else:  # the streamed encoder runs the light model's modules (light.py)
+        reason = light_unsupported(config)
+    if reason is not None:
+        detail = "" if reason.startswith("model type") else f" with {reason}"
         raise ModelLoadError(
-            f"model {name!r} is a {config.model_type!r} model, which layerwise does not stream yet; it "
-            f"streams the encoders {', '.join(PACKED_MODEL_TYPES)} and the decoders "
+            f"model {name!r} is a {config.model_type!r} model{detail}, which layerwise does not stream yet; "
+            f"it streams the encoders {', '.join(PACKED_MODEL_TYPES)} and the decoders "
             f"{', '.join(STREAMED_DECODER_TYPES)}. Load it in memory (streaming=False)"
         )
 
