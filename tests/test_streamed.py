@@ -138,3 +138,15 @@ def test_what_needs_the_whole_model_is_refused_when_streaming(bert, decoder_fold
         lw.Settings(streaming=True, packed=False)
     with pytest.raises(ModelLoadError, match=r"does not stream yet.*qwen3.*streaming=False"):
         lw.Encoder(decoder_folder("gemma"), device="cpu", streaming=True)
+
+
+def test_a_store_written_in_memory_is_resumed_by_a_streamed_run(bert, tmp_path):
+    """The weights' hash and every setting the resume check compares are the same: a streamed
+    rerun of an in-memory store is accepted, and what it holds is what the streamed run computes."""
+    memory, streamed = bert
+    path = tmp_path / "texts.lw"
+    lw.extract_to_store(memory, TEXTS[:2], path, progress=False)
+    lw.extract_to_store(streamed, TEXTS[:2], path, progress=False)  # nothing to do, nothing refused
+    store = lw.open_store(path)
+    for i, stack in enumerate(streamed.extract(TEXTS[:2], layers="all")):
+        np.testing.assert_allclose(store[i].hidden, stack.hidden.astype(np.float16), atol=2e-3)
