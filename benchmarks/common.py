@@ -104,21 +104,30 @@ def bert_base_folder() -> Iterator[Path]:
     from transformers import BertConfig, BertModel
     from transformers.utils import logging as hf_logging
 
-    import layerwise as lw
-
     hf_logging.disable_progress_bar()
     folder = Path(tempfile.mkdtemp(prefix="lw-bert-base-"))
     try:
         torch.manual_seed(0)
         BertModel(BertConfig()).save_pretrained(folder)
-        for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
-            shutil.copy(lw.default_model_path() / name, folder / name)
+        copy_default_tokenizer(folder)
         yield folder
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 
 
 # --- the machine and the result file ---------------------------------------------------------------
+
+
+def copy_default_tokenizer(folder: Path) -> Path:
+    """The packaged all-MiniLM-L6-v2's tokenizer files into ``folder`` (a random model's shapes
+    with a real WordPiece vocabulary of 30,522 tokens)."""
+    import shutil
+
+    import layerwise as lw
+
+    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
+        shutil.copy(lw.default_model_path() / name, folder / name)
+    return folder
 
 
 def machine() -> dict[str, Any]:

@@ -51,6 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch
 from common import (
     bert_base_folder,
+    copy_default_tokenizer,
     interleaved_times,
     mixed_corpus,
     parser,
@@ -167,9 +168,7 @@ def minilm_folder() -> Path:
     source = lw.default_model_path()
     torch.manual_seed(0)
     BertModel(BertConfig.from_pretrained(source)).save_pretrained(folder)
-    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
-        shutil.copy(source / name, folder / name)
-    return folder
+    return copy_default_tokenizer(folder)
 
 
 def smollm2_tokenizer(given: str | None) -> Path:

@@ -41,7 +41,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import numpy as np
-from common import interleaved_times, mixed_corpus, parser, write_result
+from common import copy_default_tokenizer, interleaved_times, mixed_corpus, parser, write_result
 
 import layerwise as lw
 from layerwise._call import Call
@@ -74,9 +74,7 @@ def near_free_model(folder: Path) -> Path:
     torch.manual_seed(0)
     config = BertConfig(hidden_size=8, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32)
     BertModel(config).save_pretrained(folder)
-    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
-        shutil.copy(lw.default_model_path() / name, folder / name)
-    return folder
+    return copy_default_tokenizer(folder)
 
 
 def hand_loop(folder: Path):

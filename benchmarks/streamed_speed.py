@@ -25,8 +25,10 @@ cache rate and its matmul rate give the time of each.
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
+import os
 import re
 import shutil
 import statistics
@@ -37,7 +39,15 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import interleaved_times, matmul_gflops, mixed_corpus, parser, write_result
+from common import (
+    copy_default_tokenizer,
+    interleaved_times,
+    matmul_gflops,
+    mixed_corpus,
+    parser,
+    rss_kib,
+    write_result,
+)
 
 import layerwise as lw
 
@@ -56,9 +66,7 @@ def llama_folder(folder: Path, hidden: int, layers: int) -> Path:
                          num_attention_heads=hidden // 64, num_key_value_heads=hidden // 64,
                          max_position_embeddings=512, pad_token_id=0, bos_token_id=101, eos_token_id=102)  # fmt: skip
     LlamaModel(config).save_pretrained(folder)
-    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
-        shutil.copy(lw.default_model_path() / name, folder / name)
-    return folder
+    return copy_default_tokenizer(folder)
 
 
 def weights_bytes(folder: Path) -> int:
@@ -71,7 +79,7 @@ def child(mode: str, folder: str, n_sentences: int, n_documents: int, budget: st
     import transformers  # noqa: F401
 
     texts = mixed_corpus(n_sentences, n_documents)
-    baseline = _rss_kib()
+    baseline = rss_kib(os.getpid())
     options = {"streaming": True, "max_device_memory": budget} if mode == "streamed" else {}
     enc = lw.Encoder(folder, device="cpu", **options)
     started = time.perf_counter()
@@ -88,13 +96,6 @@ def child(mode: str, folder: str, n_sentences: int, n_documents: int, budget: st
             peak_resident_units=forward.peak_resident,
         )  # fmt: skip
     print(json.dumps(report))
-
-
-def _rss_kib() -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    return 0
 
 
 def measured(mode: str, folder: Path, args, budget: str) -> dict:
@@ -116,8 +117,8 @@ def main() -> None:
     args_parser.add_argument("--sentences", type=int, default=1600)
     args_parser.add_argument("--documents", type=int, default=10)
     args_parser.add_argument("--repeats", type=int, default=3)
-    args_parser.add_argument("--child", nargs=2, metavar=("MODE", "FOLDER"), help=argparse_hidden())
-    args_parser.add_argument("--budget", default="", help=argparse_hidden())
+    args_parser.add_argument("--child", nargs=2, metavar=("MODE", "FOLDER"), help=argparse.SUPPRESS)
+    args_parser.add_argument("--budget", default="", help=argparse.SUPPRESS)
     args_parser.add_argument("--output", type=Path, default=None, help="the result file (default: results/)")
     args = args_parser.parse_args()
     logging.getLogger("layerwise").setLevel(logging.ERROR)  # the documents' truncation warning
@@ -130,12 +131,6 @@ def main() -> None:
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     write_result("streamed_speed", report, args.output)
-
-
-def argparse_hidden() -> str:
-    import argparse
-
-    return argparse.SUPPRESS
 
 
 def run(folder: Path, args) -> dict:

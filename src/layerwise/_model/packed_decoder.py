@@ -73,6 +73,15 @@ class PackedDecoderBatch:
     groups: list[AttentionGroup]
 
 
+def prepare_decoder_batch(columns: Any, device: torch.device) -> PackedDecoderBatch:
+    """A batch's ids back to back (_inputs/block.py ``TokenColumns``), each text's positions, its
+    attention grids: for the packed decoder forward and the streamed one (streamed.py) alike."""
+    column, groups = plan_groups(columns.lengths, device, key_mask=False)
+    return PackedDecoderBatch(
+        torch.from_numpy(columns.ids).to(device), column.to(device), columns.lengths, groups
+    )
+
+
 def unpackable_decoder(config: Any) -> str | None:
     """What in ``config`` the packed decoder forward cannot run, or None when it can."""
     if config.model_type not in PACKED_DECODER_TYPES:
@@ -177,10 +186,7 @@ class PackedDecoder:
         """The batch's ids back to back (_inputs/block.py ``TokenColumns``), each text's positions, its
         attention grids (decoders have no token types: ``with_token_types`` is there for the engine's
         one call)."""
-        lengths = columns.lengths
-        ids = torch.from_numpy(columns.ids)
-        column, groups = plan_groups(lengths, device, key_mask=False)
-        return PackedDecoderBatch(ids.to(device), column.to(device), lengths, groups)
+        return prepare_decoder_batch(columns, device)
 
     def forward(self, batch: PackedDecoderBatch, layers: Sequence[int]) -> torch.Tensor:
         """Hidden states ``layers`` of the packed batch: ``(len(layers), N, H)``, every one the raw

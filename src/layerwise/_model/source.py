@@ -15,7 +15,7 @@ import hashlib
 import logging
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -323,8 +323,6 @@ def weights_sha256(model) -> str:
     at every load, and a store's resume compares this hash). Remembered on the model while no
     tensor has changed (torch counts in-place writes in each tensor's ``_version``): an actor
     writing many shards hashes its weights once."""
-    import torch
-
     streamed = getattr(model, "_layerwise_streamed", None)
     if streamed is not None:  # a skeleton of meta tensors: the same bytes, read from its checkpoint
         return streamed.weights_sha256()
@@ -334,10 +332,20 @@ def weights_sha256(model) -> str:
     cached = getattr(model, "_layerwise_weights_sha256", None)
     if cached is not None and cached[0] == fingerprint:
         return cached[1]
+    hexdigest = tensors_sha256(state)
+    model._layerwise_weights_sha256 = (fingerprint, hexdigest)
+    return hexdigest
+
+
+def tensors_sha256(named: Iterable[tuple[str, Any]]) -> str:
+    """The digest of ``(name, tensor)`` pairs in the given order: each name, then its bytes. The one
+    format of :func:`weights_sha256`, for a model in memory and a streamed one read from its
+    checkpoint (streamed.py) alike, so that the two hash the same weights to the same value."""
+    import torch
+
     digest = hashlib.sha256()
-    for name, tensor in state:
+    for name, tensor in named:
         digest.update(name.encode())
         flat = tensor.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8)
         digest.update(memoryview(flat.numpy()))
-    model._layerwise_weights_sha256 = (fingerprint, digest.hexdigest())
     return digest.hexdigest()

@@ -16,7 +16,6 @@ decoders (llama, mistral, qwen2, qwen3), from safetensors.
 
 from __future__ import annotations
 
-import hashlib
 import threading
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -172,15 +171,13 @@ class StreamedForward:
     def weights_sha256(self) -> str:
         """:func:`~layerwise._model.source.weights_sha256`'s digest of the in-memory model (every
         tensor's name and bytes in the model's dtype, by name), from the checkpoint, once."""
-        if self._sha256 is None:
-            digest = hashlib.sha256()
-            for name in sorted(self.skeleton.state_dict()):
-                tensor = self.checkpoint.read([self.prefix + name], self.dtype, torch.device("cpu"))[
-                    self.prefix + name
-                ]
-                digest.update(name.encode())
-                digest.update(tensor.contiguous().reshape(-1).view(torch.uint8).numpy().data)
-            self._sha256 = digest.hexdigest()
+        if self._sha256 is None:  # one tensor read at a time, by name, as the in-memory hash orders them
+            from .source import tensors_sha256
+
+            cpu, prefix = torch.device("cpu"), self.prefix
+            names = sorted(self.skeleton.state_dict())
+            read = ((n, self.checkpoint.read([prefix + n], self.dtype, cpu)[prefix + n]) for n in names)
+            self._sha256 = tensors_sha256(read)
         return self._sha256
 
     def costs(self) -> tuple[int, int, int]:
@@ -295,12 +292,9 @@ class StreamedDecoder(StreamedForward):
         self.layers = layers
 
     def prepare(self, columns: Any, *, with_token_types: bool = False, device: torch.device) -> Any:
-        from .packed import plan_groups
-        from .packed_decoder import PackedDecoderBatch
+        from .packed_decoder import prepare_decoder_batch
 
-        column, groups = plan_groups(columns.lengths, device, key_mask=False)
-        ids = torch.from_numpy(columns.ids).to(device)
-        return PackedDecoderBatch(ids, column.to(device), columns.lengths, groups)
+        return prepare_decoder_batch(columns, device)
 
     def forward_block(
         self, batches: Sequence[Any], layers: Sequence[int], keep: Keep = _as_is
