@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 import torch
 
 from ._call import Call
-from ._features.device_pool import finish, pool_batch
+from ._features.device_pool import batch_groups, finish, pool_groups
 from ._model.decoders import apply_final_norm
 from ._model.host_copy import RESULT_DTYPES, HostCopy
 from ._model.sdpa import attention_kernels
@@ -70,20 +70,22 @@ def _block_rows(engine: Any, block: list[tuple[Key, Any]], call: Call) -> Iterat
     prepared = [
         streamed.prepare(c, with_token_types=engine.with_token_types, device=engine.device) for c in columns
     ]
-    described: list[tuple[list[int], Any]] = [(c.lengths, None) for c in columns]  # each batch's rows
+    groups: list[Any] = [None] * len(columns)  # each batch's rows when pooled (batch_groups)
 
     def keep(i: int, depth: int, hidden: torch.Tensor) -> torch.Tensor:
         hidden = apply_final_norm(current, hidden[None], (depth,), call.final_norm)
         if pooling is None:
             return hidden[0] if hidden.device.type == "cpu" else hidden[0].to("cpu")
-        pooled, sizes, owner = pool_batch(hidden, columns[i], pooling)
-        described[i] = (sizes, owner)
-        return pooled[0]
+        if groups[i] is None:  # which tokens make which rows: once a batch, not once a layer
+            groups[i] = batch_groups(columns[i], pooling)
+        owner, _, n_rows, group_pool = groups[i]
+        return pool_groups(hidden, owner, n_rows, group_pool)[0]
 
     with engine.lock.exclusive(), torch.inference_mode(), attention_kernels(engine.device):
         kept = streamed.forward_block(prepared, call.layers, keep)
         launched = []
-        for (sizes, owner), hidden in zip(described, kept, strict=True):
+        for batch, hidden, pooled_as in zip(columns, kept, groups, strict=True):
+            sizes, owner = (batch.lengths, None) if pooled_as is None else (pooled_as[1], pooled_as[0])
             if pooling is not None:
                 hidden = finish(hidden, call.layers, pooling)
             launched.append((sizes, HostCopy(hidden, {}, RESULT_DTYPES[call.dtype]), owner))

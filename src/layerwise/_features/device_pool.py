@@ -110,22 +110,25 @@ def word_owner(columns: TokenColumns) -> tuple[np.ndarray, list[int]]:
     return owner, counts.tolist()
 
 
+def batch_groups(columns: TokenColumns, plan: DevicePlan) -> tuple[np.ndarray, list[int], int, str]:
+    """What a plan pools a batch's tokens into: each token's row (-1: none), each input's number of
+    rows (1 per input for a sentence), the number of rows, and the group pool that makes them.
+    Settled on the host once a batch (a streamed block pools every layer with it: _batch_runs.py)."""
+    if plan.level == "sentence":
+        owner = sentence_owner(columns, plan.special_tokens, plan.pool)
+        n = len(columns.lengths)
+        return owner, [1] * n, n, SENTENCE_AS_GROUP[plan.pool]
+    owner, sizes = word_owner(columns)
+    return owner, sizes, sum(sizes), plan.pool
+
+
 def pool_batch(
     hidden: torch.Tensor, columns: TokenColumns, plan: DevicePlan
 ) -> tuple[torch.Tensor, list[int], np.ndarray]:
     """A packed batch's states pooled per input (a sentence plan) or per word (a word plan), where
     they are: ``(L, rows, H)``, each input's number of rows (1 per input for a sentence), and each
     token's row (-1: none), which the host reads again to describe the rows (a word's tokens)."""
-    if plan.level == "sentence":
-        owner = sentence_owner(columns, plan.special_tokens, plan.pool)
-        sizes, n_groups, group_pool = (
-            [1] * len(columns.lengths),
-            len(columns.lengths),
-            SENTENCE_AS_GROUP[plan.pool],
-        )
-    else:
-        owner, sizes = word_owner(columns)
-        n_groups, group_pool = sum(sizes), plan.pool
+    owner, sizes, n_groups, group_pool = batch_groups(columns, plan)
     return pool_groups(hidden, owner, n_groups, group_pool), sizes, owner
 
 
