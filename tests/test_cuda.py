@@ -267,3 +267,44 @@ def test_streamed_on_cuda_equals_in_memory_on_cuda(make_tiny_model, decoder_fold
         streamed.embed(texts, **pooled), memory.embed(texts, **pooled), atol=ATOL, rtol=RTOL
     )
     assert streamed.engine.packed.peak_resident <= 2
+
+
+@pytest.mark.parametrize("arch", ["bert", "llama"])
+def test_a_device_map_with_half_the_layers_on_the_cpu_equals_the_gpu_alone(
+    make_tiny_model, decoder_folder, arch
+):
+    """Each layer on its own device (accelerate's hooks move the residual stream between the GPU and
+    the CPU): every hidden state as on the GPU alone, none of them the zeros of a failed copy."""
+    folder = make_tiny_model("bert", 4) if arch == "bert" else decoder_folder("llama")
+    memory = lw.Encoder(folder, device=DEVICE)
+    prefix, first, last = (
+        ("encoder.layer.", ["embeddings"], ["pooler"])
+        if arch == "bert"
+        else ("layers.", ["embed_tokens", "rotary_emb"], ["norm"])
+    )
+    n = memory.n_layers
+    device_map = {**dict.fromkeys(first, 0), **{f"{prefix}{i}": 0 if i < n // 2 else "cpu" for i in range(n)},
+                  **dict.fromkeys(last, "cpu")}  # fmt: skip
+    placed = lw.Encoder(folder, device_map=device_map)
+    assert placed.device.type == "cuda" and set(placed.model.hf_device_map.values()) == {0, "cpu"}
+    texts = [s for s in TEXTS if s][:20]
+    for a, b in zip(placed.extract(texts, layers="all"), memory.extract(texts, layers="all"), strict=True):
+        np.testing.assert_allclose(a.hidden, b.hidden, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("bits", ["8bit", "4bit"])
+def test_quantised_weights_run_on_cuda(decoder_folder, bits):
+    """8- and 4-bit weights (bitsandbytes): every layer close to the float16 model's, the last one
+    within what rounding the weights to so few bits allows."""
+    pytest.importorskip("bitsandbytes")
+    folder = decoder_folder("llama")
+    full = lw.Encoder(folder, device=DEVICE, model_dtype="float16")
+    quantised = lw.Encoder(folder, device=DEVICE, model_dtype="float16", quantize=bits)
+    assert quantised.model.is_quantized and quantised.engine.settings.packed is False
+    texts = [s for s in TEXTS if s][:8]
+    for a, b in zip(quantised.extract(texts, layers="all"), full.extract(texts, layers="all"), strict=True):
+        assert np.isfinite(a.hidden).all()
+        cosine = (a.hidden * b.hidden).sum(-1) / (
+            np.linalg.norm(a.hidden, axis=-1) * np.linalg.norm(b.hidden, axis=-1)
+        )
+        assert cosine.min() > (0.9 if bits == "8bit" else 0.7)

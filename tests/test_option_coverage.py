@@ -10,6 +10,7 @@ what Ray would carry (tests/test_ray.py runs the real Ray)."""
 from __future__ import annotations
 
 import pickle
+import tempfile
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -79,6 +80,14 @@ def _cases(other_model: Path) -> dict[str, _Case]:
         "stream_block_tokens": _Case(
             args=["--streaming", "--stream-block-tokens", "64"], key="stream_block_tokens"
         ),
+        # the whole model on one device, or on disk (read from the checkpoint in place): same numbers
+        "device_map": _Case(args=["--device-map", '{"": "cpu"}'], key="device_map"),
+        "offload_folder": _Case(
+            args=["--device-map", '{"": "disk"}', "--offload-folder", tempfile.mkdtemp(prefix="lw-test-")],
+            key="offload_folder",
+        ),
+        # bitsandbytes runs on CUDA only: refused on this CPU, naming it (test_placement.py)
+        "quantize": _Case(args=["--quantize", "8bit"], refused=BACKENDS),
         "quiet": _Case(args=["--quiet"], special="quiet"),
     }
 
@@ -244,6 +253,9 @@ SERVE_CASES = {
     "packed": ["--no-packed"],
     "allow_nan": ["--allow-nan"],
     "method": ["--method", "hooks"],
+    "device_map": ["--device-map", "auto"],
+    "offload_folder": ["--device-map", "auto", "--offload-folder", "STORE"],
+    "quantize": ["--quantize", "4bit"],
 }
 # refused by the server, naming why (a streamed model cannot answer interactively)
 SERVE_REFUSED = {

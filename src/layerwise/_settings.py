@@ -25,6 +25,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
+from ._placement import device_map_text, device_map_value, memory_caps
 from .errors import OptionError, check_choice
 
 ModelDtype = Literal["float32", "float16", "bfloat16"]
@@ -35,6 +36,7 @@ FINAL_NORMS: tuple[Any, ...] = (True, False, "all")
 FinalNormName = Literal["last", "none", "all"]
 Method = Literal["hidden_states", "hooks"]
 METHODS: tuple[str, ...] = get_args(Method)
+Quantize = Literal["none", "8bit", "4bit"]
 
 
 def check_final_norm(value: object, *, optional: bool = False) -> None:
@@ -151,8 +153,16 @@ class Settings:
         method: ``output_hidden_states`` or forward hooks (the same numbers): the default of calls.
         streaming: run the model layer by layer over blocks of texts, each layer's weights read once
             per block from the memory-mapped checkpoint: models larger than memory (_model/streamed.py).
-        max_device_memory: a streamed model's memory budget ("4GB"): the block size follows from it.
+        max_device_memory: a streamed model's memory budget ("4GB"): the block size follows from it;
+            with a device map, each GPU's cap ("20GB") or each device's ("0=20GB,1=20GB,cpu=64GB").
         stream_block_tokens: tokens per streamed block; None: what the budget holds, else 32768.
+        device_map: spread the model over devices with accelerate, as transformers does: "auto",
+            "balanced", "sequential", or a map of module names to devices (a dict, its JSON, or a
+            .json file; "disk" offloads). The model then runs transformers' own forward
+            (_model/placement.py).
+        offload_folder: where a device map's "disk" weights go when the checkpoint cannot be
+            memory-mapped in place; None: a temporary folder, removed with the model.
+        quantize: 8- or 4-bit weights through bitsandbytes (CUDA only; the ``quantize`` extra).
     """
 
     # the model changes the numbers too: the resume checks compare its weights' hash
@@ -202,12 +212,23 @@ class Settings:
     stream_block_tokens: int | None = setting(
         None, "Tokens per streamed block [default: what --max-device-memory holds, else 32768]", whole=True
     )
+    device_map: str | None = setting(
+        None,
+        "Spread the model over devices (accelerate): auto, balanced, sequential, or a JSON map / .json "
+        "file of module names to devices (0, cuda:1, cpu, disk)",
+    )
+    offload_folder: str | None = setting(
+        None, "Where a device map's disk weights are written if needed [default: a temporary folder]"
+    )
+    quantize: Quantize = setting("none", "8- or 4-bit weights with bitsandbytes (CUDA only)", numbers=True)
 
     def __post_init__(self) -> None:
-        if self.model is not None and not isinstance(self.model, str):
-            object.__setattr__(self, "model", str(self.model))  # a Path: kept as its string
+        for name in ("model", "offload_folder"):
+            if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
+                object.__setattr__(self, name, str(getattr(self, name)))  # a Path: kept as its string
         if not isinstance(self.device, str):
             object.__setattr__(self, "device", str(self.device))  # a torch.device
+        object.__setattr__(self, "device_map", device_map_text(self.device_map))  # a dict: its JSON
         hints = typing.get_type_hints(type(self))
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
@@ -218,10 +239,25 @@ class Settings:
             elif typing.get_origin(hints[f.name]) is Literal:
                 check_choice(f.name, value, get_args(hints[f.name]))
         check_final_norm(self.final_norm)
-        if self.max_device_memory is not None:
-            parse_bytes(self.max_device_memory, "max_device_memory")
+        self._check_placement()
+
+    def _check_placement(self) -> None:
+        caps = None if self.max_device_memory is None else memory_caps(self.max_device_memory, parse_bytes)
+        if self.device_map is not None:
+            device_map_value(self.device_map)
         if self.streaming and not self.packed:
             raise OptionError("streaming=True runs the packed forward layer by layer: leave packed=True")
+        if self.streaming and (self.device_map is not None or self.quantize != "none"):
+            given = "device_map" if self.device_map is not None else f"quantize={self.quantize!r}"
+            raise OptionError(
+                f"streaming=True and {given} are two ways to hold a model larger than a device: pick one "
+                "(streaming reads each layer once per block of texts; a device map spreads the layers)"
+            )
+        if isinstance(caps, dict) and self.device_map is None:
+            raise OptionError(
+                f"max_device_memory={self.max_device_memory!r} caps device by device, which only a "
+                "device map uses; a streamed model takes one size (e.g. 4GB)"
+            )
 
     def replace(self, **changes: Any) -> Settings:
         """A copy with ``changes`` (checked like the original)."""

@@ -32,6 +32,7 @@ from .._inputs.encoding import EncodedBlock, EncodedInput, InputEncoder, normali
 from .._model.decoders import is_decoder_config
 from .._model.gguf_files import gguf_read_once
 from .._model.handle import ModelHandle
+from .._model.placement import placement_of
 from .._model.sentence_transformers import read_sentence_transformers
 from .._model.source import (
     load_config_and_tokenizer,
@@ -77,8 +78,10 @@ class Encoder(FeatureCalls, RunRecords):
         dtype = _TORCH_DTYPES[given.model_dtype]  # light=packed: the packed forward needs no HF class
         with gguf_read_once(self.source):
             self.config, self.tokenizer = load_config_and_tokenizer(self.source, self.name)  # fast tokenizer
+            placement = placement_of(given, self.config, device)  # a device map, quantised weights
             self.models = ModelHandle(self.source, self.name, self.config, dtype, device, light=given.packed,
-                                      streaming=given.streaming)  # fmt: skip
+                                      streaming=given.streaming, placement=placement)  # fmt: skip
+        device = self.models.device  # a placed model's: where its inputs go
         self.model_type, self.n_layers, self.hidden_size = _dimensions(self.config)
         self.is_decoder = _checked_decoder(self.config, given.final_norm, self.name)
         self.sentence_transformers = read_sentence_transformers(self.source)
@@ -104,6 +107,7 @@ class Encoder(FeatureCalls, RunRecords):
             batch_size=given.batch_size or (CPU_BATCH_SIZE if on_cpu else GPU_BATCH_SIZE),
             max_tokens=max_tokens,
             streams=streams if block else given.streams,  # a tight streaming budget runs one at a time
+            packed=given.packed and placement is None,  # accelerate's hooks run in transformers' forward
             stream_block_tokens=block,
         )
         self.engine = Engine(self.models, self.tokenizer, resolved)

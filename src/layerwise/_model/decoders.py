@@ -76,9 +76,9 @@ def apply_final_norm(model: Any, hidden: Any, layers: Sequence[int], final_norm:
         return hidden
     norm = final_norm_module(model)
     if final_norm == "all":
-        return norm(hidden)
+        return norm(hidden).to(hidden.device)  # a placed model's norm may sit on another device
     last = int(config.num_hidden_layers)
     if last in layers:
         k = list(layers).index(last)
-        hidden[k] = norm(hidden[k])  # a fresh stack of the forward's states: changed in place
+        hidden[k] = norm(hidden[k]).to(hidden.device)  # a fresh stack of the forward's: changed in place
     return hidden

@@ -10,14 +10,17 @@ the weights every path uses, and the light copy is dropped.
 
 from __future__ import annotations
 
+import errno
+import shutil
 import threading
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from ..errors import OptionError
+from ..errors import ModelLoadError, OptionError
 from .light import load_light_model
+from .placement import Placement, input_device
 from .source import load_model
 
 
@@ -26,9 +29,11 @@ class ModelHandle:
     until the transformers model exists, then that), ``transformers()`` builds the latter once."""
 
     def __init__(self, source: str, name: str, config: Any, dtype: torch.dtype, device: torch.device, *,
-                 light: bool, streaming: bool = False) -> None:  # fmt: skip
+                 light: bool, streaming: bool = False,
+                 placement: Placement | None = None) -> None:  # fmt: skip
         self.source, self.name, self.config = source, name, config
-        self.dtype, self.device = dtype, device
+        self.dtype, self.device = dtype, device  # a placed model: the device its inputs go to
+        self.placement = placement  # accelerate's device map or quantisation (placement.py)
         self._lock = threading.Lock()
         self._listeners: list[Callable[[Any], None]] = []
         self._hf: Any = None
@@ -38,7 +43,7 @@ class ModelHandle:
 
             self.streamed, self._light = streamed_forward(source, name, config, dtype, device), None
             return
-        self._light = load_light_model(source, config, dtype) if light else None
+        self._light = load_light_model(source, config, dtype) if light and placement is None else None
         if self._light is None:
             self._hf = self._load()
         else:
@@ -80,4 +85,21 @@ class ModelHandle:
         self._listeners.append(listener)
 
     def _load(self) -> Any:
-        return load_model(self.source, self.name, self.dtype, self.config).to(self.device).eval()
+        if self.placement is None:
+            return load_model(self.source, self.name, self.dtype, self.config).to(self.device).eval()
+        try:
+            model = load_model(self.source, self.name, self.dtype, self.config, self.placement.kwargs)
+        except BaseException as exc:
+            self.placement.discard()
+            folder = self.placement.kwargs.get("offload_folder")
+            if isinstance(exc, OSError) and exc.errno == errno.ENOSPC and folder:
+                free = shutil.disk_usage(folder).free
+                raise ModelLoadError(
+                    f"the disk-offload folder {folder!r} filled up ({free:,} bytes free) while the device "
+                    "map sent weights there; pass an offload_folder on a disk with room for them, or give "
+                    "the devices more memory (max_device_memory)"
+                ) from None
+            raise
+        self.placement.adopt(model)
+        self.device = input_device(model)
+        return model.eval()

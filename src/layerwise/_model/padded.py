@@ -14,6 +14,7 @@ from .._settings import Method
 from ..errors import ModelLoadError
 from .decoders import raw_hidden_states
 from .hooks import HookRecorder, truncated_encoder
+from .placement import gathered, is_placed
 
 
 def collate(
@@ -79,7 +80,13 @@ def forward_batch(
             raise RuntimeError(f"model returned {len(states)} hidden states after {depth} layers")
     else:
         states = dict(recorder.hidden)
-    hidden = torch.stack([states[i] for i in layers])
+    # a placed model's states come from each layer's device: gathered where its inputs went
+    placed = is_placed(model)
+    hidden = (
+        gathered(states, layers, batch["input_ids"].device)
+        if placed
+        else torch.stack([states[i] for i in layers])
+    )
     tapped = {t: torch.stack([recorder.taps[t][i] for i in tap_layers]) for t in taps if tap_layers}
     return hidden, tapped
 

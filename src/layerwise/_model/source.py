@@ -229,9 +229,11 @@ def unused_weights(stored: list[str], model_keys: set[str], base_prefix: str) ->
     return sorted(unused)
 
 
-def load_model(source: str, name: str, dtype, config: Any = None):
+def load_model(source: str, name: str, dtype, config: Any = None, placement: dict[str, Any] | None = None):
     """The transformers model of ``source``, strictly: see the module docstring. ``config``, the
-    one already read, spares a GGUF file a second parse (seconds for a 49k-token vocabulary)."""
+    one already read, spares a GGUF file a second parse (seconds for a 49k-token vocabulary).
+    ``placement``: accelerate's arguments (device_map, max_memory, offload_folder,
+    quantization_config: placement.py)."""
     from transformers import AutoModel
 
     local = Path(source).is_dir()
@@ -241,7 +243,7 @@ def load_model(source: str, name: str, dtype, config: Any = None):
     with quiet_transformers(gguf=gguf):
         try:
             model, info = AutoModel.from_pretrained(
-                where, dtype=dtype, output_loading_info=True, **extra, **known
+                where, dtype=dtype, output_loading_info=True, **extra, **known, **(placement or {})
             )
         except Exception as exc:
             if "Weights only load failed" in str(exc):
@@ -332,6 +334,10 @@ def weights_sha256(model) -> str:
     cached = getattr(model, "_layerwise_weights_sha256", None)
     if cached is not None and cached[0] == fingerprint:
         return cached[1]
+    if any(t.is_meta for _, t in state):  # accelerate keeps an offloaded layer's weights off the model
+        from .placement import offloaded_tensor
+
+        state = [(k, offloaded_tensor(model, k).to(t.dtype) if t.is_meta else t) for k, t in state]
     hexdigest = tensors_sha256(state)
     model._layerwise_weights_sha256 = (fingerprint, hexdigest)
     return hexdigest

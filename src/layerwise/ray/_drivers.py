@@ -76,6 +76,11 @@ def _checked(settings: Settings, plan: OutputPlan) -> tuple[Settings, OutputPlan
         raise OptionError(f"settings must be a layerwise.Settings, not {type(settings).__name__}")
     if not isinstance(plan, OutputPlan):
         raise OptionError(f"plan must be a layerwise.OutputPlan, not {type(plan).__name__}")
+    if settings.quantize != "none" and not settings.device.startswith("cuda"):
+        raise OptionError(
+            f"quantize={settings.quantize!r} runs bitsandbytes' CUDA kernels, and Ray's actors run on the "
+            "CPU unless device='cuda' (one GPU each): pass device='cuda' (--device cuda)"
+        )
     if settings.model is not None and Path(settings.model).expanduser().exists():
         # a local folder or file: by its absolute path, wherever an actor's working folder is
         settings = settings.replace(model=str(Path(settings.model).expanduser().resolve()))
