@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import needs_smollm2, smollm2_folder
 
 import layerwise as lw
 from layerwise.errors import ModelLoadError, OptionError
@@ -150,3 +151,19 @@ def test_a_store_written_in_memory_is_resumed_by_a_streamed_run(bert, tmp_path):
     store = lw.open_store(path)
     for i, stack in enumerate(streamed.extract(TEXTS[:2], layers="all")):
         np.testing.assert_allclose(store[i].hidden, stack.hidden.astype(np.float16), atol=2e-3)
+
+
+@needs_smollm2
+def test_a_gguf_file_streams_one_dequantised_layer_at_a_time_with_the_in_memory_numbers(smollm2):
+    """SmolLM2's Q4_1 GGUF file: each layer de-quantised when it is read (by gguf, laid out by
+    transformers' own processor: Llama's permuted query and key rows put back), the word table by
+    row; every hidden state and the weights' hash as ``from_pretrained(gguf_file=...)`` gives them."""
+    streamed = lw.Encoder(smollm2_folder(), device="cpu", streaming=True, stream_block_tokens=64)
+    for final_norm in (True, "all"):
+        _same_stacks(
+            streamed.extract(TEXTS, layers="all", final_norm=final_norm),
+            smollm2.extract(TEXTS, layers="all", final_norm=final_norm),
+        )
+    assert streamed.engine.packed.peak_resident <= 2
+    hashes = [enc.run_meta(lw.OutputPlan())["weights_sha256"] for enc in (streamed, smollm2)]
+    assert hashes[0] == hashes[1]

@@ -7,12 +7,26 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Protocol
 
 import torch
 
 from ..errors import ModelLoadError
 
 INDEX = "model.safetensors.index.json"
+
+
+class Weights(Protocol):
+    """What the streamed forward reads weights from: a safetensors :class:`Checkpoint`, or a GGUF
+    file de-quantised tensor by tensor (gguf_checkpoint.py)."""
+
+    def names(self) -> set[str]: ...
+
+    def read(
+        self, names: Iterable[str], dtype: torch.dtype, device: torch.device
+    ) -> dict[str, torch.Tensor]: ...
+
+    def read_rows(self, name: str, rows: list[int], dtype: torch.dtype) -> torch.Tensor: ...
 
 
 class Checkpoint:
@@ -37,10 +51,10 @@ class Checkpoint:
         if folder is not None and (folder / INDEX).is_file():
             weight_map = json.loads((folder / INDEX).read_text(encoding="utf-8"))["weight_map"]
             return cls({key: folder / file for key, file in weight_map.items()})
-        kind = "a GGUF file" if str(source).lower().endswith(".gguf") else "its weights"
         raise ModelLoadError(
-            f"model {name!r}: streaming reads each layer's weights memory-mapped from safetensors, and "
-            f"{kind} are not in that format. Convert it once: load it in memory and save it with "
+            f"model {name!r}: streaming reads each layer's weights memory-mapped from safetensors (or a "
+            "GGUF file), and its weights are not in that format. Convert it once: load it in memory and "
+            "save it with "
             "model.save_pretrained(folder) (safetensors is the default), then stream the folder"
         )
 

@@ -11,7 +11,8 @@ weights are resident at once (:attr:`StreamedForward.peak_resident` counts them;
 The numbers are the in-memory packed forward's: the same modules run the same ops (packed.py for
 BERT-family encoders; the decoder layers' own forward with the packed attention,
 packed_decoder.py). Supported: the encoders of the packed forward, and the Llama family of
-decoders (llama, mistral, qwen2, qwen3), from safetensors.
+decoders (llama, mistral, qwen2, qwen3), from safetensors or a GGUF file (de-quantised one tensor at a
+time, gguf_checkpoint.py).
 """
 
 from __future__ import annotations
@@ -27,8 +28,9 @@ import torch
 from torch import nn
 
 from ..errors import ModelLoadError, OptionError
-from .checkpoint import Checkpoint
+from .checkpoint import Checkpoint, Weights
 from .decoders import is_decoder_config
+from .gguf_files import gguf_parts
 
 STREAMED_DECODER_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
@@ -65,7 +67,7 @@ class StreamedForward:
     weights assigned from the checkpoint for one block and released after it."""
 
     def __init__(self, skeleton: Any, units: list[list[nn.Module]], words: nn.Module,
-                 checkpoint: Checkpoint, prefix: str, dtype: torch.dtype,
+                 checkpoint: Weights, prefix: str, dtype: torch.dtype,
                  device: torch.device) -> None:  # fmt: skip
         self.skeleton, self.checkpoint, self.prefix = skeleton, checkpoint, prefix
         self.dtype, self.device = dtype, device
@@ -223,7 +225,7 @@ def _unit_names(skeleton: nn.Module, modules: list[nn.Module]) -> list[str]:
 class StreamedEncoder(StreamedForward):
     """A BERT-family encoder, streamed: the packed forward's own layer function (packed.py)."""
 
-    def __init__(self, config: Any, checkpoint: Checkpoint, prefix: str, dtype: torch.dtype,
+    def __init__(self, config: Any, checkpoint: Weights, prefix: str, dtype: torch.dtype,
                  device: torch.device, *, pooler: bool) -> None:  # fmt: skip
         from .light import LightModel
         from .packed import PackedEncoder
@@ -273,7 +275,7 @@ class StreamedDecoder(StreamedForward):
     """A Llama-family decoder, streamed: each decoder layer's own forward, with the packed attention
     (packed_decoder.py) over each batch's per-text grids."""
 
-    def __init__(self, config: Any, checkpoint: Checkpoint, prefix: str, dtype: torch.dtype,
+    def __init__(self, config: Any, checkpoint: Weights, prefix: str, dtype: torch.dtype,
                  device: torch.device) -> None:  # fmt: skip
         from transformers import AutoModel
 
@@ -338,7 +340,12 @@ def streamed_forward(source: str, name: str, config: Any, dtype: torch.dtype,
                      device: torch.device) -> StreamedForward:  # fmt: skip
     """The streamed forward of ``source`` (refusing what it cannot stream, naming the fix)."""
     check_streamable(config, name)
-    checkpoint = Checkpoint.find(source, name)
+    if gguf_parts(source) is not None:  # de-quantised tensor by tensor, as each layer is read
+        from .gguf_checkpoint import GgufCheckpoint
+
+        checkpoint: Weights = GgufCheckpoint(source, config)
+    else:
+        checkpoint = Checkpoint.find(source, name)
     stored = checkpoint.names()
     if is_decoder_config(config):
         prefix = "model." if any(k.startswith("model.layers.") for k in stored) else ""
