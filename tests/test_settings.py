@@ -340,7 +340,8 @@ def test_the_encoder_is_made_from_one_settings_value(make_tiny_model):
     same = lw.Encoder(str(model), device="cpu", batch_size=3, max_tokens=77, streams=1)
     assert same.settings == enc.settings
     assert lw.Encoder(settings, batch_size=5).settings.batch_size == 5  # keywords replace fields
-    assert enc.engine.settings == enc.settings.replace(max_length=enc.max_length)  # only filled in
+    # only filled in: the length, and whether it streams (None: the weights fit, so no)
+    assert enc.engine.settings == enc.settings.replace(max_length=enc.max_length, streaming=False)
     assert (enc.batch_size, enc.max_tokens, enc.engine.settings.device) == (3, 77, "cpu")
     names = {f.name for f in dataclasses.fields(lw.Settings)}
     assert not names & set(vars(enc)), "the Encoder copies a field of its Settings"

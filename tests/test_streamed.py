@@ -4,8 +4,11 @@ cannot be streamed is refused by name."""
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import pytest
+import torch
 from conftest import needs_smollm2, smollm2_folder
 
 import layerwise as lw
@@ -167,3 +170,32 @@ def test_a_gguf_file_streams_one_dequantised_layer_at_a_time_with_the_in_memory_
     assert streamed.engine.packed.peak_resident <= 2
     hashes = [enc.run_meta(lw.OutputPlan())["weights_sha256"] for enc in (streamed, smollm2)]
     assert hashes[0] == hashes[1]
+
+
+def test_a_model_whose_weights_do_not_fit_streams_by_itself(
+    make_tiny_model, decoder_folder, monkeypatch, caplog
+):
+    """streaming=None (the default): loaded whole when the weights fit in the free memory, streamed
+    when they do not (said in a warning); streaming=False loads it whole anyway, and a model that
+    cannot be streamed is loaded whole with a warning that says why."""
+    from layerwise._model import fits
+
+    model = make_tiny_model("bert", 3)
+    memory = lw.Encoder(model, device="cpu")
+    assert memory.settings.streaming is None and not memory.streamed and memory.engine.streamed is None
+    parameters = sum(p.numel() for p in memory.model.parameters())
+    assert fits.weights_bytes(memory.source, torch.float32) == 4 * parameters  # from the headers alone
+    assert fits.weights_bytes(memory.source, torch.bfloat16) == 2 * parameters
+    monkeypatch.setattr(fits, "free_bytes", lambda device: 4 * parameters)  # 80% of it is too little
+    with caplog.at_level(logging.WARNING, logger="layerwise"):
+        auto = lw.Encoder(model, device="cpu")
+    assert auto.settings.streaming is None and auto.streamed and auto.engine.streamed is not None
+    assert "do not fit in the" in caplog.text and "streaming it layer by layer" in caplog.text
+    _same_stacks(auto.extract(TEXTS, layers="all"), memory.extract(TEXTS, layers="all"))
+    assert auto.run_meta(lw.OutputPlan())["streaming"] is True
+    assert lw.Encoder(model, device="cpu", streaming=False).engine.streamed is None
+    caplog.clear()
+    monkeypatch.setattr(fits, "free_bytes", lambda device: 1)
+    with caplog.at_level(logging.WARNING, logger="layerwise"):
+        whole = lw.Encoder(decoder_folder("gemma"), device="cpu")
+    assert whole.engine.streamed is None and "cannot be streamed" in caplog.text

@@ -57,3 +57,15 @@ def release_free_memory(*, every: float = TRIM_EVERY_S) -> None:
     trim = _malloc_trim()
     if trim is not None:
         trim(0)
+
+
+def available_memory() -> int:
+    """Bytes of memory available to this process (MemAvailable), or 8 GiB when unknown."""
+    try:
+        with open("/proc/meminfo") as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 8 * 2**30

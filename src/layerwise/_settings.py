@@ -152,7 +152,8 @@ class Settings:
             every one ("all"): the default of every call that does not say (OutputPlan.final_norm).
         method: ``output_hidden_states`` or forward hooks (the same numbers): the default of calls.
         streaming: run the model layer by layer over blocks of texts, each layer's weights read once
-            per block from the memory-mapped checkpoint: models larger than memory (_model/streamed.py).
+            per block from the memory-mapped checkpoint: models larger than memory (_model/streamed.py);
+            None: when the weights do not fit in the device's free memory (_model/fits.py).
         max_device_memory: a streamed model's memory budget ("4GB"): the block size follows from it;
             with a device map, each GPU's cap ("20GB") or each device's ("0=20GB,1=20GB,cpu=64GB").
         stream_block_tokens: tokens per streamed block; None: what the budget holds, else 32768.
@@ -200,10 +201,10 @@ class Settings:
         True, FINAL_NORM_HELP, numbers=True, cli=(FinalNormName | None, final_norm_value)
     )
     method: Method = setting("hidden_states", "output_hidden_states or forward hooks (the same numbers)")
-    streaming: bool = setting(
-        False,
+    streaming: bool | None = setting(
+        None,
         "Layer-streamed forward for models larger than memory: each layer's weights read once per "
-        "block of texts (same numbers)",
+        "block of texts (same numbers) [default: when the weights do not fit in the device's free memory]",
     )
     max_device_memory: str | None = setting(
         None,
@@ -234,6 +235,8 @@ class Settings:
             value = getattr(self, f.name)
             if f.metadata.get("whole"):
                 _whole(f.name, value, optional=True)
+            elif hints[f.name] == bool | None and not isinstance(value, bool | None):
+                raise OptionError(f"{f.name}={value!r} must be True, False or None")
             elif hints[f.name] is bool and not isinstance(value, bool):
                 raise OptionError(f"{f.name}={value!r} must be True or False")
             elif typing.get_origin(hints[f.name]) is Literal:

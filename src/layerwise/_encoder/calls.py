@@ -19,6 +19,7 @@ from .._call import Call
 from .._features.device_pool import DevicePlan
 from .._features.layers import LayerSpec, resolve_layers
 from .._features.names import LONG_TEXTS, LongTexts
+from .._features.plan import check_final_norm_for
 from .._inputs.ahead import ahead
 from .._inputs.block import EncodedBlock
 from .._inputs.encoding import RawInputs
@@ -27,7 +28,7 @@ from .._inputs.windows import check_window_memory, check_window_options
 from .._model.hooks import DECODER_TAPS, check_taps
 from .._model.host_copy import RESULT_DTYPES
 from .._results import LayerStack
-from .._settings import METHODS, FinalNorm, Method
+from .._settings import METHODS, FinalNorm, Method, check_final_norm
 from ..errors import OptionError, check_choice
 
 
@@ -46,14 +47,15 @@ class Encoder(Protocol):
     def method(self) -> Method: ...
     @property
     def device(self) -> Any: ...
+    @property
+    def final_norm(self) -> FinalNorm: ...
 
     hidden_size: int
     is_decoder: bool
     model_type: str
+    name: str
     engine: Any
     inputs: Any
-
-    def call_final_norm(self, value: FinalNorm | None) -> FinalNorm: ...
 
 
 MAX_BLOCK = 16  # batches' worth of inputs in one block, at most
@@ -89,7 +91,16 @@ def make_call(
     check_choice("long_texts", long_texts, LONG_TEXTS)
     check_window_options(long_texts, stride, encoder.max_length)
     return Call(layer_ids, method, checked, long_texts, stride, batch_size, max_tokens,
-                encoder.call_final_norm(final_norm), device_pool, dtype)  # fmt: skip
+                call_final_norm(encoder, final_norm), device_pool, dtype)  # fmt: skip
+
+
+def call_final_norm(encoder: Encoder, value: FinalNorm | None) -> FinalNorm:
+    """A call's final norm: its own, else the Encoder's; "all" and False need a decoder."""
+    if value is None:
+        return encoder.final_norm
+    check_final_norm(value)
+    check_final_norm_for(value, is_decoder=encoder.is_decoder, name=repr(encoder.name))
+    return value
 
 
 def stream_stacks(

@@ -30,6 +30,7 @@ from .._features.names import LongTexts
 from .._features.plan import OutputPlan, Result, check_final_norm_for
 from .._inputs.encoding import EncodedBlock, EncodedInput, InputEncoder, normalize_inputs
 from .._model.decoders import is_decoder_config
+from .._model.fits import resolve_streaming
 from .._model.gguf_files import gguf_read_once
 from .._model.handle import ModelHandle
 from .._model.placement import placement_of
@@ -43,7 +44,7 @@ from .._model.source import (
 from .._model.streamed import block_tokens
 from .._model.streams import check_streams
 from .._results import LayerStack
-from .._settings import FinalNorm, Method, ModelDtype, Settings, check_final_norm, settings_of
+from .._settings import FinalNorm, Method, ModelDtype, Settings, settings_of
 from ..errors import InputError, OptionError
 from .calls import make_call, stream_batches, stream_stacks
 from .features import FeatureCalls
@@ -78,9 +79,11 @@ class Encoder(FeatureCalls, RunRecords):
         dtype = _TORCH_DTYPES[given.model_dtype]  # light=packed: the packed forward needs no HF class
         with gguf_read_once(self.source):
             self.config, self.tokenizer = load_config_and_tokenizer(self.source, self.name)  # fast tokenizer
+            # streaming=None: streamed when the weights do not fit in the device's free memory
+            streaming = resolve_streaming(given, self.source, self.config, dtype, device, self.name)
             placement = placement_of(given, self.config, device)  # a device map, quantised weights
             self.models = ModelHandle(self.source, self.name, self.config, dtype, device, light=given.packed,
-                                      streaming=given.streaming, placement=placement)  # fmt: skip
+                                      streaming=streaming, placement=placement)  # fmt: skip
         device = self.models.device  # a placed model's: where its inputs go
         self.model_type, self.n_layers, self.hidden_size = _dimensions(self.config)
         self.is_decoder = _checked_decoder(self.config, given.final_norm, self.name)
@@ -94,7 +97,7 @@ class Encoder(FeatureCalls, RunRecords):
                                    pairs=not self.is_decoder)  # fmt: skip
         # what it was made with; the model by its name (the packaged default's hub name for None),
         # which any process resolves to the same files (Encoder.source is where they were found)
-        self.settings = given.replace(model=self.name)
+        self.settings = given.replace(model=self.name)  # streaming: as given (None: decided by size)
         on_cpu = device.type == "cpu"
         max_tokens = given.max_tokens or (CPU_MAX_TOKENS if on_cpu else GPU_MAX_TOKENS)
         streams = check_streams(given.streams, device, self.hidden_size)  # batches running at once
@@ -109,6 +112,7 @@ class Encoder(FeatureCalls, RunRecords):
             streams=streams if block else given.streams,  # a tight streaming budget runs one at a time
             packed=given.packed and placement is None,  # accelerate's hooks run in transformers' forward
             stream_block_tokens=block,
+            streaming=streaming,
         )
         self.engine = Engine(self.models, self.tokenizer, resolved)
         if device.type == "cuda":  # the GPU's set-up paid here, not by the first call (warm.py)
@@ -153,6 +157,10 @@ class Encoder(FeatureCalls, RunRecords):
     @property
     def model(self):  # the transformers model, built on first use (the packed forward needs none)
         return self.models.transformers()
+
+    @property
+    def streamed(self) -> bool:  # layer by layer: streaming=True, or None and too large to hold
+        return bool(self.engine.settings.streaming)
 
     @property
     def n_hidden_states(self) -> int:  # the embedding output plus one per layer
@@ -270,14 +278,6 @@ class Encoder(FeatureCalls, RunRecords):
         )
         raw = normalize_inputs(texts, text_pairs=text_pairs, pairs=pairs, words=words)
         return stream_stacks(self, call, raw, progress, report_truncation)
-
-    def call_final_norm(self, value: FinalNorm | None) -> FinalNorm:
-        """A call's final norm: its own, else this Encoder's; "all" and False need a decoder."""
-        if value is None:
-            return self.final_norm
-        check_final_norm(value)
-        check_final_norm_for(value, is_decoder=self.is_decoder, name=repr(self.name))
-        return value
 
     @overload
     def extract(self, texts: str, **options: object) -> LayerStack: ...  # type: ignore[overload-overlap]

@@ -49,18 +49,6 @@ class LayerSource:
         return np.stack([self.layer(k) if rows is None else self.layer(k)[rows] for k in ks])
 
 
-def available_memory() -> int:
-    """Bytes of memory available to this process (MemAvailable), or 8 GiB when unknown."""
-    try:
-        with open("/proc/meminfo") as handle:
-            for line in handle:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 8 * 2**30
-
-
 def word_sources(
     encoder: Encoder,
     sentences: TaggedSentences,

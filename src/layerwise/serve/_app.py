@@ -54,7 +54,7 @@ def create_app(
     ``reference_store``, a token-level store of one of the models, else the built-in sample)."""
     if not encoders:
         raise OptionError("create_app needs at least one model")
-    streamed = [name for name, enc in encoders.items() if getattr(enc.settings, "streaming", False)]
+    streamed = [name for name, enc in encoders.items() if getattr(enc, "streamed", False)]
     if streamed:
         raise OptionError(NOT_INTERACTIVE.format(", ".join(map(repr, streamed))))
     settings = settings or ServeSettings()
