@@ -41,7 +41,7 @@ from .._model.source import (
     resolve_model_source,
     usable_max_length,
 )
-from .._model.streamed import block_tokens
+from .._model.stream_block import block_tokens
 from .._model.streams import check_streams
 from .._results import LayerStack
 from .._settings import FinalNorm, Method, ModelDtype, Settings, settings_of

@@ -10,9 +10,9 @@ weights are resident at once (:attr:`StreamedForward.peak_resident` counts them;
 
 The numbers are the in-memory packed forward's: the same modules run the same ops (packed.py for
 BERT-family encoders; the decoder layers' own forward with the packed attention,
-packed_decoder.py). Supported: the encoders of the packed forward, and the Llama family of
-decoders (llama, mistral, qwen2, qwen3), from safetensors or a GGUF file (de-quantised one tensor at a
-time, gguf_checkpoint.py).
+packed_decoder.py). Supported: the encoders of the packed forward, and the decoders of the Llama
+and Gemma families (:data:`STREAMED_DECODER_TYPES`), from safetensors or a GGUF file (de-quantised
+one tensor at a time, gguf_checkpoint.py). How large a block is: stream_block.py.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from .checkpoint import Checkpoint, Weights
 from .decoders import is_decoder_config
 from .gguf_files import gguf_parts
 
-STREAMED_DECODER_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+STREAMED_DECODER_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text")
 
 
 def check_streamable(config: Any, name: str) -> None:
@@ -72,6 +72,10 @@ class StreamedForward:
         self.skeleton, self.checkpoint, self.prefix = skeleton, checkpoint, prefix
         self.dtype, self.device = dtype, device
         self.units = units  # the embeddings, then each layer: the modules whose weights load together
+        # buffers a unit computes rather than reads (Gemma's embedding scale): kept across releases
+        self._computed = [[(owner, name, buffer) for m in modules for owner in m.modules()
+                           for name, buffer in owner.named_buffers(recurse=False) if not buffer.is_meta]
+                          for modules in units]  # fmt: skip
         self._names = [_unit_names(skeleton, modules) for modules in units]
         # the word embeddings are read by row, only the block's token ids (a 128k-token vocabulary
         # outweighs a layer); the batches' ids are renumbered into that small table
@@ -142,6 +146,8 @@ class StreamedForward:
                 finally:
                     for module in self.units[k]:
                         module.to_empty(device=torch.device("meta"))
+                    for owner, name, buffer in self._computed[k]:
+                        owner._buffers[name] = buffer
                     if k == 0:
                         meta = torch.empty(self._words_shape, device="meta")
                         self.words.weight = nn.Parameter(meta, requires_grad=False)
@@ -272,7 +278,7 @@ class StreamedEncoder(StreamedForward):
 
 
 class StreamedDecoder(StreamedForward):
-    """A Llama-family decoder, streamed: each decoder layer's own forward, with the packed attention
+    """A Llama- or Gemma-family decoder, streamed: each decoder layer's own forward, with the packed attention
     (packed_decoder.py) over each batch's per-text grids."""
 
     def __init__(self, config: Any, checkpoint: Weights, prefix: str, dtype: torch.dtype,
@@ -284,14 +290,27 @@ class StreamedDecoder(StreamedForward):
         register_packed_attention()
         with torch.device("meta"):
             skeleton = AutoModel.from_config(config, dtype=dtype)
-        # buffers computed at construction (the rotary frequencies) must be real numbers
+        # buffers computed at construction (the rotary frequencies, Gemma's embedding scale) must be
+        # real numbers
         skeleton.rotary_emb = type(skeleton.rotary_emb)(skeleton.config).to(device)
+        if hasattr(skeleton.embed_tokens, "embed_scale"):  # Gemma's embeddings times sqrt(hidden)
+            skeleton.embed_tokens.embed_scale = torch.tensor(float(config.hidden_size) ** 0.5, device=device)
+        # Gemma 3: a rotary embedding per layer type (full and sliding attention)
+        self._layer_types = (
+            getattr(config, "layer_types", None) if config.model_type == "gemma3_text" else None
+        )
         norm = checkpoint.read([prefix + n for n in _unit_names(skeleton, [skeleton.norm])], dtype, device)
         skeleton.load_state_dict({k[len(prefix) :]: v for k, v in norm.items()}, strict=False, assign=True)
         layers = list(skeleton.layers)
         units = [[skeleton.embed_tokens], *[[layer] for layer in layers]]
         super().__init__(skeleton, units, skeleton.embed_tokens, checkpoint, prefix, dtype, device)
         self.layers = layers
+
+    def _rotary(self, hidden: torch.Tensor, positions: torch.Tensor) -> Any:
+        """The rotary embedding of a batch's positions: one, or Gemma 3's one per layer type."""
+        if self._layer_types is None:
+            return self.skeleton.rotary_emb(hidden, positions)
+        return {kind: self.skeleton.rotary_emb(hidden, positions, kind) for kind in set(self._layer_types)}
 
     def prepare(self, columns: Any, *, with_token_types: bool = False, device: torch.device) -> Any:
         from .packed_decoder import prepare_decoder_batch
@@ -318,13 +337,15 @@ class StreamedDecoder(StreamedForward):
                         self.skeleton.embed_tokens(self.renumbered(b.ids, vocabulary)[None]) for b in batches
                     ]
                     rotary = [
-                        self.skeleton.rotary_emb(h, b.positions[None])
-                        for h, b in zip(hidden, batches, strict=True)
+                        self._rotary(h, b.positions[None]) for h, b in zip(hidden, batches, strict=True)
                     ]
                 else:
                     layer = self.layers[depth - 1]
+                    kind = None if self._layer_types is None else self._layer_types[depth - 1]
 
-                    def step(h: torch.Tensor, batch: Any, rotated: Any, layer: Any = layer) -> torch.Tensor:
+                    def step(h: torch.Tensor, batch: Any, rotated: Any, layer: Any = layer,
+                             kind: str | None = kind) -> torch.Tensor:  # fmt: skip
+                        rotated = rotated if kind is None else rotated[kind]
                         with running_packed(PackedRun(batch.groups)):  # this thread's grids
                             return layer(h, attention_mask=None, position_ids=batch.positions[None],
                                          position_embeddings=rotated, use_cache=False)  # fmt: skip
@@ -360,33 +381,3 @@ def streamed_forward(source: str, name: str, config: Any, dtype: torch.dtype,
         )
     pooler = f"{base}pooler.dense.weight" in stored and config.model_type != "electra"
     return StreamedEncoder(config, checkpoint, base, dtype, device, pooler=pooler)
-
-
-DEFAULT_BLOCK_TOKENS = 32768  # weights read once per 32,768 tokens: a small share of their compute
-
-
-def block_tokens(
-    forward: StreamedForward | None, settings: Any, max_length: int, max_tokens: int, streams: int = 1
-) -> tuple[int | None, int, int]:
-    """A streamed model's ``(block tokens, batch tokens, streams)``: the block
-    ``stream_block_tokens`` when given, else what ``max_device_memory`` holds, else
-    :data:`DEFAULT_BLOCK_TOKENS`; batches never larger than a block or than the budget allows; the
-    concurrent batches down to one where the budget holds only one. ``(None, max_tokens, streams)``
-    when not streamed."""
-    from .._settings import parse_bytes
-
-    if forward is None:
-        return None, max_tokens, streams
-    budget = settings.max_device_memory
-    block, batch = DEFAULT_BLOCK_TOKENS, max_tokens
-    if budget is not None:
-        size = parse_bytes(budget, "max_device_memory")
-        try:
-            block, batch = forward.fit(size, budget, max_length, max_tokens, streams)
-        except OptionError:
-            if streams == 1:
-                raise
-            streams = 1  # the batches one at a time, then (the error, if any, is about one)
-            block, batch = forward.fit(size, budget, max_length, max_tokens, streams)
-    block = settings.stream_block_tokens or block
-    return block, min(batch, block), streams
