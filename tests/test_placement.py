@@ -146,17 +146,17 @@ def test_an_offload_folder_that_cannot_be_written_is_refused_and_left_as_it_was(
 def test_an_offload_folder_that_fills_up_names_it_and_keeps_only_what_it_held(
     make_tiny_model, tmp_path, monkeypatch
 ):
-    from layerwise._model import handle
+    from transformers import AutoModel
 
     folder = tmp_path / "offload"
     folder.mkdir()
     (folder / "kept.txt").write_text("the user's")
 
-    def filling(source, name, dtype, config=None, placement=None):
-        (Path(placement["offload_folder"]) / "layer.dat").write_bytes(b"half")
+    def filling(*args, offload_folder, **kwargs):  # transformers writing the offloaded weights
+        (Path(offload_folder) / "layer.dat").write_bytes(b"half")
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(handle, "load_model", filling)
+    monkeypatch.setattr(AutoModel, "from_pretrained", filling)
     with pytest.raises(ModelLoadError, match="filled up"):
         lw.Encoder(make_tiny_model("bert", 2), device_map={"": "disk"}, offload_folder=str(folder))
     assert sorted(p.name for p in folder.iterdir()) == ["kept.txt"]

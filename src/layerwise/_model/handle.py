@@ -92,7 +92,10 @@ class ModelHandle:
         except BaseException as exc:
             self.placement.discard()
             folder = self.placement.kwargs.get("offload_folder")
-            if isinstance(exc, OSError) and exc.errno == errno.ENOSPC and folder:
+            cause: BaseException | None = exc  # load_model wraps what transformers raised
+            while cause is not None and not (isinstance(cause, OSError) and cause.errno == errno.ENOSPC):
+                cause = cause.__cause__
+            if cause is not None and folder:
                 free = shutil.disk_usage(folder).free
                 raise ModelLoadError(
                     f"the disk-offload folder {folder!r} filled up ({free:,} bytes free) while the device "
