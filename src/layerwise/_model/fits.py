@@ -42,19 +42,18 @@ def weights_bytes(source: str, dtype: torch.dtype) -> int | None:
 
     from .checkpoint import Checkpoint
 
+    count = 0
     try:
         checkpoint = Checkpoint.find(source, source)
-    except ModelLoadError:
+        by_file: dict[Path, list[str]] = {}
+        for name, file in checkpoint.files.items():
+            by_file.setdefault(file, []).append(name)
+        for file, names in by_file.items():
+            with safe_open(str(file), framework="pt") as handle:
+                for name in names:
+                    count += int(torch.Size(handle.get_slice(name).get_shape()).numel())
+    except Exception:  # no safetensors, or a damaged file: the load itself says what is wrong
         return None
-    count = 0
-    by_file: dict[Path, list[str]] = {}
-    for name, file in checkpoint.files.items():
-        by_file.setdefault(file, []).append(name)
-    for file, names in by_file.items():
-        with safe_open(str(file), framework="pt") as handle:
-            for name in names:
-                shape = handle.get_slice(name).get_shape()
-                count += int(torch.Size(shape).numel())
     return count * size
 
 
