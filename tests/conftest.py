@@ -303,6 +303,16 @@ def corpus(n: int, seed: int = 0) -> list[str]:
     return [" ".join(rng.choices(WORDS, k=rng.randint(1, 40))) for _ in range(n)]
 
 
+def assert_same_stacks(got, want) -> None:
+    """Two runs' LayerStacks: the same inputs, tokens and every hidden state to 1e-5 (float32)."""
+    import numpy as np
+
+    assert len(got) == len(want)
+    for a, b in zip(got, want, strict=True):
+        assert a.tokens == b.tokens
+        np.testing.assert_allclose(a.hidden, b.hidden, atol=1e-5, rtol=0)
+
+
 def assert_close_fp16(stored, exact) -> None:
     """A float16 store holds the float32 result rounded to float16: equal, or one float16 step
     away where the float32 result sat on a rounding boundary (a store computes in blocks, so its

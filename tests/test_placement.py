@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import assert_same_stacks
 
 import layerwise as lw
 from layerwise.errors import ModelLoadError, OptionError
@@ -21,13 +22,6 @@ TEXTS = [
     "A much longer sentence about nothing in particular, which goes on and on, so that it is cut.",
 ]
 PAIRS = [("Where is the bank?", "By the river."), ("Who wrote it?", "Nobody knows who wrote it.")]
-
-
-def _same(placed, in_memory) -> None:
-    assert len(placed) == len(in_memory)
-    for a, b in zip(placed, in_memory, strict=True):
-        assert a.tokens == b.tokens
-        np.testing.assert_allclose(a.hidden, b.hidden, atol=1e-5, rtol=0)
 
 
 def _half_on_disk(prefix: str, n_layers: int, first: list[str], last: list[str]) -> dict[str, str]:
@@ -47,12 +41,14 @@ def test_an_encoder_with_half_its_layers_on_disk_gives_every_layer_of_the_model_
     memory, placed = bert
     assert set(placed.model.hf_device_map.values()) == {"cpu", "disk"}
     assert placed.engine.settings.packed is False  # accelerate's hooks run in transformers' forward
-    _same(placed.extract(TEXTS, layers="all"), memory.extract(TEXTS, layers="all"))
-    _same(placed.extract(pairs=PAIRS, layers="all"), memory.extract(pairs=PAIRS, layers="all"))
+    assert_same_stacks(placed.extract(TEXTS, layers="all"), memory.extract(TEXTS, layers="all"))
+    assert_same_stacks(placed.extract(pairs=PAIRS, layers="all"), memory.extract(pairs=PAIRS, layers="all"))
     long = [" ".join(TEXTS * 3)]  # past the tiny model's 32 tokens: windows
     windowed = {"layers": "all", "long_texts": "window", "stride": 4}
-    _same(placed.extract(long, **windowed), memory.extract(long, **windowed))
-    _same(placed.extract(TEXTS, layers="all", method="hooks"), memory.extract(TEXTS, layers="all"))
+    assert_same_stacks(placed.extract(long, **windowed), memory.extract(long, **windowed))
+    assert_same_stacks(
+        placed.extract(TEXTS, layers="all", method="hooks"), memory.extract(TEXTS, layers="all")
+    )
     np.testing.assert_allclose(
         placed.embed(TEXTS, layers="all"), memory.embed(TEXTS, layers="all"), atol=1e-5
     )
@@ -67,7 +63,7 @@ def test_a_decoder_with_half_its_layers_on_disk_equals_the_model_in_memory(decod
     n = memory.n_layers
     device_map = _half_on_disk("layers.", n, ["embed_tokens", "rotary_emb"], ["norm"])
     placed = lw.Encoder(folder, device_map=device_map, final_norm=final_norm)
-    _same(placed.extract(TEXTS, layers="all"), memory.extract(TEXTS, layers="all"))
+    assert_same_stacks(placed.extract(TEXTS, layers="all"), memory.extract(TEXTS, layers="all"))
 
 
 def test_auto_with_a_memory_cap_offloads_what_does_not_fit_and_gives_the_same_numbers(make_tiny_model):
@@ -75,7 +71,7 @@ def test_auto_with_a_memory_cap_offloads_what_does_not_fit_and_gives_the_same_nu
     memory = lw.Encoder(folder, device="cpu")
     placed = lw.Encoder(folder, device_map="auto", max_device_memory="60KB")
     assert "disk" in placed.model.hf_device_map.values()
-    _same(placed.extract(TEXTS, layers="all"), memory.extract(TEXTS, layers="all"))
+    assert_same_stacks(placed.extract(TEXTS, layers="all"), memory.extract(TEXTS, layers="all"))
     meta = placed.run_meta(lw.OutputPlan())
     assert meta["device_map"] == "auto" and meta["max_device_memory"] == "60KB"
 

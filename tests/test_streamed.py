@@ -9,7 +9,7 @@ import logging
 import numpy as np
 import pytest
 import torch
-from conftest import needs_smollm2, smollm2_folder
+from conftest import assert_same_stacks, needs_smollm2, smollm2_folder
 
 import layerwise as lw
 from layerwise.errors import ModelLoadError, OptionError
@@ -23,13 +23,6 @@ TEXTS = [
 PAIRS = [("Where is the bank?", "By the river."), ("Who wrote it?", "Nobody knows who wrote it.")]
 
 
-def _same_stacks(streamed, in_memory) -> None:
-    assert len(streamed) == len(in_memory)
-    for a, b in zip(streamed, in_memory, strict=True):
-        assert a.tokens == b.tokens
-        np.testing.assert_allclose(a.hidden, b.hidden, atol=1e-5, rtol=0)
-
-
 @pytest.fixture(scope="module")
 def bert(make_tiny_model):
     model = make_tiny_model("bert", 3)
@@ -40,10 +33,10 @@ def bert(make_tiny_model):
 
 def test_a_streamed_encoder_gives_every_layer_of_the_in_memory_forward(bert):
     memory, streamed = bert
-    _same_stacks(streamed.extract(TEXTS, layers="all"), memory.extract(TEXTS, layers="all"))
-    _same_stacks(streamed.extract(pairs=PAIRS, layers="all"), memory.extract(pairs=PAIRS, layers="all"))
+    assert_same_stacks(streamed.extract(TEXTS, layers="all"), memory.extract(TEXTS, layers="all"))
+    assert_same_stacks(streamed.extract(pairs=PAIRS, layers="all"), memory.extract(pairs=PAIRS, layers="all"))
     windowed = {"layers": "all", "long_texts": "window", "stride": 4}
-    _same_stacks(streamed.extract(TEXTS, **windowed), memory.extract(TEXTS, **windowed))
+    assert_same_stacks(streamed.extract(TEXTS, **windowed), memory.extract(TEXTS, **windowed))
     np.testing.assert_allclose(
         streamed.embed(TEXTS, layers="all"), memory.embed(TEXTS, layers="all"), atol=1e-5
     )
@@ -86,7 +79,7 @@ def test_a_streamed_decoder_gives_every_layer_of_the_in_memory_forward(decoder_f
     folder = decoder_folder(arch)
     memory = lw.Encoder(folder, device="cpu", final_norm=final_norm)
     streamed = lw.Encoder(folder, device="cpu", final_norm=final_norm, streaming=True, stream_block_tokens=40)
-    _same_stacks(streamed.extract(TEXTS, layers="all"), memory.extract(TEXTS, layers="all"))
+    assert_same_stacks(streamed.extract(TEXTS, layers="all"), memory.extract(TEXTS, layers="all"))
     pooled = {"layers": "all", "pool": "last" if arch == "qwen3" else "mean"}  # reduced layer by layer
     np.testing.assert_allclose(streamed.embed(TEXTS, **pooled), memory.embed(TEXTS, **pooled), atol=1e-5)
     assert streamed.engine.packed.peak_resident <= 2
@@ -163,7 +156,7 @@ def test_a_gguf_file_streams_one_dequantised_layer_at_a_time_with_the_in_memory_
     row; every hidden state and the weights' hash as ``from_pretrained(gguf_file=...)`` gives them."""
     streamed = lw.Encoder(smollm2_folder(), device="cpu", streaming=True, stream_block_tokens=64)
     for final_norm in (True, "all"):
-        _same_stacks(
+        assert_same_stacks(
             streamed.extract(TEXTS, layers="all", final_norm=final_norm),
             smollm2.extract(TEXTS, layers="all", final_norm=final_norm),
         )
@@ -191,7 +184,7 @@ def test_a_model_whose_weights_do_not_fit_streams_by_itself(
         auto = lw.Encoder(model, device="cpu")
     assert auto.settings.streaming is None and auto.streamed and auto.engine.streamed is not None
     assert "do not fit in the" in caplog.text and "streaming it layer by layer" in caplog.text
-    _same_stacks(auto.extract(TEXTS, layers="all"), memory.extract(TEXTS, layers="all"))
+    assert_same_stacks(auto.extract(TEXTS, layers="all"), memory.extract(TEXTS, layers="all"))
     assert auto.run_meta(lw.OutputPlan())["streaming"] is True
     assert lw.Encoder(model, device="cpu", streaming=False).engine.streamed is None
     caplog.clear()

@@ -1,5 +1,6 @@
 """How the settings spell where a model's weights go when one device does not hold them, checked
-without torch: a device map (accelerate's, as transformers takes it) and the memory of each device.
+without torch: a device map (accelerate's, as transformers takes it), the memory of each device,
+and a size in bytes (``parse_bytes``: ``4GB``, ``16GiB``).
 
     device_map="auto"                                  # accelerate fills the GPUs, then the CPU, then disk
     device_map='{"embed_tokens": 0, "layers.0": 0, "layers.1": "cpu", "layers.2": "disk", ...}'
@@ -16,7 +17,6 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Any
 
 from .errors import OptionError
 
@@ -26,6 +26,19 @@ _DEVICE = re.compile(r"cpu|disk|mps|cuda(:\d+)?|\d+")
 _FORMS = (
     "auto, balanced, balanced_low_0, sequential, a JSON object of module names to devices, or a .json file"
 )
+
+
+_BYTE_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+               "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}  # fmt: skip
+
+
+def parse_bytes(text: object, name: str) -> int:
+    """A size such as ``4GB``, ``512MB``, ``16GiB`` or a number of bytes, as a whole number of bytes."""
+    found = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", str(text))
+    unit = found.group(2).upper() if found else None
+    if found is None or unit not in _BYTE_UNITS or float(found.group(1)) <= 0:
+        raise OptionError(f"{name}={text!r} is not a size; write it as 4GB, 512MB, 16GiB or a byte count")
+    return int(float(found.group(1)) * _BYTE_UNITS[unit])
 
 
 def device_map_value(spec: str) -> str | dict[str, str | int]:
@@ -64,11 +77,11 @@ def device_map_text(value: object) -> str | None:
     raise OptionError(f"device_map={value!r} must be a string or a dict; pass {_FORMS}")
 
 
-def memory_caps(text: str, parse_size: Any) -> int | dict[str | int, int]:
+def memory_caps(text: str) -> int | dict[str | int, int]:
     """``max_device_memory`` as one size (every GPU's, or a streamed model's budget) or device by
     device (``"0=20GB,1=20GB,cpu=64GB"``: a dict of GPU index or "cpu"/"mps" to bytes)."""
     if "=" not in text:
-        return int(parse_size(text, "max_device_memory"))
+        return parse_bytes(text, "max_device_memory")
     caps: dict[str | int, int] = {}
     for part in text.split(","):
         device, _, size = part.partition("=")
@@ -81,5 +94,5 @@ def memory_caps(text: str, parse_size: Any) -> int | dict[str | int, int]:
         key: str | int = device
         if device.isdigit() or device.startswith("cuda"):  # accelerate names a GPU by its index
             key = int(device.partition(":")[2] or 0) if device.startswith("cuda") else int(device)
-        caps[key] = int(parse_size(size, "max_device_memory"))
+        caps[key] = parse_bytes(size, "max_device_memory")
     return caps

@@ -20,7 +20,6 @@ Torch-free: a driver builds and checks settings without loading torch.
 from __future__ import annotations
 
 import dataclasses
-import re
 import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
@@ -101,19 +100,6 @@ def setting(default: Any, help: str, *, numbers: bool = False, flags: tuple[str,
     Literal's values) are the option's."""
     metadata = {"help": help, "flags": flags, "whole": whole, "cli": cli, **(NUMBERS if numbers else {})}
     return field(default=default, metadata=metadata)
-
-
-_BYTE_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
-               "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}  # fmt: skip
-
-
-def parse_bytes(text: object, name: str) -> int:
-    """A size such as ``4GB``, ``512MB``, ``16GiB`` or a number of bytes, as a whole number of bytes."""
-    found = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", str(text))
-    unit = found.group(2).upper() if found else None
-    if found is None or unit not in _BYTE_UNITS or float(found.group(1)) <= 0:
-        raise OptionError(f"{name}={text!r} is not a size; write it as 4GB, 512MB, 16GiB or a byte count")
-    return int(float(found.group(1)) * _BYTE_UNITS[unit])
 
 
 def final_norm_value(choice: FinalNormName | None) -> FinalNorm:
@@ -245,7 +231,7 @@ class Settings:
         self._check_placement()
 
     def _check_placement(self) -> None:
-        caps = None if self.max_device_memory is None else memory_caps(self.max_device_memory, parse_bytes)
+        caps = None if self.max_device_memory is None else memory_caps(self.max_device_memory)
         if self.device_map is not None:
             device_map_value(self.device_map)
         if self.streaming and not self.packed:

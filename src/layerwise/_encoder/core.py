@@ -81,7 +81,7 @@ class Encoder(FeatureCalls, RunRecords):
             self.config, self.tokenizer = load_config_and_tokenizer(self.source, self.name)  # fast tokenizer
             # streaming=None: streamed when the weights do not fit in the device's free memory
             streaming = resolve_streaming(given, self.source, self.config, dtype, device, self.name)
-            placement = placement_of(given, self.config, device)  # a device map, quantised weights
+            placement = placement_of(given, self.config, device, dtype)  # a device map, quantised weights
             self.models = ModelHandle(self.source, self.name, self.config, dtype, device, light=given.packed,
                                       streaming=streaming, placement=placement)  # fmt: skip
         device = self.models.device  # a placed model's: where its inputs go

@@ -66,11 +66,8 @@ class Checkpoint:
         ``device``."""
         from safetensors import safe_open
 
-        by_file: dict[Path, list[str]] = {}
-        for key in names:
-            by_file.setdefault(self.files[key], []).append(key)
         out = {}
-        for file, keys in by_file.items():
+        for file, keys in self._by_file(names).items():
             with safe_open(str(file), framework="pt") as handle:
                 for key in keys:
                     tensor = handle.get_tensor(key)
@@ -78,6 +75,22 @@ class Checkpoint:
                         tensor = tensor.to(dtype)
                     out[key] = tensor.to(device)
         return out
+
+    def element_count(self) -> int:
+        """How many numbers the checkpoint holds, from the files' headers alone (no tensor is read)."""
+        from safetensors import safe_open
+
+        count = 0
+        for file, keys in self._by_file(self.files).items():
+            with safe_open(str(file), framework="pt") as handle:
+                count += sum(int(torch.Size(handle.get_slice(key).get_shape()).numel()) for key in keys)
+        return count
+
+    def _by_file(self, names: Iterable[str]) -> dict[Path, list[str]]:
+        by_file: dict[Path, list[str]] = {}
+        for key in names:
+            by_file.setdefault(self.files[key], []).append(key)
+        return by_file
 
     def read_rows(self, name: str, rows: list[int], dtype: torch.dtype) -> torch.Tensor:
         """Rows ``rows`` (sorted, unique) of the 2-D tensor ``name``, in ``dtype``: each run of

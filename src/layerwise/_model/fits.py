@@ -6,7 +6,6 @@ GGUF) before anything is read, in the dtype the model will run in."""
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -38,23 +37,12 @@ def weights_bytes(source: str, dtype: torch.dtype) -> int | None:
         import gguf
 
         return sum(int(t.n_elements) for t in gguf.GGUFReader(source).tensors) * size
-    from safetensors import safe_open
-
     from .checkpoint import Checkpoint
 
-    count = 0
     try:
-        checkpoint = Checkpoint.find(source, source)
-        by_file: dict[Path, list[str]] = {}
-        for name, file in checkpoint.files.items():
-            by_file.setdefault(file, []).append(name)
-        for file, names in by_file.items():
-            with safe_open(str(file), framework="pt") as handle:
-                for name in names:
-                    count += int(torch.Size(handle.get_slice(name).get_shape()).numel())
+        return Checkpoint.find(source, source).element_count() * size
     except Exception:  # no safetensors, or a damaged file: the load itself says what is wrong
         return None
-    return count * size
 
 
 def resolve_streaming(settings: Settings, source: str, config: Any, dtype: torch.dtype,

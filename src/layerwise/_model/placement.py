@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from .._placement import device_map_value, memory_caps
-from .._settings import Settings, parse_bytes
+from .._settings import Settings
 from ..errors import MissingDependencyError, ModelLoadError, OptionError
 
 
@@ -52,14 +52,16 @@ class Placement:
                 shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
 
 
-def placement_of(settings: Settings, config: Any, device: torch.device) -> Placement | None:
+def placement_of(
+    settings: Settings, config: Any, device: torch.device, dtype: torch.dtype
+) -> Placement | None:
     """The placement ``settings`` ask for (None: the whole model on ``device``), every device and
-    module it names checked before anything loads."""
+    module it names checked before anything loads; ``dtype``: the model's (4-bit weights compute in it)."""
     if settings.device_map is None and settings.quantize == "none":
         return None
     placement = Placement()
     if settings.quantize != "none":
-        placement.kwargs["quantization_config"] = _bitsandbytes(settings, device)
+        placement.kwargs["quantization_config"] = _bitsandbytes(settings, device, dtype)
         placement.kwargs["device_map"] = {"": device.index or 0}
     if settings.device_map is None:
         return placement
@@ -133,6 +135,10 @@ def offloaded_tensor(model: Any, name: str) -> torch.Tensor:
         module = model.get_submodule(module_name)
 
 
+def _gpu_count() -> int:
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
 def _check_device(where: object, what: str) -> None:
     if where in ("cpu", "disk"):
         return
@@ -141,7 +147,7 @@ def _check_device(where: object, what: str) -> None:
             raise OptionError(f"{what}, but this machine has no MPS device; use 'cpu' or 'disk'")
         return
     index = where if isinstance(where, int) else int(str(where).partition(":")[2] or 0)
-    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    count = _gpu_count()
     if index >= count:
         have = f"{count} CUDA GPU{'s' if count != 1 else ''}" + (f" (0 … {count - 1})" if count else "")
         raise OptionError(f"{what}, but this machine has {have}; name a device it has, 'cpu' or 'disk'")
@@ -162,9 +168,8 @@ def _check_modules(mapping: dict[str, Any], config: Any) -> None:
             f"device_map names {unknown[:4]}, not modules of this {config.model_type} model; its modules "
             f"are named as in {', '.join(tops)} (layers as 'layers.0'…; enc.model.hf_device_map shows a map)"
         )
-    covered = [name for name in mapping]
     for weight, _ in [*skeleton.named_parameters(), *skeleton.named_buffers()]:
-        if not any(name == "" or weight == name or weight.startswith(f"{name}.") for name in covered):
+        if not any(name == "" or weight == name or weight.startswith(f"{name}.") for name in mapping):
             raise OptionError(
                 f"device_map gives no device to {weight.rsplit('.', 1)[0]!r}: name every module (or a "
                 "parent of it), or use device_map='auto'"
@@ -172,12 +177,12 @@ def _check_modules(mapping: dict[str, Any], config: Any) -> None:
 
 
 def _max_memory(text: str) -> dict[str | int, int]:
-    caps = memory_caps(text, parse_bytes)
+    caps = memory_caps(text)
     if isinstance(caps, dict):
         for device in caps:
             _check_device(device, f"max_device_memory caps {device!r}")
         return caps
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    gpus = _gpu_count()
     return {i: caps for i in range(gpus)} if gpus else {"cpu": caps}  # the rest: the CPU, then disk
 
 
@@ -199,7 +204,7 @@ def _offload_folder(given: str | None) -> tuple[str, str | None]:
     return os.fspath(folder), None
 
 
-def _bitsandbytes(settings: Settings, device: torch.device) -> Any:
+def _bitsandbytes(settings: Settings, device: torch.device, dtype: torch.dtype) -> Any:
     if device.type != "cuda":
         raise OptionError(
             f"quantize={settings.quantize!r} runs bitsandbytes' CUDA kernels, and this model's device is "
@@ -216,5 +221,4 @@ def _bitsandbytes(settings: Settings, device: torch.device) -> Any:
 
     if settings.quantize == "8bit":
         return BitsAndBytesConfig(load_in_8bit=True)
-    compute = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_compute_dtype=compute[settings.model_dtype])
+    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_compute_dtype=dtype)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._settings import parse_bytes
+from .._placement import parse_bytes
 from ..errors import OptionError
 from .streamed import StreamedForward
 
