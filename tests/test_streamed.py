@@ -4,7 +4,10 @@ cannot be streamed is refused by name."""
 
 from __future__ import annotations
 
+import json
 import logging
+import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -73,7 +76,7 @@ def test_a_streamed_encoder_reads_each_layer_once_per_block_and_holds_two_at_mos
     assert max(reads) <= 2
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen3", "gemma", "gemma2", "gemma3_text"])
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "gemma", "gemma2", "gemma3_text", "gpt2"])
 @pytest.mark.parametrize("final_norm", [True, False, "all"])
 def test_a_streamed_decoder_gives_every_layer_of_the_in_memory_forward(decoder_folder, arch, final_norm):
     folder = decoder_folder(arch)
@@ -125,7 +128,15 @@ def test_the_block_follows_the_memory_budget_and_a_budget_under_one_layer_is_ref
         lw.Settings(max_device_memory="lots")
 
 
-def test_what_needs_the_whole_model_is_refused_when_streaming(bert, decoder_folder, tmp_path):
+def _unstreamable(make_tiny_model, folder: Path) -> Path:
+    """A BERT whose activation (gelu_10) the light model, and so the streamed encoder, does not run."""
+    shutil.copytree(make_tiny_model("bert", 2), folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "hidden_act": "gelu_10"}))
+    return folder
+
+
+def test_what_needs_the_whole_model_is_refused_when_streaming(bert, make_tiny_model, tmp_path):
     _, streamed = bert
     with pytest.raises(OptionError, match="streaming"):
         streamed.extract(TEXTS, method="hooks")
@@ -133,8 +144,10 @@ def test_what_needs_the_whole_model_is_refused_when_streaming(bert, decoder_fold
         streamed.model  # noqa: B018
     with pytest.raises(OptionError, match="packed"):
         lw.Settings(streaming=True, packed=False)
-    with pytest.raises(ModelLoadError, match=r"does not stream yet.*gemma3_text.*streaming=False"):
-        lw.Encoder(decoder_folder("gpt2"), device="cpu", streaming=True)
+    with pytest.raises(
+        ModelLoadError, match=r"with activation 'gelu_10'.*does not stream yet.*gpt2.*streaming=False"
+    ):
+        lw.Encoder(_unstreamable(make_tiny_model, tmp_path / "m"), device="cpu", streaming=True)
 
 
 def test_a_store_written_in_memory_is_resumed_by_a_streamed_run(bert, tmp_path):
@@ -165,9 +178,7 @@ def test_a_gguf_file_streams_one_dequantised_layer_at_a_time_with_the_in_memory_
     assert hashes[0] == hashes[1]
 
 
-def test_a_model_whose_weights_do_not_fit_streams_by_itself(
-    make_tiny_model, decoder_folder, monkeypatch, caplog
-):
+def test_a_model_whose_weights_do_not_fit_streams_by_itself(make_tiny_model, tmp_path, monkeypatch, caplog):
     """streaming=None (the default): loaded whole when the weights fit in the free memory, streamed
     when they do not (said in a warning); streaming=False loads it whole anyway, and a model that
     cannot be streamed is loaded whole with a warning that says why."""
@@ -190,5 +201,5 @@ def test_a_model_whose_weights_do_not_fit_streams_by_itself(
     caplog.clear()
     monkeypatch.setattr(fits, "free_bytes", lambda device: 1)
     with caplog.at_level(logging.WARNING, logger="layerwise"):
-        whole = lw.Encoder(decoder_folder("gpt2"), device="cpu")
+        whole = lw.Encoder(_unstreamable(make_tiny_model, tmp_path / "m"), device="cpu")
     assert whole.engine.streamed is None and "cannot be streamed" in caplog.text

@@ -57,7 +57,7 @@ def resolve_streaming(settings: Settings, source: str, config: Any, dtype: torch
     free = free_bytes(device)
     if needed is None or needed <= WEIGHTS_SHARE * free:
         return False
-    from .streamed import check_streamable
+    from .streamable import check_streamable
 
     in_dtype = str(dtype).removeprefix("torch.")
     sizes = f"its weights ({needed:,} bytes in {in_dtype}) do not fit in the {free:,} bytes free on {device}"

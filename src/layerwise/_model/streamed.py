@@ -11,7 +11,7 @@ weights are resident at once (:attr:`StreamedForward.peak_resident` counts them;
 The numbers are the in-memory packed forward's: the same modules run the same ops (packed.py for
 BERT-family encoders; the decoder layers' own forward with the packed attention,
 packed_decoder.py). Supported: the encoders of the packed forward, and the decoders of the Llama
-and Gemma families (:data:`STREAMED_DECODER_TYPES`), from safetensors or a GGUF file (de-quantised
+and Gemma families (streamable.py), from safetensors or a GGUF file (de-quantised
 one tensor at a time, gguf_checkpoint.py). How large a block is: stream_block.py.
 """
 
@@ -29,29 +29,9 @@ from torch import nn
 
 from ..errors import ModelLoadError, OptionError
 from .checkpoint import Checkpoint, Weights
-from .decoders import is_decoder_config
+from .decoders import final_norm_module, is_decoder_config
 from .gguf_files import gguf_parts
-
-STREAMED_DECODER_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text")
-
-
-def check_streamable(config: Any, name: str) -> None:
-    """Refuse an architecture the streamed forward does not run, naming the ones it does."""
-    from .light import light_unsupported
-    from .packed import PACKED_MODEL_TYPES
-
-    if is_decoder_config(config):
-        reason = None if config.model_type in STREAMED_DECODER_TYPES else f"model type {config.model_type!r}"
-    else:  # the streamed encoder runs the light model's modules (light.py)
-        reason = light_unsupported(config)
-    if reason is not None:
-        detail = "" if reason.startswith("model type") else f" with {reason}"
-        raise ModelLoadError(
-            f"model {name!r} is a {config.model_type!r} model{detail}, which layerwise does not stream yet; "
-            f"it streams the encoders {', '.join(PACKED_MODEL_TYPES)} and the decoders "
-            f"{', '.join(STREAMED_DECODER_TYPES)}. Load it in memory (streaming=False)"
-        )
-
+from .streamable import check_streamable
 
 # what a block keeps of batch i's hidden state ``depth`` ``(N, H)``: the state itself, or less (the
 # call's pools: _batch_runs.py), computed as soon as the layer is, so the block never holds every layer
@@ -278,8 +258,8 @@ class StreamedEncoder(StreamedForward):
 
 
 class StreamedDecoder(StreamedForward):
-    """A Llama- or Gemma-family decoder, streamed: each decoder layer's own forward, with the packed attention
-    (packed_decoder.py) over each batch's per-text grids."""
+    """A decoder LM (Llama, Gemma, GPT-2 families), streamed: each decoder layer's own forward, with
+    the packed attention (packed_decoder.py) over each batch's per-text grids."""
 
     def __init__(self, config: Any, checkpoint: Weights, prefix: str, dtype: torch.dtype,
                  device: torch.device) -> None:  # fmt: skip
@@ -289,28 +269,44 @@ class StreamedDecoder(StreamedForward):
 
         register_packed_attention()
         with torch.device("meta"):
-            skeleton = AutoModel.from_config(config, dtype=dtype)
+            skeleton = AutoModel.from_config(config, dtype=dtype).eval()  # no dropout, as in memory
+        # GPT-2: learned positions (wpe, read with the embeddings), its layers h, no rotary embedding
+        gpt2 = config.model_type == "gpt2"
+        words = skeleton.wte if gpt2 else skeleton.embed_tokens
+        self._positions = skeleton.wpe if gpt2 else None
         # buffers computed at construction (the rotary frequencies, Gemma's embedding scale) must be
         # real numbers
-        skeleton.rotary_emb = type(skeleton.rotary_emb)(skeleton.config).to(device)
-        if hasattr(skeleton.embed_tokens, "embed_scale"):  # Gemma's embeddings times sqrt(hidden)
+        if not gpt2:
+            skeleton.rotary_emb = type(skeleton.rotary_emb)(skeleton.config).to(device)
+        if hasattr(words, "embed_scale"):  # Gemma's embeddings times sqrt(hidden)
             skeleton.embed_tokens.embed_scale = torch.tensor(float(config.hidden_size) ** 0.5, device=device)
         # Gemma 3: a rotary embedding per layer type (full and sliding attention)
         self._layer_types = (
             getattr(config, "layer_types", None) if config.model_type == "gemma3_text" else None
         )
-        norm = checkpoint.read([prefix + n for n in _unit_names(skeleton, [skeleton.norm])], dtype, device)
+        final_norm = [prefix + n for n in _unit_names(skeleton, [final_norm_module(skeleton)])]
+        norm = checkpoint.read(final_norm, dtype, device)
         skeleton.load_state_dict({k[len(prefix) :]: v for k, v in norm.items()}, strict=False, assign=True)
-        layers = list(skeleton.layers)
-        units = [[skeleton.embed_tokens], *[[layer] for layer in layers]]
-        super().__init__(skeleton, units, skeleton.embed_tokens, checkpoint, prefix, dtype, device)
+        layers = list(skeleton.h if gpt2 else skeleton.layers)
+        embeddings = [words] if self._positions is None else [words, self._positions]
+        units = [embeddings, *[[layer] for layer in layers]]
+        super().__init__(skeleton, units, words, checkpoint, prefix, dtype, device)
         self.layers = layers
 
     def _rotary(self, hidden: torch.Tensor, positions: torch.Tensor) -> Any:
-        """The rotary embedding of a batch's positions: one, or Gemma 3's one per layer type."""
+        """The rotary embedding of a batch's positions: one, or Gemma 3's one per layer type (GPT-2:
+        none)."""
+        if self._positions is not None:
+            return None
         if self._layer_types is None:
             return self.skeleton.rotary_emb(hidden, positions)
         return {kind: self.skeleton.rotary_emb(hidden, positions, kind) for kind in set(self._layer_types)}
+
+    def _embed(self, ids: torch.Tensor, batch: Any) -> torch.Tensor:
+        """The embeddings of a batch (``ids``: rows of the block's word table): GPT-2 adds its learned
+        positions, which restart at each text as the packed forward numbers them."""
+        hidden = self.words(ids)
+        return hidden if self._positions is None else hidden + self._positions(batch.positions[None])
 
     def prepare(self, columns: Any, *, with_token_types: bool = False, device: torch.device) -> Any:
         from .packed_decoder import prepare_decoder_batch
@@ -333,9 +329,7 @@ class StreamedDecoder(StreamedForward):
         with self._units(max(layers), vocabulary) as units, attention_implementation(config, ATTENTION):
             for depth in units:
                 if depth == 0:  # (1, N, H) each
-                    hidden = [
-                        self.skeleton.embed_tokens(self.renumbered(b.ids, vocabulary)[None]) for b in batches
-                    ]
+                    hidden = [self._embed(self.renumbered(b.ids, vocabulary)[None], b) for b in batches]
                     rotary = [
                         self._rotary(h, b.positions[None]) for h, b in zip(hidden, batches, strict=True)
                     ]
@@ -346,9 +340,10 @@ class StreamedDecoder(StreamedForward):
                     def step(h: torch.Tensor, batch: Any, rotated: Any, layer: Any = layer,
                              kind: str | None = kind) -> torch.Tensor:  # fmt: skip
                         rotated = rotated if kind is None else rotated[kind]
+                        given = {} if rotated is None else {"position_embeddings": rotated}
                         with running_packed(PackedRun(batch.groups)):  # this thread's grids
                             return layer(h, attention_mask=None, position_ids=batch.positions[None],
-                                         position_embeddings=rotated, use_cache=False)  # fmt: skip
+                                         use_cache=False, **given)  # fmt: skip
 
                     hidden = self._each(step, zip(hidden, batches, rotary, strict=True))
                 if depth in wanted:  # what the call keeps of it, as soon as it is computed
@@ -369,7 +364,10 @@ def streamed_forward(source: str, name: str, config: Any, dtype: torch.dtype,
         checkpoint = Checkpoint.find(source, name)
     stored = checkpoint.names()
     if is_decoder_config(config):
-        prefix = "model." if any(k.startswith("model.layers.") for k in stored) else ""
+        layers = "h." if config.model_type == "gpt2" else "layers."  # under a head model's prefix?
+        prefix = next(
+            (p for p in ("model.", "transformer.") if any(k.startswith(p + layers) for k in stored)), ""
+        )
         return StreamedDecoder(config, checkpoint, prefix, dtype, device)
     from .light import base_prefix
 
