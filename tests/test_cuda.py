@@ -270,6 +270,29 @@ def test_streamed_on_cuda_equals_in_memory_on_cuda(make_tiny_model, decoder_fold
 
 
 @pytest.mark.parametrize("arch", ["bert", "llama"])
+def test_a_residual_stream_in_pinned_host_memory_on_cuda_equals_in_memory(
+    make_tiny_model, decoder_folder, arch
+):
+    """The block's residual stream waits in pinned host memory between layers, each batch copied in
+    and out on a stream of its own while the previous one computes: the in-memory numbers."""
+    from layerwise._model.stream_residual import Residual
+
+    folder = make_tiny_model("bert", 4) if arch == "bert" else decoder_folder("llama")
+    texts = [s for s in TEXTS if s][:40]
+    memory = lw.Encoder(folder, device=DEVICE, max_length=32)
+    streamed = lw.Encoder(folder, device=DEVICE, streaming=True, max_length=32, max_tokens=48,
+                          stream_block_tokens=2000)  # fmt: skip
+    streamed.engine.packed.residual = Residual(streamed.device, on_host=True)
+    for a, b in zip(streamed.extract(texts, layers="all"), memory.extract(texts, layers="all"), strict=True):
+        np.testing.assert_allclose(a.hidden, b.hidden, atol=ATOL, rtol=RTOL)
+    pooled = {"layers": "all", "pool": "mean"}
+    np.testing.assert_allclose(
+        streamed.embed(texts, **pooled), memory.embed(texts, **pooled), atol=ATOL, rtol=RTOL
+    )
+    assert streamed.run_meta(lw.OutputPlan())["stream_residual"] == "host"
+
+
+@pytest.mark.parametrize("arch", ["bert", "llama"])
 def test_a_device_map_with_half_the_layers_on_the_cpu_equals_the_gpu_alone(
     make_tiny_model, decoder_folder, arch
 ):

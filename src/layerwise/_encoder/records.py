@@ -39,7 +39,8 @@ class RunRecords:
         """How a run of ``plan`` is made, for every output's metadata: layerwise's version, these
         settings under their Python names (``model`` is the name, ``model_source`` where it was
         loaded from; what ran resolved: ``device_used``, max_length, batch_size, max_tokens,
-        streaming, stream_block_tokens, streams, packed), the weights' hash, the settled plan."""
+        streaming, stream_block_tokens, stream_residual, streams, packed), the weights' hash, the
+        settled plan."""
         from .._model.source import weights_sha256
 
         settled = self.settle(plan)
@@ -53,6 +54,8 @@ class RunRecords:
             "max_tokens": ran.max_tokens,
             "streaming": ran.streaming,  # None decided by the model's size (_model/fits.py)
             "stream_block_tokens": ran.stream_block_tokens,
+            # where a block's residual stream waits between layers: "device", or "host" (pinned)
+            "stream_residual": self.engine.streamed.residual.place if self.engine.streamed else None,
             "streams": self.engine.pool.streams if self.engine.pool is not None else 1,
             "packed": self.engine.packed is not None,
         }

@@ -18,10 +18,11 @@ one tensor at a time, gguf_checkpoint.py). How large a block is: stream_block.py
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 import torch
@@ -31,11 +32,13 @@ from ..errors import ModelLoadError, OptionError
 from .checkpoint import Checkpoint, Weights
 from .decoders import final_norm_module, is_decoder_config
 from .gguf_files import gguf_parts
+from .stream_residual import Residual
 from .streamable import check_streamable
 
 # what a block keeps of batch i's hidden state ``depth`` ``(N, H)``: the state itself, or less (the
 # call's pools: _batch_runs.py), computed as soon as the layer is, so the block never holds every layer
 Keep = Callable[[int, int, torch.Tensor], torch.Tensor]
+After = Callable[[int, torch.Tensor], None]  # what a layer does with batch i's output on the device
 
 
 def _as_is(i: int, depth: int, hidden: torch.Tensor) -> torch.Tensor:
@@ -68,6 +71,7 @@ class StreamedForward:
         self.peak_resident = 0
         self._sha256: str | None = None
         self.pool: Any = None  # the engine's forward streams on a CPU (_model/streams.py), if any
+        self.residual = Residual(device, on_host=False)  # in host memory: chosen by stream_block.py
         skeleton._layerwise_streamed = self  # weights_sha256(skeleton) asks this object (source.py)
 
     def unit_bytes(self, k: int) -> int:
@@ -142,19 +146,22 @@ class StreamedForward:
                 if future.exception() is None:
                     self._release_count()
 
-    def _each(self, step: Callable[..., torch.Tensor], work: Iterable[tuple]) -> list[torch.Tensor]:
-        """``step(*item)`` for each batch's item, on the engine's forward streams when it has them
-        (``pool``: batches of one layer are independent, as the in-memory forward runs them)."""
-        items = list(work)
-        if self.pool is None or len(items) < 2:
-            return [step(*item) for item in items]
+    def _each(self, step: Callable[..., torch.Tensor], items: list[tuple], after: After, *, last: bool,
+              moving: bool = True) -> list[torch.Tensor]:  # fmt: skip
+        """``step(*item)`` for each batch's item, ``after(i, output)`` on each output: through the
+        residual stream's place (stream_residual.py), or on the engine's forward streams when it has
+        them (``pool``: batches of one layer are independent, as the in-memory forward runs them)."""
+        if self.pool is None or len(items) < 2 or self.residual.on_host:
+            return self.residual.run(step, items, after, last=last, moving=moving)
 
         def run(item: tuple) -> torch.Tensor:
             with torch.inference_mode():  # thread-local: each stream enters it
                 return step(*item)
 
-        futures = [self.pool.submit(run, item) for item in items]
-        return [future.result() for future in futures]
+        outputs = [future.result() for future in [self.pool.submit(run, item) for item in items]]
+        for i, output in enumerate(outputs):
+            after(i, output)
+        return outputs
 
     def weights_sha256(self) -> str:
         """:func:`~layerwise._model.source.weights_sha256`'s digest of the in-memory model (every
@@ -238,22 +245,25 @@ class StreamedEncoder(StreamedForward):
         kept: list[dict[int, torch.Tensor]] = [{} for _ in batches]
         hidden: list[torch.Tensor] = []
         vocabulary = torch.unique(torch.cat([b.ids for b in batches]))
+
+        def embed(batch: Any) -> torch.Tensor:
+            return self.packed.embed(replace(batch, ids=self.renumbered(batch.ids, vocabulary)))
+
         with self._units(max(layers), vocabulary) as units:
             for depth in units:
+
+                def after(i: int, h: torch.Tensor, depth: int = depth) -> None:
+                    if depth in wanted:  # what the call keeps of it, as soon as it is computed
+                        kept[i][depth] = keep(i, depth, h)
+
+                last = depth == max(layers)
                 if depth == 0:
-                    hidden = [
-                        self.packed.embed(replace(b, ids=self.renumbered(b.ids, vocabulary))) for b in batches
-                    ]
+                    hidden = self._each(embed, [(b,) for b in batches], after, last=last, moving=False)
                 else:
                     layer = self.packed.layers[depth - 1]
-                    run = self.packed.run_layer
-                    hidden = self._each(
-                        lambda h, b, run=run, layer=layer: run(layer, h, b), zip(hidden, batches, strict=True)
-                    )
+                    items = list(zip(hidden, batches, strict=True))
+                    hidden = self._each(partial(self.packed.run_layer, layer), items, after, last=last)
                     self.packed.forget(layer)
-                if depth in wanted:  # what the call keeps of it, as soon as it is computed
-                    for i, (store, h) in enumerate(zip(kept, hidden, strict=True)):
-                        store[depth] = keep(i, depth, h)
         return [torch.stack([store[i] for i in layers]) for store in kept]
 
 
@@ -323,16 +333,22 @@ class StreamedDecoder(StreamedForward):
         wanted = set(layers)
         kept: list[dict[int, torch.Tensor]] = [{} for _ in batches]
         hidden: list[torch.Tensor] = []
-        rotary: list[Any] = []
+        rotary: list[Any] = [None] * len(batches)
         config = self.skeleton.config
         vocabulary = torch.unique(torch.cat([b.ids for b in batches]))
         with self._units(max(layers), vocabulary) as units, attention_implementation(config, ATTENTION):
             for depth in units:
+
+                def after(i: int, h: torch.Tensor, depth: int = depth) -> None:
+                    if depth == 0:  # each batch's rotary embedding, on the device for every layer
+                        rotary[i] = self._rotary(h, batches[i].positions[None])
+                    if depth in wanted:  # what the call keeps of it, as soon as it is computed
+                        kept[i][depth] = keep(i, depth, h[0])
+
+                last = depth == max(layers)
                 if depth == 0:  # (1, N, H) each
-                    hidden = [self._embed(self.renumbered(b.ids, vocabulary)[None], b) for b in batches]
-                    rotary = [
-                        self._rotary(h, b.positions[None]) for h, b in zip(hidden, batches, strict=True)
-                    ]
+                    hidden = self._each(lambda b: self._embed(self.renumbered(b.ids, vocabulary)[None], b),
+                                        [(b,) for b in batches], after, last=last, moving=False)  # fmt: skip
                 else:
                     layer = self.layers[depth - 1]
                     kind = None if self._layer_types is None else self._layer_types[depth - 1]
@@ -345,10 +361,8 @@ class StreamedDecoder(StreamedForward):
                             return layer(h, attention_mask=None, position_ids=batch.positions[None],
                                          use_cache=False, **given)  # fmt: skip
 
-                    hidden = self._each(step, zip(hidden, batches, rotary, strict=True))
-                if depth in wanted:  # what the call keeps of it, as soon as it is computed
-                    for i, (store, h) in enumerate(zip(kept, hidden, strict=True)):
-                        store[depth] = keep(i, depth, h[0])
+                    items = list(zip(hidden, batches, rotary, strict=True))
+                    hidden = self._each(step, items, after, last=last)
         return [torch.stack([store[i] for i in layers]) for store in kept]
 
 

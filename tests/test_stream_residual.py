@@ -1,0 +1,130 @@
+"""A streamed block's residual stream in host memory between layers (stream_residual.py): the same
+numbers as in memory, each batch's state copied out rather than aliased, and the block sizing that
+chooses host memory on a GPU whose budget cannot hold the block's stream (stream_block.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from conftest import assert_same_stacks
+
+import layerwise as lw
+from layerwise._model import stream_block
+from layerwise._model.stream_block import DEFAULT_BLOCK_TOKENS, block_tokens
+from layerwise._model.stream_residual import Residual
+from layerwise.errors import OptionError
+
+TEXTS = [
+    "The bank raised rates.",
+    "She sat on the river bank and watched the water for a long while.",
+    "Layer by layer.",
+    "A much longer sentence about nothing in particular, which goes on and on, so that it is cut.",
+] * 3
+# blocks of several batches: the next batch's state comes in while this one computes
+SMALL_BATCHES = {"max_length": 32, "max_tokens": 40, "stream_block_tokens": 400}
+
+
+def _on_host(enc: lw.Encoder) -> lw.Encoder:
+    """``enc`` with its blocks' residual stream in host memory, as a GPU's tight budget chooses."""
+    enc.engine.packed.residual = Residual(enc.device, on_host=True)
+    return enc
+
+
+@pytest.mark.parametrize("arch", ["bert", "llama", "gemma3_text", "gpt2"])
+def test_the_residual_stream_in_host_memory_gives_the_in_memory_numbers(
+    make_tiny_model, decoder_folder, arch
+):
+    folder = make_tiny_model("bert", 3) if arch == "bert" else decoder_folder(arch)
+    extra = {} if arch == "bert" else {"final_norm": "all"}
+    memory = lw.Encoder(folder, device="cpu", max_length=32, **extra)
+    streamed = _on_host(lw.Encoder(folder, device="cpu", streaming=True, **SMALL_BATCHES, **extra))
+    assert_same_stacks(streamed.extract(TEXTS, layers="all"), memory.extract(TEXTS, layers="all"))
+    subset = {"layers": [1, -1], "pool": "mean"}  # a subset: the last layer computed is not parked
+    np.testing.assert_allclose(streamed.embed(TEXTS, **subset), memory.embed(TEXTS, **subset), atol=1e-5)
+    assert streamed.engine.packed.peak_resident <= 2
+    assert streamed.run_meta(lw.OutputPlan())["stream_residual"] == "host"
+
+
+def test_each_batch_waits_as_a_copy_and_the_last_layer_is_not_kept():
+    """Parked states are copies (a step that reuses its output's memory cannot change them); after
+    the last layer nothing is parked; ``after`` sees every output in order."""
+    residual = Residual(torch.device("cpu"), on_host=True)
+    items = [(torch.full((1, 3), float(i)), i) for i in range(3)]
+    seen: list[tuple[int, float]] = []
+    shared = torch.zeros(1, 3)
+
+    def step(hidden: torch.Tensor, i: int) -> torch.Tensor:
+        return shared.copy_(hidden + 1)  # every batch writes the same tensor
+
+    parked = residual.run(step, items, lambda i, out: seen.append((i, float(out[0, 0]))), last=False)
+    assert [float(p[0, 0]) for p in parked] == [1.0, 2.0, 3.0]
+    assert seen == [(0, 1.0), (1, 2.0), (2, 3.0)]
+    assert residual.run(step, items, lambda i, out: None, last=True) == []
+
+
+def test_a_streamed_run_reports_where_its_residual_stream_waited(make_tiny_model):
+    model = make_tiny_model("bert", 3)
+    assert (
+        lw.Encoder(model, device="cpu", streaming=True).run_meta(lw.OutputPlan())["stream_residual"]
+        == "device"
+    )
+    assert lw.Encoder(model, device="cpu").run_meta(lw.OutputPlan())["stream_residual"] is None
+
+
+@pytest.fixture
+def gpu_forward(decoder_folder, monkeypatch):
+    """A streamed Llama's forward as block_tokens sees it on a GPU (the residual made on the CPU)."""
+    forward = lw.Encoder(decoder_folder("llama"), device="cpu", streaming=True).engine.packed
+    monkeypatch.setattr(forward, "device", torch.device("cuda"))
+    monkeypatch.setattr(
+        stream_block, "Residual", lambda device, on_host: Residual(torch.device("cpu"), on_host=on_host)
+    )
+    return forward
+
+
+def test_a_gpu_budget_short_of_the_block_puts_its_stream_in_host_memory(gpu_forward):
+    weights, stream, work = gpu_forward.costs()
+    config = gpu_forward.skeleton.config
+    block = DEFAULT_BLOCK_TOKENS  # kept on the device for the block: its word-table rows, ids, rotary
+    held = min(config.vocab_size, block) * stream // 2 + block * (24 + 2 * config.head_dim * 4)
+    budget = weights + held + 100 * (work + 2 * stream)  # on the device: a block of a few thousand tokens
+    settings = lw.Settings(max_device_memory=str(budget))
+    assert gpu_forward.fit(budget, str(budget), 64, 100_000)[0] < block
+    assert block_tokens(gpu_forward, settings, 64, 100_000, 2) == (block, 100, 1)  # the batch: in, out, work
+    assert gpu_forward.residual.on_host
+    given = lw.Settings(max_device_memory=str(budget), stream_block_tokens=20_000)  # a given block too
+    assert block_tokens(gpu_forward, given, 64, 100_000)[0] == 20_000
+
+
+def test_a_gpu_budget_that_holds_the_block_keeps_its_stream_on_the_device(gpu_forward):
+    settings = lw.Settings(max_device_memory="1GB", stream_block_tokens=1000)
+    assert block_tokens(gpu_forward, settings, 64, 100_000)[0] == 1000
+    assert not gpu_forward.residual.on_host
+
+
+def test_host_memory_and_budgets_too_small_for_the_host_stream_are_refused_with_sizes(
+    gpu_forward, monkeypatch
+):
+    weights, stream, work = gpu_forward.costs()
+    budget = str(weights + 2000 * stream + 64 * work)  # a device block of about 1,800 tokens, no host one
+    given = lw.Settings(max_device_memory=budget, stream_block_tokens=DEFAULT_BLOCK_TOKENS)
+    with pytest.raises(
+        OptionError, match=r"residual stream in host memory: two layers' weights take .* give at least"
+    ):
+        block_tokens(gpu_forward, given, 64, 100_000)
+    block = block_tokens(gpu_forward, lw.Settings(max_device_memory=budget), 64, 100_000)[0]
+    assert (
+        1000 < block < 2000 and not gpu_forward.residual.on_host
+    )  # the default block: what the device holds
+    monkeypatch.setattr(stream_block, "available_memory", lambda: 10 * DEFAULT_BLOCK_TOKENS * stream // 2)
+    huge = lw.Settings(max_device_memory="1GB", stream_block_tokens=100 * DEFAULT_BLOCK_TOKENS)
+    with pytest.raises(
+        OptionError, match=r"stream_block_tokens=3,276,800: .* host memory .* at most 262,144"
+    ):
+        block_tokens(gpu_forward, huge, 64, 100_000)
+
+
+def test_a_cpu_budget_never_moves_the_stream(make_tiny_model):
+    enc = lw.Encoder(make_tiny_model("bert", 3), device="cpu", streaming=True, max_device_memory="300KB")
+    assert not enc.engine.packed.residual.on_host and enc.engine.stream_block_tokens < DEFAULT_BLOCK_TOKENS
