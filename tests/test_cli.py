@@ -245,6 +245,40 @@ def test_sigterm_leaves_no_temp_files(tmp_path, make_tiny_model):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["t.txt"]
 
 
+def test_sigterm_exits_without_waiting_for_a_worker_thread_that_never_ends(tmp_path, make_tiny_model):
+    """A worker thread stuck mid-batch (here: waiting on an event nobody sets) must not keep a
+    terminated run from exiting, nor from removing its temp files."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    source = tmp_path / "t.txt"
+    source.write_text("\n".join(f"sentence number {i} about the bank " * 3 for i in range(20000)) + "\n")
+    out = tmp_path / "out.npz"
+    script = (
+        "import sys, threading\n"
+        "from concurrent.futures import ThreadPoolExecutor\n"
+        "from layerwise.cli import main\n"
+        "ThreadPoolExecutor(1).submit(threading.Event().wait)  # joined at a normal exit: forever\n"
+        "sys.argv = ['layerwise', *sys.argv[1:]]\n"
+        "main()\n"
+    )
+    command = [sys.executable, "-c", script, "extract", str(source), "-o", str(out), "-q",
+               "--model", str(make_tiny_model("bert"))]  # fmt: skip
+    process = subprocess.Popen(command, stderr=subprocess.PIPE)
+    deadline = time.time() + 120
+    while not list(tmp_path.glob(".out.npz.*.tmp")) and time.time() < deadline and process.poll() is None:
+        time.sleep(0.05)
+    assert process.poll() is None, process.stderr.read().decode() if process.stderr else ""
+    process.send_signal(signal.SIGTERM)
+    try:
+        assert process.wait(60) == 128 + signal.SIGTERM
+    finally:
+        process.kill()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.txt"]
+
+
 @pytest.mark.parametrize(
     ("name", "fragment"),
     [
