@@ -76,6 +76,20 @@ def test_auto_with_a_memory_cap_offloads_what_does_not_fit_and_gives_the_same_nu
     assert meta["device_map"] == "auto" and meta["max_device_memory"] == "60KB"
 
 
+def test_an_asked_for_offload_loads_without_accelerates_meta_device_warning(make_tiny_model, caplog):
+    import logging
+
+    with caplog.at_level(logging.WARNING):
+        placed = lw.Encoder(make_tiny_model("bert", 4), device_map="auto", max_device_memory="60KB")
+    assert "disk" in placed.model.hf_device_map.values()
+    assert not [r for r in caplog.records if "meta device" in r.getMessage()], caplog.text
+    big_modeling = logging.getLogger("accelerate.big_modeling")
+    assert not big_modeling.filters  # the filter goes with the load
+    with caplog.at_level(logging.WARNING):
+        big_modeling.warning("Some parameters are on the meta device because they were offloaded.")
+    assert "meta device" in caplog.text  # accelerate's own loads, outside layerwise's, still warn
+
+
 def test_a_layer_whose_states_come_back_all_zeros_stops_the_run(bert):
     """What transformers users see with a model spread over GPUs (issue 36636): the later layers'
     hidden states all zeros. A failed copy, never a residual stream: refused, naming the layers."""

@@ -120,20 +120,32 @@ def pick_device(device):
     return picked
 
 
+class _AskedForOffload(logging.Filter):
+    """accelerate's warning that offloaded weights sit on the meta device: the user asked for the
+    offload (``device_map``), and layerwise reads those weights where accelerate keeps them."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Some parameters are on the meta device")
+
+
 @contextmanager
 def quiet_transformers(*, gguf: bool = False) -> Iterator[None]:
     """Hide transformers' per-weight loading bar and its log: layerwise reads the loading info
-    itself and raises on what matters. ``gguf``: see :func:`gguf_files.gguf_loading`."""
+    itself and raises on what matters; and accelerate's offload warning (:class:`_AskedForOffload`).
+    ``gguf``: see :func:`gguf_files.gguf_loading`."""
     from transformers.utils import logging as hf_logging
 
     bar = hf_logging.is_progress_bar_enabled()
     level = hf_logging.get_verbosity()
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()
+    offload, asked = logging.getLogger("accelerate.big_modeling"), _AskedForOffload()
+    offload.addFilter(asked)
     try:
         with gguf_loading() if gguf else contextlib.nullcontext():
             yield
     finally:
+        offload.removeFilter(asked)
         hf_logging.set_verbosity(level)
         if bar:
             hf_logging.enable_progress_bar()
