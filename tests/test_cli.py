@@ -241,7 +241,11 @@ def test_sigterm_leaves_no_temp_files(tmp_path, make_tiny_model):
     assert process.poll() is None, process.stderr.read().decode() if process.stderr else ""
     time.sleep(0.3)
     process.send_signal(signal.SIGTERM)
-    assert process.wait(60) == 128 + signal.SIGTERM
+    try:
+        code = process.wait(60)
+    finally:
+        process.kill()
+    assert code == 128 + signal.SIGTERM, process.stderr.read().decode() if process.stderr else ""
     assert sorted(p.name for p in tmp_path.iterdir()) == ["t.txt"]
 
 

@@ -18,6 +18,30 @@ def test_failure_midway_leaves_no_file(tmp_path, tiny_encoder):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("stop", [KeyboardInterrupt, SystemExit])
+def test_an_interruption_mid_entry_is_what_the_caller_sees_and_leaves_no_file(
+    tmp_path, tiny_encoder, monkeypatch, stop
+):
+    """SIGTERM (SystemExit) or Ctrl-C between an .npz entry's opening and its writing leaves it
+    open, and the archive then refuses to close (ValueError): the interruption must reach the
+    caller, not that."""
+    from layerwise._files import blocks
+
+    stacks = tiny_encoder.extract(["one", "two"])
+    put, opened = blocks.put_array, []
+
+    def interrupted(zf, name, values):
+        if name.startswith("tokens_"):
+            opened.append(zf.open(f"{name}.npy", "w", force_zip64=True))  # the signal lands here
+            raise stop()
+        put(zf, name, values)
+
+    monkeypatch.setattr(blocks, "put_array", interrupted)
+    with pytest.raises(stop):
+        write_results(tmp_path / "out.npz", enumerate(stacks), texts=["one", "two"], meta={"model": "m"})
+    assert opened and list(tmp_path.iterdir()) == []
+
+
 def test_existing_file_survives_a_failed_write(tmp_path, tiny_encoder):
     target = tmp_path / "out.npz"
     target.write_bytes(b"previous")

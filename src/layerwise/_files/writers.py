@@ -262,9 +262,15 @@ def write_output(path: Path, make, fill) -> dict:
         with atomic_path(path) as tmp:
             writer = make(tmp)
             try:
-                return fill(writer)
-            finally:
-                writer.close()
+                result = fill(writer)
+            except BaseException:
+                # closing what the error interrupted can fail too (an .npz entry left open by SIGTERM
+                # or Ctrl-C mid-write): the error that stopped the write is the one to report
+                with contextlib.suppress(Exception):
+                    writer.close()
+                raise
+            writer.close()
+            return result
     except OSError as exc:
         if isinstance(exc, LayerwiseError):
             raise
