@@ -1,6 +1,7 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -223,43 +224,42 @@ def test_output_that_is_the_input_is_refused(tmp_path):
     assert data.read_text(encoding="utf-8") == '{"text": "a", "label": 1}\n'
 
 
-def test_sigterm_leaves_no_temp_files(tmp_path, make_tiny_model):
+def _terminated_extract(tmp_path: Path, model: Path, launcher: list[str], wait: float) -> tuple[int, str]:
+    """``launcher extract`` of a large corpus, sent SIGTERM ``wait`` seconds after its temp
+    file appears: its exit code (-1 if it did not exit within 60 s) and its stderr."""
     import signal
-    import subprocess
-    import sys
     import time
 
     source = tmp_path / "t.txt"
     source.write_text("\n".join(f"sentence number {i} about the bank " * 3 for i in range(20000)) + "\n")
     out = tmp_path / "out.npz"
-    command = [sys.executable, "-m", "layerwise.cli", "extract", str(source), "-o", str(out), "-q",
-               "--model", str(make_tiny_model("bert"))]  # fmt: skip
+    command = [*launcher, "extract", str(source), "-o", str(out), "-q", "--model", str(model)]
     process = subprocess.Popen(command, stderr=subprocess.PIPE)
     deadline = time.time() + 120
     while not list(tmp_path.glob(".out.npz.*.tmp")) and time.time() < deadline and process.poll() is None:
         time.sleep(0.05)
     assert process.poll() is None, process.stderr.read().decode() if process.stderr else ""
-    time.sleep(0.3)
+    time.sleep(wait)
     process.send_signal(signal.SIGTERM)
     try:
         code = process.wait(60)
+    except subprocess.TimeoutExpired:
+        code = -1
     finally:
         process.kill()
-    assert code == 128 + signal.SIGTERM, process.stderr.read().decode() if process.stderr else ""
+    return code, process.stderr.read().decode() if process.stderr else ""
+
+
+def test_sigterm_leaves_no_temp_files(tmp_path, make_tiny_model):
+    module = [sys.executable, "-m", "layerwise.cli"]
+    code, stderr = _terminated_extract(tmp_path, make_tiny_model("bert"), module, 0.3)
+    assert code == 143, stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["t.txt"]
 
 
 def test_sigterm_exits_without_waiting_for_a_worker_thread_that_never_ends(tmp_path, make_tiny_model):
     """A worker thread stuck mid-batch (here: waiting on an event nobody sets) must not keep a
     terminated run from exiting, nor from removing its temp files."""
-    import signal
-    import subprocess
-    import sys
-    import time
-
-    source = tmp_path / "t.txt"
-    source.write_text("\n".join(f"sentence number {i} about the bank " * 3 for i in range(20000)) + "\n")
-    out = tmp_path / "out.npz"
     script = (
         "import sys, threading\n"
         "from concurrent.futures import ThreadPoolExecutor\n"
@@ -268,18 +268,8 @@ def test_sigterm_exits_without_waiting_for_a_worker_thread_that_never_ends(tmp_p
         "sys.argv = ['layerwise', *sys.argv[1:]]\n"
         "main()\n"
     )
-    command = [sys.executable, "-c", script, "extract", str(source), "-o", str(out), "-q",
-               "--model", str(make_tiny_model("bert"))]  # fmt: skip
-    process = subprocess.Popen(command, stderr=subprocess.PIPE)
-    deadline = time.time() + 120
-    while not list(tmp_path.glob(".out.npz.*.tmp")) and time.time() < deadline and process.poll() is None:
-        time.sleep(0.05)
-    assert process.poll() is None, process.stderr.read().decode() if process.stderr else ""
-    process.send_signal(signal.SIGTERM)
-    try:
-        assert process.wait(60) == 128 + signal.SIGTERM
-    finally:
-        process.kill()
+    code, stderr = _terminated_extract(tmp_path, make_tiny_model("bert"), [sys.executable, "-c", script], 0)
+    assert code == 143, stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["t.txt"]
 
 
