@@ -46,21 +46,30 @@ def test_the_residual_stream_in_host_memory_gives_the_in_memory_numbers(
     assert streamed.run_meta(lw.OutputPlan())["stream_residual"] == "host"
 
 
-def test_each_batch_waits_as_a_copy_and_the_last_layer_is_not_kept():
-    """Parked states are copies (a step that reuses its output's memory cannot change them); after
-    the last layer nothing is parked; ``after`` sees every output in order."""
-    residual = Residual(torch.device("cpu"), on_host=True)
-    items = [(torch.full((1, 3), float(i)), i) for i in range(3)]
-    seen: list[tuple[int, float]] = []
+def test_each_batch_waits_as_a_copy_its_input_is_let_go_and_the_last_layer_is_not_kept():
+    """Parked states are copies (a step that reuses its output's memory cannot change them); each
+    input is let go once its batch has run (the block holds one layer's states); after the last
+    layer nothing is parked; ``after`` sees every output in order."""
     shared = torch.zeros(1, 3)
 
     def step(hidden: torch.Tensor, i: int) -> torch.Tensor:
         return shared.copy_(hidden + 1)  # every batch writes the same tensor
 
-    parked = residual.run(step, items, lambda i, out: seen.append((i, float(out[0, 0]))), last=False)
-    assert [float(p[0, 0]) for p in parked] == [1.0, 2.0, 3.0]
-    assert seen == [(0, 1.0), (1, 2.0), (2, 3.0)]
-    assert residual.run(step, items, lambda i, out: None, last=True) == []
+    for on_host in (True, False):
+        residual = Residual(torch.device("cpu"), on_host=on_host)
+        items = [(torch.full((1, 3), float(i)), i) for i in range(3)]
+        seen: list[tuple[int, float]] = []
+
+        def record(i: int, out: torch.Tensor, seen: list = seen) -> None:
+            seen.append((i, float(out[0, 0])))
+
+        parked = residual.run(step, items, record, last=False)
+        assert seen == [(0, 1.0), (1, 2.0), (2, 3.0)]
+        assert items == [(), (), ()]
+        if on_host:
+            assert [float(p[0, 0]) for p in parked] == [1.0, 2.0, 3.0]
+        fresh = [(torch.zeros(1, 3), i) for i in range(3)]
+        assert residual.run(step, fresh, lambda i, out: None, last=True) == []
 
 
 def test_a_streamed_run_reports_where_its_residual_stream_waited(make_tiny_model):

@@ -6,13 +6,13 @@ the block still runs at its full size with the stream in pinned host memory: eac
 to the device before its layer and back after it. On a GPU the copies run on a stream of their own
 (batch k+1 comes in and batch k-1 goes out while batch k computes), so PCIe time overlaps the
 layer's compute; the copy and compute streams wait on each other only where one reads what the
-other wrote. stream_block.py chooses the place (:meth:`StreamedForward.fit_host` sizes it),
-streamed.py runs each layer's batches through :meth:`Residual.run`.
+other wrote. stream_block.py chooses the place (``host_batch`` sizes the batch then), streamed.py
+runs each layer's batches through :meth:`Residual.run`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -32,31 +32,32 @@ class Residual:
         """``"host"`` or ``"device"``, as ``read_meta``'s ``stream_residual`` reports it."""
         return "host" if self.on_host else "device"
 
-    def run(self, step: Callable[..., torch.Tensor], items: Sequence[tuple],
+    def run(self, step: Callable[..., torch.Tensor], items: list[tuple],
             after: Callable[[int, torch.Tensor], None], *, last: bool,
             moving: bool = True) -> list[torch.Tensor]:  # fmt: skip
         """``step(hidden, *rest)`` for each batch's ``(hidden, *rest)`` in turn (``moving=False``: the
         first item is not a hidden state, as for the embeddings), ``after(i, output)`` on each output
         while it is on the device; the outputs where the stream waits (none after the ``last`` layer:
-        nothing reads them)."""
-        if not self.on_host:
-            outputs = [step(*item) for item in items]
-            for i, output in enumerate(outputs):
-                after(i, output)
-            return [] if last else outputs
-        parked: list[torch.Tensor] = []
-        move = self._to_device if moving else _as_is
-        coming = move(items[0][0]) if items else None
-        for i, item in enumerate(items):
-            hidden = coming
-            if i + 1 < len(items):  # the next batch comes in while this one computes
-                coming = move(items[i + 1][0])
-            output = step(self._ready(hidden) if moving else hidden, *item[1:])
+        nothing reads them). ``items`` is consumed: each batch's input is let go once its layer has
+        run, so a block holds one layer's states and the running batch's, not two layers'."""
+        outputs: list[torch.Tensor] = []
+        copying = self.on_host and moving  # inputs in host memory, each copied in before its layer
+        coming = self._to_device(items[0][0]) if copying and items else None
+        for i in range(len(items)):
+            item, items[i] = items[i], ()
+            if copying:
+                hidden = coming
+                if i + 1 < len(items):  # the next batch comes in while this one computes
+                    coming = self._to_device(items[i + 1][0])
+                output = step(self._ready(hidden), *item[1:])
+                del hidden
+            else:
+                output = step(*item)
+            del item
             after(i, output)
-            del hidden
             if not last:
-                parked.append(self._to_host(output))
-        return parked
+                outputs.append(self._to_host(output) if self.on_host else output)
+        return outputs
 
     def _to_device(self, host: torch.Tensor) -> Any:
         """``host`` copied to the device: on the copy stream, with the event the compute stream waits
@@ -90,7 +91,3 @@ class Residual:
             host.copy_(output, non_blocking=True)  # pinned: the allocator keeps it until the copy ends
         output.record_stream(self._copies)  # not reused by the compute stream before the copy is done
         return host
-
-
-def _as_is(item: Any) -> Any:
-    return item

@@ -262,6 +262,7 @@ class StreamedEncoder(StreamedForward):
                 else:
                     layer = self.packed.layers[depth - 1]
                     items = list(zip(hidden, batches, strict=True))
+                    hidden.clear()  # each state let go as its batch runs (stream_residual.py)
                     hidden = self._each(partial(self.packed.run_layer, layer), items, after, last=last)
                     self.packed.forget(layer)
         return [torch.stack([store[i] for i in layers]) for store in kept]
@@ -362,6 +363,7 @@ class StreamedDecoder(StreamedForward):
                                          use_cache=False, **given)  # fmt: skip
 
                     items = list(zip(hidden, batches, rotary, strict=True))
+                    hidden.clear()  # each state let go as its batch runs (stream_residual.py)
                     hidden = self._each(step, items, after, last=last)
         return [torch.stack([store[i] for i in layers]) for store in kept]
 
