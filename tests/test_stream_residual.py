@@ -137,3 +137,23 @@ def test_host_memory_and_budgets_too_small_for_the_host_stream_are_refused_with_
 def test_a_cpu_budget_never_moves_the_stream(make_tiny_model):
     enc = lw.Encoder(make_tiny_model("bert", 3), device="cpu", streaming=True, max_device_memory="300KB")
     assert not enc.engine.packed.residual.on_host and enc.engine.stream_block_tokens < DEFAULT_BLOCK_TOKENS
+
+
+def test_the_forward_streams_let_go_of_each_input_too(make_tiny_model):
+    """On the CPU's forward streams (two batches at once) a layer's inputs are let go as on the
+    sequential path: the caller's items are emptied, the outputs are each input's step."""
+    forward = lw.Encoder(make_tiny_model("bert", 3), device="cpu", streaming=True, streams=2).engine.packed
+    assert forward.pool is not None
+    items = [(torch.full((2, 3), float(i)),) for i in range(4)]
+    seen: list[int] = []
+    outputs = forward._each(lambda h: h * 2, items, lambda i, out: seen.append(i), last=False)
+    assert items == [] and seen == [0, 1, 2, 3]
+    assert [float(o[0, 0]) for o in outputs] == [0.0, 2.0, 4.0, 6.0]
+
+
+def test_the_rotary_embeddings_a_block_keeps_are_counted_per_family(make_tiny_model, decoder_folder):
+    kinds = {arch: lw.Encoder(decoder_folder(arch), device="cpu", streaming=True).engine.packed.rotary_kinds
+             for arch in ("llama", "gemma3_text", "gpt2")}  # fmt: skip
+    bert = lw.Encoder(make_tiny_model("bert", 3), device="cpu", streaming=True).engine.packed
+    gemma3 = lw.Encoder(decoder_folder("gemma3_text"), device="cpu").config.layer_types  # its layers' kinds
+    assert kinds == {"llama": 1, "gemma3_text": len(set(gemma3)), "gpt2": 0} and bert.rotary_kinds == 0

@@ -14,7 +14,6 @@ import torch
 from .._memory import available_memory
 from .._placement import parse_bytes
 from ..errors import OptionError
-from .decoders import is_decoder_config
 from .stream_residual import Residual
 from .streamed import StreamedForward
 
@@ -73,7 +72,7 @@ def host_batch(
     weights, stream, work = forward.costs()
     config = forward.skeleton.config
     state = stream // 2  # ``stream`` counts a token's state and its word-table row
-    held = min(int(config.vocab_size), block) * state + block * _held_per_token(config, forward.dtype)
+    held = min(int(config.vocab_size), block) * state + block * _held_per_token(forward)
     per_token = work + 2 * stream  # its state in and out, the next batch's coming in, the last's going out
     batch = min(max_tokens, (budget - weights - held) // per_token)
     if batch < max_length:
@@ -95,13 +94,12 @@ def host_batch(
     return int(batch)
 
 
-def _held_per_token(config: Any, dtype: torch.dtype) -> int:
+def _held_per_token(forward: StreamedForward) -> int:
     """Device bytes per block token while the stream waits in host memory: three int64 columns
-    (ids, positions, text groups) and a rotary decoder's cos and sin, one pair per Gemma 3 layer
-    type."""
-    if not is_decoder_config(config) or config.model_type == "gpt2":
+    (ids, positions, text groups) and each rotary embedding's cos and sin (a decoder's: one per
+    Gemma 3 layer type, none for GPT-2)."""
+    if not forward.rotary_kinds:
         return 24
+    config = forward.skeleton.config
     head = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    gemma3 = config.model_type == "gemma3_text"
-    kinds = len(set(getattr(config, "layer_types", None) or [None])) if gemma3 else 1
-    return 24 + 2 * head * kinds * torch.empty((), dtype=dtype).element_size()
+    return 24 + 2 * head * forward.rotary_kinds * torch.empty((), dtype=forward.dtype).element_size()

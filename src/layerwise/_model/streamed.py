@@ -49,6 +49,8 @@ class StreamedForward:
     """The streamed forward of one model: a skeleton of its modules on the meta device, each unit's
     weights assigned from the checkpoint for one block and released after it."""
 
+    rotary_kinds = 0  # rotary embeddings each batch keeps on the device for a block (a decoder's)
+
     def __init__(self, skeleton: Any, units: list[list[nn.Module]], words: nn.Module,
                  checkpoint: Weights, prefix: str, dtype: torch.dtype,
                  device: torch.device) -> None:  # fmt: skip
@@ -158,7 +160,9 @@ class StreamedForward:
             with torch.inference_mode():  # thread-local: each stream enters it
                 return step(*item)
 
-        outputs = [future.result() for future in [self.pool.submit(run, item) for item in items]]
+        futures = [self.pool.submit(run, item) for item in items]
+        items.clear()  # each input let go once its batch has run, as Residual.run does
+        outputs = [future.result() for future in futures]
         for i, output in enumerate(outputs):
             after(i, output)
         return outputs
@@ -292,9 +296,8 @@ class StreamedDecoder(StreamedForward):
         if hasattr(words, "embed_scale"):  # Gemma's embeddings times sqrt(hidden)
             skeleton.embed_tokens.embed_scale = torch.tensor(float(config.hidden_size) ** 0.5, device=device)
         # Gemma 3: a rotary embedding per layer type (full and sliding attention)
-        self._layer_types = (
-            getattr(config, "layer_types", None) if config.model_type == "gemma3_text" else None
-        )
+        types = getattr(config, "layer_types", None) if config.model_type == "gemma3_text" else None
+        self._layer_types, self.rotary_kinds = types, 0 if gpt2 else len(set(types or [None]))
         final_norm = [prefix + n for n in _unit_names(skeleton, [final_norm_module(skeleton)])]
         norm = checkpoint.read(final_norm, dtype, device)
         skeleton.load_state_dict({k[len(prefix) :]: v for k, v in norm.items()}, strict=False, assign=True)
