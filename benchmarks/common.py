@@ -250,10 +250,10 @@ def timed_process(command: Sequence[str], env: dict[str, str] | None = None) -> 
 def matmul_rates(size: int = 2048, repeats: int = 5) -> tuple[float, float]:
     """fp32 ``size``^2 matrix-multiply GFLOP/s with torch's own threads on its two CPU libraries:
     MKL (``a @ b``) and oneDNN with the right-hand matrix prepacked (what the packed forward uses:
-    src/layerwise/_model/cpu_gemm.py); 0 for oneDNN in a torch without it."""
+    src/layerwise/_model/forward/cpu_gemm.py); 0 for oneDNN in a torch without it."""
     import torch
 
-    from layerwise._model.cpu_gemm import onednn_linear, prepack
+    from layerwise._model.forward.cpu_gemm import onednn_linear, prepack
 
     a, b = torch.randn(size, size), torch.randn(size, size)
     a @ b

@@ -214,7 +214,7 @@ def part_trim(
     import threading
 
     import layerwise as lw
-    from layerwise import _memory as memory
+    from layerwise._host import memory
 
     path = write_corpus(scratch, n, ("parquet",))["parquet"]
     encoder = lw.Encoder(device="cpu")

@@ -6,7 +6,7 @@
    384 -> 1536, 1536 -> 384) and of the BERT-base shape (768 wide) for 24 to 2,048 rows, on one
    thread: GFLOP/s of ``F.linear`` (torch's CPU wheels run it on MKL) and of oneDNN with the weight
    prepacked once (``torch.ops.mkldnn._linear_pointwise``, what the packed forward uses:
-   src/layerwise/_model/cpu_gemm.py), best of ``--repeats``; and a 2048^2 matmul both ways on all of
+   src/layerwise/_model/forward/cpu_gemm.py), best of ``--repeats``; and a 2048^2 matmul both ways on all of
    torch's threads (the ceiling the other benchmarks divide by).
 2. CPU microseconds per token of the default model's forward on one thread (``compute``, as a
    served run: the engine's packed forward, then each input's last layer), for runs of k texts drawn
@@ -19,7 +19,7 @@
 3. What a new row count costs: the default model's four matmuls for 200 row counts around 100,
    200, 400 and 800 (a new one each time, as a server's batches are) against the same count 200
    times. MKL has nothing to compile; oneDNN compiles a kernel per shape (then caches a few: 64,
-   see src/layerwise/_model/cpu_gemm.py).
+   see src/layerwise/_model/forward/cpu_gemm.py).
 
 The first line printed is the processor's vendor and whether layerwise's default uses oneDNN on it
 (``LAYERWISE_ONEDNN`` unset). Results: benchmarks/results/gemm_speed.json (``--out`` to write
@@ -44,7 +44,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from common import best_of, matmul_rates, mixed_corpus, write_result  # noqa: E402
 
-from layerwise._model.cpu_gemm import cpu_vendor, onednn_linear, onednn_wanted, prepack  # noqa: E402
+from layerwise._model.forward.cpu_gemm import cpu_vendor, onednn_linear, onednn_wanted, prepack  # noqa: E402
 
 SHAPES = {
     "all-MiniLM-L6-v2": [(384, 1152), (384, 384), (384, 1536), (1536, 384)],
@@ -94,7 +94,7 @@ def run_costs(n_texts: int, repeats: int) -> dict:
     """CPU us per token of one-thread forwards (last layer of each text) by run size, oneDNN on/off."""
     import layerwise as lw
     from layerwise._inputs.encoding import normalize_inputs
-    from layerwise._model import cpu_gemm
+    from layerwise._model.forward import cpu_gemm
     from layerwise.serve._batcher import Finish, compute
 
     torch.set_num_threads(1)

@@ -2,7 +2,7 @@
 
     python benchmarks/gpu_groups.py [--sentences 2000] [--documents 50] [--repeats 3]
 
-The packed forward runs attention per group of texts of similar length (``_model/packed.py``:
+The packed forward runs attention per group of texts of similar length (``_model/forward/packed.py``:
 ``attention_groups``), minimising the padded query-key pairs plus a fixed cost per group. On a CPU
 a group costs little (``GROUP_COST`` = 4,096 pairs); on a GPU each group is a handful of kernel
 launches. This sweep sets the cost per group from 4,096 pairs to one grid a batch and times, on the
@@ -32,8 +32,8 @@ import torch
 from common import bert_base_folder, mixed_corpus, parser, write_result
 
 import layerwise as lw
-import layerwise._model.packed as packed_module
-from layerwise._call import Call
+import layerwise._model.forward.packed as packed_module
+from layerwise._engine.call import Call
 from layerwise._inputs.encoding import normalize_inputs
 
 COSTS = (4096, 65536, 1 << 20, 1 << 24, 1 << 40)  # 2^40: one grid a batch
@@ -56,7 +56,7 @@ def sweep(folder: Path, dtype: str, texts: list[str], repeats: int, device: str)
     enc = lw.Encoder(folder, device=device, model_dtype=dtype, max_length=512)
     block = enc.inputs.encode_block(normalize_inputs(texts), detailed=False)
     layers = tuple(range(enc.n_hidden_states))
-    batches = [np.asarray(b) for b in enc.engine._plan_batches(block.lengths.tolist(), Call(layers), True)]
+    batches = [np.asarray(b) for b in enc.engine.plan_batches(block.lengths.tolist(), Call(layers), True)]
     rows = []
     for cost in COSTS:
         # the device's own cost, replaced for this sweep (plan_groups reads it at every batch)

@@ -112,7 +112,7 @@ def measure(name: str, folder: Path, dtype: str, texts: list[str], repeats: int,
     median = {k: statistics.median(v) for k, v in times.items()}
     report = {
         "model": name, "dtype": dtype, "layers": encoder.n_layers, "hidden_size": encoder.hidden_size,
-        "texts": len(texts), "tokens": n_tokens, "packed": encoder.engine._runs_packed("hidden_states", ()),
+        "texts": len(texts), "tokens": n_tokens, "packed": encoder.engine.runs_packed("hidden_states", ()),
         "tokens_per_s": {k: round(n_tokens / t) for k, t in median.items()},
         "layerwise_over_best_loop": round(median["best_loop"] / median["layerwise"], 2),
         "host_mb": round(n_tokens * encoder.n_hidden_states * encoder.hidden_size * 4 / 1e6),

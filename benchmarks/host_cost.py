@@ -44,7 +44,7 @@ import numpy as np
 from common import copy_default_tokenizer, interleaved_times, mixed_corpus, parser, write_result
 
 import layerwise as lw
-from layerwise._call import Call
+from layerwise._engine.call import Call
 from layerwise._inputs.encoding import normalize_inputs
 
 TARGETS = {"embed": 1.15, "extract": 1.3, "embed_words": 1.5}  # x the floor (issue 64)
@@ -56,12 +56,12 @@ STAGES = {
     "tokenise": ("encode_batch", "encoding.py:", "block.py:_column", "block.py:word_ids", "block.py:offsets",
                  "block.py:segments", "block.py:_no_none", "calls.py:"),
     "pack": ("prepare", "plan_groups", "attention_groups", "length_sorted_batches", "_packed_batches",
-             "gather_index", "block.py:columns", "_owner", "_plan_batches"),
+             "gather_index", "block.py:columns", "_owner", "plan_batches"),
     "forward": ("packed.py:", "light.py:", "torch._C._nn", "torch.layer_norm", "torch.embedding", "cpu_gemm.py:",
                 "index_copy_", "index_select", "new_zeros", "torch.stack"),
     "pool": ("pool_groups", "pool_batch", "device_pool.py:finish", "index_add_", "scatter_reduce"),
     "copy": ("host_copy.py:", "'copy_'", "'numpy'", "'sum'", "isfinite"),
-    "results": ("_rows.py:", "_results.py:", "batch_results.py:", "stream.py:", "block.py:tokens",
+    "results": ("_engine/rows.py:", "_results.py:", "batch_results.py:", "stream.py:", "block.py:tokens",
                 "_token_strings", "plan.py:result", "pool.py:"),
 }  # fmt: skip
 
@@ -143,7 +143,7 @@ def run(folder: Path, texts: list[str], repeats: int, profile: bool) -> dict:
     block = enc.inputs.encode_block(normalize_inputs(texts))
     layers = tuple(range(enc.n_hidden_states))
     call = Call(layers)
-    batches = [np.asarray(b) for b in engine._plan_batches(block.lengths.tolist(), call, True)]
+    batches = [np.asarray(b) for b in engine.plan_batches(block.lengths.tolist(), call, True)]
     packed = engine.packed
     prepared = [packed.prepare(block.columns(rows), with_token_types=engine.with_token_types, device=enc.device)
                 for rows in batches]  # fmt: skip

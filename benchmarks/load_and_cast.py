@@ -4,7 +4,7 @@
 
 1. Loading the default model: in fresh processes (after importing torch and transformers, which
    every contender pays), the import of transformers' ``modeling_bert`` and ``AutoModel.
-   from_pretrained``, against layerwise's ``load_light_model`` (src/layerwise/_model/light.py).
+   from_pretrained``, against layerwise's ``load_light_model`` (src/layerwise/_model/loading/light.py).
 2. The store's float16 cast of one text's rows (src/layerwise/store/_rows.py): NumPy's cast of the
    token-major view, against torch's copy on one thread, per 2,048-token batch of all 7 hidden
    states; then inside ``extract_to_store`` on the store_speed corpus, the time spent in the cast
@@ -38,7 +38,7 @@ LOADS = {
         "AutoModel.from_pretrained(p).eval(); print(i, time.perf_counter() - t)"
     ),
     "layerwise light model": (
-        "from layerwise._model.light import load_light_model; from transformers import AutoConfig; "
+        "from layerwise._model.loading.light import load_light_model; from transformers import AutoConfig; "
         "c = AutoConfig.from_pretrained(p); t = time.perf_counter(); "
         "assert load_light_model(p, c, torch.float32) is not None; print(0.0, time.perf_counter() - t)"
     ),

@@ -18,7 +18,7 @@ For the default model (all-MiniLM-L6-v2) and a randomly initialised 12-layer ``B
   1 stream     ``Encoder(streams=1).extract(texts, layers="all")``: the packed forward, one batch
                at a time on all of torch's threads
   2 streams    the same with ``streams=2``: two batches at once, each on half of the threads
-               (streams.py); ``Encoder()`` picks one of the two by the model's width
+               (concurrent.py); ``Encoder()`` picks one of the two by the model's width
 
 Every method produces every token's vectors (all hidden states except st); each is timed
 ``--repeats`` times, interleaved, and the median is reported. The ceiling is the measured fp32

@@ -91,7 +91,7 @@ def main() -> None:
         print(one_run(options.one, options.copies[0], options.sentences, options.documents))
         return
 
-    from layerwise._memory import TRIM_EVERY_S
+    from layerwise._host.memory import TRIM_EVERY_S
 
     report: dict = {"rounds": options.rounds, "trim_every_s": TRIM_EVERY_S}
     for copies in options.copies:

@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import copy_default_tokenizer, interleaved_times, mixed_corpus, parser, write_result
 
 import layerwise as lw
-from layerwise._placement import parse_bytes
+from layerwise._settings.placement import parse_bytes
 
 TARGET_SPEED = 0.7
 LLAMA3_8B = {"hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,

@@ -85,7 +85,7 @@ def child(mode: str, folder: str, n_sentences: int, n_documents: int, budget: st
     started = time.perf_counter()
     enc.embed(texts, layers="all", progress=False)
     report = {"baseline_kib": baseline, "seconds": time.perf_counter() - started}
-    if mode == "streamed":  # the sizes the block was chosen from (_model/streamed.py: costs)
+    if mode == "streamed":  # the sizes the block was chosen from (_model/streaming/forward.py: costs)
         forward, engine = enc.engine.packed, enc.engine
         weights, stream, work = forward.costs()
         report.update(

@@ -136,7 +136,7 @@ def crc_rates(megabytes: int = 256) -> dict[str, float]:
     """MB/s of CRC-32 over one buffer: Python's zlib (the system zlib) and the one the writers use."""
     import zlib
 
-    from layerwise._checksum import IMPLEMENTATION, crc32
+    from layerwise.store._checksum import IMPLEMENTATION, crc32
 
     data = np.random.default_rng(2).integers(0, 256, megabytes * 2**20, dtype=np.uint8)
     rates = {}

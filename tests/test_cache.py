@@ -377,7 +377,7 @@ def test_cli_ray_gets_every_option(tmp_path, monkeypatch):
 
 
 def test_attn_out_and_mlp_out_columns_equal_hooks_on_transformers(tmp_path, decoder_encoder):
-    from layerwise._model.hooks import tap_module
+    from layerwise._model.forward.hooks import tap_module
 
     enc = decoder_encoder("llama")
     path = tmp_path / "acts"

@@ -7,7 +7,7 @@ import zlib
 
 import numpy as np
 
-from layerwise._checksum import IMPLEMENTATION, crc32
+from layerwise.store._checksum import IMPLEMENTATION, crc32
 
 
 def test_the_fast_crc32_is_zlibs_on_every_size_and_start():

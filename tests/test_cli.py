@@ -333,7 +333,7 @@ def test_pretrain_refuses_a_learning_rate_that_cannot_train(tmp_path, rate):
 
 def test_extract_no_packed_uses_the_hugging_face_forward(tmp_path, make_tiny_model, monkeypatch):
     """--no-packed must reach the engine (no packed forward at all) and give the same numbers."""
-    from layerwise._model.packed import PackedEncoder
+    from layerwise._model.forward.packed import PackedEncoder
 
     model = make_tiny_model("bert")
     source = tmp_path / "texts.txt"

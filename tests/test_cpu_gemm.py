@@ -8,8 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from layerwise._model import cpu_gemm
-from layerwise._model.cpu_gemm import PrepackedLinears, onednn_usable, onednn_wanted
+from layerwise._model.forward import cpu_gemm
+from layerwise._model.forward.cpu_gemm import PrepackedLinears, onednn_usable, onednn_wanted
 
 
 @pytest.fixture
@@ -110,7 +110,7 @@ def test_memory_stays_bounded_over_many_batch_shapes(onednn):
     import sys
 
     script = """
-import torch, layerwise._model.cpu_gemm as g
+import torch, layerwise._model.forward.cpu_gemm as g
 def rss(): return int(open('/proc/self/status').read().split('VmRSS:')[1].split()[0]) // 1024
 linear = g.PrepackedLinears()
 weights = [torch.randn(1536, 384), torch.randn(384, 1536), torch.randn(1152, 384)]

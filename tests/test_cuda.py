@@ -11,7 +11,7 @@ import torch
 from conftest import corpus
 
 import layerwise as lw
-from layerwise._model.hooks import tap_module
+from layerwise._model.forward.hooks import tap_module
 from layerwise.errors import NonFiniteError
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
@@ -45,7 +45,7 @@ def test_encoder_on_cuda_equals_transformers_on_cuda(make_tiny_model, packed, ba
     # batch_size=3: 14 batches, each launched before the one before it is read (host_copy.py)
     enc = lw.Encoder(make_tiny_model("bert", 4), device=DEVICE, packed=packed, batch_size=batch_size)
     assert enc.device.type == "cuda" and next(enc.model.parameters()).is_cuda
-    assert enc.engine._runs_packed("hidden_states", ()) is packed
+    assert enc.engine.runs_packed("hidden_states", ()) is packed
     stacks = enc.extract(TEXTS, layers="all")
     for item, stack in zip(enc.tokenize(TEXTS), stacks, strict=True):
         want = _reference_states(enc.model, item.ids)
@@ -58,7 +58,7 @@ def test_encoder_on_cuda_equals_transformers_on_cuda(make_tiny_model, packed, ba
 @pytest.mark.parametrize("arch", ["llama", "gemma2", "gpt2"])
 def test_decoder_on_cuda_equals_transformers_on_cuda(decoder_folder, arch):
     enc = lw.Encoder(decoder_folder(arch), device=DEVICE, final_norm=True)
-    assert enc.engine._runs_packed("hidden_states", ())
+    assert enc.engine.runs_packed("hidden_states", ())
     texts = [s for s in TEXTS if s][:20]
     stacks = enc.extract(texts, layers="all")
     for item, stack in zip(enc.tokenize(texts), stacks, strict=True):
@@ -68,7 +68,7 @@ def test_decoder_on_cuda_equals_transformers_on_cuda(decoder_folder, arch):
 def test_decoder_taps_on_cuda_equal_hooks_on_transformers_modules(decoder_folder):
     enc = lw.Encoder(decoder_folder("llama"), device=DEVICE, final_norm=False)
     taps = ("attn_out", "mlp_out")
-    assert enc.engine._runs_packed("hidden_states", taps)
+    assert enc.engine.runs_packed("hidden_states", taps)
     texts = TEXTS[:10]
     stacks = enc.extract(texts, layers=[0, 1, 2], taps=list(taps))
     model = enc.model
@@ -266,7 +266,7 @@ def test_streamed_on_cuda_equals_in_memory_on_cuda(make_tiny_model, decoder_fold
     np.testing.assert_allclose(
         streamed.embed(texts, **pooled), memory.embed(texts, **pooled), atol=ATOL, rtol=RTOL
     )
-    assert streamed.engine.packed.peak_resident <= 2
+    assert streamed.engine.streamed.model.peak_resident <= 2
 
 
 @pytest.mark.parametrize("arch", ["bert", "llama"])
@@ -275,14 +275,17 @@ def test_a_residual_stream_in_pinned_host_memory_on_cuda_equals_in_memory(
 ):
     """The block's residual stream waits in pinned host memory between layers, each batch copied in
     and out on a stream of its own while the previous one computes: the in-memory numbers."""
-    from layerwise._model.stream_residual import Residual
+    import dataclasses
+
+    from layerwise._engine.engine import Engine
 
     folder = make_tiny_model("bert", 4) if arch == "bert" else decoder_folder("llama")
     texts = [s for s in TEXTS if s][:40]
     memory = lw.Encoder(folder, device=DEVICE, max_length=32)
     streamed = lw.Encoder(folder, device=DEVICE, streaming=True, max_length=32, max_tokens=48,
                           stream_block_tokens=2000)  # fmt: skip
-    streamed.engine.packed.residual = Residual(streamed.device, on_host=True)
+    plan = dataclasses.replace(streamed.engine.streamed.plan, residual="host")  # as a tight GPU budget
+    streamed.engine = Engine(streamed.models, streamed.tokenizer, streamed.engine.settings, plan)
     for a, b in zip(streamed.extract(texts, layers="all"), memory.extract(texts, layers="all"), strict=True):
         np.testing.assert_allclose(a.hidden, b.hidden, atol=ATOL, rtol=RTOL)
     pooled = {"layers": "all", "pool": "mean"}

@@ -65,7 +65,7 @@ def test_the_packed_forward_equals_the_padded_one(arch, decoder_folder, decoder_
     """The packed forward (every family) against transformers' padded forward on the same
     texts, every layer, and stopping early at each depth; sliding windows shorter than a text and
     Gemma 2's soft-capped scores included (its window is 64 tokens here)."""
-    from layerwise._model.packed_decoder import PackedDecoder
+    from layerwise._model.forward.packed_decoder import PackedDecoder
 
     packed = decoder_encoder(arch)
     assert isinstance(packed.engine.packed, PackedDecoder)
@@ -322,7 +322,7 @@ def test_smollm2_from_its_gguf_file_equals_transformers_own_load(smollm2):
         scale = np.abs(expected).max(axis=(1, 2), keepdims=True)
         assert (np.abs(stack.hidden - expected) <= 1e-5 * scale).all()
     # the folder holding one .gguf file and no config.json is that file
-    from layerwise._model.source import resolve_model_source
+    from layerwise._model.loading.source import resolve_model_source
 
     assert resolve_model_source(folder)[0] == resolve_model_source(gguf)[0] == str(gguf) == smollm2.source
 
@@ -384,7 +384,7 @@ def test_the_gguf_de_quantising_bar_is_silenced_even_after_tqdm_was_imported(cap
     imported, so loading silences that bar itself, and puts it back afterwards."""
     from transformers import modeling_gguf_pytorch_utils as gguf_utils
 
-    from layerwise._model.source import quiet_transformers
+    from layerwise._model.loading.source import quiet_transformers
 
     before = gguf_utils.tqdm
     with quiet_transformers(gguf=True):
@@ -399,7 +399,7 @@ def test_a_gguf_file_is_parsed_once_while_an_encoder_loads(tmp_path):
     encoder loads, the first parse serves all three, and gguf's reader is itself again after."""
     import gguf
 
-    from layerwise._model.gguf_files import gguf_read_once
+    from layerwise._model.loading.gguf_files import gguf_read_once
 
     path = tmp_path / "tiny.gguf"
     writer = gguf.GGUFWriter(str(path), "llama")
@@ -476,10 +476,10 @@ def test_an_input_without_tokens_is_refused_by_name(decoder_encoder):
 def test_attn_out_and_mlp_out_taps_equal_hooks_on_transformers_modules(arch, decoder_encoder):
     """The packed forward's attn_out and mlp_out equal forward hooks on the same modules of the
     transformers model run on each text alone; and what the blocks add is the residual step."""
-    from layerwise._model.hooks import tap_module
+    from layerwise._model.forward.hooks import tap_module
 
     encoder = decoder_encoder(arch, final_norm=False)
-    assert encoder.engine._runs_packed("hidden_states", ("attn_out", "mlp_out"))
+    assert encoder.engine.runs_packed("hidden_states", ("attn_out", "mlp_out"))
     stacks = encoder.extract(TEXTS, layers=[0, 1, 2], taps=["attn_out", "mlp_out"])
     model = encoder.model
     for text, stack in zip(TEXTS, stacks, strict=True):

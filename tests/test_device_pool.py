@@ -87,7 +87,7 @@ def test_a_decoder_with_its_final_norm(smollm2, pool):
 
 
 def test_only_the_pooled_vectors_cross_from_the_device(default_encoder, monkeypatch):
-    import layerwise._extract as engine_module
+    import layerwise._engine.engine as engine_module
 
     crossed: list[tuple[int, ...]] = []
     real = engine_module.HostCopy
@@ -170,7 +170,7 @@ def test_float16_results_are_the_float32_states_rounded_once(default_model_dir, 
 
 
 def test_host_copy_casts_before_the_copy(monkeypatch):
-    from layerwise._model.host_copy import HostCopy
+    from layerwise._engine.host_copy import HostCopy
 
     states = torch.randn(3, 5, 4)
     hidden, taps, finite = HostCopy(states, {"mlp_out": states * 2}, torch.float16).arrays()

@@ -521,7 +521,7 @@ def test_a_metric_with_no_signal_picks_nothing():
 
 def test_the_bundled_model_by_its_short_name(tmp_path, monkeypatch):
     """#55, 21: the serving guide's --model all-MiniLM-L6-v2 failed offline."""
-    from layerwise._model.source import DEFAULT_MODEL, default_model_path, resolve_model_source
+    from layerwise._model.loading.source import DEFAULT_MODEL, default_model_path, resolve_model_source
 
     monkeypatch.chdir(tmp_path)
     assert resolve_model_source("all-MiniLM-L6-v2") == (str(default_model_path()), DEFAULT_MODEL)

@@ -13,7 +13,7 @@ import time
 
 import numpy as np
 
-from layerwise._model import hub
+from layerwise._model.loading import hub
 
 
 def _closed_port() -> int:

@@ -15,8 +15,8 @@ import torch
 from conftest import REPO, TOKENIZER_FILES, tiny_config, ud_sentences
 
 import layerwise as lw
-from layerwise._model.light import ACTIVATIONS, load_light_model
-from layerwise._model.source import weights_sha256
+from layerwise._model.loading.light import ACTIVATIONS, load_light_model
+from layerwise._model.loading.source import weights_sha256
 
 TEXTS = ud_sentences("dev", 24)
 
@@ -80,7 +80,7 @@ def test_light_model_equals_hugging_face_forward_on_default_model(default_model_
 
 def test_checkpoint_with_a_head_loads_behind_its_prefix(make_tiny_mlm):
     """BertForMaskedLM: "bert.embeddings…", "cls.predictions…", and no pooler (layerwise never uses it)."""
-    from layerwise._model.source import load_model
+    from layerwise._model.loading.source import load_model
 
     folder = make_tiny_mlm("bert")
     enc = lw.Encoder(folder, device="cpu")

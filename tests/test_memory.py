@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from layerwise import _memory as memory
+from layerwise._host import memory
 
 
 def test_trims_at_most_once_per_interval(monkeypatch):

@@ -27,7 +27,7 @@ import json, sys
 import layerwise as lw
 from typer.main import get_command
 from layerwise.cli import app
-from layerwise._settings import Settings, numbers_keys
+from layerwise._settings.settings import Settings, numbers_keys
 
 def commands(group, path=()):
     for name, command in getattr(group, "commands", {}).items():
@@ -52,7 +52,7 @@ def edited(tmp_path_factory) -> Path:
     """The package copied, with the one edit: a field in Settings."""
     root = tmp_path_factory.mktemp("one-edit")
     shutil.copytree(SRC, root / "layerwise", ignore=shutil.ignore_patterns("__pycache__"))
-    settings = root / "layerwise" / "_settings.py"
+    settings = root / "layerwise" / "_settings" / "settings.py"
     source = settings.read_text(encoding="utf-8")
     assert source.count(ANCHOR) == 1, "the test's anchor line moved: point ANCHOR at the last field"
     settings.write_text(source.replace(ANCHOR, NEW_FIELD + ANCHOR), encoding="utf-8")

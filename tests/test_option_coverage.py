@@ -269,7 +269,7 @@ def test_every_serve_option_reaches_the_server(monkeypatch, tmp_path):
     """Each option of `layerwise serve` changes the server's settings, its models' Settings, what it
     serves from or where it listens: none is accepted and dropped."""
     import layerwise._encoder
-    from layerwise._model.source import pick_device
+    from layerwise._model.loading.source import pick_device
     from layerwise.cli import _serve as cli_serve
 
     class Loaded:  # an Encoder that loads nothing: what matters is the Settings it is made from

@@ -8,7 +8,7 @@ import torch
 from conftest import ARCHITECTURES, ud_sentences
 
 import layerwise as lw
-from layerwise._model.packed import PACKED_MODEL_TYPES, PackedEncoder
+from layerwise._model.forward.packed import PACKED_MODEL_TYPES, PackedEncoder
 
 TEXTS = ud_sentences("dev", 40)
 
@@ -46,7 +46,7 @@ def test_packed_equals_padded_at_every_layer(make_tiny_model, arch):
 
 @pytest.mark.parametrize("onednn", ["1", "0"])  # the linear layers on oneDNN, and on F.linear
 def test_default_model_packed_equals_padded(default_encoder, default_model_dir, monkeypatch, onednn):
-    from layerwise._model import cpu_gemm
+    from layerwise._model.forward import cpu_gemm
 
     monkeypatch.setenv("LAYERWISE_ONEDNN", onednn)
     monkeypatch.setattr(cpu_gemm, "_checked", None)
@@ -121,7 +121,7 @@ def test_packed_roberta_family_models(make_roberta_family, kind):
 
 
 def test_attention_groups_minimise_padded_attention():
-    from layerwise._model.packed import GROUP_COST, attention_groups
+    from layerwise._model.forward.packed import GROUP_COST, attention_groups
 
     assert attention_groups([30, 29, 28]) == [(0, 3)]  # similar lengths: one grid
     assert attention_groups([7]) == [(0, 1)]
@@ -148,7 +148,7 @@ def test_attention_groups_minimise_padded_attention():
 def test_mixed_lengths_in_one_packed_batch_equal_padded(make_tiny_model, monkeypatch):
     """A server's merged requests: one batch of very different lengths runs attention in several
     grids (and the real-token budget keeps it one batch); the numbers stay the padded forward's."""
-    import layerwise._model.packed as packed_module
+    import layerwise._model.forward.packed as packed_module
 
     packed, padded = pair_of_encoders(make_tiny_model("bert", 3), streams=1)  # 2 would split it
     seen: list[list[tuple[int, int]]] = []
@@ -168,7 +168,7 @@ def test_mixed_lengths_in_one_packed_batch_equal_padded(make_tiny_model, monkeyp
 def test_attention_on_a_gpu_leaves_cudnn_out_and_the_cpu_alone():
     # cuDNN's attention builds a plan per new grid shape: 7.3 s of a fresh Encoder's first embed on
     # an H100 (model/sdpa.py). The flags are process-wide: set inside, restored after, untouched on CPU.
-    from layerwise._model.sdpa import attention_kernels
+    from layerwise._model.forward.sdpa import attention_kernels
 
     before = torch.backends.cuda.cudnn_sdp_enabled(), torch.backends.cuda.flash_sdp_enabled()
     with attention_kernels(torch.device("cpu")):

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import layerwise as lw
-from layerwise._extract import LayerStack
+from layerwise._engine.engine import LayerStack
 from layerwise.errors import OptionError
 
 

@@ -548,8 +548,8 @@ def test_json_bodies_keep_every_float_and_write_nan_as_null(monkeypatch, fast):
 
 def test_the_model_worker_returns_freed_heap_memory_between_runs(tiny_encoder, monkeypatch):
     """glibc keeps freed heap mapped (RSS crept up under load): the server trims it at most every
-    SERVE_TRIM_EVERY_S seconds of runs (layerwise._memory), and the results are unaffected."""
-    from layerwise import _memory as memory
+    SERVE_TRIM_EVERY_S seconds of runs (layerwise._host.memory), and the results are unaffected."""
+    from layerwise._host import memory
     from layerwise.serve import _batcher as batcher
     from layerwise.serve import _model_process as model_process
 
@@ -613,7 +613,7 @@ def test_serve_runs_the_models_in_a_process_of_their_own_on_a_cpu(monkeypatch):
     the model process on a CPU (--in-process keeps them here) with --streams passed through."""
     import layerwise._encoder
     from layerwise import cli
-    from layerwise._model.source import pick_device
+    from layerwise._model.loading.source import pick_device
     from layerwise.cli import _serve as cli_serve
 
     asked: list[int | None] = []

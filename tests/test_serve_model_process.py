@@ -101,9 +101,9 @@ def test_an_error_in_the_model_process_arrives_as_itself(tiny_pair):
         with pytest.raises(lw.OptionError, match="stride") as raised:  # raised in the model process
             run_on(runner, "tiny", long, (1,), 10**6)
         with pytest.raises(lw.OptionError) as direct:
-            from layerwise._call import Call
+            from layerwise._engine.call import Call
 
-            list(tiny_pair.engine.stream(long, Call((1,), "hidden_states", stride=10**6), progress=False))
+            list(tiny_pair.engine.run_inputs(long, Call((1,), "hidden_states", stride=10**6), progress=False))
         assert str(raised.value) == str(direct.value)
         encoded = tiny_pair.inputs.encode(normalize_inputs(texts=["a bank"]))
         ((_, stack),) = run_on(runner, "tiny", encoded, (0, 4), None)  # the stream goes on

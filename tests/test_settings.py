@@ -300,8 +300,8 @@ def test_a_new_setting_that_changes_the_numbers_is_checked_on_resume_with_no_lis
     from the field's metadata, and a run recorded with another value is refused, naming it."""
     import dataclasses
 
-    import layerwise._settings
-    from layerwise._settings import NUMBERS, Settings
+    import layerwise._settings.settings
+    from layerwise._settings.settings import NUMBERS, Settings
     from layerwise.store._resume import resume_keys
 
     @dataclasses.dataclass(frozen=True)
@@ -310,7 +310,7 @@ def test_a_new_setting_that_changes_the_numbers_is_checked_on_resume_with_no_lis
         log_every: int = 10  # does not change the numbers: not checked
 
     assert "rope_scale" not in resume_keys()
-    monkeypatch.setattr(layerwise._settings, "Settings", Grown)
+    monkeypatch.setattr(layerwise._settings.settings, "Settings", Grown)
     assert "rope_scale" in resume_keys() and "log_every" not in resume_keys()
     path = tmp_path / "s.lw"
     texts = ["the river bank", "a loan from the bank"]

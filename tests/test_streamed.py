@@ -49,7 +49,7 @@ def test_a_streamed_encoder_gives_every_layer_of_the_in_memory_forward(bert):
         np.testing.assert_allclose(a.vectors, b.vectors, atol=1e-5)
     fused = {"layers": "all", "fuse": "mean_all"}
     np.testing.assert_allclose(streamed.embed(TEXTS, **fused), memory.embed(TEXTS, **fused), atol=1e-5)
-    assert streamed.engine.packed.peak_resident <= 2  # the running unit and the one read ahead
+    assert streamed.engine.streamed.model.peak_resident <= 2  # the running unit and the one read ahead
     hashes = [enc.run_meta(lw.OutputPlan())["weights_sha256"] for enc in (streamed, memory)]
     assert hashes[0] == hashes[1]  # a store resumes across the two
 
@@ -58,7 +58,7 @@ def test_a_streamed_encoder_reads_each_layer_once_per_block_and_holds_two_at_mos
     """Counted on the tensors themselves: whenever a unit's weights are read, the skeleton holds real
     (not meta) weights of at most one other unit."""
     _, streamed = bert
-    forward = streamed.engine.packed
+    forward = streamed.engine.streamed.model
     reads: list[int] = []
     original = forward.checkpoint.read
 
@@ -69,7 +69,7 @@ def test_a_streamed_encoder_reads_each_layer_once_per_block_and_holds_two_at_mos
 
     many = TEXTS * 10  # batches of 4 texts, blocks of 24 tokens or more: several blocks
     n_tokens = sum(len(s.tokens) for s in streamed.extract(many, layers=0, batch_size=4))
-    monkeypatch.setattr(streamed.engine.packed.checkpoint, "read", counted)
+    monkeypatch.setattr(forward.checkpoint, "read", counted)
     streamed.extract(many, layers="all", batch_size=4)
     blocks = len(reads) // 4  # each block reads the embeddings and the 3 layers, once
     assert len(reads) == 4 * blocks and 1 < blocks <= -(-n_tokens // 24)
@@ -85,7 +85,7 @@ def test_a_streamed_decoder_gives_every_layer_of_the_in_memory_forward(decoder_f
     assert_same_stacks(streamed.extract(TEXTS, layers="all"), memory.extract(TEXTS, layers="all"))
     pooled = {"layers": "all", "pool": "last" if arch == "qwen3" else "mean"}  # reduced layer by layer
     np.testing.assert_allclose(streamed.embed(TEXTS, **pooled), memory.embed(TEXTS, **pooled), atol=1e-5)
-    assert streamed.engine.packed.peak_resident <= 2
+    assert streamed.engine.streamed.model.peak_resident <= 2
     hashes = [enc.run_meta(lw.OutputPlan())["weights_sha256"] for enc in (streamed, memory)]
     assert hashes[0] == hashes[1]
 
@@ -121,7 +121,7 @@ def test_the_block_follows_the_memory_budget_and_a_budget_under_one_layer_is_ref
     # 300 KB hold one batch's work at a time, not two: the batches of a layer then run one by one
     tight = lw.Encoder(model, device="cpu", streaming=True, max_device_memory="300KB", streams=2)
     assert tight.engine.pool is None and tight.engine.settings.streams == 1
-    assert 128 <= tight.engine.stream_block_tokens < 1000  # at least one text of 128 tokens
+    assert 128 <= tight.engine.streamed.plan.block_tokens < 1000  # at least one text of 128 tokens
     with pytest.raises(OptionError, match=r"max_device_memory='10KB'.*layer.*bytes"):
         lw.Encoder(model, device="cpu", streaming=True, max_device_memory="10KB")
     with pytest.raises(OptionError, match=r"max_device_memory='lots'"):
@@ -173,7 +173,7 @@ def test_a_gguf_file_streams_one_dequantised_layer_at_a_time_with_the_in_memory_
             streamed.extract(TEXTS, layers="all", final_norm=final_norm),
             smollm2.extract(TEXTS, layers="all", final_norm=final_norm),
         )
-    assert streamed.engine.packed.peak_resident <= 2
+    assert streamed.engine.streamed.model.peak_resident <= 2
     hashes = [enc.run_meta(lw.OutputPlan())["weights_sha256"] for enc in (streamed, smollm2)]
     assert hashes[0] == hashes[1]
 
@@ -182,7 +182,7 @@ def test_a_model_whose_weights_do_not_fit_streams_by_itself(make_tiny_model, tmp
     """streaming=None (the default): loaded whole when the weights fit in the free memory, streamed
     when they do not (said in a warning); streaming=False loads it whole anyway, and a model that
     cannot be streamed is loaded whole with a warning that says why."""
-    from layerwise._model import fits
+    from layerwise._model.streaming import fits
 
     model = make_tiny_model("bert", 3)
     memory = lw.Encoder(model, device="cpu")

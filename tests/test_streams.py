@@ -12,7 +12,7 @@ import torch
 from conftest import ud_sentences
 
 import layerwise as lw
-from layerwise._model.streams import ForwardLock, check_streams
+from layerwise._model.forward.concurrent import ForwardLock, check_streams
 from layerwise.errors import OptionError
 
 TEXTS = ud_sentences("dev", 120)

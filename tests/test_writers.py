@@ -130,7 +130,7 @@ def test_nan_in_a_hidden_state_is_an_error_naming_the_input_and_layer(tmp_path, 
     import layerwise as lw
 
     encoder = lw.Encoder(nan_model, device="cpu", packed=packed)
-    assert encoder.engine._runs_packed("hidden_states", ()) is packed
+    assert encoder.engine.runs_packed("hidden_states", ()) is packed
     with pytest.raises(
         lw.errors.NonFiniteError, match=r"input 0 \('first text'\) at hidden state 2"
     ) as caught:

@@ -18,7 +18,7 @@ from ._version import __version__
 
 # public name -> module that defines it
 _EXPORTS = {
-    "DEFAULT_MODEL": "_model.source",
+    "DEFAULT_MODEL": "_model.loading.source",
     "EncodedInput": "_inputs.encoding",
     "FUSIONS": "_features.names",
     "Encoder": "_encoder",
@@ -35,11 +35,11 @@ _EXPORTS = {
     "ProbeResult": "_probing",
     "ScalarMix": "_features.scalar_mix",
     "SentenceVector": "_results",
-    "TAPS": "_model.hooks",
+    "TAPS": "_model.forward.hooks",
     "Store": "store",
     "StoreError": "errors",
     "WordVectors": "_results",
-    "default_model_path": "_model.source",
+    "default_model_path": "_model.loading.source",
     "extract_to_store": "store",
     "open_store": "store",
     "OutputPlan": "_features.plan",
@@ -58,7 +58,7 @@ _EXPORTS = {
     "export_store": "_files.export",
     "pool_words": "_features.pool",
     "resolve_layers": "_features.layers",
-    "Settings": "_settings",
+    "Settings": "_settings.settings",
     "read_meta": "_files.meta",
     "cache_activations": "_cache",
     "CacheSummary": "_cache",
@@ -89,11 +89,11 @@ if TYPE_CHECKING:
     from ._files.writers import extract_to_file, read_npz_ids, read_npz_texts
     from ._inputs.corpus import Corpus
     from ._inputs.encoding import EncodedInput
-    from ._model.hooks import TAPS
-    from ._model.source import DEFAULT_MODEL, default_model_path
+    from ._model.forward.hooks import TAPS
+    from ._model.loading.source import DEFAULT_MODEL, default_model_path
     from ._probing import ProbeResult, probe
     from ._results import LayerStack, SentenceVector, WordVectors
-    from ._settings import Settings
+    from ._settings.settings import Settings
     from .errors import (
         InputError,
         InputTooLargeError,

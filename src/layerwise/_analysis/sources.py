@@ -13,7 +13,7 @@ if TYPE_CHECKING:
     from typing import Unpack
 
     from .._features.names import LongTexts
-    from .._settings import FinalNorm, Method
+    from .._settings.settings import FinalNorm, Method
 
 
 class TokenPassOptions(TypedDict, total=False):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .._settings import FinalNorm
+from .._settings.settings import FinalNorm
 from ..errors import OptionError
 from .format import hook_name
 

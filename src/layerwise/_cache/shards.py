@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from .._checksum import crc32
+from ..store._checksum import crc32
 from .format import INFO, STATE, TOKEN_IDS, checksum_name, shard_name, write_json, write_text_atomically
 
 _MAX_VALUES = 2**30

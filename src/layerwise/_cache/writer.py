@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from .._settings import Settings, numbers_keys
+from .._settings.settings import Settings, numbers_keys
 from .._version import __version__
 from ..errors import OptionError, StoreError
 from ..store._lock import writer_lock
@@ -205,7 +205,7 @@ def begin_cache(
 
 
 def _model_record(encoder: Any) -> dict:
-    from .._model.source import weights_sha256
+    from .._model.loading.source import weights_sha256
 
     return {
         "layerwise_version": __version__, "model": encoder.name, "model_source": str(encoder.source),
@@ -268,8 +268,8 @@ def write_shards(
     """Step 4: the shards not yet written (of those ``k % n == i`` when ``shards=(i, n)``: one of
     ``n`` workers on one cache), by ``encoder``, which must hold the cache's weights. Called under
     :func:`begin_cache`'s lock. Returns how many it wrote."""
-    from .._model.source import weights_sha256
-    from .._progress import progress_bar
+    from .._host.progress import progress_bar
+    from .._model.loading.source import weights_sha256
 
     if weights_sha256(encoder.models.current) != meta["weights_sha256"]:
         raise StoreError(f"cache {str(path)!r} was begun with other weights than {encoder.name!r} holds")

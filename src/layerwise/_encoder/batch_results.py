@@ -15,10 +15,10 @@ from collections.abc import Iterable
 
 import numpy as np
 
+from .._engine.rows import Rows, block_stack
 from .._features.plan import OutputPlan
 from .._inputs.block import EncodedBlock, gather_index
 from .._results import WordVectors, check_float16, check_float16_rows
-from .._rows import Rows, block_stack
 
 Batches = Iterable[tuple[EncodedBlock, np.ndarray, Rows]]
 

@@ -1,4 +1,4 @@
-"""From a call's inputs to the engine's stream: the :class:`~layerwise._call.Call` value checked and
+"""From a call's inputs to the engine's stream: the :class:`~layerwise._engine.call.Call` value checked and
 settled against the model, the inputs tokenised in blocks beside the forward, warnings once a call.
 
 Inputs run in blocks. On a GPU the first holds one batch's worth, so the device starts at once; each
@@ -15,7 +15,8 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Any, Protocol
 
-from .._call import Call
+from .._engine.call import Call
+from .._engine.host_copy import RESULT_DTYPES
 from .._features.device_pool import DevicePlan
 from .._features.layers import LayerSpec, resolve_layers
 from .._features.names import LONG_TEXTS, LongTexts
@@ -25,10 +26,9 @@ from .._inputs.block import EncodedBlock
 from .._inputs.encoding import RawInputs
 from .._inputs.reports import report_blocks
 from .._inputs.windows import check_window_memory, check_window_options
-from .._model.hooks import DECODER_TAPS, check_taps
-from .._model.host_copy import RESULT_DTYPES
+from .._model.forward.hooks import DECODER_TAPS, check_taps
 from .._results import LayerStack
-from .._settings import METHODS, FinalNorm, Method, check_final_norm
+from .._settings.settings import METHODS, FinalNorm, Method, check_final_norm
 from ..errors import OptionError, check_choice
 
 
@@ -109,18 +109,18 @@ def stream_stacks(
     """``(input index, LayerStack)`` of ``raw`` as batches finish (see the module's docstring)."""
     engine = encoder.engine
     if engine.blockwise(call):
-        return engine.block_stream(blocks_ahead(encoder, raw, report), call, progress, len(raw))
+        return engine.run_block_stacks(blocks_ahead(encoder, raw, report), call, progress, len(raw))
     if call.long_texts == "window":
         check_window_memory(raw, len(call.layers), encoder.hidden_size)
     block = encoder.inputs.encode_block(raw, truncate=call.long_texts == "truncate")
     report_blocks([block], len(raw), encoder.max_length, truncation=report)
-    return engine.stream(block.items(), call, progress)
+    return engine.run_inputs(block.items(), call, progress)
 
 
 def stream_batches(
     encoder: Encoder, call: Call, raw: RawInputs, progress: bool | None
 ) -> Iterator[tuple[EncodedBlock, Any, Any]]:
-    """``Engine.stream_blocks`` over ``raw``'s blocks: ``(block, rows, Rows)`` per batch, for a
+    """``Engine.run_blocks`` over ``raw``'s blocks: ``(block, rows, Rows)`` per batch, for a
     sentence or word plan made on the device (``call.device_pool``). Needs
     ``encoder.engine.blockwise(call)``. A sentence pool that reads no word ids tokenises lean (no
     offsets, no word ids: the results expose neither)."""
@@ -128,7 +128,7 @@ def stream_batches(
     assert plan is not None
     lean = plan.level == "sentence" and (plan.special_tokens == "include" or plan.pool == "cls")
     blocks = blocks_ahead(encoder, raw, True, detailed=not lean)
-    return encoder.engine.stream_blocks(blocks, call, progress, len(raw))
+    return encoder.engine.run_blocks(blocks, call, progress, len(raw))
 
 
 def blocks_ahead(

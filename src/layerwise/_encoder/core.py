@@ -6,7 +6,7 @@
     enc = Encoder("SmolLM2.Q4_1.gguf")     # a decoder LM (Llama, Qwen2, Mistral, Gemma, GPT-2), GGUF too
     stacks = enc.extract(["The bank raised rates."], layers="all")
 
-The data flows one way: inputs (_inputs/) -> the engine (_extract.py: batches, forward, windows)
+The data flows one way: inputs (_inputs/) -> the engine (_engine/engine.py: batches, forward, windows)
 -> LayerStacks (_results.py) -> an OutputPlan (plan.py) or the feature functions (features.py).
 The Encoder holds the model and exposes the short public calls; it does no pooling itself.
 Batching follows sentence-transformers' ``encode``: inputs sorted by token length, batched, run
@@ -22,29 +22,30 @@ from typing import Any, overload
 
 import torch
 
-from .._call import Call
-from .._extract import Engine
+from .._engine.call import Call
+from .._engine.engine import Engine
 from .._features.device_pool import DevicePlan
 from .._features.layers import LayerSpec
 from .._features.names import LongTexts
 from .._features.plan import OutputPlan, Result, check_final_norm_for
+from .._host.memory import available_memory
 from .._inputs.encoding import EncodedBlock, EncodedInput, InputEncoder, normalize_inputs
 from .._model.decoders import is_decoder_config
-from .._model.fits import resolve_streaming
-from .._model.gguf_files import gguf_read_once
+from .._model.forward.concurrent import check_streams
 from .._model.handle import ModelHandle
-from .._model.placement import placement_of
-from .._model.sentence_transformers import read_sentence_transformers
-from .._model.source import (
+from .._model.loading.gguf_files import gguf_read_once
+from .._model.loading.placement import placement_of
+from .._model.loading.sentence_transformers import read_sentence_transformers
+from .._model.loading.source import (
     load_config_and_tokenizer,
     pick_device,
     resolve_model_source,
     usable_max_length,
 )
-from .._model.stream_block import block_tokens
-from .._model.streams import check_streams
+from .._model.streaming.fits import resolve_streaming
+from .._model.streaming.plan import plan_stream
 from .._results import LayerStack
-from .._settings import FinalNorm, Method, ModelDtype, Settings, settings_of
+from .._settings.settings import FinalNorm, Method, ModelDtype, Settings, settings_of
 from ..errors import InputError, OptionError
 from .calls import make_call, stream_batches, stream_stacks
 from .features import FeatureCalls
@@ -70,7 +71,7 @@ class Encoder(FeatureCalls, RunRecords):
     Settings, which documents each (device, model_dtype, max_length, batch_size, max_tokens,
     packed, streams, allow_nan, final_norm, method). ``enc.settings`` says what it was made with,
     ``enc.engine.settings`` the same resolved for this model and device (what runs).
-    Front ends batching across callers use ``inputs.encode`` and ``engine.stream`` directly."""
+    Front ends batching across callers use ``inputs.encode`` and ``engine.run_inputs`` directly."""
 
     def __init__(self, model: Settings | str | os.PathLike | None = None, **options: Any) -> None:
         given = settings_of(model, options)  # checks every value before anything loads
@@ -101,20 +102,22 @@ class Encoder(FeatureCalls, RunRecords):
         on_cpu = device.type == "cpu"
         max_tokens = given.max_tokens or (CPU_MAX_TOKENS if on_cpu else GPU_MAX_TOKENS)
         streams = check_streams(given.streams, device, self.hidden_size)  # batches running at once
-        block, max_tokens, streams = block_tokens(
-            self.models.streamed, given, max_length, max_tokens, streams
-        )
+        plan = None
+        if self.models.streamed is not None:  # how its blocks run: settled before its forward is built
+            plan = plan_stream(given, self.models.streamed.shape(), on_cuda=device.type == "cuda",
+                               host_free=available_memory(), max_length=max_length,
+                               max_tokens=max_tokens, streams=streams)  # fmt: skip
         resolved = self.settings.replace(
             device=str(device),
             max_length=max_length,
             batch_size=given.batch_size or (CPU_BATCH_SIZE if on_cpu else GPU_BATCH_SIZE),
-            max_tokens=max_tokens,
-            streams=streams if block else given.streams,  # a tight streaming budget runs one at a time
+            max_tokens=max_tokens if plan is None else plan.batch_tokens,
+            streams=given.streams if plan is None else plan.streams,  # a tight budget: one at a time
             packed=given.packed and placement is None,  # accelerate's hooks run in transformers' forward
-            stream_block_tokens=block,
+            stream_block_tokens=None if plan is None else plan.block_tokens,
             streaming=streaming,
         )
-        self.engine = Engine(self.models, self.tokenizer, resolved)
+        self.engine = Engine(self.models, self.tokenizer, resolved, plan)
         if device.type == "cuda":  # the GPU's set-up paid here, not by the first call (warm.py)
             warm_device(self.engine, self.tokenizer.unk_token_id or 0, self.n_hidden_states)
 

@@ -20,7 +20,7 @@ from .._features.stream import all_features, features_layers, sentence_matrix, w
 from .._inputs.encoding import as_texts
 from .._inputs.words import split_word_inputs
 from .._results import WordVectors
-from .._settings import FinalNorm
+from .._settings.settings import FinalNorm
 from .batch_results import sentence_rows, word_results
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from .._features.plan import OutputPlan
-from .._settings import Settings
+from .._settings.settings import Settings
 from .._version import __version__
 
 
@@ -41,7 +41,7 @@ class RunRecords:
         loaded from; what ran resolved: ``device_used``, max_length, batch_size, max_tokens,
         streaming, stream_block_tokens, stream_residual, streams, packed), the weights' hash, the
         settled plan."""
-        from .._model.source import weights_sha256
+        from .._model.loading.source import weights_sha256
 
         settled = self.settle(plan)
         ran = self.engine.settings
@@ -52,12 +52,12 @@ class RunRecords:
             "max_length": ran.max_length,
             "batch_size": ran.batch_size,
             "max_tokens": ran.max_tokens,
-            "streaming": ran.streaming,  # None decided by the model's size (_model/fits.py)
+            "streaming": ran.streaming,  # None decided by the model's size (_model/streaming/fits.py)
             "stream_block_tokens": ran.stream_block_tokens,
             # where a block's residual stream waits between layers: "device", or "host" (pinned)
-            "stream_residual": self.engine.streamed.residual.place if self.engine.streamed else None,
+            "stream_residual": self.engine.streamed.plan.residual if self.engine.streamed else None,
             "streams": self.engine.pool.streams if self.engine.pool is not None else 1,
-            "packed": self.engine.packed is not None,
+            "packed": self.engine.runner is not None,  # the packed forward, in memory or streamed
         }
         return {
             "layerwise_version": __version__,

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 
-from .._extract import Engine
+from .._engine.engine import Engine
 from .._inputs.batches import TokenUnit
 
 # tokens per warm-up input: a decoder's max_length (32,768 for Gemma 3) would make one input's

@@ -113,7 +113,7 @@ def word_owner(columns: TokenColumns) -> tuple[np.ndarray, list[int]]:
 def batch_groups(columns: TokenColumns, plan: DevicePlan) -> tuple[np.ndarray, list[int], int, str]:
     """What a plan pools a batch's tokens into: each token's row (-1: none), each input's number of
     rows (1 per input for a sentence), the number of rows, and the group pool that makes them.
-    Settled on the host once a batch (a streamed block pools every layer with it: _batch_runs.py)."""
+    Settled on the host once a batch (a streamed block pools every layer with it: _engine/runs.py)."""
     if plan.level == "sentence":
         owner = sentence_owner(columns, plan.special_tokens, plan.pool)
         n = len(columns.lengths)

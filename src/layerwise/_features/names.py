@@ -65,7 +65,7 @@ def pool_names() -> list[str]:
 
 def sentence_convention(st: Any) -> tuple[str, bool]:
     """``(pool, normalize)`` of sentence-transformers' ``encode()`` for a model whose
-    ``SentenceTransformersConfig`` (_model/sentence_transformers.py) is ``st`` (mean, no
+    ``SentenceTransformersConfig`` (_model/loading/sentence_transformers.py) is ``st`` (mean, no
     normalisation when it has no sentence-transformers config); a pooling layerwise does not
     implement is an error, never a silent fallback to another pooling."""
     pool, normalize = (st.pool, st.normalize) if st else ("mean", False)

@@ -24,7 +24,7 @@ from typing import Literal
 import numpy as np
 
 from .._results import LayerStack, SentenceVector, WordVectors
-from .._settings import NUMBERS, FinalNorm, check_final_norm
+from .._settings.settings import NUMBERS, FinalNorm, check_final_norm
 from ..errors import LayerwiseError, OptionError, check_choice
 from .fuse import check_fusion, fuse_layers, fusion_layers
 from .layers import LayerSpec, resolve_layers

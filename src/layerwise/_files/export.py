@@ -56,7 +56,7 @@ def export_store(
     wanted, picks = _stored_layers(opened, plan)
 
     def fill(writer) -> dict:
-        from .._progress import progress_bar
+        from .._host.progress import progress_bar
 
         bar = progress_bar("exporting", "texts", progress) if progress is not False else None
         with bar if bar is not None else contextlib.nullcontext():

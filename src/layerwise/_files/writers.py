@@ -228,9 +228,9 @@ def _extract_blocks(
     size: int,
     progress: bool | None,
 ) -> dict:
+    from .._host.memory import release_free_memory
+    from .._host.progress import progress_bar
     from .._inputs.ahead import ahead
-    from .._memory import release_free_memory
-    from .._progress import progress_bar
 
     n_texts = len(corpus)
     bar = progress_bar("extracting", "texts", progress) if progress is not False and n_texts > size else None

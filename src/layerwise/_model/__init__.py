@@ -1,4 +1,3 @@
-"""Finding and running the model: where it comes from and how it loads (source), the model built
-only as far as the work needs (handle), the light model and the packed forward (light, packed),
-the CPU's linear layers (cpu_gemm), concurrent forward streams (streams), and hooks for sub-layer
-taps (hooks)."""
+"""The model: where it comes from and how it loads (loading/), the in-memory forwards (forward/),
+layer streaming for models larger than memory (streaming/), the decoder LMs' conventions
+(decoders.py), and the model built only as far as the work needs (handle.py)."""

@@ -1,6 +1,6 @@
 """The encoder's model, built only as far as the work needs.
 
-The packed forward runs on a :class:`~layerwise._model.light.LightModel` read straight from the
+The packed forward runs on a :class:`~layerwise._model.loading.light.LightModel` read straight from the
 checkpoint, which skips importing transformers' modeling code (1.5-2 s of start-up). The
 transformers model is built the first time something needs it: ``Encoder.model``, forward hooks,
 sub-layer taps, ``packed=False``. From then on the packed forward runs on the transformers model's
@@ -14,14 +14,17 @@ import errno
 import shutil
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ..errors import ModelLoadError, OptionError
-from .light import load_light_model
-from .placement import Placement, input_device
-from .source import load_model
+from .loading.light import load_light_model
+from .loading.placement import Placement, input_device
+from .loading.source import load_model
+
+if TYPE_CHECKING:
+    from .streaming.model import StreamedModel
 
 
 class ModelHandle:
@@ -37,11 +40,12 @@ class ModelHandle:
         self._lock = threading.Lock()
         self._listeners: list[Callable[[Any], None]] = []
         self._hf: Any = None
-        self.streamed: Any = None  # the layer-streamed forward (streamed.py): no weights held at all
+        # a layer-streamed model (streaming/model.py): its weights stay in the checkpoint
+        self.streamed: StreamedModel | None = None
         if streaming:
-            from .streamed import streamed_forward
+            from .streaming.load import load_streamed
 
-            self.streamed, self._light = streamed_forward(source, name, config, dtype, device), None
+            self.streamed, self._light = load_streamed(source, name, config, dtype, device), None
             return
         self._light = load_light_model(source, config, dtype) if light and placement is None else None
         if self._light is None:

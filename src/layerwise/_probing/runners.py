@@ -14,7 +14,7 @@ import numpy as np
 
 from .._features.fuse import check_fusion, fusion_layers
 from .._features.names import GENERIC_FUSIONS, NAMED_FUSIONS, SUBWORD_POOLS, SubwordPool
-from .._memory import available_memory
+from .._host.memory import available_memory
 from ..errors import InputError, OptionError, check_choice
 from .linear import fit_predict, require_sklearn, scalar_mix_probe
 from .result import ProbeResult, ProbeRow, ProbeRun

@@ -151,7 +151,7 @@ def random_twin(encoder: Encoder, seed: int, folder: Path) -> Encoder:
     from transformers import AutoModel
 
     from .._encoder import Encoder
-    from .._model.source import quiet_transformers
+    from .._model.loading.source import quiet_transformers
 
     torch.manual_seed(seed)
     with quiet_transformers():  # no "Writing model shards" bar in the middle of the probe's output

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from .._inputs.formats import EncodingErrors
-from .._settings import Settings
+from .._settings.settings import Settings
 from ..errors import OptionError
 from ._options import MODEL_SETTINGS, EncodingErrorsOption, LayersOption, model_options
 from ._shared import app, check_output_file, err, setup_logging, use_available_cores

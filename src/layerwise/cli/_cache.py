@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from .._settings import Settings
+from .._settings.settings import Settings
 from ..errors import OptionError
 from ._groups import NO_RAY, InputFormatOption, RayOptions, TextColumnOption, ray_options
 from ._options import MODEL_SETTINGS, EncodingErrorsOption, model_options

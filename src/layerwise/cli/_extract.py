@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from .._settings import Settings
+from .._settings.settings import Settings
 from ..errors import InputError, OptionError
 from ._groups import (
     ALL_COLUMNS,

@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from .._settings import Settings
+from .._settings.settings import Settings
 from ..errors import OptionError
 from ._options import MODEL_SETTINGS, LayersOption, model_options
 from ._shared import app, err, fail, setup_logging

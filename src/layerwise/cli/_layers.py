@@ -11,7 +11,7 @@ from typing import Annotated
 import typer
 
 from .._inputs.formats import EncodingErrors, Format
-from .._settings import Settings
+from .._settings.settings import Settings
 from .._version import __version__
 from ..errors import OptionError
 from ._groups import InputFormatOption, TextColumnOption

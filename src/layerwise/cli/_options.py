@@ -18,7 +18,7 @@ from typing import Annotated, Any
 import typer
 
 from .._inputs.formats import EncodingErrors
-from .._settings import FinalNormName, Settings
+from .._settings.settings import FinalNormName, Settings
 
 # The choices are the library's own Literal types (Typer offers their values): each list is
 # written once, where the library checks it.

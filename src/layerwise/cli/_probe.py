@@ -9,7 +9,7 @@ import typer
 from rich.console import Console
 
 from .._features.names import SubwordPool
-from .._settings import Settings
+from .._settings.settings import Settings
 from ._options import MODEL_SETTINGS, model_options
 from ._shared import ReportingTyper, app, check_output_file, err, setup_logging
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from .._features.names import LongTexts
-from .._settings import Settings
+from .._settings.settings import Settings
 from ..errors import MissingDependencyError, OptionError
 from ._options import MODEL_SETTINGS, group_option, model_options, option_group
 from ._shared import app, err, setup_logging, use_available_cores

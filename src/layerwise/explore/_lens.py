@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .._call import Call
+from .._engine.call import Call
 from .._inputs.display import token_display
 from .._model.decoders import final_norm_module
 from ..errors import InputError
@@ -50,7 +50,7 @@ class MaskedLMHead:
         import torch
         from transformers import AutoModelForMaskedLM
 
-        from .._model.source import quiet_transformers
+        from .._model.loading.source import quiet_transformers
 
         tokenizer = encoder.tokenizer
         if tokenizer.mask_token is None:
@@ -148,8 +148,8 @@ def _untied_lm_head(encoder: Encoder) -> Any:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from .._model.gguf_files import loader_args
-    from .._model.source import quiet_transformers
+    from .._model.loading.gguf_files import loader_args
+    from .._model.loading.source import quiet_transformers
 
     where, extra = loader_args(encoder.source)
     try:
@@ -220,7 +220,7 @@ def _extract_with_masks(encoder: Encoder, head: MaskedLMHead | CausalLMHead, tex
     encoded = block.items()
     layers = tuple(range(encoder.n_hidden_states))
     call = Call(layers, "hidden_states", final_norm=False)  # raw: CausalLMHead norms every state once
-    stream = encoder.engine.stream(encoded, call, progress=False)
+    stream = encoder.engine.run_inputs(encoded, call, progress=False)
     return dict(stream)[0]
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from .._features.plan import OutputPlan
-from .._settings import Settings
+from .._settings.settings import Settings
 from ..store._format import StoreLayout
 
 

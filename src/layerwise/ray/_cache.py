@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 
 from .._cache.options import CacheOptions
-from .._settings import Settings
+from .._settings.settings import Settings
 from ._actors import ModelActor
 from ._runtime import import_ray
 

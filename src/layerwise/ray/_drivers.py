@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from .._features.plan import OutputPlan
-from .._settings import Settings
+from .._settings.settings import Settings
 from ..errors import OptionError
 from ..store._format import StoreLayout
 from ._actors import EmbedActor, ShardWriter
@@ -69,8 +69,8 @@ def _checked(settings: Settings, plan: OutputPlan) -> tuple[Settings, OutputPlan
 
     from .._features.plan import check_final_norm_for
     from .._model.decoders import is_decoder_config
-    from .._model.gguf_files import loader_args
-    from .._model.source import resolve_model_source
+    from .._model.loading.gguf_files import loader_args
+    from .._model.loading.source import resolve_model_source
 
     if not isinstance(settings, Settings):
         raise OptionError(f"settings must be a layerwise.Settings, not {type(settings).__name__}")

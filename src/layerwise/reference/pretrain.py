@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .._progress import progress_bar
+from .._host.progress import progress_bar
 from ..errors import OptionError
 from .examples import (
     SPECIAL_TOKENS,

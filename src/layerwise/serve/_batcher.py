@@ -26,7 +26,7 @@ from collections import deque
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
-from .._memory import SERVE_TRIM_EVERY_S, release_free_memory
+from .._host.memory import SERVE_TRIM_EVERY_S, release_free_memory
 from ._jobs import Done, Finish, Job, QueueFullError, ResultBytes, Results, Run
 from ._runners import LocalRunner, Runner, compute, run_apart
 

@@ -6,7 +6,7 @@ of each second, and each of the forward's few hundred ops per run waits for it. 
 thread busy 20 % of the time cost two forward streams 15-18 % of their tokens/s, and a thread doing
 the same share of GIL-free work (sha256) cost nothing (ad-hoc, 2 cores). In a process of their own,
 the models share the machine's cores with the event loop but not its GIL: the forward runs as it
-does offline, on ``streams`` concurrent streams (streams.py, the same default as extraction).
+does offline, on ``streams`` concurrent streams (concurrent.py, the same default as extraction).
 
 The model process loads each model again from its source (names, folders and weights as the server
 loaded them; a checkpoint's weights are checked to be the same, by hash, before serving). Each
@@ -26,8 +26,8 @@ import threading
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from .._memory import SERVE_TRIM_EVERY_S, release_free_memory
-from .._settings import Settings
+from .._host.memory import SERVE_TRIM_EVERY_S, release_free_memory
+from .._settings.settings import Settings
 from ..errors import LayerwiseError, ModelLoadError
 from ._jobs import Results, Run
 from ._runners import compute
@@ -58,7 +58,7 @@ class ProcessRunner:
         context = multiprocessing.get_context("spawn")  # never fork a process that holds torch threads
         self.specs = {name: spec_of(encoder) for name, encoder in encoders.items()}
         if streams is None:
-            from .._model.streams import default_streams
+            from .._model.forward.concurrent import default_streams
 
             first = next(iter(encoders.values()))
             streams = default_streams(first.device, max(e.hidden_size for e in encoders.values()))
@@ -81,7 +81,7 @@ class ProcessRunner:
         self._started = False
         self._count_lock = threading.Lock()
         self._in_flight = 0  # runs sent and not answered
-        from .._model.source import weights_sha256
+        from .._model.loading.source import weights_sha256
 
         # hashed while the process loads, compared once it has
         self._hashes = {name: weights_sha256(enc.models.current) for name, enc in encoders.items()}
@@ -229,7 +229,7 @@ def _main(specs: Mapping[str, Settings], conns: list[Connection], ready: Connect
     ]
     for worker in workers:
         worker.start()
-    from .._model.source import weights_sha256
+    from .._model.loading.source import weights_sha256
 
     ready.send(("ok", {name: weights_sha256(enc.models.current) for name, enc in encoders.items()}))
     for worker in workers:

@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, Protocol
 
-from .._call import Call
+from .._engine.call import Call
 from ._jobs import Finish, Forward, Job, Results, Run
 
 if TYPE_CHECKING:
@@ -41,7 +41,7 @@ def compute(
     ``forward`` says), each through its input's Finish (its request's OutputPlan). The server's
     runs merge requests, so they take the engine's stream, not Encoder.iter_results."""
     call = Call(forward.layers, encoder.method, stride=forward.stride, final_norm=forward.final_norm)  # type: ignore[arg-type]
-    stream = encoder.engine.stream(encoded, call, progress=False)
+    stream = encoder.engine.run_inputs(encoded, call, progress=False)
     return [(index, finishes[index].apply(stack)) for index, stack in stream]
 
 
@@ -56,7 +56,7 @@ class LocalRunner:
         self._pending: dict[int, Run | Future] = {}
         self._pool: Any = None
         if streams > 1:
-            from .._model.streams import ForwardPool
+            from .._model.forward.concurrent import ForwardPool
 
             self._pool = ForwardPool(streams)
 

@@ -9,7 +9,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from .._features.names import POOL_HELP, SENTENCE_POOLS, sentence_convention
 from .._features.plan import OutputPlan, levelled_pool
-from .._settings import parse_final_norm
+from .._settings.settings import parse_final_norm
 from ..errors import OptionError
 from ._limits import ServeSettings
 from ._responses import ApiError

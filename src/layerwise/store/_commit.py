@@ -25,8 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .._checksum import crc32
 from ..errors import StoreError
+from ._checksum import crc32
 from ._columns import records_table
 from ._format import DATA, MANIFEST, OFFSETS, POSITIONS
 

@@ -26,8 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .._checksum import crc32
 from ..errors import StoreDamagedError
+from ._checksum import crc32
 from ._columns import numbers
 from ._format import MANIFEST, OFFSETS_CHUNK, POSITIONS, damaged
 

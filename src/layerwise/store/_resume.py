@@ -22,7 +22,7 @@ def resume_keys(identity: str = "weights_sha256", layout: tuple[str, ...] = LAYO
     numbers (their fields' metadata, settings.NUMBERS), and the ``layout``. The rest of what a store
     records of its run (batch size, streams, device, method) does not change the numbers."""
     from .._features.plan import OutputPlan
-    from .._settings import Settings, numbers_keys
+    from .._settings.settings import Settings, numbers_keys
 
     return tuple(dict.fromkeys((identity, *numbers_keys(OutputPlan), *numbers_keys(Settings), *layout)))
 

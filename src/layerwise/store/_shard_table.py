@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .._features.plan import OutputPlan
-from .._settings import Settings, numbers_keys
+from .._settings.settings import Settings, numbers_keys
 from ..errors import NotAStoreError, OptionError, StoreDamagedError, StoreError
 from ._format import classify, seal_problem, sealed
 

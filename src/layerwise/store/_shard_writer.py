@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from .._encoder import Encoder
     from .._features.plan import OutputPlan
     from .._inputs.corpus import Corpus
-    from .._settings import Settings
+    from .._settings.settings import Settings
     from ._format import StoreLayout
     from ._writer import StoreSummary
 

@@ -22,8 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .._checksum import crc32
 from ..errors import StoreDamagedError
+from ._checksum import crc32
 from ._columns import numbers
 from ._format import DATA, OFFSETS, POSITIONS
 from ._parts import OpenedParts, damaged, open_parts, settle_zarr_reads

@@ -25,11 +25,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .._features.plan import OutputPlan
+from .._host.memory import release_free_memory
+from .._host.progress import progress_bar
 from .._inputs.ahead import ahead
 from .._inputs.windows import check_window_options
-from .._memory import release_free_memory
-from .._model.source import weights_sha256
-from .._progress import progress_bar
+from .._model.loading.source import weights_sha256
 from .._results import LayerStack, SentenceVector, WordVectors, check_float16, layers_along, result_values
 from ..errors import OptionError, StoreError
 from ._commit import Committer, ShardBuffer, clean_stale, disk_error

@@ -27,7 +27,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import types
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,8 +36,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..decoders import is_decoder_config
 from .cpu_gemm import PrepackedLinears
-from .decoders import is_decoder_config
 from .hooks import tap_module
 from .packed import AttentionGroup, PackedEncoder, plan_groups
 
@@ -54,7 +54,7 @@ class _Stop(Exception):
 @dataclass
 class PackedRun:
     """What one thread's packed forward needs inside transformers' code (the streamed forward,
-    streamed.py, runs the layers itself and needs only the groups)."""
+    streaming/forward.py, runs the layers itself and needs only the groups)."""
 
     groups: list[AttentionGroup]
     wanted: set[int] = field(default_factory=set)
@@ -75,7 +75,7 @@ class PackedDecoderBatch:
 
 def prepare_decoder_batch(columns: Any, device: torch.device) -> PackedDecoderBatch:
     """A batch's ids back to back (_inputs/block.py ``TokenColumns``), each text's positions, its
-    attention grids: for the packed decoder forward and the streamed one (streamed.py) alike."""
+    attention grids: for the packed decoder forward and the streamed one (streaming/forward.py) alike."""
     column, groups = plan_groups(columns.lengths, device, key_mask=False)
     return PackedDecoderBatch(
         torch.from_numpy(columns.ids).to(device), column.to(device), columns.lengths, groups
@@ -175,9 +175,7 @@ class PackedDecoder:
             layer.register_forward_hook(_recorder(depth))
             for tap in PACKED_TAPS:  # what the block's attention and feed-forward add to the stream
                 tap_module(layer, model_type, tap).register_forward_hook(_tap_recorder(tap, depth))
-            for module in layer.modules():
-                if type(module) is nn.Linear:
-                    module.forward = types.MethodType(_switched_linear, module)  # type: ignore[method-assign]
+        switch_linears(self.layers)
         self.model._layerwise_packed_hooks = True
 
     def prepare(
@@ -284,6 +282,16 @@ def _tap_recorder(tap: str, depth: int):
         run.tapped[tap][depth] = value[0]
 
     return hook
+
+
+def switch_linears(layers: Iterable[nn.Module]) -> None:
+    """Each ``nn.Linear`` of ``layers`` runs on the packed run's prepacked linears (oneDNN, where
+    they apply: cpu_gemm.py) inside a packed forward that carries them; ``F.linear`` elsewhere. The
+    streamed forward switches its layers too, so both run the same ops."""
+    for layer in layers:
+        for module in layer.modules():
+            if type(module) is nn.Linear:
+                module.forward = types.MethodType(_switched_linear, module)  # type: ignore[method-assign]
 
 
 def _switched_linear(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:

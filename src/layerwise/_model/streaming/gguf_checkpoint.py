@@ -1,6 +1,6 @@
 """A GGUF file's tensors under the transformers model's names, de-quantised one tensor at a time: what
-the layer-streamed forward (streamed.py) reads a layer from, so that a 7B GGUF file never becomes
-28 GB of float32 at once. The same reader as :class:`~layerwise._model.checkpoint.Checkpoint`.
+the layer-streamed forward (streaming/forward.py) reads a layer from, so that a 7B GGUF file never becomes
+28 GB of float32 at once. The same reader as :class:`~layerwise._model.streaming.checkpoint.Checkpoint`.
 
 The file is memory-mapped (gguf's GGUFReader); each tensor is de-quantised with gguf's own
 ``dequantize`` and put in transformers' layout by transformers' own tensor processor for the
@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .gguf_files import gguf_loading
+from ..loading.gguf_files import gguf_loading
 
 
 class GgufCheckpoint:

@@ -8,7 +8,7 @@ and a size in bytes (``parse_bytes``: ``4GB``, ``16GiB``).
     max_device_memory="20GB"                           # each GPU (the CPU where there is none)
     max_device_memory="0=20GB,1=20GB,cpu=64GB"         # device by device
 
-The map is loaded by transformers with accelerate (_model/placement.py), which checks the devices
+The map is loaded by transformers with accelerate (_model/loading/placement.py), which checks the devices
 are there and every module has one.
 """
 
@@ -18,7 +18,7 @@ import json
 import re
 from pathlib import Path
 
-from .errors import OptionError
+from ..errors import OptionError
 
 # accelerate's strategies (transformers' device_map strings)
 DEVICE_MAP_STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")

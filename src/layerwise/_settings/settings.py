@@ -24,8 +24,8 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
-from ._placement import device_map_text, device_map_value, memory_caps
-from .errors import OptionError, check_choice
+from ..errors import OptionError, check_choice
+from .placement import device_map_text, device_map_value, memory_caps
 
 ModelDtype = Literal["float32", "float16", "bfloat16"]
 MODEL_DTYPES: tuple[str, ...] = get_args(ModelDtype)
@@ -138,15 +138,16 @@ class Settings:
             every one ("all"): the default of every call that does not say (OutputPlan.final_norm).
         method: ``output_hidden_states`` or forward hooks (the same numbers): the default of calls.
         streaming: run the model layer by layer over blocks of texts, each layer's weights read once
-            per block from the memory-mapped checkpoint: models larger than memory (_model/streamed.py);
-            None: when the weights do not fit in the device's free memory (_model/fits.py).
+            per block from the memory-mapped checkpoint: models larger than memory
+            (_model/streaming/forward.py); None: when the weights do not fit in the device's free
+            memory (_model/streaming/fits.py).
         max_device_memory: a streamed model's memory budget ("4GB"): the block size follows from it;
             with a device map, each GPU's cap ("20GB") or each device's ("0=20GB,1=20GB,cpu=64GB").
         stream_block_tokens: tokens per streamed block; None: what the budget holds, else 32768.
         device_map: spread the model over devices with accelerate, as transformers does: "auto",
             "balanced", "sequential", or a map of module names to devices (a dict, its JSON, or a
             .json file; "disk" offloads). The model then runs transformers' own forward
-            (_model/placement.py).
+            (_model/loading/placement.py).
         offload_folder: where a device map's "disk" weights go when the checkpoint cannot be
             memory-mapped in place; None: a temporary folder, removed with the model.
         quantize: 8- or 4-bit weights through bitsandbytes (CUDA only; the ``quantize`` extra).

@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from ..errors import MissingDependencyError
+from ...errors import MissingDependencyError
 
 
 def gguf_parts(source: str) -> tuple[str, str] | None:

@@ -1,5 +1,5 @@
 """Whether a model fits where it runs. ``streaming=None`` (the default) loads a model whole when its
-weights fit in the device's free memory, and streams it layer by layer (streamed.py) when they do
+weights fit in the device's free memory, and streams it layer by layer (streaming/forward.py) when they do
 not and it can be streamed: the weights are counted from the checkpoint's headers (safetensors,
 GGUF) before anything is read, in the dtype the model will run in."""
 
@@ -10,9 +10,9 @@ from typing import Any
 
 import torch
 
-from .._memory import available_memory
-from .._settings import Settings
-from ..errors import ModelLoadError
+from ..._host.memory import available_memory
+from ..._settings.settings import Settings
+from ...errors import ModelLoadError
 
 logger = logging.getLogger("layerwise")
 
@@ -57,7 +57,7 @@ def resolve_streaming(settings: Settings, source: str, config: Any, dtype: torch
     free = free_bytes(device)
     if needed is None or needed <= WEIGHTS_SHARE * free:
         return False
-    from .streamable import check_streamable
+    from .support import check_streamable
 
     in_dtype = str(dtype).removeprefix("torch.")
     sizes = f"its weights ({needed:,} bytes in {in_dtype}) do not fit in the {free:,} bytes free on {device}"

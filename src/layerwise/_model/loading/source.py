@@ -20,8 +20,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from ..errors import MissingDependencyError, ModelLoadError, OptionError
-from .decoders import DECODER_MODEL_TYPES
+from ...errors import MissingDependencyError, ModelLoadError, OptionError
+from ..decoders import DECODER_MODEL_TYPES
 from .gguf_files import gguf_loading, loader_args
 from .tokenizer_checks import check_tokenizer_files_agree, check_tokenizer_fits
 
@@ -358,7 +358,7 @@ def weights_sha256(model) -> str:
 def tensors_sha256(named: Iterable[tuple[str, Any]]) -> str:
     """The digest of ``(name, tensor)`` pairs in the given order: each name, then its bytes. The one
     format of :func:`weights_sha256`, for a model in memory and a streamed one read from its
-    checkpoint (streamed.py) alike, so that the two hash the same weights to the same value."""
+    checkpoint (streaming/forward.py) alike, so that the two hash the same weights to the same value."""
     import torch
 
     digest = hashlib.sha256()

@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .packed import unpackable
+from ..forward.packed import unpackable
 from .source import unused_weights
 
 logger = logging.getLogger("layerwise")

@@ -6,7 +6,7 @@ the block still runs at its full size with the stream in pinned host memory: eac
 to the device before its layer and back after it. On a GPU the copies run on a stream of their own
 (batch k+1 comes in and batch k-1 goes out while batch k computes), so PCIe time overlaps the
 layer's compute; the copy and compute streams wait on each other only where one reads what the
-other wrote. stream_block.py chooses the place (``host_batch`` sizes the batch then), streamed.py
+other wrote. streaming/plan.py chooses the place (``host_batch`` sizes the batch then), streaming/forward.py
 runs each layer's batches through :meth:`Residual.run`.
 """
 

@@ -18,8 +18,8 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from ..errors import ModelLoadError
-from .decoders import is_decoder_config
+from ...errors import ModelLoadError
+from ..decoders import is_decoder_config
 
 logger = logging.getLogger("layerwise")
 

@@ -1,5 +1,5 @@
 """A checkpoint's tensors read by name from memory-mapped safetensors files: one ``model.safetensors``
-or the shards ``model.safetensors.index.json`` lists. The layer-streamed forward (streamed.py) reads
+or the shards ``model.safetensors.index.json`` lists. The layer-streamed forward (streaming/forward.py) reads
 one layer's weights from here when it needs them, never the whole model."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Protocol
 
 import torch
 
-from ..errors import ModelLoadError
+from ...errors import ModelLoadError
 
 INDEX = "model.safetensors.index.json"
 
@@ -41,7 +41,7 @@ class Checkpoint:
         says what to convert: streaming reads weights memory-mapped, which only safetensors allows."""
         from safetensors import safe_open
 
-        from .light import weights_file
+        from ..loading.light import weights_file
 
         single = weights_file(source)
         folder = Path(source) if Path(source).is_dir() else single.parent if single is not None else None

@@ -15,16 +15,15 @@ import os
 import shutil
 import tempfile
 import weakref
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from .._placement import device_map_value, memory_caps
-from .._settings import Settings
-from ..errors import MissingDependencyError, ModelLoadError, OptionError
+from ..._settings.placement import device_map_value, memory_caps
+from ..._settings.settings import Settings
+from ...errors import MissingDependencyError, ModelLoadError, OptionError
 
 
 @dataclass
@@ -94,28 +93,6 @@ def input_device(model: Any) -> torch.device:
             return torch.device("cpu")
         return torch.device(f"cuda:{where}" if isinstance(where, int) else where)
     return next(model.parameters()).device
-
-
-def is_placed(model: Any) -> bool:
-    """Whether accelerate placed ``model`` (a device map or quantised weights)."""
-    return bool(getattr(model, "hf_device_map", None)) or getattr(model, "is_quantized", False)
-
-
-def gathered(states: Any, layers: Sequence[int], device: torch.device) -> torch.Tensor:
-    """A placed model's hidden states ``states[i]`` for ``i`` in ``layers`` on ``device``, copied
-    synchronously (each came from its layer's device); a layer whose states are all zeros is a
-    failed copy, never a real residual stream, and raises."""
-    hidden = torch.stack([states[i].to(device) for i in layers])
-    dead = (hidden.reshape(len(layers), -1) == 0).all(dim=1).tolist()
-    if any(dead):
-        where = {i: str(states[i].device) for i, d in zip(layers, dead, strict=True) if d}
-        devices = sorted(set(where.values()))
-        raise ModelLoadError(
-            f"the hidden states of layers {sorted(where)} came back all zeros from {devices}: "
-            "a copy between devices failed (peer-to-peer transfers between these GPUs?). Try "
-            "NCCL_P2P_DISABLE=1, a device map that keeps the model on fewer GPUs, or streaming=True"
-        )
-    return hidden
 
 
 def offloaded_tensor(model: Any, name: str) -> torch.Tensor:

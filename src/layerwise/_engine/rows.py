@@ -10,11 +10,11 @@ from collections.abc import Iterator, Mapping, Sequence
 
 import numpy as np
 
-from ._inputs.block import EncodedBlock, EncodedInput, segment_ids
-from ._inputs.windows import stitch
-from ._model.host_copy import HostCopy
-from ._results import FLOAT16_MAX, LayerStack, float16_overflow
-from .errors import NonFiniteError
+from .._inputs.block import EncodedBlock, EncodedInput, segment_ids
+from .._inputs.windows import stitch
+from .._results import FLOAT16_MAX, LayerStack, float16_overflow
+from ..errors import NonFiniteError
+from .host_copy import HostCopy
 
 logger = logging.getLogger("layerwise")
 

@@ -230,7 +230,7 @@ class PackedEncoder:
 
     def forget(self, layer: Any) -> None:
         """Drop what was derived from ``layer``'s weights (the fused projections, prepacked copies):
-        the streamed forward (streamed.py) releases a layer's weights after each block."""
+        the streamed forward (streaming/forward.py) releases a layer's weights after each block."""
         self._qkv.pop(id(layer.attention.self), None)
         self.linear.forget()
 

@@ -29,8 +29,8 @@ from typing import Literal
 import torch
 from torch import nn
 
-from ..errors import OptionError
-from .decoders import DECODER_MODEL_TYPES
+from ...errors import OptionError
+from ..decoders import DECODER_MODEL_TYPES
 
 Tap = Literal["attention_probs", "attention_output", "intermediate", "attn_out", "mlp_out"]
 TAPS: tuple[str, ...] = ("attention_probs", "attention_output", "intermediate", "attn_out", "mlp_out")

@@ -1,20 +1,20 @@
-"""What the layer-streamed forward (streamed.py) runs: the BERT-family encoders the light model
+"""What the layer-streamed forward (streaming/forward.py) runs: the BERT-family encoders the light model
 holds, and the decoder families below; anything else is refused by name."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from ..errors import ModelLoadError
-from .decoders import is_decoder_config
+from ...errors import ModelLoadError
+from ..decoders import is_decoder_config
 
 STREAMED_DECODER_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "gpt2")
 
 
 def check_streamable(config: Any, name: str) -> None:
     """Refuse an architecture the streamed forward does not run, naming the ones it does."""
-    from .light import light_unsupported
-    from .packed import PACKED_MODEL_TYPES
+    from ..forward.packed import PACKED_MODEL_TYPES
+    from ..loading.light import light_unsupported
 
     if is_decoder_config(config):
         reason = None if config.model_type in STREAMED_DECODER_TYPES else f"model type {config.model_type!r}"

@@ -1,6 +1,6 @@
 """Hugging Face's own forward of a padded batch, cut at the deepest requested layer: the path
 for hooks, the BERT-family taps and architectures the packed forward does not run (the engine,
-_extract.py, picks it)."""
+_engine/engine.py, picks it)."""
 
 from __future__ import annotations
 
@@ -10,11 +10,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from .._settings import Method
-from ..errors import ModelLoadError
-from .decoders import raw_hidden_states
+from ..._settings.settings import Method
+from ...errors import ModelLoadError
+from ..decoders import raw_hidden_states
 from .hooks import HookRecorder, truncated_encoder
-from .placement import gathered, is_placed
 
 
 def collate(
@@ -105,3 +104,25 @@ def warm_up(model: Any, ids: list[int], device: torch.device, name: str) -> None
             f"{name!r} returned {len(states)} hidden states, expected {expected} "
             "(embeddings + one per layer); is it a BERT-family encoder?"
         )
+
+
+def is_placed(model: Any) -> bool:
+    """Whether accelerate placed ``model`` (a device map or quantised weights)."""
+    return bool(getattr(model, "hf_device_map", None)) or getattr(model, "is_quantized", False)
+
+
+def gathered(states: Any, layers: Sequence[int], device: torch.device) -> torch.Tensor:
+    """A placed model's hidden states ``states[i]`` for ``i`` in ``layers`` on ``device``, copied
+    synchronously (each came from its layer's device); a layer whose states are all zeros is a
+    failed copy, never a real residual stream, and raises."""
+    hidden = torch.stack([states[i].to(device) for i in layers])
+    dead = (hidden.reshape(len(layers), -1) == 0).all(dim=1).tolist()
+    if any(dead):
+        where = {i: str(states[i].device) for i, d in zip(layers, dead, strict=True) if d}
+        devices = sorted(set(where.values()))
+        raise ModelLoadError(
+            f"the hidden states of layers {sorted(where)} came back all zeros from {devices}: "
+            "a copy between devices failed (peer-to-peer transfers between these GPUs?). Try "
+            "NCCL_P2P_DISABLE=1, a device map that keeps the model on fewer GPUs, or streaming=True"
+        )
+    return hidden

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from ..errors import OptionError
+from ...errors import OptionError
 
 # Up to this hidden size, two streams of one thread beat one stream of two (all-MiniLM-L6-v2, 384:
 # 6,782 vs 6,419 tok/s, +6 %); at BERT-base's 768 they lose (777 vs 918, -15 %): its matmuls already

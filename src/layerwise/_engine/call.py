@@ -11,12 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ._features.names import LongTexts
-from ._settings import FinalNorm, Method
-from .errors import OptionError
+from .._features.names import LongTexts
+from .._settings.settings import FinalNorm, Method
+from ..errors import OptionError
 
 if TYPE_CHECKING:
-    from ._features.device_pool import DevicePlan
+    from .._features.device_pool import DevicePlan
 
 
 @dataclass(frozen=True)

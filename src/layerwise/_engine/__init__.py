@@ -1,0 +1,1 @@
+"""The engine: batches of tokenised inputs in, each batch's rows on the host out."""

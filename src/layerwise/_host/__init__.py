@@ -1,0 +1,1 @@
+"""What the process does on its host: give free memory back, and show progress."""

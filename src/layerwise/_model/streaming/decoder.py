@@ -1,0 +1,106 @@
+"""A decoder LM (Llama, Gemma, GPT-2 families), streamed: each decoder layer's own forward, with the
+packed attention (forward/packed_decoder.py) over each batch's per-text grids. A batch's residual
+stream is ``(N, H)`` between layers, as an encoder's; each layer runs it as a batch of one."""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+from typing import Any
+
+import torch
+
+from ..decoders import final_norm_module
+from ..forward.cpu_gemm import PrepackedLinears
+from ..forward.packed_decoder import (
+    ATTENTION,
+    PackedRun,
+    attention_implementation,
+    prepare_decoder_batch,
+    register_packed_attention,
+    running_packed,
+    switch_linears,
+)
+from .checkpoint import Weights
+from .model import Step, StreamedModel, unit_names
+
+
+class StreamedDecoder(StreamedModel):
+    """The embeddings (GPT-2's learned positions with them) as the first unit, then each layer; the
+    final norm read once, whole (the engine applies it where a call asks)."""
+
+    def __init__(
+        self, config: Any, checkpoint: Weights, prefix: str, dtype: torch.dtype, device: torch.device
+    ) -> None:
+        from transformers import AutoModel
+
+        register_packed_attention()
+        with torch.device("meta"):
+            skeleton = AutoModel.from_config(config, dtype=dtype).eval()  # no dropout, as in memory
+        # GPT-2: learned positions (wpe, read with the embeddings), its layers h, no rotary embedding
+        gpt2 = config.model_type == "gpt2"
+        words = skeleton.wte if gpt2 else skeleton.embed_tokens
+        self._positions = skeleton.wpe if gpt2 else None
+        # buffers computed at construction (the rotary frequencies, Gemma's embedding scale) must be
+        # real numbers
+        if not gpt2:
+            skeleton.rotary_emb = type(skeleton.rotary_emb)(skeleton.config).to(device)
+        if hasattr(words, "embed_scale"):  # Gemma's embeddings times sqrt(hidden)
+            skeleton.embed_tokens.embed_scale = torch.tensor(float(config.hidden_size) ** 0.5, device=device)
+        # Gemma 3: a rotary embedding per layer type (full and sliding attention)
+        types = getattr(config, "layer_types", None) if config.model_type == "gemma3_text" else None
+        self._layer_types, self.rotary_kinds = types, 0 if gpt2 else len(set(types or [None]))
+        final_norm = [prefix + n for n in unit_names(skeleton, [final_norm_module(skeleton)])]
+        norm = checkpoint.read(final_norm, dtype, device)
+        skeleton.load_state_dict({k[len(prefix) :]: v for k, v in norm.items()}, strict=False, assign=True)
+        self.layers = list(skeleton.h if gpt2 else skeleton.layers)
+        # the in-memory packed forward's linear layers (oneDNN where it wins), each layer's packed
+        # weights dropped once the block has run it
+        self.linear = PrepackedLinears()
+        switch_linears(self.layers)
+        embeddings = [words] if self._positions is None else [words, self._positions]
+        units = [embeddings, *[[layer] for layer in self.layers]]
+        super().__init__(skeleton, units, words, checkpoint, prefix, dtype, device)
+
+    def prepare(self, columns: Any, *, with_token_types: bool = False, device: torch.device) -> Any:
+        return prepare_decoder_batch(columns, device)
+
+    def embed(self, batch: Any, vocabulary: torch.Tensor) -> torch.Tensor:
+        """GPT-2 adds its learned positions, which restart at each text as the packed forward
+        numbers them."""
+        hidden = self.words(self.renumbered(batch.ids, vocabulary))
+        return hidden if self._positions is None else hidden + self._positions(batch.positions)
+
+    def carried(self, hidden: torch.Tensor, batch: Any) -> Any:
+        """The rotary embedding of the batch's positions: one, or Gemma 3's one per layer type
+        (GPT-2: none)."""
+        if self._positions is not None:
+            return None
+        positions = batch.positions[None]
+        if self._layer_types is None:
+            return self.skeleton.rotary_emb(hidden, positions)
+        return {kind: self.skeleton.rotary_emb(hidden, positions, kind) for kind in set(self._layer_types)}
+
+    def layer_step(self, depth: int) -> Step:
+        layer = self.layers[depth - 1]
+        kind = None if self._layer_types is None else self._layer_types[depth - 1]
+
+        def step(hidden: torch.Tensor, batch: Any, rotary: Any) -> torch.Tensor:
+            rotary = rotary if kind is None else rotary[kind]
+            given = {} if rotary is None else {"position_embeddings": rotary}
+            with running_packed(PackedRun(batch.groups, linear=self.linear)):  # this thread's grids
+                out = layer(
+                    hidden[None],
+                    attention_mask=None,
+                    position_ids=batch.positions[None],
+                    use_cache=False,
+                    **given,
+                )
+            return out[0]
+
+        return step
+
+    def after_layer(self, depth: int) -> None:
+        self.linear.forget()
+
+    def running(self) -> AbstractContextManager[Any]:
+        return attention_implementation(self.skeleton.config, ATTENTION)

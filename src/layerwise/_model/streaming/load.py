@@ -1,0 +1,49 @@
+"""A model opened for streaming: its checkpoint found (safetensors, or a GGUF file de-quantised
+tensor by tensor), its family's skeleton built (encoder.py, decoder.py); what cannot be streamed is
+refused, naming the fix (support.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ...errors import ModelLoadError
+from ..decoders import is_decoder_config
+from ..loading.gguf_files import gguf_parts
+from ..loading.light import base_prefix
+from .checkpoint import Checkpoint, Weights
+from .model import StreamedModel
+from .support import check_streamable
+
+
+def load_streamed(
+    source: str, name: str, config: Any, dtype: torch.dtype, device: torch.device
+) -> StreamedModel:
+    """The streamed model of ``source`` (its weights stay in the checkpoint)."""
+    check_streamable(config, name)
+    if gguf_parts(source) is not None:  # de-quantised tensor by tensor, as each layer is read
+        from .gguf_checkpoint import GgufCheckpoint
+
+        checkpoint: Weights = GgufCheckpoint(source, config)
+    else:
+        checkpoint = Checkpoint.find(source, name)
+    stored = checkpoint.names()
+    if is_decoder_config(config):
+        from .decoder import StreamedDecoder
+
+        layers = "h." if config.model_type == "gpt2" else "layers."  # under a head model's prefix?
+        prefix = next(
+            (p for p in ("model.", "transformer.") if any(k.startswith(p + layers) for k in stored)), ""
+        )
+        return StreamedDecoder(config, checkpoint, prefix, dtype, device)
+    from .encoder import StreamedEncoder
+
+    base = base_prefix(config, stored)
+    if base is None:
+        raise ModelLoadError(
+            f"model {name!r}: its checkpoint does not hold every weight of the encoder under the model's "
+            "names; load it in memory (streaming=False), or save it again with model.save_pretrained(folder)"
+        )
+    pooler = f"{base}pooler.dense.weight" in stored and config.model_type != "electra"
+    return StreamedEncoder(config, checkpoint, base, dtype, device, pooler=pooler)

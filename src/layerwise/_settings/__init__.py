@@ -1,0 +1,1 @@
+"""How a model is loaded and run (Settings), and how settings spell device maps and sizes."""
