@@ -85,15 +85,14 @@ def child(mode: str, folder: str, n_sentences: int, n_documents: int, budget: st
     started = time.perf_counter()
     enc.embed(texts, layers="all", progress=False)
     report = {"baseline_kib": baseline, "seconds": time.perf_counter() - started}
-    if mode == "streamed":  # the sizes the block was chosen from (_model/streaming/forward.py: costs)
-        forward, engine = enc.engine.packed, enc.engine
-        weights, stream, work = forward.costs()
+    if mode == "streamed":  # the sizes the block was chosen from (_model/streaming/plan.py)
+        forward = enc.engine.streamed
+        shape, plan = forward.model.shape(), forward.plan
         report.update(
-            block_tokens=engine.stream_block_tokens, batch_tokens=engine.max_tokens, two_units_bytes=weights,
-            streams=engine.pool.streams if engine.pool else 1,
-            activation_bytes=engine.stream_block_tokens * stream
-            + engine.max_tokens * work * (engine.pool.streams if engine.pool else 1),
-            peak_resident_units=forward.peak_resident,
+            block_tokens=plan.block_tokens, batch_tokens=plan.batch_tokens, two_units_bytes=shape.weights,
+            streams=plan.streams,
+            activation_bytes=plan.block_tokens * 2 * shape.state + plan.batch_tokens * shape.work * plan.streams,
+            peak_resident_units=forward.model.peak_resident,
         )  # fmt: skip
     print(json.dumps(report))
 

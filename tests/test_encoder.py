@@ -220,7 +220,7 @@ def test_half_precision_model_returns_float32(make_tiny_model):
 
 def test_batch_size_defaults_to_the_devices_and_a_given_one_is_kept(tiny_encoder, make_tiny_model):
     # None in Settings: 128 inputs a batch on the CPU, 1024 on a GPU (encoder/core.py); given: kept
-    from layerwise._encoder.core import CPU_BATCH_SIZE, GPU_BATCH_SIZE
+    from layerwise._encoder.loading import CPU_BATCH_SIZE, GPU_BATCH_SIZE
 
     assert (CPU_BATCH_SIZE, GPU_BATCH_SIZE) == (128, 1024)
     assert tiny_encoder.settings.batch_size is None

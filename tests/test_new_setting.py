@@ -1,7 +1,8 @@
 """A new setting is one edit: a copy of the package with one more field in ``Settings`` offers it on
 every command that loads a model, hands it to the Encoder whole, records it in every output's
 metadata (``read_meta``), joins the resume checks when it changes the numbers, and refuses a bad
-value by name, with no other line changed."""
+value by name, with no other line changed. A new server limit likewise: one more field in
+``ServeSettings`` is an option of ``layerwise serve`` that reaches the server's settings."""
 
 from __future__ import annotations
 
@@ -94,3 +95,44 @@ def test_a_new_option_is_recorded_checked_on_resume_and_refused_when_bad(edited,
     assert bad.returncode == 2 and "--probe-me" in bad.stderr, bad.stderr
     help_text = _run(edited, *cli, "serve", "--help").stdout
     assert "--probe-me" in help_text and "A setting added by a test" in help_text
+
+
+SERVE_ANCHOR = "    stride: int | None = limit("
+SERVE_FIELD = '    probe_limit: int = limit(7, "A limit added by a test", min=1)\n'
+
+
+@pytest.fixture(scope="module")
+def edited_server(tmp_path_factory) -> Path:
+    """The package copied, with the one edit: a field in ServeSettings."""
+    root = tmp_path_factory.mktemp("one-limit")
+    shutil.copytree(SRC, root / "layerwise", ignore=shutil.ignore_patterns("__pycache__"))
+    serve = root / "layerwise" / "_settings" / "serve.py"
+    source = serve.read_text(encoding="utf-8")
+    assert source.count(SERVE_ANCHOR) == 1, "the test's anchor line moved: point SERVE_ANCHOR at a field"
+    serve.write_text(source.replace(SERVE_ANCHOR, SERVE_FIELD + SERVE_ANCHOR), encoding="utf-8")
+    return root
+
+
+def test_a_new_server_limit_is_an_option_of_serve_that_reaches_its_settings(edited_server):
+    run = _run(edited_server, "-m", "layerwise.cli", "serve", "--help")
+    assert run.returncode == 0, run.stderr
+    assert "--probe-limit" in run.stdout and "A limit added by a test" in run.stdout
+    bad = _run(edited_server, "-m", "layerwise.cli", "serve", "--probe-limit", "0")
+    assert bad.returncode == 2 and "--probe-limit" in bad.stderr, bad.stderr
+    built = _run(edited_server, "-c", BUILD_SERVED)
+    assert built.returncode == 0, built.stderr
+    assert json.loads(built.stdout.strip().splitlines()[-1]) == {
+        "probe_limit": 11,
+        "max_body_bytes": 2 * 2**20,
+    }
+
+
+# the server's settings as the command builds them from its options (its option group's build)
+BUILD_SERVED = """
+import inspect, json
+import layerwise.cli._serve as serve_cli
+command = serve_cli.server_options()(lambda served: served)
+values = {name: p.default for name, p in inspect.signature(command).parameters.items()}
+served = command(**{**values, "probe_limit": 11, "max_body_mb": 2.0})
+print(json.dumps({"probe_limit": served.probe_limit, "max_body_bytes": served.max_body_bytes}))
+"""

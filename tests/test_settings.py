@@ -350,3 +350,29 @@ def test_the_encoder_is_made_from_one_settings_value(make_tiny_model):
     assert default.engine.settings.max_tokens == 2048
     with pytest.raises(OptionError, match=r"unknown options \['batchsize'\].*batch_size"):
         lw.Encoder(str(model), batchsize=3)
+
+
+def test_the_encoder_docstring_names_every_setting():
+    """The Encoder's docstring lists the Settings fields it takes as options: all of them (a new
+    field fails here until it is named there)."""
+    import dataclasses
+    import re
+
+    listed = re.search(r"which documents each \(([^)]*)\)", " ".join(lw.Encoder.__doc__.split()))
+    assert listed is not None, "the Encoder docstring's list of settings moved"
+    names = [n.strip() for n in listed.group(1).split(",")]
+    assert names == [f.name for f in dataclasses.fields(lw.Settings)][1:]  # model: its first argument
+
+
+def test_the_pool_lists_are_derived_from_the_one_list():
+    from typing import get_args
+
+    from layerwise._analysis.layer_choice import USES, Use
+    from layerwise._features.device_pool import GROUP_POOLS, SENTENCE_AS_GROUP
+    from layerwise._features.names import SENTENCE_POOLS, SUBWORD_POOLS
+
+    assert GROUP_POOLS is SUBWORD_POOLS and get_args(Use) == USES
+    assert list(SENTENCE_AS_GROUP) == list(SENTENCE_POOLS) and set(SENTENCE_AS_GROUP.values()) <= set(
+        GROUP_POOLS
+    )
+    assert SENTENCE_AS_GROUP["cls"] == "first"  # [CLS] is a sentence's first token

@@ -306,8 +306,10 @@ class LayerMetrics:
     @classmethod
     def from_dict(cls, table: dict) -> LayerMetrics:
         """The table :meth:`as_dict` wrote (a ``layerwise layers --json`` file, a benchmark record)."""
-        values = {name: np.asarray([np.nan if v is None else v for v in vals], dtype=np.float64)
-                  for name, vals in table["metrics"].items()}  # fmt: skip
+        values = {
+            name: np.asarray([np.nan if v is None else v for v in vals], dtype=np.float64)
+            for name, vals in table["metrics"].items()
+        }
         distinct = table.get("n_distinct")
         return cls(
             tuple(table["layers"]), values, int(table["n_texts"]), None if distinct is None else int(distinct)

@@ -20,16 +20,20 @@ import json
 from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
-from typing import Literal
+from typing import Literal, get_args
 
 from ..errors import OptionError
 from .label_free import HIGHER_IS_BETTER, METRICS, ONE_PASS_METRICS, LayerMetrics
 
 Use = Literal["mean", "last", "token"]
-USES: tuple[str, ...] = ("mean", "last", "token")
+USES: tuple[str, ...] = get_args(Use)
 FIRST, QUARTER, MIDDLE, THREE_QUARTERS, LAST = (
-    "first (1)", "quarter (L/4)", "middle (L/2)", "three quarters (3L/4)", "last (L)",
-)  # fmt: skip
+    "first (1)",
+    "quarter (L/4)",
+    "middle (L/2)",
+    "three quarters (3L/4)",
+    "last (L)",
+)
 FIXED_RULES: dict[str, float] = {FIRST: 0.0, QUARTER: 0.25, MIDDLE: 0.5, THREE_QUARTERS: 0.75, LAST: 1.0}
 RULES: tuple[str, ...] = (*FIXED_RULES, *METRICS)
 DEFAULT_RULES: tuple[str, ...] = (
@@ -133,11 +137,16 @@ class Recommendation:
     def as_dict(self) -> dict:
         table = benchmark_rules()
         return {
-            "layer": self.layer, "rule": self.rule, "reason": self.reason, "group": self.group,
-            "rules_agree": self.agree, "candidates": [c.as_dict() for c in self.candidates],
-            "held_out": self.held_out, "rule_table_version": table.get("version"),
+            "layer": self.layer,
+            "rule": self.rule,
+            "reason": self.reason,
+            "group": self.group,
+            "rules_agree": self.agree,
+            "candidates": [c.as_dict() for c in self.candidates],
+            "held_out": self.held_out,
+            "rule_table_version": table.get("version"),
             "rule_table_cases": table.get("cases"),
-        }  # fmt: skip
+        }
 
 
 def _group(table: dict, kind: str, use: str) -> tuple[str, dict]:

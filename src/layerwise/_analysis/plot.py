@@ -90,8 +90,15 @@ def plot_heatmap(matrix: np.ndarray, layers: Sequence[int], path: str | os.PathL
     if len(layers) <= 13:
         for i in range(len(layers)):
             for j in range(len(layers)):
-                ax.text(j, i, f"{matrix[i, j]:.2f}", ha="center", va="center", fontsize=7,
-                        color="white" if matrix[i, j] < 0.6 else "black")  # fmt: skip
+                ax.text(
+                    j,
+                    i,
+                    f"{matrix[i, j]:.2f}",
+                    ha="center",
+                    va="center",
+                    fontsize=7,
+                    color="white" if matrix[i, j] < 0.6 else "black",
+                )
     fig.colorbar(image, ax=ax, fraction=0.046)
     ax.set_title(title, fontsize=10)
     fig.tight_layout()

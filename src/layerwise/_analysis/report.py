@@ -120,15 +120,27 @@ def write_report(
     m = _measure(stacks, words, max_rows)
     figures = _draw(m, folder, projection)
     stats = {
-        "model": model, "layers": list(m.layers), "n_texts": len(stacks), "n_tokens": m.n_tokens,
-        "words": m.chosen, "cka": m.cka.tolist(), "cosine": m.cosine.tolist(),
-        "drift": {k: np.asarray(v).tolist() for k, v in m.moves.items()}, "anisotropy": m.aniso.tolist(),
+        "model": model,
+        "layers": list(m.layers),
+        "n_texts": len(stacks),
+        "n_tokens": m.n_tokens,
+        "words": m.chosen,
+        "cka": m.cka.tolist(),
+        "cosine": m.cosine.tolist(),
+        "drift": {k: np.asarray(v).tolist() for k, v in m.moves.items()},
+        "anisotropy": m.aniso.tolist(),
         "intra_sentence_similarity": m.intra.tolist(),
         "self_similarity": {w: v.tolist() for w, v in m.selfsim.items()},
-        "label_free": m.label_free.as_dict(), "layerwise_version": __version__,
-        "made": {"layerwise": __version__, "settings": settings or {"model": model, "max_length": max_length},
-                 "source": source, "projection": projection, "words": list(words) if words else None},
-    }  # fmt: skip
+        "label_free": m.label_free.as_dict(),
+        "layerwise_version": __version__,
+        "made": {
+            "layerwise": __version__,
+            "settings": settings or {"model": model, "max_length": max_length},
+            "source": source,
+            "projection": projection,
+            "words": list(words) if words else None,
+        },
+    }
     (folder / "stats.json").write_text(json.dumps(stats, indent=2) + "\n", encoding="utf-8")
     seconds = time.perf_counter() - started
     sections = [
@@ -146,7 +158,7 @@ def write_report(
             f"projection: {projection}."
         )
         + "</p>",
-    ]  # fmt: skip
+    ]
     page = f"<!doctype html><html lang=en><head><meta charset=utf-8><title>layerwise report: {html.escape(model)}</title><style>{CSS}</style></head><body>{''.join(sections)}</body></html>"
     report = folder / "report.html"
     report.write_text(page, encoding="utf-8")
@@ -198,14 +210,23 @@ def _draw(m: _Measures, folder: Path, projection: str) -> dict[str, Path]:
     picks = m.label_free.picks()
     for name, values in m.label_free.values.items():
         figures[name] = plot_lines(
-            {name.replace("_", " "): values}, layers, folder / f"{name}.png", best=picks[name],
+            {name.replace("_", " "): values},
+            layers,
+            folder / f"{name}.png",
+            best=picks[name],
             title=f"{name.replace('_', ' ').capitalize()} ({'higher' if HIGHER_IS_BETTER[name] else 'lower'} "
-            "is better; the star marks the pick)", ylabel=name.replace("_", " "),
-        )  # fmt: skip
+            "is better; the star marks the pick)",
+            ylabel=name.replace("_", " "),
+        )
     if not m.selfsim:
         return figures
-    figures["self"] = plot_lines(m.selfsim, layers, folder / "self_similarity.png",
-                                 title="Self-similarity across contexts (adjusted)", ylabel="cosine - anisotropy")  # fmt: skip
+    figures["self"] = plot_lines(
+        m.selfsim,
+        layers,
+        folder / "self_similarity.png",
+        title="Self-similarity across contexts (adjusted)",
+        ylabel="cosine - anisotropy",
+    )
     points, labels = [], []
     for item in m.word_vectors:
         for j, w in enumerate(item.words):
@@ -214,10 +235,13 @@ def _draw(m: _Measures, folder: Path, projection: str) -> dict[str, Path]:
                 labels.append(w.lower())
     if len(points) >= 3:
         figures["projection"] = plot_projections(
-            np.stack(points, axis=1), labels, layers, folder / "projection.png",
+            np.stack(points, axis=1),
+            labels,
+            layers,
+            folder / "projection.png",
             projection=projection,  # type: ignore[arg-type]
             title=f"{projection.upper()} of the chosen words' vectors, one panel per layer",
-        )  # fmt: skip
+        )
     return figures
 
 
@@ -225,10 +249,15 @@ def _layer_sections(m: _Measures, figures: dict[str, Path]) -> list[str]:
     """How similar the layers are, and how much each changes a token: explained, drawn, tabled."""
     layers, moves = m.layers, m.moves
     per_layer = [
-        [f"L{layer}", m.aniso[k], m.intra[k], *(moves["cosine"][k - 1] if k else float("nan"),),
-         *(moves["distance"][k - 1] if k else float("nan"),)]
+        [
+            f"L{layer}",
+            m.aniso[k],
+            m.intra[k],
+            *(moves["cosine"][k - 1] if k else float("nan"),),
+            *(moves["distance"][k - 1] if k else float("nan"),),
+        ]
         for k, layer in enumerate(layers)
-    ]  # fmt: skip
+    ]
     return [
         "<h2>How similar are the layers to each other?</h2>",
         '<p class="explain"><b>Linear CKA</b> (centred kernel alignment, Kornblith et al. 2019) compares two layers '

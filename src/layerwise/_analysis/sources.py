@@ -12,7 +12,7 @@ from ..errors import InputError, OptionError
 if TYPE_CHECKING:
     from typing import Unpack
 
-    from .._features.names import LongTexts
+    from .._settings.long_texts import LongTexts
     from .._settings.settings import FinalNorm, Method
 
 

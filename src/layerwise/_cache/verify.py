@@ -41,8 +41,10 @@ class CacheReport(VerifyReport):
 
     def __str__(self) -> str:
         if self.ok:
-            return (f"{self.path}: OK: {self.n_texts} contexts, {self.n_rows} tokens; record, contexts, "
-                    "shards and token ids agree")  # fmt: skip
+            return (
+                f"{self.path}: OK: {self.n_texts} contexts, {self.n_rows} tokens; record, contexts, "
+                "shards and token ids agree"
+            )
         return super().__str__().replace("texts affected", "context slots affected")
 
 
@@ -60,9 +62,14 @@ def verify_cache(path: str | os.PathLike) -> VerifyReport:
     if meta is None and lost_its_record(path):
         entries = ", ".join(n for n in CACHE_ENTRIES if (path / n).exists())
         return CacheReport(
-            path, 0, 0, [f"its record, {META}, is missing (the folder holds a cache's {entries}): what "
-                         "made it, and every shard's checksum, are lost"]
-        )  # fmt: skip
+            path,
+            0,
+            0,
+            [
+                f"its record, {META}, is missing (the folder holds a cache's {entries}): what "
+                "made it, and every shard's checksum, are lost"
+            ],
+        )
     if meta is None or "n_contexts" not in meta:
         what = "has no record" if meta is None else "was stopped before its token pass ended"
         return CacheReport(
@@ -155,8 +162,10 @@ def _shard_problems(
 def _completion_problems(path: Path, meta: dict, missing: list[str]) -> list[str]:
     """Shards not yet written, a missing state or info file, else the index's own problems."""
     if missing:
-        return [f"{len(missing)} of {meta['n_shards']} shards are not written yet (first {missing[0]}): "
-                "rerun the command that made the cache, it resumes"]  # fmt: skip
+        return [
+            f"{len(missing)} of {meta['n_shards']} shards are not written yet (first {missing[0]}): "
+            "rerun the command that made the cache, it resumes"
+        ]
     if (
         not (path / STATE).exists()
         or not (path / INFO).exists()

@@ -62,10 +62,23 @@ from .shards import file_crc32, write_dataset_index, write_shard
 
 # what must match for a run to resume a cache (the rest of the record says how it ran): the
 # weights, the settings that change the numbers (settings.NUMBERS) and the cache's own options
-RESUME_KEYS = tuple(dict.fromkeys((
-    "weights_sha256", *numbers_keys(Settings), "layers", "context", "tokens", "dtype", "shuffle_seed",
-    "final_norm", "framing", "shard_contexts", "hooks",
-)))  # fmt: skip
+RESUME_KEYS = tuple(
+    dict.fromkeys(
+        (
+            "weights_sha256",
+            *numbers_keys(Settings),
+            "layers",
+            "context",
+            "tokens",
+            "dtype",
+            "shuffle_seed",
+            "final_norm",
+            "framing",
+            "shard_contexts",
+            "hooks",
+        )
+    )
+)
 
 
 @dataclass(frozen=True)
@@ -132,9 +145,15 @@ def disk_errors(path: Path) -> Iterator[None]:
 
 def summary_of(path: Path, meta: dict, written: int, started: float) -> CacheSummary:
     return CacheSummary(
-        path, meta["n_contexts"], meta["context"], meta["n_shards"], written, tuple(meta["columns"]),
-        bool(meta["exhausted"]), time.perf_counter() - started,
-    )  # fmt: skip
+        path,
+        meta["n_contexts"],
+        meta["context"],
+        meta["n_shards"],
+        written,
+        tuple(meta["columns"]),
+        bool(meta["exhausted"]),
+        time.perf_counter() - started,
+    )
 
 
 @contextlib.contextmanager
@@ -167,13 +186,22 @@ def begin_cache(
         )
     width_bytes = len(columns) * encoder.hidden_size * np.dtype(dtype).itemsize + 4
     meta = {
-        "format": FORMAT, "format_version": FORMAT_VERSION, **_model_record(encoder),
-        "layers": list(hidden_states), "hooks": list(options.hooks), "columns": columns, "sources": sources,
-        "context": context, "tokens": tokens,
-        "dtype": dtype, "shuffle_seed": shuffle_seed, "final_norm": bool(final_norm),
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        **_model_record(encoder),
+        "layers": list(hidden_states),
+        "hooks": list(options.hooks),
+        "columns": columns,
+        "sources": sources,
+        "context": context,
+        "tokens": tokens,
+        "dtype": dtype,
+        "shuffle_seed": shuffle_seed,
+        "final_norm": bool(final_norm),
         "framing": framing.as_dict(),
-        "shard_contexts": max(1, shard_bytes // (context * width_bytes)), "source": source.describe(),
-    }  # fmt: skip
+        "shard_contexts": max(1, shard_bytes // (context * width_bytes)),
+        "source": source.describe(),
+    }
     created = not path.exists()
     path.mkdir(parents=True, exist_ok=True)
     with writer_lock(path, "cache"):
@@ -208,11 +236,15 @@ def _model_record(encoder: Any) -> dict:
     from .._model.loading.source import weights_sha256
 
     return {
-        "layerwise_version": __version__, "model": encoder.name, "model_source": str(encoder.source),
-        "weights_sha256": weights_sha256(encoder.models.current), "model_dtype": encoder.settings.model_dtype,
-        "decoder": encoder.is_decoder, "d_model": encoder.hidden_size,
+        "layerwise_version": __version__,
+        "model": encoder.name,
+        "model_source": str(encoder.source),
+        "weights_sha256": weights_sha256(encoder.models.current),
+        "model_dtype": encoder.settings.model_dtype,
+        "decoder": encoder.is_decoder,
+        "d_model": encoder.hidden_size,
         "n_hidden_states": encoder.n_hidden_states,
-    }  # fmt: skip
+    }
 
 
 def _contexts(
@@ -222,9 +254,13 @@ def _contexts(
     tmp = path / f".{CONTEXTS}.partial"
     try:
         found = write_contexts(
-            (block.texts for block in source.blocks(1024)), encoder.tokenizer, framing, context,
-            tokens // context, tmp,
-        )  # fmt: skip
+            (block.texts for block in source.blocks(1024)),
+            encoder.tokenizer,
+            framing,
+            context,
+            tokens // context,
+            tmp,
+        )
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
@@ -243,8 +279,14 @@ def _contexts(
     os.replace(tmp, path / CONTEXTS)
     n = found.n_contexts
     per_shard = int(meta["shard_contexts"])
-    record = {**meta, "n_contexts": n, "n_documents": found.n_documents, "contexts_sha256": found.sha256,
-              "exhausted": found.exhausted, "n_shards": -(-n // per_shard)}  # fmt: skip
+    record = {
+        **meta,
+        "n_contexts": n,
+        "n_documents": found.n_documents,
+        "contexts_sha256": found.sha256,
+        "exhausted": found.exhausted,
+        "n_shards": -(-n // per_shard),
+    }
     if stored is None or any(stored.get(k) != v for k, v in record.items() if k != "source"):
         write_json(path / META, record, seal=True)
     return record

@@ -19,8 +19,7 @@ from .._engine.call import Call
 from .._engine.host_copy import RESULT_DTYPES
 from .._features.device_pool import DevicePlan
 from .._features.layers import LayerSpec, resolve_layers
-from .._features.names import LONG_TEXTS, LongTexts
-from .._features.plan import check_final_norm_for
+from .._features.plan import OutputPlan, check_final_norm_for
 from .._inputs.ahead import ahead
 from .._inputs.block import EncodedBlock
 from .._inputs.encoding import RawInputs
@@ -28,6 +27,7 @@ from .._inputs.reports import report_blocks
 from .._inputs.windows import check_window_memory, check_window_options
 from .._model.forward.hooks import DECODER_TAPS, check_taps
 from .._results import LayerStack
+from .._settings.long_texts import LONG_TEXTS, LongTexts
 from .._settings.settings import METHODS, FinalNorm, Method, check_final_norm
 from ..errors import OptionError, check_choice
 
@@ -90,8 +90,39 @@ def make_call(
         )
     check_choice("long_texts", long_texts, LONG_TEXTS)
     check_window_options(long_texts, stride, encoder.max_length)
-    return Call(layer_ids, method, checked, long_texts, stride, batch_size, max_tokens,
-                call_final_norm(encoder, final_norm), device_pool, dtype)  # fmt: skip
+    return Call(
+        layer_ids,
+        method,
+        checked,
+        long_texts,
+        stride,
+        batch_size,
+        max_tokens,
+        call_final_norm(encoder, final_norm),
+        device_pool,
+        dtype,
+    )
+
+
+def plan_call(encoder: Encoder, settled: OutputPlan) -> Call:
+    """The engine's call for a settled plan: its hidden states, long texts and final norm; a
+    sentence or word plan is pooled, fused and normalised on the model's device
+    (_features/device_pool.py): only its results cross to the host, and the stacks carry them
+    (``pooled``), no token states."""
+    n = encoder.n_hidden_states
+    on_device = None
+    if settled.level in ("sentence", "word") and settled.mode is not None:
+        on_device = DevicePlan(
+            settled.level, settled.mode, settled.special_tokens, settled.fuse, settled.normalize, n
+        )
+    return make_call(
+        encoder,
+        settled.hidden_states(n),
+        long_texts=settled.long_texts,
+        stride=settled.stride,
+        final_norm=settled.final_norm,
+        device_pool=on_device,
+    )
 
 
 def call_final_norm(encoder: Encoder, value: FinalNorm | None) -> FinalNorm:

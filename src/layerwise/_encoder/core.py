@@ -22,103 +22,44 @@ from typing import Any, overload
 
 import torch
 
-from .._engine.call import Call
-from .._engine.engine import Engine
-from .._features.device_pool import DevicePlan
 from .._features.layers import LayerSpec
-from .._features.names import LongTexts
-from .._features.plan import OutputPlan, Result, check_final_norm_for
-from .._host.memory import available_memory
-from .._inputs.encoding import EncodedBlock, EncodedInput, InputEncoder, normalize_inputs
-from .._model.decoders import is_decoder_config
-from .._model.forward.concurrent import check_streams
-from .._model.handle import ModelHandle
-from .._model.loading.gguf_files import gguf_read_once
-from .._model.loading.placement import placement_of
-from .._model.loading.sentence_transformers import read_sentence_transformers
-from .._model.loading.source import (
-    load_config_and_tokenizer,
-    pick_device,
-    resolve_model_source,
-    usable_max_length,
-)
-from .._model.streaming.fits import resolve_streaming
-from .._model.streaming.plan import plan_stream
+from .._features.plan import OutputPlan, Result
+from .._inputs.encoding import EncodedBlock, EncodedInput, normalize_inputs
 from .._results import LayerStack
+from .._settings.long_texts import LongTexts
 from .._settings.settings import FinalNorm, Method, ModelDtype, Settings, settings_of
 from ..errors import InputError, OptionError
-from .calls import make_call, stream_batches, stream_stacks
+from .calls import make_call, plan_call, stream_batches, stream_stacks
 from .features import FeatureCalls
-from .records import RunRecords
+from .loading import load
+from .records import run_meta, run_settings
 from .warm import warm_device
 
 logger = logging.getLogger("layerwise")
 
-CPU_MAX_TOKENS = 2048
-GPU_MAX_TOKENS = 32768
-# inputs per batch: on a GPU 128 short sentences (~3,500 tokens) leave an H100 idle; 1024 with the
-# token budget ran embed 1.4x and extract 1.5x faster on one (benchmarks/gpu_profile.py)
-CPU_BATCH_SIZE, GPU_BATCH_SIZE = 128, 1024
-_TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
-
-class Encoder(FeatureCalls, RunRecords):
+class Encoder(FeatureCalls):
     """A BERT-family encoder or a decoder language model that returns every hidden state.
 
     ``Encoder(settings)``: a :class:`~layerwise.Settings`, the one value that says which model and
     how it runs. ``Encoder(model, **options)`` is the short form: ``model`` a hub name, a folder, a
     GGUF file, or None for the packaged all-MiniLM-L6-v2, and the options the other fields of
     Settings, which documents each (device, model_dtype, max_length, batch_size, max_tokens,
-    packed, streams, allow_nan, final_norm, method). ``enc.settings`` says what it was made with,
+    packed, streams, allow_nan, final_norm, method, streaming, max_device_memory,
+    stream_block_tokens, device_map, offload_folder, quantize). ``enc.settings`` says what it was made with,
     ``enc.engine.settings`` the same resolved for this model and device (what runs).
     Front ends batching across callers use ``inputs.encode`` and ``engine.run_inputs`` directly."""
 
     def __init__(self, model: Settings | str | os.PathLike | None = None, **options: Any) -> None:
         given = settings_of(model, options)  # checks every value before anything loads
-        self.source, self.name = resolve_model_source(given.model)
-        device = pick_device(given.device)
-        dtype = _TORCH_DTYPES[given.model_dtype]  # light=packed: the packed forward needs no HF class
-        with gguf_read_once(self.source):
-            self.config, self.tokenizer = load_config_and_tokenizer(self.source, self.name)  # fast tokenizer
-            # streaming=None: streamed when the weights do not fit in the device's free memory
-            streaming = resolve_streaming(given, self.source, self.config, dtype, device, self.name)
-            placement = placement_of(given, self.config, device, dtype)  # a device map, quantised weights
-            self.models = ModelHandle(self.source, self.name, self.config, dtype, device, light=given.packed,
-                                      streaming=streaming, placement=placement)  # fmt: skip
-        device = self.models.device  # a placed model's: where its inputs go
-        self.model_type, self.n_layers, self.hidden_size = _dimensions(self.config)
-        self.is_decoder = _checked_decoder(self.config, given.final_norm, self.name)
-        self.sentence_transformers = read_sentence_transformers(self.source)
-        convention = self.sentence_transformers.max_seq_length if self.sentence_transformers else None
-        max_length = usable_max_length(
-            self.config, self.tokenizer, given.max_length, convention, _padding_idx(self.models.current)
-        )
-        vocab = int(self.config.vocab_size)  # token ids past it are refused at encode time
-        self.inputs = InputEncoder(self.tokenizer.backend_tokenizer, max_length, vocab_size=vocab,
-                                   pairs=not self.is_decoder)  # fmt: skip
-        # what it was made with; the model by its name (the packaged default's hub name for None),
-        # which any process resolves to the same files (Encoder.source is where they were found)
-        self.settings = given.replace(model=self.name)  # streaming: as given (None: decided by size)
-        on_cpu = device.type == "cpu"
-        max_tokens = given.max_tokens or (CPU_MAX_TOKENS if on_cpu else GPU_MAX_TOKENS)
-        streams = check_streams(given.streams, device, self.hidden_size)  # batches running at once
-        plan = None
-        if self.models.streamed is not None:  # how its blocks run: settled before its forward is built
-            plan = plan_stream(given, self.models.streamed.shape(), on_cuda=device.type == "cuda",
-                               host_free=available_memory(), max_length=max_length,
-                               max_tokens=max_tokens, streams=streams)  # fmt: skip
-        resolved = self.settings.replace(
-            device=str(device),
-            max_length=max_length,
-            batch_size=given.batch_size or (CPU_BATCH_SIZE if on_cpu else GPU_BATCH_SIZE),
-            max_tokens=max_tokens if plan is None else plan.batch_tokens,
-            streams=given.streams if plan is None else plan.streams,  # a tight budget: one at a time
-            packed=given.packed and placement is None,  # accelerate's hooks run in transformers' forward
-            stream_block_tokens=None if plan is None else plan.block_tokens,
-            streaming=streaming,
-        )
-        self.engine = Engine(self.models, self.tokenizer, resolved, plan)
-        if device.type == "cuda":  # the GPU's set-up paid here, not by the first call (warm.py)
+        self.loaded = loaded = load(given)  # the model, its tokenizer and engine (loading.py)
+        self.settings, self.source, self.name = loaded.settings, loaded.source, loaded.name
+        self.config, self.tokenizer, self.models = loaded.config, loaded.tokenizer, loaded.models
+        self.inputs, self.engine, self.is_decoder = loaded.inputs, loaded.engine, loaded.is_decoder
+        self.sentence_transformers = loaded.sentence_transformers
+        self.model_type, self.n_layers = str(self.config.model_type), int(self.config.num_hidden_layers)
+        self.hidden_size = int(self.config.hidden_size)
+        if self.device.type == "cuda":  # the GPU's set-up paid here, not by the first call (warm.py)
             warm_device(self.engine, self.tokenizer.unk_token_id or 0, self.n_hidden_states)
 
     @classmethod
@@ -170,8 +111,10 @@ class Encoder(FeatureCalls, RunRecords):
         return self.n_layers + 1
 
     def __repr__(self) -> str:
-        return (f"Encoder({self.name!r}, n_layers={self.n_layers}, hidden_size={self.hidden_size}, "
-                f"device='{self.device}', model_dtype='{self.model_dtype}')")  # fmt: skip
+        return (
+            f"Encoder({self.name!r}, n_layers={self.n_layers}, hidden_size={self.hidden_size}, "
+            f"device='{self.device}', model_dtype='{self.model_dtype}')"
+        )
 
     def settle(self, plan: OutputPlan) -> OutputPlan:
         """``plan`` with this model's answer to what it leaves open (its final norm: this
@@ -179,6 +122,14 @@ class Encoder(FeatureCalls, RunRecords):
         encoder): the plan a run carries out and its outputs record."""
         plan.hidden_states(self.n_hidden_states)  # a layer past the model fails here
         return plan.with_final_norm(self.final_norm, is_decoder=self.is_decoder)
+
+    def run_settings(self) -> dict:
+        """These settings as a record says them: an encoder's ``final_norm`` is None (it has none)."""
+        return run_settings(self.loaded)
+
+    def run_meta(self, plan: OutputPlan) -> dict:
+        """How a run of ``plan`` is made, for every output's metadata (records.py)."""
+        return run_meta(self.loaded, self.settle(plan))
 
     def iter_results(
         self,
@@ -198,7 +149,7 @@ class Encoder(FeatureCalls, RunRecords):
         sentence or word plan the vectors are pooled, fused and normalised on the model's device: its
         stacks then carry them (``pooled``) and every token's metadata, but no token states."""
         settled = self.settle(plan)
-        call = self.plan_call(settled)
+        call = plan_call(self, settled)
         raw = normalize_inputs(texts, text_pairs=text_pairs, pairs=pairs, words=words)
         stream = stream_stacks(self, call, raw, progress, report_truncation)
         return ((index, stack, settled.result(stack, self.n_hidden_states)) for index, stack in stream)
@@ -218,24 +169,11 @@ class Encoder(FeatureCalls, RunRecords):
         ``(None, ...)``: take :meth:`iter_results`. The options are checked, and the first block
         tokenised, before this returns."""
         settled = self.settle(plan)
-        call = self.plan_call(settled)
+        call = plan_call(self, settled)
         if call.device_pool is None or not self.engine.blockwise(call):
             return None, call.layers
         raw = normalize_inputs(texts, text_pairs=text_pairs, pairs=pairs, words=words)
         return stream_batches(self, call, raw, progress), call.layers
-
-    def plan_call(self, settled: OutputPlan) -> Call:
-        """The engine's call for a settled plan: its hidden states, long texts and final norm; a
-        sentence or word plan is pooled, fused and normalised on the model's device
-        (_features/device_pool.py): only its results cross to the host, and the stacks carry them
-        (``pooled``), no token states."""
-        on_device = None
-        if settled.level in ("sentence", "word") and settled.mode is not None:
-            on_device = DevicePlan(settled.level, settled.mode, settled.special_tokens, settled.fuse,
-                                   settled.normalize, self.n_hidden_states)  # fmt: skip
-        layers = settled.hidden_states(self.n_hidden_states)
-        return make_call(self, layers, long_texts=settled.long_texts, stride=settled.stride,
-                         final_norm=settled.final_norm, device_pool=on_device)  # fmt: skip
 
     def tokenize(
         self,
@@ -287,9 +225,24 @@ class Encoder(FeatureCalls, RunRecords):
     @overload
     def extract(self, texts: Sequence[str] | None = None, **options: object) -> list[LayerStack]: ...
 
-    def extract(self, texts=None, *, text_pairs=None, pairs=None, words=None, layers="all",
-                method=None, taps=(), long_texts="truncate", stride=None, batch_size=None,
-                max_tokens=None, progress=None, final_norm=None, dtype="float32"):  # fmt: skip
+    def extract(
+        self,
+        texts=None,
+        *,
+        text_pairs=None,
+        pairs=None,
+        words=None,
+        layers="all",
+        method=None,
+        taps=(),
+        long_texts="truncate",
+        stride=None,
+        batch_size=None,
+        max_tokens=None,
+        progress=None,
+        final_norm=None,
+        dtype="float32",
+    ):
         """Hidden states of every requested layer, one :class:`LayerStack` per input, in input order.
         Pass ``texts`` (optionally with ``text_pairs``), ``pairs`` or pre-split ``words``; the
         keywords are those of :meth:`iter_extract`. A single string gives a single LayerStack.
@@ -304,27 +257,21 @@ class Encoder(FeatureCalls, RunRecords):
                 raise InputError("with a single text, pass a list: extract([text], text_pairs=[second])")
             texts = [texts]
         stream = self.iter_extract(
-            texts, text_pairs=text_pairs, pairs=pairs, words=words, layers=layers, method=method,
-            taps=taps, long_texts=long_texts, stride=stride, batch_size=batch_size, max_tokens=max_tokens,
-            progress=progress, final_norm=final_norm, dtype=dtype,
-        )  # fmt: skip
+            texts,
+            text_pairs=text_pairs,
+            pairs=pairs,
+            words=words,
+            layers=layers,
+            method=method,
+            taps=taps,
+            long_texts=long_texts,
+            stride=stride,
+            batch_size=batch_size,
+            max_tokens=max_tokens,
+            progress=progress,
+            final_norm=final_norm,
+            dtype=dtype,
+        )
         results = dict(stream)
         ordered = [results[i] for i in range(len(results))]
         return ordered[0] if single else ordered
-
-
-def _checked_decoder(config: Any, final_norm: Any, name: str) -> bool:
-    """Whether the model is a decoder LM (its ``final_norm`` setting checked: ``"all"`` needs one)."""
-    is_decoder = is_decoder_config(config)
-    check_final_norm_for(final_norm, is_decoder=is_decoder, name=repr(name))
-    return is_decoder
-
-
-def _dimensions(config) -> tuple[str, int, int]:
-    """``(model_type, n_layers, hidden_size)`` of a config."""
-    return str(config.model_type), int(config.num_hidden_layers), int(config.hidden_size)
-
-
-def _padding_idx(model: object) -> int | None:
-    """The embeddings' own padding index (MPNet fixes it at 1); decoders have none to say."""
-    return getattr(getattr(model, "embeddings", None), "padding_idx", None)

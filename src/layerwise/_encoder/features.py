@@ -14,12 +14,13 @@ from typing import Any, Protocol, cast
 import numpy as np
 
 from .._features.layers import LayerSpec
-from .._features.names import LongTexts, SentencePool, SpecialTokens, SubwordPool, sentence_convention
+from .._features.names import SentencePool, SpecialTokens, SubwordPool, sentence_convention
 from .._features.plan import OutputPlan
 from .._features.stream import all_features, features_layers, sentence_matrix, word_vectors
 from .._inputs.encoding import as_texts
 from .._inputs.words import split_word_inputs
 from .._results import WordVectors
+from .._settings.long_texts import LongTexts
 from .._settings.settings import FinalNorm
 from .batch_results import sentence_rows, word_results
 
@@ -68,8 +69,18 @@ class FeatureCalls:
         :meth:`extract`. ``dtype``: float32 or float16 vectors (pooled in float32, then cast once).
         A single string gives a single row."""
         enc = cast(Extracting, self)
-        plan = OutputPlan(layers, "sentence", pool, special_tokens, fuse, dtype, normalize=normalize,  # type: ignore[arg-type]
-                          long_texts=long_texts, stride=stride, final_norm=final_norm)  # fmt: skip
+        plan = OutputPlan(
+            layers,
+            "sentence",
+            pool,
+            special_tokens,
+            fuse,
+            dtype,  # type: ignore[arg-type]
+            normalize=normalize,
+            long_texts=long_texts,
+            stride=stride,
+            final_norm=final_norm,
+        )
         single = isinstance(texts, str)
         batch = [texts] if single else (as_texts(texts) if texts is not None else None)  # any iterable
         n_texts = len(batch) if batch is not None else len(pairs or ())
@@ -114,8 +125,16 @@ class FeatureCalls:
         words); or pass ``words=`` / ``texts`` with ``text_pairs=`` as in :meth:`extract`.
         ``subword``: first (default, as in the BERT paper), last, mean, first_last or max.
         ``dtype``: float32 or float16 vectors (pooled in float32, then cast once)."""
-        plan = OutputPlan(layers, "word", subword, fuse=fuse, dtype=dtype, long_texts=long_texts,  # type: ignore[arg-type]
-                          stride=stride, final_norm=final_norm)  # fmt: skip
+        plan = OutputPlan(
+            layers,
+            "word",
+            subword,
+            fuse=fuse,
+            dtype=dtype,  # type: ignore[arg-type]
+            long_texts=long_texts,
+            stride=stride,
+            final_norm=final_norm,
+        )
         texts, words = split_word_inputs(inputs, words)
         enc = cast(Extracting, self)
         n_inputs = len(next(x for x in (texts, pairs, words) if x is not None) or ())
@@ -151,14 +170,27 @@ class FeatureCalls:
         pools, fuses = list(pools), list(fuses)
         extracted = features_layers(fuses, layers, pools, special_tokens, enc.n_hidden_states)
         stream = enc.iter_extract(
-            texts, text_pairs=text_pairs, pairs=pairs, layers=extracted, long_texts=long_texts, stride=stride,
-            progress=progress, final_norm=final_norm,
-        )  # fmt: skip
+            texts,
+            text_pairs=text_pairs,
+            pairs=pairs,
+            layers=extracted,
+            long_texts=long_texts,
+            stride=stride,
+            progress=progress,
+            final_norm=final_norm,
+        )
         n_texts = len(texts) if texts is not None else len(pairs or ())
         results = all_features(
-            stream, n_texts, pools=pools, fuses=fuses, layers=layers, extracted=extracted,
-            special_tokens=special_tokens, n_hidden_states=enc.n_hidden_states, hidden_size=enc.hidden_size,
-        )  # fmt: skip
+            stream,
+            n_texts,
+            pools=pools,
+            fuses=fuses,
+            layers=layers,
+            extracted=extracted,
+            special_tokens=special_tokens,
+            n_hidden_states=enc.n_hidden_states,
+            hidden_size=enc.hidden_size,
+        )
         return {(p, f): results[(p, f)] for p in pools for f in fuses}
 
 

@@ -13,9 +13,12 @@ On the CPU there is nothing to set up, and nothing runs.
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
-from .._engine.engine import Engine
 from .._inputs.batches import TokenUnit
+
+if TYPE_CHECKING:
+    from .._engine.engine import Engine
 
 # tokens per warm-up input: a decoder's max_length (32,768 for Gemma 3) would make one input's
 # attention alone several GB, more than the batches of most corpora ever need

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
@@ -20,8 +20,10 @@ from .._model.forward.sdpa import attention_kernels
 from .._model.streaming.forward import StreamedForward
 from .call import Call
 from .host_copy import RESULT_DTYPES, HostCopy
-from .packed_runs import Jobs, Launched
 from .rows import Rows, packed_rows
+
+if TYPE_CHECKING:
+    from .packed_runs import Jobs, Launched
 
 Key = TypeVar("Key")
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .._features.names import LongTexts
+from .._settings.long_texts import LongTexts
 from .._settings.settings import FinalNorm, Method
 from ..errors import OptionError
 

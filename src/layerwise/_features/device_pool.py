@@ -25,13 +25,15 @@ import numpy as np
 import torch
 
 from .fuse import fusion_layers
-from .names import NAMED_FUSIONS
+from .names import NAMED_FUSIONS, SENTENCE_POOLS, SUBWORD_POOLS
 
 if TYPE_CHECKING:  # the batch's columns (inputs/block.py): read here, never built
     from .._inputs.block import TokenColumns
 
-GROUP_POOLS = ("first", "last", "mean", "max", "first_last")
-SENTENCE_AS_GROUP = {"cls": "first", "last": "last", "mean": "mean", "max": "max"}
+# what a group of tokens (a word, or a sentence) is pooled with: the word pools; a sentence pool is
+# one of them over the sentence's tokens ([CLS] is its first)
+GROUP_POOLS = SUBWORD_POOLS
+SENTENCE_AS_GROUP = {pool: "first" if pool == "cls" else pool for pool in SENTENCE_POOLS}
 
 
 def pool_groups(hidden: torch.Tensor, owner: np.ndarray, n_groups: int, pool: str) -> torch.Tensor:
@@ -113,7 +115,7 @@ def word_owner(columns: TokenColumns) -> tuple[np.ndarray, list[int]]:
 def batch_groups(columns: TokenColumns, plan: DevicePlan) -> tuple[np.ndarray, list[int], int, str]:
     """What a plan pools a batch's tokens into: each token's row (-1: none), each input's number of
     rows (1 per input for a sentence), the number of rows, and the group pool that makes them.
-    Settled on the host once a batch (a streamed block pools every layer with it: _engine/runs.py)."""
+    Settled on the host once a batch (a streamed block pools every layer with it: _engine/blocks.py)."""
     if plan.level == "sentence":
         owner = sentence_owner(columns, plan.special_tokens, plan.pool)
         n = len(columns.lengths)

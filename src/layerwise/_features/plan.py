@@ -24,6 +24,7 @@ from typing import Literal
 import numpy as np
 
 from .._results import LayerStack, SentenceVector, WordVectors
+from .._settings.long_texts import LongTexts, check_long_texts
 from .._settings.settings import NUMBERS, FinalNorm, check_final_norm
 from ..errors import LayerwiseError, OptionError, check_choice
 from .fuse import check_fusion, fuse_layers, fusion_layers
@@ -34,9 +35,7 @@ from .names import (
     SENTENCE_POOLS,
     SPECIAL_TOKENS,
     SUBWORD_POOLS,
-    LongTexts,
     OutputDtype,
-    check_long_texts,
     pool_names,
 )
 from .pool import pool_sentence, pool_words
@@ -159,8 +158,18 @@ class OutputPlan:
         # a named fusion picks its own layers: the CLI's default "all" then means "not given"
         if fuse is not None and layers == "all" and fuse not in GENERIC_FUSIONS:
             layers = None
-        return cls(layers, level, mode or None, special_tokens, fuse, dtype, normalize,  # type: ignore[arg-type]
-                   long_texts, stride, final_norm)  # type: ignore[arg-type]  # fmt: skip
+        return cls(
+            layers,
+            level,  # type: ignore[arg-type]
+            mode or None,
+            special_tokens,
+            fuse,
+            dtype,  # type: ignore[arg-type]
+            normalize,
+            long_texts,  # type: ignore[arg-type]
+            stride,
+            final_norm,
+        )
 
     @property
     def pool(self) -> str:

@@ -117,9 +117,14 @@ def pool_words(
 
 
 def _subword_vectors(
-    hidden: np.ndarray, subword: str, tokens: np.ndarray, owner: np.ndarray, counts: np.ndarray,
-    first: np.ndarray, last: np.ndarray,
-) -> np.ndarray:  # fmt: skip
+    hidden: np.ndarray,
+    subword: str,
+    tokens: np.ndarray,
+    owner: np.ndarray,
+    counts: np.ndarray,
+    first: np.ndarray,
+    last: np.ndarray,
+) -> np.ndarray:
     """``(L, words, H)``: each word's wordpieces (``tokens``, of word ``owner``) pooled."""
     n_words = len(counts)
     if subword == "first":

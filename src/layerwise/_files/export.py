@@ -112,9 +112,22 @@ def _exported_meta(opened: Any, plan: OutputPlan) -> dict:
     texts) carries over; the pooling is this export's."""
 
     store_only = {
-        "format", "format_version", "row_shape", "n_texts", "pairs", "block_size", "chunk_rows",
-        "shard_chunks", "shard", "source", "corpus", "n_shards", "table", "shards", "run_id",
-    }  # fmt: skip
+        "format",
+        "format_version",
+        "row_shape",
+        "n_texts",
+        "pairs",
+        "block_size",
+        "chunk_rows",
+        "shard_chunks",
+        "shard",
+        "source",
+        "corpus",
+        "n_shards",
+        "table",
+        "shards",
+        "run_id",
+    }
     meta_in: dict = opened.meta
     return {
         **{k: v for k, v in meta_in.items() if k not in store_only},
@@ -129,9 +142,16 @@ def _exported_meta(opened: Any, plan: OutputPlan) -> dict:
 
 
 def _export_block(
-    writer: Any, opened: Any, lo: int, hi: int, id_column: str, pairs: bool, plan: OutputPlan,
-    picks: list[int], wanted: tuple[int, ...],
-) -> None:  # fmt: skip
+    writer: Any,
+    opened: Any,
+    lo: int,
+    hi: int,
+    id_column: str,
+    pairs: bool,
+    plan: OutputPlan,
+    picks: list[int],
+    wanted: tuple[int, ...],
+) -> None:
     """Texts ``lo`` to ``hi`` of the store, one read of their rows, pooled into ``writer``."""
     from .._inputs.corpus import Block
 

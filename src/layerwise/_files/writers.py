@@ -189,8 +189,10 @@ def extract_to_file(
         logger.warning(
             "%d of %d texts were longer than %d tokens and were truncated; their rows say truncated. Pass "
             "long_texts='window' (--long-texts window) to keep every token.",
-            summary["n_truncated"], summary["n_texts"], encoder.max_length,
-        )  # fmt: skip
+            summary["n_truncated"],
+            summary["n_texts"],
+            encoder.max_length,
+        )
     if scan.n_skipped:
         logger.warning(
             "skipped %d bad row(s) (first: %s)", scan.n_skipped, scan.skipped[0] if scan.skipped else "?"
@@ -239,9 +241,13 @@ def _extract_blocks(
 
         def start(block):  # tokenised on a thread while the block before runs (inputs/ahead.py)
             return encoder.iter_results(
-                plan, block.texts if block.words is None else None, text_pairs=block.text_pairs,
-                words=block.words, progress=False, report_truncation=False,
-            )  # fmt: skip
+                plan,
+                block.texts if block.words is None else None,
+                text_pairs=block.text_pairs,
+                words=block.words,
+                progress=False,
+                report_truncation=False,
+            )
 
         for block, outputs in ahead(corpus.blocks(size), start):
             writer.begin(block)

@@ -62,8 +62,9 @@ def segment_ids(sequence_ids: Sequence[int | None]) -> np.ndarray:
     Not from ``type_ids``: RoBERTa-style tokenizers give both segments type id 0. Special tokens
     belong to the segment of the content token before them ([CLS] to 0, the [SEP] after A to 0,
     the final [SEP] to 1), which is BERT's token-type layout."""
-    return _fill_segments(np.asarray([-1 if s is None else s for s in sequence_ids], dtype=np.int8),
-                          np.zeros(1, dtype=np.int64))  # fmt: skip
+    return _fill_segments(
+        np.asarray([-1 if s is None else s for s in sequence_ids], dtype=np.int8), np.zeros(1, dtype=np.int64)
+    )
 
 
 def _fill_segments(sequence: np.ndarray, starts: np.ndarray) -> np.ndarray:

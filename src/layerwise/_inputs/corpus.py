@@ -96,14 +96,21 @@ class Corpus:
         named = [source] if isinstance(source, str | os.PathLike) else source
         if format is None and any(os.fspath(s) == "-" for s in named if isinstance(s, str | os.PathLike)):
             format = "txt"  # standard input with no --format: one text per line, as cat users expect
-        self.reading = {"format": format, "text_column": text_column, "pair_column": pair_column,
-                        "id_column": id_column, "words_column": words_column, "limit": limit,
-                        "on_bad_row": on_bad_row, "encoding_errors": encoding_errors}  # fmt: skip
+        self.reading = {
+            "format": format,
+            "text_column": text_column,
+            "pair_column": pair_column,
+            "id_column": id_column,
+            "words_column": words_column,
+            "limit": limit,
+            "on_bad_row": on_bad_row,
+            "encoding_errors": encoding_errors,
+        }
         self._memory: RawInputs | None = None
         self._memory_ids: list | None = None
         self._spool: Path | None = None
         self.files = self._find_files(source, format)
-        self.format = self._one_format(format)
+        self.format = one_format(self.files, format, self._spool)
         self.columns = column_roles(self.format.format, text_column, pair_column, id_column, words_column)
         # the default JSON Lines form ({"text", "text_pair"}, other fields ignored) refuses a near
         # miss of either: a misspelt "text_pair" would silently leave its text unpaired
@@ -138,9 +145,6 @@ class Corpus:
             weakref.finalize(self, remove_file, str(self._spool))
         return files
 
-    def _one_format(self, given: str | None) -> FileFormat:
-        return one_format(self.files, given, self._spool)
-
     def _file_format(self, path: Path) -> FileFormat:
         if self.format.compression != "per-file":
             return self.format
@@ -156,9 +160,13 @@ class Corpus:
             begin = start if k == first_file else Start()
             n_rows = begin.row
             chunks = read_chunks(
-                path, self._file_format(path), self.columns, encoding_errors=self.encoding_errors,
-                start=begin, strict_fields=self.strict_fields,
-            )  # fmt: skip
+                path,
+                self._file_format(path),
+                self.columns,
+                encoding_errors=self.encoding_errors,
+                start=begin,
+                strict_fields=self.strict_fields,
+            )
             for chunk in chunks if path != self._spool else _stdin_named(chunks, path):
                 offsets = chunk.offsets
                 for i in range(len(chunk)):
@@ -208,8 +216,12 @@ class Corpus:
         """``(global row, text, pair, words, id, origin of the row)`` for each good row; a bad row
         stops the run (on_bad_row="error") or is skipped (counted in ``scan`` when ``count``)."""
         for k, base, here, values in self._rows(origin):
-            checked = self._check(k, here.line if self._file_format(self.files[k]).lines else here.row + 1,
-                                  values, scan.has_pairs if scan.pairs_decided else None)  # fmt: skip
+            checked = self._check(
+                k,
+                here.line if self._file_format(self.files[k]).lines else here.row + 1,
+                values,
+                scan.has_pairs if scan.pairs_decided else None,
+            )
             if isinstance(checked, str):
                 if self.on_bad_row == "error":
                     raise InputError(

@@ -252,18 +252,7 @@ class InputEncoder:
             too_long = np.flatnonzero(untruncated > lengths).tolist()
         else:  # pairs are cut longest_first: counted whole, then cut; windows keep every token
             detailed = True
-            encodings = self._free.encode_batch(batch, is_pretokenized=pretokenized) if batch else []
-            lengths = np.fromiter((len(e) for e in encodings), np.int64, count=len(encodings))
-            untruncated = lengths.copy()
-            too_long = np.flatnonzero(lengths > self.max_length).tolist() if truncate else []
-            lost = np.zeros(len(encodings), dtype=np.int64)
-            if too_long:
-                full_words = {i: word_keys(encodings[i]) for i in too_long}
-                capped = self._capped.encode_batch([batch[i] for i in too_long], is_pretokenized=pretokenized)
-                for i, enc in zip(too_long, capped, strict=True):
-                    encodings[i] = enc
-                    lengths[i] = len(enc)
-                    lost[i] = len(full_words[i] - word_keys(enc))
+            encodings, lengths, untruncated, lost, too_long = self._whole_batch(batch, pretokenized, truncate)
         for i, (enc, n_tokens, n_lost) in bounded.items():
             encodings[i], lengths[i], untruncated[i], lost[i] = enc, len(enc), n_tokens, n_lost
         truncated = np.zeros(len(encodings), dtype=bool)
@@ -271,21 +260,42 @@ class InputEncoder:
         truncated[list(bounded)] = True
         exact = np.ones(len(encodings), dtype=bool)
         exact[list(bounded)] = False
-        empty: dict[int, tuple[int, ...]] = {}
-        if raw.words is not None:
-            # pre-split words: every word after the last one that kept a token is lost, including
-            # words that would have had no token anyway (a trailing " " or "\u200b")
-            for i in np.flatnonzero(truncated).tolist():
-                present = [w for w in encodings[i].word_ids if w is not None]
-                lost[i] = len(raw.words[i]) - (max(present) + 1 if present else 0)
-            for i, enc in enumerate(encodings):
-                found = empty_words(enc, raw.words[i], bool(truncated[i]))
-                if found:
-                    empty[i] = found
-        block = EncodedBlock(raw.texts, raw.text_pairs, raw.words, encodings, lengths, truncated,
-                             untruncated, lost, exact, empty, first, detailed, self)  # fmt: skip
+        empty = {} if raw.words is None else _word_losses(raw.words, encodings, truncated, lost)
+        block = EncodedBlock(
+            raw.texts,
+            raw.text_pairs,
+            raw.words,
+            encodings,
+            lengths,
+            truncated,
+            untruncated,
+            lost,
+            exact,
+            empty,
+            first,
+            detailed,
+            self,
+        )
         self._check_ids(block, raw)
         return block
+
+    def _whole_batch(self, batch: list, pretokenized: bool, truncate: bool) -> tuple:
+        """One batch call tokenising each input whole, then (``truncate``) those past the maximum
+        again with the model's truncation: ``(encodings, lengths, whole lengths, words lost, the
+        inputs cut)``."""
+        encodings = self._free.encode_batch(batch, is_pretokenized=pretokenized) if batch else []
+        lengths = np.fromiter((len(e) for e in encodings), np.int64, count=len(encodings))
+        untruncated = lengths.copy()
+        too_long = np.flatnonzero(lengths > self.max_length).tolist() if truncate else []
+        lost = np.zeros(len(encodings), dtype=np.int64)
+        if too_long:
+            full_words = {i: word_keys(encodings[i]) for i in too_long}
+            capped = self._capped.encode_batch([batch[i] for i in too_long], is_pretokenized=pretokenized)
+            for i, enc in zip(too_long, capped, strict=True):
+                encodings[i] = enc
+                lengths[i] = len(enc)
+                lost[i] = len(full_words[i] - word_keys(enc))
+        return encodings, lengths, untruncated, lost, too_long
 
     def _capped_batch(self, batch: list, pretokenized: bool, detailed: bool) -> tuple:
         """One batch call with the model's truncation: ``(encodings, lengths, lengths before the cut,
@@ -370,3 +380,20 @@ class InputEncoder:
                     return capped, len(free.ids), len(word_keys(free) - word_keys(capped))
             limit *= 4
         return None
+
+
+def _word_losses(
+    words: Sequence[Sequence[str]], encodings: list, truncated: np.ndarray, lost: np.ndarray
+) -> dict[int, tuple[int, ...]]:
+    """Pre-split words' losses: every word after the last one that kept a token is lost (``lost``
+    set for each cut input), including words that would have had no token anyway (a trailing " "
+    or "\u200b"); and each input's words that have no token (its index -> their numbers)."""
+    for i in np.flatnonzero(truncated).tolist():
+        present = [w for w in encodings[i].word_ids if w is not None]
+        lost[i] = len(words[i]) - (max(present) + 1 if present else 0)
+    empty: dict[int, tuple[int, ...]] = {}
+    for i, enc in enumerate(encodings):
+        found = empty_words(enc, words[i], bool(truncated[i]))
+        if found:
+            empty[i] = found
+    return empty

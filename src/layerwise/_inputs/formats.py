@@ -37,9 +37,15 @@ ENCODING_ERRORS: tuple[str, ...] = get_args(EncodingErrors)
 BadRow = Literal["error", "skip"]
 BAD_ROWS: tuple[str, ...] = get_args(BadRow)
 _BY_SUFFIX = {
-    ".txt": "txt", ".text": "txt", ".tsv": "tsv", ".jsonl": "jsonl", ".ndjson": "jsonl", ".csv": "csv",
-    ".parquet": "parquet", ".pq": "parquet",
-}  # fmt: skip
+    ".txt": "txt",
+    ".text": "txt",
+    ".tsv": "tsv",
+    ".jsonl": "jsonl",
+    ".ndjson": "jsonl",
+    ".csv": "csv",
+    ".parquet": "parquet",
+    ".pq": "parquet",
+}
 _REFUSED = {".json": "one JSON document (write one object per line: .jsonl)", ".zip": "an archive"}
 # archives and compressions layerwise does not read: refused, never read as plain text
 _ARCHIVES = {".tar", ".tgz", ".tbz2", ".txz", ".7z", ".rar"}  # .zip: _REFUSED

@@ -23,10 +23,15 @@ def report_blocks(
             "%d of %d inputs were longer than %d tokens and were truncated (first: input %d, %s%d tokens; "
             "%s%d words lost in all); their results have truncated=True. Pass long_texts='window' "
             "to keep every token with sliding windows.",
-            len(hit), n_inputs, max_length, first_block.first + i,
-            "" if first_block.counts_exact[i] else "at least ", int(first_block.n_untruncated[i]),
-            "" if exact else "at least ", sum(int(b.words_lost[i]) for b, i in hit),
-        )  # fmt: skip
+            len(hit),
+            n_inputs,
+            max_length,
+            first_block.first + i,
+            "" if first_block.counts_exact[i] else "at least ",
+            int(first_block.n_untruncated[i]),
+            "" if exact else "at least ",
+            sum(int(b.words_lost[i]) for b, i in hit),
+        )
     empty = [(b, i) for b in blocks for i in sorted(b.words_empty)]
     if empty:
         block, i = empty[0]
@@ -35,6 +40,9 @@ def report_blocks(
         logger.warning(
             "%d words in %d inputs produced no wordpiece (first: input %d, word %d, %r); they keep their "
             "slot with a zero vector and are listed in words_empty",
-            sum(len(b.words_empty[i]) for b, i in empty), len(empty), block.first + i,
-            block.words_empty[i][0], word,
-        )  # fmt: skip
+            sum(len(b.words_empty[i]) for b, i in empty),
+            len(empty),
+            block.first + i,
+            block.words_empty[i][0],
+            word,
+        )

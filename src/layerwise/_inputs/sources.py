@@ -65,8 +65,10 @@ def _without_outputs(found: list[Path], pattern: str) -> list[Path]:
         named = ", ".join(str(p) for p in outputs[:3]) + (" …" if len(outputs) > 3 else "")
         logger.warning(
             "left out %d layerwise output(s) that %r matches: %s; name a file on its own to read it",
-            len(outputs), pattern, named,
-        )  # fmt: skip
+            len(outputs),
+            pattern,
+            named,
+        )
     return [path for path in found if path not in outputs]
 
 

@@ -168,10 +168,12 @@ def _csv_blocks(path, fmt, columns, kinds, delimiter, block, start_row, ragged, 
             ),
             # an empty cell is a missing value (a null); a quoted "" is an empty text
             convert_options=pcsv.ConvertOptions(
-                include_columns=list(dict.fromkeys(columns.values())), column_types=kinds,
-                strings_can_be_null=True, quoted_strings_can_be_null=False,
+                include_columns=list(dict.fromkeys(columns.values())),
+                column_types=kinds,
+                strings_can_be_null=True,
+                quoted_strings_can_be_null=False,
             ),
-        )  # fmt: skip
+        )
         row = 0
         for batch in reader:
             for piece in _pieces(batch):

@@ -31,9 +31,18 @@ class ModelHandle:
     """One model of one encoder: ``current`` is what the packed forward runs on (the light model
     until the transformers model exists, then that), ``transformers()`` builds the latter once."""
 
-    def __init__(self, source: str, name: str, config: Any, dtype: torch.dtype, device: torch.device, *,
-                 light: bool, streaming: bool = False,
-                 placement: Placement | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        source: str,
+        name: str,
+        config: Any,
+        dtype: torch.dtype,
+        device: torch.device,
+        *,
+        light: bool,
+        streaming: bool = False,
+        placement: Placement | None = None,
+    ) -> None:
         self.source, self.name, self.config = source, name, config
         self.dtype, self.device = dtype, device  # a placed model: the device its inputs go to
         self.placement = placement  # accelerate's device map or quantisation (placement.py)

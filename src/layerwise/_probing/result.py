@@ -154,11 +154,21 @@ class ProbeResult:
             x, [100 * r.score for r in layers], "o-", color="#1f77b4", lw=2, label=f"{self.metric} (probe)"
         )
         if any(r.random_model is not None for r in layers):
-            ax.plot(x, [100 * (r.random_model or 0) for r in layers], "s--", color="#7f7f7f",
-                    label="random-model control")  # fmt: skip
+            ax.plot(
+                x,
+                [100 * (r.random_model or 0) for r in layers],
+                "s--",
+                color="#7f7f7f",
+                label="random-model control",
+            )
         if any(r.control_task is not None for r in layers):
-            ax.plot(x, [100 * (r.selectivity or 0) for r in layers], "^:", color="#2ca02c",
-                    label="selectivity (vs control task)")  # fmt: skip
+            ax.plot(
+                x,
+                [100 * (r.selectivity or 0) for r in layers],
+                "^:",
+                color="#2ca02c",
+                label="selectivity (vs control task)",
+            )
         fusions = [r for r in self.rows if r.kind != "layer"]
         if fusions:
             top = max(fusions, key=lambda r: r.score)

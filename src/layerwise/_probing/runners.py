@@ -138,6 +138,22 @@ def _probe_pairs(encoder, firsts, seconds, scores, run: ProbeRun) -> tuple:
     return rows, None, 0, len(gold)
 
 
+def _checked_fusions(fuses: Sequence[str], controls: Sequence[str]) -> tuple[str, ...]:
+    """The fusions a probe runs besides every single layer (a named fusion of the model's own
+    layers each), its ``controls`` checked too."""
+    for control in controls:
+        check_choice("controls item", control, ("random_model", "control_task"))
+    fusions = tuple(fuses)
+    for fuse in fusions:
+        check_fusion(fuse)
+        if fuse in GENERIC_FUSIONS:  # they fuse the layers a caller lists; a probe lists none
+            raise OptionError(
+                f"fuses: {fuse!r} fuses the layers you choose, and a probe chooses none; name a fusion "
+                f"of its own layers: {', '.join(NAMED_FUSIONS)}"
+            )
+    return fusions
+
+
 def probe(
     task: Task,
     *,
@@ -171,23 +187,21 @@ def probe(
     require_sklearn()
     check_choice("task", task, TASKS)
     check_choice("subword", subword, SUBWORD_POOLS)
-    for control in controls:
-        check_choice("controls item", control, ("random_model", "control_task"))
-    fusions = tuple(fuses)
-    for fuse in fusions:
-        check_fusion(fuse)
-        if fuse in GENERIC_FUSIONS:  # they fuse the layers a caller lists; a probe lists none
-            raise OptionError(
-                f"fuses: {fuse!r} fuses the layers you choose, and a probe chooses none; name a fusion "
-                f"of its own layers: {', '.join(NAMED_FUSIONS)}"
-            )
+    fusions = _checked_fusions(fuses, controls)
     started = time.perf_counter()
     if encoder is None:
         from .._encoder import Encoder
 
         encoder = Encoder(model)
-    run = ProbeRun(fusions, tuple(controls), scalar_mix, subword, seed, progress,
-                   budget=memory_budget or available_memory() // 2)  # fmt: skip
+    run = ProbeRun(
+        fusions,
+        tuple(controls),
+        scalar_mix,
+        subword,
+        seed,
+        progress,
+        budget=memory_budget or available_memory() // 2,
+    )
     if task in ("conllu", "conll"):
         column, metric, found = _tagging_task(encoder, task, train, dev, column, max_train, max_dev, run)
     elif task == "tsv":
@@ -219,8 +233,16 @@ def probe(
     )
 
 
-def _tagging_task(encoder, task: str, train, dev, column: str | None, max_train: int | None,
-                  max_dev: int | None, run: ProbeRun) -> tuple[str, str, tuple]:  # fmt: skip
+def _tagging_task(
+    encoder,
+    task: str,
+    train,
+    dev,
+    column: str | None,
+    max_train: int | None,
+    max_dev: int | None,
+    run: ProbeRun,
+) -> tuple[str, str, tuple]:
     """``(label column, metric, found)`` of a CoNLL-U or CoNLL-2003 task: words tagged from
     ``column`` (default upos / ner), scored by accuracy, or entity F1 for CoNLL-2003's NER."""
     if train is None or dev is None:
@@ -236,8 +258,9 @@ def _tagging_task(encoder, task: str, train, dev, column: str | None, max_train:
     return column, metric, probe_tokens(encoder, tr, dv, metric_fn, run)
 
 
-def _sentence_task(encoder, train, dev, columns: tuple[str, str], max_train: int | None,
-                   max_dev: int | None, run: ProbeRun) -> tuple:  # fmt: skip
+def _sentence_task(
+    encoder, train, dev, columns: tuple[str, str], max_train: int | None, max_dev: int | None, run: ProbeRun
+) -> tuple:
     """A TSV sentence-classification task: ``columns`` are (text, label) of the two files."""
     if train is None or dev is None:
         raise OptionError("task 'tsv' needs train= and dev= files with a header row")

@@ -77,8 +77,10 @@ def word_sources(
     extract_to_store(encoder, [" ".join(w) for w in sentences.words], path, plan, progress=progress)
     store = open_store(path)
     if store.n_rows != n_words:
-        raise InputError("the tokenizer splits some words differently when they are joined with spaces; "
-                         "pass a larger memory budget to keep the features in memory")  # fmt: skip
+        raise InputError(
+            "the tokenizer splits some words differently when they are joined with spaces; "
+            "pass a larger memory budget to keep the features in memory"
+        )
     return LayerSource(store=store)
 
 

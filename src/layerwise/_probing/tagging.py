@@ -137,9 +137,12 @@ def _mix_row(
         keep = np.sort(rng.choice(f_train.n_rows, run.budget // per_row, replace=False))
     all_layers = list(range(n_hidden))
     pred, weights = scalar_mix_probe(
-        f_train.layers(all_layers, keep), y_train if keep is None else y_train[keep],
-        f_dev.layers(all_layers), n_classes=n_classes, seed=run.seed,
-    )  # fmt: skip
+        f_train.layers(all_layers, keep),
+        y_train if keep is None else y_train[keep],
+        f_dev.layers(all_layers),
+        n_classes=n_classes,
+        seed=run.seed,
+    )
     value, accuracy = score(pred)
     return ProbeRow("scalar_mix", "scalar_mix", tuple(all_layers), value, accuracy), weights
 
@@ -159,8 +162,9 @@ def _control_task(rows, train, dev, f_train, f_dev, seed: int, stages: Stages) -
             row.control_task = float((predicted == c_dev).mean())
 
 
-def _random_model(rows, encoder, train, dev, y_train, score: Score, run: ProbeRun, folder: Path,
-                  stages: Stages) -> None:  # fmt: skip
+def _random_model(
+    rows, encoder, train, dev, y_train, score: Score, run: ProbeRun, folder: Path, stages: Stages
+) -> None:
     """Each layer row's task metric with a randomly initialised model of the same architecture."""
     twin = random_twin(encoder, run.seed, folder / "random-model")
     stages.step("random model: train features")

@@ -89,8 +89,15 @@ def numbers_keys(cls: type) -> tuple[str, ...]:
     )
 
 
-def setting(default: Any, help: str, *, numbers: bool = False, flags: tuple[str, ...] = (),
-            whole: bool = False, cli: tuple[Any, Any] | None = None) -> Any:  # fmt: skip
+def setting(
+    default: Any,
+    help: str,
+    *,
+    numbers: bool = False,
+    flags: tuple[str, ...] = (),
+    whole: bool = False,
+    cli: tuple[Any, Any] | None = None,
+) -> Any:
     """A field of :class:`Settings`, and everything a front end needs to offer it: ``help`` (the
     command line's help, the option's one line), ``numbers`` (it changes the numbers: the resume
     checks compare it, :data:`NUMBERS`), ``flags`` (the option's spellings, else ``--field-name``),

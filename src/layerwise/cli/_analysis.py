@@ -129,10 +129,17 @@ def analyze(
     enc = Encoder.from_settings(settings)
     chosen = [w.strip() for w in words.split(",") if w.strip()] if words else None
     stacks = enc.extract(texts, long_texts="window", progress=False if quiet else None)
-    report = write_report(stacks, output, model=enc.name, max_length=enc.max_length, words=chosen,
-                          projection=projection, source=str(input),
-                          kind="decoder" if enc.is_decoder else "encoder",
-                          settings=enc.run_settings())  # fmt: skip
+    report = write_report(
+        stacks,
+        output,
+        model=enc.name,
+        max_length=enc.max_length,
+        words=chosen,
+        projection=projection,
+        source=str(input),
+        kind="decoder" if enc.is_decoder else "encoder",
+        settings=enc.run_settings(),
+    )
     err.print(f"report written to {report}", highlight=False)
 
 

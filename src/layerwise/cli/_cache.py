@@ -90,11 +90,16 @@ def cache(
     if classify(output) == "other":
         raise not_a_cache(output)  # before the model loads
     options = CacheOptions(  # one value, whichever back end runs it; --final-norm: none unless asked
-        layers=layers, hooks=tuple(h.strip() for h in hooks.split(",")), context=context, tokens=count,
-        dtype=dtype, shuffle_seed=seed, final_norm=settings.final_norm, overwrite=overwrite,
-    )  # fmt: skip
-    corpus = as_corpus(input, format=format, text_column=text_column,
-                       encoding_errors=encoding_errors)  # fmt: skip
+        layers=layers,
+        hooks=tuple(h.strip() for h in hooks.split(",")),
+        context=context,
+        tokens=count,
+        dtype=dtype,
+        shuffle_seed=seed,
+        final_norm=settings.final_norm,
+        overwrite=overwrite,
+    )
+    corpus = as_corpus(input, format=format, text_column=text_column, encoding_errors=encoding_errors)
     use_available_cores()
     err.print(f"loading {settings.model or 'the default model'} …", highlight=False)
     if ray.mode is not None:

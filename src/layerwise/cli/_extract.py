@@ -77,8 +77,15 @@ def extract(
     to_store = _is_store_output(output)
     on_ray = ray.mode is not None
     backend = "--ray" if on_ray else ("a store (-o *.lw)" if to_store else f"a {output.suffix} file")
-    _refuse_unused(backend, to_store=to_store, on_ray=on_ray, no_text=no_text, overwrite=overwrite,
-                   layout=layout.given(), ray_only=ray.given())  # fmt: skip
+    _refuse_unused(
+        backend,
+        to_store=to_store,
+        on_ray=on_ray,
+        no_text=no_text,
+        overwrite=overwrite,
+        layout=layout.given(),
+        ray_only=ray.given(),
+    )
     plan = plan_options.plan("float16" if to_store else "float32")
     corpus = _checked_corpus(columns.corpus(inputs), output, plan, to_store)
     if ray.mode is not None:
@@ -95,15 +102,24 @@ def extract(
     if to_store:
         from ..store import extract_to_store
 
-        stored = extract_to_store(enc, corpus, output, plan, layout=layout.layout(), overwrite=overwrite,
-                                  source=corpus.describe(), progress=progress)  # fmt: skip
+        stored = extract_to_store(
+            enc,
+            corpus,
+            output,
+            plan,
+            layout=layout.layout(),
+            overwrite=overwrite,
+            source=corpus.describe(),
+            progress=progress,
+        )
         if not quiet:
             _report_store(stored, enc.name, corpus.scan().n_skipped)
         return
     from .._files.writers import extract_to_file
 
-    summary = extract_to_file(enc, corpus, output, plan, source=corpus.describe(), progress=progress,
-                              keep_text=not no_text)  # fmt: skip
+    summary = extract_to_file(
+        enc, corpus, output, plan, source=corpus.describe(), progress=progress, keep_text=not no_text
+    )
     if not quiet:
         _report_file(
             summary, plan.hidden_states(enc.n_hidden_states), enc.name, enc.max_length, output, started
@@ -182,9 +198,16 @@ def _extract_on_ray(
     workers, threads = ray.sizes()
     lw_ray.init(mode, workers=workers, threads_per_worker=threads)
     summary = lw_ray.extract_to_store(
-        settings, data, output, plan, layout=layout, workers=workers, threads_per_worker=threads,
-        shard_size=ray.shard_size, overwrite=overwrite,
-    )  # fmt: skip
+        settings,
+        data,
+        output,
+        plan,
+        layout=layout,
+        workers=workers,
+        threads_per_worker=threads,
+        shard_size=ray.shard_size,
+        overwrite=overwrite,
+    )
     if not quiet:
         resumed = f" ({summary.n_shards_skipped} already complete)" if summary.n_shards_skipped else ""
         err.print(

@@ -14,8 +14,9 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from .._features.names import FUSE_HELP, POOL_HELP, LongTexts, OutputDtype, SpecialTokens
+from .._features.names import FUSE_HELP, POOL_HELP, OutputDtype, SpecialTokens
 from .._inputs.formats import BadRow, EncodingErrors, Format
+from .._settings.long_texts import LongTexts
 from ._options import EncodingErrorsOption, LayersOption, group_option, group_parameter, option_group
 
 if TYPE_CHECKING:
@@ -76,21 +77,44 @@ def plan_options(*, pool: str, dtype_default: str, windows: bool) -> Callable[[C
     parameters = [
         group_parameter("layers", "all", LayersOption),
         option("pool", pool, str, "--pool", "-p", help=POOL_HELP),
-        option("fuse", None, str | None, "--fuse",
-               help=f"Fuse layers (word/sentence pooling): {FUSE_HELP} (--layers)"),
-        option("special_tokens", "include", SpecialTokens,
-               help="Sentence pooling over [CLS]/[SEP] too (include) or not"),
-        option("normalize", False, bool, "--normalize",
-               help="L2-normalise sentence vectors (as sentence-transformers' Normalize)"),
-        option("dtype", None, OutputDtype | None, "--dtype",
-               help=f"Dtype of the written vectors [default: {dtype_default}]"),
-    ]  # fmt: skip
+        option(
+            "fuse",
+            None,
+            str | None,
+            "--fuse",
+            help=f"Fuse layers (word/sentence pooling): {FUSE_HELP} (--layers)",
+        ),
+        option(
+            "special_tokens",
+            "include",
+            SpecialTokens,
+            help="Sentence pooling over [CLS]/[SEP] too (include) or not",
+        ),
+        option(
+            "normalize",
+            False,
+            bool,
+            "--normalize",
+            help="L2-normalise sentence vectors (as sentence-transformers' Normalize)",
+        ),
+        option(
+            "dtype",
+            None,
+            OutputDtype | None,
+            "--dtype",
+            help=f"Dtype of the written vectors [default: {dtype_default}]",
+        ),
+    ]
     if windows:
         parameters += [
-            option("long_texts", "truncate", LongTexts,
-                   help="Inputs over the model maximum: truncate, or sliding windows"),
+            option(
+                "long_texts",
+                "truncate",
+                LongTexts,
+                help="Inputs over the model maximum: truncate, or sliding windows",
+            ),
             _optional_int("stride", "Window step in tokens [default: half a window]", PLAN_PANEL),
-        ]  # fmt: skip
+        ]
     return option_group(("plan_options",), parameters, lambda **given: {"plan_options": PlanOptions(**given)})
 
 
@@ -110,9 +134,17 @@ class CorpusColumns:
     def corpus(self, inputs: list[str]) -> Corpus:
         from .._inputs.corpus import Corpus
 
-        return Corpus(inputs, format=self.format, text_column=self.text_column, pair_column=self.pair_column,
-                      id_column=self.id_column, words_column=self.words_column, limit=self.limit,
-                      on_bad_row=self.on_bad_row, encoding_errors=self.encoding_errors)  # fmt: skip
+        return Corpus(
+            inputs,
+            format=self.format,
+            text_column=self.text_column,
+            pair_column=self.pair_column,
+            id_column=self.id_column,
+            words_column=self.words_column,
+            limit=self.limit,
+            on_bad_row=self.on_bad_row,
+            encoding_errors=self.encoding_errors,
+        )
 
 
 def corpus_options() -> Callable[[Callable], Callable]:
@@ -124,16 +156,27 @@ def corpus_options() -> Callable[[Callable], Callable]:
 
     parameters = [
         group_parameter("encoding_errors", "strict", EncodingErrorsOption),
-        group_option("format", None, Format | None, "--format", panel=INPUT_PANEL,
-                     help="Input format [default: from the suffix]"),
+        group_option(
+            "format",
+            None,
+            Format | None,
+            "--format",
+            panel=INPUT_PANEL,
+            help="Input format [default: from the suffix]",
+        ),
         column("text_column", "Column (field) holding the text"),
         column("pair_column", "Column holding a second segment: a pair"),
         column("id_column", "Column holding each row's id [default: the 0-based row]"),
         column("words_column", "List column of pre-split words (instead of a text)"),
         _optional_int("limit", "Only the first N texts: try before you run", INPUT_PANEL),
-        group_option("on_bad_row", "error", BadRow, panel=INPUT_PANEL,
-                     help="A null or non-text row: stop before writing (error), or skip and count it"),
-    ]  # fmt: skip
+        group_option(
+            "on_bad_row",
+            "error",
+            BadRow,
+            panel=INPUT_PANEL,
+            help="A null or non-text row: stop before writing (error), or skip and count it",
+        ),
+    ]
 
     return option_group(("columns",), parameters, lambda **given: {"columns": CorpusColumns(**given)})
 
@@ -157,8 +200,9 @@ class LayoutOptions:
     def layout(self) -> StoreLayout:
         from ..store._format import BLOCK_SIZE, CHUNK_ROWS, SHARD_CHUNKS, StoreLayout
 
-        return StoreLayout(self.block_size or BLOCK_SIZE, self.chunk_rows or CHUNK_ROWS,
-                           self.shard_chunks or SHARD_CHUNKS)  # fmt: skip
+        return StoreLayout(
+            self.block_size or BLOCK_SIZE, self.chunk_rows or CHUNK_ROWS, self.shard_chunks or SHARD_CHUNKS
+        )
 
 
 def layout_options() -> Callable[[Callable], Callable]:
@@ -199,23 +243,36 @@ class RayOptions:
 
     def given(self) -> dict[str, int | None]:
         """The options that only Ray honours, by flag: a run in this process refuses them when set."""
-        return {"--workers": self.workers, "--threads-per-worker": self.threads_per_worker,
-                "--shard-size": self.shard_size}  # fmt: skip
+        return {
+            "--workers": self.workers,
+            "--threads-per-worker": self.threads_per_worker,
+            "--shard-size": self.shard_size,
+        }
 
 
 def ray_options(*, shard_size: bool = True) -> Callable[[Callable], Callable]:
     """--ray, --workers, --threads-per-worker and (``shard_size``: a sharded store's) --shard-size:
     the command takes them as ``ray: RayOptions``."""
     parameters = [
-        group_option("ray", None, str | None, "--ray", panel=RAY_PANEL,
-                     help="Run on Ray: local (start one here) or auto (join a cluster)"),
+        group_option(
+            "ray",
+            None,
+            str | None,
+            "--ray",
+            panel=RAY_PANEL,
+            help="Run on Ray: local (start one here) or auto (join a cluster)",
+        ),
         _optional_int("workers", "Ray actors, each with its model [default: 2]", RAY_PANEL),
         _optional_int("threads_per_worker", "torch threads (CPUs) per actor [default: 1]", RAY_PANEL),
-    ]  # fmt: skip
+    ]
     if shard_size:
-        parameters.append(_optional_int(
-            "shard_size", "Texts per shard [default: ~32 shards of 1024..4096, one per worker at least]",
-            RAY_PANEL))  # fmt: skip
+        parameters.append(
+            _optional_int(
+                "shard_size",
+                "Texts per shard [default: ~32 shards of 1024..4096, one per worker at least]",
+                RAY_PANEL,
+            )
+        )
 
     def build(*, ray: str | None, **given: Any) -> dict[str, Any]:
         return {"ray": RayOptions(ray, **given)}

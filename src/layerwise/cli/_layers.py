@@ -71,8 +71,9 @@ def layers(
     err.print(f"loading {settings.model or 'the default model'} …", highlight=False)
     enc = Encoder.from_settings(settings)
     names = "all" if views >= 2 else "one-pass"
-    metrics = layer_metrics(enc, texts, metrics=names, views=max(views, 2), seed=seed,
-                            progress=False if quiet else None)  # fmt: skip
+    metrics = layer_metrics(
+        enc, texts, metrics=names, views=max(views, 2), seed=seed, progress=False if quiet else None
+    )
     choice = recommend(metrics, kind="decoder" if enc.is_decoder else "encoder", use=use)
     _print_table(metrics, choice.layer)
     typer.echo(str(choice))
@@ -81,8 +82,14 @@ def layers(
         typer.echo(choice.candidates_text())
     if json_path is not None:
         # how the table was made, as every layerwise output says
-        made = {"layerwise": __version__, "settings": enc.run_settings(), "source": input, "views": views,
-                "seed": seed, "pool": pool}  # fmt: skip
+        made = {
+            "layerwise": __version__,
+            "settings": enc.run_settings(),
+            "source": input,
+            "views": views,
+            "seed": seed,
+            "pool": pool,
+        }
         table = {**metrics.as_dict(), "model": enc.name, "made": made, "recommendation": choice.as_dict()}
         try:  # atomically: a failed write leaves no half-written file
             tmp = json_path.with_name(f".{json_path.name}.partial")
@@ -94,8 +101,9 @@ def layers(
             raise fail(failed) from None
 
 
-def _first_texts(source: str, format: Format | None, text_column: str | None, limit: int,
-                 encoding_errors: EncodingErrors) -> list[str]:  # fmt: skip
+def _first_texts(
+    source: str, format: Format | None, text_column: str | None, limit: int, encoding_errors: EncodingErrors
+) -> list[str]:
     """The first ``limit`` non-empty texts of a corpus; pairs are refused (their second segment
     would be dropped)."""
     from .._inputs.corpus import Corpus

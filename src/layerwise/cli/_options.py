@@ -39,9 +39,13 @@ _KEYWORD = inspect.Parameter.KEYWORD_ONLY
 
 _MANY_MODELS = Annotated[
     list[str] | None,
-    typer.Option("--model", "-m", help="A model (repeat for several) [default: packaged all-MiniLM-L6-v2]",
-                 rich_help_panel=_MODEL),
-]  # fmt: skip
+    typer.Option(
+        "--model",
+        "-m",
+        help="A model (repeat for several) [default: packaged all-MiniLM-L6-v2]",
+        rich_help_panel=_MODEL,
+    ),
+]
 
 
 def group_parameter(name: str, default: object, annotation: object) -> inspect.Parameter:
@@ -112,8 +116,11 @@ def option_group(
         own = inspect.signature(command)
         # Typer needs the kept options' types; the provided values' are not evaluated, so a command may
         # name one that is imported for the type checker alone (a ServeSettings, whose module needs FastAPI)
-        kept = [_evaluated(p, command).replace(kind=_KEYWORD) for p in own.parameters.values()
-                if p.name not in provides]  # fmt: skip
+        kept = [
+            _evaluated(p, command).replace(kind=_KEYWORD)
+            for p in own.parameters.values()
+            if p.name not in provides
+        ]
         clash = {p.name for p in kept} & set(names)
         assert not clash, f"{command.__name__} declares a group's options itself: {clash}"
         every = [*kept, *parameters]

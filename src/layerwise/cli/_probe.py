@@ -61,12 +61,33 @@ def _word_task(task: str, doc: str, train_help: str, dev_help: str, column_help:
     """Register ``probe TASK`` for word-level tags read from files (conllu, conll): one command body,
     with the task's own help and default column."""
 
-    def command(train, dev, column=column, max_train=None, max_dev=None, subword="first",
-                controls="random_model,control_task", seed=0, settings=MODEL_SETTINGS, json_path=None,
-                plot_path=None) -> None:  # fmt: skip
-        _run_probe(task, json_path, plot_path, settings, train=train, dev=dev, column=column,
-                   max_train=max_train, max_dev=max_dev, subword=subword, controls=_controls(controls),
-                   seed=seed)  # fmt: skip
+    def command(
+        train,
+        dev,
+        column=column,
+        max_train=None,
+        max_dev=None,
+        subword="first",
+        controls="random_model,control_task",
+        seed=0,
+        settings=MODEL_SETTINGS,
+        json_path=None,
+        plot_path=None,
+    ) -> None:
+        _run_probe(
+            task,
+            json_path,
+            plot_path,
+            settings,
+            train=train,
+            dev=dev,
+            column=column,
+            max_train=max_train,
+            max_dev=max_dev,
+            subword=subword,
+            controls=_controls(controls),
+            seed=seed,
+        )
 
     command.__annotations__ = {
         "train": Annotated[Path, typer.Option(help=train_help)],
@@ -74,24 +95,35 @@ def _word_task(task: str, doc: str, train_help: str, dev_help: str, column_help:
         "column": Annotated[str, typer.Option(help=column_help)],
         "max_train": Annotated[int | None, typer.Option(min=1, help="Use the first N training sentences")],
         "max_dev": Annotated[int | None, typer.Option(min=1, help="Use the first N dev sentences")],
-        "subword": SubwordOption, "controls": ControlsOption, "seed": SeedOption,
+        "subword": SubwordOption,
+        "controls": ControlsOption,
+        "seed": SeedOption,
         "settings": Settings,  # the model options (@model_options)
-        "json_path": JsonOption, "plot_path": PlotOption, "return": None,
-    }  # fmt: skip
+        "json_path": JsonOption,
+        "plot_path": PlotOption,
+        "return": None,
+    }
     command.__name__ = command.__qualname__ = f"probe_{task}"
     command.__doc__ = doc
     probe_app.command(task)(model_options()(command))
 
 
 _word_task(
-    "conllu", "Word-level tags from CoNLL-U (Universal Dependencies): accuracy per layer and fusion.",
-    "Training CoNLL-U file", "Dev CoNLL-U file", "upos | xpos | deprel | feats | lemma", "upos",
-)  # fmt: skip
+    "conllu",
+    "Word-level tags from CoNLL-U (Universal Dependencies): accuracy per layer and fusion.",
+    "Training CoNLL-U file",
+    "Dev CoNLL-U file",
+    "upos | xpos | deprel | feats | lemma",
+    "upos",
+)
 _word_task(
-    "conll", "CoNLL-2003 columns; NER is scored by entity-level F1 with BIO decoding (conlleval rules).",
-    "CoNLL-2003 style training file (word POS chunk NER)", "Dev file, e.g. eng.testa",
-    "ner (entity F1) | pos | chunk", "ner",
-)  # fmt: skip
+    "conll",
+    "CoNLL-2003 columns; NER is scored by entity-level F1 with BIO decoding (conlleval rules).",
+    "CoNLL-2003 style training file (word POS chunk NER)",
+    "Dev file, e.g. eng.testa",
+    "ner (entity F1) | pos | chunk",
+    "ner",
+)
 
 
 @probe_app.command("tsv")
@@ -109,9 +141,19 @@ def probe_tsv(
     plot_path: PlotOption = None,
 ) -> None:
     """Sentence classification from mean-pooled layers: accuracy per layer and fusion."""
-    _run_probe("tsv", json_path, plot_path, settings, train=train, dev=dev, text_column=text_column,
-               label_column=label_column, max_train=max_train, controls=_controls(controls),
-               seed=seed)  # fmt: skip
+    _run_probe(
+        "tsv",
+        json_path,
+        plot_path,
+        settings,
+        train=train,
+        dev=dev,
+        text_column=text_column,
+        label_column=label_column,
+        max_train=max_train,
+        controls=_controls(controls),
+        seed=seed,
+    )
 
 
 @probe_app.command("pairs")
@@ -127,6 +169,15 @@ def probe_pairs(
     plot_path: PlotOption = None,
 ) -> None:
     """Sentence-pair similarity: Spearman of cosine(mean-pooled layer) with the gold scores."""
-    _run_probe("pairs", json_path, plot_path, settings, data=data, first_column=first_column,
-               second_column=second_column, score_column=score_column, controls=_controls(controls),
-               scalar_mix=False)  # fmt: skip
+    _run_probe(
+        "pairs",
+        json_path,
+        plot_path,
+        settings,
+        data=data,
+        first_column=first_column,
+        second_column=second_column,
+        score_column=score_column,
+        controls=_controls(controls),
+        scalar_mix=False,
+    )

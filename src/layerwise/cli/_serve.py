@@ -3,23 +3,19 @@
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import ipaddress
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any
 
 import typer
 
-from .._features.names import LongTexts
+from .._settings.serve import ServeSettings, serve_options
 from .._settings.settings import Settings
 from ..errors import MissingDependencyError, OptionError
 from ._options import MODEL_SETTINGS, group_option, model_options, option_group
 from ._shared import app, err, setup_logging, use_available_cores
-
-if TYPE_CHECKING:
-    from ..serve import ServeSettings
 
 # The Encoders of this process serve tokenisation, metadata and the explorer; the batcher's runs go
 # to the model process (serve/model_process.py) on a CPU, or to one stream of their own on a GPU.
@@ -54,52 +50,20 @@ StoreOption = Annotated[
 
 
 LIMITS_PANEL = "Server limits"
-# a request's body and a response are held in memory whole, the queue's vectors too: past these a
-# limit is no limit (and inf or 1e400 cannot become a byte count)
-MAX_MB = {"body": 1024.0, "response": 16384.0, "queue": 65536.0}
 
 
 def server_options() -> Callable[[Callable], Callable]:
     """The server's own options (its API key, size limits, queue, timeouts and its long-text
-    default): the command takes them as ``served: ServeSettings``, checked as it checks them."""
-
-    def option(name: str, default: object, kind: object, **typer_options: Any) -> inspect.Parameter:
-        return group_option(name, default, kind, panel=LIMITS_PANEL, **typer_options)
-
+    default), one per ServeSettings field made with ``limit`` (_settings/serve.py): the command
+    takes them as ``served: ServeSettings``, checked as it checks them."""
+    options = serve_options()
     parameters = [
-        option("api_key_file", None, Path | None,
-               help="File whose first line is the API key [default: $LAYERWISE_API_KEY]"),
-        option("max_batch_tokens", 16_384, int, min=1, help="Tokens gathered for one model run"),
-        option("max_wait_ms", 2.0, float, min=0, max=1000, help="Longest wait for a run to fill (ms)"),
-        option("max_inputs", 2048, int, min=1, help="Inputs per request (else 413)"),
-        option("max_request_tokens", 131_072, int, min=1, help="Tokens per request (else 413)"),
-        option("max_queue_tokens", 1_048_576, int, min=1, help="Tokens waiting (else 429)"),
-        option("max_body_mb", 8.0, float, min=0.001, max=MAX_MB["body"],
-               help="Request body size (else 413)"),
-        option("max_response_mb", 64.0, float, min=0.001, max=MAX_MB["response"],
-               help="Vectors in one response (else 413; npz or a store for more)"),
-        option("max_queue_mb", 512.0, float, min=0.001, max=MAX_MB["queue"],
-               help="Vectors of the requests queued and running (else 429)"),
-        option("max_explore_tokens", 2048, int, min=1, help="Tokens of an explorer text (else 413)"),
-        option("header_timeout", 10.0, float, min=0.001, max=3600,
-               help="Seconds for a request's headers to arrive (else 408)"),
-        option("body_timeout", 60.0, float, min=0.001, max=3600,
-               help="Seconds for a request's body to arrive (else 408)"),
-        option("long_texts", "truncate", LongTexts,
-               help="Inputs over the model maximum, where a request does not say: truncate, or "
-               "sliding windows"),
-        option("stride", None, int | None, min=1, help="Window step in tokens [default: half a window]"),
-    ]  # fmt: skip
+        group_option(o.name, o.default, o.kind, panel=LIMITS_PANEL, help=o.help, **o.bounds) for o in options
+    ]
 
-    def build(*, api_key_file: Path | None, max_body_mb: float, max_response_mb: float, max_queue_mb: float,
-              header_timeout: float, body_timeout: float, **limits: Any) -> dict[str, Any]:  # fmt: skip
+    def build(**values: Any) -> dict[str, Any]:
         _require_uvicorn("serve")
-        from ..serve import ServeSettings, read_api_key
-
-        served = ServeSettings(api_key=read_api_key(api_key_file), max_body_bytes=int(max_body_mb * 2**20),
-                               max_response_bytes=int(max_response_mb * 2**20),
-                               max_queue_bytes=int(max_queue_mb * 2**20), header_timeout_s=header_timeout,
-                               body_timeout_s=body_timeout, **limits)  # fmt: skip
+        served = ServeSettings(**{o.field: o.to_value(values[o.name]) for o in options})
         return {"served": served}
 
     return option_group(("served",), parameters, build)

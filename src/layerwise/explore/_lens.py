@@ -77,8 +77,14 @@ class MaskedLMHead:
             special_tokens_in_text=True,
             vocab_size=encoder.inputs.vocab_size,
         )
-        return cls(head, tokenizer.mask_token, [str(t) for t in vocabulary], encoder.device, inputs,
-                   shown_by=token_display(tokenizer))  # fmt: skip
+        return cls(
+            head,
+            tokenizer.mask_token,
+            [str(t) for t in vocabulary],
+            encoder.device,
+            inputs,
+            shown_by=token_display(tokenizer),
+        )
 
     def logits(self, hidden: np.ndarray, layers: tuple[int, ...] = ()) -> np.ndarray:
         """``(n, hidden_size)`` -> ``(n, vocab_size)`` float32 (``layers``: unused here)."""
@@ -129,8 +135,15 @@ class CausalLMHead:
             return torch.tanh(logits / cap) * cap if cap else logits
 
         vocabulary = encoder.tokenizer.convert_ids_to_tokens(list(range(config.vocab_size)))
-        return cls(norm, head, [str(t) for t in vocabulary], encoder.device, None, encoder.inputs,
-                   shown_by=token_display(encoder.tokenizer))  # fmt: skip
+        return cls(
+            norm,
+            head,
+            [str(t) for t in vocabulary],
+            encoder.device,
+            None,
+            encoder.inputs,
+            shown_by=token_display(encoder.tokenizer),
+        )
 
     def logits(self, hidden: np.ndarray, layers: tuple[int, ...] = ()) -> np.ndarray:
         """``(n, hidden_size)`` raw residual stream at hidden states ``layers`` -> ``(n, vocab_size)``
@@ -205,8 +218,13 @@ def logit_lens(
             per_layer.append([(shown(head.vocabulary[i]), float(row[i])) for i in top])
             pieces.append([head.vocabulary[i] for i in top])
         masks.append({"position": position, "predictions": per_layer, "pieces": pieces})
-    return {"kind": kind, "tokens": [shown(t) for t in stack.tokens], "pieces": list(stack.tokens),
-            "layers": list(stack.layers), "masks": masks}  # fmt: skip
+    return {
+        "kind": kind,
+        "tokens": [shown(t) for t in stack.tokens],
+        "pieces": list(stack.tokens),
+        "layers": list(stack.layers),
+        "masks": masks,
+    }
 
 
 def _extract_with_masks(encoder: Encoder, head: MaskedLMHead | CausalLMHead, text: str) -> LayerStack:

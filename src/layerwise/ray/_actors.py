@@ -48,16 +48,27 @@ class ShardWriter(ModelActor):
     """Writes whole shards (one row of the shard dataset each) with the ordinary store writer."""
 
     def __init__(
-        self, settings: Settings, threads: int, plan: OutputPlan, path: str, table: dict, layout: StoreLayout,
+        self,
+        settings: Settings,
+        threads: int,
+        plan: OutputPlan,
+        path: str,
+        table: dict,
+        layout: StoreLayout,
         corpus: Any = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         super().__init__(settings, threads)
         self.plan, self.path, self.table, self.layout, self.corpus = plan, Path(path), table, layout, corpus
 
     def __call__(self, batch: dict) -> dict:
         out: dict[str, list] = {
-            "shard": [], "n_texts": [], "n_written": [], "n_rows": [], "seconds": [], "n_truncated": [],
-        }  # fmt: skip
+            "shard": [],
+            "n_texts": [],
+            "n_written": [],
+            "n_rows": [],
+            "seconds": [],
+            "n_truncated": [],
+        }
         for row, k in enumerate(batch["shard"]):
             if self.corpus is not None:  # a file corpus: this actor reads its shard's rows itself
                 shard = self.table["shards"][int(k)]
@@ -81,5 +92,14 @@ class ShardWriter(ModelActor):
     ):
         from ..store._shard_writer import write_shard
 
-        return write_shard(self.encoder, self.path, self.table, index, texts, text_pairs, self.plan, ids=ids,
-                           layout=self.layout)  # fmt: skip
+        return write_shard(
+            self.encoder,
+            self.path,
+            self.table,
+            index,
+            texts,
+            text_pairs,
+            self.plan,
+            ids=ids,
+            layout=self.layout,
+        )

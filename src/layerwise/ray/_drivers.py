@@ -180,12 +180,23 @@ def extract_to_store(
     settings, plan, name, n_hidden = _checked(settings, plan)
     path = Path(path)
     table = begin_sharded_store(
-        path, model=name, plan=plan, n_hidden_states=n_hidden, texts=corpus or texts, text_pairs=None,
-        shard_size=shard_size, auto_shard_size=auto_shard_size(n_texts, workers), settings=settings,
-        layout=dataclasses.asdict(layout), overwrite=overwrite,
-        run={"workers": workers, "threads_per_worker": threads_per_worker,
-             "source": corpus.describe() if corpus is not None else "memory"},
-    )  # fmt: skip
+        path,
+        model=name,
+        plan=plan,
+        n_hidden_states=n_hidden,
+        texts=corpus or texts,
+        text_pairs=None,
+        shard_size=shard_size,
+        auto_shard_size=auto_shard_size(n_texts, workers),
+        settings=settings,
+        layout=dataclasses.asdict(layout),
+        overwrite=overwrite,
+        run={
+            "workers": workers,
+            "threads_per_worker": threads_per_worker,
+            "source": corpus.describe() if corpus is not None else "memory",
+        },
+    )
     ranges = [(shard["start"], shard["stop"]) for shard in table["shards"]]
     plan_seconds = time.perf_counter() - started
 
@@ -202,22 +213,40 @@ def extract_to_store(
     constructor = (settings, threads_per_worker, plan, str(path), table, layout, corpus)
     gpus = 1 if settings.device.startswith("cuda") else 0  # one GPU per actor
     written = _write_shards(ray, writer, rows, constructor, workers, threads_per_worker, gpus) if rows else []
+    return _summary(path, written, n_texts, len(ranges), len(ranges) - len(rows), started, plan_seconds)
+
+
+def _summary(
+    path: Path,
+    written: list[dict],
+    n_texts: int,
+    n_shards: int,
+    n_skipped: int,
+    started: float,
+    plan_seconds: float,
+) -> ShardedSummary:
+    """The run's summary, once every shard is complete (a shard left pending is an error naming the
+    fix); the texts truncated in every shard said once, as one process says them (store/_writer.py)."""
+    from ..store._sharded import shard_progress
+
     progress = shard_progress(path)  # not ShardedStore(path): that reads every manifest
     if progress.pending:
         raise RuntimeError(f"{path}: {progress.n_texts} of {n_texts} texts after the run; rerun to finish")
     truncated = sum(int(r.get("n_truncated", 0)) for r in written)
-    if truncated:  # what one process says (store/writer.py), with the whole run's numbers
+    n_written = sum(int(r["n_written"]) for r in written)
+    if truncated:
         logger.warning(
             "%d of %d texts were longer than the model's max length and were truncated; the manifest's "
             "'truncated' column marks them. Pass long_texts='window' to keep every token.",
-            truncated, sum(int(r["n_written"]) for r in written),
-        )  # fmt: skip
+            truncated,
+            n_written,
+        )
     return ShardedSummary(
         path=path,
         n_texts=n_texts,
-        n_shards=len(ranges),
-        n_shards_skipped=len(ranges) - len(rows),
-        n_written=sum(int(r["n_written"]) for r in written),
+        n_shards=n_shards,
+        n_shards_skipped=n_skipped,
+        n_written=n_written,
         n_rows=progress.n_rows,
         seconds=time.perf_counter() - started,
         plan_seconds=plan_seconds,
@@ -243,8 +272,15 @@ def _read_for_planning(
     return data, [], data.scan(ranges=sizes).n_texts
 
 
-def _write_shards(ray: Any, writer: type, rows: list[dict], constructor: tuple, workers: int,
-                  threads_per_worker: int, gpus: int) -> list[dict]:  # fmt: skip
+def _write_shards(
+    ray: Any,
+    writer: type,
+    rows: list[dict],
+    constructor: tuple,
+    workers: int,
+    threads_per_worker: int,
+    gpus: int,
+) -> list[dict]:
     """Each row's shard written by one of ``workers`` actors of ``writer(*constructor)``, each with
     ``threads_per_worker`` CPUs and ``gpus`` GPUs; their small result rows back."""
     context = ray.data.DataContext.get_current()

@@ -89,8 +89,14 @@ def build_examples(encoded: list[list[list[int]]], max_tokens: int, rng: random.
     return examples
 
 
-def mask_tokens(ids: torch.Tensor, special: torch.Tensor, mask_id: int, vocab_size: int, n_special: int,
-                generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+def mask_tokens(
+    ids: torch.Tensor,
+    special: torch.Tensor,
+    mask_id: int,
+    vocab_size: int,
+    n_special: int,
+    generator: torch.Generator,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """BERT's masking: 15 % of real tokens chosen; 80 % -> [MASK], 10 % -> random, 10 % kept.
     Returns (masked ids, chosen positions)."""
     candidates = ~special

@@ -80,16 +80,19 @@ class BertForPreTraining(nn.Module):
         """Parameters under Hugging Face BertForPreTraining names (decoder weight tied, not saved)."""
         state = {f"bert.{k}": v for k, v in reference_to_hf(self.bert.state_dict()).items()}
         heads = self.heads
-        state.update({
-            "bert.pooler.dense.weight": heads.pooler.weight, "bert.pooler.dense.bias": heads.pooler.bias,
-            "cls.predictions.transform.dense.weight": heads.transform.weight,
-            "cls.predictions.transform.dense.bias": heads.transform.bias,
-            "cls.predictions.transform.LayerNorm.weight": heads.transform_norm.weight,
-            "cls.predictions.transform.LayerNorm.bias": heads.transform_norm.bias,
-            "cls.predictions.bias": heads.decoder_bias,
-            "cls.seq_relationship.weight": heads.next_sentence.weight,
-            "cls.seq_relationship.bias": heads.next_sentence.bias,
-        })  # fmt: skip
+        state.update(
+            {
+                "bert.pooler.dense.weight": heads.pooler.weight,
+                "bert.pooler.dense.bias": heads.pooler.bias,
+                "cls.predictions.transform.dense.weight": heads.transform.weight,
+                "cls.predictions.transform.dense.bias": heads.transform.bias,
+                "cls.predictions.transform.LayerNorm.weight": heads.transform_norm.weight,
+                "cls.predictions.transform.LayerNorm.bias": heads.transform_norm.bias,
+                "cls.predictions.bias": heads.decoder_bias,
+                "cls.seq_relationship.weight": heads.next_sentence.weight,
+                "cls.seq_relationship.bias": heads.next_sentence.bias,
+            }
+        )
         return {k: v.detach().contiguous().clone() for k, v in state.items()}
 
 
@@ -140,8 +143,13 @@ def evaluate(
     }
 
 
-def pretrain(corpus: str | Path, output: str | Path, settings: PretrainSettings | None = None, *,
-             progress: bool | None = None) -> dict:  # fmt: skip
+def pretrain(
+    corpus: str | Path,
+    output: str | Path,
+    settings: PretrainSettings | None = None,
+    *,
+    progress: bool | None = None,
+) -> dict:
     """Train a WordPiece vocabulary and a BERT with MLM + NSP on ``corpus``; save to ``output``.
     Returns the training log (final held-out metrics included)."""
     settings = settings or PretrainSettings()
@@ -167,10 +175,14 @@ def pretrain(corpus: str | Path, output: str | Path, settings: PretrainSettings 
     )
     # the model, trained, then scored on the held-out examples
     config = BertConfig(
-        vocab_size=len(vocab), hidden_size=settings.hidden, num_hidden_layers=settings.layers,
-        num_attention_heads=settings.heads, intermediate_size=settings.intermediate or 4 * settings.hidden,
-        max_position_embeddings=max(settings.max_length, 128), pad_token_id=ids_of["pad"],
-    )  # fmt: skip
+        vocab_size=len(vocab),
+        hidden_size=settings.hidden,
+        num_hidden_layers=settings.layers,
+        num_attention_heads=settings.heads,
+        intermediate_size=settings.intermediate or 4 * settings.hidden,
+        max_position_embeddings=max(settings.max_length, 128),
+        pad_token_id=ids_of["pad"],
+    )
     settings.vocab_size = len(vocab)
     model = BertForPreTraining(config)
     log = _train(model, train_examples, ids_of, settings, rng, progress)
@@ -204,8 +216,14 @@ def _check(settings: PretrainSettings, output: Path) -> None:
         raise OptionError(f"output folder {str(output)!r} is not empty; choose a new folder")
 
 
-def _train(model: BertForPreTraining, examples: list, ids_of: dict[str, int], settings: PretrainSettings,
-           rng: random.Random, progress: bool | None) -> list[dict]:  # fmt: skip
+def _train(
+    model: BertForPreTraining,
+    examples: list,
+    ids_of: dict[str, int],
+    settings: PretrainSettings,
+    rng: random.Random,
+    progress: bool | None,
+) -> list[dict]:
     """``settings.steps`` steps of AdamW (linear warm-up, then linear decay) on MLM + NSP, batches
     drawn from ``examples`` in epochs of a new order; returns the log, one entry per 50 steps."""
     model.train()
@@ -250,8 +268,11 @@ def _train(model: BertForPreTraining, examples: list, ids_of: dict[str, int], se
                 )
                 window = _Window()
                 if bar is not None:
-                    bar.update(task, info=f"loss {entry['loss']:.2f} · MLM {entry['mlm_accuracy']:.1%} "
-                                          f"· NSP {entry['nsp_accuracy']:.1%}")  # fmt: skip
+                    bar.update(
+                        task,
+                        info=f"loss {entry['loss']:.2f} · MLM {entry['mlm_accuracy']:.1%} "
+                        f"· NSP {entry['nsp_accuracy']:.1%}",
+                    )
             if bar is not None:
                 bar.advance(task)
     return log
@@ -263,8 +284,14 @@ class _Window:
     def __init__(self) -> None:
         self.loss, self.mlm, self.mlm_n, self.nsp, self.n = 0.0, 0, 0, 0, 0
 
-    def add(self, loss: torch.Tensor, mlm: torch.Tensor, gold: torch.Tensor, nsp: torch.Tensor,
-            labels: torch.Tensor) -> None:  # fmt: skip
+    def add(
+        self,
+        loss: torch.Tensor,
+        mlm: torch.Tensor,
+        gold: torch.Tensor,
+        nsp: torch.Tensor,
+        labels: torch.Tensor,
+    ) -> None:
         self.loss += float(loss.detach())
         self.mlm += int((mlm.argmax(-1) == gold).sum())
         self.mlm_n += len(gold)
@@ -289,9 +316,14 @@ def _save(model: BertForPreTraining, config: BertConfig, tokenizer: Any, output:
     save_config(config, output, ["BertForPreTraining"])
     save_file(model.hf_state_dict(), str(output / "model.safetensors"), metadata={"format": "pt"})
     PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer._tokenizer, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]",
-        sep_token="[SEP]", mask_token="[MASK]", model_max_length=config.max_position_embeddings,
-    ).save_pretrained(output)  # fmt: skip
+        tokenizer_object=tokenizer._tokenizer,
+        unk_token="[UNK]",
+        pad_token="[PAD]",
+        cls_token="[CLS]",
+        sep_token="[SEP]",
+        mask_token="[MASK]",
+        model_max_length=config.max_position_embeddings,
+    ).save_pretrained(output)
 
 
 def _progress(enabled: bool | None):

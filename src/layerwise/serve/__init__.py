@@ -17,8 +17,8 @@ except ImportError as exc:
         f"the service needs {exc.name}: pip install 'layerwise[serve]' (FastAPI, uvicorn, prometheus-client)"
     ) from exc
 
+from .._settings.serve import API_KEY_ENV, ServeSettings, read_api_key
 from ._app import create_app
-from ._limits import API_KEY_ENV, ServeSettings, read_api_key
 from ._responses import ApiError
 
 __all__ = ["API_KEY_ENV", "ApiError", "ServeSettings", "create_app", "read_api_key"]

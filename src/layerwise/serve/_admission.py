@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from .._encoder import Encoder
     from .._features.plan import OutputPlan
     from .._inputs.encoding import RawInputs
-    from ._limits import ServeSettings
+    from .._settings.serve import ServeSettings
 
 
 def tokenise(

@@ -18,13 +18,14 @@ from fastapi.exceptions import RequestValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from .._settings.serve import ServeSettings
 from .._version import __version__
 from ..errors import OptionError
 from ._batcher import Batcher
 from ._docs_pages import add_docs_pages
 from ._errors import error_response, mapped_route_class
 from ._fast_path import FastEmbeddings, ServedApp
-from ._limits import LimitBody, RequireKey, ServeSettings
+from ._limits import LimitBody, RequireKey
 from ._metrics import Metrics, ObserveRequests
 from ._routes import router
 from ._served_schema import describe_served
@@ -99,8 +100,15 @@ def create_app(
     if explorer:
         from ._explorer import add_explorer
 
-        add_explorer(app, models=service.models, pick=service.pick, run=service.run, batcher=batcher,
-                     max_tokens=settings.max_explore_tokens, store=reference_store)  # fmt: skip
+        add_explorer(
+            app,
+            models=service.models,
+            pick=service.pick,
+            run=service.run,
+            batcher=batcher,
+            max_tokens=settings.max_explore_tokens,
+            store=reference_store,
+        )
     app.add_middleware(LimitBody, max_bytes=settings.max_body_bytes)
     # the key is checked before a body is read or validated: a stranger learns nothing of the schema
     app.add_middleware(RequireKey, api_key=settings.api_key)

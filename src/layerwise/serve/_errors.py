@@ -31,8 +31,21 @@ from ._responses import ApiError, validation_error
 logger = logging.getLogger("layerwise")
 
 # Fields a message can name at its start (InputError and OptionError messages say which value was bad).
-_FIELDS = ("texts", "text_pairs", "pairs", "words", "input", "layers", "pool", "fuse", "special_tokens",
-           "normalize", "dtype", "final_norm", "model")  # fmt: skip
+_FIELDS = (
+    "texts",
+    "text_pairs",
+    "pairs",
+    "words",
+    "input",
+    "layers",
+    "pool",
+    "fuse",
+    "special_tokens",
+    "normalize",
+    "dtype",
+    "final_norm",
+    "model",
+)
 
 
 def param_of(message: str) -> str | None:

@@ -50,9 +50,17 @@ class Explorer:
     ``run`` and ``pick``, the text bound; per model its reference set and language-model head,
     built once on first use."""
 
-    def __init__(self, *, models: dict, pick: Callable[[str | None], Any], run: Callable[..., Any],
-                 batcher: Batcher, max_tokens: int, store: str | os.PathLike | None = None,
-                 store_model: str | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        *,
+        models: dict,
+        pick: Callable[[str | None], Any],
+        run: Callable[..., Any],
+        batcher: Batcher,
+        max_tokens: int,
+        store: str | os.PathLike | None = None,
+        store_model: str | None = None,
+    ) -> None:
         self.models, self.pick, self.run, self.batcher, self.max_tokens = (
             models,
             pick,
@@ -111,8 +119,15 @@ def add_explorer(
     """Mount the page and its endpoints on ``app`` (see the module docstring). ``store`` must be a
     token-level store written by one of the served models (checked here, before serving)."""
     store_model = _store_model(store, {served.name for served in models.values()}) if store else None
-    app.state.explorer = Explorer(models=models, pick=pick, run=run, batcher=batcher, max_tokens=max_tokens,
-                                  store=store, store_model=store_model)  # fmt: skip
+    app.state.explorer = Explorer(
+        models=models,
+        pick=pick,
+        run=run,
+        batcher=batcher,
+        max_tokens=max_tokens,
+        store=store,
+        store_model=store_model,
+    )
     app.include_router(router)
     app.mount("/explore", StaticFiles(directory=STATIC), name="explore-static")
 
@@ -130,8 +145,12 @@ async def page():
     return FileResponse(STATIC / "index.html", headers={"Content-Security-Policy": CSP})
 
 
-@router.get("/v1/explore/info", summary="Explorer: served models, what each view can show",
-            response_model=dict[str, Any], responses=error_responses(401, 404, 422, 500))  # fmt: skip
+@router.get(
+    "/v1/explore/info",
+    summary="Explorer: served models, what each view can show",
+    response_model=dict[str, Any],
+    responses=error_responses(401, 404, 422, 500),
+)
 async def info(explorer: Served):
     from .._analysis.plot import PROJECTIONS
 
@@ -158,8 +177,12 @@ async def info(explorer: Served):
     return {"models": entries, "projections": [p for p in PROJECTIONS if _installed(p)]}
 
 
-@router.get("/v1/explore/similarity", summary="Explorer: linear CKA between layers over the reference set",
-            response_model=dict[str, Any], responses=error_responses(401, 404, 422, 500))  # fmt: skip
+@router.get(
+    "/v1/explore/similarity",
+    summary="Explorer: linear CKA between layers over the reference set",
+    response_model=dict[str, Any],
+    responses=error_responses(401, 404, 422, 500),
+)
 async def similarity(explorer: Served, model: str | None = None):
     served = explorer.pick(model)
 
@@ -185,19 +208,25 @@ def _route(view: View) -> Callable:
         return json_response(await run_in_threadpool(view.work, explorer, served, body, stack))
 
     keyword = inspect.Parameter.POSITIONAL_OR_KEYWORD
-    endpoint.__signature__ = inspect.Signature([  # type: ignore[attr-defined]  # what FastAPI reads
-        inspect.Parameter("explorer", keyword, annotation=Served),
-        inspect.Parameter("body", keyword, annotation=view.request),
-    ])  # fmt: skip
+    endpoint.__signature__ = inspect.Signature(  # type: ignore[attr-defined]  # what FastAPI reads
+        [
+            inspect.Parameter("explorer", keyword, annotation=Served),
+            inspect.Parameter("body", keyword, annotation=view.request),
+        ]
+    )
     endpoint.__name__ = view.name
     return endpoint
 
 
 for _view in VIEWS:
     router.add_api_route(
-        f"/v1/explore/{_view.name}", _route(_view), methods=["POST"], summary=_view.summary,
-        response_model=dict[str, Any], responses=error_responses(*EXPLORE_ERRORS),
-    )  # fmt: skip
+        f"/v1/explore/{_view.name}",
+        _route(_view),
+        methods=["POST"],
+        summary=_view.summary,
+        response_model=dict[str, Any],
+        responses=error_responses(*EXPLORE_ERRORS),
+    )
 
 
 # ---------------------------------------------------------------------------------------------- helpers

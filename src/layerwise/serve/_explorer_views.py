@@ -145,14 +145,27 @@ class View:
 
 VIEWS = (
     View("tokens", "Explorer grid: per token and layer, the token_statistics", TextRequest, _tokens, True),
-    View("neighbours", "Explorer: a token's nearest reference tokens per layer", NeighboursRequest,
-          _neighbours, True),
+    View(
+        "neighbours",
+        "Explorer: a token's nearest reference tokens per layer",
+        NeighboursRequest,
+        _neighbours,
+        True,
+    ),
     View("attention", "Explorer: every head's attention at one layer", AttentionRequest, _attention),
-    View("lens", "Explorer: each layer's top predictions for [MASK], or a decoder's next token (logit lens)",
-          LensRequest, _lens),
-    View("projection", "Explorer: layerwise plot's per-layer projection, as data", ProjectionRequest,
-          _projection),
-)  # fmt: skip
+    View(
+        "lens",
+        "Explorer: each layer's top predictions for [MASK], or a decoder's next token (logit lens)",
+        LensRequest,
+        _lens,
+    ),
+    View(
+        "projection",
+        "Explorer: layerwise plot's per-layer projection, as data",
+        ProjectionRequest,
+        _projection,
+    ),
+)
 
 
 # ---------------------------------------------------------------------------------------------- helpers
@@ -190,9 +203,13 @@ def _nullable(values: np.ndarray) -> list:
 
 def _neighbour(n, shown: Callable[[str], str]) -> dict:
     return {
-        "cosine": n.cosine, "text": n.text, "token": shown(n.token_text), "piece": n.token_text,
-        "start": n.start, "end": n.end,
-    }  # fmt: skip
+        "cosine": n.cosine,
+        "text": n.text,
+        "token": shown(n.token_text),
+        "piece": n.token_text,
+        "start": n.start,
+        "end": n.end,
+    }
 
 
 def _site(reference: ReferenceSet, s: int, segment: int, start: int, end: int) -> dict:

@@ -23,9 +23,11 @@ from ._service import Service
 
 POST_ERRORS = (401, 404, 413, 422, 429, 500, 503)
 NPZ_RESPONSE: dict[int | str, dict[str, Any]] = {
-    200: {"content": {NPZ: {"schema": {"type": "string", "format": "binary"}}},
-          "description": "JSON, or with Accept: application/x-npz the .npz file"},
-}  # fmt: skip
+    200: {
+        "content": {NPZ: {"schema": {"type": "string", "format": "binary"}}},
+        "description": "JSON, or with Accept: application/x-npz the .npz file",
+    },
+}
 LAYERS_RESPONSES: dict[int | str, dict[str, Any]] = {**error_responses(*POST_ERRORS), **NPZ_RESPONSE}
 
 
@@ -39,20 +41,32 @@ router = APIRouter(route_class=mapped_route_class())  # every route's errors thr
 
 # Served by FastEmbeddings (fast_path.py) before FastAPI sees it; the route documents the endpoint
 # in /docs and answers the same way where the app is mounted under a prefix.
-@router.post("/v1/embeddings", summary="OpenAI-compatible embeddings: one vector per input",
-             response_model=EmbeddingsResponse, responses=error_responses(*POST_ERRORS))  # fmt: skip
+@router.post(
+    "/v1/embeddings",
+    summary="OpenAI-compatible embeddings: one vector per input",
+    response_model=EmbeddingsResponse,
+    responses=error_responses(*POST_ERRORS),
+)
 async def embeddings(body: EmbeddingsRequest, service: Served):
     return json_response(await service.answer_embeddings(body))
 
 
-@router.post("/v1/layers", summary="Tokens, offsets, word ids and vectors of the requested layers",
-             response_model=LayersResponse, responses=LAYERS_RESPONSES)  # fmt: skip
+@router.post(
+    "/v1/layers",
+    summary="Tokens, offsets, word ids and vectors of the requested layers",
+    response_model=LayersResponse,
+    responses=LAYERS_RESPONSES,
+)
 async def layers_endpoint(body: LayersRequest, request: Request, service: Served):
     return await service.answer_layers(body, as_npz=NPZ in request.headers.get("accept", ""))
 
 
-@router.get("/v1/models", summary="The models this server serves", response_model=ModelsResponse,
-            responses=error_responses(401, 500))  # fmt: skip
+@router.get(
+    "/v1/models",
+    summary="The models this server serves",
+    response_model=ModelsResponse,
+    responses=error_responses(401, 500),
+)
 async def list_models(service: Served):
     data = [
         {
@@ -69,8 +83,12 @@ async def list_models(service: Served):
     return {"object": "list", "data": data}
 
 
-@router.get("/health", summary="Liveness: the worker runs and the models are loaded",
-            response_model=HealthResponse, responses={503: {"model": HealthResponse}})  # fmt: skip
+@router.get(
+    "/health",
+    summary="Liveness: the worker runs and the models are loaded",
+    response_model=HealthResponse,
+    responses={503: {"model": HealthResponse}},
+)
 async def health(service: Served):
     jobs, tokens = service.batcher.queued
     alive = service.batcher.alive
@@ -82,8 +100,12 @@ async def health(service: Served):
     return JSONResponse(body, status_code=200 if alive else 503)
 
 
-@router.get("/metrics", summary="Prometheus metrics", response_class=PlainTextResponse,
-            responses=error_responses(401, 500))  # fmt: skip
+@router.get(
+    "/metrics",
+    summary="Prometheus metrics",
+    response_class=PlainTextResponse,
+    responses=error_responses(401, 500),
+)
 async def prometheus(service: Served):
     content, media_type = service.metrics.exposition()
     return Response(content, media_type=media_type)

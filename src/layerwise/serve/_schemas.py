@@ -9,9 +9,9 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from .._features.names import POOL_HELP, SENTENCE_POOLS, sentence_convention
 from .._features.plan import OutputPlan, levelled_pool
+from .._settings.serve import ServeSettings
 from .._settings.settings import parse_final_norm
 from ..errors import OptionError
-from ._limits import ServeSettings
 from ._responses import ApiError
 
 if TYPE_CHECKING:
@@ -101,9 +101,14 @@ class EmbeddingsRequest(StrictModel):
             )
         layers = self.layers if self.layers is not None or self.fuse is not None else -1
         return OutputPlan.parse(
-            layers=layers, pool=pool, fuse=self.fuse, special_tokens=self.special_tokens, normalize=normalize,
-            final_norm=self.final_norm, **_long_texts(settings),
-        )  # fmt: skip
+            layers=layers,
+            pool=pool,
+            fuse=self.fuse,
+            special_tokens=self.special_tokens,
+            normalize=normalize,
+            final_norm=self.final_norm,
+            **_long_texts(settings),
+        )
 
 
 class LayersRequest(StrictModel):
@@ -143,9 +148,15 @@ class LayersRequest(StrictModel):
     def plan(self, settings: ServeSettings) -> OutputPlan:
         """This request's plan, before the model settles it."""
         return OutputPlan.parse(
-            layers=self.layers, pool=self.pool, fuse=self.fuse, special_tokens=self.special_tokens,
-            dtype=self.dtype, normalize=self.normalize, final_norm=self.final_norm, **_long_texts(settings),
-        )  # fmt: skip
+            layers=self.layers,
+            pool=self.pool,
+            fuse=self.fuse,
+            special_tokens=self.special_tokens,
+            dtype=self.dtype,
+            normalize=self.normalize,
+            final_norm=self.final_norm,
+            **_long_texts(settings),
+        )
 
     def raw(self) -> RawInputs:
         """The request's inputs (an InputError is a 422 naming the field: _errors.py)."""
@@ -232,9 +243,12 @@ class HealthResponse(BaseModel):
 def error_responses(*statuses: int) -> dict:
     """``responses=`` of a route: these statuses answer an :class:`ErrorBody`."""
     reasons = {
-        401: "API key missing or wrong", 404: "model not served", 413: "over a size limit",
-        422: "a bad value (the message names the field)", 429: "the queue is full (see Retry-After)",
+        401: "API key missing or wrong",
+        404: "model not served",
+        413: "over a size limit",
+        422: "a bad value (the message names the field)",
+        429: "the queue is full (see Retry-After)",
         500: "a failure of this request (code internal_error or nonfinite_output)",
         503: "the model process is gone",
-    }  # fmt: skip
+    }
     return {status: {"model": ErrorBody, "description": reasons[status]} for status in statuses}

@@ -73,8 +73,10 @@ def narrow_to_served(schema: dict[str, Any], encoders: Mapping[str, Any]) -> Non
             fields["model"]["description"] = f"A served model (GET /v1/models); default: {names[0]!r}"
         if "final_norm" in fields and not any_decoder:
             fields["final_norm"]["anyOf"] = [
-                {"type": "boolean"}, {"type": "string", "enum": ["last", "none"]}, {"type": "null"},
-            ]  # fmt: skip
+                {"type": "boolean"},
+                {"type": "string", "enum": ["last", "none"]},
+                {"type": "null"},
+            ]
             fields["final_norm"]["description"] += ' (this server serves encoders only: "all" is refused)'
         if name == "AttentionRequest" and "layer" in fields:
             fields["layer"]["maximum"] = deepest

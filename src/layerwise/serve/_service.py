@@ -16,9 +16,9 @@ from fastapi import Response
 from starlette.concurrency import run_in_threadpool
 
 from .._features.plan import OutputPlan
+from .._settings.serve import ServeSettings
 from ._admission import check_response_size, result_values, tokenise
 from ._batcher import Batcher, Finish, Job
-from ._limits import ServeSettings
 from ._metrics import Metrics
 from ._responses import NPZ, ApiError, json_response, layer_item
 from ._schemas import EmbeddingsRequest, LayersRequest
@@ -109,8 +109,15 @@ class Service:
             loop.call_soon_threadsafe(_settle, future, results, error)
 
         finish = Finish(layers, plan, n_hidden)
-        job = Job(served.name, encoded, finish, done, stride=stride if window else None,
-                  final_norm=final_norm, n_bytes=int(values * 4))  # fmt: skip
+        job = Job(
+            served.name,
+            encoded,
+            finish,
+            done,
+            stride=stride if window else None,
+            final_norm=final_norm,
+            n_bytes=int(values * 4),
+        )
         self.batcher.submit(job)  # a full queue: QueueFullError, 429 (serve/errors.py maps every error)
         results = await future  # this request's own failure in the run (the batcher re-ran it apart)
         return [results[i] for i in range(len(encoded))], job.n_tokens, [item.truncated for item in encoded]
@@ -166,8 +173,12 @@ class Service:
         per_value = (2 if plan.dtype == "float16" else 4) * (1 if as_npz else 4 / 3)  # base64 in JSON
         results, n_tokens, _ = await self.run(served, raw, plan, bytes_per_value=per_value)
         encoder = served.encoder
-        meta = {"model": served.name, **plan.meta(encoder.n_hidden_states), "max_length": encoder.max_length,
-                "model_dtype": encoder.model_dtype}  # fmt: skip
+        meta = {
+            "model": served.name,
+            **plan.meta(encoder.n_hidden_states),
+            "max_length": encoder.max_length,
+            "model_dtype": encoder.model_dtype,
+        }
         if as_npz:
             from .._files.writers import npz_bytes
 

@@ -184,9 +184,14 @@ def read_store_meta(path: Path) -> dict | None:
     if not _has_store_entries(path):
         return None
     raise damaged(
-        path, [problem or f"zarr.json has no layerwise metadata, but the folder holds a store's {DATA}/, "
-               f"{OFFSETS}/ and {MANIFEST}/"], [],
-    )  # fmt: skip
+        path,
+        [
+            problem
+            or f"zarr.json has no layerwise metadata, but the folder holds a store's {DATA}/, "
+            f"{OFFSETS}/ and {MANIFEST}/"
+        ],
+        [],
+    )
 
 
 def meta_layers_problem(meta: dict) -> str | None:
@@ -238,8 +243,10 @@ def not_a_store(path: Path, reading: bool = False) -> NotAStoreError:
             "lw.load_cache (a datasets folder). export and open_store read stores (layerwise extract -o X.lw)"
         )
     if path.is_dir() and not any(path.iterdir()):
-        return NotAStoreError(f"{str(path)!r} is an empty folder, not a layerwise store: give a store folder "
-                              "(layerwise extract INPUT -o corpus.lw writes one)")  # fmt: skip
+        return NotAStoreError(
+            f"{str(path)!r} is an empty folder, not a layerwise store: give a store folder "
+            "(layerwise extract INPUT -o corpus.lw writes one)"
+        )
     return NotAStoreError(f"{what}: give a store folder (layerwise extract INPUT -o corpus.lw writes one)")
 
 

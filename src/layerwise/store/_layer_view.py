@@ -96,10 +96,13 @@ class LayerView:
         if start != first or start + n_rows != end:
             raise self._store.changed_under_us() or damaged(
                 self._store.path,
-                [f"{OFFSETS} say the last committed text (position {n - 1}) holds rows {first}..{end - 1}, "
-                 f"its manifest row says {start}..{start + n_rows - 1}: the commit marker is damaged"],
+                [
+                    f"{OFFSETS} say the last committed text (position {n - 1}) holds rows "
+                    f"{first}..{end - 1}, its manifest row says {start}..{start + n_rows - 1}: the "
+                    "commit marker is damaged"
+                ],
                 [],
-            )  # fmt: skip
+            )
 
     def __len__(self) -> int:
         return self._n
@@ -178,10 +181,12 @@ class LayerView:
             ids = self._text_ids(bad)
             raise self._store.changed_under_us() or damaged(
                 self._store.path,
-                [f"rows {lo}..{hi - 1}: the rows of {len(bad)} texts differ from the checksums written "
-                 "when they were committed"],
+                [
+                    f"rows {lo}..{hi - 1}: the rows of {len(bad)} texts differ from the checksums written "
+                    "when they were committed"
+                ],
                 ids,
-            )  # fmt: skip
+            )
         return stored
 
     def _expected(self, lo: int, hi: int) -> np.ndarray:

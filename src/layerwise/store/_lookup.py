@@ -24,14 +24,39 @@ IDS_AT_ONCE = 4096  # texts read together when slicing or iterating
 RESULT_COLUMNS = {
     "sentence": ("text_id", "position", "start", "n_rows", "crc32"),
     "token": (
-        "text_id", "position", "start", "n_rows", "crc32", "tokens", "char_start", "char_end", "word_ids",
-        "segment_ids", "text", "text_pair", "text_sha1", "truncated", "n_windows",
+        "text_id",
+        "position",
+        "start",
+        "n_rows",
+        "crc32",
+        "tokens",
+        "char_start",
+        "char_end",
+        "word_ids",
+        "segment_ids",
+        "text",
+        "text_pair",
+        "text_sha1",
+        "truncated",
+        "n_windows",
     ),
     "word": (
-        "text_id", "position", "start", "n_rows", "crc32", "words", "char_start", "char_end", "segment_ids",
-        "n_subwords", "text", "text_pair", "text_sha1", "words_lost",
+        "text_id",
+        "position",
+        "start",
+        "n_rows",
+        "crc32",
+        "words",
+        "char_start",
+        "char_end",
+        "segment_ids",
+        "n_subwords",
+        "text",
+        "text_pair",
+        "text_sha1",
+        "words_lost",
     ),
-}  # fmt: skip
+}
 
 
 def committed_blocks(store) -> Iterator[list[int]]:
@@ -82,17 +107,21 @@ class TextLookup:
             raise self.positions_unreadable(exc) from exc
         store = self.store
         block = int(store.meta.get("block_size") or 0)
-        sure = store.n_texts_total if len(store) == store.n_texts_total else (
-            (len(store) // block) * block if block > 0 else 0
-        )  # fmt: skip
+        sure = (
+            store.n_texts_total
+            if len(store) == store.n_texts_total
+            else ((len(store) // block) * block if block > 0 else 0)
+        )
         lost = ids[(positions < 0) & (ids < sure)]
         if lost.size:
             raise store.changed_under_us() or damaged(
                 store.path,
-                [f"{POSITIONS}/ says text {int(lost[0])} is not committed, but it must be "
-                 f"({len(store)} of {store.n_texts_total} texts are, in blocks of {block})"],
+                [
+                    f"{POSITIONS}/ says text {int(lost[0])} is not committed, but it must be "
+                    f"({len(store)} of {store.n_texts_total} texts are, in blocks of {block})"
+                ],
                 [int(t) for t in lost],
-            )  # fmt: skip
+            )
         return positions
 
     def positions_unreadable(self, exc: Exception) -> StoreError:

@@ -90,9 +90,10 @@ def begin_sharded_store(
         old = read_table(path)
         # a table of layerwise 0.2 did not record the settings and the layout: those are not compared
         differing = [
-            key for key in _SAME_TO_RESUME
+            key
+            for key in _SAME_TO_RESUME
             if old.get(key) != table.get(key) and (key in old or key not in _RECORDED_SINCE_0_3)
-        ]  # fmt: skip
+        ]
         if differing:
             raise OptionError(
                 f"{path} was written with other settings or texts ({', '.join(differing)}); pass the same "

@@ -198,8 +198,11 @@ class _Scan:
         if self.check_positions and "text_sha1" in table.column_names and "text" in table.column_names:
             texts = zip(table["text"].to_pylist(), table["text_pair"].to_pylist(), strict=True)
             recorded = table["text_sha1"].to_pylist()
-            wrong = [i for i, (pair, want) in enumerate(zip(texts, recorded, strict=True))
-                     if want is not None and text_sha1(*pair) != want]  # fmt: skip
+            wrong = [
+                i
+                for i, (pair, want) in enumerate(zip(texts, recorded, strict=True))
+                if want is not None and text_sha1(*pair) != want
+            ]
             self._count("sha1", ids[wrong])
 
     def _positions(self, ids: np.ndarray, lo: int, hi: int) -> None:
@@ -240,8 +243,10 @@ class _Scan:
             stray = np.flatnonzero(~committed & (found >= 0) & (found < n))
             if stray.size:
                 self.affected.update(int(lo + i) for i in stray[:1000])
-                return [f"{POSITIONS}/ gives {stray.size} texts that are not committed a committed "
-                        f"position (first: text {lo + int(stray[0])})"]  # fmt: skip
+                return [
+                    f"{POSITIONS}/ gives {stray.size} texts that are not committed a committed "
+                    f"position (first: text {lo + int(stray[0])})"
+                ]
         return []
 
     def _checksums(self, offsets: np.ndarray, ids: np.ndarray, expected: np.ndarray) -> None:

@@ -231,9 +231,13 @@ class StoreWriter:
         """The block's results: tokenised now (on _inputs/ahead.py's thread), computed as they are read."""
         texts = block.texts if block.words is None else None
         return self.encoder.iter_results(  # truncation is reported once, with corpus-wide numbers
-            self.plan, texts, text_pairs=block.text_pairs, words=block.words, progress=False,
+            self.plan,
+            texts,
+            text_pairs=block.text_pairs,
+            words=block.words,
+            progress=False,
             report_truncation=False,
-        )  # fmt: skip
+        )
 
     def run(self, progress: bool | None) -> StoreSummary:
         summary = self._run(progress)
@@ -241,8 +245,10 @@ class StoreWriter:
             logger.warning(
                 "%d of %d texts were longer than %d tokens and were truncated; the manifest's 'truncated' "
                 "column marks them. Pass long_texts='window' to keep every token.",
-                summary.n_truncated, summary.n_written, self.encoder.max_length,
-            )  # fmt: skip
+                summary.n_truncated,
+                summary.n_written,
+                self.encoder.max_length,
+            )
         return summary
 
     def _run(self, progress: bool | None) -> StoreSummary:

@@ -1,4 +1,5 @@
-"""Concurrent forward streams on the CPU, and the lock that lets them share one model.
+"""Concurrent forwards on the CPU (how many: the ``streams`` setting), and the lock that lets them
+share one model. Not layer streaming (_model/streaming/), nor a CUDA stream.
 
 On a CPU, one forward pass spread over every core by torch's intra-op threads is not the fastest
 use of them: the matrices of a 2,048-token batch are small enough that the threads spend a good

@@ -253,8 +253,14 @@ class PackedEncoder:
         """Query, key and value projections as one matrix (one larger matmul instead of three), cached
         per layer and rebuilt whenever any of the six tensors has changed (their version counters):
         weights edited in place after loading are never served stale."""
-        parts = (module.query.weight, module.key.weight, module.value.weight,
-                 module.query.bias, module.key.bias, module.value.bias)  # fmt: skip
+        parts = (
+            module.query.weight,
+            module.key.weight,
+            module.value.weight,
+            module.query.bias,
+            module.key.bias,
+            module.value.bias,
+        )
         stamp = tuple((id(t), t._version) for t in parts)
         cached = self._qkv.get(id(module))
         if cached is None or cached[0] != stamp:

@@ -94,8 +94,9 @@ def _attend(query, key, value, *, scaling, causal_window: int | None, softcap: f
     groups = query.shape[1] // key.shape[1]
     t = query.shape[2]
     if softcap is None and (causal_window is None or t <= causal_window):
-        return F.scaled_dot_product_attention(query, key, value, is_causal=True, scale=scaling,
-                                              enable_gqa=groups > 1)  # fmt: skip
+        return F.scaled_dot_product_attention(
+            query, key, value, is_causal=True, scale=scaling, enable_gqa=groups > 1
+        )
     if groups > 1:
         key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
     scores = torch.matmul(query, key.transpose(2, 3)) * scaling  # transformers' eager formula
@@ -110,8 +111,18 @@ def _attend(query, key, value, *, scaling, causal_window: int | None, softcap: f
     return torch.matmul(weights, value)
 
 
-def packed_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None,
-                     sliding_window=None, softcap=None, **kwargs):  # fmt: skip
+def packed_attention(
+    module,
+    query,
+    key,
+    value,
+    attention_mask,
+    dropout=0.0,
+    scaling=None,
+    sliding_window=None,
+    softcap=None,
+    **kwargs,
+):
     """transformers' attention interface for a packed batch: query ``(1, heads, N, d)``, keys and
     values ``(1, kv_heads, N, d)`` -> ``(1, N, heads, d)``."""
     run: PackedRun | None = getattr(_local, "run", None)

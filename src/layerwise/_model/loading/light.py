@@ -41,8 +41,13 @@ from .source import unused_weights
 logger = logging.getLogger("layerwise")
 
 # The base-model prefix under which a checkpoint with a head (BertForMaskedLM, …) holds the encoder.
-_PREFIX = {"bert": "bert.", "roberta": "roberta.", "xlm-roberta": "roberta.", "camembert": "roberta.",
-           "electra": "electra."}  # fmt: skip
+_PREFIX = {
+    "bert": "bert.",
+    "roberta": "roberta.",
+    "xlm-roberta": "roberta.",
+    "camembert": "roberta.",
+    "electra": "electra.",
+}
 _POSITION_PADDING = ("roberta", "xlm-roberta", "camembert")  # position embeddings with a padding_idx
 _NO_POOLER = ("electra",)  # AutoModel of these has no pooler
 

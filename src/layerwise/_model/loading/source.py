@@ -37,8 +37,14 @@ _OFFSET_POSITIONS = {"roberta", "xlm-roberta", "camembert", "mpnet"}
 # Weights a checkpoint may lack without changing any hidden state.
 _OPTIONAL_PREFIXES = ("pooler.",)
 # Files one of which holds a tokenizer's vocabulary (fast tokenizer, WordPiece, BPE, SentencePiece).
-TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "sentencepiece.bpe.model", "spiece.model",
-                   "tokenizer.model")  # fmt: skip
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "vocab.txt",
+    "vocab.json",
+    "sentencepiece.bpe.model",
+    "spiece.model",
+    "tokenizer.model",
+)
 # Buffers older checkpoints saved and transformers now builds itself: left over, never a weight.
 _REBUILT_BUFFERS = ("position_ids", "token_type_ids")
 

@@ -50,8 +50,10 @@ def check_tokenizer_fits(config, tokenizer, name: str) -> None:
         logger.warning(
             "model %s: the tokenizer has %s tokens for an embedding table of %s rows; if it is not the "
             "tokenizer this model was trained with, the ids mean nothing to the model",
-            name, f"{len(vocab):,}", f"{rows:,}",
-        )  # fmt: skip
+            name,
+            f"{len(vocab):,}",
+            f"{rows:,}",
+        )
 
 
 def check_tokenizer_files_agree(folder: Path, config: Any, tokenizer: Any, name: str) -> None:

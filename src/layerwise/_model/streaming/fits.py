@@ -45,8 +45,9 @@ def weights_bytes(source: str, dtype: torch.dtype) -> int | None:
         return None
 
 
-def resolve_streaming(settings: Settings, source: str, config: Any, dtype: torch.dtype,
-                      device: torch.device, name: str) -> bool:  # fmt: skip
+def resolve_streaming(
+    settings: Settings, source: str, config: Any, dtype: torch.dtype, device: torch.device, name: str
+) -> bool:
     """``settings.streaming`` when it says; else (None) whether the weights do not fit in the
     device's free memory and the model can be streamed (said in a warning either way)."""
     if settings.streaming is not None:

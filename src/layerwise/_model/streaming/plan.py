@@ -13,11 +13,13 @@ host; forward.py runs the plan it returns.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from ..._settings.placement import parse_bytes
-from ..._settings.settings import Settings
 from ...errors import OptionError
+
+if TYPE_CHECKING:
+    from ..._settings.settings import Settings
 
 DEFAULT_BLOCK_TOKENS = 32768  # weights read once per 32,768 tokens: a small share of their compute
 HOST_SHARE = 0.8  # of the host's free memory, what a block's residual stream may take

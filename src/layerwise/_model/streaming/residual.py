@@ -6,8 +6,8 @@ the block still runs at its full size with the stream in pinned host memory: eac
 to the device before its layer and back after it. On a GPU the copies run on a stream of their own
 (batch k+1 comes in and batch k-1 goes out while batch k computes), so PCIe time overlaps the
 layer's compute; the copy and compute streams wait on each other only where one reads what the
-other wrote. streaming/plan.py chooses the place (``host_batch`` sizes the batch then), streaming/forward.py
-runs each layer's batches through :meth:`Residual.run`.
+other wrote. plan.py chooses the place (and sizes the batch then), forward.py runs each layer's
+batches through :meth:`Residual.run`.
 """
 
 from __future__ import annotations
@@ -32,9 +32,15 @@ class Residual:
         """``"host"`` or ``"device"``, as ``read_meta``'s ``stream_residual`` reports it."""
         return "host" if self.on_host else "device"
 
-    def run(self, step: Callable[..., torch.Tensor], items: list[tuple],
-            after: Callable[[int, torch.Tensor], None], *, last: bool,
-            moving: bool = True) -> list[torch.Tensor]:  # fmt: skip
+    def run(
+        self,
+        step: Callable[..., torch.Tensor],
+        items: list[tuple],
+        after: Callable[[int, torch.Tensor], None],
+        *,
+        last: bool,
+        moving: bool = True,
+    ) -> list[torch.Tensor]:
         """``step(hidden, *rest)`` for each batch's ``(hidden, *rest)`` in turn (``moving=False``: the
         first item is not a hidden state, as for the embeddings), ``after(i, output)`` on each output
         while it is on the device; the outputs where the stream waits (none after the ``last`` layer:

@@ -1,0 +1,120 @@
+"""An Encoder's model, loaded from one Settings: where it comes from, its tokenizer, whether it
+streams, where accelerate places it, and the engine that runs it, with every setting the Encoder
+left open (device, max_length, batch_size, max_tokens, a streamed model's block plan) resolved for
+this model and device. core.py's Encoder is made of what :func:`load` returns."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .._engine.engine import Engine
+from .._features.plan import check_final_norm_for
+from .._host.memory import available_memory
+from .._inputs.encoding import InputEncoder
+from .._model.decoders import is_decoder_config
+from .._model.forward.concurrent import check_streams
+from .._model.handle import ModelHandle
+from .._model.loading.gguf_files import gguf_read_once
+from .._model.loading.placement import placement_of
+from .._model.loading.sentence_transformers import read_sentence_transformers
+from .._model.loading.source import (
+    load_config_and_tokenizer,
+    pick_device,
+    resolve_model_source,
+    usable_max_length,
+)
+from .._model.streaming.fits import resolve_streaming
+from .._model.streaming.plan import StreamPlan, plan_stream
+from .._settings.settings import Settings
+
+CPU_MAX_TOKENS = 2048
+GPU_MAX_TOKENS = 32768
+# inputs per batch: on a GPU 128 short sentences (~3,500 tokens) leave an H100 idle; 1024 with the
+# token budget ran embed 1.4x and extract 1.5x faster on one (benchmarks/gpu_profile.py)
+CPU_BATCH_SIZE, GPU_BATCH_SIZE = 128, 1024
+TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """A model ready to extract: ``settings`` as given (the model by its name, which any process
+    resolves to the same files; ``source``: where they were found), its config and fast
+    tokenizer, the model (``models``), the inputs' encoder, the engine (whose settings are these
+    resolved: what runs), the folder's sentence-transformers convention, and whether it is a
+    decoder LM."""
+
+    settings: Settings
+    source: str
+    name: str
+    config: Any
+    tokenizer: Any
+    models: ModelHandle
+    inputs: InputEncoder
+    engine: Engine
+    sentence_transformers: Any
+    is_decoder: bool
+
+
+def load(given: Settings) -> Loaded:
+    """The model ``given`` names, loaded as it says (light when packed, streamed when asked or too
+    large to hold, placed by accelerate for a device map or quantised weights)."""
+    source, name = resolve_model_source(given.model)
+    device = pick_device(given.device)
+    dtype = TORCH_DTYPES[given.model_dtype]  # light=packed: the packed forward needs no HF class
+    with gguf_read_once(source):
+        config, tokenizer = load_config_and_tokenizer(source, name)  # the fast tokenizer
+        # streaming=None: streamed when the weights do not fit in the device's free memory
+        streaming = resolve_streaming(given, source, config, dtype, device, name)
+        placement = placement_of(given, config, device, dtype)  # a device map, quantised weights
+        models = ModelHandle(
+            source, name, config, dtype, device, light=given.packed, streaming=streaming, placement=placement
+        )
+    device = models.device  # a placed model's: where its inputs go
+    is_decoder = is_decoder_config(config)
+    check_final_norm_for(given.final_norm, is_decoder=is_decoder, name=repr(name))  # "all" needs one
+    sentence_transformers = read_sentence_transformers(source)
+    convention = sentence_transformers.max_seq_length if sentence_transformers else None
+    padding_idx = getattr(getattr(models.current, "embeddings", None), "padding_idx", None)  # MPNet's: 1
+    max_length = usable_max_length(config, tokenizer, given.max_length, convention, padding_idx)
+    vocab = int(config.vocab_size)  # token ids past it are refused at encode time
+    inputs = InputEncoder(tokenizer.backend_tokenizer, max_length, vocab_size=vocab, pairs=not is_decoder)
+    settings = given.replace(model=name)  # streaming: as given (None: decided by size)
+    on_cpu = device.type == "cpu"
+    max_tokens = given.max_tokens or (CPU_MAX_TOKENS if on_cpu else GPU_MAX_TOKENS)
+    streams = check_streams(given.streams, device, int(config.hidden_size))  # batches at once
+    plan = _stream_plan(given, models, device, max_length, max_tokens, streams)
+    resolved = settings.replace(
+        device=str(device),
+        max_length=max_length,
+        batch_size=given.batch_size or (CPU_BATCH_SIZE if on_cpu else GPU_BATCH_SIZE),
+        max_tokens=max_tokens if plan is None else plan.batch_tokens,
+        streams=given.streams if plan is None else plan.streams,  # a tight budget: one at a time
+        packed=given.packed and placement is None,  # accelerate's hooks run in transformers' forward
+        stream_block_tokens=None if plan is None else plan.block_tokens,
+        streaming=streaming,
+    )
+    engine = Engine(models, tokenizer, resolved, plan)
+    return Loaded(
+        settings, source, name, config, tokenizer, models, inputs, engine, sentence_transformers, is_decoder
+    )
+
+
+def _stream_plan(
+    given: Settings, models: ModelHandle, device: torch.device, max_length: int, max_tokens: int, streams: int
+) -> StreamPlan | None:
+    """How a streamed model's blocks run, settled before its forward is built; None when the model
+    is in memory."""
+    if models.streamed is None:
+        return None
+    return plan_stream(
+        given,
+        models.streamed.shape(),
+        on_cuda=device.type == "cuda",
+        host_free=available_memory(),
+        max_length=max_length,
+        max_tokens=max_tokens,
+        streams=streams,
+    )
