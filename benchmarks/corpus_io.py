@@ -14,7 +14,7 @@
          pass and the actors read their own rows.
   speed  `extract_to_file` on the same 2,000 texts from .txt and from .parquet, alternating, 5 rounds
          each: the median seconds and their ratio.
-  trim   what giving free heap pages back costs (src/layerwise/_memory.py): 30,000 texts to sentence-level
+  trim   what giving free heap pages back costs (src/layerwise/_host/memory.py): 30,000 texts to sentence-level
          Parquet in one process, without a trim and with one every 3, 10 and 30 s, alternating, 2
          rounds: seconds, the median RSS of each run's second half and at each whole minute.
 

@@ -11,7 +11,7 @@ Each run is a fresh process that loads the model, warms up on 16 texts by the pa
 store's imports included: 0.2-0.3 s once per process, not per text) and times the one call, so that
 no run inherits the heap of another (in one process, whichever runs after in-memory ``extract``
 pays to fault in again the 0.7 GB of results it freed). The writers give free heap pages back at
-most every ``TRIM_EVERY_S`` = 10 s (src/layerwise/_memory.py): a one-copy run (about 8 s) holds no
+most every ``TRIM_EVERY_S`` = 10 s (src/layerwise/_host/memory.py): a one-copy run (about 8 s) holds no
 trim; ``--copies 4`` runs the corpus four times over in every run (about 30 s), so that trims fall
 inside it as in a long run (the in-memory run then holds 2.8 GB of results).
 Results: benchmarks/results/store_cost.json.

@@ -298,7 +298,13 @@ def test_smollm2_cache_equals_transformers(tmp_path, smollm2):
             input_ids=torch.as_tensor(ds["token_ids"]).long(), output_hidden_states=True
         ).hidden_states
     for name, i in zip(ds.column_names[:3], (8, 15, 23), strict=True):
-        np.testing.assert_allclose(ds[name], states[i].numpy(), atol=1e-4, rtol=1e-4)
+        want = states[i].numpy()
+        # two float32 GEMM kernels (oneDNN's prepacked linears on an AMD processor, transformers'
+        # F.linear) round apart by a few units of the state's own scale: SmolLM2's residual stream
+        # holds values near 2e4 beside ones near 1e-2
+        np.testing.assert_allclose(
+            ds[name], want, rtol=1e-4, atol=max(1e-4, 1e-6 * float(np.abs(want).max()))
+        )
 
 
 def test_sae_lens_trains_from_the_cache(tmp_path, default_encoder):

@@ -87,7 +87,7 @@ def test_a_decoder_with_its_final_norm(smollm2, pool):
 
 
 def test_only_the_pooled_vectors_cross_from_the_device(default_encoder, monkeypatch):
-    import layerwise._engine.engine as engine_module
+    import layerwise._engine.packed_runs as engine_module  # where a packed batch is copied to the host
 
     crossed: list[tuple[int, ...]] = []
     real = engine_module.HostCopy

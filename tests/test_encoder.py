@@ -19,7 +19,7 @@ def test_default_encoder_properties(default_encoder, default_hf_model):
     assert enc.name == lw.DEFAULT_MODEL
     assert (enc.n_layers, enc.n_hidden_states, enc.hidden_size) == (6, 7, 384)
     assert enc.max_length == 256  # sentence_bert_config.json: max_seq_length
-    assert enc.sentence_transformers == lw._model.sentence_transformers.SentenceTransformersConfig(
+    assert enc.sentence_transformers == lw._model.loading.sentence_transformers.SentenceTransformersConfig(
         256, "mean", True
     )
     assert default_hf_model.training is False

@@ -7,13 +7,13 @@ holds :data:`GROWTH` times as many, up to :data:`MAX_BLOCK` batches. On a CPU, w
 needs the cores the tokenizer would use, blocks of :data:`MAX_BLOCK` batches are tokenised in line.
 Bad input in the first block fails before the stream starts; an error in a later block is raised
 at its turn, after the results of the inputs before it: errors arrive in input order. Windows
-(``long_texts="window"``), taps and the padded forward run on per-input objects (``Engine.stream``).
+(``long_texts="window"``), taps and the padded forward run on per-input objects (``Engine.run_inputs``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .._engine.call import Call
 from .._engine.host_copy import RESULT_DTYPES
@@ -30,6 +30,10 @@ from .._results import LayerStack
 from .._settings.long_texts import LONG_TEXTS, LongTexts
 from .._settings.settings import METHODS, FinalNorm, Method, check_final_norm
 from ..errors import OptionError, check_choice
+
+if TYPE_CHECKING:
+    from .._engine.engine import Engine
+    from .._inputs.encoding import InputEncoder
 
 
 class Encoder(Protocol):
@@ -54,8 +58,8 @@ class Encoder(Protocol):
     is_decoder: bool
     model_type: str
     name: str
-    engine: Any
-    inputs: Any
+    engine: Engine
+    inputs: InputEncoder
 
 
 MAX_BLOCK = 16  # batches' worth of inputs in one block, at most

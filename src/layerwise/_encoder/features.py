@@ -2,8 +2,9 @@
 
 Each is thin: an :class:`~layerwise.OutputPlan`, the one path from a plan to its outputs
 (``Encoder.iter_results``; ``features`` pools the raw stream once per mode), and a function of
-_features/stream.py that puts the results in input order. :class:`FeatureCalls` is the part of
-:class:`~layerwise.Encoder` that holds them (core.py holds loading and extraction).
+_features/stream.py that puts the results in input order. :class:`FeatureCalls` holds them over
+any extractor that offers the one path (:class:`Extracting`: ``iter_results``, ``iter_batches``,
+``iter_extract`` and the model's sizes); the Encoder (core.py: the model and the one path) is one.
 """
 
 from __future__ import annotations
@@ -39,8 +40,8 @@ class Extracting(Protocol):
 
 
 class FeatureCalls:
-    """``embed``, ``encode``, ``embed_words`` and ``features``, over ``iter_results`` and
-    ``iter_extract`` (the Encoder's)."""
+    """``embed``, ``encode``, ``embed_words`` and ``features``: the pooled features of an
+    :class:`Extracting`, from its one path (``iter_results``, ``iter_batches``, ``iter_extract``)."""
 
     def embed(
         self,
