@@ -48,16 +48,21 @@ print(json.dumps({
 """
 
 
+def _one_edit(root: Path, module: str, anchor: str, field: str) -> Path:
+    """The package copied under ``root``, with the one edit: ``field`` before ``anchor`` in
+    ``_settings/<module>``."""
+    shutil.copytree(SRC, root / "layerwise", ignore=shutil.ignore_patterns("__pycache__"))
+    edited = root / "layerwise" / "_settings" / module
+    source = edited.read_text(encoding="utf-8")
+    assert source.count(anchor) == 1, f"the test's anchor line moved: point it at a field of {module}"
+    edited.write_text(source.replace(anchor, field + anchor), encoding="utf-8")
+    return root
+
+
 @pytest.fixture(scope="module")
 def edited(tmp_path_factory) -> Path:
     """The package copied, with the one edit: a field in Settings."""
-    root = tmp_path_factory.mktemp("one-edit")
-    shutil.copytree(SRC, root / "layerwise", ignore=shutil.ignore_patterns("__pycache__"))
-    settings = root / "layerwise" / "_settings" / "settings.py"
-    source = settings.read_text(encoding="utf-8")
-    assert source.count(ANCHOR) == 1, "the test's anchor line moved: point ANCHOR at the last field"
-    settings.write_text(source.replace(ANCHOR, NEW_FIELD + ANCHOR), encoding="utf-8")
-    return root
+    return _one_edit(tmp_path_factory.mktemp("one-edit"), "settings.py", ANCHOR, NEW_FIELD)
 
 
 def _run(edited: Path, *args: str) -> subprocess.CompletedProcess:
@@ -104,13 +109,7 @@ SERVE_FIELD = '    probe_limit: int = limit(7, "A limit added by a test", min=1)
 @pytest.fixture(scope="module")
 def edited_server(tmp_path_factory) -> Path:
     """The package copied, with the one edit: a field in ServeSettings."""
-    root = tmp_path_factory.mktemp("one-limit")
-    shutil.copytree(SRC, root / "layerwise", ignore=shutil.ignore_patterns("__pycache__"))
-    serve = root / "layerwise" / "_settings" / "serve.py"
-    source = serve.read_text(encoding="utf-8")
-    assert source.count(SERVE_ANCHOR) == 1, "the test's anchor line moved: point SERVE_ANCHOR at a field"
-    serve.write_text(source.replace(SERVE_ANCHOR, SERVE_FIELD + SERVE_ANCHOR), encoding="utf-8")
-    return root
+    return _one_edit(tmp_path_factory.mktemp("one-limit"), "serve.py", SERVE_ANCHOR, SERVE_FIELD)
 
 
 def test_a_new_server_limit_is_an_option_of_serve_that_reaches_its_settings(edited_server):
