@@ -5,7 +5,8 @@ one layer's weights from here when it needs them, never the whole model."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Protocol
 
@@ -30,27 +31,27 @@ class Weights(Protocol):
 
 
 class Checkpoint:
-    """Tensor name -> the safetensors file that holds it; :meth:`read` reads some of them."""
+    """Tensor name -> the safetensors file that holds it; :meth:`read` reads some of them. Which file
+    holds which tensor is read from the files' own headers (an index only lists the files), so a
+    damaged, missing or mislabelled file is named when the checkpoint is opened, not midway through
+    a run."""
 
-    def __init__(self, files: dict[str, Path]) -> None:
-        self.files = files
+    def __init__(self, files: dict[str, Path], name: str = "") -> None:
+        self.files, self.name = files, name
 
     @classmethod
     def find(cls, source: str, name: str) -> Checkpoint:
         """The checkpoint of ``source`` (a folder, or a hub name in the local cache), or an error that
-        says what to convert: streaming reads weights memory-mapped, which only safetensors allows."""
-        from safetensors import safe_open
-
+        says what to convert: streaming reads weights memory-mapped, which only safetensors allows;
+        a file it cannot read is named, with the fix."""
         from ..loading.light import weights_file
 
         single = weights_file(source)
         folder = Path(source) if Path(source).is_dir() else single.parent if single is not None else None
         if single is not None:
-            with safe_open(str(single), framework="pt") as handle:
-                return cls(dict.fromkeys(handle.keys(), single))
+            return cls(dict.fromkeys(_header_keys(single, name), single), name)
         if folder is not None and (folder / INDEX).is_file():
-            weight_map = json.loads((folder / INDEX).read_text(encoding="utf-8"))["weight_map"]
-            return cls({key: folder / file for key, file in weight_map.items()})
+            return cls(_indexed(folder, name), name)
         raise ModelLoadError(
             f"model {name!r}: streaming reads each layer's weights memory-mapped from safetensors (or a "
             "GGUF file), and its weights are not in that format. Convert it once: load it in memory and "
@@ -68,7 +69,7 @@ class Checkpoint:
 
         out = {}
         for file, keys in self._by_file(names).items():
-            with safe_open(str(file), framework="pt") as handle:
+            with _reading(file, self.name), safe_open(str(file), framework="pt") as handle:
                 for key in keys:
                     tensor = handle.get_tensor(key)
                     if tensor.is_floating_point():
@@ -82,11 +83,13 @@ class Checkpoint:
 
         count = 0
         for file, keys in self._by_file(self.files).items():
-            with safe_open(str(file), framework="pt") as handle:
+            with _reading(file, self.name), safe_open(str(file), framework="pt") as handle:
                 count += sum(int(torch.Size(handle.get_slice(key).get_shape()).numel()) for key in keys)
         return count
 
     def _by_file(self, names: Iterable[str]) -> dict[Path, list[str]]:
+        names = list(names)
+        missing_weights(self, names, self.name)
         by_file: dict[Path, list[str]] = {}
         for key in names:
             by_file.setdefault(self.files[key], []).append(key)
@@ -103,7 +106,82 @@ class Checkpoint:
                 runs[-1] = (runs[-1][0], row + 1)
             else:
                 runs.append((row, row + 1))
-        with safe_open(str(self.files[name]), framework="pt") as handle:
+        with (
+            _reading(self.files[name], self.name),
+            safe_open(str(self.files[name]), framework="pt") as handle,
+        ):
             table = handle.get_slice(name)
             parts = [table[start:stop] for start, stop in runs]
         return torch.cat(parts).to(dtype) if parts else torch.empty(0)
+
+
+def missing_weights(checkpoint: Weights, needed: Iterable[str], name: str) -> None:
+    """Refuse a checkpoint that lacks a weight the model needs, naming the first one."""
+    missing = sorted(set(needed) - checkpoint.names())
+    if missing:
+        raise ModelLoadError(
+            f"model {name!r}: its checkpoint holds no tensor {missing[0]!r}"
+            + (f" (nor {len(missing) - 1} more)" if len(missing) > 1 else "")
+            + "; the weights are incomplete: download the model again, or save it with "
+            "model.save_pretrained(folder)"
+        )
+
+
+def _indexed(folder: Path, name: str) -> dict[str, Path]:
+    """Tensor name -> file of a sharded checkpoint: the files the index lists, each one's tensors read
+    from its own header. Refused, naming the file: an index that is not one, a file outside the
+    folder or missing, a damaged file, and an index that places a tensor in a file without it."""
+    index = folder / INDEX
+    try:
+        weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+        listed = {str(key): str(file) for key, file in weight_map.items()}
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise ModelLoadError(
+            f"model {name!r}: {index} is not a safetensors index ({type(exc).__name__}: {exc}); it is "
+            "damaged: download the model again, or save it with model.save_pretrained(folder)"
+        ) from None
+    root = folder.resolve()
+    files: dict[str, Path] = {}
+    for file in sorted(set(listed.values())):
+        path = (folder / file).resolve()
+        if not path.is_relative_to(root):
+            raise ModelLoadError(
+                f"model {name!r}: {index} names {file!r}, outside {folder}; the index is damaged"
+            )
+        for key in _header_keys(path, name):
+            files.setdefault(key, path)
+    for key, file in listed.items():
+        if key not in files:
+            raise ModelLoadError(
+                f"model {name!r}: {index} places {key!r} in {file}, which does not hold it; the checkpoint "
+                "is damaged: download the model again, or save it with model.save_pretrained(folder)"
+            )
+    return files
+
+
+def _header_keys(path: Path, name: str) -> list[str]:
+    """The tensor names in ``path``'s header (the file's size checked against it by safetensors)."""
+    from safetensors import safe_open
+
+    with _reading(path, name), safe_open(str(path), framework="pt") as handle:
+        return list(handle.keys())
+
+
+@contextmanager
+def _reading(path: Path, name: str) -> Iterator[None]:
+    """A weights file read as a named error: missing, or damaged (cut short, a header that is not
+    one), never a raw SafetensorError or OSError."""
+    from safetensors import SafetensorError
+
+    try:
+        yield
+    except FileNotFoundError:
+        raise ModelLoadError(
+            f"model {name!r}: its weights file {path} is missing; download the model again"
+        ) from None
+    except (SafetensorError, OSError) as exc:  # cut short, a header that is not one, unreadable
+        detail = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise ModelLoadError(
+            f"model {name!r}: its weights file {path} cannot be read ({type(exc).__name__}: {detail}); it "
+            "is damaged or incomplete: download the model again, or save it with model.save_pretrained"
+        ) from None

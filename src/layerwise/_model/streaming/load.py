@@ -12,7 +12,7 @@ from ...errors import ModelLoadError
 from ..decoders import is_decoder_config
 from ..loading.gguf_files import gguf_parts
 from ..loading.light import base_prefix
-from .checkpoint import Checkpoint, Weights
+from .checkpoint import Checkpoint, Weights, missing_weights
 from .model import StreamedModel
 from .support import check_streamable
 
@@ -36,7 +36,7 @@ def load_streamed(
         prefix = next(
             (p for p in ("model.", "transformer.") if any(k.startswith(p + layers) for k in stored)), ""
         )
-        return StreamedDecoder(config, checkpoint, prefix, dtype, device)
+        return _complete(StreamedDecoder(config, checkpoint, prefix, dtype, device), name)
     from .encoder import StreamedEncoder
 
     base = base_prefix(config, stored)
@@ -46,4 +46,11 @@ def load_streamed(
             "names; load it in memory (streaming=False), or save it again with model.save_pretrained(folder)"
         )
     pooler = f"{base}pooler.dense.weight" in stored and config.model_type != "electra"
-    return StreamedEncoder(config, checkpoint, base, dtype, device, pooler=pooler)
+    return _complete(StreamedEncoder(config, checkpoint, base, dtype, device, pooler=pooler), name)
+
+
+def _complete(model: StreamedModel, name: str) -> StreamedModel:
+    """``model``, once its checkpoint is known to hold every weight its units read (else a named
+    refusal now, not a KeyError midway through a run)."""
+    missing_weights(model.checkpoint, model.stored_names(), name)
+    return model

@@ -104,6 +104,11 @@ class StreamedModel(ABC):
 
     # the weights
 
+    def stored_names(self) -> list[str]:
+        """The checkpoint's names of every weight the units read (the word table's too)."""
+        names = [n for unit in self._names for n in unit] + [self._words_name]
+        return [self.prefix + n for n in names]
+
     def unit_bytes(self, k: int) -> int:
         """What unit ``k``'s weights take in memory, in the model's dtype (the embeddings' without the
         word table, whose rows are counted per token)."""
