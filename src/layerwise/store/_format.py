@@ -175,7 +175,8 @@ def read_store_meta(path: Path) -> dict | None:
         return None
     except (OSError, ValueError) as exc:
         document, problem = None, f"zarr.json cannot be read ({type(exc).__name__}: {exc})"
-    meta = (document.get("attributes") or {}).get(ATTRIBUTE) if isinstance(document, dict) else None
+    attributes = document.get("attributes") if isinstance(document, dict) else None
+    meta = attributes.get(ATTRIBUTE) if isinstance(attributes, dict) else None  # any other shape: none
     if isinstance(meta, dict) and meta.get("format") == FORMAT:
         problem = seal_problem(meta, f"the store's metadata (zarr.json attribute {ATTRIBUTE!r})")
         problem = problem or meta_layers_problem(meta)

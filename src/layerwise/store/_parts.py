@@ -57,12 +57,11 @@ class OpenedParts:
 def open_parts(path: Path) -> OpenedParts:
     """Open the store at ``path`` (raises NotAStoreError for anything else); problems with its
     commit marker or manifest listing are collected, not raised."""
-    import zarr
 
     if classify(path) != "store":
         raise not_a_store(path, reading=True) if path.is_dir() else _missing(path)
     meta = read_store_meta(path) or {}
-    group = zarr.open_group(str(path), mode="r")
+    group = open_root(path, "r")
     problems: list[str] = []
     offsets: Any = None
     n_valid = 0
@@ -87,6 +86,21 @@ def open_parts(path: Path) -> OpenedParts:
     positions = IdPositions(positions_array, manifest, int(meta.get("n_texts", 0)))
     end = int(offsets[n_valid - 1]) if offsets is not None and n_valid else 0
     return OpenedParts(path, group, meta, offsets, n_valid, manifest, positions, problems, end)
+
+
+def open_root(path: Path, mode: str) -> Any:
+    """The store's root zarr group, or StoreDamagedError naming its root metadata when zarr cannot
+    read it as a group (a key renamed, a type changed, a field removed, "group" made "array")."""
+    import zarr
+
+    try:
+        return zarr.open_group(str(path), mode=mode)  # type: ignore[arg-type]
+    except Exception as exc:  # zarr's TypeError, ContainsArrayError, ValueError, JSON errors …
+        detail = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        problem = (
+            f"its root metadata ({path / 'zarr.json'}) is not a zarr group's: {type(exc).__name__}: {detail}"
+        )
+        raise damaged(path, [problem], []) from None
 
 
 def read_manifest(path: Path, n_committed: int, columns: tuple[str, ...] | None = None):

@@ -51,7 +51,7 @@ from ._format import (
 )
 from ._index import create_positions, renew_positions
 from ._lock import writer_lock
-from ._parts import committed_prefix, read_manifest
+from ._parts import committed_prefix, open_root, read_manifest
 from ._resume import check_inputs, resume_keys, text_sha1
 from ._rows import stored_rows
 from ._verify import check_structure, rows_checksum
@@ -136,12 +136,11 @@ class StoreWriter:
 
     def _open(self):
         """Open the store to resume it, or create it. Called with the writer lock held."""
-        import zarr
 
         stored = read_store_meta(self.path)
         if stored is None:
             return self._create()
-        group = zarr.open_group(str(self.path), mode="r+")
+        group = open_root(self.path, "r+")
         try:
             n_committed, _ = committed_prefix(group[OFFSETS], stored)
         except KeyError:  # a crash while the store was being created
