@@ -254,8 +254,13 @@ def test_edited_layers_in_zarr_json_are_damage(copy, layers):
     assert result.exit_code == 1 and "meta_sha256 does not match" in result.output
     exported = cli("export", copy, "-o", copy.parent / "e.parquet", "--layers", "-1")
     assert exported.exit_code == 1 and "DAMAGED" in exported.output
-    # the checks behind the seal hold for stores written before it
+    # a record of a version that seals what it writes must carry its seal
     del document["attributes"]["layerwise"]["meta_sha256"]
+    (copy / "zarr.json").write_text(json.dumps(document))
+    with pytest.raises(StoreDamagedError, match="has lost its meta_sha256"):
+        lw.open_store(copy)
+    # the checks behind the seal hold for stores written before it (0.2 wrote none)
+    document["attributes"]["layerwise"]["layerwise_version"] = "0.2.0"
     (copy / "zarr.json").write_text(json.dumps(document))
     with pytest.raises(StoreDamagedError, match="the metadata's layers"):
         lw.open_store(copy)

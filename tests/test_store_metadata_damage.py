@@ -95,3 +95,35 @@ def test_a_root_that_is_not_a_group_is_damaged_for_every_reader(written, tmp_pat
         timeout=120,
     )
     assert export.returncode == 1 and "Traceback" not in export.stderr and not out.exists()
+
+
+def test_the_sealed_records_refuse_any_key_renamed_or_removed_the_seal_too(written, tiny_encoder, tmp_path):
+    """The store's record (zarr.json's ``layerwise`` attribute) and the activation cache's
+    (``layerwise-cache.json``) are sealed: each key renamed or removed is damage, the seal's own key
+    included (a record of a version that seals must carry one)."""
+    document = json.loads((written / "zarr.json").read_text())
+    record = document["attributes"]["layerwise"]
+    assert "meta_sha256" in record
+    for key in record:
+        for label, changed in (("renamed", key[:1] + "5" + key[2:]), ("removed", None)):
+            copy = tmp_path / f"{key}-{label}.lw"
+            shutil.copytree(written, copy)
+            edited = {
+                (changed if k == key else k): v
+                for k, v in record.items()
+                if not (k == key and changed is None)
+            }
+            (copy / "zarr.json").write_text(json.dumps({**document, "attributes": {"layerwise": edited}}))
+            with pytest.raises(StoreDamagedError):
+                lw.open_store(copy)
+            shutil.rmtree(copy)
+    cache = tmp_path / "acts"
+    lw.cache_activations(tiny_encoder, TEXTS * 4, cache, lw.CacheOptions(layers="1", context=8, tokens=32))
+    meta = json.loads((cache / "layerwise-cache.json").read_text())
+    for key in ("meta_sha256", "layers", "d_model"):
+        copy = tmp_path / f"acts-{key}"
+        shutil.copytree(cache, copy)
+        (copy / "layerwise-cache.json").write_text(json.dumps({k: v for k, v in meta.items() if k != key}))
+        with pytest.raises(StoreDamagedError):
+            lw.load_cache(copy)
+        assert not lw.verify_cache(copy).ok

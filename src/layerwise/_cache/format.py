@@ -98,7 +98,8 @@ def read_meta(path: Path) -> dict | None:
         raise cache_damaged(path, [f"{META} is not JSON ({exc})"]) from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise cache_damaged(path, [f"{META} is not a layerwise activation cache's record"])
-    problem = seal_problem(meta, f"the cache's record ({META})")
+    sealed_since = meta.get("format_version", 1) >= 2 if isinstance(meta.get("format_version"), int) else True
+    problem = seal_problem(meta, f"the cache's record ({META})", required=sealed_since)
     if problem is not None:
         raise cache_damaged(path, [problem])
     return meta

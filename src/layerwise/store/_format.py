@@ -41,6 +41,7 @@ import hashlib
 import itertools
 import json
 import os
+import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -135,11 +136,24 @@ def sealed(record: dict) -> dict:
     return {**{k: v for k, v in record.items() if k != SEAL}, SEAL: record_digest(record)}
 
 
-def seal_problem(record: dict, what: str) -> str | None:
-    """Why ``record`` cannot be trusted, or None. Records written before 0.3 carry no seal."""
-    if SEAL in record and record[SEAL] != record_digest(record):
+def seal_problem(record: dict, what: str, *, required: bool | None = None) -> str | None:
+    """Why ``record`` cannot be trusted, or None. Records written before 0.3 carry no seal; one that
+    must carry it (``required``; None: when its ``layerwise_version`` is 0.3 or later) and lost it
+    (a flipped byte in its key, the key removed) is refused too."""
+    if SEAL not in record:
+        if required is None:
+            required = written_sealed(record.get("layerwise_version"))
+        return f"{what} has lost its {SEAL} (every record of its version carries one)" if required else None
+    if record[SEAL] != record_digest(record):
         return f"{what} differs from what was written (its {SEAL} does not match its content)"
     return None
+
+
+def written_sealed(version: object) -> bool:
+    """Whether layerwise ``version`` (a record's ``layerwise_version``) seals what it writes: 0.3 and
+    later; anything that is not a version string, too (a damaged field is no reason to trust)."""
+    numbers = re.findall(r"\d+", version) if isinstance(version, str) else []
+    return len(numbers) < 2 or (int(numbers[0]), int(numbers[1])) >= (0, 3)
 
 
 def damaged(path: Path, problems: list[str], text_ids: list[int], what: str = "store") -> StoreDamagedError:
