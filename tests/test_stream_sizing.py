@@ -130,3 +130,74 @@ def test_a_block_that_fails_midway_releases_every_unit(make_tiny_model, monkeypa
     monkeypatch.undo()
     assert enc.embed(["The bank raised rates."], layers="all").shape == (1, 5, enc.hidden_size)
     assert model.resident == 0 and model.peak_resident <= 2
+
+
+def test_a_memory_cap_the_weights_exceed_streams_the_model_or_is_refused(make_tiny_model, tmp_path):
+    """streaming left out with a max_device_memory the weights do not fit: the model streams (the
+    cap is honoured, not ignored by loading it whole); a model that cannot stream is refused,
+    naming the sizes and the fix. A cap the weights fit loads the model whole."""
+    import json
+    import shutil
+
+    from layerwise.errors import ModelLoadError
+
+    model = make_tiny_model("bert", 3)
+    needed = fits.weights_bytes(str(model), torch.float32)
+    assert needed
+    capped = lw.Encoder(model, device="cpu", max_device_memory=str(needed))  # 80 % of it: too little
+    assert capped.streamed and capped.run_meta(lw.OutputPlan())["streaming"] is True
+    assert not lw.Encoder(model, device="cpu", max_device_memory=str(2 * needed)).streamed
+    folder = tmp_path / "gelu_10"
+    shutil.copytree(model, folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "hidden_act": "gelu_10"}))
+    with pytest.raises(
+        ModelLoadError, match=r"do not fit in max_device_memory=.* cannot be streamed .* Raise"
+    ):
+        lw.Encoder(folder, device="cpu", max_device_memory=str(needed))
+
+
+@pytest.mark.parametrize(
+    ("options", "refusal"),
+    [
+        (
+            {"streaming": False, "max_device_memory": "64MB"},
+            r"max_device_memory='64MB' .* loaded whole: leave it out",
+        ),
+        (
+            {"streaming": False, "stream_block_tokens": 64},
+            r"stream_block_tokens=64 .* streaming=False nothing streams",
+        ),
+        (
+            {"device_map": "auto", "stream_block_tokens": 64},
+            r"stream_block_tokens=64 .* device_map='auto' nothing",
+        ),
+        (
+            {"packed": False, "stream_block_tokens": 64},
+            r"stream_block_tokens=64 .* packed=False nothing streams",
+        ),
+        (
+            {"streaming": True, "max_device_memory": "300KB", "stream_block_tokens": 100_000_000},
+            r"stream_block_tokens=100,000,000 does not fit max_device_memory='300KB': .* holds a block of",
+        ),
+    ],
+)
+def test_an_option_the_run_would_not_read_is_refused(make_tiny_model, options, refusal):
+    from layerwise.errors import OptionError
+
+    with pytest.raises(OptionError, match=refusal):
+        lw.Encoder(make_tiny_model("bert", 3), device="cpu", **options)
+
+
+def test_the_command_line_refuses_an_unused_cap_and_writes_nothing(make_tiny_model, tmp_path):
+    import subprocess
+    import sys
+
+    texts, out = tmp_path / "small.txt", tmp_path / "o.npz"
+    texts.write_text("The bank raised rates.\n")
+    model = make_tiny_model("bert", 3)
+    command = [sys.executable, "-m", "layerwise", "extract", str(texts), "-o", str(out), "-m", str(model)]
+    run = subprocess.run(
+        [*command, "--no-streaming", "--max-device-memory", "64MB"], capture_output=True, text=True
+    )
+    assert run.returncode == 2 and "max_device_memory='64MB'" in run.stderr and not out.exists()

@@ -52,7 +52,7 @@ class Encoder(FeatureCalls):
 
     def __init__(self, model: Settings | str | os.PathLike | None = None, **options: Any) -> None:
         given = settings_of(model, options)  # checks every value before anything loads
-        self.loaded = loaded = load(given)  # the model, its tokenizer and engine (loading.py)
+        loaded = load(given)  # the model, its tokenizer and engine (loading.py)
         self.settings, self.source, self.name = loaded.settings, loaded.source, loaded.name
         self.config, self.tokenizer, self.models = loaded.config, loaded.tokenizer, loaded.models
         self.inputs, self.engine, self.is_decoder = loaded.inputs, loaded.engine, loaded.is_decoder
@@ -125,11 +125,11 @@ class Encoder(FeatureCalls):
 
     def run_settings(self) -> dict:
         """These settings as a record says them: an encoder's ``final_norm`` is None (it has none)."""
-        return run_settings(self.loaded)
+        return run_settings(self)
 
     def run_meta(self, plan: OutputPlan) -> dict:
         """How a run of ``plan`` is made, for every output's metadata (records.py)."""
-        return run_meta(self.loaded, self.settle(plan))
+        return run_meta(self, self.settle(plan))
 
     def iter_results(
         self,

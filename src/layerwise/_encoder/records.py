@@ -4,23 +4,36 @@ resolved: a new field of Settings is recorded with no edit here."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .._features.plan import OutputPlan
+from .._settings.settings import Settings
 from .._version import __version__
 
 if TYPE_CHECKING:
-    from .loading import Loaded
+    from .._engine.engine import Engine
+    from .._model.handle import ModelHandle
 
 
-def run_settings(loaded: Loaded) -> dict:
+class Recorded(Protocol):
+    """What the records read of an Encoder (core.py) or what loaded it (loading.py)."""
+
+    settings: Settings
+    source: str
+    config: Any
+    models: ModelHandle
+    engine: Engine
+    is_decoder: bool
+
+
+def run_settings(loaded: Recorded) -> dict:
     """``loaded``'s settings as a record says them: an encoder's ``final_norm`` is None (it has none)."""
     ran = loaded.settings.as_dict()
     ran["final_norm"] = ran["final_norm"] if loaded.is_decoder else None
     return ran
 
 
-def run_meta(loaded: Loaded, settled: OutputPlan) -> dict:
+def run_meta(loaded: Recorded, settled: OutputPlan) -> dict:
     """How a run of the ``settled`` plan is made, for every output's metadata: layerwise's version,
     the settings under their Python names (``model`` is the name, ``model_source`` where it was
     loaded from; what ran resolved: ``device_used``, max_length, batch_size, max_tokens, streaming,

@@ -11,8 +11,9 @@ from typing import Any
 import torch
 
 from ..._host.memory import available_memory
+from ..._settings.placement import parse_bytes
 from ..._settings.settings import Settings
-from ...errors import ModelLoadError
+from ...errors import ModelLoadError, OptionError
 
 logger = logging.getLogger("layerwise")
 
@@ -49,23 +50,72 @@ def resolve_streaming(
     settings: Settings, source: str, config: Any, dtype: torch.dtype, device: torch.device, name: str
 ) -> bool:
     """``settings.streaming`` when it says; else (None) whether the weights do not fit in the
-    device's free memory and the model can be streamed (said in a warning either way)."""
+    device's free memory, or in ``max_device_memory`` when given, and the model can be streamed
+    (said in a warning either way; a cap the weights exceed on a model that cannot stream is
+    refused: it would be ignored). A streaming option where nothing streams is refused too."""
+    _check_used(settings)
     if settings.streaming is not None:
         return settings.streaming
     if settings.device_map is not None or settings.quantize != "none" or not settings.packed:
         return False  # placed by accelerate, or the padded forward asked for: never streamed
     needed = weights_bytes(source, dtype)
     free = free_bytes(device)
-    if needed is None or needed <= WEIGHTS_SHARE * free:
+    cap = (
+        None
+        if settings.max_device_memory is None
+        else parse_bytes(settings.max_device_memory, "max_device_memory")
+    )
+    room = free if cap is None else min(free, cap)
+    if needed is None or needed <= WEIGHTS_SHARE * room:
         return False
     from .support import check_streamable
 
     in_dtype = str(dtype).removeprefix("torch.")
-    sizes = f"its weights ({needed:,} bytes in {in_dtype}) do not fit in the {free:,} bytes free on {device}"
+    where = (
+        f"the {room:,} bytes free on {device}"
+        if cap is None or cap >= free
+        else f"max_device_memory={cap:,} bytes"
+    )
+    sizes = f"its weights ({needed:,} bytes in {in_dtype}) do not fit in {where}"
     try:
         check_streamable(config, name)
     except ModelLoadError as exc:
+        if cap is not None and cap < free:  # loading it whole would ignore the cap the user set
+            raise ModelLoadError(
+                f"model {name!r}: {sizes}, and it cannot be streamed ({exc}). Raise max_device_memory "
+                "above the weights, or leave it out to load the model whole"
+            ) from None
         logger.warning("model %s: %s, and it cannot be streamed (%s); loading it whole", name, sizes, exc)
         return False
     logger.warning("model %s: %s: streaming it layer by layer (streaming=False loads it whole)", name, sizes)
     return True
+
+
+def _check_used(settings: Settings) -> None:
+    """Refuse a streaming option the run would not read: a block size where nothing streams (a
+    device map, quantised weights, the padded forward, streaming=False), a memory cap where the
+    model is loaded whole without a device map (streaming=False)."""
+    never = settings.streaming is False or settings.device_map is not None or settings.quantize != "none"
+    never = never or not settings.packed
+    if settings.stream_block_tokens is not None and never:
+        raise OptionError(
+            f"stream_block_tokens={settings.stream_block_tokens} sizes a streamed model's blocks, and "
+            f"with {_why_whole(settings)} nothing streams: leave it out"
+        )
+    if settings.max_device_memory is not None and settings.streaming is False and settings.device_map is None:
+        raise OptionError(
+            f"max_device_memory={settings.max_device_memory!r} is the budget of a streamed model or of a "
+            "device map, and with streaming=False the model is loaded whole: leave it out, or let the "
+            "model stream (streaming=True, or leave streaming out: then it streams when the weights "
+            "exceed the budget)"
+        )
+
+
+def _why_whole(settings: Settings) -> str:
+    if settings.streaming is False:
+        return "streaming=False"
+    if settings.device_map is not None:
+        return f"device_map={settings.device_map!r}"
+    if settings.quantize != "none":
+        return f"quantize={settings.quantize!r}"
+    return "packed=False"

@@ -91,7 +91,14 @@ def plan_stream(
         else:
             return StreamPlan(wanted, min(host, wanted), 1, "host")
         # no default-sized block with the stream on the host: the smaller block the device holds
-    block = settings.stream_block_tokens or block
+    given = settings.stream_block_tokens
+    if given is not None and given > block:  # a block the budget cannot hold would overrun it
+        raise OptionError(
+            f"stream_block_tokens={given:,} does not fit max_device_memory={budget!r}: after two layers' "
+            f"weights and a batch's work it holds a block of {block:,} tokens; give at most that, a "
+            "larger budget, or leave stream_block_tokens out"
+        )
+    block = given or block
     return StreamPlan(block, min(batch, block), streams)
 
 
