@@ -90,6 +90,8 @@ def test_file_writers_and_export_refuse_it_and_leave_nothing(loud, tmp_path, suf
 
 
 def test_store_cache_and_store_reads_refuse_it(loud, tmp_path):
+    """Refused before their first commit, the store and the cache leave nothing of theirs behind:
+    the folder when the run made it, the entries when the folder was there."""
     with pytest.raises(OptionError, match=r"hidden state 3 of input \d .*" + PAST):
         lw.extract_to_store(loud, TEXTS, tmp_path / "s.lw", progress=False)
     with pytest.raises(OptionError, match=r"blocks\.2\.hook_resid_post of context \d+ holds [\d,]+, " + PAST):
@@ -100,6 +102,16 @@ def test_store_cache_and_store_reads_refuse_it(loud, tmp_path):
             lw.CacheOptions(layers=[3], context=8, tokens=64),
             progress=False,
         )
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+    (tmp_path / "given.lw").mkdir()  # a folder the user made: left as it was, empty
+    with pytest.raises(OptionError, match=PAST):
+        lw.extract_to_store(loud, TEXTS, tmp_path / "given.lw", progress=False)
+    assert list((tmp_path / "given.lw").iterdir()) == []
+    (tmp_path / "given-cache").mkdir()
+    with pytest.raises(OptionError, match=PAST):
+        options = lw.CacheOptions(layers=[3], context=8, tokens=64)
+        lw.cache_activations(loud, TEXTS * 20, tmp_path / "given-cache", options, progress=False)
+    assert list((tmp_path / "given-cache").iterdir()) == []
     lw.extract_to_store(
         loud, TEXTS, tmp_path / "f32.lw", lw.OutputPlan.parse(dtype="float32"), progress=False
     )

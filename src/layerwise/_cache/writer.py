@@ -34,7 +34,7 @@ import numpy as np
 
 from .._settings.settings import Settings, numbers_keys
 from .._version import __version__
-from ..errors import OptionError, StoreError
+from ..errors import LayerwiseError, OptionError, StoreError
 from ..store._lock import writer_lock
 from .activations import activations
 from .contexts import framing_for, read_contexts, write_contexts
@@ -223,13 +223,25 @@ def begin_cache(
             record = _contexts(path, meta, stored, source, encoder, framing, context, tokens)
         except BaseException:
             if stored is None:  # a new cache whose corpus fails its token pass leaves nothing behind
-                remove_owned(path)
-                if created:
-                    (path / LOCK).unlink(missing_ok=True)
-                    with contextlib.suppress(OSError):
-                        path.rmdir()
+                _remove_begun(path, created)
             raise
-        yield record
+        try:
+            yield record
+        except LayerwiseError:  # refused (a float16 overflow) before its first shard: nothing kept
+            if stored is None and not any(n.startswith("data-") for n in os.listdir(path)):
+                _remove_begun(path, created)
+            raise
+
+
+def _remove_begun(path: Path, created: bool) -> None:
+    """A cache this run began, removed: its own entries, and the folder (with its lock) when this
+    run created it."""
+    remove_owned(path)
+    with contextlib.suppress(OSError):
+        if {p.name for p in path.iterdir()} <= {LOCK}:  # a folder the user made: left as it was
+            (path / LOCK).unlink(missing_ok=True)
+            if created:
+                path.rmdir()
 
 
 def _model_record(encoder: Any) -> dict:

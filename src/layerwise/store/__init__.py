@@ -2,10 +2,11 @@
 
 from ..errors import NotAStoreError, StoreDamagedError, StoreError
 from ._api import open_store, verify_store
+from ._extract_to_store import extract_to_store
 from ._reader import LayerView, Store
 from ._sharded import ShardedStore
 from ._verify import VerifyReport
-from ._writer import StoreSummary, extract_to_store
+from ._writer import StoreSummary
 
 __all__ = [
     "LayerView",

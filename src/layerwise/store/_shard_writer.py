@@ -125,7 +125,7 @@ def write_shard(
     their ids, kept in the shard's manifest; None: their global 0-based rows, as a store of the
     whole corpus keeps them); ``layout``: the store's (its defaults where None)."""
     from .._inputs.corpus import Corpus
-    from ._writer import extract_to_store
+    from ._extract_to_store import extract_to_store
 
     shard = table["shards"][index]
     if texts_sha256(texts, text_pairs) != shard["texts_sha256"]:

@@ -14,10 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
-import threading
 import time
-from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -29,7 +26,6 @@ from .._host.memory import release_free_memory
 from .._host.progress import progress_bar
 from .._inputs.ahead import ahead
 from .._inputs.windows import check_window_options
-from .._model.loading.source import weights_sha256
 from .._results import LayerStack, SentenceVector, WordVectors, check_float16, layers_along, result_values
 from ..errors import OptionError, StoreError
 from ._commit import Committer, ShardBuffer, clean_stale, disk_error
@@ -42,15 +38,11 @@ from ._format import (
     OFFSETS,
     OFFSETS_CHUNK,
     StoreLayout,
-    classify,
-    not_a_store,
     read_store_meta,
     remove_store_entries,
-    require_store_dependencies,
     sealed,
 )
 from ._index import create_positions, renew_positions
-from ._lock import writer_lock
 from ._parts import committed_prefix, open_root, read_manifest
 from ._resume import check_inputs, resume_keys, text_sha1
 from ._rows import stored_rows
@@ -324,70 +316,3 @@ class StoreWriter:
             truncated,
             time.perf_counter() - started,
         )
-
-
-def extract_to_store(
-    encoder: Encoder,
-    corpus: Corpus | Iterable[str] | str | os.PathLike,
-    path: str | os.PathLike,
-    plan: OutputPlan | None = None,
-    *,
-    layout: StoreLayout | None = None,
-    overwrite: bool = False,
-    source: str | None = None,
-    shard: dict | None = None,
-    progress: bool | None = None,
-) -> StoreSummary:
-    """Extract ``corpus`` into a store at ``path`` (a folder, conventionally ``*.lw``).
-
-    ``corpus`` is a :class:`~layerwise.Corpus` (files and their columns: ``lw.Corpus("t.csv",
-    text_column="body")``; texts in memory with pairs or ids: ``lw.Corpus.from_inputs(texts,
-    text_pairs=…, ids=…)``), a list of texts, or a path read with the default columns; the
-    manifest keeps each text's ``id``. What is stored is an :class:`OutputPlan` (default: every
-    layer of every token, float16): ``OutputPlan.parse(pool="sentence:mean", long_texts="window")``;
-    ``layout`` a :class:`StoreLayout` (block size, chunk rows, shard chunks). The store's metadata
-    records the plan and the Encoder's settings (``lw.read_meta``). Running the same call again after
-    an interruption resumes where the last commit left off (a different plan, model or final norm is
-    refused, naming it); a finished store is left as it is. Every argument and every text is checked
-    before anything is created; only an empty folder or a layerwise store is written into, and
-    ``overwrite`` removes only the store's own entries. ``shard`` is the identity a shard of a
-    sharded store records (set by _shard_writer.py)."""
-    # the weights' hash for the metadata (remembered on the model) while zarr and pyarrow import:
-    # hashlib lets go of the GIL, so on a fresh process this hides most of its 0.06 s
-    hashing = threading.Thread(target=weights_sha256, args=(encoder.models.current,), name="layerwise-hash")
-    hashing.start()
-    try:
-        require_store_dependencies()
-    finally:
-        hashing.join()
-    from .._inputs.corpus import as_corpus
-
-    plan = OutputPlan(dtype="float16") if plan is None else plan
-    if not isinstance(plan, OutputPlan):
-        raise OptionError(f"plan must be a layerwise.OutputPlan, not {type(plan).__name__}")
-    path = Path(path)
-    writer = StoreWriter(  # reads the corpus once: bad input fails before anything exists
-        encoder, path, as_corpus(corpus), plan, layout=layout or StoreLayout(), source=source, shard=shard
-    )
-    if classify(path) == "other":
-        from ._shard_table import TABLE, is_sharded
-
-        if is_sharded(path):
-            raise StoreError(
-                f"{str(path)!r} is a sharded store (its {TABLE}: written on Ray); resume or overwrite it "
-                "on Ray (--ray local, lw.ray.extract_to_store), or write this store to a new path"
-            )
-        raise not_a_store(path)
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise StoreError(
-            f"cannot create store {str(path)!r}: {exc.strerror}; choose a writable path"
-        ) from exc
-    with writer_lock(path):
-        kind = classify(path)  # again, now that no other writer can change it
-        if kind == "other":
-            raise not_a_store(path)
-        if overwrite and kind == "store":
-            remove_store_entries(path)
-        return writer.run(progress)
