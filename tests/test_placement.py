@@ -186,3 +186,22 @@ def test_quantised_weights_are_refused_on_the_cpu(make_tiny_model):
         lw.Encoder(make_tiny_model("bert", 2), device="cpu", quantize="8bit")
     with pytest.raises(OptionError, match="quantize='3bit' is not valid"):
         lw.Settings(quantize="3bit")
+
+
+def test_a_given_offload_folder_is_left_as_it_was_when_the_model_goes(make_tiny_model, tmp_path):
+    """A folder the run made (it did not exist) goes with the model, as a temporary one does; a
+    folder that was there keeps what it held, and only that (what the load wrote into it goes)."""
+    made = tmp_path / "made-here"
+    placed = lw.Encoder(make_tiny_model("bert", 2), device_map={"": "disk"}, offload_folder=str(made))
+    assert made.is_dir() and placed.embed(TEXTS[:1]).shape[0] == 1
+    del placed
+    gc.collect()
+    assert not made.exists()
+    given = tmp_path / "given"
+    given.mkdir()
+    (given / "kept.txt").write_text("the user's")
+    placed = lw.Encoder(make_tiny_model("bert", 2), device_map={"": "disk"}, offload_folder=str(given))
+    (given / "layer.dat").write_bytes(b"offloaded")  # what accelerate writes for a .bin checkpoint
+    del placed
+    gc.collect()
+    assert sorted(p.name for p in given.iterdir()) == ["kept.txt"]

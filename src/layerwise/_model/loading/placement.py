@@ -11,6 +11,7 @@ shows (transformers issue 36636, later layers of a model spread over GPUs return
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
@@ -36,19 +37,28 @@ class Placement:
     given_holds: frozenset[str] | None = None  # what a given offload folder held before the load
 
     def adopt(self, model: Any) -> None:
-        """``model`` was loaded with this placement: its temporary folder goes when it does."""
+        """``model`` was loaded with this placement: the offload folder this run made goes when it
+        does (at the latest when the process exits), and what the load wrote into a folder that was
+        there before, leaving it as it was."""
         if self.temporary is not None:
             weakref.finalize(model, shutil.rmtree, self.temporary, ignore_errors=True)
+        elif self.given_holds is not None:
+            weakref.finalize(model, _remove_new_entries, self.kwargs["offload_folder"], self.given_holds)
 
     def discard(self) -> None:
-        """The load failed: remove the temporary folder now, or what the load wrote into a given one."""
+        """The load failed: remove the folder this run made now, or what the load wrote into a given one."""
         if self.temporary is not None:
             shutil.rmtree(self.temporary, ignore_errors=True)
         elif self.given_holds is not None:
-            folder = Path(self.kwargs["offload_folder"])
-            for entry in set(os.listdir(folder)) - self.given_holds:
-                path = folder / entry
-                shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+            _remove_new_entries(self.kwargs["offload_folder"], self.given_holds)
+
+
+def _remove_new_entries(folder: str, held: frozenset[str]) -> None:
+    """The entries of ``folder`` that were not among ``held``."""
+    with contextlib.suppress(OSError):
+        for entry in set(os.listdir(folder)) - held:
+            path = Path(folder) / entry
+            shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
 
 
 def placement_of(
@@ -164,11 +174,13 @@ def _max_memory(text: str) -> dict[str | int, int]:
 
 
 def _offload_folder(given: str | None) -> tuple[str, str | None]:
-    """``(folder, the one made here)``: a given folder must be writable (made if missing)."""
+    """``(folder, the one made here)``: a given folder must be writable (made if missing: then it is
+    this run's, removed with the model, as a temporary one is)."""
     if given is None:
         made = tempfile.mkdtemp(prefix="layerwise-offload-")
         return made, made
     folder = Path(given).expanduser()
+    existed = folder.exists()
     try:
         folder.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=folder):
@@ -178,7 +190,7 @@ def _offload_folder(given: str | None) -> tuple[str, str | None]:
             f"offload_folder={given!r} cannot be written ({exc.strerror or exc}); pass a folder you can "
             "write to, with room for the weights the device map sends to 'disk'"
         ) from None
-    return os.fspath(folder), None
+    return os.fspath(folder), None if existed else os.fspath(folder)  # one made here goes with the model
 
 
 def _bitsandbytes(settings: Settings, device: torch.device, dtype: torch.dtype) -> Any:
