@@ -201,3 +201,11 @@ def test_the_command_line_refuses_an_unused_cap_and_writes_nothing(make_tiny_mod
         [*command, "--no-streaming", "--max-device-memory", "64MB"], capture_output=True, text=True
     )
     assert run.returncode == 2 and "max_device_memory='64MB'" in run.stderr and not out.exists()
+
+
+def test_a_block_size_for_a_model_that_fits_is_said_unused(make_tiny_model, caplog):
+    import logging
+
+    with caplog.at_level(logging.WARNING, logger="layerwise"):
+        enc = lw.Encoder(make_tiny_model("bert", 3), device="cpu", stream_block_tokens=64)
+    assert not enc.streamed and "stream_block_tokens=64 is not used" in caplog.text

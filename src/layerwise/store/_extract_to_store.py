@@ -89,22 +89,19 @@ def extract_to_store(
         raise StoreError(
             f"cannot create store {str(path)!r}: {exc.strerror}; choose a writable path"
         ) from exc
-    try:
-        with writer_lock(path):
-            kind = classify(path)  # again, now that no other writer can change it
-            if kind == "other":
-                raise not_a_store(path)
-            if overwrite and kind == "store":
-                remove_store_entries(path)
-            try:
-                return writer.run(progress)
-            except LayerwiseError:  # refused (bad input, an overflow): what this run made, it removes
-                if kind != "store" or overwrite:
-                    _remove_if_nothing_committed(path)
-                raise
-    except LayerwiseError:
-        _remove_lock_left(path, made_folder)
-        raise
+    with writer_lock(path):
+        kind = classify(path)  # again, now that no other writer can change it
+        if kind == "other":
+            raise not_a_store(path)
+        if overwrite and kind == "store":
+            remove_store_entries(path)
+        try:
+            return writer.run(progress)
+        except LayerwiseError:  # refused (bad input, an overflow): what this run made, it removes
+            if kind != "store" or overwrite:
+                _remove_if_nothing_committed(path)
+                _remove_lock_left(path, made_folder)  # while held: a waiting writer takes a new one
+            raise
 
 
 def _remove_if_nothing_committed(path: Path) -> None:
@@ -121,8 +118,9 @@ def _remove_if_nothing_committed(path: Path) -> None:
 
 
 def _remove_lock_left(path: Path, made_folder: bool) -> None:
-    """After a refusal: the lock file, when nothing else is left in the folder, and the folder when
-    this run made it (a folder the user made is left as it was, empty)."""
+    """After a refusal, under the lock: the lock file, when nothing else is left in the folder, and
+    the folder when this run made it (a folder the user made is left as it was, empty). A writer
+    waiting on the lock finds its file gone and takes a new one (_lock.py)."""
     with contextlib.suppress(OSError):
         if {p.name for p in path.iterdir()} <= {LOCK}:
             (path / LOCK).unlink(missing_ok=True)

@@ -67,6 +67,13 @@ def resolve_streaming(
     )
     room = free if cap is None else min(free, cap)
     if needed is None or needed <= WEIGHTS_SHARE * room:
+        if settings.stream_block_tokens is not None:  # said, not silently dropped
+            logger.warning(
+                "model %s: stream_block_tokens=%d is not used: the weights fit, so the model is loaded "
+                "whole (streaming=True streams it anyway)",
+                name,
+                settings.stream_block_tokens,
+            )
         return False
     from .support import check_streamable
 
