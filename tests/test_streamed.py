@@ -169,10 +169,14 @@ def test_a_gguf_file_streams_one_dequantised_layer_at_a_time_with_the_in_memory_
     row; every hidden state and the weights' hash as ``from_pretrained(gguf_file=...)`` gives them."""
     streamed = lw.Encoder(smollm2_folder(), device="cpu", streaming=True, stream_block_tokens=64)
     for final_norm in (True, "all"):
-        assert_same_stacks(
-            streamed.extract(TEXTS, layers="all", final_norm=final_norm),
-            smollm2.extract(TEXTS, layers="all", final_norm=final_norm),
-        )
+        got = streamed.extract(TEXTS, layers="all", final_norm=final_norm)
+        want = smollm2.extract(TEXTS, layers="all", final_norm=final_norm)
+        for a, b in zip(got, want, strict=True):
+            # the streamed layers run F.linear; in memory on a non-Intel x86 the prepacked oneDNN
+            # linears: float32 rounding apart, at the scale of each state (SmolLM2's reach 2e4)
+            assert a.tokens == b.tokens
+            scale = np.abs(b.hidden).reshape(len(b.hidden), -1).max(axis=1)[:, None, None]
+            assert (np.abs(a.hidden - b.hidden) <= 1e-5 + 5e-5 * scale).all()
     assert streamed.engine.streamed.model.peak_resident <= 2
     hashes = [enc.run_meta(lw.OutputPlan())["weights_sha256"] for enc in (streamed, smollm2)]
     assert hashes[0] == hashes[1]

@@ -297,8 +297,7 @@ def _tap_recorder(tap: str, depth: int):
 
 def switch_linears(layers: Iterable[nn.Module]) -> None:
     """Each ``nn.Linear`` of ``layers`` runs on the packed run's prepacked linears (oneDNN, where
-    they apply: cpu_gemm.py) inside a packed forward that carries them; ``F.linear`` elsewhere. The
-    streamed forward switches its layers too, so both run the same ops."""
+    they apply: cpu_gemm.py) inside a packed forward that carries them; ``F.linear`` elsewhere."""
     for layer in layers:
         for module in layer.modules():
             if type(module) is nn.Linear:

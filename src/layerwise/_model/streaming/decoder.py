@@ -10,7 +10,6 @@ from typing import Any
 import torch
 
 from ..decoders import final_norm_module
-from ..forward.cpu_gemm import PrepackedLinears
 from ..forward.packed_decoder import (
     ATTENTION,
     PackedRun,
@@ -18,7 +17,6 @@ from ..forward.packed_decoder import (
     prepare_decoder_batch,
     register_packed_attention,
     running_packed,
-    switch_linears,
 )
 from .checkpoint import Weights
 from .model import Step, StreamedModel, unit_names
@@ -53,10 +51,9 @@ class StreamedDecoder(StreamedModel):
         norm = checkpoint.read(final_norm, dtype, device)
         skeleton.load_state_dict({k[len(prefix) :]: v for k, v in norm.items()}, strict=False, assign=True)
         self.layers = list(skeleton.h if gpt2 else skeleton.layers)
-        # the in-memory packed forward's linear layers (oneDNN where it wins), each layer's packed
-        # weights dropped once the block has run it
-        self.linear = PrepackedLinears()
-        switch_linears(self.layers)
+        # the layers' linears run F.linear, not the in-memory forward's prepacked oneDNN copies: a
+        # packed copy of the running layer and oneDNN's primitive caches (one per batch shape) took
+        # 85 MB past the streamed memory bound on an AMD EPYC (benchmarks/streamed_speed.py)
         embeddings = [words] if self._positions is None else [words, self._positions]
         units = [embeddings, *[[layer] for layer in self.layers]]
         super().__init__(skeleton, units, words, checkpoint, prefix, dtype, device)
@@ -87,7 +84,7 @@ class StreamedDecoder(StreamedModel):
         def step(hidden: torch.Tensor, batch: Any, rotary: Any) -> torch.Tensor:
             rotary = rotary if kind is None else rotary[kind]
             given = {} if rotary is None else {"position_embeddings": rotary}
-            with running_packed(PackedRun(batch.groups, linear=self.linear)):  # this thread's grids
+            with running_packed(PackedRun(batch.groups)):  # this thread's grids
                 out = layer(
                     hidden[None],
                     attention_mask=None,
@@ -98,9 +95,6 @@ class StreamedDecoder(StreamedModel):
             return out[0]
 
         return step
-
-    def after_layer(self, depth: int) -> None:
-        self.linear.forget()
 
     def running(self) -> AbstractContextManager[Any]:
         return attention_implementation(self.skeleton.config, ATTENTION)
