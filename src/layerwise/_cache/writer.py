@@ -35,7 +35,7 @@ import numpy as np
 from .._settings.settings import Settings, numbers_keys
 from .._version import __version__
 from ..errors import LayerwiseError, OptionError, StoreError
-from ..store._lock import writer_lock
+from ..store._lock import remove_lock_if_alone, writer_lock
 from .activations import activations
 from .contexts import framing_for, read_contexts, write_contexts
 from .format import (
@@ -43,7 +43,6 @@ from .format import (
     FORMAT,
     FORMAT_VERSION,
     INFO,
-    LOCK,
     META,
     STATE,
     checksum_name,
@@ -237,11 +236,7 @@ def _remove_begun(path: Path, created: bool) -> None:
     """A cache this run began, removed: its own entries, and the folder (with its lock) when this
     run created it."""
     remove_owned(path)
-    with contextlib.suppress(OSError):
-        if {p.name for p in path.iterdir()} <= {LOCK}:  # a folder the user made: left as it was
-            (path / LOCK).unlink(missing_ok=True)
-            if created:
-                path.rmdir()
+    remove_lock_if_alone(path, created)
 
 
 def _model_record(encoder: Any) -> dict:

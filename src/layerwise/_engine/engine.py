@@ -32,6 +32,7 @@ from .._inputs.windows import Window, plan_windows
 from .._model.decoders import apply_final_norm, is_decoder_config
 from .._model.forward.concurrent import ForwardLock, ForwardPool, check_streams
 from .._model.forward.hooks import eager_attention_for, find_layer_list
+from .._model.forward.packed import PackedEncoder
 from .._model.forward.packed_decoder import PACKED_TAPS, PackedDecoder, packed_forward
 from .._model.forward.padded import collate, forward_batch, warm_up
 from .._model.forward.sdpa import attention_kernels
@@ -85,23 +86,21 @@ class Engine:
         self._warm_up_ids = [tokenizer.cls_token_id or 0, tokenizer.sep_token_id or 0]
         # packed forwards share the model; a Hugging Face one (hooks, truncation patch it) runs alone
         self.lock = ForwardLock()
-        # the unpadded forward where the architecture allows it (forward/packed.py,
-        # forward/packed_decoder.py); None: Hugging Face's padded one, or a layer-streamed model
+        # what runs the batches: the unpadded forward where the architecture allows it
+        # (forward/packed.py, forward/packed_decoder.py), a layer-streamed model block by block as
+        # its plan says, or None: Hugging Face's padded forward
         streamed_model = models.streamed
-        packs = settings.packed and streamed_model is None
-        self.packed = packed_forward(models.current) if packs else None
+        packed = packed_forward(models.current) if settings.packed and streamed_model is None else None
         streams = check_streams(settings.streams, self.device, config.hidden_size)
-        runs_packed = self.packed is not None or streamed_model is not None
+        runs_packed = packed is not None or streamed_model is not None
         self.pool = ForwardPool(streams) if streams > 1 and runs_packed else None
-        # a streamed model (streaming=True) runs block by block, layer by layer, as its plan says
-        self.streamed: StreamedForward | None = None
         self.runner: PackedRunner | BlockRunner | None = None
         if streamed_model is not None:
             assert stream_plan is not None, "a streamed model runs as its plan says"
-            self.streamed = StreamedForward(streamed_model, stream_plan, self.pool)
-            self.runner = BlockRunner(self.streamed, self.lock, self.device, self.with_token_types)
-        elif self.packed is not None:
-            self.runner = self._packed_runner(self.packed, models.current)
+            streamed = StreamedForward(streamed_model, stream_plan, self.pool)
+            self.runner = BlockRunner(streamed, self.lock, self.device, self.with_token_types)
+        elif packed is not None:
+            self.runner = self._packed_runner(packed, models.current)
         if models.built:
             self._adopt(models.current)
         else:
@@ -111,6 +110,16 @@ class Engine:
     def model(self) -> Any:
         """The transformers model (built on first use: see _model/handle.py)."""
         return self.models.transformers()
+
+    @property
+    def packed(self) -> PackedEncoder | PackedDecoder | None:
+        """The in-memory packed forward, when it runs the batches."""
+        return self.runner.forward if isinstance(self.runner, PackedRunner) else None
+
+    @property
+    def streamed(self) -> StreamedForward | None:
+        """The layer-streamed forward, when the model is streamed."""
+        return self.runner.forward if isinstance(self.runner, BlockRunner) else None
 
     def _packed_runner(self, forward: Any, model: Any) -> PackedRunner:
         return PackedRunner(forward, model, self.lock, self.device, self.with_token_types, self.pool)
@@ -123,9 +132,9 @@ class Engine:
                 model, model.config.num_hidden_layers
             )
             warm_up(model, self._warm_up_ids, self.device, self.models.name)
-            if self.packed is not None:
-                self.packed = packed_forward(model)
-                self.runner = self._packed_runner(self.packed, model)
+            if self.packed is not None:  # a packed forward on the new modules (one, as before)
+                forward = packed_forward(model)
+                self.runner = None if forward is None else self._packed_runner(forward, model)
 
     def run_inputs(
         self, encoded: list[EncodedInput], call: Call, progress: bool | None = None

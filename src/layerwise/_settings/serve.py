@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import typing
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -167,8 +168,6 @@ class ServeOption:
 
 def serve_options() -> list[ServeOption]:
     """Every ServeSettings field made with :func:`limit`, as an option, in the fields' order."""
-    import typing
-
     kinds = typing.get_type_hints(ServeSettings)
     found = []
     for field in dataclasses.fields(ServeSettings):

@@ -4,7 +4,6 @@ commit removes what it made (the store's entries, and the folder when it made it
 
 from __future__ import annotations
 
-import contextlib
 import os
 import threading
 from collections.abc import Iterable
@@ -15,14 +14,13 @@ from .._features.plan import OutputPlan
 from .._model.loading.source import weights_sha256
 from ..errors import LayerwiseError, OptionError, StoreError
 from ._format import (
-    LOCK,
     StoreLayout,
     classify,
     not_a_store,
     remove_store_entries,
     require_store_dependencies,
 )
-from ._lock import writer_lock
+from ._lock import remove_lock_if_alone, writer_lock
 from ._writer import StoreSummary, StoreWriter
 
 if TYPE_CHECKING:
@@ -100,7 +98,7 @@ def extract_to_store(
         except LayerwiseError:  # refused (bad input, an overflow): what this run made, it removes
             if kind != "store" or overwrite:
                 _remove_if_nothing_committed(path)
-                _remove_lock_left(path, made_folder)  # while held: a waiting writer takes a new one
+                remove_lock_if_alone(path, made_folder)  # while held: a waiting writer takes a new one
             raise
 
 
@@ -115,14 +113,3 @@ def _remove_if_nothing_committed(path: Path) -> None:
         committed = 0  # begun and not even readable: nothing of it is worth keeping
     if committed == 0:
         remove_store_entries(path)
-
-
-def _remove_lock_left(path: Path, made_folder: bool) -> None:
-    """After a refusal, under the lock: the lock file, when nothing else is left in the folder, and
-    the folder when this run made it (a folder the user made is left as it was, empty). A writer
-    waiting on the lock finds its file gone and takes a new one (_lock.py)."""
-    with contextlib.suppress(OSError):
-        if {p.name for p in path.iterdir()} <= {LOCK}:
-            (path / LOCK).unlink(missing_ok=True)
-            if made_folder:
-                path.rmdir()

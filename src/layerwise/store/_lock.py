@@ -117,3 +117,14 @@ def being_rewritten(path: Path) -> StoreError | None:
         f"store {str(path)!r} is being rewritten by another process ({holder}); open it again when that "
         "run is done"
     )
+
+
+def remove_lock_if_alone(path: Path, made_folder: bool) -> None:
+    """After a refused run, with the lock held: the lock file, when nothing else is left in the
+    folder, and the folder when the run made it (a folder the user made is left as it was, empty).
+    A writer waiting on the lock finds its file gone and takes a new one (:func:`writer_lock`)."""
+    with contextlib.suppress(OSError):
+        if {p.name for p in path.iterdir()} <= {LOCK}:
+            (path / LOCK).unlink(missing_ok=True)
+            if made_folder:
+                path.rmdir()

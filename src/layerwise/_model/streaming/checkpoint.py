@@ -89,7 +89,8 @@ class Checkpoint:
 
     def _by_file(self, names: Iterable[str]) -> dict[Path, list[str]]:
         names = list(names)
-        missing_weights(self, names, self.name)
+        if any(key not in self.files for key in names):  # named, never a KeyError
+            missing_weights(self, names, self.name)
         by_file: dict[Path, list[str]] = {}
         for key in names:
             by_file.setdefault(self.files[key], []).append(key)
