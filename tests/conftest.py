@@ -376,6 +376,21 @@ def running_server(app, config=None):
 
 # ----------------------------------------------------------------------- decoder LMs (decoder_models.py)
 @pytest.fixture(scope="session")
+def family_folder(tmp_path_factory) -> Callable[[str], Path]:
+    """A tiny random model of one of any_models.FAMILIES, with its tokenizer kind, saved once per session."""
+    from any_models import save_family
+
+    made: dict[str, Path] = {}
+
+    def make(model_type: str) -> Path:
+        if model_type not in made:
+            made[model_type] = save_family(model_type, tmp_path_factory.mktemp(f"family-{model_type}"))
+        return made[model_type]
+
+    return make
+
+
+@pytest.fixture(scope="session")
 def decoder_folder(tmp_path_factory) -> Callable[[str], Path]:
     """A tiny random decoder LM of one family, saved once per session."""
     from decoder_models import save_decoder

@@ -46,8 +46,9 @@ class Encoder(FeatureCalls):
     GGUF file, or None for the packaged all-MiniLM-L6-v2, and the options the other fields of
     Settings, which documents each (device, model_dtype, max_length, batch_size, max_tokens,
     packed, streams, allow_nan, final_norm, method, streaming, max_device_memory,
-    stream_block_tokens, device_map, offload_folder, quantize). ``enc.settings`` says what it was made with,
-    ``enc.engine.settings`` the same resolved for this model and device (what runs).
+    stream_block_tokens, device_map, offload_folder, quantize, trust_remote_code).
+    ``enc.settings`` says what it was made with, ``enc.engine.settings`` the same resolved for
+    this model and device (what runs).
     Front ends batching across callers use ``inputs.encode`` and ``engine.run_inputs`` directly."""
 
     def __init__(self, model: Settings | str | os.PathLike | None = None, **options: Any) -> None:
@@ -105,6 +106,10 @@ class Encoder(FeatureCalls):
     @property
     def streamed(self) -> bool:  # layer by layer: streaming=True, or None and too large to hold
         return bool(self.engine.settings.streaming)
+
+    @property
+    def run_path(self) -> str:  # "packed", "streamed" or "general" (transformers' own forward)
+        return self.engine.path
 
     @property
     def n_hidden_states(self) -> int:  # the embedding output plus one per layer

@@ -65,12 +65,21 @@ def load(given: Settings) -> Loaded:
     device = pick_device(given.device)
     dtype = TORCH_DTYPES[given.model_dtype]  # light=packed: the packed forward needs no HF class
     with gguf_read_once(source):
-        config, tokenizer = load_config_and_tokenizer(source, name)  # the fast tokenizer
+        # the fast tokenizer; a model's own code runs only when the settings say so
+        config, tokenizer = load_config_and_tokenizer(source, name, trust_remote_code=given.trust_remote_code)
         # streaming=None: streamed when the weights do not fit in the device's free memory
         streaming = resolve_streaming(given, source, config, dtype, device, name)
         placement = placement_of(given, config, device, dtype)  # a device map, quantised weights
         models = ModelHandle(
-            source, name, config, dtype, device, light=given.packed, streaming=streaming, placement=placement
+            source,
+            name,
+            config,
+            dtype,
+            device,
+            light=given.packed,
+            streaming=streaming,
+            placement=placement,
+            trust_remote_code=given.trust_remote_code,
         )
     device = models.device  # a placed model's: where its inputs go
     is_decoder = is_decoder_config(config)

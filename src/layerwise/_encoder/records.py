@@ -37,7 +37,7 @@ def run_meta(loaded: Recorded, settled: OutputPlan) -> dict:
     """How a run of the ``settled`` plan is made, for every output's metadata: layerwise's version,
     the settings under their Python names (``model`` is the name, ``model_source`` where it was
     loaded from; what ran resolved: ``device_used``, max_length, batch_size, max_tokens, streaming,
-    stream_block_tokens, stream_residual, streams, packed), the weights' hash, the plan."""
+    stream_block_tokens, stream_residual, streams, packed, path), the weights' hash, the plan."""
     from .._model.loading.source import weights_sha256
 
     engine, ran = loaded.engine, loaded.engine.settings
@@ -54,6 +54,7 @@ def run_meta(loaded: Recorded, settled: OutputPlan) -> dict:
         "stream_residual": engine.streamed.plan.residual if engine.streamed else None,
         "streams": engine.pool.streams if engine.pool is not None else 1,
         "packed": engine.runner is not None,  # the packed forward, in memory or streamed
+        "path": engine.path,  # packed, streamed, or general: transformers' own forward
     }
     return {
         "layerwise_version": __version__,

@@ -20,7 +20,7 @@ import inspect
 import logging
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import nullcontext
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import numpy as np
 import torch
@@ -51,6 +51,7 @@ from .units import Units, unit_jobs, unit_stacks
 
 logger = logging.getLogger("layerwise")
 Key = TypeVar("Key")
+RunPath = Literal["packed", "streamed", "general"]
 
 
 def _resolved(settings: Settings, name: str) -> int:
@@ -121,6 +122,15 @@ class Engine:
         """The layer-streamed forward, when the model is streamed."""
         return self.runner.forward if isinstance(self.runner, BlockRunner) else None
 
+    @property
+    def path(self) -> RunPath:
+        """What runs the batches: ``"packed"`` (the unpadded forward, forward/packed*.py),
+        ``"streamed"`` (that forward layer by layer, streaming/), or ``"general"`` (transformers'
+        own forward of a padded batch: any architecture, and calls that need hooks)."""
+        if self.streamed is not None:
+            return "streamed"
+        return "packed" if self.packed is not None else "general"
+
     def _packed_runner(self, forward: Any, model: Any) -> PackedRunner:
         return PackedRunner(forward, model, self.lock, self.device, self.with_token_types, self.pool)
 
@@ -131,7 +141,7 @@ class Engine:
             self.layer_owner, self.layer_attr, self.layer_list = find_layer_list(
                 model, model.config.num_hidden_layers
             )
-            warm_up(model, self._warm_up_ids, self.device, self.models.name)
+            warm_up(model, self._warm_up_ids, self.device, self.models.name, self.layer_list)
             if self.packed is not None:  # a packed forward on the new modules (one, as before)
                 forward = packed_forward(model)
                 self.runner = None if forward is None else self._packed_runner(forward, model)

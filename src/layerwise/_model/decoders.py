@@ -24,17 +24,38 @@ first layer sees it), index ``i`` the output of layer ``i``. Two things differ:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-# transformers' model types of the decoder families layerwise is tested on
-DECODER_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "gpt2")
+import torch
 
+from ..errors import OptionError
+from .families import is_decoder_config
 
-def is_decoder_config(config: Any) -> bool:
-    """Whether ``config`` is a decoder LM of a family layerwise runs."""
-    return getattr(config, "model_type", None) in DECODER_MODEL_TYPES
+__all__ = [
+    "apply_final_norm",
+    "final_norm_module",
+    "is_decoder_config",
+    "raw_hidden_states",
+    "settle_final_norm",
+]
+
+# where decoders keep their final norm (Llama's ``norm``, GPT-2's ``ln_f``, GPT-NeoX's and OPT's
+# ``final_layer_norm``, Phi's ``final_layernorm``, Falcon-Mamba's ``norm_f``): a candidate, which
+# :func:`settle_final_norm` checks against transformers' own last hidden state at load
+_FINAL_NORM_PATHS = (
+    "norm",
+    "ln_f",
+    "final_layer_norm",
+    "final_layernorm",
+    "norm_f",
+    "decoder.final_layer_norm",
+)
+# settle_final_norm's verdict, kept on the model: the module, "none" (the last state is not normed),
+# or "unknown" (transformers normalises it with something else: only its own last state is given)
+_SETTLED = "_layerwise_final_norm"
 
 
 @contextmanager
@@ -47,7 +68,7 @@ def raw_hidden_states(model: Any) -> Iterator[None]:
     here: :func:`apply_final_norm` applies the call's final norm afterwards. The caller holds the
     model alone (Hugging Face forwards run under the exclusive lock)."""
     config = model.config
-    if not is_decoder_config(config):
+    if not is_decoder_config(config) or getattr(model, _SETTLED, None) == "unknown":
         yield
         return
     missing = object()
@@ -63,8 +84,51 @@ def raw_hidden_states(model: Any) -> Iterator[None]:
 
 
 def final_norm_module(model: Any) -> Any:
-    """A decoder's final norm (``norm``; GPT-2's ``ln_f``), or None."""
-    return getattr(model, "norm", None) or getattr(model, "ln_f", None)
+    """A decoder's final norm: the module its ``lm_head`` reads after (see ``_FINAL_NORM_PATHS``), or
+    None (none, or none known: :func:`settle_final_norm`)."""
+    settled = getattr(model, _SETTLED, None)
+    if settled is not None:
+        return settled if isinstance(settled, torch.nn.Module) else None
+    for path in _FINAL_NORM_PATHS:
+        module: Any = model
+        for part in path.split("."):
+            module = getattr(module, part, None)
+        if isinstance(module, torch.nn.Module):
+            return module
+    return None
+
+
+def settle_final_norm(model: Any, raw_last: torch.Tensor, returned_last: torch.Tensor) -> None:
+    """Which final norm a decoder applies, from one forward: its last layer's raw output and the
+    last hidden state transformers returned. The candidate module reproduces it (the norm the
+    logit lens and ``final_norm`` use), or the two are equal (no final norm), or neither: then
+    only transformers' own last state is given (``final_norm=True``)."""
+    norm = final_norm_module(model)
+    close = functools.partial(_close, returned_last)
+    with torch.inference_mode():
+        normed = None if norm is None else norm(raw_last.to(_device_of(norm, raw_last))).to(raw_last.device)
+    if normed is not None and close(normed):
+        verdict: Any = norm
+    else:
+        verdict = "none" if close(raw_last) else "unknown"
+    # in __dict__, not setattr: nn.Module would register the norm as a second child (its state dict)
+    model.__dict__[_SETTLED] = verdict
+
+
+def final_norm_known(model: Any) -> bool:
+    """Whether ``final_norm`` False and "all" can be given for ``model`` (see settle_final_norm)."""
+    return getattr(model, _SETTLED, None) != "unknown"
+
+
+def _device_of(module: torch.nn.Module, fallback: torch.Tensor) -> torch.device:
+    parameter = next(module.parameters(), None)
+    return fallback.device if parameter is None or parameter.is_meta else parameter.device
+
+
+def _close(expected: torch.Tensor, got: torch.Tensor) -> bool:
+    expected, got = expected.float(), got.float()
+    scale = float(expected.abs().max()) or 1.0
+    return bool(torch.allclose(got, expected, rtol=1e-3, atol=1e-3 * scale))
 
 
 def apply_final_norm(model: Any, hidden: Any, layers: Sequence[int], final_norm: bool | str) -> Any:
@@ -72,7 +136,18 @@ def apply_final_norm(model: Any, hidden: Any, layers: Sequence[int], final_norm:
     final norm on hidden state n_layers (True, what transformers returns), on none (False) or on
     every one ("all", as the logit lens reads them). An encoder's come back as they are."""
     config = model.config
-    if final_norm is False or not is_decoder_config(config):
+    if not is_decoder_config(config):
+        return hidden
+    settled = getattr(model, _SETTLED, None)
+    if settled == "unknown":
+        if final_norm is True:
+            return hidden  # transformers' own last state, kept by the forward
+        raise OptionError(
+            f"final_norm={final_norm!r}: this {config.model_type!r} model normalises its last hidden state "
+            "with a module layerwise does not know, so only transformers' own hidden states are given; "
+            "use final_norm=True (the default)"
+        )
+    if final_norm is False or settled == "none":
         return hidden
     norm = final_norm_module(model)
     if final_norm == "all":

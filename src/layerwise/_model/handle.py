@@ -42,10 +42,12 @@ class ModelHandle:
         light: bool,
         streaming: bool = False,
         placement: Placement | None = None,
+        trust_remote_code: bool = False,
     ) -> None:
         self.source, self.name, self.config = source, name, config
         self.dtype, self.device = dtype, device  # a placed model: the device its inputs go to
         self.placement = placement  # accelerate's device map or quantisation (placement.py)
+        self.trust_remote_code = trust_remote_code  # the model's own code (auto_map): asked for
         self._lock = threading.Lock()
         self._listeners: list[Callable[[Any], None]] = []
         self._hf: Any = None
@@ -98,10 +100,19 @@ class ModelHandle:
         self._listeners.append(listener)
 
     def _load(self) -> Any:
+        remote = self.trust_remote_code
         if self.placement is None:
-            return load_model(self.source, self.name, self.dtype, self.config).to(self.device).eval()
+            model = load_model(self.source, self.name, self.dtype, self.config, trust_remote_code=remote)
+            return model.to(self.device).eval()
         try:
-            model = load_model(self.source, self.name, self.dtype, self.config, self.placement.kwargs)
+            model = load_model(
+                self.source,
+                self.name,
+                self.dtype,
+                self.config,
+                self.placement.kwargs,
+                trust_remote_code=remote,
+            )
         except BaseException as exc:
             self.placement.discard()
             folder = self.placement.kwargs.get("offload_folder")

@@ -158,6 +158,9 @@ class Settings:
         offload_folder: where a device map's "disk" weights go when the checkpoint cannot be
             memory-mapped in place; None: a temporary folder, removed with the model.
         quantize: 8- or 4-bit weights through bitsandbytes (CUDA only; the ``quantize`` extra).
+        trust_remote_code: run a model's own code (its config's ``auto_map``: a Python file in its
+            folder or Hub repository), as transformers' argument of that name. Never on by default:
+            that code runs with your permissions.
     """
 
     # the model changes the numbers too: the resume checks compare its weights' hash
@@ -216,6 +219,12 @@ class Settings:
         None, "Where a device map's disk weights are written if needed [default: a temporary folder]"
     )
     quantize: Quantize = setting("none", "8- or 4-bit weights with bitsandbytes (CUDA only)", numbers=True)
+    trust_remote_code: bool = setting(
+        False,
+        "Run the model's own Python code from its folder or the Hub (auto_map in config.json); only for "
+        "code you trust",
+        flags=("--trust-remote-code",),
+    )
 
     def __post_init__(self) -> None:
         for name in ("model", "offload_folder"):

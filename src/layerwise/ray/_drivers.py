@@ -86,7 +86,8 @@ def _checked(settings: Settings, plan: OutputPlan) -> tuple[Settings, OutputPlan
         settings = settings.replace(model=str(Path(settings.model).expanduser().resolve()))
     source, name = resolve_model_source(settings.model)  # name: what each actor's Encoder says
     where, gguf = loader_args(source)
-    config = AutoConfig.from_pretrained(where, **gguf)
+    remote = {"trust_remote_code": True} if settings.trust_remote_code else {}
+    config = AutoConfig.from_pretrained(where, **gguf, **remote)
     n_hidden = int(config.num_hidden_layers) + 1
     plan.hidden_states(n_hidden)
     decoder = is_decoder_config(config)

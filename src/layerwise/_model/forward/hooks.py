@@ -30,7 +30,6 @@ import torch
 from torch import nn
 
 from ...errors import OptionError
-from ..decoders import DECODER_MODEL_TYPES
 
 Tap = Literal["attention_probs", "attention_output", "intermediate", "attn_out", "mlp_out"]
 TAPS: tuple[str, ...] = ("attention_probs", "attention_output", "intermediate", "attn_out", "mlp_out")
@@ -61,20 +60,38 @@ _TAP_PATHS: dict[str, dict[str, str]] = {
     },
     # decoder LMs (pre-norm blocks): no module outputs the attention block's normed output or the
     # feed-forward activations as the BERT taps mean them; attn_out and mlp_out are what each adds
+    # to the residual stream (GPT-NeoX and Phi add both to the same stream: parallel blocks)
     **{
         kind: {"attention_probs": "self_attn", "attn_out": "self_attn", "mlp_out": "mlp"}
-        for kind in DECODER_MODEL_TYPES
-        if kind != "gpt2"
+        for kind in (
+            "llama",
+            "mistral",
+            "qwen2",
+            "qwen3",
+            "gemma",
+            "phi",
+            "phi3",
+            "olmo",
+            "mixtral",
+            "qwen2_moe",
+            "starcoder2",
+            "stablelm",
+        )
     },
+    # post-norm blocks: what each adds is its output norm's
     **{
         kind: {
             "attention_probs": "self_attn",
             "attn_out": "post_attention_layernorm",
             "mlp_out": "post_feedforward_layernorm",
         }
-        for kind in ("gemma2", "gemma3_text")
+        for kind in ("gemma2", "gemma3_text", "olmo2")
     },
     "gpt2": {"attention_probs": "attn", "attn_out": "attn", "mlp_out": "mlp"},
+    "gpt_neox": {"attention_probs": "attention", "attn_out": "attention", "mlp_out": "mlp"},
+    # OPT's feed-forward is two linears on the flattened batch inside the layer: no module gives
+    # what it adds in the batch's shape
+    "opt": {"attention_probs": "self_attn", "attn_out": "self_attn"},
 }
 # Which element of a module's tuple output holds the tap (attention modules return (context, probs)).
 _TAP_INDEX = {"attention_probs": 1, "attention_output": 0, "intermediate": 0, "attn_out": 0, "mlp_out": 0}
@@ -104,7 +121,8 @@ def find_layer_list(model: nn.Module, n_layers: int) -> tuple[nn.Module, str, nn
                 return owner, attr, child
     raise OptionError(
         f"could not find the list of {n_layers} encoder layers in {type(model).__name__}; "
-        "layerwise supports BERT-family encoders (BERT, RoBERTa, DistilBERT, MPNet, ELECTRA, MiniLM)"
+        "layerwise reads each layer's output from that list (a model that shares one layer across depths, "
+        "such as ALBERT, has none)"
     )
 
 
@@ -121,11 +139,17 @@ def truncated_encoder(owner: nn.Module, attr: str, layer_list: nn.ModuleList, de
         setattr(owner, attr, layer_list)
 
 
+def tap_paths(model_type: str) -> dict[str, str]:
+    """The taps of ``model_type`` and the sub-module of a layer each reads (the BERT layout unless
+    the family has its own)."""
+    return _TAP_PATHS.get(model_type, _BERT_LAYOUT)
+
+
 def tap_module(layer: nn.Module, model_type: str, tap: str) -> nn.Module:
     """The sub-module of one encoder layer whose output is ``tap``."""
     if tap not in TAPS:
         raise OptionError(f"unknown tap {tap!r}; choose from {', '.join(TAPS)}")
-    path = _TAP_PATHS.get(model_type, _BERT_LAYOUT).get(tap)
+    path = tap_paths(model_type).get(tap)
     if path is None:
         raise OptionError(
             f"tap {tap!r} is not available for model type {model_type!r}; it has "
@@ -136,7 +160,9 @@ def tap_module(layer: nn.Module, model_type: str, tap: str) -> nn.Module:
         if not hasattr(module, part):
             raise OptionError(
                 f"tap {tap!r} is not available for model type {model_type!r}: its layers have no "
-                f"'{path}' sub-module; supported layouts: BERT, RoBERTa, ELECTRA, DistilBERT, MPNet"
+                f"'{path}' sub-module. Taps need a family's module names: the BERT layout (BERT, RoBERTa, "
+                f"ELECTRA, DeBERTa) and {', '.join(sorted(_TAP_PATHS))} (the table in docs/models.md); "
+                "hidden states need none"
             )
         module = getattr(module, part)
     return module

@@ -38,12 +38,27 @@ from torch import nn
 
 from ..decoders import is_decoder_config
 from .cpu_gemm import PrepackedLinears
-from .hooks import tap_module
+from .hooks import tap_module, tap_paths
 from .packed import AttentionGroup, PackedEncoder, plan_groups
 
 ATTENTION = "layerwise_packed"
 PACKED_TAPS = ("attn_out", "mlp_out")  # the sub-layer outputs the packed forward records
-PACKED_DECODER_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "gpt2")
+PACKED_DECODER_TYPES = (
+    "llama",
+    "mistral",
+    "qwen2",
+    "qwen3",
+    "gemma",
+    "gemma2",
+    "gemma3_text",
+    "gpt2",
+    "gpt_neox",
+    "opt",
+    "phi",
+    "phi3",
+    "olmo",
+    "olmo2",
+)
 _local = threading.local()  # the packed forward running in this thread, if any
 
 
@@ -146,9 +161,12 @@ def packed_attention(
     return out[None], None
 
 
-def _layers(model: Any) -> Any:
-    """The decoder's layer list: ``layers`` (Llama and the others), ``h`` (GPT-2)."""
-    return getattr(model, "layers", None) or getattr(model, "h", None)
+def decoder_layers(model: Any) -> Any:
+    """The decoder's layer list: ``layers`` (Llama and the others), ``h`` (GPT-2), ``decoder.layers``
+    (OPT)."""
+    found = getattr(model, "layers", None) or getattr(model, "h", None)
+    decoder = getattr(model, "decoder", None)
+    return found if found is not None or decoder is None else getattr(decoder, "layers", None)
 
 
 def register_packed_attention() -> None:
@@ -163,7 +181,7 @@ class PackedDecoder:
     def __init__(self, model: Any) -> None:
         register_packed_attention()
         self.model = model
-        self.layers: nn.ModuleList = _layers(model)
+        self.layers: nn.ModuleList = decoder_layers(model)
         self.linear = PrepackedLinears()
         self._install_hooks()
 
@@ -172,7 +190,7 @@ class PackedDecoder:
         config = getattr(model, "config", None)
         if config is None or not is_decoder_config(config) or unpackable_decoder(config) is not None:
             return None
-        if not isinstance(_layers(model), nn.ModuleList):
+        if not isinstance(decoder_layers(model), nn.ModuleList):
             return None
         return cls(model)
 
@@ -185,7 +203,8 @@ class PackedDecoder:
         for depth, layer in enumerate(self.layers, start=1):
             layer.register_forward_hook(_recorder(depth))
             for tap in PACKED_TAPS:  # what the block's attention and feed-forward add to the stream
-                tap_module(layer, model_type, tap).register_forward_hook(_tap_recorder(tap, depth))
+                if tap in tap_paths(model_type):  # else refused by name when a call asks for it
+                    tap_module(layer, model_type, tap).register_forward_hook(_tap_recorder(tap, depth))
         switch_linears(self.layers)
         self.model._layerwise_packed_hooks = True
 

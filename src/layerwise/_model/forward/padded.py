@@ -12,7 +12,7 @@ from torch import nn
 
 from ..._settings.settings import Method
 from ...errors import ModelLoadError
-from ..decoders import raw_hidden_states
+from ..decoders import final_norm_known, is_decoder_config, raw_hidden_states, settle_final_norm
 from .hooks import HookRecorder, truncated_encoder
 
 
@@ -55,9 +55,18 @@ def forward_batch(
     Returns hidden states ``(n_layers, B, T, H)`` and taps ``{name: (n_tap_layers, B, ...)}``.
     Hidden state 0 is read at the input of the first layer, so at least one layer always runs.
     A decoder's states are all the raw residual stream: the engine applies the final norm a call
-    asks for (:func:`apply_final_norm`)."""
+    asks for (:func:`apply_final_norm`). The deepest state is its layer's own output (:func:`warm_up`
+    checks that layer outputs are the hidden states): a model cut short may pass the last layer it
+    runs through its final norm (T5's encoder, Falcon, BLOOM do), which a full run does not."""
     depth = max(1, max(layers))
     tap_layers = [i for i in layers if i >= 1]
+    deepest: dict[int, torch.Tensor] = {}
+    # the raw last state is read from its layer unless transformers' own is the one given: an
+    # encoder's at full depth (T5's after its final norm), a decoder whose final norm is unknown
+    own_last = depth == len(layer_list) and (
+        not is_decoder_config(model.config) or not final_norm_known(model)
+    )
+    keep = None if own_last else layer_list[depth - 1].register_forward_hook(_keeper(deepest, depth))
     with (
         truncated_encoder(layer_owner, layer_attr, layer_list, depth),
         HookRecorder(
@@ -71,12 +80,19 @@ def forward_batch(
         kwargs: dict[str, object] = {"output_hidden_states": method == "hidden_states"}
         if "attention_probs" in taps:
             kwargs["output_attentions"] = True
-        with raw_hidden_states(model):
-            output = model(**batch, **kwargs)
+        try:
+            with raw_hidden_states(model):
+                output = model(**batch, **kwargs)
+        finally:
+            if keep is not None:
+                keep.remove()
+    states: list[torch.Tensor] | dict[int, torch.Tensor]
     if method == "hidden_states":
-        states = output.hidden_states
+        states = list(output.hidden_states)
         if len(states) != depth + 1:
             raise RuntimeError(f"model returned {len(states)} hidden states after {depth} layers")
+        if depth in deepest:
+            states[depth] = deepest[depth]
     else:
         states = dict(recorder.hidden)
     # a placed model's states come from each layer's device: gathered where its inputs went
@@ -90,20 +106,45 @@ def forward_batch(
     return hidden, tapped
 
 
-def warm_up(model: Any, ids: list[int], device: torch.device, name: str) -> None:
+def _keeper(kept: dict[int, torch.Tensor], depth: int):
+    def hook(module: nn.Module, args: Any, output: Any) -> None:
+        kept[depth] = output[0] if isinstance(output, tuple | list) else output
+
+    return hook
+
+
+def warm_up(model: Any, ids: list[int], device: torch.device, name: str, layer_list: nn.ModuleList) -> None:
     """One full-depth forward with ``output_hidden_states`` before any truncated one.
 
     transformers 5 installs its hidden-state capture hooks lazily, on the layers present at the
     first such call; if that call ran on a truncated encoder, later full runs would miss layers.
-    This also checks that the model returns one hidden state per layer plus the embeddings."""
+    It also checks what the forwards rely on, for any architecture: one hidden state per layer plus
+    the embeddings, each layer's output its hidden state (a run cut at a layer reads that output),
+    and for a decoder which final norm gives transformers' last state (decoders.py)."""
     expected = model.config.num_hidden_layers + 1
-    with torch.inference_mode():
-        states = model(input_ids=torch.tensor([ids], device=device), output_hidden_states=True).hidden_states
+    outputs: dict[int, torch.Tensor] = {}
+    hooks = [layer.register_forward_hook(_keeper(outputs, i)) for i, layer in enumerate(layer_list, start=1)]
+    try:
+        with torch.inference_mode():
+            given = torch.tensor([ids], device=device)
+            states = model(input_ids=given, output_hidden_states=True).hidden_states
+    finally:
+        for hook in hooks:
+            hook.remove()
     if len(states) != expected:
         raise ModelLoadError(
             f"{name!r} returned {len(states)} hidden states, expected {expected} "
-            "(embeddings + one per layer); is it a BERT-family encoder?"
+            "(embeddings + one per layer); layerwise reads models that return one per layer"
         )
+    for i in range(1, expected - 1):
+        if not torch.equal(outputs[i].to(states[i].device), states[i]):
+            raise ModelLoadError(
+                f"{name!r} ({model.config.model_type}): the output of layer {i} is not its hidden state "
+                "(the model changes the states between layers), so a run cut at a layer would give "
+                "other numbers than a full one; layerwise cannot read this architecture"
+            )
+    if is_decoder_config(model.config):
+        settle_final_norm(model, outputs[expected - 1].to(states[-1].device), states[-1])
 
 
 def is_placed(model: Any) -> bool:

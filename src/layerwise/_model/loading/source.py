@@ -21,16 +21,13 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import MissingDependencyError, ModelLoadError, OptionError
-from ..decoders import DECODER_MODEL_TYPES
+from ..families import check_text_transformer, kind_of
 from .gguf_files import gguf_loading, loader_args
 from .tokenizer_checks import check_tokenizer_files_agree, check_tokenizer_fits
 
 logger = logging.getLogger("layerwise")
 
 DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
-# Architectures whose layers, hidden states and tokenizers layerwise is tested on.
-ENCODER_MODEL_TYPES = ("bert", "roberta", "xlm-roberta", "camembert", "distilbert", "mpnet", "electra")
-SUPPORTED_MODEL_TYPES = ENCODER_MODEL_TYPES + DECODER_MODEL_TYPES
 # Models whose position ids start after the padding index (RoBERTa-style), so that
 # max_position_embeddings overstates the usable length by pad_token_id + 1.
 _OFFSET_POSITIONS = {"roberta", "xlm-roberta", "camembert", "mpnet"}
@@ -189,25 +186,36 @@ def _listed(keys: list[str], limit: int = 6) -> str:
     return shown + (f" … ({len(keys)} in all)" if len(keys) > limit else "")
 
 
-def load_config_and_tokenizer(source: str, name: str):
-    """``(config, fast tokenizer)`` of ``source``; an architecture layerwise does not know, or a
-    tokenizer without the Rust backend (no word ids, no offsets), is an error."""
+def _remote_code_refused(name: str, exc: Exception) -> ModelLoadError | None:
+    """transformers' refusal to run a model's own code, said as layerwise's setting names it."""
+    if "trust_remote_code" not in str(exc):
+        return None
+    return ModelLoadError(
+        f"model {name!r} runs Python code from its folder or Hub repository (config.json's auto_map); "
+        "layerwise runs such code only when asked: pass trust_remote_code=True (--trust-remote-code) "
+        "if you trust it"
+    )
+
+
+def load_config_and_tokenizer(source: str, name: str, *, trust_remote_code: bool = False):
+    """``(config, fast tokenizer)`` of ``source``; a model that is not a text transformer
+    (families.py), or a tokenizer without the Rust backend (no word ids, no offsets), is an error."""
     from transformers import AutoConfig, AutoTokenizer
 
     local = Path(source).is_dir()
     where, extra = loader_args(source)
     gguf = "gguf_file" in extra
+    if trust_remote_code:
+        extra = {**extra, "trust_remote_code": True}
     with quiet_transformers(gguf=gguf):
         try:
             config = AutoConfig.from_pretrained(where, **extra)
         except Exception as exc:
+            refused = _remote_code_refused(name, exc)
+            if refused is not None:
+                raise refused from None
             raise _not_found(name, exc, local or gguf) from exc
-        if config.model_type not in SUPPORTED_MODEL_TYPES:
-            raise ModelLoadError(
-                f"model {name!r} is a {config.model_type!r} model; layerwise extracts the layers of "
-                f"BERT-family encoders ({', '.join(ENCODER_MODEL_TYPES)}) and decoder language models "
-                f"({', '.join(DECODER_MODEL_TYPES)})"
-            )
+        check_text_transformer(config, name)
         if local and not any((Path(source) / f).is_file() for f in TOKENIZER_FILES):
             # transformers would build an empty tokenizer of five special tokens: every word [UNK]
             raise ModelLoadError(
@@ -219,6 +227,9 @@ def load_config_and_tokenizer(source: str, name: str):
             # with the config, the tokenizer does not read it again (a GGUF file's whole parse)
             tokenizer = AutoTokenizer.from_pretrained(where, **extra, **({"config": config} if gguf else {}))
         except Exception as exc:
+            refused = _remote_code_refused(name, exc)
+            if refused is not None:
+                raise refused from None
             raise _not_found(name, exc, local or gguf) from exc
     if not getattr(tokenizer, "is_fast", False):
         raise ModelLoadError(
@@ -247,15 +258,25 @@ def unused_weights(stored: list[str], model_keys: set[str], base_prefix: str) ->
     return sorted(unused)
 
 
-def load_model(source: str, name: str, dtype, config: Any = None, placement: dict[str, Any] | None = None):
-    """The transformers model of ``source``, strictly: see the module docstring. ``config``, the
-    one already read, spares a GGUF file a second parse (seconds for a 49k-token vocabulary).
-    ``placement``: accelerate's arguments (device_map, max_memory, offload_folder,
-    quantization_config: placement.py)."""
+def load_model(
+    source: str,
+    name: str,
+    dtype,
+    config: Any = None,
+    placement: dict[str, Any] | None = None,
+    *,
+    trust_remote_code: bool = False,
+):
+    """The transformers model of ``source``, strictly: see the module docstring; of an
+    encoder-decoder (T5, BART), its encoder. ``config``, the one already read, spares a GGUF file a
+    second parse (seconds for a 49k-token vocabulary). ``placement``: accelerate's arguments
+    (device_map, max_memory, offload_folder, quantization_config: placement.py)."""
     from transformers import AutoModel
 
     local = Path(source).is_dir()
     where, extra = loader_args(source)
+    if trust_remote_code:
+        extra = {**extra, "trust_remote_code": True}
     gguf = "gguf_file" in extra
     known = {"config": copy.deepcopy(config)} if gguf and config is not None else {}
     with quiet_transformers(gguf=gguf):
@@ -313,6 +334,8 @@ def load_model(source: str, name: str, dtype, config: Any = None, placement: dic
         logger.debug("model %s has no pooler weights; layerwise does not use the pooler", name)
         # transformers filled them with random numbers: not part of what identifies the weights
         model._layerwise_not_loaded = _OPTIONAL_PREFIXES
+    if kind_of(model.config) == "encoder-decoder":  # only the encoder runs: the decoder is dropped
+        model = model.get_encoder()
     return model
 
 

@@ -1,6 +1,9 @@
-"""A decoder LM (Llama, Gemma, GPT-2 families), streamed: each decoder layer's own forward, with the
-packed attention (forward/packed_decoder.py) over each batch's per-text grids. A batch's residual
-stream is ``(N, H)`` between layers, as an encoder's; each layer runs it as a batch of one."""
+"""A decoder LM (the families the packed decoder forward runs), streamed: each decoder layer's own
+forward, with the packed attention (forward/packed_decoder.py) over each batch's per-text grids. A
+batch's residual stream is ``(N, H)`` between layers, as an encoder's; each layer runs it as a batch
+of one. The embeddings are the word table, with learned positions where the family has them (GPT-2's
+``wpe``, OPT's ``embed_positions``, which adds its offset of 2 itself); rotary positions are computed
+once per batch from the model's ``rotary_emb``."""
 
 from __future__ import annotations
 
@@ -9,11 +12,13 @@ from typing import Any
 
 import torch
 
+from ...errors import ModelLoadError
 from ..decoders import final_norm_module
 from ..forward.packed_decoder import (
     ATTENTION,
     PackedRun,
     attention_implementation,
+    decoder_layers,
     prepare_decoder_batch,
     register_packed_attention,
     running_packed,
@@ -27,30 +32,39 @@ class StreamedDecoder(StreamedModel):
     final norm read once, whole (the engine applies it where a call asks)."""
 
     def __init__(
-        self, config: Any, checkpoint: Weights, prefix: str, dtype: torch.dtype, device: torch.device
+        self, config: Any, checkpoint: Weights, name: str, dtype: torch.dtype, device: torch.device
     ) -> None:
         from transformers import AutoModel
 
         register_packed_attention()
         with torch.device("meta"):
             skeleton = AutoModel.from_config(config, dtype=dtype).eval()  # no dropout, as in memory
-        # GPT-2: learned positions (wpe, read with the embeddings), its layers h, no rotary embedding
-        gpt2 = config.model_type == "gpt2"
-        words = skeleton.wte if gpt2 else skeleton.embed_tokens
-        self._positions = skeleton.wpe if gpt2 else None
+        layers = decoder_layers(skeleton)
+        prefix = _prefix(skeleton, layers, checkpoint.names(), name)
+        words = skeleton.get_input_embeddings()
+        inner = getattr(skeleton, "decoder", skeleton)  # OPT keeps its parts under ``decoder``
+        if getattr(inner, "project_in", None) is not None:
+            raise ModelLoadError(
+                f"model {name!r} projects its embeddings to another width (OPT's project_in, as OPT-350m); "
+                "layerwise does not stream it yet: load it in memory (streaming=False)"
+            )
+        # learned positions (GPT-2's wpe, OPT's embed_positions), read with the word embeddings
+        self._positions = getattr(skeleton, "wpe", None) or getattr(inner, "embed_positions", None)
+        rotary = getattr(skeleton, "rotary_emb", None)
         # buffers computed at construction (the rotary frequencies, Gemma's embedding scale) must be
         # real numbers
-        if not gpt2:
-            skeleton.rotary_emb = type(skeleton.rotary_emb)(skeleton.config).to(device)
+        if rotary is not None:
+            skeleton.rotary_emb = type(rotary)(skeleton.config).to(device)
         if hasattr(words, "embed_scale"):  # Gemma's embeddings times sqrt(hidden)
-            skeleton.embed_tokens.embed_scale = torch.tensor(float(config.hidden_size) ** 0.5, device=device)
+            words.embed_scale = torch.tensor(float(config.hidden_size) ** 0.5, device=device)
         # Gemma 3: a rotary embedding per layer type (full and sliding attention)
         types = getattr(config, "layer_types", None) if config.model_type == "gemma3_text" else None
-        self._layer_types, self.rotary_kinds = types, 0 if gpt2 else len(set(types or [None]))
+        self._rotary = rotary is not None
+        self._layer_types, self.rotary_kinds = types, len(set(types or [None])) if self._rotary else 0
         final_norm = [prefix + n for n in unit_names(skeleton, [final_norm_module(skeleton)])]
         norm = checkpoint.read(final_norm, dtype, device)
         skeleton.load_state_dict({k[len(prefix) :]: v for k, v in norm.items()}, strict=False, assign=True)
-        self.layers = list(skeleton.h if gpt2 else skeleton.layers)
+        self.layers = list(layers)
         # the layers' linears run F.linear, not the in-memory forward's prepacked oneDNN copies: a
         # packed copy of the running layer and oneDNN's primitive caches (one per batch shape) took
         # 85 MB past the streamed memory bound on an AMD EPYC (benchmarks/streamed_speed.py)
@@ -65,12 +79,16 @@ class StreamedDecoder(StreamedModel):
         """GPT-2 adds its learned positions, which restart at each text as the packed forward
         numbers them."""
         hidden = self.words(self.renumbered(batch.ids, vocabulary))
-        return hidden if self._positions is None else hidden + self._positions(batch.positions)
+        if self._positions is None:
+            return hidden
+        if hasattr(self._positions, "offset"):  # OPT's: positions from ids, its offset added inside
+            return hidden + self._positions(None, position_ids=batch.positions)
+        return hidden + self._positions(batch.positions)
 
     def carried(self, hidden: torch.Tensor, batch: Any) -> Any:
         """The rotary embedding of the batch's positions: one, or Gemma 3's one per layer type
-        (GPT-2: none)."""
-        if self._positions is not None:
+        (GPT-2, OPT: none)."""
+        if not self._rotary:
             return None
         positions = batch.positions[None]
         if self._layer_types is None:
@@ -98,3 +116,18 @@ class StreamedDecoder(StreamedModel):
 
     def running(self) -> AbstractContextManager[Any]:
         return attention_implementation(self.skeleton.config, ATTENTION)
+
+
+def _prefix(skeleton: Any, layers: Any, stored: Any, name: str) -> str:
+    """Where the checkpoint keeps the decoder: bare, or under its head model's prefix (``model.``,
+    ``transformer.``, ``gpt_neox.``), found by the first layer's first weight."""
+    probe = unit_names(skeleton, [layers[0]])[0]
+    base = getattr(skeleton, "base_model_prefix", "") or ""
+    for prefix in ("", f"{base}.", "model.", "transformer."):
+        if prefix + probe in stored:
+            return prefix
+    raise ModelLoadError(
+        f"model {name!r}: its checkpoint does not hold the decoder's weights under the model's names "
+        f"({probe!r} …); load it in memory (streaming=False), or save it again with "
+        "model.save_pretrained(folder)"
+    )

@@ -32,11 +32,7 @@ def load_streamed(
     if is_decoder_config(config):
         from .decoder import StreamedDecoder
 
-        layers = "h." if config.model_type == "gpt2" else "layers."  # under a head model's prefix?
-        prefix = next(
-            (p for p in ("model.", "transformer.") if any(k.startswith(p + layers) for k in stored)), ""
-        )
-        return _complete(StreamedDecoder(config, checkpoint, prefix, dtype, device), name)
+        return _complete(StreamedDecoder(config, checkpoint, name, dtype, device), name)
     from .encoder import StreamedEncoder
 
     base = base_prefix(config, stored)

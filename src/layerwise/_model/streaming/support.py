@@ -7,8 +7,10 @@ from typing import Any
 
 from ...errors import ModelLoadError
 from ..decoders import is_decoder_config
+from ..forward.packed_decoder import PACKED_DECODER_TYPES
 
-STREAMED_DECODER_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "gpt2")
+# every decoder the packed forward runs streams: the same layers, run one at a time
+STREAMED_DECODER_TYPES = PACKED_DECODER_TYPES
 
 
 def check_streamable(config: Any, name: str) -> None:

@@ -1,0 +1,110 @@
+"""What kind of text transformer a config describes, read from transformers' own mappings.
+
+layerwise runs any Hugging Face model that reads token ids through attention layers and returns
+one hidden state per layer. Whether it is a **decoder** (causal attention, last-token pooling, a
+final norm, no sentence pairs), an **encoder**, or the encoder half of an **encoder-decoder** (T5,
+BART: only its encoder runs) comes from transformers' model mappings and the config, never from a
+list kept here:
+
+- an encoder-decoder says so (``is_encoder_decoder``);
+- a decoder has a causal-LM head and no masked-LM head (BERT, RoBERTa and BART have both; their
+  causal head is a fine-tuning option, not how they were trained);
+- everything else with a masked-LM, text-encoding or sequence-classification head is an encoder.
+
+What cannot work is refused by name: a model without a text head of any kind (vision, audio), a
+multimodal wrapper (its text model is another config), a model without attention heads (a
+state-space or recurrent model). Which families the packed forward runs, and which stream, are
+lists: each is a forward of our own, tested against transformers (forward/, streaming/).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from ..errors import ModelLoadError
+
+Kind = Literal["encoder", "decoder", "encoder-decoder"]
+SUPPORTED_PAGE = "the table in docs/models.md"  # which families run how
+
+
+def _mapping(name: str) -> set[str]:
+    from transformers.models.auto import modeling_auto
+
+    return set(getattr(modeling_auto, name, {}))
+
+
+def kind_of(config: Any) -> Kind:
+    """Whether ``config`` is a decoder LM, an encoder, or an encoder-decoder (whose encoder runs)."""
+    if getattr(config, "is_encoder_decoder", False):
+        return "encoder-decoder"
+    model_type = getattr(config, "model_type", None)
+    if _remote(config):  # the model's own code (trust_remote_code): its auto_map names its heads
+        heads = set(getattr(config, "auto_map", None) or ())
+        causal, masked = "AutoModelForCausalLM" in heads, "AutoModelForMaskedLM" in heads
+    else:
+        causal = model_type in _mapping("MODEL_FOR_CAUSAL_LM_MAPPING_NAMES")
+        masked = model_type in _mapping("MODEL_FOR_MASKED_LM_MAPPING_NAMES")
+    return "decoder" if causal and not masked else "encoder"
+
+
+def _remote(config: Any) -> bool:
+    """Whether ``config`` is of a model whose code comes with it (``auto_map``), not transformers'."""
+    auto_map = getattr(config, "auto_map", None) or {}
+    return "AutoModel" in auto_map and getattr(config, "model_type", None) not in _mapping(
+        "MODEL_MAPPING_NAMES"
+    )
+
+
+def is_decoder_config(config: Any) -> bool:
+    """Whether ``config`` is a decoder language model (see :func:`kind_of`)."""
+    return kind_of(config) == "decoder"
+
+
+_TEXT_HEADS = (
+    "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES",
+    "MODEL_FOR_MASKED_LM_MAPPING_NAMES",
+    "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES",
+    "MODEL_FOR_TEXT_ENCODING_MAPPING_NAMES",
+    "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES",
+    "MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES",
+)
+# heads of models that read sound or pixels: a causal or seq2seq head there decodes text from them
+_OTHER_INPUTS = (
+    "MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES",
+    "MODEL_FOR_CTC_MAPPING_NAMES",
+    "MODEL_FOR_AUDIO_CLASSIFICATION_MAPPING_NAMES",
+    "MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES",
+    "MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES",
+    "MODEL_FOR_VISION_2_SEQ_MAPPING_NAMES",
+)
+
+
+def check_text_transformer(config: Any, name: str) -> None:
+    """Refuse, naming its type and why, a model layerwise cannot read layer by layer."""
+    model_type = getattr(config, "model_type", None)
+    where = f"model {name!r} is a {model_type!r} model"
+    if _remote(config):  # its own code (trust_remote_code): its hidden states are checked at load
+        return
+    if model_type not in _mapping("MODEL_MAPPING_NAMES"):
+        raise ModelLoadError(
+            f"{where}, which this version of transformers has no model class for; upgrade transformers, "
+            f"or pass a text transformer (the families layerwise runs: {SUPPORTED_PAGE})"
+        )
+    if any(hasattr(config, part) for part in ("vision_config", "audio_config")):
+        raise ModelLoadError(
+            f"{where}: a multimodal model, whose text model has a config of its own; layerwise reads "
+            "text transformers. Save its language model alone (model.language_model.save_pretrained) "
+            f"and pass that folder ({SUPPORTED_PAGE})"
+        )
+    other = any(model_type in _mapping(m) for m in _OTHER_INPUTS)
+    if other or not any(model_type in _mapping(m) for m in _TEXT_HEADS):
+        raise ModelLoadError(
+            f"{where}, which does not read text (an image, audio or other model); layerwise extracts the "
+            "layers of text transformers: encoders, decoder LMs and the encoders of T5 or BART "
+            f"({SUPPORTED_PAGE})"
+        )
+    if not getattr(config, "num_attention_heads", None):
+        raise ModelLoadError(
+            f"{where} without attention heads (a state-space or recurrent model); layerwise reads "
+            f"transformers' layers, whose hidden states it is tested on ({SUPPORTED_PAGE})"
+        )
