@@ -6,12 +6,19 @@ The invariants are those of tests/alignment_invariants.py (the CI suite runs a f
 derandomised examples of the same checks): one hidden row per token at every layer, offsets inside
 the text and spelling the token's characters, word ids monotone within a segment, one word vector
 per kept input word (zero vectors for words with no token), windowed == unwindowed for inputs that
-fit. Four tokenizers, each with max_length=24 so that many inputs are truncated or windowed:
+fit. Nine tokenizers, each with max_length=24 so that many inputs are truncated or windowed:
 
     wordpiece      the default model (all-MiniLM-L6-v2): texts, pairs, pre-split words
     byte-level     GPT-2-style byte-level BPE trained on UD EWT, on a tiny random GPT-2: texts, words
     sentencepiece  Llama-style BPE with byte fallback trained on UD EWT, on a tiny random Llama
     smollm2        SmolLM2-135M's own tokenizer (read from its GGUF file), on a tiny random Llama
+    neox           GPT-NeoX's (Pythia's) byte-level BPE, on a tiny random GPT-NeoX
+    opt            OPT's byte-level BPE with ``</s>`` in front of each text, on a tiny random OPT
+    modernbert     ModernBERT's byte-level BPE framed in [CLS] … [SEP], on a tiny random ModernBERT
+    t5             T5's SentencePiece Unigram with Metaspace, ``</s>`` after, on a tiny random T5 encoder
+    deberta-v3     DeBERTa-v3's SentencePiece Unigram with Metaspace, on a tiny random DeBERTa-v2
+
+The last five are built by tests/tokenizer_kinds.py (tests/any_models.py saves their models).
 
 Decoders take no pairs, so their examples are texts and pre-split words. Prints the count per kind
 and any failure (hypothesis' shrunk example); exits 1 on a failure.
@@ -31,6 +38,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from alignment_invariants import check_text, check_words, texts, words  # noqa: E402
+from any_models import save_family  # noqa: E402
 from common import write_result  # noqa: E402
 from decoder_models import byte_level_tokenizer, save_decoder, sentencepiece_tokenizer  # noqa: E402
 from hypothesis import HealthCheck, given, seed, settings  # noqa: E402
@@ -68,7 +76,15 @@ def _runner(kind: str, encoder, configured, seed_value: int, calls: list[int]):
     return run
 
 
-TOKENIZERS = ("wordpiece", "byte-level", "sentencepiece", "smollm2")
+# the tokenizer kinds other families bring, each on a tiny random model of its family
+FAMILY_TOKENIZERS = {
+    "neox": "gpt_neox",
+    "opt": "opt",
+    "modernbert": "modernbert",
+    "t5": "t5",
+    "deberta-v3": "deberta-v2",
+}
+TOKENIZERS = ("wordpiece", "byte-level", "sentencepiece", "smollm2", *FAMILY_TOKENIZERS)
 
 
 def smollm2_tokenizer():
@@ -91,6 +107,8 @@ def encoder_for(name: str, folder: Path):
 
     if name == "wordpiece":
         return lw.Encoder(device="cpu", max_length=24)
+    if name in FAMILY_TOKENIZERS:
+        return lw.Encoder(save_family(FAMILY_TOKENIZERS[name], folder / name), device="cpu", max_length=24)
     tokenizer = {"byte-level": byte_level_tokenizer, "sentencepiece": sentencepiece_tokenizer}.get(
         name, smollm2_tokenizer
     )()

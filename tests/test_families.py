@@ -234,3 +234,16 @@ def test_remote_code_runs_only_when_asked(family_folder, tmp_path):
     lw.extract_to_file(encoder, TEXTS, tmp_path / "r.npz", progress=False)
     meta = lw.read_meta(tmp_path / "r.npz")
     assert meta["trust_remote_code"] is True and meta["path"] == "general"
+
+
+@pytest.mark.parametrize(
+    "model_type", ["gpt_neox", "phi", "olmo2", "stablelm", "starcoder2", "mixtral", "qwen2_moe"]
+)
+def test_taps_are_what_each_block_adds(model_type, family_folder):
+    """attn_out and mlp_out are what a layer's attention and feed-forward add to the residual
+    stream: hidden state l is hidden state l-1 plus both (in parallel blocks, GPT-NeoX's and Phi's,
+    as in sequential ones; after OLMo-2's output norms)."""
+    encoder = lw.Encoder(family_folder(model_type), device="cpu")
+    for stack in encoder.extract(TEXTS[:2], layers="all", taps=["attn_out", "mlp_out"], final_norm=False):
+        added = stack.taps["attn_out"] + stack.taps["mlp_out"]  # (3, T, H): layers 1 … 3
+        np.testing.assert_allclose(stack.hidden[1:], stack.hidden[:-1] + added, atol=1e-5, rtol=0)

@@ -70,3 +70,35 @@ def test_decoder_texts(short_decoder, text):
 @given(word_list=words)
 def test_decoder_pre_split_words(short_decoder, word_list):
     check_words(short_decoder, word_list)
+
+
+# The tokenizer kinds of other families (tokenizer_kinds.py): GPT-NeoX's and OPT's byte-level BPE,
+# ModernBERT's framed in [CLS] … [SEP], T5's and DeBERTa-v3's SentencePiece Unigram. Each on a tiny
+# random model of its family with a 24-token maximum; the encoders take pairs too.
+FAMILY_FUZZ = settings(FUZZ, max_examples=60)
+
+
+@pytest.fixture(scope="module", params=["gpt_neox", "opt", "modernbert", "t5", "deberta-v2"])
+def short_family(request, family_folder):
+    import layerwise as lw
+
+    return lw.Encoder(family_folder(request.param), device="cpu", max_length=24)
+
+
+@FAMILY_FUZZ
+@given(text=texts)
+def test_family_texts(short_family, text):
+    check_text(short_family, text)
+
+
+@FAMILY_FUZZ
+@given(text=texts, text_pair=texts)
+def test_family_pairs(short_family, text, text_pair):
+    if not short_family.is_decoder:
+        check_text(short_family, text, text_pair)
+
+
+@FAMILY_FUZZ
+@given(word_list=words)
+def test_family_pre_split_words(short_family, word_list):
+    check_words(short_family, word_list)

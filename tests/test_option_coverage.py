@@ -88,6 +88,8 @@ def _cases(other_model: Path) -> dict[str, _Case]:
         ),
         # bitsandbytes runs on CUDA only: refused on this CPU, naming it (test_placement.py)
         "quantize": _Case(args=["--quantize", "8bit"], refused=BACKENDS),
+        # the model's own code may run (none here): recorded, the numbers unchanged
+        "trust_remote_code": _Case(args=["--trust-remote-code"], key="trust_remote_code"),
         "quiet": _Case(args=["--quiet"], special="quiet"),
     }
 
@@ -256,6 +258,7 @@ SERVE_CASES = {
     "device_map": ["--device-map", "auto"],
     "offload_folder": ["--device-map", "auto", "--offload-folder", "STORE"],
     "quantize": ["--quantize", "4bit"],
+    "trust_remote_code": ["--trust-remote-code"],
 }
 # refused by the server, naming why (a streamed model cannot answer interactively)
 SERVE_REFUSED = {

@@ -14,7 +14,7 @@ from .._engine.engine import Engine
 from .._features.plan import check_final_norm_for
 from .._host.memory import available_memory
 from .._inputs.encoding import InputEncoder
-from .._model.decoders import is_decoder_config
+from .._model.families import is_decoder_config
 from .._model.forward.concurrent import check_streams
 from .._model.handle import ModelHandle
 from .._model.loading.gguf_files import gguf_read_once

@@ -29,7 +29,8 @@ from .._host.progress import progress_bar
 from .._inputs.batches import length_sorted_batches
 from .._inputs.block import EncodedBlock, EncodedInput, TokenColumns
 from .._inputs.windows import Window, plan_windows
-from .._model.decoders import apply_final_norm, is_decoder_config
+from .._model.decoders import apply_final_norm
+from .._model.families import is_decoder_config
 from .._model.forward.concurrent import ForwardLock, ForwardPool, check_streams
 from .._model.forward.hooks import eager_attention_for, find_layer_list
 from .._model.forward.packed import PackedEncoder
@@ -123,10 +124,7 @@ class Engine:
         return self.runner.forward if isinstance(self.runner, BlockRunner) else None
 
     @property
-    def path(self) -> RunPath:
-        """What runs the batches: ``"packed"`` (the unpadded forward, forward/packed*.py),
-        ``"streamed"`` (that forward layer by layer, streaming/), or ``"general"`` (transformers'
-        own forward of a padded batch: any architecture, and calls that need hooks)."""
+    def path(self) -> RunPath:  # "general": transformers' own forward of padded batches (docs/models.md)
         if self.streamed is not None:
             return "streamed"
         return "packed" if self.packed is not None else "general"

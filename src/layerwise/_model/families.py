@@ -108,3 +108,42 @@ def check_text_transformer(config: Any, name: str) -> None:
             f"{where} without attention heads (a state-space or recurrent model); layerwise reads "
             f"transformers' layers, whose hidden states it is tested on ({SUPPORTED_PAGE})"
         )
+
+
+def describe(config: Any) -> dict[str, Any]:
+    """What will run for ``config``, before any weight is read: its kind, the path (``packed``: our
+    unpadded forward; ``general``: transformers' own forward of padded batches), whether it
+    streams layer by layer, its sub-layer taps and its final norm (``layerwise info -m``)."""
+    from .forward.hooks import tap_paths
+    from .forward.packed import unpackable
+    from .forward.packed_decoder import PACKED_TAPS, unpackable_decoder
+    from .streaming.support import check_streamable
+
+    kind = kind_of(config)
+    model_type = str(config.model_type)
+    decoder = kind == "decoder"
+    why_not = unpackable_decoder(config) if decoder else unpackable(config)
+    try:
+        check_streamable(config, model_type)
+        streams: str = "yes"
+    except ModelLoadError:
+        streams = "no: load it in memory"
+    taps = sorted(tap_paths(model_type))
+    if decoder:
+        taps = [t for t in taps if t in ("attention_probs", *PACKED_TAPS)]
+        final_norm = "found by name and checked against transformers at load"
+        if why_not is None:
+            final_norm = "yes: final_norm True, False or 'all'"
+    else:
+        final_norm = "none (an encoder's states are given as transformers returns them)"
+    return {
+        "model_type": model_type,
+        "kind": "encoder of an encoder-decoder" if kind == "encoder-decoder" else kind,
+        "layers": int(config.num_hidden_layers),
+        "hidden_size": int(config.hidden_size),
+        "path": "packed" if why_not is None else "general",
+        "streams": streams,
+        "taps": ", ".join(taps) or "none (their module names are not in layerwise's table)",
+        "final_norm": final_norm,
+        "pairs": "no (join the texts yourself)" if decoder else "where the tokenizer has a pair template",
+    }

@@ -74,14 +74,35 @@ def verify(
 
 @app.command()
 def info(
-    path: Annotated[Path, typer.Argument(help="An output: .npz, .jsonl, .parquet or a store (*.lw)")],
+    path: Annotated[
+        Path | None, typer.Argument(help="An output: .npz, .jsonl, .parquet or a store (*.lw)")
+    ] = None,
+    model: Annotated[
+        str | None,
+        typer.Option(
+            "--model", "-m", help="Say how a model will run (its kind, path, streaming, taps), not an output"
+        ),
+    ] = None,
+    trust_remote_code: Annotated[
+        bool, typer.Option("--trust-remote-code", help="Read a config that comes with its own code")
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the metadata as JSON")] = False,
 ) -> None:
     """Print how an output was made: layerwise's version, the model and its settings (dtype, max
-    length, final norm, …), the plan (layers, pooling, fusion, dtype) and the source corpus."""
-    from .._files.meta import read_meta
+    length, final norm, …), the plan (layers, pooling, fusion, dtype) and the source corpus. With
+    --model: how that model will run, read from its config alone (no weights are loaded)."""
+    if (path is None) == (model is None):
+        raise typer.BadParameter("pass an output to describe, or --model MODEL (one of the two)")
+    if model is not None:
+        from .._model.families import describe
+        from .._model.loading.source import resolve_model_source
 
-    meta = read_meta(path)
+        source, name = resolve_model_source(model)
+        meta = {"model": name, **describe(_config_of(source, name, trust_remote_code))}
+    else:
+        from .._files.meta import read_meta
+
+        meta = read_meta(path)
     if as_json:
         import json
 
@@ -95,6 +116,21 @@ def info(
     for key, value in meta.items():
         table.add_row(key, _shown(value))
     Console().print(table)
+
+
+def _config_of(source: str, name: str, trust_remote_code: bool) -> object:
+    """The config of ``source``, checked as a load checks it (a model that cannot run is refused)."""
+    from transformers import AutoConfig
+
+    from .._model.families import check_text_transformer
+    from .._model.loading.gguf_files import loader_args
+    from .._model.loading.source import quiet_transformers
+
+    where, extra = loader_args(source)
+    with quiet_transformers(gguf="gguf_file" in extra):
+        config = AutoConfig.from_pretrained(where, **extra, trust_remote_code=trust_remote_code)
+    check_text_transformer(config, name)
+    return config
 
 
 def _shown(value: object) -> str:

@@ -68,7 +68,7 @@ def _checked(settings: Settings, plan: OutputPlan) -> tuple[Settings, OutputPlan
     from transformers import AutoConfig
 
     from .._features.plan import check_final_norm_for
-    from .._model.decoders import is_decoder_config
+    from .._model.families import is_decoder_config
     from .._model.loading.gguf_files import loader_args
     from .._model.loading.source import resolve_model_source
 

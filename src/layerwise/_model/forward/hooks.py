@@ -139,21 +139,29 @@ def truncated_encoder(owner: nn.Module, attr: str, layer_list: nn.ModuleList, de
         setattr(owner, attr, layer_list)
 
 
+# the families whose layers have BERT's sub-modules, with their meaning
+_BERT_LAYOUT_TYPES = ("bert", "roberta", "xlm-roberta", "camembert", "electra")
+
+
 def tap_paths(model_type: str) -> dict[str, str]:
-    """The taps of ``model_type`` and the sub-module of a layer each reads (the BERT layout unless
-    the family has its own)."""
-    return _TAP_PATHS.get(model_type, _BERT_LAYOUT)
+    """The taps of ``model_type`` and the sub-module of a layer each reads; none for a family
+    whose module names are not in the table (hidden states need none)."""
+    return _BERT_LAYOUT if model_type in _BERT_LAYOUT_TYPES else _TAP_PATHS.get(model_type, {})
 
 
 def tap_module(layer: nn.Module, model_type: str, tap: str) -> nn.Module:
     """The sub-module of one encoder layer whose output is ``tap``."""
     if tap not in TAPS:
         raise OptionError(f"unknown tap {tap!r}; choose from {', '.join(TAPS)}")
-    path = tap_paths(model_type).get(tap)
+    available = tap_paths(model_type)
+    path = available.get(tap)
     if path is None:
+        has = f"it has {', '.join(available)}" if available else "taps need a family's module names, "
+        known = ", ".join(sorted({*_BERT_LAYOUT_TYPES, *_TAP_PATHS}))
         raise OptionError(
-            f"tap {tap!r} is not available for model type {model_type!r}; it has "
-            f"{', '.join(_TAP_PATHS[model_type])}"
+            f"tap {tap!r} is not available for model type {model_type!r}; "
+            + (has if available else f"{has}and layerwise knows those of {known} (docs/models.md)")
+            + "; hidden states need none"
         )
     module: nn.Module = layer
     for part in path.split("."):

@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..decoders import is_decoder_config
+from ..families import is_decoder_config
 from .cpu_gemm import PrepackedLinears
 from .hooks import tap_module, tap_paths
 from .packed import AttentionGroup, PackedEncoder, plan_groups

@@ -12,7 +12,8 @@ from torch import nn
 
 from ..._settings.settings import Method
 from ...errors import ModelLoadError
-from ..decoders import final_norm_known, is_decoder_config, raw_hidden_states, settle_final_norm
+from ..decoders import final_norm_known, raw_hidden_states, settle_final_norm
+from ..families import is_decoder_config
 from .hooks import HookRecorder, truncated_encoder
 
 

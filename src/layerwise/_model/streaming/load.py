@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from ...errors import ModelLoadError
-from ..decoders import is_decoder_config
+from ..families import is_decoder_config
 from ..loading.gguf_files import gguf_parts
 from ..loading.light import base_prefix
 from .checkpoint import Checkpoint, Weights, missing_weights

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from ...errors import ModelLoadError
-from ..decoders import is_decoder_config
+from ..families import is_decoder_config
 from ..forward.packed_decoder import PACKED_DECODER_TYPES
 
 # every decoder the packed forward runs streams: the same layers, run one at a time
