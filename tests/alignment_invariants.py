@@ -89,6 +89,12 @@ def _with_marks(source: str, start: int, end: int) -> str:
     return source[start:end]
 
 
+def _composes(tokenizer) -> bool:
+    """Whether the tokenizer's normaliser composes characters (NFC, NFKC)."""
+    normalizer = json.dumps(json.loads(tokenizer.backend_tokenizer.to_str())["normalizer"])
+    return "NFC" in normalizer or "NFKC" in normalizer
+
+
 def _is_wordpiece(tokenizer) -> bool:
     return json.loads(tokenizer.backend_tokenizer.to_str())["model"]["type"] == "WordPiece"
 
@@ -167,7 +173,8 @@ def check_stack(encoder, stack, text: str, text_pair: str | None = None) -> None
             # byte of U+40000..U+7FFFF, ...) drops them silently (tokenizers' BPE with no unk
             # token), and the offsets of later tokens of that word shift onto the dropped character
             continue
-        spelled, expected = spell(pieces, source[start:end] if wordpiece else _with_marks(source, start, end))
+        composed = not wordpiece and _composes(encoder.tokenizer)
+        spelled, expected = spell(pieces, _with_marks(source, start, end) if composed else source[start:end])
         last_of_segment = k + 1 == len(runs) or runs[k + 1][0] != segment
         if stack.truncated and last_of_segment:  # truncation may cut between a character's tokens
             assert expected.startswith(spelled.rstrip("\ufffd")), (pieces, source[start:end])

@@ -1,11 +1,13 @@
-"""What sets decoder language models apart: the families layerwise runs, and their final norm.
+"""What sets decoder language models apart: their final norm, found and checked at load.
 
-A decoder LM (Llama, Mistral, Qwen2/Qwen3, Gemma/Gemma2/Gemma3, GPT-2) has the same layout of hidden
-states as an encoder: index 0 is the embedding output (for Gemma already scaled by √hidden, as the
-first layer sees it), index ``i`` the output of layer ``i``. Two things differ:
+A decoder LM (Llama, Gemma, GPT-2, Pythia, OPT, Phi, OLMo, or any causal LM: families.py says which
+configs are decoders) has the same layout of hidden states as an encoder: index 0 is the embedding
+output (for Gemma already scaled by √hidden, as the first layer sees it), index ``i`` the output of
+layer ``i``. Two things differ:
 
-- **The final norm.** A decoder applies one more norm (``norm``, ``ln_f``) after its last layer,
-  and its ``lm_head`` reads the normed state. transformers returns hidden state L *after* that norm
+- **The final norm.** A decoder applies one more norm (``norm``, ``ln_f``, ``final_layer_norm``…)
+  after its last layer (:func:`settle_final_norm` checks at load which module reproduces
+  transformers' last hidden state), and its ``lm_head`` reads the normed state. transformers returns hidden state L *after* that norm
   (its ``output_hidden_states`` overwrites the last one with ``last_hidden_state``) and every other
   index before any norm. layerwise follows it by default (``final_norm=True``);
   ``final_norm=False`` gives hidden state L as the raw residual stream, like 1 … L-1;
