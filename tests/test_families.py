@@ -247,3 +247,38 @@ def test_taps_are_what_each_block_adds(model_type, family_folder):
     for stack in encoder.extract(TEXTS[:2], layers="all", taps=["attn_out", "mlp_out"], final_norm=False):
         added = stack.taps["attn_out"] + stack.taps["mlp_out"]  # (3, T, H): layers 1 … 3
         np.testing.assert_allclose(stack.hidden[1:], stack.hidden[:-1] + added, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("model_type", ["falcon", "t5"])
+def test_the_cache_layers_and_lens_take_a_general_family(model_type, family_folder, tmp_path):
+    """The activation cache, `layerwise layers` and the logit lens on transformers' own forward: a
+    general decoder (Falcon: its final norm found at load, its untied head read) and T5's encoder
+    (no masked-LM head: no lens)."""
+    from typer.testing import CliRunner
+
+    from layerwise.cli import app
+    from layerwise.explore._lens import load_lens_head
+
+    folder = family_folder(model_type)
+    encoder = lw.Encoder(folder, device="cpu")
+    texts = ud_sentences(limit=40)
+    options = lw.CacheOptions(layers=[1, 2], tokens=400, context=16)
+    lw.cache_activations(encoder, texts, tmp_path / "c", options, progress=False)
+    cache = lw.load_cache(tmp_path / "c")
+    assert len(cache) * 16 >= 400
+    head = load_lens_head(encoder)
+    assert (head is not None) == encoder.is_decoder
+    if head is not None:  # the lens at the last layer is the model's own next-token logits
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        lm = AutoModelForCausalLM.from_pretrained(folder).eval()
+        ids = AutoTokenizer.from_pretrained(folder)(TEXTS[0], return_tensors="pt")
+        with torch.no_grad():
+            expected = lm(**ids).logits[0].numpy()
+        raw = encoder.extract(TEXTS[0], layers=[-1], final_norm=False).hidden[0]
+        np.testing.assert_allclose(head.logits(raw), expected, atol=1e-4, rtol=1e-4)
+    (tmp_path / "t.txt").write_text("\n".join(texts))
+    pool = ["--pool", "sentence:last"] if encoder.is_decoder else []
+    result = CliRunner().invoke(app, ["layers", str(tmp_path / "t.txt"), "-m", str(folder), "-q", *pool])
+    assert result.exit_code == 0, result.output
+    assert "try first" in result.output
