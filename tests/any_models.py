@@ -89,9 +89,12 @@ def tiny_config(model_type: str, tokenizer):
 
     _, fields, head = FAMILIES[model_type]
     given = {**({} if head == "seq2seq" else SIZE), **fields, "vocab_size": len(tokenizer)}
-    for special in ("pad", "bos", "eos"):
+    defaults = CONFIG_MAPPING[model_type]()
+    for special in ("pad", "bos", "eos", "cls", "sep"):
         token_id = getattr(tokenizer, f"{special}_token_id")
-        if token_id is not None:
+        if token_id is not None and (
+            special in ("pad", "bos", "eos") or hasattr(defaults, f"{special}_token_id")
+        ):
             given[f"{special}_token_id"] = token_id
     if head == "seq2seq":
         given["decoder_start_token_id"] = tokenizer.pad_token_id

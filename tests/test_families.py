@@ -19,7 +19,7 @@ from conftest import ud_sentences
 
 import layerwise as lw
 from layerwise._model.families import kind_of
-from layerwise._model.forward.packed_decoder import PACKED_DECODER_TYPES
+from layerwise._model.forward.packed_decoder import PACKED_DECODER_TYPES, PACKED_ENCODER_TYPES_ON_MODULES
 from layerwise.errors import OptionError
 from layerwise.store._commit import Committer
 
@@ -29,8 +29,8 @@ TEXTS = [
     "Hi",
     "  leading and trailing spaces  ",
 ]
-PACKED = [t for t in FAMILIES if t in PACKED_DECODER_TYPES]
-GENERAL = [t for t in FAMILIES if t not in PACKED_DECODER_TYPES]
+PACKED_TYPES = PACKED_DECODER_TYPES + PACKED_ENCODER_TYPES_ON_MODULES
+PACKED = [t for t in FAMILIES if t in PACKED_TYPES]
 
 
 def transformers_states(folder: Path, texts: list[str]) -> tuple[list[np.ndarray], list[int]]:
@@ -61,7 +61,7 @@ def test_every_hidden_state_equals_transformers(model_type, family_folder):
     for stack, states, n in zip(stacks, expected, lengths, strict=True):
         assert stack.hidden.shape == states.shape == (4, n, 64)
         np.testing.assert_allclose(stack.hidden, states, atol=1e-5, rtol=0)
-    path = "packed" if model_type in PACKED_DECODER_TYPES else "general"
+    path = "packed" if model_type in PACKED_TYPES else "general"
     assert encoder.run_path == encoder.run_meta(lw.OutputPlan())["path"] == path
 
 
@@ -101,20 +101,34 @@ def test_pooling_and_a_resumed_store(model_type, family_folder, tmp_path, monkey
 
 @pytest.mark.parametrize("model_type", PACKED)
 def test_packed_and_streamed_equal_the_general_path(model_type, family_folder):
-    """The packed forward, and the stream layer by layer, against transformers' own forward on the
-    same batches (packed=False): every hidden state, raw and through the final norm, and the taps."""
+    """The packed forward, and a decoder's stream layer by layer, against transformers' own forward
+    on the same batches (packed=False): every hidden state (a decoder's raw and through the final
+    norm too), the taps, and windows of long texts (ModernBERT's local layers see their window)."""
     folder = family_folder(model_type)
-    texts = ud_sentences(limit=12) + TEXTS
+    texts = ud_sentences(limit=12) + TEXTS + [" ".join(ud_sentences(limit=6))]
+    decoder = model_type in PACKED_DECODER_TYPES
     general = lw.Encoder(folder, device="cpu", packed=False)
     packed = lw.Encoder(folder, device="cpu")
-    streamed = lw.Encoder(folder, device="cpu", streaming=True, stream_block_tokens=64)
-    assert general.run_path == "general" and packed.run_path == "packed" and streamed.run_path == "streamed"
-    for final_norm in (True, False, "all"):
+    others = [packed]
+    if decoder:
+        others.append(lw.Encoder(folder, device="cpu", streaming=True, stream_block_tokens=64))
+        assert others[1].run_path == "streamed"
+    assert general.run_path == "general" and packed.run_path == "packed"
+    for final_norm in (True, False, "all") if decoder else (True,):
         want = general.extract(texts, layers="all", final_norm=final_norm)
-        for other in (packed, streamed):
+        for other in others:
             got = other.extract(texts, layers="all", final_norm=final_norm)
             for a, b in zip(want, got, strict=True):
                 np.testing.assert_allclose(b.hidden, a.hidden, atol=1e-5, rtol=0)
+    short = dict(layers="all", max_tokens=256)
+    want = lw.Encoder(folder, device="cpu", packed=False, max_length=16).extract(
+        texts[-1], long_texts="window", **short
+    )
+    got = lw.Encoder(folder, device="cpu", max_length=16).extract(texts[-1], long_texts="window", **short)
+    assert got.n_windows > 1
+    np.testing.assert_allclose(got.hidden, want.hidden, atol=1e-5, rtol=0)
+    if not decoder:
+        return
     taps = ("attn_out",) if model_type == "opt" else ("attn_out", "mlp_out")  # OPT: no mlp module
     want = general.extract(texts[:4], layers=[1, 3], taps=taps)
     got = packed.extract(texts[:4], layers=[1, 3], taps=taps)

@@ -7,17 +7,17 @@ layer ``i``. Two things differ:
 
 - **The final norm.** A decoder applies one more norm (``norm``, ``ln_f``, ``final_layer_norm``…)
   after its last layer (:func:`settle_final_norm` checks at load which module reproduces
-  transformers' last hidden state), and its ``lm_head`` reads the normed state. transformers returns hidden state L *after* that norm
-  (its ``output_hidden_states`` overwrites the last one with ``last_hidden_state``) and every other
-  index before any norm. layerwise follows it by default (``final_norm=True``);
-  ``final_norm=False`` gives hidden state L as the raw residual stream, like 1 … L-1;
-  ``final_norm="all"`` passes every hidden state through the final norm, as the logit lens reads
-  them, so that layers compare on one scale (the raw residual stream of a large decoder holds a few
-  "massive activations" that dominate cosines). It is a setting of each call (OutputPlan.final_norm;
-  the Encoder's is the default): every forward computes the raw residual stream and
-  :func:`apply_final_norm` applies the call's setting after it, so one forward serves any. When the
-  forward stops early (``layers=[3]`` of 30), the deepest layer run is never normed by the model: it
-  is the same number as in a full run.
+  transformers' last hidden state), and its ``lm_head`` reads the normed state. transformers returns
+  hidden state L *after* that norm (its ``output_hidden_states`` overwrites the last one with
+  ``last_hidden_state``) and every other index before any norm. layerwise follows it by default
+  (``final_norm=True``); ``final_norm=False`` gives hidden state L as the raw residual stream, like
+  1 … L-1; ``final_norm="all"`` passes every hidden state through the final norm, as the logit lens
+  reads them, so that layers compare on one scale (the raw residual stream of a large decoder holds
+  a few "massive activations" that dominate cosines). It is a setting of each call
+  (OutputPlan.final_norm; the Encoder's is the default): every forward computes the raw residual
+  stream and :func:`apply_final_norm` applies the call's setting after it, so one forward serves
+  any. When the forward stops early (``layers=[3]`` of 30), the deepest layer run is never normed by
+  the model: it is the same number as in a full run.
 - **No segments, causal attention.** Pairs are refused (join the texts with a separator you choose),
   attention sees only earlier tokens, and with right padding (the only padding layerwise uses) the
   position ids of real tokens are 0 … n-1 as in an unpadded run. In a causal model only the last

@@ -116,13 +116,14 @@ def describe(config: Any) -> dict[str, Any]:
     streams layer by layer, its sub-layer taps and its final norm (``layerwise info -m``)."""
     from .forward.hooks import tap_paths
     from .forward.packed import unpackable
-    from .forward.packed_decoder import PACKED_TAPS, unpackable_decoder
+    from .forward.packed_decoder import PACKED_ENCODER_TYPES_ON_MODULES, PACKED_TAPS, unpackable_decoder
     from .streaming.support import check_streamable
 
     kind = kind_of(config)
     model_type = str(config.model_type)
     decoder = kind == "decoder"
-    why_not = unpackable_decoder(config) if decoder else unpackable(config)
+    on_modules = decoder or model_type in PACKED_ENCODER_TYPES_ON_MODULES  # packed_decoder.py's forward
+    why_not = unpackable_decoder(config) if on_modules else unpackable(config)
     try:
         check_streamable(config, model_type)
         streams: str = "yes"

@@ -93,12 +93,12 @@ def info(
     --model: how that model will run, read from its config alone (no weights are loaded)."""
     if (path is None) == (model is None):
         raise typer.BadParameter("pass an output to describe, or --model MODEL (one of the two)")
-    if model is not None:
+    if path is None:
         from .._model.families import describe
         from .._model.loading.source import resolve_model_source
 
         source, name = resolve_model_source(model)
-        meta = {"model": name, **describe(_config_of(source, name, trust_remote_code))}
+        meta: dict = {"model": name, **describe(_config_of(source, name, trust_remote_code))}
     else:
         from .._files.meta import read_meta
 

@@ -59,6 +59,9 @@ PACKED_DECODER_TYPES = (
     "olmo",
     "olmo2",
 )
+# encoders whose layers call transformers' attention interface: packed the same way, with attention
+# both ways over each text's grid (ModernBERT's local layers: within their window)
+PACKED_ENCODER_TYPES_ON_MODULES = ("modernbert",)
 _local = threading.local()  # the packed forward running in this thread, if any
 
 
@@ -88,10 +91,12 @@ class PackedDecoderBatch:
     groups: list[AttentionGroup]
 
 
-def prepare_decoder_batch(columns: Any, device: torch.device) -> PackedDecoderBatch:
+def prepare_decoder_batch(columns: Any, device: torch.device, *, causal: bool = True) -> PackedDecoderBatch:
     """A batch's ids back to back (_inputs/block.py ``TokenColumns``), each text's positions, its
-    attention grids: for the packed decoder forward and the streamed one (streaming/forward.py) alike."""
-    column, groups = plan_groups(columns.lengths, device, key_mask=False)
+    attention grids: for the packed decoder forward and the streamed one (streaming/forward.py) alike.
+    Causal attention needs no key mask (a real token's window ends before any padding); an
+    encoder's does."""
+    column, groups = plan_groups(columns.lengths, device, key_mask=not causal)
     return PackedDecoderBatch(
         torch.from_numpy(columns.ids).to(device), column.to(device), columns.lengths, groups
     )
@@ -99,9 +104,21 @@ def prepare_decoder_batch(columns: Any, device: torch.device) -> PackedDecoderBa
 
 def unpackable_decoder(config: Any) -> str | None:
     """What in ``config`` the packed decoder forward cannot run, or None when it can."""
-    if config.model_type not in PACKED_DECODER_TYPES:
+    if config.model_type not in PACKED_DECODER_TYPES + PACKED_ENCODER_TYPES_ON_MODULES:
         return f"model type {config.model_type!r}"
     return None
+
+
+def _attend_both_ways(query, key, value, *, scaling, window: int | None, key_mask):
+    """Bidirectional attention of one grid ``(B, heads, T, d)`` (an encoder's: ModernBERT), over
+    real keys only, each query seeing keys within ``window`` positions where its layer is local."""
+    allowed = key_mask  # (B, 1, 1, T) or None: a grid without padding
+    t = query.shape[2]
+    if window is not None and t > window:
+        i = torch.arange(t, device=query.device)
+        near = (i[None, :] - i[:, None]).abs() <= window
+        allowed = near if allowed is None else allowed & near
+    return F.scaled_dot_product_attention(query, key, value, attn_mask=allowed, scale=scaling)
 
 
 def _attend(query, key, value, *, scaling, causal_window: int | None, softcap: float | None):
@@ -155,7 +172,12 @@ def packed_attention(
                 grid.index_copy_(1, group.flat, x)
                 x = grid
             parts.append(x.view(x.shape[0], group.count, group.width, x.shape[2]).transpose(0, 1))
-        context = _attend(*parts, scaling=scale, causal_window=sliding_window, softcap=softcap)
+        if getattr(module, "is_causal", True):
+            context = _attend(*parts, scaling=scale, causal_window=sliding_window, softcap=softcap)
+        else:  # an encoder's layer (ModernBERT): both ways, padding masked; a local layer's window is
+            # the config's, as transformers' bidirectional mask reads it (the layer's own is flash's, +1)
+            window = module.config.sliding_window if sliding_window is not None else None
+            context = _attend_both_ways(*parts, scaling=scale, window=window, key_mask=group.key_mask)
         context = context.transpose(1, 2).reshape(group.count * group.width, q.shape[0], q.shape[2])
         out[group.start : group.stop] = context if group.flat is None else context.index_select(0, group.flat)
     return out[None], None
@@ -182,13 +204,14 @@ class PackedDecoder:
         register_packed_attention()
         self.model = model
         self.layers: nn.ModuleList = decoder_layers(model)
+        self.causal = is_decoder_config(model.config)  # else an encoder's layers (ModernBERT)
         self.linear = PrepackedLinears()
         self._install_hooks()
 
     @classmethod
     def build(cls, model: Any) -> PackedDecoder | None:
         config = getattr(model, "config", None)
-        if config is None or not is_decoder_config(config) or unpackable_decoder(config) is not None:
+        if config is None or unpackable_decoder(config) is not None:
             return None
         if not isinstance(decoder_layers(model), nn.ModuleList):
             return None
@@ -214,7 +237,7 @@ class PackedDecoder:
         """The batch's ids back to back (_inputs/block.py ``TokenColumns``), each text's positions, its
         attention grids (decoders have no token types: ``with_token_types`` is there for the engine's
         one call)."""
-        return prepare_decoder_batch(columns, device)
+        return prepare_decoder_batch(columns, device, causal=self.causal)
 
     def forward(self, batch: PackedDecoderBatch, layers: Sequence[int]) -> torch.Tensor:
         """Hidden states ``layers`` of the packed batch: ``(len(layers), N, H)``, every one the raw
@@ -233,9 +256,12 @@ class PackedDecoder:
         tapped: dict[str, dict[int, torch.Tensor]] = {t: {} for t in taps}
         run = PackedRun(batch.groups, set(layers), stop_after, {}, self.linear, tuple(taps), tapped)
         switched = attention_implementation(self.model.config, ATTENTION)
+        given = {"use_cache": False} if self.causal else {}
         with running_packed(run), switched, contextlib.suppress(_Stop):
-            self.model(input_ids=batch.ids[None], position_ids=batch.positions[None], use_cache=False)
+            self.model(input_ids=batch.ids[None], position_ids=batch.positions[None], **given)
         states, tapped = run.states, run.tapped or {}
+        if not self.causal and n_layers in states:  # an encoder's last state as transformers gives it
+            states[n_layers] = self.model.final_norm(states[n_layers])
         tap_layers = [i for i in layers if i >= 1]
         taps_out = {t: torch.stack([tapped[t][i] for i in tap_layers]) for t in taps if tap_layers}
         return torch.stack([states[i] for i in layers]), taps_out
@@ -337,6 +363,6 @@ def _switched_linear(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
 def packed_forward(model: Any) -> PackedEncoder | PackedDecoder | None:
     """The packed forward of ``model``: the encoders' (packed.py) or the decoders' (this module);
     None where neither runs this architecture."""
-    if is_decoder_config(model.config):
+    if is_decoder_config(model.config) or model.config.model_type in PACKED_ENCODER_TYPES_ON_MODULES:
         return PackedDecoder.build(model)
     return PackedEncoder.build(model)
