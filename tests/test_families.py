@@ -101,19 +101,18 @@ def test_pooling_and_a_resumed_store(model_type, family_folder, tmp_path, monkey
 
 @pytest.mark.parametrize("model_type", PACKED)
 def test_packed_and_streamed_equal_the_general_path(model_type, family_folder):
-    """The packed forward, and a decoder's stream layer by layer, against transformers' own forward
-    on the same batches (packed=False): every hidden state (a decoder's raw and through the final
-    norm too), the taps, and windows of long texts (ModernBERT's local layers see their window)."""
+    """The packed forward, and the stream layer by layer, against transformers' own forward on the
+    same batches (packed=False): every hidden state (a decoder's raw and through the final norm too;
+    ModernBERT's last through its final norm), the taps, and windows of long texts (ModernBERT's
+    local layers see their window)."""
     folder = family_folder(model_type)
     texts = ud_sentences(limit=12) + TEXTS + [" ".join(ud_sentences(limit=6))]
     decoder = model_type in PACKED_DECODER_TYPES
     general = lw.Encoder(folder, device="cpu", packed=False)
     packed = lw.Encoder(folder, device="cpu")
-    others = [packed]
-    if decoder:
-        others.append(lw.Encoder(folder, device="cpu", streaming=True, stream_block_tokens=64))
-        assert others[1].run_path == "streamed"
-    assert general.run_path == "general" and packed.run_path == "packed"
+    streamed = lw.Encoder(folder, device="cpu", streaming=True, stream_block_tokens=64)
+    others = [packed, streamed]
+    assert general.run_path == "general" and packed.run_path == "packed" and streamed.run_path == "streamed"
     for final_norm in (True, False, "all") if decoder else (True,):
         want = general.extract(texts, layers="all", final_norm=final_norm)
         for other in others:

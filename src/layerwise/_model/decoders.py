@@ -45,7 +45,7 @@ __all__ = [
 ]
 
 # where decoders keep their final norm (Llama's ``norm``, GPT-2's ``ln_f``, GPT-NeoX's and OPT's
-# ``final_layer_norm``, Phi's ``final_layernorm``, Falcon-Mamba's ``norm_f``): a candidate, which
+# ``final_layer_norm``, Phi's ``final_layernorm``, ModernBERT's ``final_norm``): a candidate, which
 # :func:`settle_final_norm` checks against transformers' own last hidden state at load
 _FINAL_NORM_PATHS = (
     "norm",
@@ -53,6 +53,7 @@ _FINAL_NORM_PATHS = (
     "final_layer_norm",
     "final_layernorm",
     "norm_f",
+    "final_norm",
     "decoder.final_layer_norm",
 )
 # settle_final_norm's verdict, kept on the model: the module, "none" (the last state is not normed),

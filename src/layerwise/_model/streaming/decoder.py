@@ -1,9 +1,12 @@
-"""A decoder LM (the families the packed decoder forward runs), streamed: each decoder layer's own
-forward, with the packed attention (forward/packed_decoder.py) over each batch's per-text grids. A
-batch's residual stream is ``(N, H)`` between layers, as an encoder's; each layer runs it as a batch
-of one. The embeddings are the word table, with learned positions where the family has them (GPT-2's
-``wpe``, OPT's ``embed_positions``, which adds its offset of 2 itself); rotary positions are computed
-once per batch from the model's ``rotary_emb``."""
+"""A decoder LM (the families the packed decoder forward runs), and ModernBERT, streamed: each
+layer's own forward, with the packed attention (forward/packed_decoder.py) over each batch's
+per-text grids (an encoder's both ways, padding masked). A batch's residual stream is ``(N, H)``
+between layers, as the BERT encoders'; each layer runs it as a batch of one. The embeddings are the
+word table, with learned positions where the family has them (GPT-2's ``wpe``, OPT's
+``embed_positions``, which adds its offset of 2 itself) or ModernBERT's embedding norm; rotary
+positions are computed once per batch from the model's ``rotary_emb`` (one per layer type for
+Gemma 3 and ModernBERT). ModernBERT's last hidden state is through its final norm, as transformers
+returns it; a decoder's stays raw (the engine applies the final norm a call asks for)."""
 
 from __future__ import annotations
 
@@ -14,6 +17,7 @@ import torch
 
 from ...errors import ModelLoadError
 from ..decoders import final_norm_module
+from ..families import is_decoder_config
 from ..forward.packed_decoder import (
     ATTENTION,
     PackedRun,
@@ -42,6 +46,9 @@ class StreamedDecoder(StreamedModel):
         layers = decoder_layers(skeleton)
         prefix = _prefix(skeleton, layers, checkpoint.names(), name)
         words = skeleton.get_input_embeddings()
+        self.causal = is_decoder_config(config)  # else ModernBERT: attention both ways, its norm on state L
+        # ModernBERT's embeddings module norms the words it looks up: read and run whole
+        self._embeddings = None if self.causal else skeleton.embeddings
         inner = getattr(skeleton, "decoder", skeleton)  # OPT keeps its parts under ``decoder``
         if getattr(inner, "project_in", None) is not None:
             raise ModelLoadError(
@@ -57,8 +64,9 @@ class StreamedDecoder(StreamedModel):
             skeleton.rotary_emb = type(rotary)(skeleton.config).to(device)
         if hasattr(words, "embed_scale"):  # Gemma's embeddings times sqrt(hidden)
             words.embed_scale = torch.tensor(float(config.hidden_size) ** 0.5, device=device)
-        # Gemma 3: a rotary embedding per layer type (full and sliding attention)
-        types = getattr(config, "layer_types", None) if config.model_type == "gemma3_text" else None
+        # Gemma 3, ModernBERT: a rotary embedding per layer type (full and sliding attention)
+        per_type = config.model_type in ("gemma3_text", "modernbert")
+        types = getattr(config, "layer_types", None) if per_type else None
         self._rotary = rotary is not None
         self._layer_types, self.rotary_kinds = types, len(set(types or [None])) if self._rotary else 0
         final_norm = [prefix + n for n in unit_names(skeleton, [final_norm_module(skeleton)])]
@@ -69,16 +77,21 @@ class StreamedDecoder(StreamedModel):
         # packed copy of the running layer and oneDNN's primitive caches (one per batch shape) took
         # 85 MB past the streamed memory bound on an AMD EPYC (benchmarks/streamed_speed.py)
         embeddings = [words] if self._positions is None else [words, self._positions]
+        if self._embeddings is not None:
+            embeddings = [self._embeddings]
         units = [embeddings, *[[layer] for layer in self.layers]]
         super().__init__(skeleton, units, words, checkpoint, prefix, dtype, device)
 
     def prepare(self, columns: Any, *, with_token_types: bool = False, device: torch.device) -> Any:
-        return prepare_decoder_batch(columns, device)
+        return prepare_decoder_batch(columns, device, causal=self.causal)
 
     def embed(self, batch: Any, vocabulary: torch.Tensor) -> torch.Tensor:
         """GPT-2 adds its learned positions, which restart at each text as the packed forward
         numbers them."""
-        hidden = self.words(self.renumbered(batch.ids, vocabulary))
+        ids = self.renumbered(batch.ids, vocabulary)
+        if self._embeddings is not None:
+            return self._embeddings(input_ids=ids)
+        hidden = self.words(ids)
         if self._positions is None:
             return hidden
         if hasattr(self._positions, "offset"):  # OPT's: positions from ids, its offset added inside
@@ -98,19 +111,17 @@ class StreamedDecoder(StreamedModel):
     def layer_step(self, depth: int) -> Step:
         layer = self.layers[depth - 1]
         kind = None if self._layer_types is None else self._layer_types[depth - 1]
+        normed = not self.causal and depth == len(self.layers)  # ModernBERT's state L, as transformers'
+        norm = final_norm_module(self.skeleton) if normed else None
 
         def step(hidden: torch.Tensor, batch: Any, rotary: Any) -> torch.Tensor:
             rotary = rotary if kind is None else rotary[kind]
             given = {} if rotary is None else {"position_embeddings": rotary}
+            if self.causal:
+                given["use_cache"] = False
             with running_packed(PackedRun(batch.groups)):  # this thread's grids
-                out = layer(
-                    hidden[None],
-                    attention_mask=None,
-                    position_ids=batch.positions[None],
-                    use_cache=False,
-                    **given,
-                )
-            return out[0]
+                out = layer(hidden[None], attention_mask=None, position_ids=batch.positions[None], **given)
+            return out[0] if norm is None else norm(out[0])
 
         return step
 

@@ -14,7 +14,7 @@ from ..loading.gguf_files import gguf_parts
 from ..loading.light import base_prefix
 from .checkpoint import Checkpoint, Weights, missing_weights
 from .model import StreamedModel
-from .support import check_streamable
+from .support import STREAMED_ON_MODULES, check_streamable
 
 
 def load_streamed(
@@ -29,7 +29,7 @@ def load_streamed(
     else:
         checkpoint = Checkpoint.find(source, name)
     stored = checkpoint.names()
-    if is_decoder_config(config):
+    if is_decoder_config(config) or config.model_type in STREAMED_ON_MODULES:  # their own modules
         from .decoder import StreamedDecoder
 
         return _complete(StreamedDecoder(config, checkpoint, name, dtype, device), name)
