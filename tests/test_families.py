@@ -295,3 +295,36 @@ def test_the_cache_layers_and_lens_take_a_general_family(model_type, family_fold
     result = CliRunner().invoke(app, ["layers", str(tmp_path / "t.txt"), "-m", str(folder), "-q", *pool])
     assert result.exit_code == 0, result.output
     assert "try first" in result.output
+
+
+def test_the_server_embeds_with_a_packed_and_a_general_family(family_folder):
+    """/v1/embeddings on Pythia's family (packed) and T5's encoder (general): each the vector embed
+    gives, pooled as the model's kind pools by default."""
+    import asyncio
+
+    import httpx
+
+    from layerwise.serve import create_app
+
+    encoders = {t: lw.Encoder(family_folder(t), device="cpu") for t in ("gpt_neox", "t5")}
+    app = create_app(encoders)
+
+    pools = {t: "last" if e.is_decoder else "mean" for t, e in encoders.items()}
+
+    async def main():
+        transport = httpx.ASGITransport(app=app)
+        async with (
+            app.router.lifespan_context(app),
+            httpx.AsyncClient(transport=transport, base_url="http://test") as client,
+        ):
+            answers = {}
+            for t in encoders:
+                asked = {"input": TEXTS[:2], "model": t, "pool": pools[t], "normalize": False}
+                answers[t] = await asyncio.wait_for(client.post("/v1/embeddings", json=asked), 60)
+            return answers
+
+    for model_type, response in asyncio.run(main()).items():
+        assert response.status_code == 200, response.text
+        served = np.array([row["embedding"] for row in response.json()["data"]], dtype=np.float32)
+        direct = encoders[model_type].embed(TEXTS[:2], layers=[-1], pool=pools[model_type])[:, 0]
+        np.testing.assert_allclose(served, direct, atol=1e-5, rtol=1e-5)
