@@ -24,6 +24,21 @@ def _fast(tokenizer, **special):
     return PreTrainedTokenizerFast(tokenizer_object=tokenizer, model_max_length=256, **special)
 
 
+def _framed(tokenizer, ids: dict[str, int], *, second_type: int, **more):
+    """``[CLS] $A [SEP]`` (a pair's second text typed ``second_type``), BERT's special tokens."""
+    from tokenizers import processors
+
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]",
+        pair=f"[CLS] $A [SEP] $B:{second_type} [SEP]:{second_type}",
+        special_tokens=[("[CLS]", ids["[CLS]"]), ("[SEP]", ids["[SEP]"])],
+    )
+    return _fast(
+        tokenizer, cls_token="[CLS]", sep_token="[SEP]", pad_token="[PAD]", unk_token="[UNK]",
+        mask_token="[MASK]", **more,
+    )  # fmt: skip
+
+
 def byte_level(template: str):
     """Byte-level BPE with the ``template`` of a family: "neox", "opt", "bart" or "modernbert"."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
@@ -55,15 +70,7 @@ def byte_level(template: str):
             tokenizer, bos_token="<s>", eos_token="</s>", pad_token="<pad>", unk_token="<unk>",
             mask_token="<mask>", cls_token="<s>", sep_token="</s>",
         )  # fmt: skip
-    tokenizer.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]",
-        pair="[CLS] $A [SEP] $B [SEP]",
-        special_tokens=[("[CLS]", ids["[CLS]"]), ("[SEP]", ids["[SEP]"])],
-    )
-    return _fast(
-        tokenizer, cls_token="[CLS]", sep_token="[SEP]", pad_token="[PAD]", unk_token="[UNK]",
-        mask_token="[MASK]",
-    )  # fmt: skip
+    return _framed(tokenizer, ids, second_type=0)
 
 
 def unigram(template: str):
@@ -89,12 +96,4 @@ def unigram(template: str):
             single="$A </s>", pair="$A </s> $B </s>", special_tokens=[("</s>", ids["</s>"])]
         )
         return _fast(tokenizer, eos_token="</s>", pad_token="<pad>", unk_token="<unk>")
-    tokenizer.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]",
-        pair="[CLS] $A [SEP] $B:1 [SEP]:1",
-        special_tokens=[("[CLS]", ids["[CLS]"]), ("[SEP]", ids["[SEP]"])],
-    )
-    return _fast(
-        tokenizer, cls_token="[CLS]", sep_token="[SEP]", pad_token="[PAD]", unk_token="[UNK]",
-        mask_token="[MASK]", bos_token="[CLS]", eos_token="[SEP]",
-    )  # fmt: skip
+    return _framed(tokenizer, ids, second_type=1, bos_token="[CLS]", eos_token="[SEP]")
