@@ -81,10 +81,15 @@ def _spelled_decoder(tokenizer) -> Callable[[list[str], str], tuple[str, str]]:
 
 
 def _with_marks(source: str, start: int, end: int) -> str:
-    """``source[start:end]`` and the combining marks right after it: a normaliser that composes
-    "A" + U+0301 into "Á" gives the composed token the first character's span only (tokenizers'
-    alignment of a composition), so its spelling is read with the marks that follow."""
+    """``source[start:end]`` and the combining marks right after it that composition folds into its
+    last character: a normaliser that composes "A" + U+0301 into "Á" gives the composed token the
+    first character's span only (tokenizers' alignment of a composition), so its spelling is read
+    with the marks it took in. A mark nothing composes with ("t" + U+0301) is a token of its own."""
     while end < len(source) and unicodedata.combining(source[end]):
+        if len(unicodedata.normalize("NFC", source[start : end + 1])) > len(
+            unicodedata.normalize("NFC", source[start:end])
+        ):
+            break
         end += 1
     return source[start:end]
 
