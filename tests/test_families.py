@@ -328,3 +328,27 @@ def test_the_server_embeds_with_a_packed_and_a_general_family(family_folder):
         served = np.array([row["embedding"] for row in response.json()["data"]], dtype=np.float32)
         direct = encoders[model_type].embed(TEXTS[:2], layers=[-1], pool=pools[model_type])[:, 0]
         np.testing.assert_allclose(served, direct, atol=1e-5, rtol=1e-5)
+
+
+def test_info_says_how_a_model_will_run_before_loading_it(family_folder):
+    from typer.testing import CliRunner
+
+    from layerwise.cli import app
+
+    said = {}
+    for model_type in ("gpt_neox", "falcon", "t5", "modernbert"):
+        result = CliRunner().invoke(app, ["info", "-m", str(family_folder(model_type)), "--json"])
+        assert result.exit_code == 0, result.output
+        said[model_type] = json.loads(result.output)
+    assert said["gpt_neox"] | {"model": None} == {
+        "model": None, "model_type": "gpt_neox", "kind": "decoder", "layers": 3, "hidden_size": 64,
+        "path": "packed", "streams": "yes", "taps": "attention_probs, attn_out, mlp_out",
+        "final_norm": "yes: final_norm True, False or 'all'", "pairs": "no (join the texts yourself)",
+    }  # fmt: skip
+    assert (said["falcon"]["path"], said["falcon"]["streams"]) == ("general", "no: load it in memory")
+    assert said["t5"]["kind"] == "encoder of an encoder-decoder" and said["t5"]["path"] == "general"
+    assert (said["modernbert"]["path"], said["modernbert"]["streams"]) == ("packed", "yes")
+    for model_type, facts in said.items():  # what a load then runs
+        assert lw.Encoder(family_folder(model_type), device="cpu").run_path == facts["path"]
+    result = CliRunner().invoke(app, ["info"])
+    assert result.exit_code == 2 and "--model" in result.output

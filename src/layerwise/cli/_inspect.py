@@ -94,8 +94,8 @@ def info(
     if (path is None) == (model is None):
         raise typer.BadParameter("pass an output to describe, or --model MODEL (one of the two)")
     if path is None:
-        from .._model.families import describe
         from .._model.loading.source import resolve_model_source
+        from .._model.what_runs import describe
 
         source, name = resolve_model_source(model)
         meta: dict = {"model": name, **describe(_config_of(source, name, trust_remote_code))}
