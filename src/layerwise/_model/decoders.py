@@ -36,14 +36,6 @@ import torch
 from ..errors import OptionError
 from .families import is_decoder_config
 
-__all__ = [
-    "apply_final_norm",
-    "final_norm_module",
-    "is_decoder_config",
-    "raw_hidden_states",
-    "settle_final_norm",
-]
-
 # where decoders keep their final norm (Llama's ``norm``, GPT-2's ``ln_f``, GPT-NeoX's and OPT's
 # ``final_layer_norm``, Phi's ``final_layernorm``, ModernBERT's ``final_norm``): a candidate, which
 # :func:`settle_final_norm` checks against transformers' own last hidden state at load
