@@ -220,20 +220,29 @@ def test_what_cannot_run_is_refused_by_type_and_leaves_nothing(model_type, says,
 
 def test_remote_code_runs_only_when_asked(family_folder, tmp_path):
     """A config whose model comes as Python code beside it: refused without the setting; with it,
-    the code runs, and read_meta records that it was asked for."""
+    the code runs (the logit lens's head is read with it too), and read_meta records that it was
+    asked for."""
     folder = tmp_path / "remote"
     shutil.copytree(family_folder("gpt_neox"), folder)
     (folder / "remote_neox.py").write_text(
-        "from transformers import GPTNeoXConfig, GPTNeoXModel\n"
+        "from transformers import GPTNeoXConfig, GPTNeoXForCausalLM, GPTNeoXModel\n"
         "class RemoteConfig(GPTNeoXConfig):\n    model_type = 'remote_neox'\n"
         "class RemoteModel(GPTNeoXModel):\n    config_class = RemoteConfig\n"
+        "class RemoteLM(GPTNeoXForCausalLM):\n    config_class = RemoteConfig\n"
     )
+    # transformers renames GPT-NeoX's saved head (embed_out) for its own class only: as a remote
+    # model's checkpoint would hold it
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(folder / "model.safetensors")
+    weights["lm_head.weight"] = weights.pop("embed_out.weight")
+    save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
     config = json.loads((folder / "config.json").read_text())
     config["model_type"] = "remote_neox"
     config["auto_map"] = {
         "AutoConfig": "remote_neox.RemoteConfig",
         "AutoModel": "remote_neox.RemoteModel",
-        "AutoModelForCausalLM": "remote_neox.RemoteModel",
+        "AutoModelForCausalLM": "remote_neox.RemoteLM",
     }
     (folder / "config.json").write_text(json.dumps(config))
     with pytest.raises(
@@ -244,6 +253,13 @@ def test_remote_code_runs_only_when_asked(family_folder, tmp_path):
     assert encoder.is_decoder and encoder.settings.trust_remote_code
     plain = lw.Encoder(family_folder("gpt_neox"), device="cpu", packed=False).extract(TEXTS[0], layers="all")
     np.testing.assert_allclose(encoder.extract(TEXTS[0], layers="all").hidden, plain.hidden, atol=1e-6)
+    from layerwise.explore._lens import load_lens_head
+
+    native = load_lens_head(lw.Encoder(family_folder("gpt_neox"), device="cpu"))
+    head = load_lens_head(encoder)
+    assert head is not None and native is not None
+    raw = plain.hidden[-2]
+    np.testing.assert_allclose(head.logits(raw), native.logits(raw), atol=1e-6)
     lw.extract_to_file(encoder, TEXTS, tmp_path / "r.npz", progress=False)
     meta = lw.read_meta(tmp_path / "r.npz")
     assert meta["trust_remote_code"] is True and meta["path"] == "general"

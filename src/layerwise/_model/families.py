@@ -19,6 +19,7 @@ lists: each is a forward of our own, tested against transformers (forward/, stre
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Literal
 
 from ..errors import ModelLoadError
@@ -27,10 +28,13 @@ Kind = Literal["encoder", "decoder", "encoder-decoder"]
 SUPPORTED_PAGE = "the table in docs/models.md"  # which families run how
 
 
-def _mapping(name: str) -> set[str]:
+@functools.cache
+def _mapping(name: str) -> frozenset[str]:
+    """The model types of one of transformers' mappings (read once: ``is_decoder_config`` is asked
+    for every padded batch)."""
     from transformers.models.auto import modeling_auto
 
-    return set(getattr(modeling_auto, name, {}))
+    return frozenset(getattr(modeling_auto, name, {}))
 
 
 def kind_of(config: Any) -> Kind:

@@ -9,7 +9,7 @@ from ..errors import ModelLoadError
 from .families import kind_of
 from .forward.hooks import tap_paths
 from .forward.packed import unpackable
-from .forward.packed_decoder import PACKED_ENCODER_TYPES_ON_MODULES, PACKED_TAPS, unpackable_decoder
+from .forward.packed_decoder import PACKED_TAPS, runs_on_modules, unpackable_decoder
 from .streaming.support import check_streamable
 
 
@@ -20,8 +20,7 @@ def describe(config: Any) -> dict[str, Any]:
     kind = kind_of(config)
     model_type = str(config.model_type)
     decoder = kind == "decoder"
-    on_modules = decoder or model_type in PACKED_ENCODER_TYPES_ON_MODULES  # packed_decoder.py's forward
-    why_not = unpackable_decoder(config) if on_modules else unpackable(config)
+    why_not = unpackable_decoder(config) if runs_on_modules(config) else unpackable(config)
     try:
         check_streamable(config, model_type)
         streams: str = "yes"

@@ -157,7 +157,7 @@ def random_twin(encoder: Encoder, seed: int, folder: Path) -> Encoder:
 
     torch.manual_seed(seed)
     with quiet_transformers():  # no "Writing model shards" bar in the middle of the probe's output
-        model = AutoModel.from_config(encoder.config)
+        model = AutoModel.from_config(encoder.config, trust_remote_code=encoder.settings.trust_remote_code)
         model.save_pretrained(folder)
         encoder.tokenizer.save_pretrained(folder)
     # the control runs as the model does: its settings whole, only the weights differ

@@ -58,7 +58,10 @@ class MaskedLMHead:
         try:
             with quiet_transformers():
                 mlm, info = AutoModelForMaskedLM.from_pretrained(
-                    encoder.source, dtype=torch.float32, output_loading_info=True
+                    encoder.source,
+                    dtype=torch.float32,
+                    output_loading_info=True,
+                    trust_remote_code=encoder.settings.trust_remote_code,  # the model's own code, as asked
                 )
         except Exception as exc:  # no masked-LM class for this config, or no weights for it
             logger.debug("no masked-LM head for %s: %s", encoder.name, exc)
@@ -168,7 +171,11 @@ def _untied_lm_head(encoder: Encoder) -> Any:
     try:
         with quiet_transformers(gguf="gguf_file" in extra):
             loaded: Any = AutoModelForCausalLM.from_pretrained(
-                where, dtype=torch.float32, output_loading_info=True, **extra
+                where,
+                dtype=torch.float32,
+                output_loading_info=True,
+                trust_remote_code=encoder.settings.trust_remote_code,  # the model's own code, as asked
+                **extra,
             )
         lm, info = loaded
     except Exception as exc:

@@ -149,6 +149,14 @@ def tap_paths(model_type: str) -> dict[str, str]:
     return _BERT_LAYOUT if model_type in _BERT_LAYOUT_TYPES else _TAP_PATHS.get(model_type, {})
 
 
+def _families_with_taps() -> str:
+    known = ", ".join(sorted({*_BERT_LAYOUT_TYPES, *_TAP_PATHS}))
+    return (
+        f"taps need a family's module names, and layerwise knows those of {known} (docs/models.md); "
+        "hidden states need none"
+    )
+
+
 def tap_module(layer: nn.Module, model_type: str, tap: str) -> nn.Module:
     """The sub-module of one encoder layer whose output is ``tap``."""
     if tap not in TAPS:
@@ -156,21 +164,14 @@ def tap_module(layer: nn.Module, model_type: str, tap: str) -> nn.Module:
     available = tap_paths(model_type)
     path = available.get(tap)
     if path is None:
-        has = f"it has {', '.join(available)}" if available else "taps need a family's module names, "
-        known = ", ".join(sorted({*_BERT_LAYOUT_TYPES, *_TAP_PATHS}))
-        raise OptionError(
-            f"tap {tap!r} is not available for model type {model_type!r}; "
-            + (has if available else f"{has}and layerwise knows those of {known} (docs/models.md)")
-            + "; hidden states need none"
-        )
+        has = f"it has {', '.join(available)}" if available else _families_with_taps()
+        raise OptionError(f"tap {tap!r} is not available for model type {model_type!r}; {has}")
     module: nn.Module = layer
     for part in path.split("."):
         if not hasattr(module, part):
             raise OptionError(
                 f"tap {tap!r} is not available for model type {model_type!r}: its layers have no "
-                f"'{path}' sub-module. Taps need a family's module names: the BERT layout (BERT, RoBERTa, "
-                f"ELECTRA, DeBERTa) and {', '.join(sorted(_TAP_PATHS))} (the table in docs/models.md); "
-                "hidden states need none"
+                f"'{path}' sub-module; {_families_with_taps()}"
             )
         module = getattr(module, part)
     return module

@@ -102,6 +102,13 @@ def prepare_decoder_batch(columns: Any, device: torch.device, *, causal: bool = 
     )
 
 
+def runs_on_modules(config: Any) -> bool:
+    """Whether ``config``'s model runs this module's way (its own modules, the packed attention):
+    every decoder LM, and the encoders of PACKED_ENCODER_TYPES_ON_MODULES. Among those,
+    :func:`unpackable_decoder` says which families it runs."""
+    return is_decoder_config(config) or config.model_type in PACKED_ENCODER_TYPES_ON_MODULES
+
+
 def unpackable_decoder(config: Any) -> str | None:
     """What in ``config`` the packed decoder forward cannot run, or None when it can."""
     if config.model_type not in PACKED_DECODER_TYPES + PACKED_ENCODER_TYPES_ON_MODULES:
@@ -363,6 +370,6 @@ def _switched_linear(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
 def packed_forward(model: Any) -> PackedEncoder | PackedDecoder | None:
     """The packed forward of ``model``: the encoders' (packed.py) or the decoders' (this module);
     None where neither runs this architecture."""
-    if is_decoder_config(model.config) or model.config.model_type in PACKED_ENCODER_TYPES_ON_MODULES:
+    if runs_on_modules(model.config):
         return PackedDecoder.build(model)
     return PackedEncoder.build(model)

@@ -83,7 +83,7 @@ def placement_of(
     if isinstance(value, dict):
         for module, where in value.items():
             _check_device(where, f"device_map puts {module!r} on {where!r}")
-        _check_modules(value, config)
+        _check_modules(value, config, trust_remote_code=settings.trust_remote_code)
     placement.kwargs["device_map"] = value
     if settings.max_device_memory is not None:
         placement.kwargs["max_memory"] = _max_memory(settings.max_device_memory)
@@ -140,13 +140,13 @@ def _check_device(where: object, what: str) -> None:
         raise OptionError(f"{what}, but this machine has {have}; name a device it has, 'cpu' or 'disk'")
 
 
-def _check_modules(mapping: dict[str, Any], config: Any) -> None:
+def _check_modules(mapping: dict[str, Any], config: Any, *, trust_remote_code: bool) -> None:
     """Every module the map names exists in the model transformers builds (``AutoModel``: the base
     model's names, as ``enc.model.hf_device_map`` prints them), and every weight has a device."""
     from transformers import AutoModel
 
     with torch.device("meta"):
-        skeleton = AutoModel.from_config(config)
+        skeleton = AutoModel.from_config(config, trust_remote_code=trust_remote_code)
     modules = dict(skeleton.named_modules())
     unknown = [name for name in mapping if name not in modules]
     if unknown:

@@ -9,12 +9,12 @@ from typing import Any
 import torch
 
 from ...errors import ModelLoadError
-from ..families import is_decoder_config
+from ..forward.packed_decoder import runs_on_modules
 from ..loading.gguf_files import gguf_parts
 from ..loading.light import base_prefix
 from .checkpoint import Checkpoint, Weights, missing_weights
 from .model import StreamedModel
-from .support import STREAMED_ON_MODULES, check_streamable
+from .support import check_streamable
 
 
 def load_streamed(
@@ -29,7 +29,7 @@ def load_streamed(
     else:
         checkpoint = Checkpoint.find(source, name)
     stored = checkpoint.names()
-    if is_decoder_config(config) or config.model_type in STREAMED_ON_MODULES:  # their own modules
+    if runs_on_modules(config):  # the decoders and ModernBERT: on their own modules
         from .decoder import StreamedDecoder
 
         return _complete(StreamedDecoder(config, checkpoint, name, dtype, device), name)
