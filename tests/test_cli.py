@@ -52,6 +52,23 @@ def test_extract_txt_to_npz(tmp_path, make_tiny_model):
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temp files left
 
 
+@pytest.mark.parametrize("pool", [None, "mean"])
+def test_a_line_with_no_token_but_special_ones_counts_as_empty(tmp_path, make_tiny_model, pool):
+    """NUL bytes and a zero-width space tokenise to [CLS] [SEP] alone, as an empty line does."""
+    model = make_tiny_model("bert")
+    source = tmp_path / "texts.txt"
+    source.write_bytes("bank\n\x00\x00\n\u200b\n\nriver bank\n".encode())
+    out = tmp_path / "out.npz"
+    pooling = ["--pool", pool] if pool else []
+    result = run("extract", source, "-o", out, "--model", model, "--layers", "0", *pooling)
+    assert result.exit_code == 0, result.output
+    assert "wrote 5 input(s)" in result.output and "(3 empty)" in result.output
+    store = tmp_path / "s.lw"
+    assert run("extract", source, "-o", store, "--model", model, "--layers", "0").exit_code == 0
+    plan = lw.OutputPlan(layers=[0])
+    assert lw.export_store(store, tmp_path / "e.npz", plan)["n_empty"] == 3
+
+
 def test_extract_tsv_pairs_to_jsonl_in_input_order(tmp_path, make_tiny_model):
     model = make_tiny_model("bert")
     source = tmp_path / "pairs.tsv"

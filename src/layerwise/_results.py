@@ -56,6 +56,12 @@ class LayerStack:
         return self.hidden.shape[1]
 
     @property
+    def empty(self) -> bool:
+        """No token but special ones: an empty line, and one the tokenizer reads as nothing (NUL
+        bytes, a zero-width space), count alike in a run's "(N empty)"."""
+        return not bool((self.word_ids >= 0).any())
+
+    @property
     def n_held(self) -> int:
         """How many hidden states this result holds (``len(layers)``); the model's own counts are
         ``Encoder.n_layers`` (encoder layers) and ``Encoder.n_hidden_states`` (layers + embeddings)."""

@@ -51,12 +51,13 @@ class Writer:
 
     def begin(self, block: Block) -> None:
         self.block, self.block_seen = block, 0
-        self.n_empty += sum(1 for text in block.texts if not text.strip())
 
-    def put(self, index: int, result: Result, n_tokens: int) -> None:
+    def put(self, index: int, result: Result, n_tokens: int, empty: bool = False) -> None:
+        """``empty``: the input has no token but special ones (``LayerStack.empty``)."""
         if self.dtype == "float16":  # every format's rows pass here: none holds inf for a large value
             check_float16(result_values(result), f"input {index}", self._layers_along(result))
         self.n_seen += 1
+        self.n_empty += empty
         self.block_seen += 1
         self.n_tokens += n_tokens
         if isinstance(result, WordVectors):
@@ -214,8 +215,8 @@ class NpzWriter(Writer):
         else:
             self.int_ids.extend(block.ids)
 
-    def put(self, index: int, result: Result, n_tokens: int) -> None:
-        super().put(index, result, n_tokens)
+    def put(self, index: int, result: Result, n_tokens: int, empty: bool = False) -> None:
+        super().put(index, result, n_tokens, empty)
         zf, dtype = self.zf, self.dtype
         if isinstance(result, LayerStack):
             put_array(zf, f"hidden_{index}", result.hidden.astype(dtype, copy=False))
@@ -276,8 +277,8 @@ class JsonlWriter(Writer):
         self.spool.truncate()
         self.spans = {}
 
-    def put(self, index: int, result: Result, n_tokens: int) -> None:
-        super().put(index, result, n_tokens)
+    def put(self, index: int, result: Result, n_tokens: int, empty: bool = False) -> None:
+        super().put(index, result, n_tokens, empty)
         # allow_nan=False: bare NaN is not JSON; _vectors has turned non-finite values into null
         record = self._record(index, result)
         line = (json.dumps(record, ensure_ascii=False, allow_nan=False) + "\n").encode("utf-8")

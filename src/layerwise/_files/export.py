@@ -36,7 +36,8 @@ def export_store(
 ) -> dict:
     """Pool the token rows of ``store`` (a path or an open store) as ``plan`` says (default:
     sentence mean of every stored hidden state) and write them to ``path`` (.parquet, .npz or
-    .jsonl). Returns counts: n_texts, n_tokens, n_words, n_truncated."""
+    .jsonl). Returns counts: n_texts, n_tokens, n_words, n_truncated, n_empty (texts with no token
+    but special ones)."""
     from .blocks import Contents
     from .writers import output_format, write_output, writer_class_of
 
@@ -162,7 +163,8 @@ def _export_block(
     ids = opened.manifest_rows(range(lo, hi), [id_column])[id_column].to_pylist()
     writer.begin(Block(lo, texts, block_pairs, None, ids))
     for k, stack in enumerate(stacks):
-        writer.put(lo + k, plan.result(_layers(stack, picks, wanted), n_hidden), stack.n_tokens)
+        result = plan.result(_layers(stack, picks, wanted), n_hidden)
+        writer.put(lo + k, result, stack.n_tokens, stack.empty)
     writer.end_block()
 
 

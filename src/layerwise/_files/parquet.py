@@ -67,8 +67,8 @@ class ParquetWriter(Writer):
         super().begin(block)
         self.rows = [None] * len(block)
 
-    def put(self, index: int, result: Result, n_tokens: int) -> None:
-        super().put(index, result, n_tokens)
+    def put(self, index: int, result: Result, n_tokens: int, empty: bool = False) -> None:
+        super().put(index, result, n_tokens, empty)
         assert self.block is not None
         self.rows[index - self.block.start] = (result, n_tokens)
 

@@ -253,7 +253,7 @@ def _extract_blocks(
             writer.begin(block)
             if len(block):
                 for local, stack, result in outputs:
-                    writer.put(block.start + local, result, stack.n_tokens)
+                    writer.put(block.start + local, result, stack.n_tokens, stack.empty)
                     release_free_memory()  # RSS follows the batch, not the corpus (memory.py)
                     if bar is not None and task is not None:
                         bar.advance(task, 1)
@@ -316,7 +316,10 @@ def _write_one_block(writer: Writer, results, texts, text_pairs) -> dict:
     pairs = list(text_pairs) if text_pairs is not None else None
     writer.begin(Block(0, list(texts), pairs, None, list(range(len(texts)))))
     for index, result in results:
-        writer.put(index, result, result.n_tokens if isinstance(result, LayerStack) else 0)
+        if isinstance(result, LayerStack):
+            writer.put(index, result, result.n_tokens, result.empty)
+        else:  # pooled already: the text says whether it was empty
+            writer.put(index, result, 0, not texts[index].strip())
     writer.end_block()
     return writer.finish()
 
