@@ -296,10 +296,13 @@ def tutorial_loop(tokenizer: Any, model: Any, texts: list[str]) -> int:
     return n_tokens
 
 
-def fresh_loop(model: str, texts: list[str], *, order: str = "tokens") -> Callable[[], tuple[int, float]]:
+def fresh_loop(
+    model: str, texts: list[str], *, order: str = "tokens", batches: str = "fixed"
+) -> Callable[[], tuple[int, float]]:
     """The best hand-written loop, in a process of its own with the model loaded by plain
     transformers (benchmarks/handwritten_loops.py memory): batches of 32 sorted by token count
-    (``order="chars"``: by characters, as sentence-transformers sorts), warmed up as layerwise is.
+    (``order="chars"``: by characters, as sentence-transformers sorts; ``batches="budget"``: as many
+    texts a batch as 4,096 padded positions hold), warmed up as layerwise is.
     Each call starts a fresh process and returns ``(tokens, seconds of its timed pass)``."""
     import tempfile
 
@@ -310,7 +313,7 @@ def fresh_loop(model: str, texts: list[str], *, order: str = "tokens") -> Callab
     def run() -> tuple[int, float]:
         out = subprocess.run(
             [sys.executable, str(HERE / "handwritten_loops.py"), "memory", str(corpus), "-", "--model", model,
-             "--order", order],
+             "--order", order, "--batches", batches],
             check=True, capture_output=True, text=True,
         )  # fmt: skip
         result = json.loads(out.stdout.strip().splitlines()[-1])

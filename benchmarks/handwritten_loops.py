@@ -3,6 +3,7 @@ a process of its own with the model loaded by plain transformers.
 
     python benchmarks/handwritten_loops.py best|tutorial CORPUS.txt OUT_DIR [--model FOLDER]
     python benchmarks/handwritten_loops.py memory TEXTS.json - [--model FOLDER|FILE.gguf] [--order tokens|chars]
+        [--batches fixed|budget]
 
 best:      transformers, batches of 32 texts sorted by token count (longest first),
            output_hidden_states, torch.inference_mode, every hidden state cast to float16 NumPy and
@@ -12,6 +13,9 @@ memory:    the in-memory loop of the speed benchmarks: every hidden state of eve
            float32 NumPy array, batches of 32 sorted by token count (``--order chars``: by characters,
            as sentence-transformers sorts), warmed up on the first 16 texts as layerwise is; prints
            ``{"seconds": S, "tokens": N}`` of one timed pass (loading and warm-up excluded).
+           ``--batches budget``: instead of 32 texts a batch, texts sorted by token count fill a batch
+           while its padded size (texts x longest) stays within 4,096 positions (one long document
+           alone, many short sentences together), the other batching a careful user writes.
 
 best and tutorial write what ``layerwise extract CORPUS -o corpus.lw`` writes: all hidden states of
 every token, float16. The model is the packaged all-MiniLM-L6-v2 unless --model names a folder (or a
@@ -36,6 +40,7 @@ def main() -> None:
     parser.add_argument("out", type=Path)
     parser.add_argument("--model", default=None)
     parser.add_argument("--order", choices=["tokens", "chars"], default="tokens")
+    parser.add_argument("--batches", choices=["fixed", "budget"], default="fixed")
     args = parser.parse_args()
 
     import numpy as np
@@ -52,7 +57,8 @@ def main() -> None:
     tokenizer = AutoTokenizer.from_pretrained(where, **extra)
     model = AutoModel.from_pretrained(where, dtype=torch.float32, **extra).eval()
     if args.mode == "memory":
-        memory_loop(tokenizer, model, json.loads(args.corpus.read_text(encoding="utf-8")), args.order)
+        texts = json.loads(args.corpus.read_text(encoding="utf-8"))
+        memory_loop(tokenizer, model, texts, args.order, args.batches)
         return
     texts = args.corpus.read_text(encoding="utf-8").splitlines()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -87,7 +93,24 @@ def main() -> None:
     print(f"{args.mode}: {len(texts)} texts, {n_tokens} tokens", file=sys.stderr)
 
 
-def memory_loop(tokenizer, model, texts: list[str], order_by: str) -> None:
+PADDED_BUDGET = 4096  # --batches budget: padded positions a batch may hold
+
+
+def batches_of(order: list[int], lengths: list[int], kind: str) -> list[list[int]]:
+    """``order`` (longest first) cut into batches: 32 texts each, or as many as keep the padded
+    size (texts x the first, longest) within :data:`PADDED_BUDGET`."""
+    if kind == "fixed":
+        return [order[start : start + 32] for start in range(0, len(order), 32)]
+    batches: list[list[int]] = []
+    for i in order:
+        if batches and (len(batches[-1]) + 1) * lengths[batches[-1][0]] <= PADDED_BUDGET:
+            batches[-1].append(i)
+        else:
+            batches.append([i])
+    return batches
+
+
+def memory_loop(tokenizer, model, texts: list[str], order_by: str, batching: str = "fixed") -> None:
     """Time one pass of the in-memory loop (see the module docstring) and print it as JSON."""
     import time
 
@@ -105,8 +128,8 @@ def memory_loop(tokenizer, model, texts: list[str], order_by: str) -> None:
             order = sorted(range(len(subset)), key=lambda i: len(subset[i]), reverse=True)
         n_tokens = 0
         with torch.inference_mode():
-            for start in range(0, len(order), 32):
-                rows = [{"input_ids": encoded[i]} for i in order[start : start + 32]]
+            for batch_ids in batches_of(order, [len(e) for e in encoded], batching):
+                rows = [{"input_ids": encoded[i]} for i in batch_ids]
                 batch = tokenizer.pad(rows, return_tensors="pt")
                 states = torch.stack(model(**batch, output_hidden_states=True).hidden_states, dim=1)
                 array = states.numpy()

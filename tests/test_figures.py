@@ -165,3 +165,55 @@ def test_every_result_file_records_its_machine_and_commit(path: Path):
     machine = data.get("machine") or {}
     assert machine.get("cpu") and machine.get("cores"), f"{path.name} does not record its machine"
     assert machine.get("commit") or data.get("recorded_in_commit"), f"{path.name} records no commit"
+
+
+# --- rendered blocks: tables and headline sentences written from the result files -------------------
+
+
+def _renderer():
+    """scripts/render_figures.py, imported afresh (its result cache empty)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("render_figures", REPO / "scripts" / "render_figures.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_rendered_block_equals_a_fresh_render_of_its_result_files():
+    """A figure edited by hand, or a result file rerun without `python scripts/render_figures.py`,
+    makes a document differ from its render."""
+    render = _renderer()
+    stale = []
+    for relative in render.DOCUMENTS:
+        text = (REPO / relative).read_text(encoding="utf-8")
+        fresh = render.render(text)
+        if fresh != text:
+            old, new = text.splitlines(), fresh.splitlines()
+            first = next(i for i, (a, b) in enumerate(zip(old, new, strict=False)) if a != b)
+            stale.append(f"{relative}:{first + 1}: {old[first][:100]!r} -> {new[first][:100]!r}")
+    assert not stale, "run python scripts/render_figures.py:\n" + "\n".join(stale)
+
+
+def test_every_renderer_has_its_block_once():
+    render = _renderer()
+    names = [
+        m["name"]
+        for relative in render.DOCUMENTS
+        for m in render.BLOCK.finditer((REPO / relative).read_text(encoding="utf-8"))
+    ]
+    assert sorted(names) == sorted(render.BLOCKS), "each block of BLOCKS appears in one document, once"
+
+
+def test_a_figure_edited_by_hand_or_a_changed_result_is_caught():
+    render = _renderer()
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    block = next(m for m in render.BLOCK.finditer(text) if m["name"] == "readme-speed")
+    figure = re.search(r"\d,\d{3} tokens/s", block.group(0)).group(0)
+    edited = text.replace(figure, figure.replace(figure[0], str((int(figure[0]) + 1) % 10), 1), 1)
+    assert render.render(edited) == text  # a hand edit inside a block is rendered back, so the test sees it
+    assert edited != text
+    packed = render.result("packed_speed")
+    part = packed["default"]
+    part["tokens_per_s"][part["default"]] += 1000  # a rerun whose figures the README does not show yet
+    assert render.render(text) != text

@@ -25,6 +25,7 @@ import torch
 from .._features.layers import LayerSpec
 from .._features.plan import OutputPlan, Result
 from .._inputs.encoding import EncodedBlock, EncodedInput, normalize_inputs
+from .._model.loading.plain import transformers_config
 from .._results import LayerStack
 from .._settings.long_texts import LongTexts
 from .._settings.settings import FinalNorm, Method, ModelDtype, Settings, settings_of
@@ -55,11 +56,11 @@ class Encoder(FeatureCalls):
         given = settings_of(model, options)  # checks every value before anything loads
         loaded = load(given)  # the model, its tokenizer and engine (loading.py)
         self.settings, self.source, self.name = loaded.settings, loaded.source, loaded.name
-        self.config, self.tokenizer, self.models = loaded.config, loaded.tokenizer, loaded.models
+        self._config, self.tokenizer, self.models = loaded.config, loaded.tokenizer, loaded.models
         self.inputs, self.engine, self.is_decoder = loaded.inputs, loaded.engine, loaded.is_decoder
         self.sentence_transformers = loaded.sentence_transformers
-        self.model_type, self.n_layers = str(self.config.model_type), int(self.config.num_hidden_layers)
-        self.hidden_size = int(self.config.hidden_size)
+        self.model_type, self.n_layers = str(loaded.config.model_type), int(loaded.config.num_hidden_layers)
+        self.hidden_size = int(loaded.config.hidden_size)
         if self.device.type == "cuda":  # the GPU's set-up paid here, not by the first call (warm.py)
             warm_device(self.engine, self.tokenizer.unk_token_id or 0, self.n_hidden_states)
 
@@ -98,6 +99,11 @@ class Encoder(FeatureCalls):
     @property
     def max_tokens(self) -> int:  # the default of every call
         return self.engine.max_tokens
+
+    @property
+    def config(self) -> Any:  # transformers' own config class (one read plainly at load: on first use)
+        self._config = transformers_config(self._config, self.source)
+        return self._config
 
     @property
     def model(self):  # the transformers model, built on first use (the packed forward needs none)

@@ -4,7 +4,7 @@ resolved: a new field of Settings is recorded with no edit here."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from .._features.plan import OutputPlan
 from .._settings.settings import Settings
@@ -20,7 +20,6 @@ class Recorded(Protocol):
 
     settings: Settings
     source: str
-    config: Any
     models: ModelHandle
     engine: Engine
     is_decoder: bool
@@ -60,7 +59,7 @@ def run_meta(loaded: Recorded, settled: OutputPlan) -> dict:
         "layerwise_version": __version__,
         **settings,
         "weights_sha256": weights_sha256(loaded.models.current),
-        "hidden_size": int(loaded.config.hidden_size),
+        "hidden_size": int(loaded.models.config.hidden_size),  # the config the load read
         "decoder": loaded.is_decoder,
-        **settled.meta(int(loaded.config.num_hidden_layers) + 1),
+        **settled.meta(int(loaded.models.config.num_hidden_layers) + 1),
     }

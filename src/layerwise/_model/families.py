@@ -26,6 +26,12 @@ from ..errors import ModelLoadError
 
 Kind = Literal["encoder", "decoder", "encoder-decoder"]
 SUPPORTED_PAGE = "the table in docs/models.md"  # which families run how
+# The encoders with BERT's module layout: the light model reads them (loading/light.py), the packed
+# forward runs them (forward/packed.py), their taps have BERT's names (forward/hooks.py), and their
+# config and tokenizer are read without transformers' registry (loading/plain.py). Their kind is
+# known here without the mappings, whose import a one-line command would otherwise pay for
+# (tests/test_start.py holds it to the mappings).
+BERT_LAYOUT = ("bert", "roberta", "xlm-roberta", "camembert", "electra")
 
 
 @functools.cache
@@ -42,6 +48,8 @@ def kind_of(config: Any) -> Kind:
     if getattr(config, "is_encoder_decoder", False):
         return "encoder-decoder"
     model_type = getattr(config, "model_type", None)
+    if model_type in BERT_LAYOUT and not getattr(config, "auto_map", None):
+        return "encoder"
     if _remote(config):  # the model's own code (trust_remote_code): its auto_map names its heads
         heads = set(getattr(config, "auto_map", None) or ())
         causal, masked = "AutoModelForCausalLM" in heads, "AutoModelForMaskedLM" in heads

@@ -164,7 +164,7 @@ async def info(explorer: Served):
             {
                 "id": name,
                 "n_hidden_states": enc.n_hidden_states,
-                "n_heads": int(enc.config.num_attention_heads),
+                "n_heads": int(enc.models.config.num_attention_heads),
                 "hidden_size": enc.hidden_size,
                 "max_length": enc.max_length,
                 "lens": head is not None,

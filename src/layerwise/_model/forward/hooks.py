@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from ...errors import OptionError
+from ..families import BERT_LAYOUT
 
 Tap = Literal["attention_probs", "attention_output", "intermediate", "attn_out", "mlp_out"]
 TAPS: tuple[str, ...] = ("attention_probs", "attention_output", "intermediate", "attn_out", "mlp_out")
@@ -139,8 +140,7 @@ def truncated_encoder(owner: nn.Module, attr: str, layer_list: nn.ModuleList, de
         setattr(owner, attr, layer_list)
 
 
-# the families whose layers have BERT's sub-modules, with their meaning
-_BERT_LAYOUT_TYPES = ("bert", "roberta", "xlm-roberta", "camembert", "electra")
+_BERT_LAYOUT_TYPES = BERT_LAYOUT  # the families whose layers have BERT's sub-modules
 
 
 def tap_paths(model_type: str) -> dict[str, str]:

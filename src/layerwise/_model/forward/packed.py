@@ -25,9 +25,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..families import BERT_LAYOUT
 from .cpu_gemm import PrepackedLinears
 
-PACKED_MODEL_TYPES = ("bert", "roberta", "xlm-roberta", "camembert", "electra")
+PACKED_MODEL_TYPES = BERT_LAYOUT
 _OFFSET_POSITIONS = ("roberta", "xlm-roberta", "camembert")  # positions start at padding_idx + 1
 
 

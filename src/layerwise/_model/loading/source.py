@@ -23,6 +23,7 @@ from typing import Any
 from ...errors import MissingDependencyError, ModelLoadError, OptionError
 from ..families import check_text_transformer, kind_of
 from .gguf_files import gguf_loading, loader_args
+from .plain import read_plain
 from .tokenizer_checks import check_tokenizer_files_agree, check_tokenizer_fits
 
 logger = logging.getLogger("layerwise")
@@ -199,7 +200,27 @@ def _remote_code_refused(name: str, exc: Exception) -> ModelLoadError | None:
 
 def load_config_and_tokenizer(source: str, name: str, *, trust_remote_code: bool = False):
     """``(config, fast tokenizer)`` of ``source``; a model that is not a text transformer
-    (families.py), or a tokenizer without the Rust backend (no word ids, no offsets), is an error."""
+    (families.py), or a tokenizer without the Rust backend (no word ids, no offsets), is an error.
+    A local folder of a BERT-layout encoder is read without transformers' registry (plain.py)."""
+    with quiet_transformers():
+        plain = None if trust_remote_code else read_plain(source)
+    if plain is not None:
+        config, tokenizer = plain
+    else:
+        config, tokenizer = _auto_config_and_tokenizer(source, name, trust_remote_code)
+    if not getattr(tokenizer, "is_fast", False):
+        raise ModelLoadError(
+            f"model {name!r} has no fast (Rust) tokenizer; layerwise needs one for word "
+            "ids and character offsets. Save a tokenizer.json next to the model."
+        )
+    vocab = tokenizer.get_vocab()  # read once for both checks
+    check_tokenizer_fits(config, tokenizer, name, vocab)
+    if Path(source).is_dir():
+        check_tokenizer_files_agree(Path(source), config, tokenizer, name, vocab)
+    return config, tokenizer
+
+
+def _auto_config_and_tokenizer(source: str, name: str, trust_remote_code: bool) -> tuple[Any, Any]:
     from transformers import AutoConfig, AutoTokenizer
 
     local = Path(source).is_dir()
@@ -231,14 +252,6 @@ def load_config_and_tokenizer(source: str, name: str, *, trust_remote_code: bool
             if refused is not None:
                 raise refused from None
             raise _not_found(name, exc, local or gguf) from exc
-    if not getattr(tokenizer, "is_fast", False):
-        raise ModelLoadError(
-            f"model {name!r} has no fast (Rust) tokenizer; layerwise needs one for word "
-            "ids and character offsets. Save a tokenizer.json next to the model."
-        )
-    check_tokenizer_fits(config, tokenizer, name)
-    if local:
-        check_tokenizer_files_agree(Path(source), config, tokenizer, name)
     return config, tokenizer
 
 

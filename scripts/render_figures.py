@@ -1,0 +1,851 @@
+"""Write the benchmark tables of the README and the docs from the result files they cite.
+
+    python scripts/render_figures.py           # rewrite every rendered block in place
+    python scripts/render_figures.py --check   # exit 1 naming each block that differs
+
+A rendered block sits between ``<!-- figures: NAME -->`` and ``<!-- /figures -->`` in README.md or
+a page of docs/ (a table, a sentence, a paragraph); :data:`BLOCKS` maps each NAME to the function
+that writes it from ``benchmarks/results/*.json``. Each block says where its figures were measured:
+the machine, its cores, and the commit the run recorded. Every ratio is of two numbers of one run.
+``tests/test_figures.py`` renders every block afresh and fails when a document differs: a figure
+edited by hand, or a result file rerun without rendering again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections.abc import Callable
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS = REPO / "benchmarks" / "results"
+DOCUMENTS = ("README.md", "docs/benchmarks.md", "docs/serving-performance.md", "docs/guide/analysis.md")
+# a block's lines keep the indentation of its opening marker (a table inside a list item)
+BLOCK = re.compile(
+    r"^(?P<indent>[ \t]*)(?P<before>[^\n]*?)<!-- figures: (?P<name>[\w-]+) -->(?P<body>.*?)<!-- /figures -->",
+    re.DOTALL | re.MULTILINE,
+)
+
+
+@cache
+def result(name: str) -> dict[str, Any]:
+    return json.loads((RESULTS / f"{name}.json").read_text(encoding="utf-8"))
+
+
+# --- how figures are written ------------------------------------------------------------------------
+
+
+def n(value: float) -> str:
+    """A count or a rate: 8,086."""
+    return f"{value:,.0f}"
+
+
+def x(value: float, digits: int = 2) -> str:
+    """A ratio: 1.71×."""
+    return f"{value:.{digits}f}×"
+
+
+def pct(value: float, digits: int = 0) -> str:
+    """A fraction as a percentage: 0.69 -> 69 %."""
+    return f"{value * 100:.{digits}f} %"
+
+
+def table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def commit_of(data: dict[str, Any]) -> str:
+    return data["machine"].get("commit") or data.get("recorded_in_commit") or "not recorded"
+
+
+def cpu_of(data: dict[str, Any]) -> str:
+    cpu = data["machine"]["cpu"]
+    short = "Intel Xeon" if "Xeon" in cpu else "AMD EPYC" if "EPYC" in cpu else cpu
+    return f"{data['machine']['cores']}-core {short}"
+
+
+def gpu_of(data: dict[str, Any], part: str) -> str:
+    gpu = data.get("gpu_by_part", {}).get(part, data.get("gpu", "a GPU"))
+    return gpu.replace("NVIDIA ", "").replace(" 80GB HBM3", "")
+
+
+def where(name: str, part: str | None = None) -> str:
+    """Where ``name``'s figures (of GPU ``part``) were measured, and at which commit."""
+    data = result(name)
+    if part is not None:
+        code = data.get("code", {}).get(part, "").split(":")[0]
+        return f"one {gpu_of(data, part)}, code at {code or commit_of(data)}"
+    return f"{cpu_of(data)}, {commit_of(data)}"
+
+
+def measured(*names: str) -> str:
+    """The sentence under a block: each result file, its machine and commit, its date."""
+    parts = [f"`{name}.json`: {where(name)}, {result(name)['machine']['date']}" for name in names]
+    return "Measured: " + "; ".join(parts) + "."
+
+
+# --- README ------------------------------------------------------------------------------------------
+
+
+def _loop_name(part: dict[str, Any]) -> str:
+    return {"loop_32": "batches of 32", "loop_budget": "batches of 4,096 padded positions"}[
+        part["fastest_loop"]
+    ]
+
+
+def headline() -> str:
+    speed = result("packed_speed")
+    mini, base = speed["default"], speed["bert_base"]
+    return (
+        f"the packed forward runs {x(mini['ratios']['default_over_fastest_loop'])} the fastest careful "
+        "hand-written `transformers` loop on a CPU on a corpus of sentences and documents "
+        f"({x(base['ratios']['default_over_fastest_loop'])} on a BERT-base-sized model; less where texts "
+        "are short and alike, as the loop then pads little)"
+    )
+
+
+def readme_speed() -> str:
+    speed = result("packed_speed")
+    mini, base = speed["default"], speed["bert_base"]
+    host, store, gpu = result("host_cost"), result("store_speed"), result("gpu_speed")
+    gpu_rows = {(e["model"], e["dtype"]): e for e in gpu["extract"]}
+    bert16, smol = gpu_rows["BERT-base shape", "float16"], gpu_rows["SmolLM2-135M shape", "bfloat16"]
+    embed16, embed_bf = gpu["embed"]
+    serve, decoder = result("serve_load"), result("decoder_speed")["smollm2"]
+    at_32 = {lvl["clients"]: lvl for lvl in serve["layerwise"]["levels"]}[32]
+    st_32 = {lvl["clients"]: lvl for lvl in serve["sentence_transformers"]["levels"]}[32]
+    ray, io, cache_run, opened = (
+        result("ray_scaling"),
+        result("corpus_io"),
+        result("cache_speed"),
+        result("store_open"),
+    )
+    read = io["read"]
+    caches = {m["model"]: m for m in cache_run["models"]}
+    large, small = opened["stores"]["2000000"], opened["stores"]["10000"]
+    plan_large, plan_small = io["ray"]["2,000,000 texts"], io["ray"]["100,000 texts"]
+    full = io["full"]
+
+    def loop(part: dict[str, Any]) -> str:
+        rates = part["tokens_per_s"]
+        return (
+            f"fastest careful loop (plain transformers in its own process, sorted by token count, "
+            f"{_loop_name(part)}): {n(rates[part['fastest_loop']])} "
+            f"(**{x(part['ratios']['default_over_fastest_loop'])}**)"
+        )
+
+    rows = [
+        [
+            "every hidden state of every token, in memory",
+            f"{n(mini['tokens_per_s'][mini['default']])} tokens/s",
+            f"{loop(mini)}; sentence-transformers, last layer only: {n(mini['tokens_per_s']['st_tokens'])}",
+            "`python benchmarks/packed_speed.py`",
+            where("packed_speed"),
+        ],
+        [
+            "the same, BERT-base shape (12 × 768)",
+            f"{n(base['tokens_per_s'][base['default']])} tokens/s",
+            loop(base),
+            "`python benchmarks/packed_speed.py`",
+            where("packed_speed"),
+        ],
+        [
+            "the host's own work: sentence vectors of every layer with a model whose forward costs nothing",
+            f"`embed` {x(host['figures']['embed']['x_floor'])} the time of the tokenizer plus the forward "
+            "alone",
+            f"a hand loop that pools in torch: **{x(host['embed_over_loop'])}** its speed",
+            "`python benchmarks/host_cost.py`",
+            where("host_cost"),
+        ],
+        [
+            "a corpus to disk (fp16, every layer), whole process",
+            f"{n(store['tokens_per_s']['layerwise extract -> store'])} tokens/s",
+            f"best hand-written loop writing fp16 (sorted by token count): "
+            f"{n(store['tokens_per_s']['best hand-written loop'])} (**{x(store['speedup_vs_best_loop'])}**)",
+            "`python benchmarks/store_speed.py`",
+            where("store_speed"),
+        ],
+        [
+            "on a GPU: every hidden state, BERT-base shape, float16",
+            f"{n(bert16['tokens_per_s']['layerwise'])} tokens/s (SmolLM2-135M shape, bfloat16: "
+            f"{n(smol['tokens_per_s']['layerwise'])})",
+            f"best hand-written GPU loop: {n(bert16['tokens_per_s']['best_loop'])} "
+            f"(**{x(bert16['layerwise_over_best_loop'])}**; SmolLM2 shape: "
+            f"{n(smol['tokens_per_s']['best_loop'])}, "
+            f"**{x(smol['layerwise_over_best_loop'])}**)",
+            "`python benchmarks/gpu_speed.py --part extract`",
+            where("gpu_speed", "extract"),
+        ],
+        [
+            "on a GPU: sentence vectors of every layer from strings, BERT-base shape, float16",
+            f"{n(embed16['tokens_per_s']['embed'])} tokens/s (bfloat16: "
+            f"{n(embed_bf['tokens_per_s']['embed'])}); a fresh Encoder's first call "
+            f"{embed16['first_call_s']:.2f} s, its second {embed16['second_call_s']:.2f} s",
+            f"the loop that pools on the GPU, from token ids: {n(embed16['tokens_per_s']['pooled_loop'])} "
+            f"(**{x(embed16['tokens_per_s']['embed'] / embed16['tokens_per_s']['pooled_loop'])}**; bfloat16 "
+            f"{x(embed_bf['tokens_per_s']['embed'] / embed_bf['tokens_per_s']['pooled_loop'])}); "
+            "the packed forward "
+            f"alone: {n(embed16['tokens_per_s']['packed_forward'])}",
+            "`python benchmarks/gpu_speed.py --part embed`",
+            where("gpu_speed", "embed"),
+        ],
+        [
+            "only layer 2 of 12",
+            f"{result('extract_speed')['layer2_fraction_of_all']:.2f} of the time of all layers",
+            "",
+            "`python benchmarks/extract_speed.py`",
+            where("extract_speed"),
+        ],
+        [
+            "served over HTTP, 32 clients",
+            f"{n(at_32['tokens_per_s'])} tokens/s, {x(serve['served_over_offline_at_32'])} the offline rate",
+            f"sentence-transformers behind FastAPI: {n(st_32['tokens_per_s'])} "
+            f"(**{x(serve['layerwise_over_baseline_at_32'], 1)}**)",
+            "`python benchmarks/serve_load.py --ratio-rounds 7`",
+            where("serve_load"),
+        ],
+        [
+            "a decoder LM, every hidden state: SmolLM2-135M (GGUF, float32)",
+            f"{n(decoder['tokens_per_s']['layerwise_all'])} tokens/s; the middle layer alone: "
+            f"{decoder['middle_time_over_all']:.2f} of the time",
+            f"best hand-written loop (float32, its own process): {n(decoder['tokens_per_s']['best_loop'])} "
+            f"(**{x(decoder['all_over_best_loop'], 1)}**)",
+            "`python benchmarks/decoder_speed.py`",
+            where("decoder_speed"),
+        ],
+        [
+            "Ray, 2 actors × 1 thread",
+            f"{x(ray['two_actors_1_thread']['ratio_to_one_process'])} one process on the same 2 cores",
+            "",
+            "`python benchmarks/ray_scaling.py` (in a loopback namespace)",
+            where("ray_scaling"),
+        ],
+        [
+            "reading a 10,000,000-line corpus (`--limit 50000 --layers 0`)",
+            f"peak RSS {n(read['parquet 10,000,000 lines']['peak_rss_mib'])} MiB (`.parquet`), "
+            f"{n(read['txt.gz 10,000,000 lines']['peak_rss_mib'])} MiB (`.txt.gz`)",
+            f"the same on 100,000 lines: {n(read['parquet 100,000 lines']['peak_rss_mib'])}, "
+            f"{n(read['txt.gz 100,000 lines']['peak_rss_mib'])} MiB",
+            "`python benchmarks/corpus_io.py --part read`",
+            where("corpus_io"),
+        ],
+        [
+            "an activation cache for SAE training (3 layers, float16), SmolLM2-135M",
+            f"{n(caches['SmolLM2-135M']['cache_tokens_per_s'])} tokens/s, "
+            f"**{x(caches['SmolLM2-135M']['ratio'])}** "
+            f"the forward alone (all-MiniLM-L6-v2: {x(caches['all-MiniLM-L6-v2']['ratio'])})",
+            "the same layers computed in memory and thrown away: "
+            f"{n(caches['SmolLM2-135M']['forward_tokens_per_s'])} "
+            "tokens/s",
+            "`python benchmarks/cache_speed.py`",
+            where("cache_speed"),
+        ],
+        [
+            "opening a store of 2,000,000 texts",
+            f"{opened['open_seconds_large']:.3f} s; memory after open, `len`, `store[n-1]`, "
+            "a 1,000-text slice: "
+            f"as for 10,000 texts (×{opened['rss_large_over_small']:.3f})",
+            f"reading its manifest whole: {large['whole_manifest']['read whole manifest']['seconds']:.1f} s, "
+            f"{n(large['whole_manifest']['read whole manifest']['rss_mib'])} MiB against "
+            f"{n(small['lazy']['imports']['rss_mib'])} MiB after imports",
+            "`python benchmarks/store_open.py`",
+            where("store_open"),
+        ],
+        [
+            "the Ray driver on 2,000,000 texts (`--layers 0`)",
+            f"peak RSS {n(plan_large['driver_peak_rss_mib'])} MiB; it plans (one pass over the corpus) in "
+            f"{plan_large['plan_seconds']:.1f} s before any actor starts",
+            f"on 100,000 texts: {n(plan_small['driver_peak_rss_mib'])} MiB, "
+            f"{plan_small['plan_seconds']:.1f} s",
+            "`python benchmarks/corpus_io.py --part ray`",
+            where("corpus_io"),
+        ],
+        [
+            f"{n(full['n_texts'])} texts, `.parquet` to sentence-level `.parquet`",
+            f"median RSS {n(full['median_rss_last_third_mib'])} MiB in the last third",
+            f"{n(full['median_rss_first_third_mib'])} MiB in the first third after a minute "
+            f"(+{pct(full['growth_median'], 1)})",
+            "`python benchmarks/corpus_io.py --part full`",
+            where("corpus_io"),
+        ],
+    ]
+    return table(["question", "layerwise", "baseline", "command", "measured on, commit"], rows)
+
+
+# --- docs/benchmarks.md ---------------------------------------------------------------------------------
+
+
+def extraction_setup() -> str:
+    speed = result("packed_speed")
+    mini, base = speed["default"], speed["bert_base"]
+    subset = (
+        "the whole corpus"
+        if base["texts"] == mini["texts"]
+        else f"a subset of {n(base['texts'])} texts, {n(base['tokens'])} tokens"
+    )
+    return (
+        "`python benchmarks/packed_speed.py`: a mixed-length corpus from UD English EWT (train), single "
+        f"sentences and whole documents, {n(mini['texts'])} texts, {n(mini['tokens'])} tokens, every hidden "
+        f"state of every token; for the BERT-base shape (a random 12-layer `BertConfig()` model) {subset}. "
+        f"Medians of 3 interleaved runs, on a {cpu_of(result('packed_speed'))} (fp32 matmul rate measured in "
+        f"the run: {mini['matmul_gflops']:.0f} GFLOP/s, {base['matmul_gflops']:.0f} for the BERT-base part). "
+        "Ceiling = the matmul rate ÷ the model's matmul FLOPs per token of this corpus (attention "
+        "included). The hand-written loops run as the strongest baseline a careful user writes: each in a "
+        "process of its own, the model loaded by plain transformers, warmed up on 16 texts as layerwise "
+        "is, and only its timed pass counted (`benchmarks/handwritten_loops.py memory`); the careful loop "
+        "sorts by token count and cuts batches of 32 texts, or of 4,096 padded positions, and the "
+        "headline ratio is against whichever of the two was faster in the run."
+    )
+
+
+def extraction_table() -> str:
+    speed = result("packed_speed")
+    mini, base = speed["default"], speed["bert_base"]
+    labels = {
+        "tutorial": "tutorial loop: one text at a time, `output_hidden_states`, `torch.no_grad`",
+        "chars_loop": "loop sorted by characters (as sentence-transformers sorts), batches of 32, "
+        "`inference_mode`",
+        "st_tokens": 'sentence-transformers `encode(output_value="token_embeddings")` (last layer only)',
+        "loop_32": "careful loop: sorted by token count, batches of 32, `inference_mode`",
+        "loop_budget": "careful loop: sorted by token count, batches of 4,096 padded positions, "
+        "`inference_mode`",
+        "layerwise_hf": "layerwise, Hugging Face padded forward (`packed=False`)",
+        "packed_1_stream": "layerwise packed forward, one stream (`streams=1`)",
+        "packed_2_streams": "layerwise packed forward, two streams (`streams=2`)",
+    }
+
+    def cells(part: dict[str, Any], key: str) -> list[str]:
+        if key not in part["tokens_per_s"]:
+            return ["(not run)", ""]
+        bold = key in (part["default"], part["fastest_loop"])
+        rate, share = n(part["tokens_per_s"][key]), pct(part["fraction_of_ceiling"][key])
+        return [f"**{rate}**", f"**{share}**"] if bold else [rate, share]
+
+    rows = [[label, *cells(mini, key), *cells(base, key)] for key, label in labels.items()]
+    header = ["what", "all-MiniLM-L6-v2 tokens/s", "% of ceiling", "BERT-base shape tokens/s", "% of ceiling"]
+    return table(header, rows) + "\n\n" + measured("packed_speed")
+
+
+def extraction_ratios() -> str:
+    speed = result("packed_speed")
+    mini, base = speed["default"], speed["bert_base"]
+    r, rb = mini["ratios"], base["ratios"]
+    return (
+        'Bold: what `Encoder().extract(texts, layers="all")` does by default for each model, and the '
+        "faster of the two careful loops. On the default model that is "
+        f"**{x(r['default_over_fastest_loop'])}** the fastest careful loop "
+        f"({x(r['default_over_chars_loop'])} the loop sorted by characters), "
+        f"{x(r['default_over_tutorial'], 1)} the tutorial loop, {x(r['default_over_st_tokens'])} "
+        "sentence-transformers (which returns one layer, not "
+        f"seven) and {x(r['default_over_layerwise_hf'])} the padded path; on the BERT-base shape "
+        f"**{x(rb['default_over_fastest_loop'])}** the fastest careful loop and "
+        f"{x(rb['default_over_layerwise_hf'])} "
+        "the padded path."
+    )
+
+
+def streams() -> str:
+    speed = result("packed_speed")
+
+    def change(part: dict[str, Any]) -> str:
+        gain = part["tokens_per_s"]["packed_2_streams"] / part["tokens_per_s"]["packed_1_stream"] - 1
+        return f"{'+' if gain >= 0 else '−'}{abs(gain) * 100:.0f} %"
+
+    return (
+        f"{change(speed['default'])} on the default model against one stream in this run, "
+        f"{change(speed['bert_base'])} on the BERT-base shape"
+    )
+
+
+def host_cost_table() -> str:
+    host = result("host_cost")
+    figures, targets = host["figures"], host["targets"]
+    labels = {
+        "tokenizer": "the tokenizer's batch call alone (`encode_batch`, the model's truncation)",
+        "forward": "the packed forward alone, every hidden state, on the engine's own batches",
+        "loop": "a hand loop: one tokenizer call, sorted by token count, padded batches of 128, "
+        "`output_hidden_states`, the masked mean of every hidden state in torch, one `.numpy()` a batch",
+        "embed": '`embed(texts, layers="all", pool="mean")`',
+        "embed_words": '`embed_words(texts, layers="all")`',
+        "extract": '`extract(texts, layers="all", dtype="float16")`',
+    }
+    rows = []
+    for key, label in labels.items():
+        f = figures[key]
+        floor = f"**{f['x_floor']:.2f}**" if key in targets else f"{f['x_floor']:.2f}"
+        target = f"≤ {targets[key]}" if key in targets else ""
+        rows.append([label, f"{f['seconds']:.3f}", n(f["tokens_per_s"]), floor, target])
+    return (
+        table(["what", "seconds", "tokens/s", "× the floor", "target"], rows) + "\n\n" + measured("host_cost")
+    )
+
+
+def host_stages_table() -> str:
+    stages = result("host_cost")["stages_s"]
+    columns = ["tokenise", "pack", "forward", "pool", "copy", "results", "other"]
+    rows = [
+        [f"`{call}`", *(f"{stages[call][c]:.3f}" if stages[call][c] else "0" for c in columns)]
+        for call in ("embed", "embed_words", "extract")
+    ]
+    return table(["seconds under cProfile", *columns], rows)
+
+
+def writers_table() -> str:
+    def row(name: str, label: str) -> list[str]:
+        mb, share = result(name)["mb_per_s"], result(name)["share_of_dd"]
+        bold = "**" if result(name)["crc"] == "fast" else ""  # the default
+        return [
+            f"{label}; `{name}.json`)",
+            f"{n(mb['dd'])} MB/s",
+            f"{n(mb['store'])} MB/s ({bold}{x(share['store'])}{bold})",
+            f"{n(mb['cache'])} MB/s ({bold}{x(share['cache'])}{bold})",
+        ]
+
+    rows = [
+        row("writer_speed", "zlib-ng's CRC-32 (the default"),
+        row("writer_speed_zlib", "Python's zlib (`--crc zlib`"),
+    ]
+    return (
+        table(["", "the disk (`dd`)", "store", "cache"], rows)
+        + "\n\n"
+        + measured("writer_speed", "writer_speed_zlib")
+    )
+
+
+def streamed_speed_table() -> str:
+    data = result("streamed_speed")
+    seconds, rates = data["seconds"], data["tokens_per_s"]
+    labels = {"memory": "in memory", "streamed": "streamed, one block"}
+    rows = [[label, f"{seconds[key]:.3f}", n(rates[key])] for key, label in labels.items()]
+    return table(["", "seconds", "tokens/s"], rows) + "\n\n" + measured("streamed_speed")
+
+
+def family_table() -> str:
+    data = result("family_speed")
+    rows = []
+    for family, entry in data["families"].items():
+        rates, over = entry["tokens_per_s"], entry["over_best_loop"]
+        rows.append(
+            [
+                f"`{family}`",
+                n(rates["best_loop"]),
+                n(rates["packed"]),
+                n(rates["general"]),
+                x(over["packed"]),
+                x(over["general"]),
+                x(entry["packed_over_general"]),
+            ]
+        )
+    header = [
+        "family",
+        "best loop tok/s",
+        "packed",
+        "general",
+        "packed / loop (target 1.2×)",
+        "general / loop (target 0.95×)",
+        "packed / general",
+    ]
+    return table(header, rows) + "\n\n" + measured("family_speed")
+
+
+def gpu_embed_table() -> str:
+    gpu = result("gpu_speed")
+    f16, bf16 = gpu["embed"]
+    store = gpu["store"][0]
+    r16, rbf = f16["tokens_per_s"], bf16["tokens_per_s"]
+
+    def over(a: dict[str, float], b: dict[str, float], key: str, base: str) -> str:
+        return f"**{x(a[key] / a[base])} / {x(b[key] / b[base])}**"
+
+    rows = [
+        [
+            '`embed(layers="all", pool="mean")`, from strings',
+            f"{n(r16['embed'])} tokens/s",
+            n(rbf["embed"]),
+            "the loop that pools on the GPU, from token ids: "
+            f"{n(r16['pooled_loop'])} / {n(rbf['pooled_loop'])} "
+            f"({over(r16, rbf, 'embed', 'pooled_loop')})",
+        ],
+        [
+            '`extract(layers="all", dtype="float16")`, every token',
+            n(r16["extract_float16"]),
+            n(rbf["extract_float16"]),
+            "layerwise's packed forward from token ids, nothing copied out: "
+            f"{n(r16['packed_forward'])} / {n(rbf['packed_forward'])} "
+            f"({over(r16, rbf, 'extract_float16', 'packed_forward')})",
+        ],
+        [
+            "the model's forward, full batches of 64 × 256",
+            n(f16["limits"]["full_batch_forward_tokens_per_s"]),
+            n(bf16["limits"]["full_batch_forward_tokens_per_s"]),
+            "—",
+        ],
+        [
+            "a fresh Encoder's first `embed` / its second",
+            f"{f16['first_call_s']:.2f} s / {f16['second_call_s']:.2f} s",
+            f"{bf16['first_call_s']:.2f} s / {bf16['second_call_s']:.2f} s",
+            "—",
+        ],
+        [
+            "`extract_to_store`, every layer, float16 on disk",
+            f"{n(store['store_mb_per_s'])} MB/s written",
+            "",
+            f"the disk: {n(store['disk_write_mb_per_s'])} MB/s (**{x(store['store_share_of_disk'])}**)",
+        ],
+        [
+            "a whole `layerwise extract` on one line (BERT-base, `--model-dtype float16`)",
+            f"{min(store['one_line_process_s']):.1f} s",
+            "",
+            "—",
+        ],
+        ["pinned device → host copy", f"{f16['limits']['pinned_d2h_gb_per_s']:.1f} GB/s", "", "—"],
+    ]
+    header = ["what", "float16 model", "bfloat16 model", "its limit, same run"]
+    return (
+        table(header, rows)
+        + f"\n\nMeasured: `gpu_speed.json`, parts `embed` and `store`: {where('gpu_speed', 'embed')}."
+    )
+
+
+def gpu_groups_table() -> str:
+    data = result("gpu_groups")
+    by = {(r["dtype"], r["group_cost"]): r for r in data["rows"]}
+    costs = sorted({r["group_cost"] for r in data["rows"]})
+    cuda = 1 << 20  # GPU_GROUP_COST
+
+    def label(cost: int) -> str:
+        if cost == 4096:
+            return "4,096 (the CPU's)"
+        if cost == cuda:
+            return f"**{n(cost)}** (CUDA's)"
+        return "one grid a batch" if cost >= 1 << 40 else n(cost)
+
+    rows = []
+    for cost in costs:
+        f16, bf16 = by["float16", cost], by["bfloat16", cost]
+        cells = [n(r["tokens_per_s"][k]) for r in (f16, bf16) for k in ("packed_forward", "embed")]
+        cells = [f"**{c}**" for c in cells] if cost == cuda else cells
+        groups = ", ".join(str(g) for g in f16["groups_per_batch"])
+        rows.append([label(cost), groups, cells[0], cells[1], cells[2], cells[3]])
+    header = [
+        "cost of a group (query-key pairs)",
+        "groups in the 3 batches",
+        "packed forward, float16",
+        "`embed`, float16",
+        "packed forward, bfloat16",
+        "`embed`, bfloat16",
+    ]
+    return (
+        table(header, rows)
+        + f"\n\nMeasured: `gpu_groups.json`: one {data['gpu'].replace('NVIDIA ', '')}, "
+        + (f"commit {commit_of(data)}.")
+    )
+
+
+def gpu_extract_table() -> str:
+    gpu = result("gpu_speed")
+    names = {
+        ("all-MiniLM-L6-v2 shape", "float32"): "all-MiniLM-L6-v2 shape (6 × 384), float32",
+        ("all-MiniLM-L6-v2 shape", "float16"): "the same, float16",
+        ("BERT-base shape", "float32"): "BERT-base shape (12 × 768), float32",
+        ("BERT-base shape", "float16"): "the same, float16",
+        ("SmolLM2-135M shape", "bfloat16"): "SmolLM2-135M shape (30 × 576), bfloat16",
+    }
+    rows = []
+    for i, entry in enumerate(gpu["extract"]):
+        rates = entry["tokens_per_s"]
+        unit = " tokens/s" if i == 0 else ""
+        rows.append(
+            [
+                names[entry["model"], entry["dtype"]],
+                f"{n(rates['best_loop'])}{unit}",
+                n(rates["layerwise"]),
+                f"**{x(entry['layerwise_over_best_loop'])}**",
+                n(rates["forward_only"]),
+                f"{n(entry['host_mb'])} MB",
+            ]
+        )
+    header = ["model, compute dtype", "best loop", "layerwise", "ratio", "forward only", "float32 out"]
+    return (
+        table(header, rows)
+        + f"\n\nMeasured: `gpu_speed.json`, part `extract`: {where('gpu_speed', 'extract')}."
+    )
+
+
+def store_table() -> str:
+    data = result("store_speed")
+    seconds, rates, share, start = (
+        data[k] for k in ("seconds", "tokens_per_s", "share_of_matmul_peak", "startup_s")
+    )
+    tutorial, loop, ours = "one-at-a-time tutorial", "best hand-written loop", "layerwise extract -> store"
+    labels = {
+        tutorial: "one-at-a-time tutorial loop, fp16 to disk",
+        loop: "best hand-written loop: batches of 32 sorted by token count, `inference_mode`, fp16 to disk",
+        ours: "`layerwise extract corpus.txt -o corpus.lw`",
+    }
+    ratios = {
+        tutorial: "1.00×",
+        loop: x(seconds[tutorial] / seconds[loop]),
+        ours: f"{x(data['speedup_vs_tutorial'])} (**{x(data['speedup_vs_best_loop'])}** the best loop)",
+    }
+    rows = [
+        [
+            label,
+            f"{seconds[k]:.1f} s",
+            n(rates[k]),
+            pct(share[k]),
+            f"**{start[k]:.2f} s**" if k == ours else f"{start[k]:.2f} s",
+            ratios[k],
+        ]
+        for k, label in labels.items()
+    ]
+    header = ["what", "time", "tokens/s", "share of matmul peak", "start-up", "ratio"]
+    return table(header, rows) + "\n\n" + measured("store_speed")
+
+
+def store_open_table() -> str:
+    stores = result("store_open")["stores"]
+    steps = {
+        "open": "`lw.open_store`",
+        "len": "`len(store)`",
+        "store[n-1]": "`store[n - 1]`",
+        "1000-text slice": "`store[n // 2 : n // 2 + 1000]`",
+        "ids[-1]": "`store.ids[-1]`",
+    }
+
+    def cell(size: str, part: str, step: str) -> str:
+        figures = stores[size][part][step]
+        grown = figures["rss_mib"] - stores[size][part]["imports"]["rss_mib"]
+        return f"{figures['seconds']:.3f} s, +{grown:.1f} MiB"
+
+    rows = [
+        [label, cell("10000", "lazy", step), cell("2000000", "lazy", step)] for step, label in steps.items()
+    ]
+    whole = "read whole manifest"
+    rows.append(
+        [
+            "the whole manifest (what opening read before)",
+            cell("10000", "whole_manifest", whole),
+            cell("2000000", "whole_manifest", whole),
+        ]
+    )
+    parts = {size: stores[size]["manifest_parts"] for size in stores}
+    header = [
+        "step",
+        f"10,000 texts ({parts['10000']} manifest parts)",
+        f"2,000,000 texts ({parts['2000000']} parts)",
+    ]
+    return table(header, rows) + "\n\n" + measured("store_open")
+
+
+def cache_table() -> str:
+    rows = []
+    for m in result("cache_speed")["models"]:
+        rows.append(
+            [
+                f"{m['model']}, {n(m['tokens'])} tokens",
+                f"{n(m['forward_tokens_per_s'])} tokens/s",
+                f"{n(m['cache_tokens_per_s'])} tokens/s",
+                f"**{x(m['ratio'])}**",
+                f"{m['cache_mb_per_s']:.1f} MB/s",
+                pct(m["disk_share"], 1),
+            ]
+        )
+    header = ["model", "forward alone", "`layerwise cache`", "ratio", "written", "share of the disk"]
+    return table(header, rows) + "\n\n" + measured("cache_speed")
+
+
+def reference_table() -> str:
+    data = result("reference_speed")
+    seconds, rates = data["seconds"], data["tokens_per_s"]
+    labels = {
+        "hf_padded": "Hugging Face `BertModel`, padded batches, SDPA attention",
+        "reference_padded": "reference `Bert`, padded, explicit softmax(QKᵀ/√d)V",
+        "reference_packed": "reference `Bert.forward_packed`, unpadded",
+    }
+    rows = []
+    for key, label in labels.items():
+        ratio = x(rates[key] / rates["hf_padded"])
+        rows.append(
+            [
+                label,
+                f"{seconds[key]:.2f} s",
+                n(rates[key]),
+                f"**{ratio}**" if key == "reference_packed" else ratio,
+            ]
+        )
+    return table(["what", "time", "tokens/s", "ratio"], rows) + "\n\n" + measured("reference_speed")
+
+
+# --- docs/serving-performance.md -------------------------------------------------------------------------
+
+
+def serve_headline() -> str:
+    serve = result("serve_load")
+    return (
+        f"{x(serve['served_over_offline_at_32'])} the tokens/s of offline `Encoder().encode` at 32 "
+        f"clients on 2 cores, and {x(serve['layerwise_over_baseline_at_32'], 1)} the rate of "
+        "sentence-transformers behind a plain FastAPI endpoint"
+    )
+
+
+def serve_cores_table() -> str:
+    levels = result("serve_load")["layerwise"]["levels"]
+    rows = [
+        [
+            str(lvl["clients"]),
+            f"{lvl['model_cores']:.2f}",
+            f"{lvl['http_cores']:.2f}",
+            f"{lvl['client_cores']:.2f}",
+            f"{lvl['http_ms_per_request']:.2f}",
+        ]
+        for lvl in levels
+    ]
+    header = [
+        "clients",
+        "model process, cores",
+        "HTTP process, cores",
+        "load client, cores",
+        "HTTP process, CPU ms per request",
+    ]
+    return table(header, rows) + "\n\n" + measured("serve_load")
+
+
+def serve_small_runs() -> str:
+    fits = result("gemm_speed")["forward_us_per_token"]
+    one, mkl = fits["onednn"], fits["mkl"]
+    return (
+        f"On one thread a run costs about {one['fit']['fixed_ms']:.2f} ms whatever its size plus "
+        f"{one['fit']['us_per_token']:.1f} µs per token with oneDNN ({mkl['fit']['fixed_ms']:.2f} ms plus "
+        f"{mkl['fit']['us_per_token']:.1f} µs with MKL: least-squares fits over runs of 1 to 64 random "
+        "texts, "
+        f"`python benchmarks/gemm_speed.py`, {where('gemm_speed')}; the whole corpus at once: "
+        f"{one['whole corpus']:.1f} µs per token)"
+    )
+
+
+def serve_rounds() -> str:
+    rounds = [r["ratio"] for r in result("serve_load")["layerwise"]["ratio_rounds"]]
+    return (
+        f"the median of {len(rounds)} rounds is {result('serve_load')['served_over_offline_at_32']:.2f} "
+        f"(rounds from {min(rounds):.2f} to {max(rounds):.2f})"
+    )
+
+
+def serve_memory() -> str:
+    run = result("serve_load")["layerwise"]
+    soak = run["soak_rss_mib"]
+    return (
+        f"RSS of both processes through a {run['soak_seconds']:.0f} s soak at 32 clients after the load "
+        f"levels: {n(min(soak))}–{n(max(soak))} MiB (peak {n(run['peak_rss_mib'])} MiB), "
+        f"{run['soak_errors']} errors"
+    )
+
+
+def serve_runs_table() -> str:
+    levels = result("serve_load")["layerwise"]["levels"]
+    rows = [
+        [
+            str(lvl["clients"]),
+            n(lvl["requests_per_s"]),
+            f"{lvl['requests_per_run']:.2f}",
+            f"{lvl['run_ms']:.1f}",
+            f"{lvl['queue_wait_ms']:.1f}",
+            f"{lvl['p50_ms']:.3g}",
+        ]
+        for lvl in levels
+    ]
+    header = ["clients", "requests/s", "requests per run", "ms per run", "queue wait ms", "p50 ms"]
+    return table(header, rows) + "\n\n" + measured("serve_load")
+
+
+# --- docs/guide/analysis.md ------------------------------------------------------------------------------
+
+
+def layer_rules() -> str:
+    """Every rule's regret per kind and the ways of choosing, from the cases the result file keeps
+    (the benchmark's own ``docs_table``, so the page and ``--rescore`` print the same table)."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import label_free_layers
+
+    cases = result("label_free_layers")["cases"]
+    return (
+        label_free_layers.docs_table(cases, label_free_layers.held_out(cases))
+        + "\n\n"
+        + measured("label_free_layers")
+    )
+
+
+BLOCKS: dict[str, Callable[[], str]] = {
+    "headline": headline,
+    "readme-speed": readme_speed,
+    "extraction-setup": extraction_setup,
+    "extraction": extraction_table,
+    "extraction-ratios": extraction_ratios,
+    "streams": streams,
+    "host-cost": host_cost_table,
+    "host-stages": host_stages_table,
+    "writers": writers_table,
+    "streamed-speed": streamed_speed_table,
+    "families": family_table,
+    "gpu-embed": gpu_embed_table,
+    "gpu-groups": gpu_groups_table,
+    "gpu-extract": gpu_extract_table,
+    "store": store_table,
+    "store-open": store_open_table,
+    "cache": cache_table,
+    "reference": reference_table,
+    "serve-headline": serve_headline,
+    "serve-cores": serve_cores_table,
+    "serve-runs": serve_runs_table,
+    "serve-small-runs": serve_small_runs,
+    "serve-rounds": serve_rounds,
+    "serve-memory": serve_memory,
+    "layer-rules": layer_rules,
+}
+
+
+def render(text: str) -> str:
+    """``text`` with every block rendered afresh (a block keeps its layout: inline, or on lines)."""
+
+    def fresh(match: re.Match[str]) -> str:
+        name, indent = match["name"], match["indent"]
+        if name not in BLOCKS:
+            raise KeyError(f"no renderer for the block {name!r}: add one to BLOCKS in {Path(__file__).name}")
+        inner = BLOCKS[name]()
+        if match["body"].startswith("\n"):  # a block of lines: the markers on lines of their own
+            # blank lines around it: Markdown reads a line after an HTML comment as more HTML
+            lines = ["", *inner.split("\n"), ""]
+            inner = "".join(f"\n{indent}{line}" if line else "\n" for line in lines) + f"\n{indent}"
+        return f"{indent}{match['before']}<!-- figures: {name} -->{inner}<!-- /figures -->"
+
+    return BLOCK.sub(fresh, text)
+
+
+def main() -> int:
+    args = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    args.add_argument("--check", action="store_true", help="change nothing; exit 1 if a document differs")
+    check = args.parse_args().check
+    stale = []
+    for relative in DOCUMENTS:
+        path = REPO / relative
+        text = path.read_text(encoding="utf-8")
+        fresh = render(text)
+        if fresh != text:
+            stale.append(relative)
+            if not check:
+                path.write_text(fresh, encoding="utf-8")
+    verb = "differ from their result files" if check else "rendered"
+    print(f"{', '.join(stale) or 'no document'} {verb}" if stale else "every document is as rendered")
+    return 1 if check and stale else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
