@@ -397,6 +397,20 @@ def host_stages_table() -> str:
     return table(["seconds under cProfile", *columns], rows)
 
 
+def start_cost() -> str:
+    data = result("start_cost")
+    median, rounds = data["median_s"], data["seconds"]
+    per_round = [e / i for e, i in zip(rounds["extract"], rounds["import"], strict=True)]
+    return (
+        f"`layerwise extract` of one line takes {median['extract']:.2f} s against {median['import']:.2f} s "
+        f'for `python -c "import torch, transformers"` (medians of {data["rounds"]} rounds: '
+        f"**{x(data['extract_over_import'])}**; target ≤ {x(data['target'], 1)}; the rounds' own ratios "
+        f"run from {min(per_round):.2f} to {max(per_round):.2f}). Importing `AutoConfig` and "
+        f"`AutoTokenizer` alone takes {median['registry']:.2f} s ({x(data['registry_over_import'])}). "
+        + measured("start_cost")
+    )
+
+
 def writers_table() -> str:
     def row(name: str, label: str) -> list[str]:
         mb, share = result(name)["mb_per_s"], result(name)["share_of_dd"]
@@ -793,6 +807,7 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "host-cost": host_cost_table,
     "host-stages": host_stages_table,
     "writers": writers_table,
+    "start-cost": start_cost,
     "streamed-speed": streamed_speed_table,
     "families": family_table,
     "gpu-embed": gpu_embed_table,

@@ -16,7 +16,7 @@ from conftest import REPO, TOKENIZER_FILES, tiny_config, ud_sentences
 
 import layerwise as lw
 from layerwise._model.loading.light import ACTIVATIONS, load_light_model
-from layerwise._model.loading.source import weights_sha256
+from layerwise._model.loading.weights_hash import weights_sha256
 
 TEXTS = ud_sentences("dev", 24)
 

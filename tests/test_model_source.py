@@ -89,7 +89,7 @@ def test_plain_pickle_state_dict_still_loads(model_copy, make_tiny_model):
 def test_weights_hash_is_remembered_until_a_weight_changes(model_copy):
     import torch
 
-    from layerwise._model.loading.source import weights_sha256
+    from layerwise._model.loading.weights_hash import weights_sha256
 
     model = lw.Encoder(model_copy, device="cpu").model
     first = weights_sha256(model)

@@ -240,7 +240,7 @@ def _remove_begun(path: Path, created: bool) -> None:
 
 
 def _model_record(encoder: Any) -> dict:
-    from .._model.loading.source import weights_sha256
+    from .._model.loading.weights_hash import weights_sha256
 
     return {
         "layerwise_version": __version__,
@@ -318,7 +318,7 @@ def write_shards(
     ``n`` workers on one cache), by ``encoder``, which must hold the cache's weights. Called under
     :func:`begin_cache`'s lock. Returns how many it wrote."""
     from .._host.progress import progress_bar
-    from .._model.loading.source import weights_sha256
+    from .._model.loading.weights_hash import weights_sha256
 
     if weights_sha256(encoder.models.current) != meta["weights_sha256"]:
         raise StoreError(f"cache {str(path)!r} was begun with other weights than {encoder.name!r} holds")

@@ -37,7 +37,7 @@ def run_meta(loaded: Recorded, settled: OutputPlan) -> dict:
     the settings under their Python names (``model`` is the name, ``model_source`` where it was
     loaded from; what ran resolved: ``device_used``, max_length, batch_size, max_tokens, streaming,
     stream_block_tokens, stream_residual, streams, packed, path), the weights' hash, the plan."""
-    from .._model.loading.source import weights_sha256
+    from .._model.loading.weights_hash import weights_sha256
 
     engine, ran = loaded.engine, loaded.engine.settings
     settings = {

@@ -81,7 +81,7 @@ class ProcessRunner:
         self._started = False
         self._count_lock = threading.Lock()
         self._in_flight = 0  # runs sent and not answered
-        from .._model.loading.source import weights_sha256
+        from .._model.loading.weights_hash import weights_sha256
 
         # hashed while the process loads, compared once it has
         self._hashes = {name: weights_sha256(enc.models.current) for name, enc in encoders.items()}
@@ -229,7 +229,7 @@ def _main(specs: Mapping[str, Settings], conns: list[Connection], ready: Connect
     ]
     for worker in workers:
         worker.start()
-    from .._model.loading.source import weights_sha256
+    from .._model.loading.weights_hash import weights_sha256
 
     ready.send(("ok", {name: weights_sha256(enc.models.current) for name, enc in encoders.items()}))
     for worker in workers:

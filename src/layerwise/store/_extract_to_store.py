@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .._features.plan import OutputPlan
-from .._model.loading.source import weights_sha256
+from .._model.loading.weights_hash import weights_sha256
 from ..errors import LayerwiseError, OptionError, StoreError
 from ._format import (
     StoreLayout,

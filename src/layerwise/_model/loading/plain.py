@@ -11,8 +11,8 @@ families the light model reads (:data:`~layerwise._model.families.BERT_LAYOUT`) 
   read from its file and registered under its own name, so a later import through the registry
   finds that module: one class, the same object either way;
 - the **config** is a ``PreTrainedConfig`` holding ``config.json`` over the family config's field
-  defaults, read from the field declarations of its class (``configuration_bert.py`` …) without
-  running the module, whose docstring decorator imports the registry. Every field the class
+  defaults, read from the field declarations of its class (``BertConfig`` …) in its source file
+  without running the module, whose docstring decorator imports the registry. Every field the class
   declares is there with the class's default; tests hold the values to ``AutoConfig``'s for every
   packaged and test model. ``Encoder.config`` gives transformers' own class when asked for.
 

@@ -209,10 +209,10 @@ class StreamedModel(ABC):
         self._release_count()
 
     def weights_sha256(self) -> str:
-        """:func:`~layerwise._model.loading.source.weights_sha256`'s digest of the in-memory model
+        """:func:`~layerwise._model.loading.weights_hash.weights_sha256`'s digest of the in-memory model
         (every tensor's name and bytes in the model's dtype, by name), from the checkpoint, once."""
         if self._sha256 is None:  # one tensor read at a time, by name, as the in-memory hash orders them
-            from ..loading.source import tensors_sha256
+            from ..loading.weights_hash import tensors_sha256
 
             cpu, prefix = torch.device("cpu"), self.prefix
             names = sorted(self.skeleton.state_dict())
