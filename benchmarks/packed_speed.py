@@ -149,7 +149,9 @@ def main() -> None:
     }
 
     with bert_base_folder() as folder:
-        subset = texts[:: max(1, len(texts) // args.base_texts)][: args.base_texts] if args.base_texts else texts
+        subset = (
+            texts[:: max(1, len(texts) // args.base_texts)][: args.base_texts] if args.base_texts else texts
+        )
         results["bert_base"] = measure("BertConfig() 12 layers", str(folder), subset, args.repeats, True)
     write_result("packed_speed", results)
 
