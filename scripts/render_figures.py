@@ -387,6 +387,17 @@ def host_cost_table() -> str:
     )
 
 
+def host_rounds() -> str:
+    host = result("host_cost")
+    extract = host["rounds"]["extract"]
+    return (
+        f"`embed` runs **{x(host['embed_over_loop'])}** the hand loop "
+        f"(target ≥ {x(host['loop_target'])}). The "
+        "rounds of one call differ by up to half on this shared 2-core machine "
+        f"(`extract`'s rounds: {min(extract):.3f} to {max(extract):.3f} s)"
+    )
+
+
 def host_stages_table() -> str:
     stages = result("host_cost")["stages_s"]
     columns = ["tokenise", "pack", "forward", "pool", "copy", "results", "other"]
@@ -439,6 +450,30 @@ def streamed_speed_table() -> str:
     labels = {"memory": "in memory", "streamed": "streamed, one block"}
     rows = [[label, f"{seconds[key]:.3f}", n(rates[key])] for key, label in labels.items()]
     return table(["", "seconds", "tokens/s"], rows) + "\n\n" + measured("streamed_speed")
+
+
+def streamed_ratio() -> str:
+    data = result("streamed_speed")
+    rounds, cost = data["rounds"]["streamed"], data["cost_model"]
+    return (
+        f"Streamed runs at **{x(data['streamed_over_memory'], 3)}** the in-memory forward (target ≥ "
+        f"{x(data['target'], 1)}). Its rounds took {min(rounds):.3f} to {max(rounds):.3f} s. The cost model "
+        f"for one block: {cost['bytes_read_per_block'] / 1e6:.0f} MB read ({cost['page_cache_read_s']:.3f} s "
+        f"from the page cache here) against {cost['flop_per_block'] / 1e12:.2f} TFLOP (at this machine's "
+        f"{cost['matmul_gflops']:.1f} GFLOP/s), so the read is a small share of the compute"
+    )
+
+
+def streamed_memory_table() -> str:
+    memory = result("streamed_speed")["memory"]
+    runs = memory["runs"]
+    rows = [
+        ["in memory", f"{runs['memory']['growth_mb']:.1f} MB"],
+        ["streamed, a quarter of the weights as its budget",
+         f"**{runs['streamed']['growth_mb']:.1f} MB** (bound: {memory['bound_mb']:.1f} MB = two units' "
+         f"weights + the block's activations + {memory['slack_mb']} MB)"],
+    ]  # fmt: skip
+    return table(["", "growth of the peak"], rows) + "\n\n" + measured("streamed_speed")
 
 
 def family_table() -> str:
@@ -624,6 +659,21 @@ def store_table() -> str:
     return table(header, rows) + "\n\n" + measured("store_speed")
 
 
+def store_rounds() -> str:
+    data = result("store_speed")
+    rounds = data["seconds_each_round"]
+    loop, ours = rounds["best hand-written loop"], rounds["layerwise extract -> store"]
+    rss = data["peak_rss_mib"]
+    return (
+        f"Rounds: best loop {' / '.join(f'{t:.1f}' for t in loop)} s, layerwise "
+        f"{' / '.join(f'{t:.1f}' for t in ours)} s. The store takes "
+        f"{data['store_bytes_per_token'] / 1024:.1f} "
+        "KiB per token (7 × 384 float16 plus the manifest). Memory stays flat: the peak RSS of `layerwise "
+        f"extract --layers 0` is {n(rss['10000'])} MiB for 10,000 texts and {n(rss['100000'])} MiB for "
+        f"100,000 (+{pct(data['rss_growth'], 1)})"
+    )
+
+
 def store_open_table() -> str:
     stores = result("store_open")["stores"]
     steps = {
@@ -805,15 +855,19 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "extraction-ratios": extraction_ratios,
     "streams": streams,
     "host-cost": host_cost_table,
+    "host-rounds": host_rounds,
     "host-stages": host_stages_table,
     "writers": writers_table,
     "start-cost": start_cost,
     "streamed-speed": streamed_speed_table,
+    "streamed-ratio": streamed_ratio,
+    "streamed-memory": streamed_memory_table,
     "families": family_table,
     "gpu-embed": gpu_embed_table,
     "gpu-groups": gpu_groups_table,
     "gpu-extract": gpu_extract_table,
     "store": store_table,
+    "store-rounds": store_rounds,
     "store-open": store_open_table,
     "cache": cache_table,
     "reference": reference_table,
