@@ -14,8 +14,8 @@ AMX or AVX-512 BF16, read from /proc/cpuinfo), on a mixed-length UD EWT corpus:
   with prepacked weights, or MKL); the roof the forward cannot pass;
 - ``machine``: the machine's best GEMM rate in that dtype (2048², torch's threads);
 - ``extract``: ``Encoder(model_dtype=...).extract(texts, layers="all")``, what a user runs;
-- each op kind's share of the forward's CPU time (torch profiler, self time): GEMM, attention,
-  norms, activations, gathers and copies, other.
+- each op kind's share of the forward's CPU time (torch profiler, self time): attention, GEMM,
+  norms, activations, other elementwise ops, gathers and copies, other.
 
 Ratios to read: ``forward / gemms`` (how close the forward is to its own GEMMs) and the forward's
 GEMM FLOPs per second against ``machine``. Medians of ``--repeats`` interleaved rounds. Results:
@@ -45,14 +45,16 @@ from layerwise._encoder.calls import Call
 from layerwise._inputs.encoding import normalize_inputs
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-# op names (torch profiler) by kind; anything else is "other"
+# op names (torch profiler, "aten::" dropped) by kind, tried in this order: a name holding one of a
+# kind's parts is of that kind (attention first: its bmm is not a linear layer's); the rest is "other"
 KINDS = {
-    "gemm": ("addmm", "mm", "linear", "mkldnn_linear", "matmul", "_mkldnn", "onednn", "bmm_out"),
-    "attention": ("scaled_dot_product", "_flash_attention", "_efficient_attention", "softmax", "bmm", "baddbmm"),
-    "norm": ("layer_norm", "rms_norm", "native_layer_norm", "rsqrt", "pow", "mean"),
-    "activation": ("gelu", "silu", "tanh", "sigmoid", "mul", "add"),
+    "attention": ("scaled_dot_product", "_flash_attention", "_efficient_attention", "softmax", "bmm"),
+    "gemm": ("addmm", "linear", "matmul", "mkldnn", "onednn", "mm"),
+    "norm": ("layer_norm", "rms_norm", "rsqrt", "pow", "mean"),
+    "activation": ("gelu", "silu", "tanh", "sigmoid", "erf"),
+    "elementwise": ("add", "mul", "div", "sub", "neg"),
     "gather_copy": ("index_select", "index_copy", "index_put", "gather", "scatter", "copy_", "cat", "fill_",
-                    "to", "_to_copy", "contiguous", "clone", "embedding", "stack", "zeros", "empty", "masked"),
+                    "_to_copy", "contiguous", "clone", "embedding", "stack", "zeros", "empty", "masked", "to"),
 }  # fmt: skip
 
 
@@ -91,7 +93,8 @@ def llama_folder(base: Path) -> Path:
     folder = base / "llama-12x768"
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=30522, hidden_size=768, intermediate_size=2048, num_hidden_layers=12,
-                         num_attention_heads=12, num_key_value_heads=12, max_position_embeddings=512)  # fmt: skip
+                         num_attention_heads=12, num_key_value_heads=12, max_position_embeddings=512,
+                         pad_token_id=0, bos_token_id=101, eos_token_id=102)  # the WordPiece ids  # fmt: skip
     LlamaModel(config).save_pretrained(folder)
     return copy_default_tokenizer(folder)
 
@@ -106,9 +109,25 @@ def bert_base(base: Path) -> Path:
 
 
 def linear_weights(model: torch.nn.Module) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
-    """Every linear layer's (weight, bias) of ``model``'s layers (not a head)."""
-    return [(m.weight, m.bias) for name, m in model.named_modules()
-            if isinstance(m, torch.nn.Linear) and ".layer" in f".{name}"]  # fmt: skip
+    """The (weight, bias) of every matrix product the packed forward runs in ``model``'s layers (not
+    the embeddings or a head): each module of a layer with a 2-D ``weight``, a BERT layer's query,
+    key and value as the one matrix the packed forward multiplies by (forward/packed.py)."""
+    found: list[tuple[torch.Tensor, torch.Tensor | None]] = []
+    fused: dict[str, list[torch.nn.Module]] = defaultdict(list)
+    for name, module in model.named_modules():
+        weight = getattr(module, "weight", None)
+        if ".layer" not in f".{name}" or not isinstance(weight, torch.Tensor) or weight.dim() != 2:
+            continue
+        parent, _, leaf = name.rpartition(".")
+        if leaf in ("query", "key", "value"):
+            fused[parent].append(module)
+        else:
+            found.append((weight, getattr(module, "bias", None)))
+    for parts in fused.values():
+        biases = [m.bias for m in parts]
+        bias = torch.cat(biases) if all(b is not None for b in biases) else None
+        found.append((torch.cat([m.weight for m in parts]), bias))
+    return found
 
 
 def gemm_runner(weights, row_counts: list[int], dtype: torch.dtype):
