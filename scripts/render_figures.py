@@ -387,6 +387,29 @@ def host_cost_table() -> str:
     )
 
 
+SHARE_KINDS = ("gemm", "attention", "gather_copy", "rest")
+
+
+def roof_table() -> str:
+    data = result("roof")
+    rows = []
+    for model, by_dtype in data["models"].items():
+        for dtype, r in by_dtype.items():
+            shares = dict(r["op_shares"])
+            shares["rest"] = 1 - shares["gemm"] - shares["attention"] - shares["gather_copy"]
+            rows.append([model, dtype, n(r["tokens_per_s"]["forward"]), pct(r["forward_over_gemms"]),
+                         f"{r['gemm_gflops']:.0f} ({pct(r['gemm_gflops'] / r['machine_gflops'])})",
+                         f"{r['forward_gemm_gflops']:.0f} (**{pct(r['forward_share_of_machine'])}**)",
+                         pct(r["extract_share_of_machine"]), f"{r['machine_gflops']:.0f}",
+                         " / ".join(pct(shares[k]) for k in SHARE_KINDS)])  # fmt: skip
+    header = ["model", "dtype", "forward tok/s", "its GEMMs alone, share of its time",
+              "GEMMs alone GFLOP/s (of the machine)", "in the forward (of the machine)", "in `extract`",
+              "machine GFLOP/s",
+              "forward's CPU time: GEMM / attention / gathers and copies / the rest"]  # fmt: skip
+    units = data["bf16_units"] or "none: float32 only"
+    return table(header, rows) + f"\n\nbfloat16 matrix units: {units}. " + measured("roof")
+
+
 def host_rounds() -> str:
     host = result("host_cost")
     extract = host["rounds"]["extract"]
@@ -855,6 +878,7 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "extraction-ratios": extraction_ratios,
     "streams": streams,
     "host-cost": host_cost_table,
+    "roof": roof_table,
     "host-rounds": host_rounds,
     "host-stages": host_stages_table,
     "writers": writers_table,
