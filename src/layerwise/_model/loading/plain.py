@@ -94,10 +94,8 @@ def read_plain(source: str) -> tuple[Any, Any] | None:
 
         values = {**defaults, **raw, "_name_or_path": source}
         config = PreTrainedConfig.from_dict(values)
-        for (
-            key,
-            value,
-        ) in values.items():  # a field the base class sets aside (use_cache), as the class keeps it
+        # a field the base class sets aside (use_cache) is kept, as the family's class keeps it
+        for key, value in values.items():
             if key not in config.__dict__ and key != "model_type":
                 setattr(config, key, value)
         tokenizer = _tokenizer_class(TOKENIZER_MODULES[class_name], class_name).from_pretrained(source)
@@ -133,7 +131,9 @@ def config_defaults(model_type: str) -> dict[str, Any] | None:
         return None
     for node in tree.body:
         if isinstance(node, ast.ClassDef) and _declares(node, model_type):
-            return _literal_fields(node)
+            # fields inherited from another config class would be missed: only the base class's own
+            bases = [getattr(base, "id", None) for base in node.bases]
+            return _literal_fields(node) if bases == ["PreTrainedConfig"] else None
     return None
 
 
@@ -155,7 +155,7 @@ def _literal_fields(node: ast.ClassDef) -> dict[str, Any] | None:
                 return None
             try:
                 fields[item.target.id] = ast.literal_eval(item.value)
-            except ValueError:
+            except (ValueError, TypeError, SyntaxError):  # not a literal: the class computes it
                 return None
         elif not isinstance(item, ast.Assign | ast.Expr | ast.Pass):  # a method: defaults may change
             return None
