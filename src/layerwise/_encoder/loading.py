@@ -19,7 +19,6 @@ from .._model.forward.concurrent import check_streams
 from .._model.handle import ModelHandle
 from .._model.loading.gguf_files import gguf_read_once
 from .._model.loading.placement import placement_of
-from .._model.loading.plain import transformers_config
 from .._model.loading.sentence_transformers import read_sentence_transformers
 from .._model.loading.source import (
     load_config_and_tokenizer,
@@ -68,11 +67,9 @@ def load(given: Settings) -> Loaded:
     with gguf_read_once(source):
         # the fast tokenizer; a model's own code runs only when the settings say so
         config, tokenizer = load_config_and_tokenizer(source, name, trust_remote_code=given.trust_remote_code)
-        if given.device_map is not None or given.quantize != "none":  # accelerate builds transformers' model
-            config = transformers_config(config, source)  # from it: its own class (plain.py)
         # streaming=None: streamed when the weights do not fit in the device's free memory
         streaming = resolve_streaming(given, source, config, dtype, device, name)
-        placement = placement_of(given, config, device, dtype)  # a device map, quantised weights
+        placement = placement_of(given, config, device, dtype, source)  # a device map, quantised weights
         models = ModelHandle(
             source,
             name,

@@ -140,17 +140,14 @@ def truncated_encoder(owner: nn.Module, attr: str, layer_list: nn.ModuleList, de
         setattr(owner, attr, layer_list)
 
 
-_BERT_LAYOUT_TYPES = BERT_LAYOUT  # the families whose layers have BERT's sub-modules
-
-
 def tap_paths(model_type: str) -> dict[str, str]:
     """The taps of ``model_type`` and the sub-module of a layer each reads; none for a family
     whose module names are not in the table (hidden states need none)."""
-    return _BERT_LAYOUT if model_type in _BERT_LAYOUT_TYPES else _TAP_PATHS.get(model_type, {})
+    return _BERT_LAYOUT if model_type in BERT_LAYOUT else _TAP_PATHS.get(model_type, {})
 
 
 def _families_with_taps() -> str:
-    known = ", ".join(sorted({*_BERT_LAYOUT_TYPES, *_TAP_PATHS}))
+    known = ", ".join(sorted({*BERT_LAYOUT, *_TAP_PATHS}))
     return (
         f"taps need a family's module names, and layerwise knows those of {known} (docs/models.md); "
         "hidden states need none"

@@ -25,6 +25,7 @@ import torch
 from ..._settings.placement import device_map_value, memory_caps
 from ..._settings.settings import Settings
 from ...errors import MissingDependencyError, ModelLoadError, OptionError
+from .plain import transformers_config
 
 
 @dataclass
@@ -62,10 +63,11 @@ def _remove_new_entries(folder: str, held: frozenset[str]) -> None:
 
 
 def placement_of(
-    settings: Settings, config: Any, device: torch.device, dtype: torch.dtype
+    settings: Settings, config: Any, device: torch.device, dtype: torch.dtype, source: str
 ) -> Placement | None:
     """The placement ``settings`` ask for (None: the whole model on ``device``), every device and
-    module it names checked before anything loads; ``dtype``: the model's (4-bit weights compute in it)."""
+    module it names checked before anything loads; ``dtype``: the model's (4-bit weights compute in it);
+    ``source``: where the config was read (a device map is checked on transformers' own config class)."""
     if settings.device_map is None and settings.quantize == "none":
         return None
     placement = Placement()
@@ -83,7 +85,9 @@ def placement_of(
     if isinstance(value, dict):
         for module, where in value.items():
             _check_device(where, f"device_map puts {module!r} on {where!r}")
-        _check_modules(value, config, trust_remote_code=settings.trust_remote_code)
+        # the map is checked on the model transformers builds: from its own config class (plain.py)
+        real = transformers_config(config, source)
+        _check_modules(value, real, trust_remote_code=settings.trust_remote_code)
     placement.kwargs["device_map"] = value
     if settings.max_device_memory is not None:
         placement.kwargs["max_memory"] = _max_memory(settings.max_device_memory)

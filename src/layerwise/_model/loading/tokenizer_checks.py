@@ -24,13 +24,12 @@ from ..families import is_decoder_config
 logger = logging.getLogger("layerwise")
 
 
-def check_tokenizer_fits(config, tokenizer, name: str, vocab: dict[str, int] | None = None) -> None:
+def check_tokenizer_fits(config, tokenizer, name: str, vocab: dict[str, int]) -> None:
     """The tokenizer's ids must index the model's embedding table: a larger vocabulary, or special
     tokens past its end, is an error; a vocabulary of special tokens only, too. A vocabulary far
     smaller than the table is allowed (models pad their tables) but said. ``vocab``: the
-    tokenizer's, with added tokens, when the caller has it (30,000 entries cost 25 ms a read)."""
+    tokenizer's ``get_vocab()`` (with added tokens), read once for both checks (25 ms for 30,000)."""
     rows = int(config.vocab_size)
-    vocab = tokenizer.get_vocab() if vocab is None else vocab
     specials = {t: tokenizer.convert_tokens_to_ids(t) for t in tokenizer.all_special_tokens}
     outside = sorted((i, t) for t, i in vocab.items() if i >= rows)
     if outside:
@@ -58,14 +57,14 @@ def check_tokenizer_fits(config, tokenizer, name: str, vocab: dict[str, int] | N
 
 
 def check_tokenizer_files_agree(
-    folder: Path, config: Any, tokenizer: Any, name: str, vocab: dict[str, int] | None = None
+    folder: Path, config: Any, tokenizer: Any, name: str, vocab: dict[str, int]
 ) -> None:
     """``tokenizer.json`` against the vocabulary file beside it, entry by entry, and the special
     tokens' ids against the config; a disagreement is a ModelLoadError naming the files and the
     first entries that differ. Two ids swapped are enough to move a word's vector (cosine 0.84
     for "the bank" with "the" and "bank" swapped), so every entry counts; a token listed twice
-    in the vocabulary file may have either line's id (WordPiece keeps one)."""
-    vocab = tokenizer.get_vocab() if vocab is None else vocab
+    in the vocabulary file may have either line's id (WordPiece keeps one). ``vocab``: as
+    :func:`check_tokenizer_fits` takes it."""
     if (folder / "tokenizer.json").is_file():
         for file_name, entries in _vocabulary_files(folder, vocab):
             differ = [
@@ -117,9 +116,8 @@ def _vocabulary_files(folder: Path, vocab: dict[str, int]) -> list[tuple[str, di
         if lines and lines[-1] == "":
             lines = lines[:-1]
         keys = [token.rstrip("\r") for token in lines] if "\r" in text else lines
-        in_order = sorted(
-            vocab, key=vocab.__getitem__
-        )  # distinct ids: the first n are 0..n-1 if the n-th is n-1
+        # ids are distinct, so the first n in id order are 0..n-1 exactly when the n-th is n-1
+        in_order = sorted(vocab, key=vocab.__getitem__)
         agree = keys == in_order[: len(keys)] and (not keys or vocab[keys[-1]] == len(keys) - 1)
         if not agree:
             entries: dict[str, tuple[int, ...]] = {key: (i,) for i, key in enumerate(keys)}
