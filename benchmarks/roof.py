@@ -42,6 +42,7 @@ from common import best_of, copy_default_tokenizer, interleaved_times, mixed_cor
 
 import layerwise as lw
 from layerwise._encoder.calls import Call
+from layerwise._host.cpu import bf16_units
 from layerwise._inputs.encoding import normalize_inputs
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -56,18 +57,6 @@ KINDS = {
     "gather_copy": ("index_select", "index_copy", "index_put", "gather", "scatter", "copy_", "cat", "fill_",
                     "_to_copy", "contiguous", "clone", "embedding", "stack", "zeros", "empty", "masked", "to"),
 }  # fmt: skip
-
-
-def bf16_units() -> str | None:
-    """The CPU's bfloat16 matrix units, from /proc/cpuinfo: "AMX", "AVX-512 BF16", or None."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return None
-    flags = set(
-        next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), [])
-    )
-    return "AMX" if "amx_bf16" in flags else "AVX-512 BF16" if "avx512_bf16" in flags else None
 
 
 def machine_rate(dtype: torch.dtype, size: int = 2048) -> float:

@@ -24,7 +24,13 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "benchmarks" / "results"
-DOCUMENTS = ("README.md", "docs/benchmarks.md", "docs/serving-performance.md", "docs/guide/analysis.md")
+DOCUMENTS = (
+    "README.md",
+    "docs/benchmarks.md",
+    "docs/serving-performance.md",
+    "docs/guide/analysis.md",
+    "docs/guide/cpu.md",
+)
 # a block's lines keep the indentation of its opening marker (a table inside a list item)
 BLOCK = re.compile(
     r"^(?P<indent>[ \t]*)(?P<before>[^\n]*?)<!-- figures: (?P<name>[\w-]+) -->(?P<body>.*?)<!-- /figures -->",
@@ -408,6 +414,48 @@ def roof_table() -> str:
               "forward's CPU time: GEMM / attention / gathers and copies / the rest"]  # fmt: skip
     units = data["bf16_units"] or "none: float32 only"
     return table(header, rows) + f"\n\nbfloat16 matrix units: {units}. " + measured("roof")
+
+
+SHOWN = {"bert-base": "BERT-base shape (random weights)"}
+
+
+def bf16_fidelity_table() -> str:
+    """Per hidden state and model: bfloat16's worst token cosine to float32, its relative error."""
+    models = result("cpu_bf16")["models"]
+    depth = max(len(m["states"]) for m in models.values())
+    header, rows = ["hidden state"], []
+    for model in models:
+        header += [f"{SHOWN.get(model, model)}: worst token cosine", "relative error, median / worst"]
+    for layer in range(depth):
+        row = [str(layer)]
+        for m in models.values():
+            if layer < len(m["states"]):
+                state = m["states"][layer]
+                errors = f"{state['median_relative_error']:.2g} / {state['worst_relative_error']:.2g}"
+                row += [f"{state['worst_cosine']:.5f}", errors]
+            else:
+                row += ["", ""]
+        rows.append(row)
+    sizes = ", ".join(f"{SHOWN.get(model, model)} {n(m['tokens'])}" for model, m in models.items())
+    return table(header, rows) + f"\n\nTokens compared: {sizes}. " + measured("cpu_bf16")
+
+
+def bf16_speed() -> str:
+    """bfloat16 against float32 on the machine the fidelity was measured on."""
+    data = result("cpu_bf16")
+    rates, units = data["matmul_gflops"], data["bf16_units"]
+    speeds = "; ".join(
+        f"{SHOWN.get(model, model)} {n(m['tokens_per_s']['bfloat16'])} tokens/s against "
+        f"{n(m['tokens_per_s']['float32'])} ({x(m['bf16_over_fp32'])})"
+        for model, m in data["models"].items()
+    )
+    return (
+        f"On a {cpu_of(data)} with {data['vector_units']} and "
+        f"{'bfloat16 matrix units: ' + units if units else 'no bfloat16 matrix units'}, a 1,024² matrix "
+        f"product runs at {rates['bfloat16']:.1f} GFLOP/s in bfloat16 against {rates['float32']:.0f} in "
+        f"float32, and `extract` of every hidden state in bfloat16: {speeds}. "
+        f"{measured('cpu_bf16')}"
+    )
 
 
 def host_rounds() -> str:
@@ -879,6 +927,8 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "streams": streams,
     "host-cost": host_cost_table,
     "roof": roof_table,
+    "bf16-fidelity": bf16_fidelity_table,
+    "bf16-speed": bf16_speed,
     "host-rounds": host_rounds,
     "host-stages": host_stages_table,
     "writers": writers_table,

@@ -366,5 +366,5 @@ def test_info_says_how_a_model_will_run_before_loading_it(family_folder):
     assert (said["modernbert"]["path"], said["modernbert"]["streams"]) == ("packed", "yes")
     for model_type, facts in said.items():  # what a load then runs
         assert lw.Encoder(family_folder(model_type), device="cpu").run_path == facts["path"]
-    result = CliRunner().invoke(app, ["info"])
-    assert result.exit_code == 2 and "--model" in result.output
+    result = CliRunner().invoke(app, ["info", "out.npz", "-m", str(family_folder("t5"))])
+    assert result.exit_code == 2 and "not both" in result.output

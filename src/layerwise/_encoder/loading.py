@@ -8,10 +8,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import logging
+
 import torch
 
 from .._engine.engine import Engine
 from .._features.plan import check_final_norm_for
+from .._host.cpu import cpu_name, matrix_units
 from .._host.memory import available_memory
 from .._inputs.encoding import InputEncoder
 from .._model.families import is_decoder_config
@@ -36,6 +39,7 @@ GPU_MAX_TOKENS = 32768
 # token budget ran embed 1.4x and extract 1.5x faster on one (benchmarks/gpu_profile.py)
 CPU_BATCH_SIZE, GPU_BATCH_SIZE = 128, 1024
 TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+logger = logging.getLogger("layerwise")
 
 
 @dataclass(frozen=True)
@@ -63,6 +67,7 @@ def load(given: Settings) -> Loaded:
     large to hold, placed by accelerate for a device map or quantised weights)."""
     source, name = resolve_model_source(given.model)
     device = pick_device(given.device)
+    warn_slow_dtype(given.model_dtype, device)
     dtype = TORCH_DTYPES[given.model_dtype]  # light=packed: the packed forward needs no HF class
     with gguf_read_once(source):
         # the fast tokenizer; a model's own code runs only when the settings say so
@@ -108,6 +113,25 @@ def load(given: Settings) -> Loaded:
     engine = Engine(models, tokenizer, resolved, plan)
     return Loaded(
         settings, source, name, config, tokenizer, models, inputs, engine, sentence_transformers, is_decoder
+    )
+
+
+def warn_slow_dtype(model_dtype: str, device: torch.device) -> None:
+    """A half-precision model on a CPU without matrix units for its dtype runs its matrix products
+    element by element, several times slower than float32 (benchmarks/cpu_bf16.py): said at load,
+    with the fix. The run goes on: halving the weights' memory may be why it was asked for."""
+    if device.type != "cpu" or model_dtype == "float32" or matrix_units(model_dtype) is not None:
+        return
+    units = "AMX or AVX-512 BF16" if model_dtype == "bfloat16" else "AMX-FP16 or AVX-512 FP16"
+    logger.warning(
+        "model_dtype=%r on this CPU (%s) has no %s matrix units: its matrix products run several times "
+        "slower than in float32. Leave model_dtype='float32' (the default) for speed; %s pays on a CPU "
+        "with %s (layerwise info says what this one has)",
+        model_dtype,
+        cpu_name(),
+        model_dtype,
+        model_dtype,
+        units,
     )
 
 

@@ -1,10 +1,13 @@
-"""What will run for a model, said before any weight is read (``layerwise info -m``): its kind
-(families.py), the path its forward takes, whether it streams, its taps and its final norm."""
+"""What will run, said before any weight is read: for a model (``layerwise info -m``) its kind
+(families.py), the path its forward takes, whether it streams, its taps and its final norm; for this
+machine (``layerwise info``) its processor's units, the library its linear layers run on, the dtype
+that runs fastest on its CPU, and its GPUs."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from .._host.cpu import bf16_units, cpu_name, fp16_units, usable_cores, vector_units
 from ..errors import ModelLoadError
 from .families import kind_of
 from .forward.hooks import tap_paths
@@ -47,4 +50,28 @@ def describe(config: Any) -> dict[str, Any]:
         "taps": ", ".join(taps) or "none (their module names are not in layerwise's table)",
         "final_norm": final_norm,
         "pairs": "no (join the texts yourself)" if decoder else "where the tokenizer has a pair template",
+    }
+
+
+def describe_machine() -> dict[str, Any]:
+    """What this machine offers a forward (``layerwise info``): the CPU, the cores this process may
+    use and torch's threads, the vector and half-precision matrix units, the library the packed
+    forward's linear layers run on (cpu_gemm.py), the fastest ``model_dtype`` on the CPU, and the GPUs."""
+    import torch
+
+    from .forward.cpu_gemm import onednn_usable
+
+    bf16, fp16 = bf16_units(), fp16_units()
+    gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    return {
+        "cpu": cpu_name(),
+        "cores": usable_cores(),
+        "torch_threads": torch.get_num_threads(),
+        "vector_units": vector_units() or "unknown",
+        "bf16_units": bf16 or "none: model_dtype='bfloat16' runs several times slower than float32 here",
+        "fp16_units": fp16 or "none: model_dtype='float16' runs several times slower than float32 here",
+        "cpu_linear": "oneDNN, weights prepacked" if onednn_usable() else "MKL (F.linear)",
+        "cpu_dtype": f"bfloat16 ({bf16}); float32 is the default" if bf16 else "float32 (the default)",
+        "gpus": ", ".join(gpus) or "none",
+        "torch": torch.__version__,
     }

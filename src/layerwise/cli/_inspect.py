@@ -90,15 +90,20 @@ def info(
 ) -> None:
     """Print how an output was made: layerwise's version, the model and its settings (dtype, max
     length, final norm, …), the plan (layers, pooling, fusion, dtype) and the source corpus. With
-    --model: how that model will run, read from its config alone (no weights are loaded)."""
-    if (path is None) == (model is None):
-        raise typer.BadParameter("pass an output to describe, or --model MODEL (one of the two)")
-    if path is None:
+    --model: how that model will run, read from its config alone (no weights are loaded). With
+    neither: this machine (CPU units, bfloat16 matrix units, the fastest CPU dtype, GPUs)."""
+    if path is not None and model is not None:
+        raise typer.BadParameter("pass an output to describe, or --model MODEL, not both")
+    if path is None and model is None:
+        from .._model.what_runs import describe_machine
+
+        meta: dict = describe_machine()
+    elif path is None:
         from .._model.loading.source import resolve_model_source
         from .._model.what_runs import describe
 
         source, name = resolve_model_source(model)
-        meta: dict = {"model": name, **describe(_config_of(source, name, trust_remote_code))}
+        meta = {"model": name, **describe(_config_of(source, name, trust_remote_code))}
     else:
         from .._files.meta import read_meta
 

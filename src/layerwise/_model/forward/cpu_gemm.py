@@ -33,11 +33,12 @@ from __future__ import annotations
 
 import logging
 import os
-import platform
 import threading
 
 import torch
 import torch.nn.functional as F
+
+from ..._host.cpu import cpu_vendor
 
 logger = logging.getLogger("layerwise")
 
@@ -73,26 +74,6 @@ def onednn_wanted() -> bool:
         logger.warning("LAYERWISE_ONEDNN=%r not understood (use 1, 0 or auto): using auto", setting)
     vendor = cpu_vendor()
     return vendor is not None and vendor != "GenuineIntel"
-
-
-def cpu_vendor() -> str | None:
-    """The x86 processor's vendor string (``GenuineIntel``, ``AuthenticAMD``, ...); None when this
-    is not an x86 processor or its vendor cannot be read."""
-    if platform.machine().lower() not in ("x86_64", "amd64", "i386", "i686", "x86"):
-        return None
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as cpuinfo:
-            for line in cpuinfo:
-                if line.startswith("vendor_id"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    # Windows: "AMD64 Family 25 Model 1 Stepping 1, AuthenticAMD"; macOS on x86: Intel
-    described = platform.processor()
-    for vendor in ("GenuineIntel", "AuthenticAMD", "HygonGenuine"):
-        if vendor in described:
-            return vendor
-    return "GenuineIntel" if platform.system() == "Darwin" else None
 
 
 def _self_check() -> bool:
