@@ -13,7 +13,8 @@ AMX or AVX-512 BF16, read from /proc/cpuinfo), on a mixed-length UD EWT corpus:
   (every layer's weights, random inputs), with torch's faster CPU library for these shapes (oneDNN
   with prepacked weights, or MKL); the roof the forward cannot pass;
 - ``machine``: the machine's best GEMM rate in that dtype (2048², torch's threads);
-- ``extract``: ``Encoder(model_dtype=...).extract(texts, layers="all")``, what a user runs;
+- ``extract``: ``Encoder(model_dtype=...).extract(texts, layers="all")``, what a user runs (its
+  default streams: two for a model up to 512 wide, so its rate may pass the one-stream forward's);
 - each op kind's share of the forward's CPU time (torch profiler, self time): attention, GEMM,
   norms, activations, other elementwise ops, gathers and copies, other.
 
@@ -192,8 +193,10 @@ def measure(name: str, folder: Path, texts: list[str], dtype: str, repeats: int)
             run_gemms()
         return n_tokens
 
+    user = lw.Encoder(folder, device="cpu", model_dtype=dtype, max_length=512)  # its default streams
+
     def extract() -> int:
-        enc.extract(texts, layers="all", progress=False)
+        user.extract(texts, layers="all", progress=False)
         return n_tokens
 
     forward(), extract()  # warm-up: oneDNN compiles its kernels for these row counts once
@@ -211,6 +214,7 @@ def measure(name: str, folder: Path, texts: list[str], dtype: str, repeats: int)
         "forward_over_gemms": round(median["gemms"] / median["forward"], 3),
         "forward_share_of_machine": round(gemm_flop / median["forward"] / machine, 3),
         "extract_share_of_machine": round(gemm_flop / median["extract"] / machine, 3),
+        "extract_streams": user.engine.pool.streams if user.engine.pool is not None else 1,
         "op_shares": shares,
         "rounds": {k: [round(t, 4) for t in v] for k, v in times.items()},
     }  # fmt: skip
