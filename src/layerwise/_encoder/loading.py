@@ -5,10 +5,9 @@ this model and device. core.py's Encoder is made of what :func:`load` returns.""
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
-
-import logging
 
 import torch
 
