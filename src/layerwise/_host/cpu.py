@@ -70,29 +70,39 @@ def vector_units() -> str | None:
     return "NEON" if "asimd" in flags else None
 
 
+# each half-precision dtype's matrix units, by the flag that shows them, in order of preference; an
+# Arm flag counts on an Arm processor only
+_HALF_UNITS = {
+    "bfloat16": (
+        ("amx_bf16", "AMX", False),
+        ("avx512_bf16", "AVX-512 BF16", False),
+        ("bf16", "Arm BF16", True),
+    ),
+    "float16": (
+        ("amx_fp16", "AMX-FP16", False),
+        ("avx512_fp16", "AVX-512 FP16", False),
+        ("asimdhp", "Arm FP16", True),
+    ),
+}
+ARM = ("aarch64", "arm64")
+
+
+def _half_units(dtype: str) -> str | None:
+    flags, arm = cpu_flags(), platform.machine().lower() in ARM
+    return next(
+        (name for flag, name, arm_only in _HALF_UNITS[dtype] if flag in flags and (arm or not arm_only)), None
+    )
+
+
 def bf16_units() -> str | None:
     """The processor's bfloat16 matrix units: "AMX", "AVX-512 BF16", "Arm BF16", or None (a bfloat16
     model then runs far slower than float32 on this CPU)."""
-    flags = cpu_flags()
-    if "amx_bf16" in flags:
-        return "AMX"
-    if "avx512_bf16" in flags:
-        return "AVX-512 BF16"
-    if "bf16" in flags and platform.machine().lower() in ("aarch64", "arm64"):
-        return "Arm BF16"
-    return None
+    return _half_units("bfloat16")
 
 
 def fp16_units() -> str | None:
     """The processor's float16 matrix units: "AMX-FP16", "AVX-512 FP16", "Arm FP16", or None."""
-    flags = cpu_flags()
-    if "amx_fp16" in flags:
-        return "AMX-FP16"
-    if "avx512_fp16" in flags:
-        return "AVX-512 FP16"
-    if "asimdhp" in flags and platform.machine().lower() in ("aarch64", "arm64"):
-        return "Arm FP16"
-    return None
+    return _half_units("float16")
 
 
 def matrix_units(dtype: str) -> str | None:
