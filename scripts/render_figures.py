@@ -431,17 +431,25 @@ def roof_account() -> str:
     for model, by_dtype in data["models"].items():
         r = by_dtype["float32"]
         ceiling = r["gemm_gflops"] / r["machine_gflops"]
-        allowed = max(0.0, 1 - ROOF_TARGET / ceiling)
+        today = pct(1 - r["forward_over_gemms"])
+        if ceiling <= ROOF_TARGET:
+            parts.append(
+                f"{model}: its GEMMs alone run at {pct(ceiling)} of the machine, under the target before "
+                f"anything else runs (the rest takes {today} of the forward)"
+            )
+            continue
         parts.append(
-            f"{model}: its GEMMs alone run at {pct(ceiling)} of the machine, so at most {pct(allowed)} of "
-            f"the time may go elsewhere, against {pct(1 - r['forward_over_gemms'])} in the forward"
+            f"{model}: its GEMMs alone run at {pct(ceiling)} of the machine, so at most "
+            f"{pct(1 - ROOF_TARGET / ceiling)} of the time may go elsewhere, against {today} in the forward"
         )
+    pairs = [by_dtype["float32"]["machine_gflops_before_after"] for by_dtype in data["models"].values()]
+    drift = ", ".join(f"{a:.0f} / {b:.0f}" for a, b in pairs)
+    change = max(abs(a - b) / max(a, b) for a, b in pairs)
     return (
         f"At {pct(ROOF_TARGET)} of the machine's rate, the rest of a run (attention, norms, GELU, gathers, "
-        "and in `extract` the host's work) may take only what the GEMMs leave: "
-        + "; ".join(parts)
-        + ". "
-        + measured("roof")
+        f"and in `extract` the host's work) may take only what the GEMMs leave: {'; '.join(parts)}. On "
+        f"this shared machine its own rate moves too: before / after each model's rounds, {drift} "
+        f"GFLOP/s (up to {pct(change)} apart). {measured('roof')}"
     )
 
 
