@@ -85,6 +85,7 @@ def test_no_cpuinfo_gives_no_units(cpuinfo):
         (SAPPHIRE_RAPIDS, "bfloat16", "cpu", False),
         (GENOA, "float16", "cpu", True),  # AVX-512 BF16, but no float16 units
         (ROME, "bfloat16", "cuda", False),  # the GPU runs it, not this CPU
+        ("", "bfloat16", "cpu", False),  # no /proc/cpuinfo (macOS, Windows): unknown, nothing said
     ],
 )
 def test_a_half_precision_model_without_its_units_is_warned_about(
@@ -122,3 +123,14 @@ def test_info_without_an_argument_describes_this_machine():
     assert said["cpu_linear"] == ("oneDNN, weights prepacked" if onednn_usable() else "MKL (F.linear)")
     gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
     assert said["gpus"] == (", ".join(gpus) or "none")
+
+
+def test_info_says_unknown_where_the_units_cannot_be_read(cpuinfo):
+    from layerwise._model.what_runs import describe_machine
+
+    cpuinfo("")
+    said = describe_machine()
+    assert said["bf16_units"].startswith("unknown") and said["fp16_units"].startswith("unknown")
+    assert said["vector_units"] == "unknown" and said["cpu_dtype"] == "float32 (the default)"
+    cpuinfo(ROME)
+    assert describe_machine()["bf16_units"].startswith("none: model_dtype='bfloat16'")

@@ -13,7 +13,7 @@ import torch
 
 from .._engine.engine import Engine
 from .._features.plan import check_final_norm_for
-from .._host.cpu import cpu_name, matrix_units
+from .._host.cpu import cpu_flags, cpu_name, matrix_units
 from .._host.memory import available_memory
 from .._inputs.encoding import InputEncoder
 from .._model.families import is_decoder_config
@@ -121,11 +121,13 @@ def warn_slow_dtype(model_dtype: str, device: torch.device) -> None:
     with the fix. The run goes on: halving the weights' memory may be why it was asked for."""
     if device.type != "cpu" or model_dtype == "float32" or matrix_units(model_dtype) is not None:
         return
+    if not cpu_flags():  # no /proc/cpuinfo (macOS, Windows): the units cannot be told, nothing said
+        return
     units = "AMX or AVX-512 BF16" if model_dtype == "bfloat16" else "AMX-FP16 or AVX-512 FP16"
     logger.warning(
-        "model_dtype=%r on this CPU (%s) has no %s matrix units: its matrix products run several times "
-        "slower than in float32. Leave model_dtype='float32' (the default) for speed; %s pays on a CPU "
-        "with %s (layerwise info says what this one has)",
+        "model_dtype=%r: this CPU (%s) has no %s matrix units, so the model's matrix products run "
+        "several times slower than in float32. Leave model_dtype='float32' (the default) for speed; %s "
+        "pays on a CPU with %s (layerwise info says what this one has)",
         model_dtype,
         cpu_name(),
         model_dtype,

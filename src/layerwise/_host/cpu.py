@@ -5,7 +5,8 @@ bfloat16 is fast on a CPU only where the processor multiplies bfloat16 matrices 
 AMX tiles (Sapphire Rapids and later), AVX-512 BF16 (Cooper Lake, AMD Zen 4 and later), or Arm's BF16
 instructions (Graviton 3, Neoverse V1/N2). Elsewhere torch converts every element, and a bfloat16
 matrix product runs far slower than a float32 one (benchmarks/cpu_bf16.py measures both). Read from
-``/proc/cpuinfo`` (Linux); elsewhere the answers are None.
+``/proc/cpuinfo`` (Linux); elsewhere the answers are None, and :func:`cpu_flags` empty says they
+are unknown rather than absent.
 """
 
 from __future__ import annotations

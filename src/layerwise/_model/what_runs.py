@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._host.cpu import bf16_units, cpu_name, fp16_units, usable_cores, vector_units
+from .._host.cpu import bf16_units, cpu_flags, cpu_name, fp16_units, usable_cores, vector_units
 from ..errors import ModelLoadError
 from .families import kind_of
 from .forward.hooks import tap_paths
@@ -62,16 +62,23 @@ def describe_machine() -> dict[str, Any]:
     from .forward.cpu_gemm import onednn_usable
 
     bf16, fp16 = bf16_units(), fp16_units()
+    known = bool(cpu_flags())  # /proc/cpuinfo read: an absent unit is absent, not unknown
     gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
     return {
         "cpu": cpu_name(),
         "cores": usable_cores(),
         "torch_threads": torch.get_num_threads(),
         "vector_units": vector_units() or "unknown",
-        "bf16_units": bf16 or "none: model_dtype='bfloat16' runs several times slower than float32 here",
-        "fp16_units": fp16 or "none: model_dtype='float16' runs several times slower than float32 here",
+        "bf16_units": bf16 or _absent("bfloat16", known),
+        "fp16_units": fp16 or _absent("float16", known),
         "cpu_linear": "oneDNN, weights prepacked" if onednn_usable() else "MKL (F.linear)",
         "cpu_dtype": f"bfloat16 ({bf16}); float32 is the default" if bf16 else "float32 (the default)",
         "gpus": ", ".join(gpus) or "none",
         "torch": torch.__version__,
     }
+
+
+def _absent(dtype: str, known: bool) -> str:
+    if not known:
+        return "unknown (no /proc/cpuinfo to read them from)"
+    return f"none: model_dtype='{dtype}' runs several times slower than float32 here"
