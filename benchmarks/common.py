@@ -134,12 +134,11 @@ def machine() -> dict[str, Any]:
     """What a figure depends on: CPU model, cores this process may use, torch, Python, the date."""
     import torch
 
-    cpuinfo = Path("/proc/cpuinfo")
-    lines = cpuinfo.read_text().splitlines() if cpuinfo.exists() else []
-    cpu = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), None)
+    from layerwise._host.cpu import cpu_name, usable_cores
+
     return {
-        "cpu": cpu or platform.processor() or platform.machine(),
-        "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "cpu": cpu_name(),
+        "cores": usable_cores(),
         "torch": torch.__version__,
         "torch_threads": torch.get_num_threads(),
         "python": platform.python_version(),
@@ -272,6 +271,28 @@ def matmul_gflops(size: int = 2048, repeats: int = 5) -> float:
     torch's two CPU libraries. On AMD processors MKL takes its AVX2 path and runs at less than half
     of oneDNN's rate (benchmarks/gemm_speed.py)."""
     return max(matmul_rates(size, repeats))
+
+
+def best_matmul_rate(dtype: Any, size: int = 2048, repeats: int = 5) -> float:
+    """GFLOP/s of a ``size``² matrix product in ``dtype`` (a torch dtype) with torch's threads: the
+    fastest of ``a @ b``, ``F.linear`` and oneDNN's prepacked linear (the best of ``repeats`` each).
+    For bfloat16 ``F.linear`` takes oneDNN's path where ``@`` may not."""
+    import torch
+    import torch.nn.functional as F
+
+    from layerwise._model.forward.cpu_gemm import onednn_linear, prepack
+
+    a, b = torch.randn(size, size, dtype=dtype), torch.randn(size, size, dtype=dtype)
+    flop = 2 * size**3 / 1e9
+    weight = b.T.contiguous()
+    rates = [flop / best_of(repeats, lambda: a @ b), flop / best_of(repeats, lambda: F.linear(a, weight))]
+    try:
+        packed = prepack(weight)
+        onednn_linear(a, packed, None)
+        rates.append(flop / best_of(repeats, lambda: onednn_linear(a, packed, None)))
+    except (AttributeError, RuntimeError):  # no oneDNN, or not for this dtype
+        pass
+    return max(rates)
 
 
 def model_gflop(config: Any, lengths: list[int]) -> float:

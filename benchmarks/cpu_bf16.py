@@ -32,33 +32,13 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import best_of, interleaved_times, mixed_corpus, parser, write_result
+from common import best_matmul_rate, interleaved_times, mixed_corpus, parser, write_result
 from roof import bert_base
 
 import layerwise as lw
 from layerwise._host.cpu import bf16_units, vector_units
 
 DTYPES = ("float32", "bfloat16")
-
-
-def matmul_rate(dtype: torch.dtype, size: int = 1024) -> float:
-    """GFLOP/s of a ``size``² matrix product in ``dtype``: the fastest of ``@``, ``F.linear`` and
-    oneDNN's prepacked linear (the best of 3 each)."""
-    from layerwise._model.forward.cpu_gemm import onednn_linear, prepack
-
-    a, b = torch.randn(size, size, dtype=dtype), torch.randn(size, size, dtype=dtype)
-    flop = 2 * size**3 / 1e9
-    weight = b.T.contiguous()
-    rates = [
-        flop / best_of(3, lambda: a @ b),
-        flop / best_of(3, lambda: torch.nn.functional.linear(a, weight)),
-    ]
-    try:
-        packed = prepack(weight)
-        rates.append(flop / best_of(3, lambda: onednn_linear(a, packed, None)))
-    except (AttributeError, RuntimeError):  # no oneDNN, or not for this dtype
-        pass
-    return max(rates)
 
 
 def fidelity(reference: list, other: list) -> list[dict]:
@@ -122,7 +102,7 @@ def main() -> None:
     args = args_parser.parse_args()
     logging.getLogger("layerwise").setLevel(logging.ERROR)  # the slow-dtype warning is this run's point
     units = bf16_units()
-    rates = {dtype: round(matmul_rate(getattr(torch, dtype)), 1) for dtype in DTYPES}
+    rates = {dtype: round(best_matmul_rate(getattr(torch, dtype), 1024, 3), 1) for dtype in DTYPES}
     print(f"vector units {vector_units()}, bfloat16 units {units or 'none'}; GFLOP/s {rates}")
     report: dict = {"bf16_units": units, "vector_units": vector_units(), "matmul_gflops": rates, "models": {}}
     texts = mixed_corpus(args.texts, max(1, args.texts // 25))

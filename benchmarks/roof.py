@@ -12,7 +12,8 @@ AMX or AVX-512 BF16, read from /proc/cpuinfo), on a mixed-length UD EWT corpus:
 - ``gemms``: the same linear layers' matrix products alone, at the row counts those batches run
   (every layer's weights, random inputs), with torch's faster CPU library for these shapes (oneDNN
   with prepacked weights, or MKL); the roof the forward cannot pass;
-- ``machine``: the machine's best GEMM rate in that dtype (2048², torch's threads; measured before
+- ``machine``: the machine's best GEMM rate in that dtype (2048², torch's threads, the fastest of
+  ``@``, ``F.linear`` and oneDNN prepacked: common.best_matmul_rate; measured before
   and after the rounds, the better kept);
 - ``extract``: ``Encoder(model_dtype=...).extract(texts, layers="all")``, what a user runs (its
   default streams: two for a model up to 512 wide, so its rate may pass the one-stream forward's);
@@ -40,7 +41,15 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import best_of, copy_default_tokenizer, interleaved_times, mixed_corpus, parser, write_result
+from common import (
+    best_matmul_rate,
+    best_of,
+    copy_default_tokenizer,
+    interleaved_times,
+    mixed_corpus,
+    parser,
+    write_result,
+)
 
 import layerwise as lw
 from layerwise._encoder.calls import Call
@@ -59,22 +68,6 @@ KINDS = {
     "gather_copy": ("index_select", "index_copy", "index_put", "gather", "scatter", "copy_", "cat", "fill_",
                     "_to_copy", "contiguous", "clone", "embedding", "stack", "zeros", "empty", "masked", "to"),
 }  # fmt: skip
-
-
-def machine_rate(dtype: torch.dtype, size: int = 2048) -> float:
-    """GFLOP/s of a ``size``² matrix product in ``dtype`` with torch's threads (the best of 5)."""
-    from layerwise._model.forward.cpu_gemm import onednn_linear, prepack
-
-    a, b = torch.randn(size, size, dtype=dtype), torch.randn(size, size, dtype=dtype)
-    flop = 2 * size**3 / 1e9
-    rates = [flop / best_of(5, lambda: a @ b)]
-    try:
-        packed = prepack(b.T.contiguous())
-        onednn_linear(a, packed, None)
-        rates.append(flop / best_of(5, lambda: onednn_linear(a, packed, None)))
-    except (AttributeError, RuntimeError):  # no oneDNN, or not for this dtype
-        pass
-    return max(rates)
 
 
 def llama_folder(base: Path) -> Path:
@@ -203,10 +196,10 @@ def measure(name: str, folder: Path, texts: list[str], dtype: str, repeats: int)
     forward(), extract()  # warm-up: oneDNN compiles its kernels for these row counts once
     # the machine's rate on either side of the rounds, the better kept: on a shared machine one
     # measurement can land in a neighbour's burst and make every ratio look better than it is
-    before = machine_rate(DTYPES[dtype])
+    before = best_matmul_rate(DTYPES[dtype])
     times = interleaved_times({"forward": forward, "gemms": gemms, "extract": extract}, repeats, n_tokens)
     median = {k: statistics.median(v) for k, v in times.items()}
-    after = machine_rate(DTYPES[dtype])
+    after = best_matmul_rate(DTYPES[dtype])
     machine = max(before, after)
     shares = op_shares(forward)
     report = {
