@@ -126,7 +126,7 @@ def test_the_final_norm_either_way(arch, decoder_folder, decoder_encoder):
 def test_final_norm_all_passes_every_hidden_state_through_the_norm(arch, decoder_folder, decoder_encoder):
     """final_norm="all": hidden state k = the model's final norm of the raw hidden state k, for
     every k, on the packed, the padded and the hooks paths; the logit lens reads the same logits."""
-    from layerwise._model.decoders import final_norm_module
+    from layerwise._model.final_norm import final_norm_module
     from layerwise.explore import logit_lens
 
     raw = decoder_encoder(arch, final_norm=False)
@@ -148,8 +148,8 @@ def test_final_norm_all_passes_every_hidden_state_through_the_norm(arch, decoder
         np.testing.assert_allclose([p for _, p in layer_ours], [p for _, p in layer_theirs], atol=1e-5)
 
 
-def test_final_norm_all_is_for_decoders(tiny_encoder):
-    with pytest.raises(OptionError, match=r"final_norm=.all. .* is an encoder .*, which has none"):
+def test_final_norm_all_is_for_models_with_a_final_norm(tiny_encoder):
+    with pytest.raises(OptionError, match=r"final_norm=.all. .* \(a 'bert' model\) has none"):
         lw.Encoder(tiny_encoder.source, device="cpu", final_norm="all")
 
 

@@ -196,7 +196,6 @@ def test_the_kind_comes_from_transformers_mappings(model_type, expected):
     [
         ("vit", "does not read text"),
         ("whisper", "does not read text"),
-        ("mamba", "without attention heads"),
         ("llava", "multimodal model"),
     ],
 )

@@ -61,7 +61,7 @@ def _norm(encoder, hidden: np.ndarray) -> np.ndarray:
     """The decoder's own final norm module applied to raw hidden states (the independent path)."""
     import torch
 
-    from layerwise._model.decoders import final_norm_module
+    from layerwise._model.final_norm import final_norm_module
 
     with torch.inference_mode():
         return final_norm_module(encoder.model)(torch.from_numpy(hidden)).numpy()
@@ -111,9 +111,9 @@ def test_the_packed_and_padded_forwards_norm_alike(decoder_folder):
 
 
 def test_an_encoder_refuses_a_final_norm(tiny_encoder, tmp_path):
-    with pytest.raises(OptionError, match="final_norm='all' passes hidden states through a decoder"):
+    with pytest.raises(OptionError, match="final_norm='all' passes every hidden state through the model's"):
         tiny_encoder.extract(TEXTS, final_norm="all")
-    with pytest.raises(OptionError, match=r"is an encoder .*, which has none: leave final_norm out"):
+    with pytest.raises(OptionError, match=r"\(a 'bert' model\) has none .*: leave final_norm out"):
         lw.Encoder(tiny_encoder.source, final_norm="all")
     # True and False say the same of an encoder's states: both taken, here and at construction
     expected = tiny_encoder.embed(TEXTS)

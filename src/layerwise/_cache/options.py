@@ -81,11 +81,14 @@ def check_numbers(encoder, context, tokens, dtype, shuffle_seed, final_norm, sha
         raise OptionError(f"dtype={dtype!r} is not one the cache stores; choose {' or '.join(DTYPES)}")
     if shuffle_seed is not None:
         whole("shuffle_seed", shuffle_seed, 0)
-    if final_norm is True and not encoder.is_decoder:
+    if final_norm is True and not encoder.models.takes_final_norm:
         raise OptionError(
-            f"final_norm=True passes the last hidden state through a decoder LM's final norm; "
-            f"{encoder.name!r} is an encoder (BERT family), which has none: leave --final-norm out"
+            f"final_norm=True passes the last hidden state through the model's final norm; "
+            f"{encoder.models.described} has none (its last hidden state is its last layer's output): "
+            "leave --final-norm out"
         )
+    if final_norm is False:
+        encoder.models.check_final_norm(False)
     if final_norm not in (True, False):
         raise OptionError(
             f"final_norm={final_norm!r}: the cache takes True (the last hidden state through the final norm, "

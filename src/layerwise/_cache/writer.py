@@ -163,6 +163,7 @@ def begin_cache(
     the block ends (the shards are written inside it, here or by Ray's actors)."""
     from .._features.layers import resolve_layers
     from .._inputs.corpus import as_corpus
+    from .._model.forward.hooks import check_family_taps
 
     require_cache_dependencies()
     path = Path(path)
@@ -175,6 +176,7 @@ def begin_cache(
     source = as_corpus(corpus)  # a missing file fails here
     n_layers = encoder.n_hidden_states - 1
     columns, sources = columns_of(hidden_states, options.hooks, n_layers, bool(final_norm))
+    check_family_taps(encoder.model_type, [h for h in options.hooks if h != "resid"])  # before any file
     framing = framing_for(encoder.tokenizer, encoder.is_decoder)
     framed = len(framing.begin) + len(framing.end)
     if context <= framed:

@@ -25,7 +25,7 @@ from .._inputs.block import EncodedBlock
 from .._inputs.encoding import RawInputs
 from .._inputs.reports import report_blocks
 from .._inputs.windows import check_window_memory, check_window_options
-from .._model.forward.hooks import DECODER_TAPS, check_taps
+from .._model.forward.hooks import DECODER_TAPS, check_family_taps, check_taps
 from .._results import LayerStack
 from .._settings.long_texts import LONG_TEXTS, LongTexts
 from .._settings.settings import METHODS, FinalNorm, Method, check_final_norm
@@ -34,6 +34,7 @@ from ..errors import OptionError, check_choice
 if TYPE_CHECKING:
     from .._engine.engine import Engine
     from .._inputs.encoding import InputEncoder
+    from .._model.handle import ModelHandle
 
 
 class Encoder(Protocol):
@@ -56,6 +57,7 @@ class Encoder(Protocol):
 
     hidden_size: int
     is_decoder: bool
+    models: ModelHandle
     model_type: str
     name: str
     engine: Engine
@@ -92,6 +94,7 @@ def make_call(
             f"{', '.join(DECODER_TAPS)}; "
             "its blocks are pre-norm, with no module for attention_output or intermediate"
         )
+    check_family_taps(encoder.model_type, checked)
     check_choice("long_texts", long_texts, LONG_TEXTS)
     check_window_options(long_texts, stride, encoder.max_length)
     return Call(
@@ -130,12 +133,24 @@ def plan_call(encoder: Encoder, settled: OutputPlan) -> Call:
 
 
 def call_final_norm(encoder: Encoder, value: FinalNorm | None) -> FinalNorm:
-    """A call's final norm: its own, else the Encoder's; "all" and False need a decoder."""
+    """A call's final norm: its own, else the Encoder's; checked against the model (final_norm.py)."""
     if value is None:
         return encoder.final_norm
     check_final_norm(value)
-    check_final_norm_for(value, is_decoder=encoder.is_decoder, name=repr(encoder.name))
+    models = encoder.models
+    check_final_norm_for(value, takes=models.takes_final_norm, name=models.described)
+    models.check_final_norm(value)
     return value
+
+
+def settled_plan(encoder: Encoder, plan: OutputPlan) -> OutputPlan:
+    """``plan`` with its final norm settled (the Encoder's default where it says none) and checked
+    against the model: refused by name where the model cannot honour it."""
+    models = encoder.models
+    settled = plan.with_final_norm(encoder.final_norm, takes=models.takes_final_norm, name=models.described)
+    if settled.final_norm is not None:
+        models.check_final_norm(settled.final_norm)
+    return settled
 
 
 def stream_stacks(

@@ -30,7 +30,7 @@ from .._results import LayerStack
 from .._settings.long_texts import LongTexts
 from .._settings.settings import FinalNorm, Method, ModelDtype, Settings, settings_of
 from ..errors import InputError, OptionError
-from .calls import make_call, plan_call, stream_batches, stream_stacks
+from .calls import make_call, plan_call, settled_plan, stream_batches, stream_stacks
 from .features import FeatureCalls
 from .loading import load
 from .records import run_meta, run_settings
@@ -129,13 +129,13 @@ class Encoder(FeatureCalls):
 
     def settle(self, plan: OutputPlan) -> OutputPlan:
         """``plan`` with this model's answer to what it leaves open (its final norm: this
-        Encoder's default), checked against this model (layers in range, no final norm on an
-        encoder): the plan a run carries out and its outputs record."""
+        Encoder's default), checked against this model (layers in range, a final norm it can
+        honour): the plan a run carries out and its outputs record."""
         plan.hidden_states(self.n_hidden_states)  # a layer past the model fails here
-        return plan.with_final_norm(self.final_norm, is_decoder=self.is_decoder)
+        return settled_plan(self, plan)
 
     def run_settings(self) -> dict:
-        """These settings as a record says them: an encoder's ``final_norm`` is None (it has none)."""
+        """These settings as a record says them: ``final_norm`` is None for a model without one."""
         return run_settings(self)
 
     def run_meta(self, plan: OutputPlan) -> dict:

@@ -87,7 +87,6 @@ def load(given: Settings) -> Loaded:
         )
     device = models.device  # a placed model's: where its inputs go
     is_decoder = is_decoder_config(config)
-    check_final_norm_for(given.final_norm, is_decoder=is_decoder, name=repr(name))  # "all" needs one
     sentence_transformers = read_sentence_transformers(source)
     convention = sentence_transformers.max_seq_length if sentence_transformers else None
     padding_idx = getattr(getattr(models.current, "embeddings", None), "padding_idx", None)  # MPNet's: 1
@@ -109,7 +108,9 @@ def load(given: Settings) -> Loaded:
         stream_block_tokens=None if plan is None else plan.block_tokens,
         streaming=streaming,
     )
-    engine = Engine(models, tokenizer, resolved, plan)
+    engine = Engine(models, tokenizer, resolved, plan)  # the model's final norm settled (warm-up)
+    check_final_norm_for(given.final_norm, takes=models.takes_final_norm, name=models.described)
+    models.check_final_norm(given.final_norm)
     return Loaded(
         settings, source, name, config, tokenizer, models, inputs, engine, sentence_transformers, is_decoder
     )

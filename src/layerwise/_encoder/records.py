@@ -26,9 +26,10 @@ class Recorded(Protocol):
 
 
 def run_settings(loaded: Recorded) -> dict:
-    """``loaded``'s settings as a record says them: an encoder's ``final_norm`` is None (it has none)."""
+    """``loaded``'s settings as a record says them: ``final_norm`` is None for a model without one
+    (an encoder without a final norm: final_norm.py)."""
     ran = loaded.settings.as_dict()
-    ran["final_norm"] = ran["final_norm"] if loaded.is_decoder else None
+    ran["final_norm"] = ran["final_norm"] if loaded.models.takes_final_norm else None
     return ran
 
 

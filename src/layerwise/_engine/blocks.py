@@ -14,7 +14,7 @@ import torch
 
 from .._features.device_pool import batch_groups, finish, pool_groups
 from .._inputs.block import TokenColumns
-from .._model.decoders import apply_final_norm
+from .._model.final_norm import apply_final_norm
 from .._model.forward.concurrent import ForwardLock
 from .._model.forward.sdpa import attention_kernels
 from .._model.streaming.forward import StreamedForward

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import itertools
 import logging
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import nullcontext
@@ -29,13 +30,13 @@ from .._host.progress import progress_bar
 from .._inputs.batches import length_sorted_batches
 from .._inputs.block import EncodedBlock, EncodedInput, TokenColumns
 from .._inputs.windows import Window, plan_windows
-from .._model.decoders import apply_final_norm
 from .._model.families import is_decoder_config
+from .._model.final_norm import apply_final_norm
 from .._model.forward.concurrent import ForwardLock, ForwardPool, check_streams
 from .._model.forward.hooks import eager_attention_for, find_layer_list
 from .._model.forward.packed import PackedEncoder
 from .._model.forward.packed_decoder import PACKED_TAPS, PackedDecoder, packed_forward
-from .._model.forward.padded import collate, forward_batch, warm_up
+from .._model.forward.padded import LayerReading, collate, forward_batch, warm_up
 from .._model.forward.sdpa import attention_kernels
 from .._model.handle import ModelHandle
 from .._model.streaming.forward import StreamedForward
@@ -136,10 +137,11 @@ class Engine:
         """The transformers model exists: find its layers, warm it up, and run the packed forward on
         its own modules from now on (weights edited through it are then the weights of every path)."""
         with self.lock.exclusive():
-            self.layer_owner, self.layer_attr, self.layer_list = find_layer_list(
-                model, model.config.num_hidden_layers
+            found = find_layer_list(model, model.config.num_hidden_layers)
+            candidate = LayerReading(None, "", None, False) if found is None else LayerReading(*found, True)
+            self.reading = warm_up(
+                model, self._warm_up_ids, self.pad_id, self.device, self.models.name, candidate
             )
-            warm_up(model, self._warm_up_ids, self.device, self.models.name, self.layer_list)
             if self.packed is not None:  # a packed forward on the new modules (one, as before)
                 forward = packed_forward(model)
                 self.runner = None if forward is None else self._packed_runner(forward, model)
@@ -256,7 +258,19 @@ class Engine:
             # fewer batches than forwards would leave one idle (a server's run of a few short
             # requests fits one batch): split the tokens evenly, in at most that many batches
             budget = min(budget, -(-sum(lengths) // self.pool.streams) + max(lengths))
-        return length_sorted_batches(lengths, call.batch_size or self.batch_size, budget, padded=not packed)
+        batches = length_sorted_batches(
+            lengths, call.batch_size or self.batch_size, budget, padded=not packed
+        )
+        if packed or self.exact_padding:
+            return batches
+        # padding changes this model's states (forward/padded.py): a batch holds texts of one length
+        return [list(same) for b in batches for _, same in itertools.groupby(b, key=lambda i: lengths[i])]
+
+    @property
+    def exact_padding(self) -> bool:
+        """Whether a text's states in a padded batch are its states alone (settled at warm-up)."""
+        self.models.transformers()  # built and warmed up before its padded batches are planned
+        return self.reading.exact_padding
 
     def forward_units(
         self,
@@ -296,9 +310,7 @@ class Engine:
                 batch,
                 layers=call.layers,
                 method=call.method,
-                layer_owner=self.layer_owner,
-                layer_attr=self.layer_attr,
-                layer_list=self.layer_list,
+                reading=self.reading,
                 model_type=self.model_type,
                 taps=call.taps,
             )

@@ -16,7 +16,7 @@ import torch
 
 from .._features.device_pool import finish, pool_batch
 from .._inputs.block import TokenColumns
-from .._model.decoders import apply_final_norm
+from .._model.final_norm import apply_final_norm
 from .._model.forward.concurrent import ForwardLock, ForwardPool
 from .._model.forward.packed import PackedEncoder
 from .._model.forward.packed_decoder import PackedDecoder

@@ -225,12 +225,13 @@ class OutputPlan:
         for index, stack in stream:
             yield index, self.result(stack, n_hidden_states)
 
-    def with_final_norm(self, default: FinalNorm, *, is_decoder: bool) -> OutputPlan:
-        """This plan with its final norm settled: ``default`` (the Encoder's) where it has none; an
-        encoder has no final norm: "all" is refused for it, naming the fix, and its plan records none."""
-        check_final_norm_for(self.final_norm, is_decoder=is_decoder)
+    def with_final_norm(self, default: FinalNorm, *, takes: bool, name: str = "this model") -> OutputPlan:
+        """This plan with its final norm settled: ``default`` (the Encoder's) where it has none. A
+        model that ``takes`` no final norm option (an encoder without a final norm: BERT, BART) records
+        none, and "all" is refused for it, naming the fix."""
+        check_final_norm_for(self.final_norm, takes=takes, name=name)
         value: FinalNorm | None = default if self.final_norm is None else self.final_norm
-        return dataclasses.replace(self, final_norm=value if is_decoder else None)  # an encoder's: null
+        return dataclasses.replace(self, final_norm=value if takes else None)  # no final norm: null
 
     def meta(self, n_hidden_states: int) -> dict:
         """The plan as metadata for files, stores and responses (one word, one meaning)."""
@@ -250,14 +251,14 @@ class OutputPlan:
         }
 
 
-def check_final_norm_for(value: FinalNorm | None, *, is_decoder: bool, name: str = "this model") -> None:
-    """An encoder has no final norm: asking for it on every state ("all") is an error naming the fix.
-    True and False say the same of an encoder (its states are the only ones there are), so a setting
-    shared by a server's encoders and decoders (``--final-norm none``) works for both."""
-    if not is_decoder and value == "all":
+def check_final_norm_for(value: FinalNorm | None, *, takes: bool, name: str = "this model") -> None:
+    """A model without a final norm (BERT, BART: ``takes`` is False) cannot pass its states through
+    one: "all" is an error naming the fix. True and False say the same of it (its states are the only
+    ones there are), so a setting shared by a server's models (``--final-norm none``) works for all."""
+    if not takes and value == "all":
         raise OptionError(
-            f"final_norm='all' passes hidden states through a decoder LM's final norm; {name} is "
-            "an encoder (BERT family), which has none: leave final_norm out"
+            f"final_norm='all' passes every hidden state through the model's final norm; {name} has "
+            "none (its last hidden state is its last layer's output): leave final_norm out"
         )
 
 

@@ -12,9 +12,10 @@ list kept here:
 - everything else with a masked-LM, text-encoding or sequence-classification head is an encoder.
 
 What cannot work is refused by name: a model without a text head of any kind (vision, audio), a
-multimodal wrapper (its text model is another config), a model without attention heads (a
-state-space or recurrent model). Which families the packed forward runs, and which stream, are
-lists: each is a forward of our own, tested against transformers (forward/, streaming/).
+multimodal wrapper (its text model is another config). State-space and recurrent models (Mamba,
+RWKV) run on the general path: each block's output is a hidden state. Which families the packed
+forward runs, and which stream, are lists: each is a forward of our own, tested against
+transformers (forward/, streaming/).
 """
 
 from __future__ import annotations
@@ -45,11 +46,14 @@ def _mapping(name: str) -> frozenset[str]:
 
 def kind_of(config: Any) -> Kind:
     """Whether ``config`` is a decoder LM, an encoder, or an encoder-decoder (whose encoder runs)."""
-    if getattr(config, "is_encoder_decoder", False):
-        return "encoder-decoder"
     model_type = getattr(config, "model_type", None)
     if model_type in BERT_LAYOUT and not getattr(config, "auto_map", None):
         return "encoder"
+    # a T5EncoderModel checkpoint's config says is_encoder_decoder=False: its type says what it is
+    if getattr(config, "is_encoder_decoder", False) or (
+        not _remote(config) and model_type in _mapping("MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES")
+    ):
+        return "encoder-decoder"
     if _remote(config):  # the model's own code (trust_remote_code): its auto_map names its heads
         heads = set(getattr(config, "auto_map", None) or ())
         causal, masked = "AutoModelForCausalLM" in heads, "AutoModelForMaskedLM" in heads
@@ -99,7 +103,8 @@ def check_text_transformer(config: Any, name: str) -> None:
         return
     if model_type not in _mapping("MODEL_MAPPING_NAMES"):
         raise ModelLoadError(
-            f"{where}, which this version of transformers has no model class for; upgrade transformers, "
+            f"{where}, which this version of transformers has no base model class for (AutoModel); upgrade "
+            "transformers if the type is newer than it, "
             f"or pass a text transformer (the families layerwise runs: {SUPPORTED_PAGE})"
         )
     if any(hasattr(config, part) for part in ("vision_config", "audio_config")):
@@ -108,15 +113,15 @@ def check_text_transformer(config: Any, name: str) -> None:
             "text transformers. Save its language model alone (model.language_model.save_pretrained) "
             f"and pass that folder ({SUPPORTED_PAGE})"
         )
+    if model_type == "xmod" and not getattr(config, "default_language", None):
+        raise ModelLoadError(
+            f"{where}: X-MOD runs each text through the language adapter of its language, and its "
+            'config.json names no default_language; set it there (e.g. "default_language": "en_XX")'
+        )
     other = any(model_type in _mapping(m) for m in _OTHER_INPUTS)
     if other or not any(model_type in _mapping(m) for m in _TEXT_HEADS):
         raise ModelLoadError(
             f"{where}, which does not read text (an image, audio or other model); layerwise extracts the "
             "layers of text transformers: encoders, decoder LMs and the encoders of T5 or BART "
             f"({SUPPORTED_PAGE})"
-        )
-    if not getattr(config, "num_attention_heads", None):
-        raise ModelLoadError(
-            f"{where} without attention heads (a state-space or recurrent model); layerwise reads "
-            f"transformers' layers, whose hidden states it is tested on ({SUPPORTED_PAGE})"
         )

@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..errors import ModelLoadError, OptionError
+from .families import is_decoder_config
+from .final_norm import check_final_norm_honoured, verdict
 from .loading.light import load_light_model
 from .loading.placement import Placement, input_device
 from .loading.source import load_model
@@ -76,6 +78,21 @@ class ModelHandle:
         if self._hf is not None:
             return self._hf
         return self.streamed.skeleton if self.streamed is not None else self._light
+
+    @property
+    def described(self) -> str:
+        """The model as messages name it: ``'t5-small' (a 't5' model)``."""
+        return f"{self.name!r} (a {self.config.model_type!r} model)"
+
+    @property
+    def takes_final_norm(self) -> bool:
+        """Whether ``final_norm`` is an option of this model: a decoder's, or an encoder's whose final
+        norm can be separated (T5's, ModernBERT's, mBART's; final_norm.py). Its records say it."""
+        return is_decoder_config(self.config) or verdict(self.current) == "module"
+
+    def check_final_norm(self, value: Any) -> None:
+        """Refuse, naming this model and why, a ``final_norm`` it cannot honour (final_norm.py)."""
+        check_final_norm_honoured(self.current, value, self.described)
 
     def transformers(self) -> Any:
         """The transformers model (``AutoModel``), built on the first call; listeners hear of it."""

@@ -124,18 +124,11 @@ def info(
 
 
 def _config_of(source: str, name: str, trust_remote_code: bool) -> object:
-    """The config of ``source``, checked as a load checks it (a model that cannot run is refused)."""
-    from transformers import AutoConfig
+    """The config of ``source``, read and checked as a load reads it (source.py): a model that cannot
+    run, or a config that cannot be read, is refused with the same message."""
+    from .._model.loading.source import read_config
 
-    from .._model.families import check_text_transformer
-    from .._model.loading.gguf_files import loader_args
-    from .._model.loading.source import quiet_transformers
-
-    where, extra = loader_args(source)
-    with quiet_transformers(gguf="gguf_file" in extra):
-        config = AutoConfig.from_pretrained(where, **extra, trust_remote_code=trust_remote_code)
-    check_text_transformer(config, name)
-    return config
+    return read_config(source, name, trust_remote_code=trust_remote_code)
 
 
 def _shown(value: object) -> str:

@@ -22,7 +22,7 @@ import numpy as np
 
 from .._engine.call import Call
 from .._inputs.display import token_display
-from .._model.decoders import final_norm_module
+from .._model.final_norm import final_norm_module
 from ..errors import InputError
 
 if TYPE_CHECKING:
@@ -132,9 +132,10 @@ class CausalLMHead:
             if lm_head is None:
                 return None
         cap = getattr(config, "final_logit_softcapping", None)
+        scale = _logit_scale(config)
 
         def head(h: Any) -> Any:
-            logits = lm_head(h)
+            logits = lm_head(h) * scale if scale != 1.0 else lm_head(h)
             return torch.tanh(logits / cap) * cap if cap else logits
 
         vocabulary = encoder.tokenizer.convert_ids_to_tokens(list(range(config.vocab_size)))
@@ -156,6 +157,14 @@ class CausalLMHead:
         with torch.inference_mode():
             x = torch.as_tensor(np.ascontiguousarray(hidden, dtype=np.float32)).to(self.device)
             return self.head(self.norm(x)).float().cpu().numpy()
+
+
+def _logit_scale(config: Any) -> float:
+    """What the causal-LM class multiplies its logits by, as transformers' own forward does: Cohere's
+    ``logit_scale``, Granite's ``1 / logits_scaling``, ``output_multiplier`` (before any soft cap)."""
+    scale = float(getattr(config, "logit_scale", None) or 1.0)
+    scale /= float(getattr(config, "logits_scaling", None) or 1.0)
+    return scale * float(getattr(config, "output_multiplier", None) or 1.0)
 
 
 def _untied_lm_head(encoder: Encoder) -> Any:

@@ -68,7 +68,7 @@ def _checked(settings: Settings, plan: OutputPlan) -> tuple[Settings, OutputPlan
     from transformers import AutoConfig
 
     from .._features.plan import check_final_norm_for
-    from .._model.families import is_decoder_config
+    from .._model.final_norm import config_has_final_norm
     from .._model.loading.gguf_files import loader_args
     from .._model.loading.source import resolve_model_source
 
@@ -90,9 +90,10 @@ def _checked(settings: Settings, plan: OutputPlan) -> tuple[Settings, OutputPlan
     config = AutoConfig.from_pretrained(where, **gguf, **remote)
     n_hidden = int(config.num_hidden_layers) + 1
     plan.hidden_states(n_hidden)
-    decoder = is_decoder_config(config)
-    check_final_norm_for(settings.final_norm, is_decoder=decoder, name=repr(name))  # the Encoders' default
-    plan = plan.with_final_norm(settings.final_norm, is_decoder=decoder)
+    takes = config_has_final_norm(config)
+    described = f"{name!r} (a {config.model_type!r} model)"
+    check_final_norm_for(settings.final_norm, takes=takes, name=described)  # the Encoders' default
+    plan = plan.with_final_norm(settings.final_norm, takes=takes, name=described)
     return settings, plan, name, n_hidden
 
 

@@ -164,13 +164,13 @@ async def info(explorer: Served):
             {
                 "id": name,
                 "n_hidden_states": enc.n_hidden_states,
-                "n_heads": int(enc.models.config.num_attention_heads),
+                "n_heads": int(getattr(enc.models.config, "num_attention_heads", 0) or 0),  # 0: none (Mamba)
                 "hidden_size": enc.hidden_size,
                 "max_length": enc.max_length,
                 "lens": head is not None,
                 "mask_token": enc.tokenizer.mask_token,
                 "decoder": enc.is_decoder,  # its lens reads the next token, no [MASK] needed
-                "final_norm": enc.final_norm if enc.is_decoder else None,  # the views' hidden states
+                "final_norm": enc.final_norm if enc.models.takes_final_norm else None,  # the views' states
                 "reference": "store" if explorer.store_model == enc.name else "sample",
             }
         )

@@ -111,20 +111,18 @@ def check_taps(taps: Sequence[str]) -> tuple[str, ...]:
     return checked
 
 
-def find_layer_list(model: nn.Module, n_layers: int) -> tuple[nn.Module, str, nn.ModuleList]:
-    """The ``nn.ModuleList`` holding the encoder layers, with its owner and attribute name.
+def find_layer_list(model: nn.Module, n_layers: int) -> tuple[nn.Module, str, nn.ModuleList] | None:
+    """The ``nn.ModuleList`` holding the encoder layers, with its owner and attribute name; None
+    where there is none (ALBERT shares one layer across depths). A candidate: the warm-up checks that
+    its outputs are the hidden states (forward/padded.py).
 
-    Found by shape rather than by name so that every BERT-family layout works
-    (``encoder.layer`` for BERT/RoBERTa/ELECTRA/MPNet, ``transformer.layer`` for DistilBERT)."""
+    Found by shape rather than by name so that every layout works (``encoder.layer`` for
+    BERT/RoBERTa/ELECTRA/MPNet, ``transformer.layer`` for DistilBERT, ``layers`` for decoders)."""
     for _name, owner in model.named_modules():
         for attr, child in owner.named_children():
             if isinstance(child, nn.ModuleList) and len(child) == n_layers:
                 return owner, attr, child
-    raise OptionError(
-        f"could not find the list of {n_layers} encoder layers in {type(model).__name__}; "
-        "layerwise reads each layer's output from that list (a model that shares one layer across depths, "
-        "such as ALBERT, has none)"
-    )
+    return None
 
 
 @contextmanager
@@ -152,6 +150,16 @@ def _families_with_taps() -> str:
         f"taps need a family's module names, and layerwise knows those of {known} (docs/models.md); "
         "hidden states need none"
     )
+
+
+def check_family_taps(model_type: str, taps: Sequence[str]) -> None:
+    """Refuse, before any work, a tap ``model_type``'s layers have no module for (OPT's mlp_out,
+    ModernBERT's attn_out), naming the ones they have."""
+    available = tap_paths(model_type)
+    for tap in taps:
+        if tap not in available:
+            has = f"it has {', '.join(available)}" if available else _families_with_taps()
+            raise OptionError(f"tap {tap!r} is not available for model type {model_type!r}; {has}")
 
 
 def tap_module(layer: nn.Module, model_type: str, tap: str) -> nn.Module:

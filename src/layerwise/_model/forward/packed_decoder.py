@@ -248,7 +248,7 @@ class PackedDecoder:
 
     def forward(self, batch: PackedDecoderBatch, layers: Sequence[int]) -> torch.Tensor:
         """Hidden states ``layers`` of the packed batch: ``(len(layers), N, H)``, every one the raw
-        residual stream (the engine applies the final norm a call asks for: decoders.py)."""
+        residual stream (the engine applies the final norm a call asks for: final_norm.py)."""
         return self.forward_with_taps(batch, layers, ())[0]
 
     def forward_with_taps(
@@ -267,8 +267,6 @@ class PackedDecoder:
         with running_packed(run), switched, contextlib.suppress(_Stop):
             self.model(input_ids=batch.ids[None], position_ids=batch.positions[None], **given)
         states, tapped = run.states, run.tapped or {}
-        if not self.causal and n_layers in states:  # an encoder's last state as transformers gives it
-            states[n_layers] = self.model.final_norm(states[n_layers])
         tap_layers = [i for i in layers if i >= 1]
         taps_out = {t: torch.stack([tapped[t][i] for i in tap_layers]) for t in taps if tap_layers}
         return torch.stack([states[i] for i in layers]), taps_out

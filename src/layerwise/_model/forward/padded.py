@@ -4,7 +4,10 @@ _engine/engine.py, picks it)."""
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -12,8 +15,7 @@ from torch import nn
 
 from ..._settings.settings import Method
 from ...errors import ModelLoadError
-from ..decoders import final_norm_known, raw_hidden_states, settle_final_norm
-from ..families import is_decoder_config
+from ..final_norm import final_norm_known, raw_hidden_states, settle_final_norm, settle_from_tie
 from .hooks import HookRecorder, truncated_encoder
 
 
@@ -39,15 +41,33 @@ def collate(
     return batch
 
 
+@dataclass(frozen=True)
+class LayerReading:
+    """How the padded forward reads a model's hidden states, settled at load by :func:`warm_up`.
+
+    ``per_layer``: each layer of ``layers`` (in ``owner.attr``) outputs its hidden state, so a run
+    stops after the deepest layer asked for and hooks read the states. Else every state is read from
+    transformers' ``output_hidden_states`` of a full run, by either method: a model whose one layer
+    runs at every depth (ALBERT), whose layer list is not its layers (XLM's parallel lists) or whose
+    states are changed between layers (Longformer pads them to its window, CPM-Ant).
+    ``exact_padding``: a text's states in a padded batch are its states alone; else a batch holds
+    texts of one length (ConvBERT's convolutions, Nyströmformer's landmarks and YOSO's hashes read the
+    padding)."""
+
+    owner: nn.Module | None
+    attr: str
+    layers: nn.ModuleList | None
+    per_layer: bool
+    exact_padding: bool = True
+
+
 def forward_batch(
     model: nn.Module,
     batch: Mapping[str, torch.Tensor],
     *,
     layers: Sequence[int],
     method: Method,
-    layer_owner: nn.Module,
-    layer_attr: str,
-    layer_list: nn.ModuleList,
+    reading: LayerReading,
     model_type: str,
     taps: Sequence[str] = (),
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -55,21 +75,25 @@ def forward_batch(
 
     Returns hidden states ``(n_layers, B, T, H)`` and taps ``{name: (n_tap_layers, B, ...)}``.
     Hidden state 0 is read at the input of the first layer, so at least one layer always runs.
-    A decoder's states are all the raw residual stream: the engine applies the final norm a call
-    asks for (:func:`apply_final_norm`). The deepest state is its layer's own output (:func:`warm_up`
-    checks that layer outputs are the hidden states): a model cut short may pass the last layer it
-    runs through its final norm (T5's encoder, Falcon, BLOOM do), which a full run does not."""
+    The states are all the raw residual stream, whichever ``method`` reads them: the engine applies
+    the final norm a call asks for (final_norm.py). The deepest state is its layer's own output
+    (:func:`warm_up` checks that layer outputs are the hidden states): a model cut short may pass the
+    last layer it runs through its final norm (T5's encoder, Falcon, BLOOM do), which a full run does
+    not. Where the final norm cannot be separated, the last state is transformers' own, by either
+    method."""
+    if not reading.per_layer:
+        return _whole_run(model, batch, layers), {}
+    assert reading.owner is not None and reading.layers is not None
+    layer_list = reading.layers
     depth = max(1, max(layers))
     tap_layers = [i for i in layers if i >= 1]
     deepest: dict[int, torch.Tensor] = {}
-    # the raw last state is read from its layer unless transformers' own is the one given: an
-    # encoder's at full depth (T5's after its final norm), a decoder whose final norm is unknown
-    own_last = depth == len(layer_list) and (
-        not is_decoder_config(model.config) or not final_norm_known(model)
-    )
+    # the raw last state is read from its layer unless transformers' own is the one given: a model
+    # whose final norm is not known (final_norm.py), at full depth
+    own_last = depth == len(layer_list) and not final_norm_known(model)
     keep = None if own_last else layer_list[depth - 1].register_forward_hook(_keeper(deepest, depth))
     with (
-        truncated_encoder(layer_owner, layer_attr, layer_list, depth),
+        truncated_encoder(reading.owner, reading.attr, layer_list, depth),
         HookRecorder(
             list(layer_list)[:depth],
             hidden=method == "hooks",
@@ -83,7 +107,7 @@ def forward_batch(
             kwargs["output_attentions"] = True
         try:
             with raw_hidden_states(model):
-                output = model(**batch, **kwargs)
+                output = model(**batch, **kwargs, **no_cache(model))
         finally:
             if keep is not None:
                 keep.remove()
@@ -96,15 +120,36 @@ def forward_batch(
             states[depth] = deepest[depth]
     else:
         states = dict(recorder.hidden)
-    # a placed model's states come from each layer's device: gathered where its inputs went
-    placed = is_placed(model)
-    hidden = (
-        gathered(states, layers, batch["input_ids"].device)
-        if placed
-        else torch.stack([states[i] for i in layers])
-    )
+        if own_last:  # the hooks see the raw output; transformers' own last state is the one given
+            states[depth] = output[0]
     tapped = {t: torch.stack([recorder.taps[t][i] for i in tap_layers]) for t in taps if tap_layers}
-    return hidden, tapped
+    return _stacked(model, states, layers, batch), tapped
+
+
+def _whole_run(model: nn.Module, batch: Mapping[str, torch.Tensor], layers: Sequence[int]) -> torch.Tensor:
+    """Every state from transformers' ``output_hidden_states`` of a full run (see LayerReading)."""
+    with raw_hidden_states(model):
+        states = list(model(**batch, output_hidden_states=True, **no_cache(model)).hidden_states)
+    return _stacked(model, states, layers, batch)
+
+
+def _stacked(model: nn.Module, states: Any, layers: Sequence[int], batch: Mapping[str, torch.Tensor]):
+    # a placed model's states come from each layer's device: gathered where its inputs went
+    if is_placed(model):
+        return gathered(states, layers, batch["input_ids"].device)
+    return torch.stack([states[i] for i in layers])
+
+
+def no_cache(model: Any) -> dict[str, bool]:
+    """``use_cache=False`` where the forward takes it: extraction reads every state once, and a
+    hybrid's cache of linear-attention layers (Qwen3-Next, Jamba) fails to build without attention."""
+    model_class: Any = type(model)
+    return {"use_cache": False} if _takes_use_cache(model_class) else {}
+
+
+@functools.cache
+def _takes_use_cache(model_class: Any) -> bool:
+    return "use_cache" in inspect.signature(model_class.forward).parameters
 
 
 def _keeper(kept: dict[int, torch.Tensor], depth: int):
@@ -114,21 +159,26 @@ def _keeper(kept: dict[int, torch.Tensor], depth: int):
     return hook
 
 
-def warm_up(model: Any, ids: list[int], device: torch.device, name: str, layer_list: nn.ModuleList) -> None:
-    """One full-depth forward with ``output_hidden_states`` before any truncated one.
+def warm_up(
+    model: Any, ids: list[int], pad_id: int, device: torch.device, name: str, found: LayerReading
+) -> LayerReading:
+    """One full-depth forward with ``output_hidden_states`` before any truncated one; how the model's
+    states are read from then on (:class:`LayerReading`).
 
     transformers 5 installs its hidden-state capture hooks lazily, on the layers present at the
     first such call; if that call ran on a truncated encoder, later full runs would miss layers.
     It also checks what the forwards rely on, for any architecture: one hidden state per layer plus
-    the embeddings, each layer's output its hidden state (a run cut at a layer reads that output),
-    and for a decoder which final norm gives transformers' last state (decoders.py)."""
+    the embeddings, whether each layer's output is its hidden state (a run cut at a layer reads that
+    output), whether padding leaves a text's states alone, and which final norm gives transformers'
+    last state (final_norm.py)."""
     expected = model.config.num_hidden_layers + 1
     outputs: dict[int, torch.Tensor] = {}
+    layer_list: Sequence[nn.Module] = [] if found.layers is None else list(found.layers)
     hooks = [layer.register_forward_hook(_keeper(outputs, i)) for i, layer in enumerate(layer_list, start=1)]
+    given = torch.tensor([ids], device=device)
     try:
         with torch.inference_mode():
-            given = torch.tensor([ids], device=device)
-            states = model(input_ids=given, output_hidden_states=True).hidden_states
+            states = model(input_ids=given, output_hidden_states=True, **no_cache(model)).hidden_states
     finally:
         for hook in hooks:
             hook.remove()
@@ -137,18 +187,65 @@ def warm_up(model: Any, ids: list[int], device: torch.device, name: str, layer_l
             f"{name!r} returned {len(states)} hidden states, expected {expected} "
             "(embeddings + one per layer); layerwise reads models that return one per layer"
         )
-    for i in range(1, expected - 1):
-        output = outputs[i].to(states[i].device)  # NaN weights are a run's to report (allow_nan), not this
-        if output.shape != states[i].shape or not torch.allclose(
-            output, states[i], rtol=0, atol=0, equal_nan=True
-        ):
-            raise ModelLoadError(
-                f"{name!r} ({model.config.model_type}): the output of layer {i} is not its hidden state "
-                "(the model changes the states between layers), so a run cut at a layer would give "
-                "other numbers than a full one; layerwise cannot read this architecture"
-            )
-    if is_decoder_config(model.config):
+    shapes = [
+        tuple(state.shape) if isinstance(state, torch.Tensor) else type(state).__name__ for state in states
+    ]
+    # OPT-350m projects its last state to the word embeddings' width (project_out), for the head
+    # alone: its residual stream is read at every layer, the last one's too, and said so (docs)
+    projected = _projects_out(model) and len(set(shapes[:-1])) == 1
+    if len(set(shapes)) > 1 and not projected:
+        raise ModelLoadError(
+            f"{name!r} ({model.config.model_type}): its hidden states change shape between layers "
+            f"({' '.join(map(str, shapes))}: Funnel pools the sequence, some models keep several residual "
+            "streams); layerwise reads one state per token at every layer"
+        )
+    per_layer = found.layers is not None and all(
+        i in outputs and _same(outputs[i].to(states[i].device), states[i]) for i in range(1, expected - 1)
+    )
+    if projected:
+        settle_final_norm(model, outputs[expected - 1], outputs[expected - 1])  # none to separate
+    elif per_layer:
         settle_final_norm(model, outputs[expected - 1].to(states[-1].device), states[-1])
+    else:
+        with torch.inference_mode():
+            settle_from_tie(model, given, states[-1], no_cache(model))
+    exact = _exact_padding(model, ids, pad_id, device)
+    return LayerReading(found.owner, found.attr, found.layers, per_layer, exact)
+
+
+def _projects_out(model: Any) -> bool:
+    return getattr(getattr(model, "decoder", model), "project_out", None) is not None
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    # NaN weights are a run's to report (allow_nan), not this check's
+    return a.shape == b.shape and torch.allclose(a, b, rtol=0, atol=0, equal_nan=True)
+
+
+def _exact_padding(model: Any, ids: list[int], pad_id: int, device: torch.device) -> bool:
+    """Whether each text's states in a right-padded batch are its states alone (to 1e-5): texts of
+    2, 7 and 19 tokens (``ids`` and ids of the vocabulary's first rows) in one batch."""
+    vocab = int(getattr(model.config, "vocab_size", 0) or 0) or 16
+    words = [k % vocab for k in range(5, 22)]
+    texts = [ids, [ids[0], *words[:5], ids[-1]], [ids[0], *words, ids[-1]]]
+    width = max(len(t) for t in texts)
+    grid = torch.full((len(texts), width), pad_id, dtype=torch.long, device=device)
+    mask = torch.zeros_like(grid)
+    for row, text in enumerate(texts):
+        grid[row, : len(text)] = torch.tensor(text, device=device)
+        mask[row, : len(text)] = 1
+    with torch.inference_mode(), raw_hidden_states(model):
+        padded = model(input_ids=grid, attention_mask=mask, output_hidden_states=True, **no_cache(model))
+        padded = padded.hidden_states
+        for row, text in enumerate(texts):
+            one = grid[row : row + 1, : len(text)]
+            alone = model(input_ids=one, output_hidden_states=True, **no_cache(model)).hidden_states
+            for p, a in zip(padded, alone, strict=True):
+                if not torch.allclose(
+                    p[row, : len(text)].float(), a[0].float(), rtol=1e-5, atol=1e-5, equal_nan=True
+                ):
+                    return False
+    return True
 
 
 def is_placed(model: Any) -> bool:

@@ -219,14 +219,16 @@ def load_config_and_tokenizer(source: str, name: str, *, trust_remote_code: bool
     return config, tokenizer
 
 
-def _auto_config_and_tokenizer(source: str, name: str, trust_remote_code: bool) -> tuple[Any, Any]:
-    from transformers import AutoConfig, AutoTokenizer
+def read_config(source: str, name: str, *, trust_remote_code: bool = False) -> Any:
+    """transformers' config of ``source``, checked as a load checks it: an unreadable or unknown
+    config, a hub name that cannot be reached, a model that is not a text transformer, or one that
+    needs its own code, is a ModelLoadError naming the fix (``info -m`` and a load say the same)."""
+    from transformers import AutoConfig
 
-    local = Path(source).is_dir()
     where, extra = loader_args(source)
     gguf = "gguf_file" in extra
-    if trust_remote_code:
-        extra = {**extra, "trust_remote_code": True}
+    # said either way: transformers would otherwise ask on the terminal whether to run the code
+    extra = {**extra, "trust_remote_code": trust_remote_code}
     with quiet_transformers(gguf=gguf):
         try:
             config = AutoConfig.from_pretrained(where, **extra)
@@ -234,8 +236,21 @@ def _auto_config_and_tokenizer(source: str, name: str, trust_remote_code: bool) 
             refused = _remote_code_refused(name, exc)
             if refused is not None:
                 raise refused from None
-            raise _not_found(name, exc, local or gguf) from exc
-        check_text_transformer(config, name)
+            raise _not_found(name, exc, Path(source).is_dir() or gguf) from exc
+    check_text_transformer(config, name)
+    return config
+
+
+def _auto_config_and_tokenizer(source: str, name: str, trust_remote_code: bool) -> tuple[Any, Any]:
+    from transformers import AutoTokenizer
+
+    local = Path(source).is_dir()
+    where, extra = loader_args(source)
+    gguf = "gguf_file" in extra
+    if trust_remote_code:
+        extra = {**extra, "trust_remote_code": True}
+    config = read_config(source, name, trust_remote_code=trust_remote_code)
+    with quiet_transformers(gguf=gguf):
         if local and not any((Path(source) / f).is_file() for f in TOKENIZER_FILES):
             # transformers would build an empty tokenizer of five special tokens: every word [UNK]
             raise ModelLoadError(
@@ -270,6 +285,38 @@ def unused_weights(stored: list[str], model_keys: set[str], base_prefix: str) ->
     return sorted(unused)
 
 
+def _missing_weights(model: Any, missing_keys: Any) -> list[str]:
+    """The weights a checkpoint lacks that a run would read as random numbers. Not among them: the
+    pooler (never used); what transformers computes rather than loads (its class's own
+    ``_keys_to_ignore_on_load_missing``: Marian's sinusoidal positions); of an encoder-decoder, the
+    decoder's (only the encoder runs: a ``T5EncoderModel`` checkpoint has none)."""
+    ignored = getattr(type(model), "_keys_to_ignore_on_load_missing", None) or ()
+    base = getattr(model, "base_model_prefix", "") or ""
+    computed = [re.compile(pattern) for pattern in ignored]
+    missing = [
+        k
+        for k in missing_keys
+        if not k.startswith(_OPTIONAL_PREFIXES)
+        and not any(p.search(k) or p.search(f"{base}.{k}") for p in computed)
+    ]
+    if kind_of(model.config) == "encoder-decoder":
+        encoder = {id(t) for t in model.get_encoder().state_dict(keep_vars=True).values()}
+        state = model.state_dict(keep_vars=True)
+        missing = [k for k in missing if k not in state or id(state[k]) in encoder]
+    return sorted(missing)
+
+
+def check_unused(unused: list[str], name: str) -> None:
+    """Refuse weights of the model's own that its config has no place for (in memory and streamed)."""
+    if unused:
+        raise ModelLoadError(
+            f"model {name!r}: {len(unused)} weights of the checkpoint are not used by its config.json and "
+            f"would be ignored: {_listed(unused)}. The config and the weights do not belong together "
+            "(e.g. num_hidden_layers is smaller than the checkpoint's layers): use the config the weights "
+            "were saved with"
+        )
+
+
 def load_model(
     source: str,
     name: str,
@@ -283,8 +330,17 @@ def load_model(
     encoder-decoder (T5, BART), its encoder. ``config``, the one already read, spares a GGUF file a
     second parse (seconds for a 49k-token vocabulary). ``placement``: accelerate's arguments
     (device_map, max_memory, offload_folder, quantization_config: placement.py)."""
-    from transformers import AutoModel
+    from transformers import AutoModel, AutoModelForTextEncoding
+    from transformers.models.auto.modeling_auto import MODEL_FOR_TEXT_ENCODING_MAPPING_NAMES
 
+    # of an encoder-decoder, its encoder alone where transformers has that class (T5EncoderModel): a
+    # decoder would be built only to be dropped, and an encoder-only checkpoint has none
+    encoder_only = kind_of(config) == "encoder-decoder" if config is not None else False
+    auto = (
+        AutoModelForTextEncoding
+        if encoder_only and config.model_type in MODEL_FOR_TEXT_ENCODING_MAPPING_NAMES
+        else AutoModel
+    )
     local = Path(source).is_dir()
     where, extra = loader_args(source)
     if trust_remote_code:
@@ -293,7 +349,7 @@ def load_model(
     known = {"config": copy.deepcopy(config)} if gguf and config is not None else {}
     with quiet_transformers(gguf=gguf):
         try:
-            model, info = AutoModel.from_pretrained(
+            model, info = auto.from_pretrained(
                 where, dtype=dtype, output_loading_info=True, **extra, **known, **(placement or {})
             )
         except Exception as exc:
@@ -314,7 +370,7 @@ def load_model(
                     "layers, vocabulary…); use the config the weights were saved with"
                 ) from exc
             raise _not_found(name, exc, local) from exc
-    missing = sorted(k for k in info.get("missing_keys", ()) if not k.startswith(_OPTIONAL_PREFIXES))
+    missing = _missing_weights(model, info.get("missing_keys", ()))
     if missing:
         unexpected = sorted(info.get("unexpected_keys", ()))
         hint = ""
@@ -329,14 +385,7 @@ def load_model(
         )
     model_keys = set(model.state_dict())
     prefix = f"{model.base_model_prefix}." if getattr(model, "base_model_prefix", "") else ""
-    unused = unused_weights(sorted(info.get("unexpected_keys", ())), model_keys, prefix)
-    if unused:
-        raise ModelLoadError(
-            f"model {name!r}: {len(unused)} weights of the checkpoint are not used by its config.json and "
-            f"would be ignored: {_listed(unused)}. The config and the weights do not belong together "
-            "(e.g. num_hidden_layers is smaller than the checkpoint's layers): use the config the weights "
-            "were saved with"
-        )
+    check_unused(unused_weights(sorted(info.get("unexpected_keys", ())), model_keys, prefix), name)
     mismatched = info.get("mismatched_keys") or []
     if mismatched:
         raise ModelLoadError(
@@ -347,7 +396,9 @@ def load_model(
         # transformers filled them with random numbers: not part of what identifies the weights
         model._layerwise_not_loaded = _OPTIONAL_PREFIXES
     if kind_of(model.config) == "encoder-decoder":  # only the encoder runs: the decoder is dropped
-        model = model.get_encoder()
+        config, model = model.config, model.get_encoder()
+        if getattr(model, "config", None) is None:  # FSMT's encoder keeps none: the model's is its own
+            model.config = config
     return model
 
 
@@ -358,7 +409,9 @@ def usable_max_length(
     default also by ``convention`` (a sentence-transformers model's ``max_seq_length``, so that its
     vectors are the ones it was trained and evaluated with). ``padding_idx``: the embeddings' own
     (MPNet fixes it at 1 whatever the config's pad_token_id says)."""
-    limit = int(getattr(config, "max_position_embeddings", 512))
+    limit = int(getattr(config, "max_position_embeddings", 512) or 512)
+    if limit < 2:  # relative positions and no limit of its own (XLNet's -1): as T5, 512 unless asked
+        limit = 512
     if config.model_type in _OFFSET_POSITIONS:
         offset = padding_idx if padding_idx is not None else getattr(config, "pad_token_id", 1)
         limit -= int(offset or 0) + 1

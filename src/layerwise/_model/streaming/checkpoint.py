@@ -77,6 +77,31 @@ class Checkpoint:
                     out[key] = tensor.to(device)
         return out
 
+    def check_shapes(self, expected: dict[str, torch.Tensor], name: str) -> None:
+        """Refuse, naming the first, a stored tensor whose shape differs from the model's (a config
+        that lies about its width, heads or vocabulary; a transposed weight) or that holds no numbers
+        the model can read (an integer or boolean weight where the model has a floating one), read
+        from the files' headers alone."""
+        from safetensors import safe_open
+
+        for file, keys in self._by_file(expected).items():
+            with _reading(file, self.name), safe_open(str(file), framework="pt") as handle:
+                for key in keys:
+                    stored = handle.get_slice(key)
+                    shape, kind = tuple(stored.get_shape()), str(stored.get_dtype())
+                    want = expected[key]
+                    if shape != tuple(want.shape):
+                        raise ModelLoadError(
+                            f"model {name!r}: {key!r} in {file.name} has the shape {shape}, and its "
+                            f"config.json makes it {tuple(want.shape)}; the config and the weights do not "
+                            "belong together: use the config the weights were saved with"
+                        )
+                    if want.is_floating_point() and not kind.startswith(("F", "BF")):
+                        raise ModelLoadError(
+                            f"model {name!r}: {key!r} in {file.name} holds {kind} numbers, where the model "
+                            "reads floating-point weights; the checkpoint is damaged: download it again"
+                        )
+
     def element_count(self) -> int:
         """How many numbers the checkpoint holds, from the files' headers alone (no tensor is read)."""
         from safetensors import safe_open

@@ -5,8 +5,8 @@ between layers, as the BERT encoders'; each layer runs it as a batch of one. The
 word table, with learned positions where the family has them (GPT-2's ``wpe``, OPT's
 ``embed_positions``, which adds its offset of 2 itself) or ModernBERT's embedding norm; rotary
 positions are computed once per batch from the model's ``rotary_emb`` (one per layer type for
-Gemma 3 and ModernBERT). ModernBERT's last hidden state is through its final norm, as transformers
-returns it; a decoder's stays raw (the engine applies the final norm a call asks for)."""
+Gemma 3 and ModernBERT). Every state stays raw: the engine applies the final norm a call asks for
+(final_norm.py)."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from typing import Any
 import torch
 
 from ...errors import ModelLoadError
-from ..decoders import final_norm_module
 from ..families import is_decoder_config
+from ..final_norm import final_norm_module
 from ..forward.packed_decoder import (
     ATTENTION,
     PackedRun,
@@ -46,7 +46,7 @@ class StreamedDecoder(StreamedModel):
         layers = decoder_layers(skeleton)
         prefix = _prefix(skeleton, layers, checkpoint.names(), name)
         words = skeleton.get_input_embeddings()
-        self.causal = is_decoder_config(config)  # else ModernBERT: attention both ways, its norm on state L
+        self.causal = is_decoder_config(config)  # else ModernBERT: attention both ways
         # ModernBERT's embeddings module norms the words it looks up: read and run whole
         self._embeddings = None if self.causal else skeleton.embeddings
         inner = getattr(skeleton, "decoder", skeleton)  # OPT keeps its parts under ``decoder``
@@ -69,7 +69,8 @@ class StreamedDecoder(StreamedModel):
         types = getattr(config, "layer_types", None) if per_type else None
         self._rotary = rotary is not None
         self._layer_types, self.rotary_kinds = types, len(set(types or [None])) if self._rotary else 0
-        final_norm = [prefix + n for n in unit_names(skeleton, [final_norm_module(skeleton)])]
+        found = final_norm_module(skeleton)  # None: no final norm (OPT with do_layer_norm_before=False)
+        final_norm = [] if found is None else [prefix + n for n in unit_names(skeleton, [found])]
         norm = checkpoint.read(final_norm, dtype, device)
         skeleton.load_state_dict({k[len(prefix) :]: v for k, v in norm.items()}, strict=False, assign=True)
         self.layers = list(layers)
@@ -111,8 +112,6 @@ class StreamedDecoder(StreamedModel):
     def layer_step(self, depth: int) -> Step:
         layer = self.layers[depth - 1]
         kind = None if self._layer_types is None else self._layer_types[depth - 1]
-        normed = not self.causal and depth == len(self.layers)  # ModernBERT's state L, as transformers'
-        norm = final_norm_module(self.skeleton) if normed else None
 
         def step(hidden: torch.Tensor, batch: Any, rotary: Any) -> torch.Tensor:
             rotary = rotary if kind is None else rotary[kind]
@@ -121,7 +120,7 @@ class StreamedDecoder(StreamedModel):
                 given["use_cache"] = False
             with running_packed(PackedRun(batch.groups)):  # this thread's grids
                 out = layer(hidden[None], attention_mask=None, position_ids=batch.positions[None], **given)
-            return out[0] if norm is None else norm(out[0])
+            return out[0]
 
         return step
 

@@ -46,7 +46,16 @@ def load_streamed(
 
 
 def _complete(model: StreamedModel, name: str) -> StreamedModel:
-    """``model``, once its checkpoint is known to hold every weight its units read (else a named
-    refusal now, not a KeyError midway through a run)."""
+    """``model``, once its checkpoint is known to hold every weight its units read, each of the shape
+    and kind its config says, and no weight of the model's own that its config has no place for (a
+    layer more than ``num_hidden_layers``): else a named refusal now, as the in-memory load refuses,
+    not a wrong model or a raw error midway through a run."""
+    from ..loading.source import check_unused, unused_weights
+
     missing_weights(model.checkpoint, model.stored_names(), name)
+    local = set(model.skeleton.state_dict())
+    check_unused(unused_weights(sorted(model.checkpoint.names()), local, model.prefix), name)
+    if isinstance(model.checkpoint, Checkpoint):  # a GGUF file's tensors are checked as they de-quantise
+        expected = {model.prefix + k: v for k, v in model.skeleton.state_dict().items()}
+        model.checkpoint.check_shapes({k: expected[k] for k in model.stored_names()}, name)
     return model

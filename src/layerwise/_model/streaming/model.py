@@ -65,6 +65,11 @@ class StreamedModel(ABC):
         # the word embeddings are read by row, only the block's token ids (a 128k-token vocabulary
         # outweighs a layer); the batches' ids are renumbered into that small table
         self.words, self._words_shape = words, tuple(words.get_parameter("weight").shape)
+        # the block's table holds its own rows only: a padding index past them (a pad id at the end
+        # of the vocabulary: OLMo 2, Phi-3, ModernBERT) fails F.embedding's check. It only keeps the
+        # pad row's gradient at zero, never changes a forward, and the skeleton is ours
+        if isinstance(words, nn.Embedding):
+            words.padding_idx = None
         self._words_name = unit_names(skeleton, [words])[0]
         self._names[0].remove(self._words_name)
         self._reader = ThreadPoolExecutor(1, thread_name_prefix="layerwise-weights")

@@ -22,6 +22,9 @@ def check_streamable(config: Any, name: str) -> None:
 
     # on its own modules (decoder.py), else the light model's (encoder.py, light.py)
     reason = unpackable_decoder(config) if runs_on_modules(config) else light_unsupported(config)
+    projected = getattr(config, "word_embed_proj_dim", None) not in (None, config.hidden_size)
+    if reason is None and config.model_type == "opt" and projected:
+        reason = "its embeddings projected to another width (project_in, as OPT-350m)"
     if reason is not None:
         detail = "" if reason.startswith("model type") else f" with {reason}"
         raise ModelLoadError(

@@ -1,0 +1,221 @@
+"""Every text model type transformers has a masked-LM, causal-LM or sequence-to-sequence head for,
+built tiny and random from its config class with generic small settings, saved with a tokenizer of
+ours: the sweep (tests/test_sweep.py, benchmarks/hostile_families.py) loads each with layerwise and
+compares it with transformers' own ``output_hidden_states``.
+
+A type whose config class or model transformers cannot build with these settings (a required field
+without a default, a size that must divide another, a model over :data:`MAX_PARAMETERS` because some
+size is not one of the generic fields) is skipped, and the sweep says how many.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+HEADS = {
+    "seq2seq": "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES",
+    "masked": "MODEL_FOR_MASKED_LM_MAPPING_NAMES",
+    "causal": "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES",
+}
+# generic small settings: each set where the config class has the field (under its own name or an alias)
+SMALL: dict[str, Any] = dict(
+    hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=64,
+    max_position_embeddings=128, head_dim=8, embedding_size=32, d_model=32, d_ff=64, d_kv=8, num_layers=2,
+    num_heads=4, num_decoder_layers=2, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+    decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, ffn_dim=64, moe_intermediate_size=32,
+    shared_expert_intermediate_size=32, num_experts=4, num_local_experts=4, n_routed_experts=4,
+    num_experts_per_tok=2, n_shared_experts=1, first_k_dense_replace=1, kv_lora_rank=16, q_lora_rank=16,
+    qk_rope_head_dim=4, qk_nope_head_dim=4, v_head_dim=8, word_embed_proj_dim=32, n_positions=128,
+    rotary_dim=4, max_seq_len=128, seq_length=128, type_vocab_size=2,
+)  # fmt: skip
+MAX_PARAMETERS = 4_000_000
+
+
+def type_head(model_type: str) -> str | None:
+    """The head a type is built with: seq2seq before masked before causal (BART has all three)."""
+    from transformers.models.auto import modeling_auto
+
+    for head, mapping in HEADS.items():
+        if model_type in getattr(modeling_auto, mapping):
+            return head
+    return None
+
+
+def swept_types() -> list[str]:
+    """The types of transformers' masked-LM, causal-LM and seq2seq mappings, sorted."""
+    from transformers.models.auto import modeling_auto
+
+    return sorted({t for m in HEADS.values() for t in getattr(modeling_auto, m)})
+
+
+def tokenizer_for(head: str):
+    from tokenizer_kinds import byte_level
+
+    return byte_level("neox" if head == "causal" else "bart")
+
+
+class Unbuildable(Exception):
+    """transformers cannot build this type with the generic settings (a skip, never a failure)."""
+
+
+def small_config(model_type: str, tokenizer: Any) -> Any:
+    from transformers import CONFIG_MAPPING
+
+    config_class = CONFIG_MAPPING[model_type]
+    try:
+        defaults = config_class()
+    except Exception as exc:
+        raise Unbuildable(f"its config class has no defaults: {type(exc).__name__}: {exc}") from exc
+    aliases = getattr(config_class, "attribute_map", {})
+    given = {aliases.get(k, k): v for k, v in SMALL.items() if _settable(defaults, k)}
+    if _settable(defaults, "kv_lora_rank"):  # multi-head latent attention: as many key heads as queries
+        given[aliases.get("num_key_value_heads", "num_key_value_heads")] = SMALL["num_attention_heads"]
+    given["vocab_size"] = len(tokenizer)
+    for special in ("pad", "bos", "eos", "cls", "sep", "mask", "decoder_start"):
+        token_id = getattr(tokenizer, f"{special}_token_id", None)
+        if special == "decoder_start":
+            token_id = tokenizer.pad_token_id
+        if token_id is not None and hasattr(defaults, f"{special}_token_id"):
+            given[f"{special}_token_id"] = token_id
+    try:
+        return config_class(**given)
+    except Exception as exc:
+        raise Unbuildable(f"its config refuses the generic settings: {type(exc).__name__}: {exc}") from exc
+
+
+def _settable(config: Any, field: str) -> bool:
+    """Whether ``config`` has ``field`` as a value of its own (not a derived property, nor a
+    per-layer value that transformers refuses to read globally)."""
+    if isinstance(getattr(type(config), field, None), property):
+        return False
+    try:
+        return hasattr(config, field)
+    except Exception:
+        return False
+
+
+def save_swept(model_type: str, folder: Path, seed: int = 0) -> Path:
+    """A tiny random ``model_type`` with its head, saved with a tokenizer; raises Unbuildable."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoModelForSeq2SeqLM
+
+    head = type_head(model_type)
+    if head is None:
+        raise Unbuildable("no text head")
+    tokenizer = tokenizer_for(head)
+    config = small_config(model_type, tokenizer)
+    auto = {"causal": AutoModelForCausalLM, "masked": AutoModelForMaskedLM, "seq2seq": AutoModelForSeq2SeqLM}
+    try:
+        with torch.device("meta"):
+            skeleton = auto[head].from_config(config)
+        n = sum(p.numel() for p in skeleton.parameters())
+    except Exception as exc:
+        raise Unbuildable(f"transformers cannot build it: {type(exc).__name__}: {exc}") from exc
+    if n > MAX_PARAMETERS:
+        raise Unbuildable(f"{n:,} parameters with the generic settings (some size is not among them)")
+    torch.manual_seed(seed)
+    try:
+        model = auto[head].from_config(config)
+    except Exception as exc:
+        raise Unbuildable(f"transformers cannot build it: {type(exc).__name__}: {exc}") from exc
+    with torch.no_grad():  # norms start at 0 or 1 exactly: make them matter
+        for name, parameter in model.named_parameters():
+            if "norm" in name.lower() or "ln_" in name:
+                parameter.add_(torch.randn_like(parameter) * 0.1)
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def reference_states(folder: Path, texts: list[str]) -> list[Any]:
+    """transformers' own hidden states of each text alone (no padding): ``(L + 1, n, H)`` each."""
+    import inspect
+
+    import torch
+    from transformers import AutoModel, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    model = AutoModel.from_pretrained(folder).eval()
+    if model.config.is_encoder_decoder:
+        model = model.get_encoder()
+    out = []
+    with torch.no_grad():
+        for text in texts:
+            ids = tokenizer(text, return_tensors="pt", return_token_type_ids=False)["input_ids"]
+            given = {"use_cache": False} if "use_cache" in inspect.signature(model.forward).parameters else {}
+            states = model(input_ids=ids, output_hidden_states=True, **given).hidden_states
+            out.append(torch.stack(states)[:, 0].float().numpy())
+    return out
+
+
+TEXTS = ["The bank raised rates.", "A much longer sentence about the river bank, and the fish.", "Hi"]
+# why layerwise refuses a type, each a reason that holds: the words its message says it with
+REFUSALS = {
+    "not text": "does not read text",
+    "multimodal": "multimodal model",
+    "no model class": "has no base model class",
+    "not one state per layer": "hidden states, expected",
+    "states change shape": "change shape between layers",
+    "needs a language": "language adapter",
+    "no length limit": "no sequence length limit",
+}
+
+
+def _refusal(message: str) -> str | None:
+    return next((kind for kind, words in REFUSALS.items() if words in message), None)
+
+
+def sweep_one(model_type: str, folder: Path, texts: list[str] = TEXTS) -> dict[str, Any]:
+    """One type through the sweep: ``{"type", "outcome", ...}``, the outcome one of ``equal`` (every
+    hidden state of every text equals transformers' to 1e-5 of its scale, by both methods),
+    ``refused`` (with the listed ``reason``), ``skipped`` (transformers cannot build or run it with
+    the generic settings: ``why``) or ``wrong``/``unlisted`` (a failure: ``why``)."""
+    import numpy as np
+
+    import layerwise as lw
+    from layerwise._model.families import check_text_transformer
+
+    out: dict[str, Any] = {"type": model_type}
+    head = type_head(model_type)
+    try:
+        tokenizer = tokenizer_for(head or "causal")
+        config = small_config(model_type, tokenizer)
+    except Unbuildable as exc:
+        return {**out, "outcome": "skipped", "why": str(exc)[:200]}
+    try:
+        check_text_transformer(config, model_type)
+    except lw.ModelLoadError:  # refused from its config alone: the load must say the same, reading no weight
+        folder.mkdir(parents=True, exist_ok=True)
+        config.save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+    else:
+        try:
+            save_swept(model_type, folder)
+        except Unbuildable as exc:
+            return {**out, "outcome": "skipped", "why": str(exc)[:200]}
+    try:
+        encoder = lw.Encoder(str(folder), device="cpu")
+    except (lw.ModelLoadError, lw.OptionError) as exc:
+        reason = _refusal(str(exc))
+        outcome = "refused" if reason else "unlisted"
+        return {**out, "outcome": outcome, "reason": reason, "why": str(exc)[:300]}
+    try:
+        expected = reference_states(folder, texts)
+    except Exception as exc:
+        return {**out, "outcome": "skipped", "why": f"transformers cannot run it: {type(exc).__name__}"}
+    out["path"] = encoder.run_path
+    for method in ("hidden_states", "hooks"):
+        stacks = encoder.extract(texts, layers="all", method=method)
+        for stack, want in zip(stacks, expected, strict=True):
+            if stack.hidden.shape != want.shape:
+                return {
+                    **out,
+                    "outcome": "wrong",
+                    "why": f"{method}: shape {stack.hidden.shape} != {want.shape}",
+                }
+            scale = max(1.0, float(np.abs(want).max()))
+            error = float(np.abs(stack.hidden - want).max()) / scale
+            if not error <= 1e-5:
+                return {**out, "outcome": "wrong", "why": f"{method}: {error:.2e} of the states' scale"}
+    return {**out, "outcome": "equal"}
