@@ -74,23 +74,26 @@ def test_hooks_and_hidden_states_give_one_truth_and_final_norm_false_is_the_raw_
 
 def test_final_norm_all_on_a_model_without_one_names_the_family(family_folder):
     bart = lw.Encoder(family_folder("bart"), device="cpu")
-    with pytest.raises(OptionError, match=r"'bart' model\), has none"):
+    with pytest.raises(OptionError, match=r"'bart' model\) has none"):
         bart.extract("a text", final_norm="all")
     assert bart.run_meta(lw.OutputPlan())["final_norm"] is None
     same = bart.extract("a text", layers="all", final_norm=False).hidden
     np.testing.assert_array_equal(same, bart.extract("a text", layers="all").hidden)
 
 
-def test_the_logit_lens_scales_logits_as_the_model_does(family_folder):
+def test_the_logit_lens_scales_logits_as_the_model_does(family_folder, tmp_path):
     """#81 item 3: Granite divides its logits by logits_scaling (Cohere multiplies by logit_scale)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from layerwise.explore._lens import CausalLMHead, _logit_scale
 
-    folder = family_folder("granite")
+    folder = tmp_path / "granite"
+    shutil.copytree(family_folder("granite"), folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "logits_scaling": 4.0}))
     encoder = lw.Encoder(folder, device="cpu")
     head = CausalLMHead.load(encoder)
-    assert head is not None and encoder.config.logits_scaling != 1
+    assert head is not None
     model = AutoModelForCausalLM.from_pretrained(folder).eval()
     ids = AutoTokenizer.from_pretrained(folder)("The bank raised", return_tensors="pt")["input_ids"]
     with torch.no_grad():
@@ -257,8 +260,12 @@ def test_streamed_weights_that_do_not_fit_the_config_are_named(damage, says, fam
 )
 def test_info_m_refuses_a_bad_config_as_extract_does(config_text, says, tmp_path):
     """#81 item 11: a traceback before."""
-    (tmp_path / "config.json").write_text(config_text)
-    for command in (["info", "-m", str(tmp_path)], ["extract", "a text", "-m", str(tmp_path), "-o", "x.npz"]):
+    model, text = tmp_path / "m", tmp_path / "t.txt"
+    model.mkdir()
+    (model / "config.json").write_text(config_text)
+    text.write_text("a text\n")
+    out = str(tmp_path / "x.npz")
+    for command in (["info", "-m", str(model)], ["extract", str(text), "-m", str(model), "-o", out]):
         result = CliRunner().invoke(app, command)
         assert result.exit_code == 2 and says in result.output, result.output
         assert "Traceback" not in result.output
