@@ -128,6 +128,24 @@ def save_swept(model_type: str, folder: Path, seed: int = 0) -> Path:
     return folder
 
 
+def runs_padded(folder: Path, texts: list[str]) -> bool:
+    """Whether transformers runs ``texts`` as one right-padded batch of the model in ``folder``."""
+    import torch
+    from transformers import AutoModel, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    model = AutoModel.from_pretrained(folder).eval()
+    model = model.get_encoder() if model.config.is_encoder_decoder else model
+    tokenizer.pad_token = tokenizer.pad_token or tokenizer.eos_token
+    batch = tokenizer(texts, return_tensors="pt", padding=True, return_token_type_ids=False)
+    try:
+        with torch.no_grad():
+            model(**batch, output_hidden_states=True, use_cache=False)
+    except Exception:
+        return False
+    return True
+
+
 def reference_states(folder: Path, texts: list[str]) -> list[Any]:
     """transformers' own hidden states of each text alone (no padding): ``(L + 1, n, H)`` each."""
     import inspect
@@ -158,7 +176,7 @@ REFUSALS = {
     "not one state per layer": "hidden states, expected",
     "states change shape": "change shape between layers",
     "needs a language": "language adapter",
-    "no length limit": "no sequence length limit",
+    "missing weights": "weights are missing from the checkpoint",
 }
 
 
@@ -200,13 +218,22 @@ def sweep_one(model_type: str, folder: Path, texts: list[str] = TEXTS) -> dict[s
         reason = _refusal(str(exc))
         outcome = "refused" if reason else "unlisted"
         return {**out, "outcome": outcome, "reason": reason, "why": str(exc)[:300]}
+    except Exception as exc:
+        if not runs_padded(folder, texts):  # transformers' own padded batch fails too
+            return {**out, "outcome": "skipped", "why": f"transformers cannot run a padded batch: {exc}"}
+        raise
     try:
         expected = reference_states(folder, texts)
     except Exception as exc:
         return {**out, "outcome": "skipped", "why": f"transformers cannot run it: {type(exc).__name__}"}
     out["path"] = encoder.run_path
     for method in ("hidden_states", "hooks"):
-        stacks = encoder.extract(texts, layers="all", method=method)
+        try:
+            stacks = encoder.extract(texts, layers="all", method=method)
+        except Exception as exc:
+            if not runs_padded(folder, texts):  # transformers' own padded batch fails the same way
+                return {**out, "outcome": "skipped", "why": f"transformers cannot run a padded batch: {exc}"}
+            raise
         for stack, want in zip(stacks, expected, strict=True):
             if stack.hidden.shape != want.shape:
                 return {

@@ -364,7 +364,7 @@ def test_cache_final_norm_on_an_encoder_is_refused(tmp_path, model):
     (tmp_path / "t.txt").write_text("a b c d e f g h i j k l m n o p q r s t u v w x y z\n" * 20)
     result = cli("cache", tmp_path / "t.txt", "-o", tmp_path / "acts", "--model", model, "--final-norm",
                  "last", "--context", "8", "--tokens", "64")  # fmt: skip
-    assert result.exit_code == 2 and "is an encoder (BERT family), which has none" in result.output
+    assert result.exit_code == 2 and "model) has none (its last hidden state is its last" in result.output
     assert not (tmp_path / "acts").exists()
 
 

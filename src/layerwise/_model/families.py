@@ -113,6 +113,11 @@ def check_text_transformer(config: Any, name: str) -> None:
             "text transformers. Save its language model alone (model.language_model.save_pretrained) "
             f"and pass that folder ({SUPPORTED_PAGE})"
         )
+    if model_type == "funnel":
+        raise ModelLoadError(
+            f"{where}: its hidden states change shape between layers (Funnel pools the sequence between its "
+            f"blocks); layerwise reads one state per token at every layer ({SUPPORTED_PAGE})"
+        )
     if model_type == "xmod" and not getattr(config, "default_language", None):
         raise ModelLoadError(
             f"{where}: X-MOD runs each text through the language adapter of its language, and its "

@@ -10,6 +10,7 @@ from typing import Any
 from .._host.cpu import bf16_units, cpu_flags, cpu_name, fp16_units, usable_cores, vector_units
 from ..errors import ModelLoadError
 from .families import kind_of
+from .final_norm import config_has_final_norm
 from .forward.hooks import tap_paths
 from .forward.packed import unpackable
 from .forward.packed_decoder import PACKED_TAPS, runs_on_modules, unpackable_decoder
@@ -35,11 +36,10 @@ def describe(config: Any) -> dict[str, Any]:
         final_norm = "found by name and checked against transformers at load"
         if why_not is None:
             final_norm = "yes: final_norm True, False or 'all'"
+    elif config_has_final_norm(config):  # T5's, ModernBERT's, mBART's
+        final_norm = "yes: final_norm True, False or 'all' (checked against transformers at load)"
     else:
-        final_norm = (
-            "not an encoder's option: states as transformers returns them (T5's and ModernBERT's last "
-            "after their own norm)"
-        )
+        final_norm = "none: the last state is the last layer's output (final_norm='all' is refused)"
     return {
         "model_type": model_type,
         "kind": "encoder of an encoder-decoder" if kind == "encoder-decoder" else kind,
