@@ -17,7 +17,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
-import itertools
 import logging
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import nullcontext
@@ -27,29 +26,28 @@ import numpy as np
 import torch
 
 from .._host.progress import progress_bar
-from .._inputs.batches import length_sorted_batches
+from .._inputs.batches import length_sorted_batches, one_length_batches
 from .._inputs.block import EncodedBlock, EncodedInput, TokenColumns
-from .._inputs.windows import Window, plan_windows
+from .._inputs.windows import Window
 from .._model.families import is_decoder_config
 from .._model.final_norm import apply_final_norm
 from .._model.forward.concurrent import ForwardLock, ForwardPool, check_streams
-from .._model.forward.hooks import eager_attention_for, find_layer_list
+from .._model.forward.hooks import eager_attention_for
 from .._model.forward.packed import PackedEncoder
 from .._model.forward.packed_decoder import PACKED_TAPS, PackedDecoder, packed_forward
-from .._model.forward.padded import LayerReading, collate, forward_batch, warm_up
+from .._model.forward.padded import collate, forward_batch, settle_reading
 from .._model.forward.sdpa import attention_kernels
 from .._model.handle import ModelHandle
 from .._model.streaming.forward import StreamedForward
 from .._model.streaming.plan import StreamPlan
 from .._results import LayerStack
 from .._settings.settings import FinalNorm, Method, Settings
-from ..errors import OptionError
 from .blocks import BlockRunner
 from .call import Call
 from .host_copy import RESULT_DTYPES, HostCopy
 from .packed_runs import PackedRunner
 from .rows import Rows, block_stacks, check_overflow, nonfinite_error, split_rows, warn_nonfinite
-from .units import Units, unit_jobs, unit_stacks
+from .units import planned_units, unit_jobs, unit_stacks
 
 logger = logging.getLogger("layerwise")
 Key = TypeVar("Key")
@@ -137,11 +135,8 @@ class Engine:
         """The transformers model exists: find its layers, warm it up, and run the packed forward on
         its own modules from now on (weights edited through it are then the weights of every path)."""
         with self.lock.exclusive():
-            found = find_layer_list(model, model.config.num_hidden_layers)
-            candidate = LayerReading(None, "", None, False) if found is None else LayerReading(*found, True)
-            self.reading = warm_up(
-                model, self._warm_up_ids, self.pad_id, self.device, self.models.name, candidate
-            )
+            ids, name = self._warm_up_ids, self.models.name
+            self.reading = settle_reading(model, ids, self.pad_id, self.device, name)
             if self.packed is not None:  # a packed forward on the new modules (one, as before)
                 forward = packed_forward(model)
                 self.runner = None if forward is None else self._packed_runner(forward, model)
@@ -153,7 +148,7 @@ class Engine:
         forward: ``(input index, LayerStack)`` as batches finish. Units and batches are planned now
         (so bad input fails here) and run lazily."""
         call.check_batching()
-        planned = self._units(encoded, call)
+        planned = planned_units(encoded, call, self.max_length, causal=self.causal)
         packed = self.runs_packed(call.method, call.taps)
         batches = self.plan_batches([len(u) for u in planned.units], call, packed)
         if not (packed and not planned.n_windows and not call.taps):
@@ -161,28 +156,6 @@ class Engine:
         rows = self._batch_rows(unit_jobs(planned.units, batches, packed), call, packed=packed)
         quiet = progress is None and len(batches) <= 1
         return unit_stacks(planned, rows, call, allow_nan=self.allow_nan, quiet=quiet, progress=progress)
-
-    def _units(self, encoded: list[EncodedInput], call: Call) -> Units:
-        """Each input as it is, or its windows when it is longer than ``max_length``."""
-        units: list[EncodedInput | Window] = []
-        owners: list[tuple[int, int]] = []  # per unit: (input index, window number or -1)
-        n_windows: dict[int, int] = {}
-        for item in encoded:
-            if len(item) <= self.max_length:
-                units.append(item)
-                owners.append((item.index, -1))
-                continue
-            if "attention_probs" in call.taps:
-                raise OptionError(
-                    f"attention_probs cannot be stitched across windows (input {item.index} has "
-                    f"{len(item)} tokens > {self.max_length}); use long_texts='truncate' for attention maps"
-                )
-            windows = plan_windows(item, self.max_length, call.stride, causal=self.causal)
-            n_windows[item.index] = len(windows)
-            for k, window in enumerate(windows):
-                units.append(window)
-                owners.append((item.index, k))
-        return Units(encoded, units, owners, n_windows)
 
     def blockwise(self, call: Call) -> bool:
         """Whether ``call`` runs on :meth:`run_blocks`: the packed forward, no taps, no windows."""
@@ -261,16 +234,13 @@ class Engine:
         batches = length_sorted_batches(
             lengths, call.batch_size or self.batch_size, budget, padded=not packed
         )
-        if packed or self.exact_padding:
-            return batches
-        # padding changes this model's states (forward/padded.py): a batch holds texts of one length
-        return [list(same) for b in batches for _, same in itertools.groupby(b, key=lambda i: lengths[i])]
+        return batches if packed else self._as_padded(batches, lengths)
 
-    @property
-    def exact_padding(self) -> bool:
-        """Whether a text's states in a padded batch are its states alone (settled at warm-up)."""
-        self.models.transformers()  # built and warmed up before its padded batches are planned
-        return self.reading.exact_padding
+    def _as_padded(self, batches: list[list[int]], lengths: list[int]) -> list[list[int]]:
+        """Padded batches as this model takes them: of one length each where padding changes its
+        states (forward/padded.py)."""
+        self.models.transformers()  # built and warmed up: its reading settled
+        return batches if self.reading.exact_padding else one_length_batches(batches, lengths)
 
     def forward_units(
         self,
@@ -286,6 +256,7 @@ class Engine:
         call = Call(layers, "hidden_states" if packed else "hooks", taps, final_norm=final_norm)
         lengths = [len(u) for u in units]
         batches = length_sorted_batches(lengths, self.batch_size, self.max_tokens, padded=not packed)
+        batches = batches if packed else self._as_padded(batches, lengths)
         return self._batch_rows(unit_jobs(list(units), batches, packed), call, packed=packed)
 
     def _batch_rows(

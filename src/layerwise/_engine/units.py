@@ -13,8 +13,9 @@ import numpy as np
 
 from .._host.progress import progress_bar
 from .._inputs.block import EncodedInput, TokenColumns
-from .._inputs.windows import Window
+from .._inputs.windows import Window, plan_windows
 from .._results import LayerStack
+from ..errors import OptionError
 from .call import Call
 from .rows import Rows, check_overflow, make_stack, nonfinite_error, stitch_stack, warn_nonfinite
 
@@ -28,6 +29,30 @@ class Units:
     units: list[EncodedInput | Window]
     owners: list[tuple[int, int]]
     n_windows: dict[int, int]
+
+
+def planned_units(encoded: list[EncodedInput], call: Call, max_length: int, *, causal: bool) -> Units:
+    """Each input as it is, or its windows when it is longer than ``max_length`` (a causal model's
+    keep each token's left context: _inputs/windows.py)."""
+    units: list[EncodedInput | Window] = []
+    owners: list[tuple[int, int]] = []  # per unit: (input index, window number or -1)
+    n_windows: dict[int, int] = {}
+    for item in encoded:
+        if len(item) <= max_length:
+            units.append(item)
+            owners.append((item.index, -1))
+            continue
+        if "attention_probs" in call.taps:
+            raise OptionError(
+                f"attention_probs cannot be stitched across windows (input {item.index} has "
+                f"{len(item)} tokens > {max_length}); use long_texts='truncate' for attention maps"
+            )
+        windows = plan_windows(item, max_length, call.stride, causal=causal)
+        n_windows[item.index] = len(windows)
+        for k, window in enumerate(windows):
+            units.append(window)
+            owners.append((item.index, k))
+    return Units(encoded, units, owners, n_windows)
 
 
 def unit_jobs(

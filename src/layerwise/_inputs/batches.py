@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -23,6 +24,12 @@ class TokenUnit:
 
     def __len__(self) -> int:
         return len(self.ids)
+
+
+def one_length_batches(batches: list[list[int]], lengths: Sequence[int]) -> list[list[int]]:
+    """``batches`` (length-sorted) split so that each holds items of one length: for a model whose
+    states padding changes (ConvBERT, YOSO: _model/forward/padded.py)."""
+    return [list(same) for batch in batches for _, same in itertools.groupby(batch, key=lambda i: lengths[i])]
 
 
 def length_sorted_batches(

@@ -16,7 +16,7 @@ from torch import nn
 from ..._settings.settings import Method
 from ...errors import ModelLoadError
 from ..final_norm import final_norm_known, raw_hidden_states, settle_final_norm, settle_from_tie
-from .hooks import HookRecorder, truncated_encoder
+from .hooks import HookRecorder, find_layer_list, truncated_encoder
 
 
 def collate(
@@ -157,6 +157,14 @@ def _keeper(kept: dict[int, torch.Tensor], depth: int):
         kept[depth] = output[0] if isinstance(output, tuple | list) else output
 
     return hook
+
+
+def settle_reading(model: Any, ids: list[int], pad_id: int, device: torch.device, name: str) -> LayerReading:
+    """How ``model``'s states are read (:class:`LayerReading`): its layer list found by shape, then
+    checked by :func:`warm_up`."""
+    found = find_layer_list(model, model.config.num_hidden_layers)
+    candidate = LayerReading(None, "", None, False) if found is None else LayerReading(*found, True)
+    return warm_up(model, ids, pad_id, device, name, candidate)
 
 
 def warm_up(

@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..forward.packed import unpackable
-from .source import unused_weights
+from .weights_checks import unused_weights
 
 logger = logging.getLogger("layerwise")
 

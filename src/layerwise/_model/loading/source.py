@@ -24,6 +24,7 @@ from ..families import check_text_transformer, kind_of
 from .gguf_files import gguf_loading, loader_args
 from .plain import read_plain
 from .tokenizer_checks import check_tokenizer_files_agree, check_tokenizer_fits
+from .weights_checks import OPTIONAL_PREFIXES, check_loading_info
 
 logger = logging.getLogger("layerwise")
 
@@ -31,8 +32,6 @@ DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 # Models whose position ids start after the padding index (RoBERTa-style), so that
 # max_position_embeddings overstates the usable length by pad_token_id + 1.
 _OFFSET_POSITIONS = {"roberta", "xlm-roberta", "camembert", "mpnet"}
-# Weights a checkpoint may lack without changing any hidden state.
-_OPTIONAL_PREFIXES = ("pooler.",)
 # Files one of which holds a tokenizer's vocabulary (fast tokenizer, WordPiece, BPE, SentencePiece).
 TOKENIZER_FILES = (
     "tokenizer.json",
@@ -42,8 +41,6 @@ TOKENIZER_FILES = (
     "spiece.model",
     "tokenizer.model",
 )
-# Buffers older checkpoints saved and transformers now builds itself: left over, never a weight.
-_REBUILT_BUFFERS = ("position_ids", "token_type_ids")
 
 
 def default_model_path() -> Path:
@@ -181,11 +178,6 @@ def _not_found(name: str, exc: Exception, local: bool) -> ModelLoadError:
     )
 
 
-def _listed(keys: list[str], limit: int = 6) -> str:
-    shown = ", ".join(keys[:limit])
-    return shown + (f" … ({len(keys)} in all)" if len(keys) > limit else "")
-
-
 def _remote_code_refused(name: str, exc: Exception) -> ModelLoadError | None:
     """transformers' refusal to run a model's own code, said as layerwise's setting names it."""
     if "trust_remote_code" not in str(exc):
@@ -269,52 +261,17 @@ def _auto_config_and_tokenizer(source: str, name: str, trust_remote_code: bool) 
     return config, tokenizer
 
 
-def unused_weights(stored: list[str], model_keys: set[str], base_prefix: str) -> list[str]:
-    """Checkpoint keys of the encoder itself (its embeddings, layers, pooler; behind the base
-    model's prefix when the checkpoint has one) that the model built from config.json has no place
-    for: a config with fewer layers than the weights, or a checkpoint with an extra layer. Heads
-    saved beside the encoder (``cls.``, ``lm_head.``, ``classifier.``) are not the encoder's."""
-    roots = {key.split(".", 1)[0] for key in model_keys}
-    unused = []
-    for key in stored:
-        local = key[len(base_prefix) :] if base_prefix and key.startswith(base_prefix) else key
-        if local in model_keys or local.rsplit(".", 1)[-1] in _REBUILT_BUFFERS:
-            continue
-        if local.split(".", 1)[0] in roots:
-            unused.append(key)
-    return sorted(unused)
+def _model_class(config: Any) -> Any:
+    """The Auto class that builds ``config``'s model: of an encoder-decoder, its encoder alone where
+    transformers has that class (T5EncoderModel: a decoder would be built only to be dropped, and an
+    encoder-only checkpoint has none); else AutoModel."""
+    from transformers import AutoModel, AutoModelForTextEncoding
+    from transformers.models.auto.modeling_auto import MODEL_FOR_TEXT_ENCODING_MAPPING_NAMES
 
-
-def _missing_weights(model: Any, missing_keys: Any) -> list[str]:
-    """The weights a checkpoint lacks that a run would read as random numbers. Not among them: the
-    pooler (never used); what transformers computes rather than loads (its class's own
-    ``_keys_to_ignore_on_load_missing``: Marian's sinusoidal positions); of an encoder-decoder, the
-    decoder's (only the encoder runs: a ``T5EncoderModel`` checkpoint has none)."""
-    ignored = getattr(type(model), "_keys_to_ignore_on_load_missing", None) or ()
-    base = getattr(model, "base_model_prefix", "") or ""
-    computed = [re.compile(pattern) for pattern in ignored]
-    missing = [
-        k
-        for k in missing_keys
-        if not k.startswith(_OPTIONAL_PREFIXES)
-        and not any(p.search(k) or p.search(f"{base}.{k}") for p in computed)
-    ]
-    if kind_of(model.config) == "encoder-decoder":
-        encoder = {id(t) for t in model.get_encoder().state_dict(keep_vars=True).values()}
-        state = model.state_dict(keep_vars=True)
-        missing = [k for k in missing if k not in state or id(state[k]) in encoder]
-    return sorted(missing)
-
-
-def check_unused(unused: list[str], name: str) -> None:
-    """Refuse weights of the model's own that its config has no place for (in memory and streamed)."""
-    if unused:
-        raise ModelLoadError(
-            f"model {name!r}: {len(unused)} weights of the checkpoint are not used by its config.json and "
-            f"would be ignored: {_listed(unused)}. The config and the weights do not belong together "
-            "(e.g. num_hidden_layers is smaller than the checkpoint's layers): use the config the weights "
-            "were saved with"
-        )
+    encoder_only = config is not None and kind_of(config) == "encoder-decoder"
+    if encoder_only and config.model_type in MODEL_FOR_TEXT_ENCODING_MAPPING_NAMES:
+        return AutoModelForTextEncoding
+    return AutoModel
 
 
 def load_model(
@@ -370,31 +327,11 @@ def load_model(
                     "layers, vocabulary…); use the config the weights were saved with"
                 ) from exc
             raise _not_found(name, exc, local) from exc
-    missing = _missing_weights(model, info.get("missing_keys", ()))
-    if missing:
-        unexpected = sorted(info.get("unexpected_keys", ()))
-        hint = ""
-        if unexpected:
-            hint = (
-                f" The checkpoint holds other keys instead, e.g. {unexpected[0]!r}: weights saved under a "
-                "wrapper's prefix must be renamed to the model's own names."
-            )
-        raise ModelLoadError(
-            f"model {name!r}: {len(missing)} weights are missing from the checkpoint and would be random: "
-            f"{_listed(missing)}.{hint} Use a complete checkpoint of this architecture."
-        )
-    model_keys = set(model.state_dict())
-    prefix = f"{model.base_model_prefix}." if getattr(model, "base_model_prefix", "") else ""
-    check_unused(unused_weights(sorted(info.get("unexpected_keys", ())), model_keys, prefix), name)
-    mismatched = info.get("mismatched_keys") or []
-    if mismatched:
-        raise ModelLoadError(
-            f"model {name!r}: weights with the wrong shape: {_listed([str(m) for m in mismatched])}"
-        )
-    if any(k.startswith(_OPTIONAL_PREFIXES) for k in info.get("missing_keys", ())):
+    check_loading_info(model, info, name)
+    if any(k.startswith(OPTIONAL_PREFIXES) for k in info.get("missing_keys", ())):
         logger.debug("model %s has no pooler weights; layerwise does not use the pooler", name)
         # transformers filled them with random numbers: not part of what identifies the weights
-        model._layerwise_not_loaded = _OPTIONAL_PREFIXES
+        model._layerwise_not_loaded = OPTIONAL_PREFIXES
     if kind_of(model.config) == "encoder-decoder":  # only the encoder runs: the decoder is dropped
         config, model = model.config, model.get_encoder()
         if getattr(model, "config", None) is None:  # FSMT's encoder keeps none: the model's is its own

@@ -50,7 +50,7 @@ def _complete(model: StreamedModel, name: str) -> StreamedModel:
     and kind its config says, and no weight of the model's own that its config has no place for (a
     layer more than ``num_hidden_layers``): else a named refusal now, as the in-memory load refuses,
     not a wrong model or a raw error midway through a run."""
-    from ..loading.source import check_unused, unused_weights
+    from ..loading.weights_checks import check_unused, unused_weights
 
     missing_weights(model.checkpoint, model.stored_names(), name)
     local = set(model.skeleton.state_dict())
