@@ -114,8 +114,15 @@ def save_family(model_type: str, folder: Path, seed: int = 0) -> Path:
     head = FAMILIES[model_type][2]
     auto = {"causal": AutoModelForCausalLM, "masked": AutoModelForMaskedLM, "seq2seq": AutoModelForSeq2SeqLM}
     torch.manual_seed(seed)
-    model = auto[head].from_config(config)
-    with torch.no_grad():  # norms start at 0 or 1 exactly: make them matter
+    return save_with_norms_moved(auto[head].from_config(config), tokenizer, folder)
+
+
+def save_with_norms_moved(model, tokenizer, folder: Path) -> Path:
+    """``model`` (its norms moved off their initial 0 or 1, so that they matter) and ``tokenizer``,
+    saved as a Hugging Face folder."""
+    import torch
+
+    with torch.no_grad():
         for name, parameter in model.named_parameters():
             if "norm" in name.lower() or "ln_" in name:
                 parameter.add_(torch.randn_like(parameter) * 0.1)

@@ -13,6 +13,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from any_models import save_with_norms_moved
+
 HEADS = {
     "seq2seq": "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES",
     "masked": "MODEL_FOR_MASKED_LM_MAPPING_NAMES",
@@ -119,13 +121,7 @@ def save_swept(model_type: str, folder: Path, seed: int = 0) -> Path:
         model = auto[head].from_config(config)
     except Exception as exc:
         raise Unbuildable(f"transformers cannot build it: {type(exc).__name__}: {exc}") from exc
-    with torch.no_grad():  # norms start at 0 or 1 exactly: make them matter
-        for name, parameter in model.named_parameters():
-            if "norm" in name.lower() or "ln_" in name:
-                parameter.add_(torch.randn_like(parameter) * 0.1)
-    model.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
+    return save_with_norms_moved(model, tokenizer, folder)
 
 
 def runs_padded(folder: Path, texts: list[str]) -> bool:

@@ -19,7 +19,7 @@ from .._engine.call import Call
 from .._engine.host_copy import RESULT_DTYPES
 from .._features.device_pool import DevicePlan
 from .._features.layers import LayerSpec, resolve_layers
-from .._features.plan import OutputPlan, check_final_norm_for
+from .._features.plan import OutputPlan
 from .._inputs.ahead import ahead
 from .._inputs.block import EncodedBlock
 from .._inputs.encoding import RawInputs
@@ -137,9 +137,7 @@ def call_final_norm(encoder: Encoder, value: FinalNorm | None) -> FinalNorm:
     if value is None:
         return encoder.final_norm
     check_final_norm(value)
-    models = encoder.models
-    check_final_norm_for(value, takes=models.takes_final_norm, name=models.described)
-    models.check_final_norm(value)
+    encoder.models.check_final_norm(value)
     return value
 
 

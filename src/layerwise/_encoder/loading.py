@@ -12,7 +12,6 @@ from typing import Any
 import torch
 
 from .._engine.engine import Engine
-from .._features.plan import check_final_norm_for
 from .._host.cpu import cpu_flags, cpu_name, matrix_units
 from .._host.memory import available_memory
 from .._inputs.encoding import InputEncoder
@@ -109,7 +108,6 @@ def load(given: Settings) -> Loaded:
         streaming=streaming,
     )
     engine = Engine(models, tokenizer, resolved, plan)  # the model's final norm settled (warm-up)
-    check_final_norm_for(given.final_norm, takes=models.takes_final_norm, name=models.described)
     models.check_final_norm(given.final_norm)
     return Loaded(
         settings, source, name, config, tokenizer, models, inputs, engine, sentence_transformers, is_decoder

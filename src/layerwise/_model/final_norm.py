@@ -82,11 +82,6 @@ def verdict(model: Any) -> Verdict:
     return "module" if final_norm_module(model) is not None else "none"
 
 
-def has_final_norm(model: Any) -> bool:
-    """Whether ``model`` has a final norm that a call can leave out or apply to every state."""
-    return verdict(model) == "module"
-
-
 @functools.cache
 def _config_norm(config_class: Any, fields: str) -> bool:
     import json
@@ -102,9 +97,9 @@ def _config_norm(config_class: Any, fields: str) -> bool:
 
 
 def config_has_final_norm(config: Any) -> bool:
-    """:func:`has_final_norm` of the model ``config`` describes, before its weights are read (a
-    skeleton on the meta device): the Ray driver and ``info -m`` settle plans with it. A decoder is
-    taken to have one (its load checks it)."""
+    """Whether the model ``config`` describes has a final norm (a verdict of "module"), before its
+    weights are read (a skeleton on the meta device): the Ray driver and ``info -m`` settle plans
+    with it. A decoder is taken to have one (its load checks it)."""
     if is_decoder_config(config):
         return True
     if config.model_type in BERT_LAYOUT or getattr(config, "auto_map", None):
@@ -122,10 +117,16 @@ def raw_hidden_states(model: Any) -> Iterator[None]:
     ``last_hidden_state`` (with the encoder cut early, an intermediate layer's). The tie is off
     here: :func:`apply_final_norm` applies the call's final norm afterwards. The caller holds the
     model alone (Hugging Face forwards run under the exclusive lock)."""
-    config = model.config
     if verdict(model) == "unknown":
         yield
         return
+    with _untied(model.config):
+        yield
+
+
+@contextmanager
+def _untied(config: Any) -> Iterator[None]:
+    """``config.tie_last_hidden_states`` off inside the block, as it was after."""
     missing = object()
     before = getattr(config, "tie_last_hidden_states", missing)
     config.tie_last_hidden_states = False
@@ -160,17 +161,8 @@ def settle_from_tie(model: Any, given: torch.Tensor, returned_last: torch.Tensor
     XLM: padded.py reads transformers' own states): its raw last state is the one transformers gives
     with the tie off. Where the tie changes nothing and a norm is found by name, the model may norm
     its last state in a loop of its own: unknown, and only its own states are given."""
-    config = model.config
-    missing = object()
-    before = getattr(config, "tie_last_hidden_states", missing)
-    config.tie_last_hidden_states = False
-    try:
+    with _untied(model.config):
         raw_last = model(input_ids=given, output_hidden_states=True, **extra).hidden_states[-1]
-    finally:
-        if before is missing:
-            del config.tie_last_hidden_states
-        else:
-            config.tie_last_hidden_states = before
     if _close(returned_last, raw_last) and final_norm_module(model) is not None:
         model.__dict__[_SETTLED] = "unknown"
     else:
@@ -207,16 +199,11 @@ def check_final_norm_honoured(model: Any, final_norm: bool | str, name: str) -> 
             "with a module layerwise cannot separate, so only transformers' own hidden states are given; "
             "use final_norm=True (the default)"
         )
-    if known == "none" and final_norm == "all":
-        raise OptionError(no_final_norm_message(model_type, name))
-
-
-def no_final_norm_message(model_type: str, name: str) -> str:
-    return (
-        f"final_norm='all' passes every hidden state through the model's final norm; {name} is a "
-        f"{model_type!r} model, which has none (its last hidden state is its last layer's output): "
-        "leave final_norm out"
-    )
+    if known == "none" and final_norm == "all":  # as _features/plan.py's check_final_norm_for says it
+        raise OptionError(
+            f"final_norm='all' passes every hidden state through the model's final norm; {name} has "
+            "none (its last hidden state is its last layer's output): leave final_norm out"
+        )
 
 
 def apply_final_norm(model: Any, hidden: Any, layers: Sequence[int], final_norm: bool | str | None) -> Any:
