@@ -277,6 +277,42 @@ def test_a_flipped_byte_in_the_root_zarr_json_is_damaged_not_another_folder(copy
     assert written.exit_code != 0 and (copy / "data").is_dir()  # never written over
 
 
+def test_a_store_whose_zarr_json_was_removed_is_damaged_not_another_folder(copy):
+    """#81, 16: with its data, offsets and manifest still there, a store without zarr.json is a
+    damaged store (exit 1), not "not a layerwise store" (exit 2)."""
+    (copy / "zarr.json").unlink()
+    result = cli("verify", copy)
+    assert result.exit_code == 1 and "zarr.json, the store's metadata, is missing" in result.output
+    assert cli("info", copy).exit_code == 1
+    with pytest.raises(StoreDamagedError):
+        lw.open_store(copy)
+    written = cli("extract", copy.parent / "missing.txt", "-o", copy)
+    assert written.exit_code != 0 and (copy / "data").is_dir()  # never written over
+
+
+def _edit_json(file: Path, edit) -> None:
+    document = json.loads(file.read_text())
+    edit(document)
+    file.write_text(json.dumps(document))
+
+
+@pytest.mark.parametrize(
+    "what, edit",
+    [
+        ("zarr.json", lambda d: d.update(node_type="array")),
+        ("data/zarr.json", lambda d: d["shape"].__setitem__(0, 4)),  # fewer rows than the offsets reach
+        ("data/zarr.json", lambda d: d["shape"].__setitem__(2, d["shape"][2] - 1)),  # another width
+    ],
+)
+def test_info_refuses_a_store_whose_arrays_were_edited(copy, what, edit):
+    """#81, 16: ``info`` read the record alone and exited 0 on a store whose root was made an array,
+    or whose data array's shape was edited; it opens the store as a read does."""
+    _edit_json(copy / what, edit)
+    result = cli("info", copy)
+    assert result.exit_code == 1 and "is damaged" in result.output
+    assert cli("verify", copy).exit_code == 1
+
+
 # ------------------------------------------------------------------------- 2. the activation cache
 CACHE = lw.CacheOptions(layers="1,3", context=16, tokens=16 * 30, shard_bytes=8_000)
 

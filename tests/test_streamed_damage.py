@@ -1,9 +1,8 @@
-"""A damaged checkpoint is named when a streamed model opens it, as the in-memory load names it:
-a weights file cut short, too short to hold a header, empty, or with a header that is not one; a
-shard deleted, an index that names a missing file, that is not JSON, or that places a tensor in a
-file without it. Each is a ModelLoadError naming the file (exit 2 on the command line, nothing
-written); an index missing one weight's entry runs as the in-memory load does, from the shards'
-own headers."""
+"""A damaged checkpoint is named when a model opens it, streamed or in memory: a weights file cut
+short, too short to hold a header, empty, or with a header that is not one; a shard deleted, an
+index that names a missing file, that is not JSON, that places a tensor in a file without it, or
+that leaves one out; a pickle file cut short; a config or tokenizer file that is not JSON. Each is
+a ModelLoadError naming the file (exit 2 on the command line, nothing written)."""
 
 from __future__ import annotations
 
@@ -14,7 +13,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 import layerwise as lw
@@ -64,16 +62,49 @@ DAMAGE = {
 }
 
 
+@pytest.mark.parametrize("streaming", [False, True])
 @pytest.mark.parametrize("damage", list(DAMAGE))
-def test_a_damaged_weights_file_is_named_when_streaming_opens_it(decoder_folder, tmp_path, damage):
+def test_a_damaged_weights_file_is_named_when_a_model_opens_it(decoder_folder, tmp_path, damage, streaming):
     model = _copy(decoder_folder("llama"), tmp_path)
     weights = model / "model.safetensors"
     weights.write_bytes(DAMAGE[damage](weights.read_bytes()))
     with pytest.raises(ModelLoadError, match=r"model\.safetensors cannot be read .* damaged or incomplete"):
-        lw.Encoder(model, device="cpu", streaming=True)
+        lw.Encoder(model, device="cpu", streaming=streaming)
 
 
-def test_a_damaged_shard_or_index_is_named(sharded, tmp_path):
+@pytest.mark.parametrize(
+    "file, content",
+    [
+        ("config.json", "{x"),
+        ("config.json", ""),
+        ("tokenizer.json", '{"version": '),
+        ("tokenizer_config.json", "["),
+    ],
+)
+def test_a_folder_file_that_is_not_json_is_named(decoder_folder, tmp_path, file, content):
+    """#81, 16: transformers named the folder (or only the JSON error) for these."""
+    model = _copy(decoder_folder("llama"), tmp_path)
+    (model / file).write_text(content)
+    with pytest.raises(ModelLoadError, match=rf"its file .*{file} is not JSON"):
+        lw.Encoder(model, device="cpu")
+
+
+@pytest.mark.parametrize("keep", [0, 0.5])
+def test_a_damaged_pickle_weights_file_is_named(decoder_folder, tmp_path, keep):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = _copy(decoder_folder("llama"), tmp_path)
+    (model / "model.safetensors").unlink()
+    pickled = model / "pytorch_model.bin"
+    torch.save(AutoModelForCausalLM.from_pretrained(decoder_folder("llama")).state_dict(), pickled)
+    pickled.write_bytes(pickled.read_bytes()[: int(pickled.stat().st_size * keep)])
+    with pytest.raises(ModelLoadError, match=r"its weights file .*pytorch_model\.bin cannot be read"):
+        lw.Encoder(model, device="cpu")
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+def test_a_damaged_shard_or_index_is_named(sharded, tmp_path, streaming):
     shards = sorted(sharded.glob("model-*.safetensors"))
     cases = {
         "a shard deleted": lambda m: (m / shards[1].name).unlink(),
@@ -92,7 +123,7 @@ def test_a_damaged_shard_or_index_is_named(sharded, tmp_path):
         shutil.copytree(sharded, model)
         damage(model)
         with pytest.raises(ModelLoadError) as raised:
-            lw.Encoder(model, device="cpu", streaming=True)
+            lw.Encoder(model, device="cpu", streaming=streaming)
         said[case] = str(raised.value)
     assert "is missing" in said["a shard deleted"] and shards[1].name in said["a shard deleted"]
     assert "gone.safetensors is missing" in said["an index naming a missing file"]
@@ -113,16 +144,52 @@ def _misplace(weight_map: dict[str, str]) -> dict[str, str]:
     return {**weight_map, key: files[1]}
 
 
-def test_an_index_missing_one_entry_streams_the_in_memory_numbers(sharded, tmp_path):
-    """The in-memory load runs such a folder (its shards hold every tensor), and so does streaming:
-    which file holds which tensor comes from the files' own headers."""
+@pytest.mark.parametrize("streaming", [False, True])
+@pytest.mark.parametrize(
+    "damage, said",
+    [
+        (
+            "an entry left out",
+            r"model-\d+-of-\d+\.safetensors holds 'model\.layers\.1\.mlp\.up_proj\.weight' "
+            r"that model\.safetensors\.index\.json does not list",
+        ),
+        (
+            "an entry pointed at another shard",
+            r"places '.*' in model-\d+-of-\d+\.safetensors, which does not "
+            r"hold it \(model-\d+-of-\d+\.safetensors holds it\)",
+        ),
+        (
+            "an entry no shard holds",
+            r"places 'model\.layers\.9\.mlp\.up_proj\.weight' in .*which does not hold",
+        ),
+    ],
+)
+def test_an_index_that_disagrees_with_its_shards_is_refused(sharded, tmp_path, damage, said, streaming):
+    """#81, 15: transformers reads whole shards, so these loaded in memory with the right numbers
+    and without a word; an index that is wrong is a download that is wrong, and is named, in
+    memory and streamed."""
     model = _copy(sharded, tmp_path)
-    _edit_index(model, lambda w: {k: f for k, f in w.items() if k != "model.layers.1.mlp.up_proj.weight"})
-    memory = lw.Encoder(model, device="cpu")
-    streamed = lw.Encoder(model, device="cpu", streaming=True, stream_block_tokens=16)
-    np.testing.assert_allclose(
-        streamed.embed(TEXTS, layers="all"), memory.embed(TEXTS, layers="all"), atol=1e-5
-    )
+    edits = {
+        "an entry left out": lambda w: {
+            k: f for k, f in w.items() if k != "model.layers.1.mlp.up_proj.weight"
+        },
+        "an entry pointed at another shard": _misplace_within,
+        "an entry no shard holds": lambda w: {
+            **w,
+            "model.layers.9.mlp.up_proj.weight": sorted(w.values())[0],
+        },
+    }
+    _edit_index(model, edits[damage])
+    with pytest.raises(ModelLoadError, match=said):
+        lw.Encoder(model, device="cpu", streaming=streaming)
+
+
+def _misplace_within(weight_map: dict[str, str]) -> dict[str, str]:
+    """One tensor of a shard holding several pointed at another shard (both stay listed)."""
+    files = sorted(set(weight_map.values()))
+    crowded = next(f for f in files if sum(v == f for v in weight_map.values()) > 1)
+    key = next(k for k, f in weight_map.items() if f == crowded)
+    return {**weight_map, key: next(f for f in files if f != crowded)}
 
 
 def test_a_weight_no_file_holds_is_named_before_the_run(sharded, tmp_path):

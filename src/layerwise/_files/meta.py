@@ -151,6 +151,11 @@ def _folder_meta(path: Path) -> dict:
         return {"kind": "sharded store", **merged, "n_shards": len(shards), "table": TABLE}
     meta = read_store_meta(path)  # StoreDamagedError when its zarr.json was damaged
     if meta is not None:
+        from ..store import open_store
+
+        # opened as a read opens it: a root that is not a group, a data array of another shape than
+        # the record's or shorter than the commit marker is damage, not a description
+        open_store(path)
         return {"kind": "store", **meta}
     from .._cache.format import read_meta as read_cache_meta
 

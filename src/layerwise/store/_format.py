@@ -185,8 +185,8 @@ def read_store_meta(path: Path) -> dict | None:
     try:
         with open(path / "zarr.json", encoding="utf-8") as handle:
             document = json.load(handle)
-    except FileNotFoundError:
-        return None
+    except FileNotFoundError:  # damage only where the folder holds the rest of a store
+        document, problem = None, "zarr.json, the store's metadata, is missing"
     except (OSError, ValueError) as exc:
         document, problem = None, f"zarr.json cannot be read ({type(exc).__name__}: {exc})"
     attributes = document.get("attributes") if isinstance(document, dict) else None

@@ -21,6 +21,7 @@ from typing import Any
 
 from ...errors import MissingDependencyError, ModelLoadError, OptionError
 from ..families import check_text_transformer, kind_of
+from .checkpoint_files import check_checkpoint_files, damaged_json, pickled_weights
 from .gguf_files import gguf_loading, loader_args
 from .plain import read_plain
 from .tokenizer_checks import check_tokenizer_files_agree, check_tokenizer_fits
@@ -159,7 +160,7 @@ def _not_found(name: str, exc: Exception, local: bool) -> ModelLoadError:
             + (f"; it holds {size:,} bytes: a truncated or damaged copy? Download it again" if size else "")
         )
     if local:
-        return ModelLoadError(f"could not load the model folder {name!r}: {exc}")
+        return damaged_json(Path(name)) or ModelLoadError(f"could not load the model folder {name!r}: {exc}")
     from .hub import cache_folder, hub_offline
 
     if hub_offline():
@@ -304,6 +305,8 @@ def load_model(
         extra = {**extra, "trust_remote_code": True}
     gguf = "gguf_file" in extra
     known = {"config": copy.deepcopy(config)} if gguf and config is not None else {}
+    if not gguf:  # a damaged file named, and a damaged index refused, before transformers reads them
+        check_checkpoint_files(source, name)
     with quiet_transformers(gguf=gguf):
         try:
             model, info = auto.from_pretrained(
@@ -318,6 +321,13 @@ def load_model(
                     "unpickle it safely (unpickling can run code). If you trust the file, convert it once "
                     "to safetensors: load it with torch.load(..., weights_only=False) and save the model "
                     "with save_pretrained(folder)"
+                ) from None
+            pickled = pickled_weights(source) if local else []
+            if pickled and "mismatch" not in str(exc):  # the safetensors files were checked above
+                detail = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+                raise ModelLoadError(
+                    f"model {name!r}: its weights file {pickled[0]} cannot be read ({type(exc).__name__}: "
+                    f"{detail or 'no data'}); it is damaged or incomplete: download the model again"
                 ) from None
             if not isinstance(exc, RuntimeError):
                 raise _not_found(source if gguf else name, exc, local or gguf) from exc

@@ -4,17 +4,14 @@ one layer's weights from here when it needs them, never the whole model."""
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Protocol
 
 import torch
 
 from ...errors import ModelLoadError
-
-INDEX = "model.safetensors.index.json"
+from ..loading.checkpoint_files import INDEX, header_keys, indexed, reading
 
 
 class Weights(Protocol):
@@ -49,9 +46,9 @@ class Checkpoint:
         single = weights_file(source)
         folder = Path(source) if Path(source).is_dir() else single.parent if single is not None else None
         if single is not None:
-            return cls(dict.fromkeys(_header_keys(single, name), single), name)
+            return cls(dict.fromkeys(header_keys(single, name), single), name)
         if folder is not None and (folder / INDEX).is_file():
-            return cls(_indexed(folder, name), name)
+            return cls(indexed(folder, name), name)
         raise ModelLoadError(
             f"model {name!r}: streaming reads each layer's weights memory-mapped from safetensors (or a "
             "GGUF file), and its weights are not in that format. Convert it once: load it in memory and "
@@ -69,7 +66,7 @@ class Checkpoint:
 
         out = {}
         for file, keys in self._by_file(names).items():
-            with _reading(file, self.name), safe_open(str(file), framework="pt") as handle:
+            with reading(file, self.name), safe_open(str(file), framework="pt") as handle:
                 for key in keys:
                     tensor = handle.get_tensor(key)
                     if tensor.is_floating_point():
@@ -85,7 +82,7 @@ class Checkpoint:
         from safetensors import safe_open
 
         for file, keys in self._by_file(expected).items():
-            with _reading(file, self.name), safe_open(str(file), framework="pt") as handle:
+            with reading(file, self.name), safe_open(str(file), framework="pt") as handle:
                 for key in keys:
                     stored = handle.get_slice(key)
                     shape, kind = tuple(stored.get_shape()), str(stored.get_dtype())
@@ -108,7 +105,7 @@ class Checkpoint:
 
         count = 0
         for file, keys in self._by_file(self.files).items():
-            with _reading(file, self.name), safe_open(str(file), framework="pt") as handle:
+            with reading(file, self.name), safe_open(str(file), framework="pt") as handle:
                 count += sum(int(torch.Size(handle.get_slice(key).get_shape()).numel()) for key in keys)
         return count
 
@@ -133,7 +130,7 @@ class Checkpoint:
             else:
                 runs.append((row, row + 1))
         with (
-            _reading(self.files[name], self.name),
+            reading(self.files[name], self.name),
             safe_open(str(self.files[name]), framework="pt") as handle,
         ):
             table = handle.get_slice(name)
@@ -151,63 +148,3 @@ def missing_weights(checkpoint: Weights, needed: Iterable[str], name: str) -> No
             + "; the weights are incomplete: download the model again, or save it with "
             "model.save_pretrained(folder)"
         )
-
-
-def _indexed(folder: Path, name: str) -> dict[str, Path]:
-    """Tensor name -> file of a sharded checkpoint: the files the index lists, each one's tensors read
-    from its own header. Refused, naming the file: an index that is not one, a file outside the
-    folder or missing, a damaged file, and an index that places a tensor in a file without it."""
-    index = folder / INDEX
-    try:
-        weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
-        listed = {str(key): str(file) for key, file in weight_map.items()}
-    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise ModelLoadError(
-            f"model {name!r}: {index} is not a safetensors index ({type(exc).__name__}: {exc}); it is "
-            "damaged: download the model again, or save it with model.save_pretrained(folder)"
-        ) from None
-    root = folder.resolve()
-    files: dict[str, Path] = {}
-    for file in sorted(set(listed.values())):
-        path = (folder / file).resolve()
-        if not path.is_relative_to(root):
-            raise ModelLoadError(
-                f"model {name!r}: {index} names {file!r}, outside {folder}; the index is damaged"
-            )
-        for key in _header_keys(path, name):
-            files.setdefault(key, path)
-    for key, file in listed.items():
-        if key not in files:
-            raise ModelLoadError(
-                f"model {name!r}: {index} places {key!r} in {file}, which does not hold it; the checkpoint "
-                "is damaged: download the model again, or save it with model.save_pretrained(folder)"
-            )
-    return files
-
-
-def _header_keys(path: Path, name: str) -> list[str]:
-    """The tensor names in ``path``'s header (the file's size checked against it by safetensors)."""
-    from safetensors import safe_open
-
-    with _reading(path, name), safe_open(str(path), framework="pt") as handle:
-        return list(handle.keys())
-
-
-@contextmanager
-def _reading(path: Path, name: str) -> Iterator[None]:
-    """A weights file read as a named error: missing, or damaged (cut short, a header that is not
-    one), never a raw SafetensorError or OSError."""
-    from safetensors import SafetensorError
-
-    try:
-        yield
-    except FileNotFoundError:
-        raise ModelLoadError(
-            f"model {name!r}: its weights file {path} is missing; download the model again"
-        ) from None
-    except (SafetensorError, OSError) as exc:  # cut short, a header that is not one, unreadable
-        detail = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise ModelLoadError(
-            f"model {name!r}: its weights file {path} cannot be read ({type(exc).__name__}: {detail}); it "
-            "is damaged or incomplete: download the model again, or save it with model.save_pretrained"
-        ) from None

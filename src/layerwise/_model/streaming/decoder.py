@@ -50,11 +50,6 @@ class StreamedDecoder(StreamedModel):
         # ModernBERT's embeddings module norms the words it looks up: read and run whole
         self._embeddings = None if self.causal else skeleton.embeddings
         inner = getattr(skeleton, "decoder", skeleton)  # OPT keeps its parts under ``decoder``
-        if getattr(inner, "project_in", None) is not None:
-            raise ModelLoadError(
-                f"model {name!r} projects its embeddings to another width (OPT's project_in, as OPT-350m); "
-                "layerwise does not stream it yet: load it in memory (streaming=False)"
-            )
         # learned positions (GPT-2's wpe, OPT's embed_positions), read with the word embeddings
         self._positions = getattr(skeleton, "wpe", None) or getattr(inner, "embed_positions", None)
         rotary = getattr(skeleton, "rotary_emb", None)
