@@ -30,6 +30,7 @@ DOCUMENTS = (
     "docs/serving-performance.md",
     "docs/guide/analysis.md",
     "docs/guide/cpu.md",
+    "docs/models.md",
 )
 # a block's lines keep the indentation of its opening marker (a table inside a list item)
 BLOCK = re.compile(
@@ -609,6 +610,34 @@ def family_table() -> str:
     return table(header, rows) + "\n\n" + measured("family_speed")
 
 
+def sweep_counts() -> str:
+    data = result("family_sweep")
+    outcomes, reasons = data["outcomes"], data["refusals"]
+    paths = ", ".join(f"{count} {path}" for path, count in sorted(data["equal_by_path"].items()))
+    refused = "; ".join(f"{reason} {count}" for reason, count in sorted(reasons.items(), key=lambda r: -r[1]))
+    wrong = sum(c for outcome, c in outcomes.items() if outcome not in ("equal", "refused", "skipped"))
+    return (
+        f"With transformers {data['transformers']}: **{data['types']} types**, "
+        f"{outcomes.get('equal', 0)} equal by both methods ({paths}), "
+        f"{outcomes.get('refused', 0)} refused by name ({refused}), "
+        f"{outcomes.get('skipped', 0)} skipped, **{wrong} wrong**. "
+        f"`python benchmarks/family_sweep.py`: {where('family_sweep')}, {data['machine']['date']}."
+    )
+
+
+def hostile_counts() -> str:
+    data = result("hostile_families")
+    outcomes = data["outcomes"]
+    return (
+        f"**{n(data['cases'])} cases on {data['families']} families**: "
+        f"{n(outcomes.get('equal', 0))} equal, {n(outcomes.get('refused', 0))} refused by name, "
+        f"**{outcomes.get('wrong', 0)} wrong, {outcomes.get('traceback', 0)} tracebacks**; the largest "
+        f"difference of an equal case {data['largest_difference']:.1e}. "
+        f"`python benchmarks/hostile_families.py` ({data['seconds']:.0f} s): "
+        f"{where('hostile_families')}, {data['machine']['date']}."
+    )
+
+
 def gpu_embed_table() -> str:
     gpu = result("gpu_speed")
     f16, bf16 = gpu["embed"]
@@ -972,6 +1001,8 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "streamed-ratio": streamed_ratio,
     "streamed-memory": streamed_memory_table,
     "families": family_table,
+    "sweep": sweep_counts,
+    "hostile-families": hostile_counts,
     "gpu-embed": gpu_embed_table,
     "gpu-groups": gpu_groups_table,
     "gpu-extract": gpu_extract_table,

@@ -153,14 +153,53 @@ def reference_states(folder: Path, texts: list[str]) -> list[Any]:
     model = AutoModel.from_pretrained(folder).eval()
     if model.config.is_encoder_decoder:
         model = model.get_encoder()
+    n = model.config.num_hidden_layers
+    first = next((m[0] for m in model.modules() if isinstance(m, torch.nn.ModuleList) and len(m) == n), None)
     out = []
     with torch.no_grad():
         for text in texts:
+            seen: dict = {}
+            hooks = [] if first is None else watch_first_layer(first, seen)
             ids = tokenizer(text, return_tensors="pt", return_token_type_ids=False)["input_ids"]
             given = {"use_cache": False} if "use_cache" in inspect.signature(model.forward).parameters else {}
-            states = model(input_ids=ids, output_hidden_states=True, **given).hidden_states
+            states = list(model(input_ids=ids, output_hidden_states=True, **given).hidden_states)
+            for hook in hooks:
+                hook.remove()
+            if leaves_out_embeddings(
+                states, seen
+            ):  # Mamba's: no embeddings, each layer's output one place early
+                states = [seen["in"], *states[: n - 1], states[n]]
             out.append(torch.stack(states)[:, 0].float().numpy())
     return out
+
+
+def watch_first_layer(layer: Any, seen: dict) -> list[Any]:
+    """Hooks keeping ``layer``'s input (``seen["in"]``) and output (``seen["out"]``)."""
+
+    def before(module: Any, args: tuple, kwargs: dict) -> None:
+        seen.setdefault("in", _tensor(args, kwargs))
+
+    def after(module: Any, args: tuple, output: Any) -> None:
+        seen.setdefault("out", _tensor((output,), {}))
+
+    return [layer.register_forward_pre_hook(before, with_kwargs=True), layer.register_forward_hook(after)]
+
+
+def _tensor(args: tuple, kwargs: dict) -> Any:
+    import torch
+
+    found = args[0] if args else next(iter(kwargs.values()), None)
+    found = found[0] if isinstance(found, tuple | list) else found
+    return found if isinstance(found, torch.Tensor) else None
+
+
+def leaves_out_embeddings(states: list[Any], seen: dict) -> bool:
+    """Whether transformers' states leave out the embeddings: state 0 is the first layer's output,
+    not its input."""
+    given, output = seen.get("in"), seen.get("out")
+    if given is None or output is None or output.shape != states[0].shape:
+        return False
+    return bool(states[0].equal(output)) and not (given.shape == states[0].shape and states[0].equal(given))
 
 
 TEXTS = ["The bank raised rates.", "A much longer sentence about the river bank, and the fish.", "Hi"]

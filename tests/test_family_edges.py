@@ -250,8 +250,8 @@ def test_streamed_weights_that_do_not_fit_the_config_are_named(damage, says, fam
 @pytest.mark.parametrize(
     ("config_text", "says"),
     [
-        ("{bad", "not a valid JSON"),
-        ("", "not a valid JSON"),
+        ("{bad", "config.json is not JSON"),
+        ("", "config.json is not JSON"),
         ("[1, 2]", "model_type"),
         ('{"hidden_size": 4}', "model_type"),
         ('{"model_type": "no-such-type"}', "no-such-type"),
@@ -305,3 +305,58 @@ def test_checkpoints_as_published(family_folder, tmp_path):
         got = lw.Encoder(tmp_path / source, device="cpu").extract(TEXTS, layers="all")
         for a, b in zip(want, got, strict=True):
             np.testing.assert_array_equal(b.hidden, a.hidden)
+
+
+def test_positions_after_a_padding_row_limit_the_length_whatever_the_type(tmp_path):
+    """Longformer numbers its learned positions after the padding row, as RoBERTa does: a text past
+    max_position_embeddings - pad_token_id - 1 tokens indexed past the table (IndexError). The rule
+    is read from the position table, not from a list of types."""
+    from sweep_models import reference_states, save_swept
+
+    folder = save_swept("longformer", tmp_path / "longformer")
+    config = json.loads((folder / "config.json").read_text())
+    encoder = lw.Encoder(folder, device="cpu")
+    assert encoder.max_length == config["max_position_embeddings"] - config["pad_token_id"] - 1
+    long_text = " ".join(["the river bank"] * 200)
+    (truncated,) = encoder.extract([long_text], layers=[-1])
+    assert truncated.truncated and truncated.n_tokens == encoder.max_length
+    (windowed,) = encoder.extract([long_text], layers=[-1], long_texts="window")
+    assert windowed.n_tokens > encoder.max_length and np.isfinite(windowed.hidden).all()
+    short = encoder.extract(TEXTS, layers="all")
+    for stack, states in zip(short, reference_states(folder, TEXTS), strict=True):
+        np.testing.assert_allclose(stack.hidden, states, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("model_type", ["mamba", "falcon_mamba"])
+def test_state_0_is_the_embeddings_where_transformers_leaves_them_out(model_type, tmp_path):
+    """Mamba's own states leave out the embeddings and give layer i's output as state i - 1: read as
+    given, every layer was one place off and the last two states were the same layer, normed or not.
+    Checked here against each layer's input and output, hooked on transformers' own modules."""
+    from sweep_models import save_swept
+    from transformers import AutoModel, AutoTokenizer
+
+    folder = save_swept(model_type, tmp_path / model_type)
+    model = AutoModel.from_pretrained(folder).eval()
+    ids = AutoTokenizer.from_pretrained(folder)(TEXTS[1], return_tensors="pt")["input_ids"]
+    kept: list[torch.Tensor] = []
+    hooks = [
+        layer.register_forward_hook(lambda m, a, out: kept.append(out[0] if isinstance(out, tuple) else out))
+        for layer in model.layers
+    ]
+    with torch.no_grad():
+        embeddings = model.embeddings(ids)
+        model(input_ids=ids, use_cache=False)
+        normed = model.norm_f(kept[-1])
+    for hook in hooks:
+        hook.remove()
+    raw = torch.stack([embeddings, *kept])[:, 0].numpy()
+    encoder = lw.Encoder(folder, device="cpu")
+    for method in ("hidden_states", "hooks"):
+        unnormed = encoder.extract(TEXTS[1], layers="all", method=method, final_norm=False).hidden
+        np.testing.assert_allclose(unnormed, raw, atol=1e-5, rtol=0)
+        given = encoder.extract(TEXTS[1], layers="all", method=method).hidden
+        np.testing.assert_allclose(given[:-1], raw[:-1], atol=1e-5, rtol=0)
+        np.testing.assert_allclose(given[-1], normed[0].numpy(), atol=1e-5, rtol=0)
+    every = encoder.extract(TEXTS[1], layers="all", final_norm="all").hidden
+    with torch.no_grad():
+        np.testing.assert_allclose(every[2], model.norm_f(torch.from_numpy(raw[2])).numpy(), atol=1e-5)

@@ -25,7 +25,7 @@ from .._inputs.block import EncodedBlock
 from .._inputs.encoding import RawInputs
 from .._inputs.reports import report_blocks
 from .._inputs.windows import check_window_memory, check_window_options
-from .._model.forward.hooks import DECODER_TAPS, check_family_taps, check_taps
+from .._model.forward.hooks import DECODER_TAPS, check_family_taps, check_taps, tap_paths
 from .._results import LayerStack
 from .._settings.long_texts import LONG_TEXTS, LongTexts
 from .._settings.settings import METHODS, FinalNorm, Method, check_final_norm
@@ -89,10 +89,11 @@ def make_call(
     check_choice("method", method, METHODS)
     checked = check_taps(taps)
     if encoder.is_decoder and set(checked) - set(DECODER_TAPS):
+        own = [tap for tap in DECODER_TAPS if tap in tap_paths(encoder.model_type)]
         raise OptionError(
-            f"taps={list(checked)!r}: a decoder LM ({encoder.model_type}) has the taps "
-            f"{', '.join(DECODER_TAPS)}; "
-            "its blocks are pre-norm, with no module for attention_output or intermediate"
+            f"taps={list(checked)!r}: a decoder LM ({encoder.model_type}) has no module for "
+            "attention_output or intermediate (they are the BERT layout's); "
+            + (f"its taps are {', '.join(own)}" if own else "layerwise knows no taps of this family")
         )
     check_family_taps(encoder.model_type, checked)
     check_choice("long_texts", long_texts, LONG_TEXTS)

@@ -52,13 +52,16 @@ class LayerReading:
     states are changed between layers (Longformer pads them to its window, CPM-Ant).
     ``exact_padding``: a text's states in a padded batch are its states alone; else a batch holds
     texts of one length (ConvBERT's convolutions, Nyströmformer's landmarks and YOSO's hashes read the
-    padding)."""
+    padding). ``shifted``: transformers' own states leave out the embeddings and give each layer's
+    output one place early (Mamba, Falcon-Mamba: state 0 is layer 1's output); read by hooks, by
+    either method, so that state 0 is the embeddings as for every other model."""
 
     owner: nn.Module | None
     attr: str
     layers: nn.ModuleList | None
     per_layer: bool
     exact_padding: bool = True
+    shifted: bool = False
 
 
 def forward_batch(
@@ -91,6 +94,8 @@ def forward_batch(
     # the raw last state is read from its layer unless transformers' own is the one given: a model
     # whose final norm is not known (final_norm.py), at full depth
     own_last = depth == len(layer_list) and not final_norm_known(model)
+    if reading.shifted:  # transformers' tuple is one place early: the hooks read every state
+        method = "hooks"
     keep = None if own_last else layer_list[depth - 1].register_forward_hook(_keeper(deepest, depth))
     with (
         truncated_encoder(reading.owner, reading.attr, layer_list, depth),
@@ -207,9 +212,15 @@ def warm_up(
             f"({' '.join(map(str, shapes))}: Funnel pools the sequence, some models keep several residual "
             "streams); layerwise reads one state per token at every layer"
         )
-    per_layer = found.layers is not None and all(
-        i in outputs and _same(outputs[i].to(states[i].device), states[i]) for i in range(1, expected - 1)
+
+    def given_as(i: int, k: int) -> bool:  # layer i's output is transformers' state k
+        return i in outputs and _same(outputs[i].to(states[k].device), states[k])
+
+    per_layer = found.layers is not None and all(given_as(i, i) for i in range(1, expected - 1))
+    shifted = (
+        not per_layer and found.layers is not None and all(given_as(i, i - 1) for i in range(1, expected))
     )
+    per_layer = per_layer or shifted
     if projected:
         settle_final_norm(model, outputs[expected - 1], outputs[expected - 1])  # none to separate
     elif per_layer:
@@ -218,7 +229,7 @@ def warm_up(
         with torch.inference_mode():
             settle_from_tie(model, given, states[-1], no_cache(model))
     exact = _exact_padding(model, ids, pad_id, device)
-    return LayerReading(found.owner, found.attr, found.layers, per_layer, exact)
+    return LayerReading(found.owner, found.attr, found.layers, per_layer, exact, shifted)
 
 
 def _projects_out(model: Any) -> bool:

@@ -349,19 +349,38 @@ def load_model(
     return model
 
 
+def reserved_position(model: Any) -> int | None:
+    """The padding row of ``model``'s learned position table where it reserves one (an
+    ``nn.Embedding`` of positions with a padding index): its positions start after that row, as
+    RoBERTa's do, and Longformer's, LUKE's, I-BERT's, Data2Vec-text's, whatever the model type."""
+    import torch
+
+    table = getattr(getattr(model, "embeddings", None), "position_embeddings", None)
+    if isinstance(table, torch.nn.Embedding) and table.padding_idx is not None:
+        return int(table.padding_idx)
+    return None
+
+
 def usable_max_length(
-    config, tokenizer, requested: int | None, convention: int | None = None, padding_idx: int | None = None
+    config,
+    tokenizer,
+    requested: int | None,
+    convention: int | None = None,
+    padding_idx: int | None = None,
+    *,
+    offset: bool = False,
 ) -> int:
     """The longest input in tokens: the model's positions, capped by the tokenizer's limit; by
     default also by ``convention`` (a sentence-transformers model's ``max_seq_length``, so that its
     vectors are the ones it was trained and evaluated with). ``padding_idx``: the embeddings' own
-    (MPNet fixes it at 1 whatever the config's pad_token_id says)."""
+    (MPNet fixes it at 1 whatever the config's pad_token_id says); ``offset``: positions start
+    after it whatever the model type (:func:`reserved_position`)."""
     limit = int(getattr(config, "max_position_embeddings", 512) or 512)
     if limit < 2:  # relative positions and no limit of its own (XLNet's -1): as T5, 512 unless asked
         limit = 512
-    if config.model_type in _OFFSET_POSITIONS:
-        offset = padding_idx if padding_idx is not None else getattr(config, "pad_token_id", 1)
-        limit -= int(offset or 0) + 1
+    if offset or config.model_type in _OFFSET_POSITIONS:
+        reserved = padding_idx if padding_idx is not None else getattr(config, "pad_token_id", 1)
+        limit -= int(reserved or 0) + 1
     tokenizer_limit = getattr(tokenizer, "model_max_length", None)
     if isinstance(tokenizer_limit, int) and 2 <= tokenizer_limit < 1_000_000:
         limit = min(limit, tokenizer_limit)
