@@ -8,6 +8,7 @@ import gzip
 import json
 import lzma
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -536,3 +537,22 @@ def test_the_openapi_model_enum_lists_short_names(tiny_encoder):
     app = create_app({"org/tiny-model": tiny_encoder})
     schema = app.openapi()["components"]["schemas"]["EmbeddingsRequest"]["properties"]["model"]
     assert {"type": "string", "enum": ["org/tiny-model", "tiny-model"]} in schema["anyOf"]
+
+
+def test_info_says_which_forward_ran_and_reads_an_older_record(tmp_path, model):
+    """#84 item 6: ``info`` said "path packed" (a file path, to a reader), and read_meta's "path" was
+    the forward, not the output. An output of 0.3 recorded the forward as "path": read as "forward"."""
+    (tmp_path / "t.txt").write_text("The bank raised rates.\n")
+    out = tmp_path / "v.npz"
+    assert cli("extract", tmp_path / "t.txt", "-o", out, "--model", model, "-q").exit_code == 0
+    meta = lw.read_meta(out)
+    assert meta["path"] == str(out) and meta["forward"] == "packed"
+    said = cli("info", out).output
+    assert re.search(r"^forward\s+packed", said, re.M) and not re.search(r"^path\s+packed", said, re.M)
+    with np.load(out) as npz:
+        arrays = {name: npz[name] for name in npz.files}
+    record = json.loads(str(arrays["meta"]))
+    record["path"] = record.pop("forward")  # as 0.3 wrote it
+    np.savez(tmp_path / "old.npz", **{**arrays, "meta": np.array(json.dumps(record))})
+    old = lw.read_meta(tmp_path / "old.npz")
+    assert old["path"] == str(tmp_path / "old.npz") and old["forward"] == "packed"

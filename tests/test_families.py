@@ -62,7 +62,7 @@ def test_every_hidden_state_equals_transformers(model_type, family_folder):
         assert stack.hidden.shape == states.shape == (4, n, 64)
         np.testing.assert_allclose(stack.hidden, states, atol=1e-5, rtol=0)
     path = "packed" if model_type in PACKED_TYPES else "general"
-    assert encoder.run_path == encoder.run_meta(lw.OutputPlan())["path"] == path
+    assert encoder.run_path == encoder.run_meta(lw.OutputPlan())["forward"] == path
 
 
 @pytest.mark.parametrize("model_type", list(FAMILIES))
@@ -93,7 +93,7 @@ def test_pooling_and_a_resumed_store(model_type, family_folder, tmp_path, monkey
     assert summary.resumed and summary.n_already_committed > 0
     store = lw.open_store(path)
     assert store.complete and lw.verify_store(path).ok
-    assert store.meta["path"] == encoder.run_path
+    assert store.meta["forward"] == encoder.run_path
     full = encoder.extract(texts, layers="all")
     for i in (0, 9, 23):
         np.testing.assert_allclose(store[i].hidden, full[i].hidden, atol=2e-3, rtol=1e-2)  # float16 store
@@ -261,7 +261,7 @@ def test_remote_code_runs_only_when_asked(family_folder, tmp_path):
     np.testing.assert_allclose(head.logits(raw), native.logits(raw), atol=1e-6)
     lw.extract_to_file(encoder, TEXTS, tmp_path / "r.npz", progress=False)
     meta = lw.read_meta(tmp_path / "r.npz")
-    assert meta["trust_remote_code"] is True and meta["path"] == "general"
+    assert meta["trust_remote_code"] is True and meta["forward"] == "general"
 
 
 @pytest.mark.parametrize(
@@ -357,13 +357,13 @@ def test_info_says_how_a_model_will_run_before_loading_it(family_folder):
         said[model_type] = json.loads(result.output)
     assert said["gpt_neox"] | {"model": None} == {
         "model": None, "model_type": "gpt_neox", "kind": "decoder", "layers": 3, "hidden_size": 64,
-        "path": "packed", "streams": "yes", "taps": "attention_probs, attn_out, mlp_out",
+        "forward": "packed", "streams": "yes", "taps": "attention_probs, attn_out, mlp_out",
         "final_norm": "yes: final_norm True, False or 'all'", "pairs": "no (join the texts yourself)",
     }  # fmt: skip
-    assert (said["falcon"]["path"], said["falcon"]["streams"]) == ("general", "no: load it in memory")
-    assert said["t5"]["kind"] == "encoder of an encoder-decoder" and said["t5"]["path"] == "general"
-    assert (said["modernbert"]["path"], said["modernbert"]["streams"]) == ("packed", "yes")
+    assert (said["falcon"]["forward"], said["falcon"]["streams"]) == ("general", "no: load it in memory")
+    assert said["t5"]["kind"] == "encoder of an encoder-decoder" and said["t5"]["forward"] == "general"
+    assert (said["modernbert"]["forward"], said["modernbert"]["streams"]) == ("packed", "yes")
     for model_type, facts in said.items():  # what a load then runs
-        assert lw.Encoder(family_folder(model_type), device="cpu").run_path == facts["path"]
+        assert lw.Encoder(family_folder(model_type), device="cpu").run_path == facts["forward"]
     result = CliRunner().invoke(app, ["info", "out.npz", "-m", str(family_folder("t5"))])
     assert result.exit_code == 2 and "not both" in result.output

@@ -40,13 +40,13 @@ def test_each_packed_family_runs_packed_and_says_so(model_type, family_folder):
     encoder = lw.Encoder(folder, device="cpu")
     assert encoder.engine.runs_packed("hidden_states", ())
     said = CliRunner().invoke(app, ["info", "-m", str(folder), "--json"])
-    assert said.exit_code == 0 and json.loads(said.output)["path"] == "packed", said.output
+    assert said.exit_code == 0 and json.loads(said.output)["forward"] == "packed", said.output
 
 
 @pytest.mark.parametrize("model_type", PACKED_DECODERS_OF_DECODER_MODELS)
 def test_each_packed_decoder_of_the_decoder_models_says_packed(model_type, decoder_folder):
     said = CliRunner().invoke(app, ["info", "-m", str(decoder_folder(model_type)), "--json"])
-    assert said.exit_code == 0 and json.loads(said.output)["path"] == "packed", said.output
+    assert said.exit_code == 0 and json.loads(said.output)["forward"] == "packed", said.output
 
 
 def _hooked(model, ids: list[int], names: dict[str, str], layers: tuple[int, ...]) -> dict:

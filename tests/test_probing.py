@@ -61,6 +61,8 @@ def test_probe_that_must_reach_100_percent(pos_files, tiny_encoder, tmp_path):
     assert len(result.scalar_mix_weights) == 4 and sum(result.scalar_mix_weights) == pytest.approx(1.0)
     assert 0 <= result.center_of_gravity <= 3
     assert result.n_train == sum(len(s) for s in pos_sentences(120, 0))
+    words = f"{result.n_train:,} train / {result.n_dev:,} dev words from 120 / 40 sentences"
+    assert result.sizes == words and words in result.table().title
     # controls are filled in and selectivity is accuracy minus control
     assert rows["L0"].control_task is not None
     assert rows["L0"].selectivity == pytest.approx(rows["L0"].accuracy - rows["L0"].control_task)
@@ -158,6 +160,7 @@ def test_sentence_classification_tsv(tmp_path, tiny_encoder):
                       controls=("random_model",))  # fmt: skip
     rows = {r.name: r for r in result.rows}
     assert rows["L0"].score == 1.0 and rows["L0"].random_model is not None
+    assert result.table().title.endswith("(100 train / 40 dev sentences)")
 
 
 def test_pairs_spearman_with_default_model(tmp_path, default_encoder):
@@ -172,7 +175,7 @@ def test_pairs_spearman_with_default_model(tmp_path, default_encoder):
     path = tmp_path / "pairs.tsv"
     path.write_text("sentence1\tsentence2\tscore\n" + "\n".join(f"{a}\t{b}\t{s}" for a, b, s in pairs) + "\n")
     result = lw.probe("pairs", data=path, encoder=default_encoder, controls=(), scalar_mix=False)
-    assert result.metric == "Spearman"
+    assert result.metric == "Spearman" and result.table().title.endswith("(6 pairs)")
     assert {r.name: r for r in result.rows}["last"].score > 0.9
 
 

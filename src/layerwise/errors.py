@@ -138,7 +138,11 @@ def require_extra(modules: tuple[str, ...], what: str, extra: str) -> None:
     that is installed but cannot be imported, and why."""
     missing = [module for module in modules if import_optional(module, what) is None]
     if missing:
+        packages = [_PACKAGES.get(module, module) for module in missing]
         raise MissingDependencyError(
-            f"{what} needs {' and '.join(missing)}: pip install 'layerwise[{extra}]' "
-            f"(or pip install {' '.join(missing)})"
+            f"{what} needs {' and '.join(packages)}: pip install 'layerwise[{extra}]' "
+            f"(or pip install {' '.join(packages)})"
         )
+
+
+_PACKAGES = {"sklearn": "scikit-learn"}  # the pip name of a module named otherwise

@@ -161,9 +161,9 @@ def write_text_atomically(path: Path, text: str) -> None:
 
 def require_cache_dependencies() -> None:
     """datasets and pyarrow are an extra: say how to install them when they are missing."""
-    from ..errors import require_extra
+    from .._settings.extras import require
 
-    require_extra(("datasets", "pyarrow"), "the activation cache", "cache")
+    require("cache")
 
 
 def features(columns: dict[str, int], context: int, dtype: str):

@@ -54,7 +54,7 @@ def run_meta(loaded: Recorded, settled: OutputPlan) -> dict:
         "stream_residual": engine.streamed.plan.residual if engine.streamed else None,
         "streams": engine.pool.streams if engine.pool is not None else 1,
         "packed": engine.runner is not None,  # the packed forward, in memory or streamed
-        "path": engine.path,  # packed, streamed, or general: transformers' own forward
+        "forward": engine.path,  # packed, streamed, or general: transformers' own forward
     }
     return {
         "layerwise_version": __version__,

@@ -29,12 +29,13 @@ from typing import Any
 from ..errors import InputError, NotAStoreError
 
 KINDS = {".npz": "npz", ".jsonl": "jsonl", ".parquet": "parquet"}
+FORWARDS = ("packed", "streamed", "general")
 
 
 def read_meta(path: str | os.PathLike) -> dict[str, Any]:
-    """How the output at ``path`` was made: ``{"kind": …, "path": …, "layerwise_version": …,
-    "model": …, "final_norm": …, "layers": […], "pool": …, …}``. A file or folder that is not a
-    layerwise output is an InputError naming it."""
+    """How the output at ``path`` was made: ``{"path": the output, "kind": …, "layerwise_version": …,
+    "model": …, "forward": packed, streamed or general, "final_norm": …, "layers": […], "pool": …,
+    …}``. A file or folder that is not a layerwise output is an InputError naming it."""
     path = Path(path)
     if path.is_dir():
         meta = _folder_meta(path)
@@ -53,6 +54,8 @@ def read_meta(path: str | os.PathLike) -> dict[str, Any]:
         }
     else:
         raise InputError(f"{str(path)!r} does not exist")
+    if meta.get("path") in FORWARDS:  # 0.3's outputs named the forward "path": the output's own here
+        meta = {("forward" if key == "path" else key): value for key, value in meta.items()}
     return {"path": str(path), **meta}
 
 

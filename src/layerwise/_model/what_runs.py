@@ -45,7 +45,7 @@ def describe(config: Any) -> dict[str, Any]:
         "kind": "encoder of an encoder-decoder" if kind == "encoder-decoder" else kind,
         "layers": int(config.num_hidden_layers),
         "hidden_size": int(config.hidden_size),
-        "path": "packed" if why_not is None else "general",
+        "forward": "packed" if why_not is None else "general",
         "streams": streams,
         "taps": ", ".join(taps) or "none (their module names are not in layerwise's table)",
         "final_norm": final_norm,

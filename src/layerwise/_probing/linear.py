@@ -3,24 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..errors import MissingDependencyError
-
-if TYPE_CHECKING:
-    pass
-
 
 def require_sklearn() -> None:
-    try:
-        import scipy  # noqa: F401
-        import sklearn  # noqa: F401
-    except ImportError as exc:
-        raise MissingDependencyError(
-            "probing needs scikit-learn and scipy: pip install 'layerwise[probe]'"
-        ) from exc
+    from .._settings.extras import require
+
+    require("probe")
 
 
 def standardize(train: np.ndarray, dev: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

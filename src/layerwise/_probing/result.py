@@ -61,6 +61,18 @@ class ProbeResult:
     scalar_mix_weights: list[float] | None = None
     center_of_gravity: float | None = None
     settings: dict = field(default_factory=dict)
+    unit: str = "examples"  # what n_train and n_dev count: words, sentences or pairs
+    n_sentences: tuple[int, int] | None = None  # the train and dev sentences a word task's words are in
+
+    @property
+    def sizes(self) -> str:
+        """The data in its units: "7,027 train / 1,210 dev words from 300 / 50 sentences"."""
+        if self.n_train == 0:  # pairs: scored without training
+            return f"{self.n_dev:,} {self.unit}"
+        said = f"{self.n_train:,} train / {self.n_dev:,} dev {self.unit}"
+        if self.n_sentences is not None:
+            said += f" from {self.n_sentences[0]:,} / {self.n_sentences[1]:,} sentences"
+        return said
 
     @property
     def best(self) -> ProbeRow:
@@ -93,8 +105,7 @@ class ProbeResult:
         from rich.table import Table
 
         table = Table(
-            title=f"{self.task} probe, {self.model}: {self.metric} on dev "
-            f"({self.n_train} train / {self.n_dev} dev)",
+            title=f"{self.task} probe, {self.model}: {self.metric} on dev ({self.sizes})",
             caption=self._caption(),
             caption_justify="left",
         )

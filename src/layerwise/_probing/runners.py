@@ -202,19 +202,18 @@ def probe(
         progress,
         budget=memory_budget or available_memory() // 2,
     )
+    unit, sentences = "sentences", None
     if task in ("conllu", "conll"):
-        column, metric, found = _tagging_task(encoder, task, train, dev, column, max_train, max_dev, run)
+        column, metric, found, sentences = _tagging_task(
+            encoder, task, train, dev, column, max_train, max_dev, run
+        )
+        unit = "words"
     elif task == "tsv":
         metric = "accuracy"
         found = _sentence_task(encoder, train, dev, (text_column, label_column), max_train, max_dev, run)
     else:
-        source = data or dev
-        if source is None:
-            raise OptionError("task 'pairs' needs data= (a TSV/CSV with two sentence columns and a score)")
-        table = read_table(source, [first_column, second_column, score_column])
-        scores = _gold_scores(source, table[score_column], score_column)
-        metric = "Spearman"
-        found = _probe_pairs(encoder, table[first_column], table[second_column], scores, run)
+        metric, unit = "Spearman", "pairs"
+        found = _pairs_task(encoder, data or dev, (first_column, second_column, score_column), run)
     rows, weights, n_train, n_dev = found
     center = None
     if weights is not None:
@@ -230,6 +229,8 @@ def probe(
         scalar_mix_weights=None if weights is None else [float(w) for w in weights],
         center_of_gravity=center,
         settings={"subword": subword, "seed": seed, "controls": list(controls), "max_train": max_train},
+        unit=unit,
+        n_sentences=sentences,
     )
 
 
@@ -242,9 +243,10 @@ def _tagging_task(
     max_train: int | None,
     max_dev: int | None,
     run: ProbeRun,
-) -> tuple[str, str, tuple]:
-    """``(label column, metric, found)`` of a CoNLL-U or CoNLL-2003 task: words tagged from
-    ``column`` (default upos / ner), scored by accuracy, or entity F1 for CoNLL-2003's NER."""
+) -> tuple[str, str, tuple, tuple[int, int]]:
+    """``(label column, metric, found, (train, dev) sentences)`` of a CoNLL-U or CoNLL-2003 task:
+    words tagged from ``column`` (default upos / ner), scored by accuracy, or entity F1 for
+    CoNLL-2003's NER."""
     if train is None or dev is None:
         raise OptionError(f"task {task!r} needs train= and dev= files")
     if task == "conllu":
@@ -255,7 +257,17 @@ def _tagging_task(
         metric, metric_fn = "accuracy", None
     tr = reader(train, column).head(max_train)
     dv = reader(dev, column).head(max_dev)
-    return column, metric, probe_tokens(encoder, tr, dv, metric_fn, run)
+    return column, metric, probe_tokens(encoder, tr, dv, metric_fn, run), (len(tr), len(dv))
+
+
+def _pairs_task(encoder, source, columns: tuple[str, str, str], run: ProbeRun) -> tuple:
+    """A sentence-pair task: ``columns`` are (first sentence, second sentence, gold score)."""
+    if source is None:
+        raise OptionError("task 'pairs' needs data= (a TSV/CSV with two sentence columns and a score)")
+    first, second, score = columns
+    table = read_table(source, [first, second, score])
+    scores = _gold_scores(source, table[score], score)
+    return _probe_pairs(encoder, table[first], table[second], scores, run)
 
 
 def _sentence_task(

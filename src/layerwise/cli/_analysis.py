@@ -65,8 +65,11 @@ ProjectionOption = Annotated[str, typer.Option("--projection", help="pca | tsne 
 
 
 def _check_projection(projection: str) -> None:
-    """Fail before any extraction when the projection cannot run here."""
+    """Fail before any extraction when the projection or the figures cannot run here."""
     from .._analysis.plot import PROJECTIONS
+    from .._settings.extras import require
+
+    require("plot")
 
     if projection not in PROJECTIONS:
         raise OptionError(f"--projection {projection!r} is not valid; choose one of {', '.join(PROJECTIONS)}")

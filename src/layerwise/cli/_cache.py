@@ -85,7 +85,11 @@ def cache(
     from .._cache.options import CacheOptions
     from .._encoder import Encoder
     from .._inputs.corpus import as_corpus
+    from .._settings.extras import require
 
+    require("cache")  # before the corpus is read or the model loads
+    if ray.mode is not None:
+        require("distributed")
     count, seed = parse_count(tokens, "--tokens"), _seed(shuffle_seed)
     if classify(output) == "other":
         raise not_a_cache(output)  # before the model loads

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from .._settings.extras import require, require_for_files
 from .._settings.settings import Settings
 from ..errors import InputError, OptionError
 from ._groups import (
@@ -87,7 +88,7 @@ def extract(
         ray_only=ray.given(),
     )
     plan = plan_options.plan("float16" if to_store else "float32")
-    corpus = _checked_corpus(columns.corpus(inputs), output, plan, to_store)
+    corpus = _checked_corpus(columns.corpus(inputs), output, plan, to_store, on_ray)
     if ray.mode is not None:
         _extract_on_ray(ray.mode, ray, settings, corpus, output, plan, overwrite, layout.layout(), quiet)
         return
@@ -138,15 +139,18 @@ def _is_store_output(output: Path) -> bool:
     return suffix == ".lw" or output.is_dir()
 
 
-def _checked_corpus(corpus: Corpus, output: Path, plan: OutputPlan, to_store: bool) -> Corpus:
-    """What fails without the model fails before it loads: the output's format against the plan, an
-    output path that cannot be written, an output that is one of the inputs, and a corpus without
-    texts (its every row is read once)."""
-    if not to_store:
+def _checked_corpus(corpus: Corpus, output: Path, plan: OutputPlan, to_store: bool, on_ray: bool) -> Corpus:
+    """What fails without the model fails before it loads: an extra the output needs, the output's
+    format against the plan, an output path that cannot be written, an output that is one of the
+    inputs, and a corpus without texts (its every row is read once)."""
+    if to_store:
+        require("distributed" if on_ray else "store")
+    else:
         from .._files.writers import output_format
 
         output_format(output, plan.level)
         check_output_file(output, "-o")
+        require_for_files([output], "-o")
     for path in corpus.files if output.exists() else ():
         if os.path.samefile(output, path):
             raise OptionError(
@@ -272,6 +276,8 @@ def export(
     started = time.perf_counter()
     from .._files.export import export_store
 
+    require("store")
+    require_for_files([output], "-o")  # before the store's rows are pooled, not after
     plan = plan_options.plan("float32")
     summary = export_store(store, output, plan, keep_text=not no_text, progress=False if quiet else None)
     if not quiet:

@@ -40,11 +40,14 @@ def _run_probe(
     setup_logging(quiet=False)
     from .._encoder import Encoder
     from .._probing import probe
+    from .._settings.extras import require
 
-    # a probe runs for minutes: refuse an unwritable --json/--plot before it starts
+    # a probe runs for minutes: refuse a missing extra, an unwritable --json/--plot before it starts
+    require("probe")
     if json_path is not None:
         check_output_file(json_path, "--json")
     if plot_path is not None:
+        require("plot", "--plot")
         check_output_file(plot_path, "--plot", (".png", ".svg", ".pdf"))
     # the probed model, and the random-model control built as it is (settings whole)
     result = probe(task, encoder=Encoder.from_settings(settings), **options)  # type: ignore[arg-type]

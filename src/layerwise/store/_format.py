@@ -281,6 +281,6 @@ def remove_store_entries(path: Path) -> None:
 
 def require_store_dependencies() -> None:
     """zarr and pyarrow are an extra: say how to install them when they are missing."""
-    from ..errors import require_extra
+    from .._settings.extras import require
 
-    require_extra(("zarr", "pyarrow"), "the store", "store")
+    require("store")
