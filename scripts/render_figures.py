@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import subprocess
 import sys
 from collections.abc import Callable
 from functools import cache
@@ -24,6 +25,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "benchmarks" / "results"
+STALE = 100  # commits: a result measured further back says so where it is shown
 DOCUMENTS = (
     "README.md",
     "docs/benchmarks.md",
@@ -83,13 +85,31 @@ def gpu_of(data: dict[str, Any], part: str) -> str:
     return gpu.replace("NVIDIA ", "").replace(" 80GB HBM3", "")
 
 
+@cache
+def commits_since(commit: str) -> int | None:
+    """How many commits HEAD is past ``commit`` (None outside a git clone, or a commit it lacks)."""
+    span = f"{commit.rstrip('+')}..HEAD"
+    counted = subprocess.run(["git", "rev-list", "--count", span], cwd=REPO, capture_output=True, text=True)
+    return int(counted.stdout) if counted.returncode == 0 and counted.stdout.strip().isdigit() else None
+
+
+def age(commit: str) -> str:
+    """``commit`` and, where it is more than STALE commits behind HEAD, how far, in hundreds (a
+    count that moves with every commit would make each commit re-render the docs)."""
+    behind = commits_since(commit)
+    if behind is None or behind <= STALE:
+        return commit
+    return f"{commit}, over {behind // 100 * 100} commits ago"
+
+
 def where(name: str, part: str | None = None) -> str:
-    """Where ``name``'s figures (of GPU ``part``) were measured, and at which commit."""
+    """Where ``name``'s figures (of GPU ``part``) were measured, and at which commit: a stale one says
+    how stale."""
     data = result(name)
     if part is not None:
         code = data.get("code", {}).get(part, "").split(":")[0]
-        return f"one {gpu_of(data, part)}, code at {code or commit_of(data)}"
-    return f"{cpu_of(data)}, {commit_of(data)}"
+        return f"one {gpu_of(data, part)}, code at {age(code or commit_of(data))}"
+    return f"{cpu_of(data)}, {age(commit_of(data))}"
 
 
 def measured(*names: str) -> str:

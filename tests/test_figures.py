@@ -220,3 +220,22 @@ def test_a_figure_edited_by_hand_or_a_changed_result_is_caught():
     part = packed["default"]
     part["tokens_per_s"][part["default"]] += 1000  # a rerun whose figures the README does not show yet
     assert render.render(text) != text
+
+
+def test_a_result_measured_over_100_commits_ago_says_so_where_it_is_shown():
+    """#84 item 4: a block measured hundreds of commits back read as today's figure."""
+    import subprocess
+
+    render = _renderer()
+
+    def commit(name: str) -> str:
+        said = subprocess.run(["git", "rev-parse", "--short", name], cwd=REPO, capture_output=True, text=True)
+        return said.stdout.strip() if said.returncode == 0 else ""
+
+    head, old = commit("HEAD"), commit("HEAD~150")
+    if not old:
+        pytest.skip("a clone with less than 150 commits of history")
+    assert render.age(head) == head
+    assert render.age(head + "+") == head + "+"  # measured on an edited tree
+    assert render.age(old) == f"{old}, over 100 commits ago"
+    assert render.age("0000000") == "0000000"  # a commit this clone lacks: its age is unknown
