@@ -239,3 +239,65 @@ def test_a_result_measured_over_100_commits_ago_says_so_where_it_is_shown():
     assert render.age(head + "+") == head + "+"  # measured on an edited tree
     assert render.age(old) == f"{old}, over 100 commits ago"
     assert render.age("0000000") == "0000000"  # a commit this clone lacks: its age is unknown
+
+
+# --- derived fields: what a result file computes from its raw rounds -------------------------------
+
+
+def _derived_mismatches(node, where: str = "") -> list[str]:
+    """Each tokens/s a result file derives from its rounds (tokens ÷ the median round's seconds),
+    each ratio of two of them (``A_over_B``; ``default`` and ``fastest_loop`` name a key) and each
+    fraction of the ceiling, recomputed; the ones that disagree with what the file says."""
+    import statistics
+
+    out: list[str] = []
+    if isinstance(node, list):
+        for i, item in enumerate(node):
+            out += _derived_mismatches(item, f"{where}[{i}]")
+        return out
+    if not isinstance(node, dict):
+        return out
+    rates, tokens = node.get("tokens_per_s"), node.get("tokens")
+    if isinstance(rates, dict) and isinstance(node.get("seconds"), dict) and isinstance(tokens, int):
+        for key, rounds in node["seconds"].items():
+            if key in rates and isinstance(rounds, list) and rounds:
+                want = tokens / statistics.median(rounds)
+                if abs(rates[key] - want) > max(1.0, 0.01 * want):
+                    out.append(f"{where}: tokens_per_s.{key} {rates[key]} != {want:.0f} from its rounds")
+    if isinstance(rates, dict) and isinstance(node.get("ratios"), dict):
+        for key, ratio in node["ratios"].items():
+            a, _, b = key.partition("_over_")
+            a, b = node.get(a, a) if a == "default" else a, node.get(b, b) if b == "fastest_loop" else b
+            if a in rates and b in rates and abs(ratio - rates[a] / rates[b]) > max(0.006, 0.005 * ratio):
+                out.append(f"{where}: ratios.{key} {ratio} != {rates[a] / rates[b]:.2f}")
+    ceiling = node.get("ceiling_tokens_per_s")
+    if isinstance(rates, dict) and isinstance(node.get("fraction_of_ceiling"), dict) and ceiling:
+        for key, fraction in node["fraction_of_ceiling"].items():
+            # the file divides unrounded rates by a ceiling it rounds: half a percent apart at most
+            if key in rates and abs(fraction - rates[key] / ceiling) > max(0.0006, 0.005 * fraction):
+                out.append(f"{where}: fraction_of_ceiling.{key} {fraction} != {rates[key] / ceiling:.3f}")
+    for key, value in node.items():
+        out += _derived_mismatches(value, f"{where}/{key}")
+    return out
+
+
+def test_every_derived_figure_agrees_with_its_raw_rounds():
+    """#84 item 3: a changed raw round left its tokens/s and ratios as they were, and every test passed."""
+    wrong = [
+        f"{path.name}{line}"
+        for path in sorted(RESULTS.glob("*.json"))
+        for line in _derived_mismatches(json.loads(path.read_text(encoding="utf-8")))
+    ]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_a_changed_raw_round_is_caught():
+    data = json.loads((RESULTS / "packed_speed.json").read_text(encoding="utf-8"))
+    assert not _derived_mismatches(data)
+    rounds = data["default"]["seconds"]["packed_2_streams"]
+    rounds[:] = [r * 1.2 for r in rounds]  # each round 20 % slower: the median with it
+    said = _derived_mismatches(data)
+    assert any("tokens_per_s.packed_2_streams" in line for line in said), said
+    data = json.loads((RESULTS / "packed_speed.json").read_text(encoding="utf-8"))
+    data["default"]["ratios"]["default_over_fastest_loop"] *= 1.2
+    assert any("ratios.default_over_fastest_loop" in line for line in _derived_mismatches(data))
