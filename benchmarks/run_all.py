@@ -37,10 +37,10 @@ REPO = HERE.parent
 
 # script -> (the full run's arguments, as its published figures were measured; the quick run's)
 RUNS: dict[str, tuple[list[str], list[str]]] = {
-    "packed_speed": ([], ["--sentences", "60", "--documents", "2", "--repeats", "1"]),
-    "roof": ([], ["--texts", "24", "--repeats", "1", "--models", "all-MiniLM-L6-v2"]),
+    "packed_speed": ([], ["--sentences", "40", "--documents", "1", "--repeats", "1", "--base-texts", "8"]),
+    "roof": ([], ["--texts", "16", "--repeats", "1", "--models", "all-MiniLM-L6-v2", "--dtypes", "float32"]),
     "host_cost": ([], ["--sentences", "200", "--documents", "2", "--repeats", "1"]),
-    "cpu_bf16": ([], ["--texts", "20", "--repeats", "1", "--models", "all-MiniLM-L6-v2"]),
+    "cpu_bf16": ([], ["--texts", "10", "--repeats", "1", "--models", "all-MiniLM-L6-v2"]),
     "extract_speed": ([], ["--sentences", "60", "--documents", "2", "--repeats", "1"]),
     "embed_vs_extract": ([], ["--texts", "100", "--rounds", "1"]),
     "family_speed": ([], ["--sentences", "20", "--repeats", "1", "--families", "gpt_neox,t5"]),
