@@ -307,13 +307,14 @@ def test_checkpoints_as_published(family_folder, tmp_path):
             np.testing.assert_array_equal(b.hidden, a.hidden)
 
 
-def test_positions_after_a_padding_row_limit_the_length_whatever_the_type(tmp_path):
-    """Longformer numbers its learned positions after the padding row, as RoBERTa does: a text past
-    max_position_embeddings - pad_token_id - 1 tokens indexed past the table (IndexError). The rule
-    is read from the position table, not from a list of types."""
+@pytest.mark.parametrize("model_type", ["longformer", "ibert"])
+def test_positions_after_a_padding_row_limit_the_length_whatever_the_type(model_type, tmp_path):
+    """Longformer and I-BERT number their learned positions after the padding row, as RoBERTa does:
+    a text past max_position_embeddings - pad_token_id - 1 tokens indexed past the table (IndexError).
+    The rule is read from the position table (I-BERT's is a quantised embedding), not from a list."""
     from sweep_models import reference_states, save_swept
 
-    folder = save_swept("longformer", tmp_path / "longformer")
+    folder = save_swept(model_type, tmp_path / model_type)
     config = json.loads((folder / "config.json").read_text())
     encoder = lw.Encoder(folder, device="cpu")
     assert encoder.max_length == config["max_position_embeddings"] - config["pad_token_id"] - 1

@@ -24,10 +24,10 @@ from .._model.loading.sentence_transformers import read_sentence_transformers
 from .._model.loading.source import (
     load_config_and_tokenizer,
     pick_device,
-    reserved_position,
     resolve_model_source,
     usable_max_length,
 )
+from .._model.positions import first_position
 from .._model.streaming.fits import resolve_streaming
 from .._model.streaming.plan import StreamPlan, plan_stream
 from .._settings.settings import Settings
@@ -89,13 +89,8 @@ def load(given: Settings) -> Loaded:
     is_decoder = is_decoder_config(config)
     sentence_transformers = read_sentence_transformers(source)
     convention = sentence_transformers.max_seq_length if sentence_transformers else None
-    padding_idx = getattr(getattr(models.current, "embeddings", None), "padding_idx", None)  # MPNet's: 1
-    reserved = reserved_position(models.current)  # positions after a padding row: fewer than the table
-    if reserved is not None:
-        padding_idx = reserved
-    max_length = usable_max_length(
-        config, tokenizer, given.max_length, convention, padding_idx, offset=reserved is not None
-    )
+    first = first_position(models.current)  # positions after a padding row: fewer than the table
+    max_length = usable_max_length(config, tokenizer, given.max_length, convention, first)
     vocab = int(config.vocab_size)  # token ids past it are refused at encode time
     inputs = InputEncoder(tokenizer.backend_tokenizer, max_length, vocab_size=vocab, pairs=not is_decoder)
     settings = given.replace(model=name)  # streaming: as given (None: decided by size)

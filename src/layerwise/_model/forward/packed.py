@@ -26,10 +26,10 @@ import torch
 import torch.nn.functional as F
 
 from ..families import BERT_LAYOUT
+from ..positions import first_position
 from .cpu_gemm import PrepackedLinears
 
 PACKED_MODEL_TYPES = BERT_LAYOUT
-_OFFSET_POSITIONS = ("roberta", "xlm-roberta", "camembert")  # positions start at padding_idx + 1
 
 
 @dataclass
@@ -169,7 +169,7 @@ class PackedEncoder:
         self.project = getattr(model, "embeddings_project", None)  # ELECTRA: embedding -> hidden size
         self.layers = list(model.encoder.layer)
         self.n_heads: int = model.config.num_attention_heads
-        self.padding_idx: int = getattr(model.embeddings, "padding_idx", 0) or 0
+        self.first_position = first_position(model)  # RoBERTa's: after the padding row
         self._qkv: dict[int, tuple] = {}  # id(self-attention module) -> (versions, weight, bias)
         self.linear = PrepackedLinears()  # oneDNN on the CPU (cpu_gemm.py), else F.linear
 
@@ -208,7 +208,7 @@ class PackedEncoder:
         else:
             types = torch.zeros(len(ids), dtype=torch.long)
         column, groups = plan_groups(lengths, device, key_mask=True)
-        positions = column + (self.padding_idx + 1 if self.model_type in _OFFSET_POSITIONS else 0)
+        positions = column + self.first_position
         ids, types, positions = (_to_device(t, device) for t in (ids, types, positions))
         return PackedBatch(ids, types, positions, lengths=lengths, groups=groups)
 

@@ -101,6 +101,7 @@ class Embedding(nn.Module):  # nn.Embedding's forward
     def __init__(self, n: int, width: int) -> None:
         super().__init__()
         self.weight = _meta(n, width)
+        self.padding_idx: int | None = None  # a position table's reserved row (_model/positions.py)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         return F.embedding(ids, self.weight)
@@ -113,8 +114,8 @@ class LightEmbeddings(nn.Module):
         self.position_embeddings = Embedding(config.max_position_embeddings, width)
         self.token_type_embeddings = Embedding(config.type_vocab_size, width)
         self.LayerNorm = LayerNorm(width, config.layer_norm_eps)
-        if config.model_type in _POSITION_PADDING:
-            self.padding_idx = config.pad_token_id  # positions start at padding_idx + 1 (packed.py)
+        if config.model_type in _POSITION_PADDING:  # as transformers' class: positions after that row
+            self.position_embeddings.padding_idx = config.pad_token_id
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor, position_ids: torch.Tensor):
         embeddings = self.word_embeddings(input_ids) + self.token_type_embeddings(token_type_ids)

@@ -30,9 +30,6 @@ from .weights_checks import OPTIONAL_PREFIXES, check_loading_info
 logger = logging.getLogger("layerwise")
 
 DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
-# Models whose position ids start after the padding index (RoBERTa-style), so that
-# max_position_embeddings overstates the usable length by pad_token_id + 1.
-_OFFSET_POSITIONS = {"roberta", "xlm-roberta", "camembert", "mpnet"}
 # Files one of which holds a tokenizer's vocabulary (fast tokenizer, WordPiece, BPE, SentencePiece).
 TOKENIZER_FILES = (
     "tokenizer.json",
@@ -349,38 +346,17 @@ def load_model(
     return model
 
 
-def reserved_position(model: Any) -> int | None:
-    """The padding row of ``model``'s learned position table where it reserves one (an
-    ``nn.Embedding`` of positions with a padding index): its positions start after that row, as
-    RoBERTa's do, and Longformer's, LUKE's, I-BERT's, Data2Vec-text's, whatever the model type."""
-    import torch
-
-    table = getattr(getattr(model, "embeddings", None), "position_embeddings", None)
-    if isinstance(table, torch.nn.Embedding) and table.padding_idx is not None:
-        return int(table.padding_idx)
-    return None
-
-
 def usable_max_length(
-    config,
-    tokenizer,
-    requested: int | None,
-    convention: int | None = None,
-    padding_idx: int | None = None,
-    *,
-    offset: bool = False,
+    config, tokenizer, requested: int | None, convention: int | None = None, first_position: int = 0
 ) -> int:
     """The longest input in tokens: the model's positions, capped by the tokenizer's limit; by
     default also by ``convention`` (a sentence-transformers model's ``max_seq_length``, so that its
-    vectors are the ones it was trained and evaluated with). ``padding_idx``: the embeddings' own
-    (MPNet fixes it at 1 whatever the config's pad_token_id says); ``offset``: positions start
-    after it whatever the model type (:func:`reserved_position`)."""
+    vectors are the ones it was trained and evaluated with). ``first_position``: where the model's
+    positions start (after a padding row: ``_model/positions.py``), which the table loses."""
     limit = int(getattr(config, "max_position_embeddings", 512) or 512)
     if limit < 2:  # relative positions and no limit of its own (XLNet's -1): as T5, 512 unless asked
         limit = 512
-    if offset or config.model_type in _OFFSET_POSITIONS:
-        reserved = padding_idx if padding_idx is not None else getattr(config, "pad_token_id", 1)
-        limit -= int(reserved or 0) + 1
+    limit -= first_position
     tokenizer_limit = getattr(tokenizer, "model_max_length", None)
     if isinstance(tokenizer_limit, int) and 2 <= tokenizer_limit < 1_000_000:
         limit = min(limit, tokenizer_limit)
