@@ -96,6 +96,7 @@ def run_costs(n_texts: int, repeats: int) -> dict:
     from layerwise._inputs.encoding import normalize_inputs
     from layerwise._model.forward import cpu_gemm
     from layerwise.serve._batcher import Finish, compute
+    from layerwise.serve._jobs import Forward
 
     torch.set_num_threads(1)
     texts = mixed_corpus(n_texts, max(1, n_texts // 100), seed=1)
@@ -106,7 +107,8 @@ def run_costs(n_texts: int, repeats: int) -> dict:
     def cost(run: list) -> tuple[float, int]:
         run = [dataclasses.replace(item, index=i) for i, item in enumerate(run)]
         started = time.thread_time()
-        compute(encoder, run, last, None, [Finish(last, None, encoder.n_hidden_states)] * len(run))
+        forward = Forward(encoder.name, last)
+        compute(encoder, forward, run, [Finish(last, None, encoder.n_hidden_states)] * len(run))
         return time.thread_time() - started, sum(len(item) for item in run)
 
     out: dict = {}

@@ -43,7 +43,7 @@ RUNS: dict[str, tuple[list[str], list[str]]] = {
     "cpu_bf16": ([], ["--texts", "10", "--repeats", "1", "--models", "all-MiniLM-L6-v2"]),
     "extract_speed": ([], ["--sentences", "60", "--documents", "2", "--repeats", "1"]),
     "embed_vs_extract": ([], ["--texts", "100", "--rounds", "1"]),
-    "family_speed": ([], ["--sentences", "20", "--repeats", "1", "--families", "gpt_neox,t5"]),
+    "family_speed": ([], ["--sentences", "20", "--repeats", "1", "--families", "gpt_neox,opt"]),
     "reference_speed": ([], ["--sentences", "60", "--documents", "2", "--repeats", "1"]),
     "token_budget": (
         ["--base", "--budgets", "1024,2048,4096,8192"],
@@ -52,11 +52,8 @@ RUNS: dict[str, tuple[list[str], list[str]]] = {
     "gemm_speed": ([], ["--texts", "64", "--repeats", "1"]),
     "start_cost": ([], ["--rounds", "1"]),
     "load_and_cast": ([], ["--rounds", "1"]),
-    "streamed_speed": (
-        [],
-        ["--hidden", "128", "--layers", "4", "--sentences", "60", "--documents", "1", "--repeats", "1"],
-    ),
-    "decoder_speed": ([], ["--sentences", "20", "--documents", "1", "--repeats", "1"]),
+    "streamed_speed": ([], ["--sentences", "60", "--documents", "1", "--repeats", "1"]),
+    "decoder_speed": ([], ["--sentences", "20", "--documents", "1", "--repeats", "1", "--skip-1b"]),
     "decoder_layers": ([], ["--pairs", "60"]),
     "writer_speed": ([], ["--mb", "32", "--repeats", "1"]),
     "writer_speed_zlib": ([], ["--mb", "32", "--repeats", "1"]),
@@ -107,6 +104,8 @@ def dirty() -> bool:
 
 def run(names: list[str], quick: bool, out: Path | None) -> dict[str, dict]:
     env = {**os.environ, **({"LAYERWISE_RESULTS_DIR": str(out)} if out is not None else {})}
+    # scripts call the `layerwise` command: this Python's environment's, activated or not
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     done: dict[str, dict] = {}
     for i, name in enumerate(names, 1):
         args = command(name, quick, out)

@@ -100,7 +100,9 @@ def child(mode: str, folder: str, n_sentences: int, n_documents: int, budget: st
 def measured(mode: str, folder: Path, args, budget: str) -> dict:
     command = ["/usr/bin/time", "-v", sys.executable, __file__, "--child", mode, str(folder),
                "--sentences", str(args.sentences), "--documents", str(args.documents), "--budget", budget]  # fmt: skip
-    run = subprocess.run(command, capture_output=True, text=True, check=True)
+    run = subprocess.run(command, capture_output=True, text=True)
+    if run.returncode != 0:  # the child's own error, not only its exit status
+        raise SystemExit(f"the {mode} child failed ({run.returncode}):\n{run.stderr[-3000:]}")
     report = json.loads(run.stdout.strip().splitlines()[-1])
     peak = re.search(r"Maximum resident set size \(kbytes\): (\d+)", run.stderr)
     assert peak is not None, run.stderr[-500:]
