@@ -15,7 +15,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from common import read_documents, write_result  # noqa: E402
+from common import figure_path, read_documents, write_result  # noqa: E402
 
 
 def main() -> None:
@@ -37,7 +37,7 @@ def main() -> None:
         )
         # the README's projection figure: three frequent words of the same sentences
         subprocess.run(["layerwise", "plot", str(work / "texts.txt"), "--words", "time,people,good",
-                        "-o", str(HERE.parent / "docs" / "images" / "projection.png")], check=True)  # fmt: skip
+                        "-o", str(figure_path("projection.png"))], check=True)  # fmt: skip
         write_result("analyze_speed", {"sentences": len(sentences), "seconds": round(seconds, 1)})
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -161,6 +161,12 @@ def _commit() -> str | None:
     return head + ("+" if dirty else "")
 
 
+def figure_path(name: str) -> Path:
+    """``docs/images/NAME``: a figure the docs show (under LAYERWISE_RESULTS_DIR when that is set, so
+    that a run elsewhere, run_all --quick's, leaves the published figure as it is)."""
+    return OUT / name if OUT != RESULTS else HERE.parent / "docs" / "images" / name
+
+
 def result_path(name: str) -> Path:
     """``benchmarks/results/NAME.json``: the one result file of benchmark ``NAME`` (under
     LAYERWISE_RESULTS_DIR when that is set)."""

@@ -40,9 +40,9 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from common import machine, read_documents  # noqa: E402
+from common import machine, read_documents, read_result, result_path  # noqa: E402
 
-RESULTS = HERE / "results" / "corpus_io.json"
+RESULTS = result_path("corpus_io")  # LAYERWISE_RESULTS_DIR sends a run elsewhere (run_all --quick)
 CLI = [sys.executable, "-m", "layerwise.cli", "extract"]
 
 
@@ -275,7 +275,7 @@ def main() -> None:
     args = parser.parse_args()
     scratch = args.scratch or Path(tempfile.gettempdir()) / "layerwise-corpus-io"
     scratch.mkdir(parents=True, exist_ok=True)
-    report = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    report = read_result("corpus_io")  # the parts not rerun are kept
     parts = ("read", "full", "ray", "speed", "trim") if args.part == "all" else (args.part,)
     for part in parts:
         report[part] = globals()[f"part_{part}"](scratch)

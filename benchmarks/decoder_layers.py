@@ -28,7 +28,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import HERE, parser, read_documents, write_result
+from common import figure_path, parser, read_documents, write_result
 from decoder_speed import smollm2_file
 
 
@@ -71,7 +71,7 @@ def main() -> None:
         rows += [f"{a}\t{b}\t{score}" for a, b, score in document_pairs(args.pairs)]
         data.write_text("\n".join(rows) + "\n", encoding="utf-8")
         command = ["layerwise", "probe", "pairs", "--data", str(data), "--model", model, "--json", str(out),
-                   "--plot", str(HERE.parent / "docs" / "images" / "decoder_layers.png")]  # fmt: skip
+                   "--plot", str(figure_path("decoder_layers.png"))]  # fmt: skip
         print("$", " ".join(command), flush=True)
         subprocess.run(command, check=True)
         report = json.loads(out.read_text(encoding="utf-8"))

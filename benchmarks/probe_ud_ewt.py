@@ -23,7 +23,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from common import result_path, upos_conllu, write_result  # noqa: E402
+from common import figure_path, result_path, upos_conllu, write_result  # noqa: E402
 
 
 def main() -> None:
@@ -49,7 +49,7 @@ def main() -> None:
     Console(width=110).print(result.table())
     result.to_json(result_path("probe_ud_ewt"))  # the probe's own format, then the machine beside it
     write_result("probe_ud_ewt", json.loads(result_path("probe_ud_ewt").read_text(encoding="utf-8")))
-    result.plot(HERE.parent / "docs" / "images" / "probe_ud_ewt.png")
+    result.plot(figure_path("probe_ud_ewt.png"))
     layers = result.layer_rows()
     best = max(layers, key=lambda r: r.score)
     last = layers[-1]
