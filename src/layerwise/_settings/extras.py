@@ -16,7 +16,7 @@ EXTRAS: dict[str, tuple[tuple[str, ...], str]] = {
     "probe": (("sklearn", "scipy"), "probing"),
     "plot": (("matplotlib",), "plots"),
     "serve": (("fastapi", "uvicorn"), "the service"),
-    "distributed": (("ray",), "Ray"),
+    "distributed": (("ray", "zarr", "pyarrow"), "--ray"),
 }
 # the suffixes of files whose reading or writing needs pyarrow
 _TABLES = (".parquet", ".csv")
