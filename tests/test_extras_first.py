@@ -24,6 +24,7 @@ def place(tmp_path, monkeypatch):
     monkeypatch.setattr(Encoder, "from_settings", no_model)
     monkeypatch.setattr(Encoder, "__init__", no_model)
     (tmp_path / "texts.txt").write_text("The bank raised rates.\nA second text.\n")
+    (tmp_path / "texts.parquet").write_bytes(b"PAR1")  # never opened: the missing pyarrow is said first
     (tmp_path / "train.conllu").write_text(CONLLU)
     (tmp_path / "pairs.tsv").write_text("sentence1\tsentence2\tscore\na\tb\t1\nc\td\t2\ne\tf\t3\n")
     monkeypatch.chdir(tmp_path)
@@ -33,6 +34,7 @@ def place(tmp_path, monkeypatch):
 # (the module hidden, the extra named, the command's arguments, what must not be written)
 CASES = [
     ("pyarrow", "io", ["extract", "texts.txt", "-o", "v.parquet", "--pool", "mean"], "v.parquet"),
+    ("pyarrow", "io", ["extract", "texts.parquet", "-o", "v.npz"], "v.npz"),  # a corpus read with it
     ("zarr", "store", ["extract", "texts.txt", "-o", "v.lw"], "v.lw"),
     ("ray", "distributed", ["extract", "texts.txt", "-o", "v.lw", "--ray", "local"], "v.lw"),
     ("datasets", "cache", ["cache", "texts.txt", "-o", "acts", "--tokens", "64"], "acts"),

@@ -12,7 +12,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
-from ..errors import InputError, MissingDependencyError, OptionError, import_optional
+from .._settings.extras import require
+from ..errors import InputError, OptionError
 from .formats import CHUNK_ROWS, FileFormat, RawChunk, decode_line, open_binary
 
 
@@ -26,9 +27,9 @@ def _check_columns(path: Path, columns: dict[str, str], present: list[str]) -> N
 
 
 def require_pyarrow(what: str) -> Any:
-    pyarrow = import_optional("pyarrow", f"reading {what}")  # broken: one line naming the cause
-    if pyarrow is None:
-        raise MissingDependencyError(f"reading {what} needs pyarrow: pip install 'layerwise[io]'")
+    require("io", f"reading {what}")  # missing or broken: one line naming the pip command or the cause
+    import pyarrow
+
     return pyarrow
 
 

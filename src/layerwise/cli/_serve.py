@@ -13,7 +13,7 @@ import typer
 
 from .._settings.serve import ServeSettings, serve_options
 from .._settings.settings import Settings
-from ..errors import MissingDependencyError, OptionError
+from ..errors import OptionError
 from ._options import MODEL_SETTINGS, group_option, model_options, option_group
 from ._shared import app, err, setup_logging, use_available_cores
 
@@ -124,12 +124,9 @@ def serve(
 
 
 def _require_uvicorn(command: str) -> None:
-    try:
-        import uvicorn  # noqa: F401
-    except ImportError:
-        raise MissingDependencyError(
-            f"{command} needs uvicorn and FastAPI: pip install 'layerwise[serve]'"
-        ) from None
+    from .._settings.extras import require
+
+    require("serve", command)
 
 
 def _load_encoders(model: list[str] | None, base) -> dict:

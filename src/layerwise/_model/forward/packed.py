@@ -164,7 +164,6 @@ class PackedEncoder:
 
     def __init__(self, model: Any) -> None:
         self.model = model
-        self.model_type: str = model.config.model_type
         self.embeddings = model.embeddings
         self.project = getattr(model, "embeddings_project", None)  # ELECTRA: embedding -> hidden size
         self.layers = list(model.encoder.layer)
