@@ -7,7 +7,11 @@ A family the earlier commit refused or broke on is counted as new, not compared.
 Nyströmformer differ (before, a padded batch leaked into their states: up to 1.1e-2 off
 transformers' states of each text alone, which the hostile pass now holds them to); 7 new.
 
-    python scripts/outputs_unchanged.py [--before 01a6cff] [--after HEAD] [--families llama,t5]
+    python scripts/outputs_unchanged.py [--before 01a6cff] [--after HEAD] [--families llama,t5] [--deep]
+
+``--deep`` writes every way a family runs, each as raw arrays: in memory with each final norm, the
+sub-layer taps, long texts in windows, two concurrent forwards, and streamed (with windows); a way
+both commits refuse alike is left out, one refused by only one commit is listed.
 
 Prints the families identical, different (named, with the arrays that differ) and new; exits 1 if
 one differs. The metadata is left out: it records the code's version and commit.
@@ -47,14 +51,53 @@ for folder in sys.argv[2:]:
 (out / "said.json").write_text(json.dumps(said))
 """
 
+# --deep: every way a packed family runs, each kept as raw arrays (hidden states, taps): in memory
+# with the final norm none, last and all, the sub-layer taps, long texts in windows, two concurrent
+# forwards, and streamed; a way the commit refuses for a family is recorded as refused, not compared
+WRITE_DEEP = """
+import json, sys
+from pathlib import Path
+import numpy as np
+import layerwise as lw
+long = " ".join(["The river bank was quiet, and the fish swam near the reeds all morning."] * 6)
+texts = ["The bank raised rates.", "A much longer sentence about the river bank, and the fish.", "Hi", long]
+WAYS = {
+    "raw": ({}, {"final_norm": False}),
+    "last": ({}, {"final_norm": True}),
+    "all": ({}, {"final_norm": "all"}),
+    "taps": ({}, {"taps": ("attn_out", "mlp_out")}),
+    "windows": ({"max_length": 24}, {"long_texts": "window", "stride": 8}),
+    "streams": ({"streams": 2, "max_tokens": 64}, {}),
+    "streamed": ({"streaming": True}, {}),
+    "streamed-windows": ({"streaming": True, "max_length": 24}, {"long_texts": "window", "stride": 8}),
+}
+out, said = Path(sys.argv[1]), {}
+for folder in sys.argv[2:]:
+    name = Path(folder).name
+    for way, (options, call) in WAYS.items():
+        try:
+            encoder = lw.Encoder(folder, device="cpu", **options)
+            stacks = encoder.extract(texts, layers="all", progress=False, **call)
+            arrays = {f"hidden{i}": s.hidden for i, s in enumerate(stacks)}
+            for i, s in enumerate(stacks):
+                for tap, value in (s.taps or {}).items():
+                    arrays[f"{tap}{i}"] = value
+            np.savez(out / f"{name}-{way}.npz", **arrays)
+            said[f"{name}-{way}"] = "written"
+        except Exception as exc:
+            said[f"{name}-{way}"] = f"{type(exc).__name__}: {exc}"[:200]
+(out / "said.json").write_text(json.dumps(said))
+"""
+DEEP_WAYS = ("raw", "last", "all", "taps", "windows", "streams", "streamed", "streamed-windows")
 
-def write_outputs(commit: str, folders: list[Path], out: Path, trees: Path) -> dict[str, str]:
+
+def write_outputs(commit: str, folders: list[Path], out: Path, trees: Path, script: str) -> dict[str, str]:
     tree = trees / commit
     subprocess.run(["git", "worktree", "add", "-q", "--detach", str(tree), commit], cwd=REPO, check=True)
     try:
         env = {**os.environ, "PYTHONPATH": str(tree / "src"), "HF_HUB_OFFLINE": "1"}
         out.mkdir(parents=True)
-        command = [sys.executable, "-c", WRITE, str(out), *map(str, folders)]
+        command = [sys.executable, "-c", script, str(out), *map(str, folders)]
         subprocess.run(command, env=env, check=True, capture_output=True)
         return json.loads((out / "said.json").read_text())
     finally:
@@ -84,7 +127,9 @@ def main() -> int:
     args.add_argument("--before", default="01a6cff")
     args.add_argument("--after", default="HEAD")
     args.add_argument("--families", default="")
+    args.add_argument("--deep", action="store_true", help="every way a family runs (streamed, taps, …)")
     given = args.parse_args()
+    script, kinds = (WRITE_DEEP, DEEP_WAYS) if given.deep else (WRITE, ("tokens", "mean"))
     from hostile_families import families
 
     chosen = {f for f in given.families.split(",") if f} or None
@@ -96,21 +141,19 @@ def main() -> int:
                 folders.append(make(work / "models" / name))
             except Exception as exc:  # transformers cannot build it here: neither commit reads it
                 print(f"{name}: not built ({type(exc).__name__})")
-        before = write_outputs(given.before, folders, work / "before", work / "trees")
-        after = write_outputs(given.after, folders, work / "after", work / "trees")
+        before = write_outputs(given.before, folders, work / "before", work / "trees", script)
+        after = write_outputs(given.after, folders, work / "after", work / "trees", script)
         same, differ, new = [], [], []
         for folder in folders:
-            name = folder.name
-            if before.get(name) != "written" or after.get(name) != "written":
-                new.append(f"{name} (before: {before.get(name)}; after: {after.get(name)})")
-                continue
-            arrays = [
-                f"{kind}:{array}"
-                for kind in ("tokens", "mean")
-                for array in differing_arrays(
-                    work / "before" / f"{name}-{kind}.npz", work / "after" / f"{name}-{kind}.npz"
-                )
-            ]
+            name, arrays = folder.name, []
+            for kind in kinds:
+                key = name if not given.deep else f"{name}-{kind}"
+                if before.get(key) != "written" or after.get(key) != "written":
+                    if before.get(key) != after.get(key) or not given.deep:
+                        new.append(f"{key} (before: {before.get(key)}; after: {after.get(key)})")
+                    continue
+                files = [work / side / f"{name}-{kind}.npz" for side in ("before", "after")]
+                arrays += [f"{kind}:{array}" for array in differing_arrays(*files)]
             (differ if arrays else same).append(f"{name} ({', '.join(arrays)})" if arrays else name)
     print(f"identical: {len(same)}: {', '.join(same)}")
     print(f"different: {len(differ)}: {'; '.join(differ) or '-'}")

@@ -17,7 +17,7 @@ import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Generator, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -103,11 +103,11 @@ class StreamedModel(ABC):
         """Layer ``depth`` has run every batch of the block (a packed layer drops what it fused)."""
         return None
 
-    def running(self) -> AbstractContextManager[Any]:
-        """What a block runs inside (a decoder's attention implementation)."""
-        return nullcontext()
-
     # the weights
+
+    def vocabulary(self, batches: Any) -> torch.Tensor:
+        """The block's token ids, sorted: the rows of the word table the block reads."""
+        return torch.unique(torch.cat([b.ids for b in batches]))
 
     def stored_names(self) -> list[str]:
         """The checkpoint's names of every weight the units read (the word table's too)."""
