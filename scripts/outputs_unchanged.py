@@ -143,7 +143,7 @@ def main() -> int:
                 print(f"{name}: not built ({type(exc).__name__})")
         before = write_outputs(given.before, folders, work / "before", work / "trees", script)
         after = write_outputs(given.after, folders, work / "after", work / "trees", script)
-        same, differ, new = [], [], []
+        same, differ, new, alike, compared = [], [], [], [], 0
         for folder in folders:
             name, arrays = folder.name, []
             for kind in kinds:
@@ -151,10 +151,16 @@ def main() -> int:
                 if before.get(key) != "written" or after.get(key) != "written":
                     if before.get(key) != after.get(key) or not given.deep:
                         new.append(f"{key} (before: {before.get(key)}; after: {after.get(key)})")
+                    else:
+                        alike.append(f"{key}: {before.get(key)}")
                     continue
+                compared += 1
                 files = [work / side / f"{name}-{kind}.npz" for side in ("before", "after")]
                 arrays += [f"{kind}:{array}" for array in differing_arrays(*files)]
             (differ if arrays else same).append(f"{name} ({', '.join(arrays)})" if arrays else name)
+    print(f"outputs compared: {compared}; refused alike by both commits: {len(alike)}")
+    for line in alike:
+        print("  " + line)
     print(f"identical: {len(same)}: {', '.join(same)}")
     print(f"different: {len(differ)}: {'; '.join(differ) or '-'}")
     print(f"not compared (one commit refused or broke): {len(new)}")
