@@ -37,6 +37,7 @@ import torch
 
 from ..errors import OptionError
 from .families import BERT_LAYOUT, is_decoder_config
+from .notes import note, noted
 
 # where models keep their final norm (see the docstring): a candidate, which settle_final_norm checks
 # against transformers' own last hidden state at load
@@ -51,16 +52,17 @@ _FINAL_NORM_PATHS = (
     "decoder.final_layer_norm",
     "decoder.layer_norm",
 )
-# settle_final_norm's verdict, kept on the model: the module, "none" (the last state is not normed),
-# or "unknown" (transformers normalises it with something else: only its own last state is given)
-_SETTLED = "_layerwise_final_norm"
+# settle_final_norm's verdict, noted beside the model (notes.py): the module, "none" (the last state
+# is not normed), or "unknown" (transformers normalises it with something else: only its own last
+# state is given)
+_SETTLED = "final_norm"
 Verdict = Literal["module", "none", "unknown"]
 
 
 def final_norm_module(model: Any) -> Any:
     """A model's final norm: the module settled at load, else the one found by name (see
     ``_FINAL_NORM_PATHS``), or None (none, or none known: :func:`settle_final_norm`)."""
-    settled = getattr(model, _SETTLED, None)
+    settled = noted(model, _SETTLED)
     if settled is not None:
         return settled if isinstance(settled, torch.nn.Module) else None
     if getattr(getattr(model, "config", None), "model_type", None) in BERT_LAYOUT:
@@ -76,7 +78,7 @@ def final_norm_module(model: Any) -> Any:
 
 def verdict(model: Any) -> Verdict:
     """What is known of ``model``'s final norm: a module, none, or one layerwise cannot separate."""
-    settled = getattr(model, _SETTLED, None)
+    settled = noted(model, _SETTLED)
     if settled == "unknown":
         return "unknown"
     return "module" if final_norm_module(model) is not None else "none"
@@ -152,8 +154,7 @@ def settle_final_norm(model: Any, raw_last: torch.Tensor, returned_last: torch.T
         settled: Any = norm
     else:
         settled = "none" if close(raw_last) else "unknown"
-    # in __dict__, not setattr: nn.Module would register the norm as a second child (its state dict)
-    model.__dict__[_SETTLED] = settled
+    note(model, _SETTLED, settled)
 
 
 def settle_from_tie(model: Any, given: torch.Tensor, returned_last: torch.Tensor, extra: dict) -> None:
@@ -164,7 +165,7 @@ def settle_from_tie(model: Any, given: torch.Tensor, returned_last: torch.Tensor
     with _untied(model.config):
         raw_last = model(input_ids=given, output_hidden_states=True, **extra).hidden_states[-1]
     if _close(returned_last, raw_last) and final_norm_module(model) is not None:
-        model.__dict__[_SETTLED] = "unknown"
+        note(model, _SETTLED, "unknown")
     else:
         settle_final_norm(model, raw_last, returned_last)
 

@@ -21,6 +21,7 @@ from typing import Any
 
 from ...errors import MissingDependencyError, ModelLoadError, OptionError
 from ..families import check_text_transformer, kind_of
+from ..notes import note
 from .checkpoint_files import check_checkpoint_files, damaged_json, pickled_weights
 from .gguf_files import gguf_loading, loader_args
 from .plain import read_plain
@@ -338,7 +339,7 @@ def load_model(
     if any(k.startswith(OPTIONAL_PREFIXES) for k in info.get("missing_keys", ())):
         logger.debug("model %s has no pooler weights; layerwise does not use the pooler", name)
         # transformers filled them with random numbers: not part of what identifies the weights
-        model._layerwise_not_loaded = OPTIONAL_PREFIXES
+        note(model, "not_loaded", OPTIONAL_PREFIXES)
     if kind_of(model.config) == "encoder-decoder":  # only the encoder runs: the decoder is dropped
         config, model = model.config, model.get_encoder()
         if getattr(model, "config", None) is None:  # FSMT's encoder keeps none: the model's is its own

@@ -15,13 +15,15 @@ def weights_sha256(model) -> str:
     at every load, and a store's resume compares this hash). Remembered on the model while no
     tensor has changed (torch counts in-place writes in each tensor's ``_version``): an actor
     writing many shards hashes its weights once."""
-    streamed = getattr(model, "_layerwise_streamed", None)
+    from ..notes import note, noted
+
+    streamed = noted(model, "streamed")
     if streamed is not None:  # a skeleton of meta tensors: the same bytes, read from its checkpoint
         return streamed.weights_sha256()
-    skipped = getattr(model, "_layerwise_not_loaded", ())
+    skipped = noted(model, "not_loaded", ())
     state = sorted((k, v) for k, v in model.state_dict().items() if not k.startswith(skipped))
     fingerprint = tuple((name, t.data_ptr(), t._version) for name, t in state)
-    cached = getattr(model, "_layerwise_weights_sha256", None)
+    cached = noted(model, "weights_sha256")
     if cached is not None and cached[0] == fingerprint:
         return cached[1]
     if any(t.is_meta for _, t in state):  # accelerate keeps an offloaded layer's weights off the model
@@ -29,7 +31,7 @@ def weights_sha256(model) -> str:
 
         state = [(k, offloaded_tensor(model, k).to(t.dtype) if t.is_meta else t) for k, t in state]
     hexdigest = tensors_sha256(state)
-    model._layerwise_weights_sha256 = (fingerprint, hexdigest)
+    note(model, "weights_sha256", (fingerprint, hexdigest))
     return hexdigest
 
 

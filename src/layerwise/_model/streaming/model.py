@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..notes import note
 from .checkpoint import Weights
 from .plan import StreamShape
 
@@ -77,7 +78,7 @@ class StreamedModel(ABC):
         self.resident = 0  # units whose weights are in memory now (the running one, the one read next)
         self.peak_resident = 0
         self._sha256: str | None = None
-        skeleton._layerwise_streamed = self  # weights_sha256(skeleton) asks this object (source.py)
+        note(skeleton, "streamed", self)  # weights_sha256(skeleton) asks this object (weights_hash.py)
 
     # the family's hooks
 
