@@ -75,14 +75,19 @@ def build(model: str, folder: Path) -> Path:
         shutil.copytree(made, folder)
         shutil.rmtree(made, ignore_errors=True)
         return folder
-    from any_models import FAMILIES as KINDS
-    from any_models import tokenizer_of
-    from transformers import CONFIG_MAPPING, AutoModel
+    from decoder_models import byte_level_tokenizer, decoder_config, sentencepiece_tokenizer
+    from transformers import AutoModelForCausalLM
 
-    tokenizer = tokenizer_of(model)
-    fields = {**KINDS[model][1], **SHAPE, "max_position_embeddings": 512, "vocab_size": len(tokenizer)}
-    fields.update(num_key_value_heads=4, head_dim=64)
-    AutoModel.from_config(CONFIG_MAPPING[model](**fields)).save_pretrained(folder)
+    tokenizer = byte_level_tokenizer() if model == "qwen3" else sentencepiece_tokenizer()
+    config = decoder_config(model, tokenizer, SHAPE["num_hidden_layers"])
+    for field, value in {
+        **SHAPE,
+        "num_key_value_heads": 4,
+        "head_dim": 64,
+        "max_position_embeddings": 512,
+    }.items():
+        setattr(config, field, value)
+    AutoModelForCausalLM.from_config(config).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
 
