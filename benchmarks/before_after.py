@@ -95,7 +95,9 @@ def build(model: str, folder: Path) -> Path:
 def timed(tree: Path, folder: Path, options: dict, texts: list[str]) -> dict:
     env = {**os.environ, "PYTHONPATH": str(tree / "src"), "HF_HUB_OFFLINE": "1"}
     command = [sys.executable, "-c", TIME, str(folder), json.dumps(options), json.dumps(texts)]
-    out = subprocess.run(command, env=env, check=True, capture_output=True, text=True)
+    out = subprocess.run(command, env=env, capture_output=True, text=True)
+    if out.returncode:
+        raise SystemExit(f"{tree.name}: {options} on {folder.name} failed:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
