@@ -79,6 +79,7 @@ def build(model: str, folder: Path) -> Path:
     from transformers import AutoModelForCausalLM
 
     tokenizer = byte_level_tokenizer() if model == "qwen3" else sentencepiece_tokenizer()
+    tokenizer.model_max_length = 512
     config = decoder_config(model, tokenizer, SHAPE["num_hidden_layers"])
     for field, value in {
         **SHAPE,
