@@ -100,7 +100,7 @@ def run_costs(n_texts: int, repeats: int) -> dict:
 
     torch.set_num_threads(1)
     texts = mixed_corpus(n_texts, max(1, n_texts // 100), seed=1)
-    encoder = lw.Encoder(device="cpu", streams=1)
+    encoder = lw.Encoder(device="cpu", concurrent_forwards=1)
     items = encoder.inputs.encode(normalize_inputs(texts=texts), truncate=True)
     last = (encoder.n_hidden_states - 1,)
 

@@ -205,7 +205,7 @@ def run(folder: Path, texts: list[str], repeats: int, profile: bool) -> dict:
                  "embed_over_loop": over_loop >= LOOP_TARGET},
     }  # fmt: skip
     if profile:  # one stream: the forward runs on the calling thread, where cProfile sees it
-        alone = lw.Encoder(folder, max_length=256, streams=1)
+        alone = lw.Encoder(folder, max_length=256, concurrent_forwards=1)
         calls = {"embed": lambda: alone.embed(texts, layers="all", pool="mean", progress=False),
                  "embed_words": lambda: alone.embed_words(texts, layers="all", progress=False),
                  "extract": lambda: alone.extract(texts, layers="all", dtype="float16", progress=False)}  # fmt: skip

@@ -16,9 +16,9 @@ For the default model (all-MiniLM-L6-v2) and a randomly initialised 12-layer ``B
   chars loop   batches of 32 sorted by characters, as sentence-transformers sorts
   st tokens    sentence-transformers ``encode(output_value="token_embeddings")`` (last layer only)
   layerwise hf ``Encoder(packed=False).extract(texts, layers="all")``: padded HF forward
-  1 stream     ``Encoder(streams=1).extract(texts, layers="all")``: the packed forward, one batch
+  1 stream     ``Encoder(concurrent_forwards=1).extract(texts, layers="all")``: the packed forward, one batch
                at a time on all of torch's threads
-  2 streams    the same with ``streams=2``: two batches at once, each on half of the threads
+  2 streams    the same with ``concurrent_forwards=2``: two batches at once, each on half of the threads
                (concurrent.py); ``Encoder()`` picks one of the two by the model's width
 
 The headline ratio (``default_over_fastest_loop``) is against whichever of the two careful loops was
@@ -60,7 +60,7 @@ import layerwise as lw
 
 def measure(name: str, folder: str, texts: list[str], repeats: int, skip_tutorial: bool) -> dict:
     packed = lw.Encoder(folder, device="cpu", max_length=512)  # its default streams
-    by_streams = {n: lw.Encoder(folder, device="cpu", max_length=512, streams=n) for n in (1, 2)}
+    by_streams = {n: lw.Encoder(folder, device="cpu", max_length=512, concurrent_forwards=n) for n in (1, 2)}
     default_key = "packed_1_stream" if packed.engine.pool is None else "packed_2_streams"
     padded = lw.Encoder(folder, device="cpu", max_length=512, packed=False)
     assert packed.engine.packed is not None and padded.engine.packed is None

@@ -8,7 +8,7 @@ Llama of 12 layers × 768) and each dtype (float32; bfloat16 where the CPU has b
 AMX or AVX-512 BF16, read from /proc/cpuinfo), on a mixed-length UD EWT corpus:
 
 - ``forward``: layerwise's packed forward alone, every hidden state, on the engine's own batches of
-  the tokenised corpus, one batch at a time on all of torch's threads (``streams=1``);
+  the tokenised corpus, one batch at a time on all of torch's threads (``concurrent_forwards=1``);
 - ``gemms``: the same linear layers' matrix products alone, at the row counts those batches run
   (every layer's weights, random inputs), with torch's faster CPU library for these shapes (oneDNN
   with prepacked weights, or MKL); the roof the forward cannot pass;
@@ -164,7 +164,7 @@ def op_shares(forward) -> dict[str, float]:
 
 
 def measure(name: str, folder: Path, texts: list[str], dtype: str, repeats: int) -> dict:
-    enc = lw.Encoder(folder, device="cpu", model_dtype=dtype, max_length=512, streams=1)
+    enc = lw.Encoder(folder, device="cpu", model_dtype=dtype, max_length=512, concurrent_forwards=1)
     engine, packed = enc.engine, enc.engine.packed
     assert packed is not None, f"{name} does not run the packed forward"
     block = enc.inputs.encode_block(normalize_inputs(texts))
@@ -213,7 +213,7 @@ def measure(name: str, folder: Path, texts: list[str], dtype: str, repeats: int)
         "forward_over_gemms": round(median["gemms"] / median["forward"], 3),
         "forward_share_of_machine": round(gemm_flop / median["forward"] / machine, 3),
         "extract_share_of_machine": round(gemm_flop / median["extract"] / machine, 3),
-        "extract_streams": user.engine.pool.streams if user.engine.pool is not None else 1,
+        "extract_streams": user.engine.pool.forwards if user.engine.pool is not None else 1,
         "op_shares": shares,
         "rounds": {k: [round(t, 4) for t in v] for k, v in times.items()},
     }  # fmt: skip

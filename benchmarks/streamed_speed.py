@@ -90,8 +90,8 @@ def child(mode: str, folder: str, n_sentences: int, n_documents: int, budget: st
         shape, plan = forward.model.shape(), forward.plan
         report.update(
             block_tokens=plan.block_tokens, batch_tokens=plan.batch_tokens, two_units_bytes=shape.weights,
-            streams=plan.streams,
-            activation_bytes=plan.block_tokens * 2 * shape.state + plan.batch_tokens * shape.work * plan.streams,
+            streams=plan.forwards,
+            activation_bytes=plan.block_tokens * 2 * shape.state + plan.batch_tokens * shape.work * plan.forwards,
             peak_resident_units=forward.model.peak_resident,
         )  # fmt: skip
     print(json.dumps(report))

@@ -67,7 +67,7 @@ WAYS = {
     "all": ({}, {"final_norm": "all"}),
     "taps": ({}, {"taps": ("attn_out", "mlp_out")}),
     "windows": ({"max_length": 24}, {"long_texts": "window", "stride": 8}),
-    "streams": ({"streams": 2, "max_tokens": 64}, {}),
+    "streams": ({"streams": 2, "max_tokens": 64}, {}),  # concurrent_forwards, as earlier commits name it
     "streamed": ({"streaming": True}, {}),
     "streamed-windows": ({"streaming": True, "max_length": 24}, {"long_texts": "window", "stride": 8}),
 }

@@ -344,8 +344,8 @@ def extraction_table() -> str:
         "loop_budget": "careful loop: sorted by token count, batches of 4,096 padded positions, "
         "`inference_mode`",
         "layerwise_hf": "layerwise, Hugging Face padded forward (`packed=False`)",
-        "packed_1_stream": "layerwise packed forward, one stream (`streams=1`)",
-        "packed_2_streams": "layerwise packed forward, two streams (`streams=2`)",
+        "packed_1_stream": "layerwise packed forward, one at a time (`concurrent_forwards=1`)",
+        "packed_2_streams": "layerwise packed forward, two side by side (`concurrent_forwards=2`)",
     }
 
     def cells(part: dict[str, Any], key: str) -> list[str]:
@@ -378,7 +378,7 @@ def extraction_ratios() -> str:
     )
 
 
-def streams() -> str:
+def concurrent_forwards() -> str:
     speed = result("packed_speed")
 
     def change(part: dict[str, Any]) -> str:
@@ -386,7 +386,7 @@ def streams() -> str:
         return f"{'+' if gain >= 0 else '−'}{abs(gain) * 100:.0f} %"
 
     return (
-        f"{change(speed['default'])} on the default model against one stream in this run, "
+        f"{change(speed['default'])} on the default model against one at a time in this run, "
         f"{change(speed['bert_base'])} on the BERT-base shape"
     )
 
@@ -432,7 +432,7 @@ def roof_table() -> str:
                          " / ".join(pct(shares[k]) for k in SHARE_KINDS)])  # fmt: skip
     header = ["model", "dtype", "forward tok/s", "its GEMMs alone, share of its time",
               "GEMMs alone GFLOP/s (of the machine)", "in the forward (of the machine)",
-              "in `extract` (its streams)",
+              "in `extract` (its concurrent forwards)",
               "machine GFLOP/s",
               "forward's CPU time: GEMM / attention / gathers and copies / the rest"]  # fmt: skip
     units = data["bf16_units"] or "none: float32 only"
@@ -1007,7 +1007,7 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "extraction-setup": extraction_setup,
     "extraction": extraction_table,
     "extraction-ratios": extraction_ratios,
-    "streams": streams,
+    "concurrent-forwards": concurrent_forwards,
     "host-cost": host_cost_table,
     "roof": roof_table,
     "roof-account": roof_account,

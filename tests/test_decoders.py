@@ -99,9 +99,9 @@ def test_qwen2_with_per_layer_sliding_windows_runs_packed(tmp_path):
         np.testing.assert_allclose(ours.hidden, theirs.hidden, atol=1e-5)
 
 
-def test_two_streams_run_packed_decoder_batches_at_once(decoder_folder):
-    one = lw.Encoder(decoder_folder("qwen3"), device="cpu", streams=1)
-    two = lw.Encoder(decoder_folder("qwen3"), device="cpu", streams=2, max_tokens=64)
+def test_two_concurrent_forwards_run_packed_decoder_batches_at_once(decoder_folder):
+    one = lw.Encoder(decoder_folder("qwen3"), device="cpu", concurrent_forwards=1)
+    two = lw.Encoder(decoder_folder("qwen3"), device="cpu", concurrent_forwards=2, max_tokens=64)
     assert two.engine.pool is not None
     texts = ud_sentences(limit=60)
     for a, b in zip(one.extract(texts), two.extract(texts), strict=True):

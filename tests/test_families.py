@@ -357,12 +357,12 @@ def test_info_says_how_a_model_will_run_before_loading_it(family_folder):
         said[model_type] = json.loads(result.output)
     assert said["gpt_neox"] | {"model": None} == {
         "model": None, "model_type": "gpt_neox", "kind": "decoder", "layers": 3, "hidden_size": 64,
-        "forward": "packed", "streams": "yes", "taps": "attention_probs, attn_out, mlp_out",
+        "forward": "packed", "streaming": "yes", "taps": "attention_probs, attn_out, mlp_out",
         "final_norm": "yes: final_norm True, False or 'all'", "pairs": "no (join the texts yourself)",
     }  # fmt: skip
-    assert (said["falcon"]["forward"], said["falcon"]["streams"]) == ("general", "no: load it in memory")
+    assert (said["falcon"]["forward"], said["falcon"]["streaming"]) == ("general", "no: load it in memory")
     assert said["t5"]["kind"] == "encoder of an encoder-decoder" and said["t5"]["forward"] == "general"
-    assert (said["modernbert"]["forward"], said["modernbert"]["streams"]) == ("packed", "yes")
+    assert (said["modernbert"]["forward"], said["modernbert"]["streaming"]) == ("packed", "yes")
     for model_type, facts in said.items():  # what a load then runs
         assert lw.Encoder(family_folder(model_type), device="cpu").run_path == facts["forward"]
     result = CliRunner().invoke(app, ["info", "out.npz", "-m", str(family_folder("t5"))])

@@ -154,7 +154,7 @@ def test_opt_350m_loads_in_memory_and_streaming_is_refused_by_name(tmp_path):
     with pytest.raises(ModelLoadError, match=r"project_in, as OPT-350m.*does not stream yet"):
         lw.Encoder(folder, device="cpu", streaming=True)
     result = CliRunner().invoke(app, ["info", "-m", str(folder), "--json"])
-    assert result.exit_code == 0 and json.loads(result.output)["streams"].startswith("no")
+    assert result.exit_code == 0 and json.loads(result.output)["streaming"].startswith("no")
 
 
 def test_streaming_opt_without_a_final_norm(family_folder, tmp_path):

@@ -66,9 +66,9 @@ def test_default_encoder_runs_without_transformers_model_code():
 
 
 def test_light_model_equals_hugging_face_forward_on_default_model(default_model_dir):
-    light = lw.Encoder(default_model_dir, device="cpu", streams=1)
+    light = lw.Encoder(default_model_dir, device="cpu", concurrent_forwards=1)
     padded = lw.Encoder(default_model_dir, device="cpu", packed=False)
-    on_hf_modules = lw.Encoder(default_model_dir, device="cpu", streams=1)
+    on_hf_modules = lw.Encoder(default_model_dir, device="cpu", concurrent_forwards=1)
     assert on_hf_modules.model is on_hf_modules.engine.packed.model  # packed, on transformers' modules
     assert not light.models.built and padded.models.built
     ours = light.extract(TEXTS)
@@ -174,7 +174,7 @@ def test_a_misshapen_weight_is_still_refused(make_tiny_model, tmp_path):
 def test_transformers_model_built_on_demand_takes_over(make_tiny_model):
     """Encoder.model builds the transformers model; from then on the packed forward runs on its
     modules, so weights edited through it are the weights every path uses."""
-    enc = lw.Encoder(make_tiny_model("bert", 3), device="cpu", streams=1)
+    enc = lw.Encoder(make_tiny_model("bert", 3), device="cpu", concurrent_forwards=1)
     before = enc.extract(TEXTS[:4])
     assert not enc.models.built
     model = enc.model

@@ -32,7 +32,7 @@ def snapshot(model: Any) -> dict[str, Any]:
 
 @pytest.mark.parametrize("arch", ["llama", "gpt2", "gemma3_text"])
 def test_a_packed_extraction_leaves_the_model_as_it_was(arch, decoder_folder):
-    encoder = lw.Encoder(decoder_folder(arch), device="cpu", streams=2, max_tokens=64)
+    encoder = lw.Encoder(decoder_folder(arch), device="cpu", concurrent_forwards=2, max_tokens=64)
     model = encoder.model
     before = snapshot(model)
     texts = ud_sentences(limit=12)

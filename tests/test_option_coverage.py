@@ -53,7 +53,7 @@ def _cases(other_model: Path) -> dict[str, _Case]:
         # an encoder has no final norm: refused everywhere, naming it (decoders: test_settings.py)
         "final_norm": _Case(args=["--final-norm", "all"], refused=BACKENDS),
         "device": _Case(args=["--device", "cpu"], key="device"),
-        "streams": _Case(args=["--streams", "3"], key="streams"),
+        "concurrent_forwards": _Case(args=["--concurrent-forwards", "3"], key="concurrent_forwards"),
         "encoding_errors": _Case(args=["--encoding-errors", "replace"], key="corpus"),
         "format": _Case(args=["--format", "parquet"], key="corpus"),
         "text_column": _Case(args=["--text-column", "other"], key="corpus"),
@@ -247,7 +247,7 @@ SERVE_CASES = {
     "device": ["--device", "cpu"],
     "model_dtype": ["--model-dtype", "bfloat16"],
     "final_norm": ["--final-norm", "all"],
-    "streams": ["--streams", "2"],
+    "concurrent_forwards": ["--concurrent-forwards", "2"],
     "model_process": ["--in-process"],
     "store": ["--store", "STORE"],
     "batch_size": ["--batch-size", "5"],
@@ -429,7 +429,7 @@ MODEL_OPTION_VALUES = {
     "batch_size": (["--batch-size", "3"], 3),
     "max_tokens": (["--max-tokens", "64"], 64),
     "packed": (["--no-packed"], False),
-    "streams": (["--streams", "3"], 3),
+    "concurrent_forwards": (["--concurrent-forwards", "3"], 3),
     "allow_nan": (["--allow-nan"], True),
     "final_norm": (["--final-norm", "all"], "all"),
     "method": (["--method", "hooks"], "hooks"),
@@ -472,6 +472,7 @@ def test_every_command_that_loads_a_model_takes_every_model_option(name, tmp_pat
     wrong = {
         field: getattr(seen[-1], field)
         for field, (_, value) in MODEL_OPTION_VALUES.items()
-        if getattr(seen[-1], field) != value and not (name in ("serve", "explore") and field == "streams")
+        if getattr(seen[-1], field) != value
+        and not (name in ("serve", "explore") and field == "concurrent_forwards")
     }
     assert not wrong, f"{name}: options that did not reach the model's Settings: {wrong}"

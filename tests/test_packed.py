@@ -150,7 +150,7 @@ def test_mixed_lengths_in_one_packed_batch_equal_padded(make_tiny_model, monkeyp
     grids (and the real-token budget keeps it one batch); the numbers stay the padded forward's."""
     import layerwise._model.forward.packed as packed_module
 
-    packed, padded = pair_of_encoders(make_tiny_model("bert", 3), streams=1)  # 2 would split it
+    packed, padded = pair_of_encoders(make_tiny_model("bert", 3), concurrent_forwards=1)  # 2 would split it
     seen: list[list[tuple[int, int]]] = []
     real = packed_module.attention_groups
 

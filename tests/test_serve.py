@@ -371,7 +371,9 @@ def decode_b64(data: str) -> np.ndarray:
 
 @pytest.mark.parametrize("model_process", [False, True])
 def test_concurrent_clients_get_exactly_their_own_results(tiny_encoder, model_process):
-    settings = ServeSettings(max_wait_ms=50, model_process=model_process, streams=2 if model_process else 1)
+    settings = ServeSettings(
+        max_wait_ms=50, model_process=model_process, concurrent_forwards=2 if model_process else 1
+    )
     app = create_app({"tiny": tiny_encoder}, settings)
     rng = np.random.default_rng(0)
     words = ["bank", "river", "rates", "the", "raised", "money", "water", "a", "crane", "flew"]
@@ -610,7 +612,7 @@ def test_serve_lets_idle_openmp_threads_sleep_unless_the_user_chose(monkeypatch,
 
 def test_serve_runs_the_models_in_a_process_of_their_own_on_a_cpu(monkeypatch):
     """The server's own Encoders (tokenising, metadata, explorer) ask for one stream; the runs go to
-    the model process on a CPU (--in-process keeps them here) with --streams passed through."""
+    the model process on a CPU (--in-process keeps them here) with --concurrent-forwards passed through."""
     import layerwise._encoder
     from layerwise import cli
     from layerwise._model.loading.source import pick_device
@@ -624,7 +626,7 @@ def test_serve_runs_the_models_in_a_process_of_their_own_on_a_cpu(monkeypatch):
         def __init__(self, name, **options):
             self.name = name or "default"
             self.device = pick_device(options["device"])
-            asked.append(options.get("streams"))
+            asked.append(options.get("concurrent_forwards"))
 
         @classmethod
         def from_settings(cls, settings):
@@ -637,11 +639,15 @@ def test_serve_runs_the_models_in_a_process_of_their_own_on_a_cpu(monkeypatch):
     monkeypatch.setattr(cli_serve, "_run_server", lambda *args, **kwargs: None)
     from typer.testing import CliRunner
 
-    for args in ([], ["--streams", "3"], ["--in-process", "--streams", "2"]):
+    for args in ([], ["--concurrent-forwards", "3"], ["--in-process", "--concurrent-forwards", "2"]):
         result = CliRunner().invoke(cli.app, ["serve", "--device", "cpu", *args])
         assert result.exit_code == 0, result.output
     assert asked == [1, 1, 1]
-    assert [(s.model_process, s.streams) for s in settings] == [(True, None), (True, 3), (False, 2)]
+    assert [(s.model_process, s.concurrent_forwards) for s in settings] == [
+        (True, None),
+        (True, 3),
+        (False, 2),
+    ]
 
 
 def test_serve_builds_the_transformers_model_at_start(monkeypatch, default_model_dir):
@@ -649,7 +655,9 @@ def test_serve_builds_the_transformers_model_at_start(monkeypatch, default_model
     from layerwise.cli import _serve as cli_serve
 
     monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")  # torch is loaded already; keep the env as it was
-    encoders = cli_serve._load_encoders([str(default_model_dir)], lw.Settings(device="cpu", streams=1))
+    encoders = cli_serve._load_encoders(
+        [str(default_model_dir)], lw.Settings(device="cpu", concurrent_forwards=1)
+    )
     (encoder,) = encoders.values()
     assert encoder.models.built and encoder.engine.packed.model is encoder.model
 

@@ -180,7 +180,7 @@ def test_a_lone_client_is_served_by_stream_zero_and_a_crowd_by_every_stream(tiny
                 release.wait(10)
             return super().collect(slot)
 
-    runner = Slots({"tiny": tiny}, streams=2)
+    runner = Slots({"tiny": tiny}, forwards=2)
     batcher = Batcher({"tiny": tiny}, max_wait=0.0, runner=runner)
     lone = job_for(tiny, ["alone"], Finish((2,)), Recorder([], "alone"))
     batcher._jobs.append(lone)  # the rule itself, before any thread runs

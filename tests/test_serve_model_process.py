@@ -41,10 +41,10 @@ def tiny_pair(make_tiny_model):
 
 def test_model_process_serves_the_in_process_vectors(default_encoder, tiny_pair):
     """Embeddings and per-layer vectors from the model process equal Encoder().embed/extract, on two
-    streams, for two models; the runs happened in another process."""
+    concurrent forwards, for two models; the runs happened in another process."""
     app = create_app(
         {default_encoder.name: default_encoder, "tiny": tiny_pair},
-        ServeSettings(model_process=True, streams=2, long_texts="window"),
+        ServeSettings(model_process=True, concurrent_forwards=2, long_texts="window"),
     )
     runner = app.state.batcher.runner
     long_text = "the river bank " * 200  # about 600 tokens: windows, stitched in the model process
@@ -60,7 +60,7 @@ def test_model_process_serves_the_in_process_vectors(default_encoder, tiny_pair)
         return embeddings, layers, many, await client.get("/health")
 
     embeddings, layers, many, health = run_app(app, scenario)
-    assert runner.streams == 2 and runner.process.pid != os.getpid()
+    assert runner.forwards == 2 and runner.process.pid != os.getpid()
     assert embeddings.status_code == 200, embeddings.text
     got = np.array([item["embedding"] for item in embeddings.json()["data"]])
     np.testing.assert_allclose(got, default_encoder.encode(TEXTS), atol=1e-5)
@@ -94,7 +94,7 @@ def test_an_error_in_the_model_process_arrives_as_itself(tiny_pair):
     from layerwise.serve._batcher import Finish
     from layerwise.serve._model_process import ProcessRunner
 
-    runner = ProcessRunner({"tiny": tiny_pair}, streams=1)
+    runner = ProcessRunner({"tiny": tiny_pair}, forwards=1)
     try:
         runner.wait_ready()
         long = tiny_pair.inputs.encode(normalize_inputs(texts=["bank " * 400]), truncate=False)
@@ -122,7 +122,7 @@ def test_an_error_in_the_model_process_arrives_as_itself(tiny_pair):
 
 
 def test_a_dead_model_process_is_a_503_and_health_says_so(tiny_pair):
-    app = create_app({"tiny": tiny_pair}, ServeSettings(model_process=True, streams=1))
+    app = create_app({"tiny": tiny_pair}, ServeSettings(model_process=True, concurrent_forwards=1))
     runner = app.state.batcher.runner
 
     async def scenario(client):
@@ -145,7 +145,7 @@ def test_weights_edited_after_loading_are_refused_not_silently_served(make_tiny_
     encoder = lw.Encoder(make_tiny_model("bert", 2), device="cpu")
     with torch.no_grad():
         encoder.model.encoder.layer[0].output.dense.bias.add_(1.0)
-    app = create_app({"edited": encoder}, ServeSettings(model_process=True, streams=1))
+    app = create_app({"edited": encoder}, ServeSettings(model_process=True, concurrent_forwards=1))
 
     async def scenario(client):
         return None
@@ -205,7 +205,9 @@ def test_a_nan_from_the_model_process_is_a_500_nonfinite_output(make_tiny_model,
     name = next(k for k in weights if k.endswith("layer.1.output.dense.bias"))
     weights[name][:] = float("nan")
     save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
-    app = create_app({"nan": lw.Encoder(folder, device="cpu")}, ServeSettings(model_process=True, streams=1))
+    app = create_app(
+        {"nan": lw.Encoder(folder, device="cpu")}, ServeSettings(model_process=True, concurrent_forwards=1)
+    )
 
     async def scenario(client):
         return await client.post("/v1/embeddings", json={"input": ["a bank"]})

@@ -26,7 +26,9 @@ def cli(*args):
 
 # ------------------------------------------------------------------------------------------ Settings
 def test_settings_are_checked_and_round_trip():
-    settings = lw.Settings("some/model", model_dtype="bfloat16", max_length=64, final_norm="all", streams=1)
+    settings = lw.Settings(
+        "some/model", model_dtype="bfloat16", max_length=64, final_norm="all", concurrent_forwards=1
+    )
     assert lw.Settings.from_dict(settings.as_dict()) == settings
     assert pickle.loads(pickle.dumps(settings)) == settings  # what Ray and the model process carry
     assert settings.replace(batch_size=8).batch_size == 8 and settings.batch_size is None
@@ -334,10 +336,10 @@ def test_the_encoder_is_made_from_one_settings_value(make_tiny_model):
     import dataclasses
 
     model = make_tiny_model("bert", 2)
-    settings = lw.Settings(str(model), device="cpu", batch_size=3, max_tokens=77, streams=1)
+    settings = lw.Settings(str(model), device="cpu", batch_size=3, max_tokens=77, concurrent_forwards=1)
     enc = lw.Encoder(settings)
     assert enc.settings == settings.replace(model=enc.name)
-    same = lw.Encoder(str(model), device="cpu", batch_size=3, max_tokens=77, streams=1)
+    same = lw.Encoder(str(model), device="cpu", batch_size=3, max_tokens=77, concurrent_forwards=1)
     assert same.settings == enc.settings
     assert lw.Encoder(settings, batch_size=5).settings.batch_size == 5  # keywords replace fields
     # only filled in: the length, and whether it streams (None: the weights fit, so no)

@@ -93,7 +93,7 @@ def llama(decoder_folder):
     return enc.config, enc.models.streamed.shape()
 
 
-def _on_gpu(settings: lw.Settings, shape, streams: int = 1, host_free: int = 10**12, on_cuda: bool = True):
+def _on_gpu(settings: lw.Settings, shape, forwards: int = 1, host_free: int = 10**12, on_cuda: bool = True):
     """The plan of ``shape`` on a GPU (``on_cuda``) with texts of 64 tokens and batches of 100,000."""
     return plan_stream(
         settings,
@@ -102,7 +102,7 @@ def _on_gpu(settings: lw.Settings, shape, streams: int = 1, host_free: int = 10*
         host_free=host_free,
         max_length=64,
         max_tokens=100_000,
-        streams=streams,
+        forwards=forwards,
     )
 
 
@@ -114,10 +114,10 @@ def test_a_gpu_budget_short_of_the_block_puts_its_stream_in_host_memory(llama):
     budget = shape.weights + held + 100 * (shape.work + 4 * shape.state)  # a device block: a few thousand
     settings = lw.Settings(max_device_memory=str(budget))
     assert _on_gpu(settings, shape, on_cuda=False).block_tokens < block  # what the device alone holds
-    assert _on_gpu(settings, shape, streams=2) == StreamPlan(block, 100, 1, "host")  # batch: in, out, work
+    assert _on_gpu(settings, shape, forwards=2) == StreamPlan(block, 100, 1, "host")  # batch: in, out, work
     given = lw.Settings(max_device_memory=str(budget), stream_block_tokens=20_000)  # a given block too
     plan = _on_gpu(given, shape)
-    assert (plan.block_tokens, plan.streams, plan.residual) == (20_000, 1, "host")
+    assert (plan.block_tokens, plan.forwards, plan.residual) == (20_000, 1, "host")
 
 
 def test_a_gpu_budget_that_holds_the_block_keeps_its_stream_on_the_device(llama):
@@ -164,10 +164,12 @@ def test_a_streamed_forward_runs_the_plan_it_was_built_with_and_nothing_sets_it_
     assert forward.plan.residual == "device" and not forward.residual.on_host
 
 
-def test_the_forward_streams_let_go_of_each_input_too(make_tiny_model):
-    """On the CPU's forward streams (two batches at once) a layer's inputs are let go as on the
+def test_the_concurrent_forwards_let_go_of_each_input_too(make_tiny_model):
+    """On the CPU's concurrent forwards (two batches at once) a layer's inputs are let go as on the
     sequential path: the caller's items are emptied, the outputs are each input's step."""
-    forward = lw.Encoder(make_tiny_model("bert", 3), device="cpu", streaming=True, streams=2).engine.streamed
+    forward = lw.Encoder(
+        make_tiny_model("bert", 3), device="cpu", streaming=True, concurrent_forwards=2
+    ).engine.streamed
     assert forward.pool is not None
     items = [(torch.full((2, 3), float(i)),) for i in range(4)]
     seen: list[int] = []

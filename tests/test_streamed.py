@@ -119,8 +119,8 @@ def test_the_block_follows_the_memory_budget_and_a_budget_under_one_layer_is_ref
     assert (meta["streaming"], meta["max_device_memory"]) == (True, "64MB")
     assert meta["stream_block_tokens"] == enc.engine.settings.stream_block_tokens
     # 300 KB hold one batch's work at a time, not two: the batches of a layer then run one by one
-    tight = lw.Encoder(model, device="cpu", streaming=True, max_device_memory="300KB", streams=2)
-    assert tight.engine.pool is None and tight.engine.settings.streams == 1
+    tight = lw.Encoder(model, device="cpu", streaming=True, max_device_memory="300KB", concurrent_forwards=2)
+    assert tight.engine.pool is None and tight.engine.settings.concurrent_forwards == 1
     assert 128 <= tight.engine.streamed.plan.block_tokens < 1000  # at least one text of 128 tokens
     with pytest.raises(OptionError, match=r"max_device_memory='10KB'.*layer.*bytes"):
         lw.Encoder(model, device="cpu", streaming=True, max_device_memory="10KB")

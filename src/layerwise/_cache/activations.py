@@ -63,7 +63,7 @@ def activations(
         # from (B, T, H) per hidden state, and the batch is a run of consecutive contexts
         lo, hi = batch[0], batch[-1] + 1
         assert hi - lo == len(batch) and batch == list(range(lo, hi)), "cache batches are runs"
-        torch.set_num_threads(1)  # the forward's streams hold the cores; the copy is one pass
+        torch.set_num_threads(1)  # the concurrent forwards hold the cores; the copy is one pass
         try:
             for name, kind, j in sources:
                 value = _batch_states(rows, kind, j, width)

@@ -46,7 +46,7 @@ class Encoder(FeatureCalls):
     how it runs. ``Encoder(model, **options)`` is the short form: ``model`` a hub name, a folder, a
     GGUF file, or None for the packaged all-MiniLM-L6-v2, and the options the other fields of
     Settings, which documents each (device, model_dtype, max_length, batch_size, max_tokens,
-    packed, streams, allow_nan, final_norm, method, streaming, max_device_memory,
+    packed, concurrent_forwards, allow_nan, final_norm, method, streaming, max_device_memory,
     stream_block_tokens, device_map, offload_folder, quantize, trust_remote_code).
     ``enc.settings`` says what it was made with, ``enc.engine.settings`` the same resolved for
     this model and device (what runs).

@@ -1,7 +1,7 @@
 """An Encoder's model, loaded from one Settings: where it comes from, its tokenizer, whether it
-streams, where accelerate places it, and the engine that runs it, with every setting the Encoder
-left open (device, max_length, batch_size, max_tokens, a streamed model's block plan) resolved for
-this model and device. core.py's Encoder is made of what :func:`load` returns."""
+streams (layer by layer), where accelerate places it, and the engine that runs it, with every
+setting the Encoder left open (device, max_length, batch_size, max_tokens, a streamed model's block
+plan) resolved for this model and device. core.py's Encoder is made of what :func:`load` returns."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from .._host.cpu import cpu_flags, cpu_name, matrix_units
 from .._host.memory import available_memory
 from .._inputs.encoding import InputEncoder
 from .._model.families import is_decoder_config
-from .._model.forward.concurrent import check_streams
+from .._model.forward.concurrent import check_forwards
 from .._model.handle import ModelHandle
 from .._model.loading.gguf_files import gguf_read_once
 from .._model.loading.placement import placement_of
@@ -96,14 +96,15 @@ def load(given: Settings) -> Loaded:
     settings = given.replace(model=name)  # streaming: as given (None: decided by size)
     on_cpu = device.type == "cpu"
     max_tokens = given.max_tokens or (CPU_MAX_TOKENS if on_cpu else GPU_MAX_TOKENS)
-    streams = check_streams(given.streams, device, int(config.hidden_size))  # batches at once
-    plan = _stream_plan(given, models, device, max_length, max_tokens, streams)
+    forwards = check_forwards(given.concurrent_forwards, device, int(config.hidden_size))  # batches at once
+    plan = _stream_plan(given, models, device, max_length, max_tokens, forwards)
     resolved = settings.replace(
         device=str(device),
         max_length=max_length,
         batch_size=given.batch_size or (CPU_BATCH_SIZE if on_cpu else GPU_BATCH_SIZE),
         max_tokens=max_tokens if plan is None else plan.batch_tokens,
-        streams=given.streams if plan is None else plan.streams,  # a tight budget: one at a time
+        # a tight streaming budget: one at a time
+        concurrent_forwards=given.concurrent_forwards if plan is None else plan.forwards,
         packed=given.packed and placement is None,  # accelerate's hooks run in transformers' forward
         stream_block_tokens=None if plan is None else plan.block_tokens,
         streaming=streaming,
@@ -137,7 +138,12 @@ def warn_slow_dtype(model_dtype: str, device: torch.device) -> None:
 
 
 def _stream_plan(
-    given: Settings, models: ModelHandle, device: torch.device, max_length: int, max_tokens: int, streams: int
+    given: Settings,
+    models: ModelHandle,
+    device: torch.device,
+    max_length: int,
+    max_tokens: int,
+    forwards: int,
 ) -> StreamPlan | None:
     """How a streamed model's blocks run, settled before its forward is built; None when the model
     is in memory."""
@@ -150,5 +156,5 @@ def _stream_plan(
         host_free=available_memory(),
         max_length=max_length,
         max_tokens=max_tokens,
-        streams=streams,
+        forwards=forwards,
     )

@@ -37,7 +37,8 @@ def run_meta(loaded: Recorded, settled: OutputPlan) -> dict:
     """How a run of the ``settled`` plan is made, for every output's metadata: layerwise's version,
     the settings under their Python names (``model`` is the name, ``model_source`` where it was
     loaded from; what ran resolved: ``device_used``, max_length, batch_size, max_tokens, streaming,
-    stream_block_tokens, stream_residual, streams, packed, path), the weights' hash, the plan."""
+    stream_block_tokens, stream_residual, concurrent_forwards, packed, forward), the weights' hash,
+    the plan."""
     from .._model.loading.weights_hash import weights_sha256
 
     engine, ran = loaded.engine, loaded.engine.settings
@@ -52,7 +53,7 @@ def run_meta(loaded: Recorded, settled: OutputPlan) -> dict:
         "stream_block_tokens": ran.stream_block_tokens,
         # where a block's residual stream waits between layers: "device", or "host" (pinned)
         "stream_residual": engine.streamed.plan.residual if engine.streamed else None,
-        "streams": engine.pool.streams if engine.pool is not None else 1,
+        "concurrent_forwards": engine.pool.forwards if engine.pool is not None else 1,
         "packed": engine.runner is not None,  # the packed forward, in memory or streamed
         "forward": engine.path,  # packed, streamed, or general: transformers' own forward
     }

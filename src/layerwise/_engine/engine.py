@@ -31,7 +31,7 @@ from .._inputs.block import EncodedBlock, EncodedInput, TokenColumns
 from .._inputs.windows import Window
 from .._model.families import is_decoder_config
 from .._model.final_norm import apply_final_norm
-from .._model.forward.concurrent import ForwardLock, ForwardPool, check_streams
+from .._model.forward.concurrent import ForwardLock, ForwardPool, check_forwards
 from .._model.forward.hooks import eager_attention_for
 from .._model.forward.packed import PackedEncoder
 from .._model.forward.packed_decoder import PACKED_TAPS, PackedDecoder, packed_forward
@@ -92,9 +92,9 @@ class Engine:
         # its plan says, or None: Hugging Face's padded forward
         streamed_model = models.streamed
         packed = packed_forward(models.current) if settings.packed and streamed_model is None else None
-        streams = check_streams(settings.streams, self.device, config.hidden_size)
+        forwards = check_forwards(settings.concurrent_forwards, self.device, config.hidden_size)
         runs_packed = packed is not None or streamed_model is not None
-        self.pool = ForwardPool(streams) if streams > 1 and runs_packed else None
+        self.pool = ForwardPool(forwards) if forwards > 1 and runs_packed else None
         self.runner: PackedRunner | BlockRunner | None = None
         if streamed_model is not None:
             assert stream_plan is not None, "a streamed model runs as its plan says"
@@ -230,7 +230,7 @@ class Engine:
         if packed and self.pool is not None and lengths:
             # fewer batches than forwards would leave one idle (a server's run of a few short
             # requests fits one batch): split the tokens evenly, in at most that many batches
-            budget = min(budget, -(-sum(lengths) // self.pool.streams) + max(lengths))
+            budget = min(budget, -(-sum(lengths) // self.pool.forwards) + max(lengths))
         batches = length_sorted_batches(
             lengths, call.batch_size or self.batch_size, budget, padded=not packed
         )

@@ -101,7 +101,7 @@ class PackedRunner:
         try:
             for key, columns in jobs:
                 ahead.append((key, self.pool.submit(lambda c=columns: self.run(c(), call))))
-                if len(ahead) > self.pool.streams:
+                if len(ahead) > self.pool.forwards:
                     key, future = ahead.popleft()
                     yield key, future.result()
             while ahead:

@@ -56,6 +56,8 @@ def read_meta(path: str | os.PathLike) -> dict[str, Any]:
         raise InputError(f"{str(path)!r} does not exist")
     if meta.get("path") in FORWARDS:  # 0.3's outputs named the forward "path": the output's own here
         meta = {("forward" if key == "path" else key): value for key, value in meta.items()}
+    if "streams" in meta:  # and the concurrent forwards "streams", which reads like layer streaming
+        meta = {("concurrent_forwards" if key == "streams" else key): value for key, value in meta.items()}
     return {"path": str(path), **meta}
 
 

@@ -27,9 +27,9 @@ def describe(config: Any) -> dict[str, Any]:
     why_not = unpackable_decoder(config) if runs_on_modules(config) else unpackable(config)
     try:
         check_streamable(config, model_type)
-        streams: str = "yes"
+        streaming: str = "yes"
     except ModelLoadError:
-        streams = "no: load it in memory"
+        streaming = "no: load it in memory"
     taps = sorted(tap_paths(model_type))
     if decoder:
         taps = [t for t in taps if t in ("attention_probs", *PACKED_TAPS)]
@@ -46,7 +46,7 @@ def describe(config: Any) -> dict[str, Any]:
         "layers": int(config.num_hidden_layers),
         "hidden_size": int(config.hidden_size),
         "forward": "packed" if why_not is None else "general",
-        "streams": streams,
+        "streaming": streaming,
         "taps": ", ".join(taps) or "none (their module names are not in layerwise's table)",
         "final_norm": final_norm,
         "pairs": "no (join the texts yourself)" if decoder else "where the tokenizer has a pair template",

@@ -70,7 +70,7 @@ class ServeSettings:
         option=("api_key_file", Path | None, None, read_api_key),
     )
     max_batch_tokens: int = limit(16_384, "Tokens gathered for one model run", min=1)
-    # how long the oldest request waits for others to join its run. With two streams a longer wait
+    # how long the oldest request waits for others to join its run. With two concurrent forwards a longer wait
     # gathers every client into one run on one stream: at 8 clients 5 ms kept one core busy (0.4x
     # offline tokens/s) where 2 ms kept both (0.56x); at 32 clients 1, 2 and 5 ms were alike (0.78-
     # 0.82x; interleaved A/B, docs/serving-performance.md). A lone client never waits
@@ -112,8 +112,8 @@ class ServeSettings:
     stride: int | None = limit(None, "Window step in tokens [default: half a window]", min=1)
     # not options: ``layerwise serve`` sets them. Model runs at once, each on its share of torch's
     # threads (None: 1 in-process; in the model process the default of extraction,
-    # forward/concurrent.py's default_streams)
-    streams: int | None = None
+    # forward/concurrent.py's default_forwards)
+    concurrent_forwards: int | None = None
     # run the models in a process of their own (model_process.py): the event loop does not hold
     # their GIL; CPU only (``layerwise serve`` turns it on there)
     model_process: bool = False
@@ -143,10 +143,11 @@ class ServeSettings:
                 raise OptionError(f"{name}={value!r}: use a number of seconds above 0, at most 3600")
         if not 0 <= self.max_wait_ms <= 1000:
             raise OptionError(f"max_wait_ms={self.max_wait_ms!r}: use 0 to 1000 (a few ms is typical)")
-        if self.streams is not None and (
-            isinstance(self.streams, bool) or not isinstance(self.streams, int) or self.streams < 1
+        forwards = self.concurrent_forwards
+        if forwards is not None and (
+            isinstance(forwards, bool) or not isinstance(forwards, int) or forwards < 1
         ):
-            raise OptionError(f"streams={self.streams!r} must be a whole number >= 1 (or None)")
+            raise OptionError(f"concurrent_forwards={forwards!r} must be a whole number >= 1 (or None)")
         check_long_texts(self.long_texts, self.stride)
         if self.api_key is not None and len(self.api_key) < 8:
             raise OptionError("the API key is shorter than 8 characters; use a long random one")

@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import dataclasses
 import typing
-from dataclasses import dataclass, field
+import warnings
+from dataclasses import InitVar, dataclass, field
 from typing import Any, Literal, get_args
 
 from ..errors import OptionError, check_choice
@@ -138,8 +139,9 @@ class Settings:
         max_tokens: tokens per forward pass (real ones when packed, else inputs x longest input);
             None: 2048 on CPU (benchmarks/token_budget.py), 32768 on GPU.
         packed: the unpadded forward where the architecture allows it (same numbers).
-        streams: packed batches run at once on the CPU; None: 2 for a model up to 512 wide on 2+
-            threads, else 1.
+        concurrent_forwards: packed batches run side by side on the CPU, each on its share of the
+            threads; None: 2 for a model up to 512 wide on 2+ threads, else 1. (``streams``, its
+            earlier name, is a deprecated alias for one release: it warns and sets this.)
         allow_nan: keep NaN/inf hidden states (with a warning); else a NonFiniteError names the input.
         final_norm: a decoder's final norm on the last hidden state (True), on none (False) or on
             every one ("all"): the default of every call that does not say (OutputPlan.final_norm).
@@ -186,9 +188,9 @@ class Settings:
         whole=True,
     )
     packed: bool = setting(True, "Unpadded forward where the architecture allows it (same numbers)")
-    streams: int | None = setting(
+    concurrent_forwards: int | None = setting(
         None,
-        "Packed batches run at once on the CPU [default: 2 for models up to 512 wide, 2+ cores]",
+        "Packed batches run side by side on the CPU [default: 2 for models up to 512 wide, 2+ cores]",
         whole=True,
     )
     allow_nan: bool = setting(
@@ -225,8 +227,13 @@ class Settings:
         "code you trust",
         flags=("--trust-remote-code",),
     )
+    # the earlier name of concurrent_forwards: accepted with a warning for one release (not a field: not
+    # an option of its own, not recorded)
+    streams: InitVar[int | None] = None
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, streams: int | None) -> None:
+        if streams is not None:
+            self._take_streams(streams)
         for name in ("model", "offload_folder"):
             if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
                 object.__setattr__(self, name, str(getattr(self, name)))  # a Path: kept as its string
@@ -265,6 +272,22 @@ class Settings:
                 "device map uses; a streamed model takes one size (e.g. 4GB)"
             )
 
+    def _take_streams(self, streams: int) -> None:
+        """The deprecated ``streams=`` (the earlier name of ``concurrent_forwards``): warn, and set it."""
+        warnings.warn(
+            f"streams={streams!r} is deprecated and goes in the next release: use "
+            f"concurrent_forwards={streams!r} (CLI: --concurrent-forwards); 'streaming' is layer "
+            "streaming of weights, a different thing",
+            FutureWarning,
+            stacklevel=4,
+        )
+        if self.concurrent_forwards is not None and self.concurrent_forwards != streams:
+            raise OptionError(
+                f"streams={streams!r} and concurrent_forwards={self.concurrent_forwards!r} are one setting "
+                "(streams is its deprecated name): give concurrent_forwards only"
+            )
+        object.__setattr__(self, "concurrent_forwards", streams)
+
     def replace(self, **changes: Any) -> Settings:
         """A copy with ``changes`` (checked like the original)."""
         return dataclasses.replace(self, **changes)
@@ -277,6 +300,8 @@ class Settings:
     def from_dict(cls, values: dict[str, Any]) -> Settings:
         """Settings from :meth:`as_dict` (fields it does not know are refused, naming them)."""
         known = {f.name for f in dataclasses.fields(cls)}
+        if "streams" in values:  # a record made before the rename: the earlier name of concurrent_forwards
+            values = {("concurrent_forwards" if k == "streams" else k): v for k, v in values.items()}
         unknown = sorted(set(values) - known)
         if unknown:
             raise OptionError(f"unknown settings {unknown}; known: {sorted(known)}")
@@ -288,7 +313,7 @@ def settings_of(model: Any, options: dict[str, Any]) -> Settings:
     fields) or the model's name (``options`` are the other fields). An unknown keyword names the
     known ones."""
     names = [f.name for f in dataclasses.fields(Settings)]
-    unknown = sorted(set(options) - set(names))
+    unknown = sorted(set(options) - {*names, "streams"})  # streams: the deprecated concurrent_forwards
     if unknown or "model" in options:
         raise OptionError(
             f"Encoder() got unknown options {unknown or ['model']}: it takes a layerwise.Settings or the "

@@ -95,7 +95,7 @@ def extract(
     from .._encoder import Encoder
 
     started = time.perf_counter()
-    use_available_cores()  # before the Encoder: its default streams follow the thread count
+    use_available_cores()  # before the Encoder: its default concurrent forwards follow the thread count
     if not quiet:  # a model takes seconds to load (a GGUF file ten): say what is happening
         err.print(f"loading {settings.model or 'the packaged all-MiniLM-L6-v2'} …", highlight=False)
     enc = Encoder.from_settings(settings)

@@ -81,6 +81,11 @@ def _setting_option(
 def _model_parameters(final_norm: FinalNormName | None, many: bool = False) -> list[inspect.Parameter]:
     kinds = typing.get_type_hints(Settings)
     parameters = [_setting_option(f, kinds[f.name], final_norm) for f in dataclasses.fields(Settings)]
+    # --streams: the earlier name of --concurrent-forwards, for one release (Settings warns and sets it)
+    deprecated = "Deprecated: use --concurrent-forwards"
+    parameters.append(
+        group_option("streams", None, int | None, panel=_MODEL, help=deprecated, hidden=True, min=1)
+    )
     if many:  # the server's models: --model repeated
         parameters[0] = group_parameter("model", None, _MANY_MODELS)
     return parameters

@@ -19,7 +19,7 @@ from ._shared import app, err, setup_logging, use_available_cores
 
 # The Encoders of this process serve tokenisation, metadata and the explorer; the batcher's runs go
 # to the model process (serve/model_process.py) on a CPU, or to one stream of their own on a GPU.
-SERVE_STREAMS = 1
+SERVE_FORWARDS = 1
 
 
 def _check_host(host: str) -> None:
@@ -107,12 +107,14 @@ def serve(
             "pass --api-key-file or set LAYERWISE_API_KEY",
             highlight=False,
         )
-    encoders = _load_encoders(models, settings.replace(streams=SERVE_STREAMS))
+    encoders = _load_encoders(models, settings.replace(concurrent_forwards=SERVE_FORWARDS))
     # model runs at once (this process's Encoders run one each); a GPU runs its kernels without
     # the GIL's help: one process there
     on_cpu = all(encoder.device.type == "cpu" for encoder in encoders.values())
     chosen = on_cpu if model_process is None else model_process
-    served = dataclasses.replace(served, streams=settings.streams, model_process=chosen)
+    served = dataclasses.replace(
+        served, concurrent_forwards=settings.concurrent_forwards, model_process=chosen
+    )
     application = create_app(encoders, served, reference_store=store)
     err.print(
         f"serving {', '.join(encoders)} on http://{host}:{port} (explorer: /, docs: /docs, OpenAI "
@@ -199,8 +201,8 @@ def explore(
 
     # the views' hidden states with the final norm asked for (a decoder's layers on one scale:
     # --final-norm all); the logit lens reads every state through the norm whatever it is
-    encoders = _load_encoders(models, settings.replace(streams=SERVE_STREAMS))
-    served = ServeSettings(streams=settings.streams)
+    encoders = _load_encoders(models, settings.replace(concurrent_forwards=SERVE_FORWARDS))
+    served = ServeSettings(concurrent_forwards=settings.concurrent_forwards)
     application = create_app(encoders, served, reference_store=store)
     sock = _bind(host, port)
     bound = sock.getsockname()[1]

@@ -130,5 +130,5 @@ def _runner(encoders: Mapping[str, Encoder], settings: ServeSettings):
     if settings.model_process:
         from ._model_process import ProcessRunner
 
-        return ProcessRunner(encoders, settings.streams)
-    return LocalRunner(encoders, settings.streams or 1)
+        return ProcessRunner(encoders, settings.concurrent_forwards)
+    return LocalRunner(encoders, settings.concurrent_forwards or 1)

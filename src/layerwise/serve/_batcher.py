@@ -1,15 +1,15 @@
 """Dynamic batching: requests from many clients share the model's forward passes.
 
-Request handlers tokenise their inputs and submit a :class:`Job`. Each of the runner's ``streams``
+Request handlers tokenise their inputs and submit a :class:`Job`. Each of the runner's ``forwards``
 has a thread here that gathers runs: it takes the oldest job, waits at most ``max_wait`` seconds
 (from that job's arrival) for more jobs of the same model until ``max_batch_tokens`` tokens are
-gathered, and hands them to its stream as one run. The runner runs it, in this process
+gathered, and hands them to its slot as one run. The runner runs it, in this process
 (:class:`LocalRunner`) or in the model process (_model_process.py), where the engine sorts the
 inputs by length and batches them under its token budget, and each input's rows go through its
 job's :class:`Finish` (the layers it asked for, its OutputPlan) where they were computed: what comes
-back is each request's own results, nothing more. With several streams, runs overlap: one is
-computed while another's responses go out and its clients' next requests come in; and a stream's
-thread hands it the next run before it answers the one that just ended, so the stream does not
+back is each request's own results, nothing more. With several concurrent forwards, runs overlap:
+one is computed while another's responses go out and its clients' next requests come in; and a
+slot's thread hands it the next run before it answers the one that just ended, so the slot does not
 sit idle while this process delivers (GIL-bound work). The queue is bounded in tokens: a job that
 does not fit is refused with an estimate of when to retry (HTTP 429 + Retry-After). A merged run
 that fails is run again in halves, so that only the request whose input fails gets the error.
@@ -64,7 +64,7 @@ class Batcher:
         metrics: Any = None,
     ) -> None:
         self.runner: Runner = runner if runner is not None else LocalRunner(encoders)
-        self.streams = self.runner.streams
+        self.forwards = self.runner.forwards
         self.max_batch_tokens, self.max_wait, self.max_queue_tokens = (
             max_batch_tokens,
             max_wait,
@@ -79,12 +79,12 @@ class Batcher:
         self._cond = threading.Condition()
         self._closed = False
         self._last_group = 0  # jobs in the previous run
-        self._running = 0  # streams with a run under way
+        self._running = 0  # forwards with a run under way
         self._tokens_per_second = 5000.0  # updated after every run; used for Retry-After
         self._trim_lock = threading.Lock()
         self._threads = [
-            threading.Thread(target=self._serve_stream, args=(s,), name=f"layerwise-run-{s}", daemon=True)
-            for s in range(self.streams)
+            threading.Thread(target=self._serve_slot, args=(s,), name=f"layerwise-run-{s}", daemon=True)
+            for s in range(self.forwards)
         ]
 
     def start(self) -> None:
@@ -94,7 +94,7 @@ class Batcher:
             thread.start()
 
     def close(self, timeout: float | None = None) -> None:
-        """Finish every queued job and the runs under way, then stop the stream threads and the runner."""
+        """Finish every queued job and the runs under way, then stop the slot threads and the runner."""
         with self._cond:
             self._closed = True
             self._cond.notify_all()
@@ -147,16 +147,16 @@ class Batcher:
                 self._side_tokens -= n_tokens
                 self._observe_queue()
 
-    # ------------------------------------------------------------------ stream threads
-    def _serve_stream(self, slot: int) -> None:
-        """One stream's runs, one after another, until the batcher is closed and drained. As soon as
-        a run's results are in, the next run (if one is ready) goes to the stream; then the results
+    # ------------------------------------------------------------------ slot threads
+    def _serve_slot(self, slot: int) -> None:
+        """One slot's runs, one after another, until the batcher is closed and drained. As soon as
+        a run's results are in, the next run (if one is ready) goes to the slot; then the results
         go to their requests."""
         current = self._launch(slot, block=True)
         while current is not None:
             try:
                 results, error = self.runner.collect(slot), None
-            except BaseException as exc:  # every request of the run learns of it; the stream goes on
+            except BaseException as exc:  # every request of the run learns of it; the slot goes on
                 results, error = None, exc
             if isinstance(error, Exception) and len(current.jobs) > 1 and self.runner.alive:
                 # one request's input can fail a merged run: its batch-mates must not fail with it
@@ -174,7 +174,7 @@ class Batcher:
             current = following or self._launch(slot, block=True)
 
     def _launch(self, slot: int, *, block: bool) -> Run | None:
-        """Gather a run and hand it to stream ``slot``; None when none is ready (``block``: when the
+        """Gather a run and hand it to slot ``slot``; None when none is ready (``block``: when the
         batcher is closed and drained)."""
         while True:
             jobs = self._take(slot, block=block)
@@ -196,16 +196,16 @@ class Batcher:
                 return run
 
     def _take(self, slot: int, *, block: bool) -> list[Job] | None:
-        """Jobs for stream ``slot``'s next run: the oldest job's model, until the token budget is
+        """Jobs for slot ``slot``'s next run: the oldest job's model, until the token budget is
         reached or the oldest job has waited ``max_wait``. None if no run is ready and ``block`` is
         false, or once the batcher is closed and its queue empty. A lone client's job, with every
-        stream idle, is left to stream 0 (see _for_stream_zero)."""
+        slot idle, is left to slot 0 (see _for_slot_zero)."""
         with self._cond:
             while True:
-                if self._jobs and self._for_stream_zero(slot):
+                if self._jobs and self._for_slot_zero(slot):
                     if not block:
                         return None
-                    self._cond.wait(0.05)  # stream 0 takes it; look again then, or when woken
+                    self._cond.wait(0.05)  # slot 0 takes it; look again then, or when woken
                 elif self._jobs:
                     wait = self._wait_left()
                     if wait <= 0:
@@ -219,12 +219,12 @@ class Batcher:
                 else:
                     self._cond.wait()
 
-    def _for_stream_zero(self, slot: int) -> bool:
-        """A lone client's job while no stream runs: stream 0's, not ``slot``'s (lock held).
+    def _for_slot_zero(self, slot: int) -> bool:
+        """A lone client's job while no slot runs: slot 0's, not ``slot``'s (lock held).
 
         Stream 0 alone may run a lone job on all of the model process's threads (_model_process.py:
-        ProcessRunner.start); on any other stream it would run on that stream's one thread, and a
-        second stream with a thread team of its own slows both (libgomp's idle threads then sleep
+        ProcessRunner.start); on any other slot it would run on that slot's one thread, and a
+        second slot with a thread team of its own slows both (libgomp's idle threads then sleep
         instead of spinning, and every parallel region waits for a wake-up). One client at a time
         on a 2-core Xeon: 1.73x the tokens/s, p50 latency 20 -> 10 ms (docs/serving-performance.md)."""
         return (
@@ -281,8 +281,8 @@ class Batcher:
                 error = exc
         for job in run.jobs:  # a run that ended without some input's results (or failed)
             job.fail(error or RuntimeError("the model run returned no result for some inputs"))
-        if seconds > 0:  # every stream at this pace
-            rate = self.streams * run.n_tokens / seconds
+        if seconds > 0:  # every slot at this pace
+            rate = self.forwards * run.n_tokens / seconds
             self._tokens_per_second = 0.8 * self._tokens_per_second + 0.2 * rate
         if self.metrics is not None:
             self.metrics.observe_run(run.model, len(run.jobs), len(run.encoded), run.n_tokens, seconds)

@@ -3,10 +3,10 @@
 Why: every torch op gives the GIL up and must win it back before the next one. In one process the
 event loop (parsing, validation, tokenising, pooling, JSON: pure Python) holds it for a good part
 of each second, and each of the forward's few hundred ops per run waits for it. In-process, a Python
-thread busy 20 % of the time cost two forward streams 15-18 % of their tokens/s, and a thread doing
+thread busy 20 % of the time cost two concurrent forwards 15-18 % of their tokens/s, and a thread doing
 the same share of GIL-free work (sha256) cost nothing (ad-hoc, 2 cores). In a process of their own,
 the models share the machine's cores with the event loop but not its GIL: the forward runs as it
-does offline, on ``streams`` concurrent streams (concurrent.py, the same default as extraction).
+does offline, on ``forwards`` concurrent forwards (concurrent.py, the same default as extraction).
 
 The model process loads each model again from its source (names, folders and weights as the server
 loaded them; a checkpoint's weights are checked to be the same, by hash, before serving). Each
@@ -44,7 +44,7 @@ def spec_of(encoder: Encoder) -> Settings:
     """How the model process loads one served model: the server's Encoder's settings, whole, from
     the files it was loaded from, on one stream per pipe (its weights are compared by hash once
     loaded: ProcessRunner.wait_ready)."""
-    return encoder.settings.replace(model=str(encoder.source), streams=1)
+    return encoder.settings.replace(model=str(encoder.source), concurrent_forwards=1)
 
 
 class ModelProcessError(LayerwiseError):
@@ -54,16 +54,16 @@ class ModelProcessError(LayerwiseError):
 class ProcessRunner:
     """Runs the batcher's runs in the model process, one pipe per stream."""
 
-    def __init__(self, encoders: Mapping[str, Encoder], streams: int | None = None) -> None:
+    def __init__(self, encoders: Mapping[str, Encoder], forwards: int | None = None) -> None:
         context = multiprocessing.get_context("spawn")  # never fork a process that holds torch threads
         self.specs = {name: spec_of(encoder) for name, encoder in encoders.items()}
-        if streams is None:
-            from .._model.forward.concurrent import default_streams
+        if forwards is None:
+            from .._model.forward.concurrent import default_forwards
 
             first = next(iter(encoders.values()))
-            streams = default_streams(first.device, max(e.hidden_size for e in encoders.values()))
-        self.streams = streams
-        ends = [context.Pipe() for _ in range(streams)]
+            forwards = default_forwards(first.device, max(e.hidden_size for e in encoders.values()))
+        self.forwards = forwards
+        ends = [context.Pipe() for _ in range(forwards)]
         self._conns: list[Connection] = [mine for mine, _ in ends]
         ready_here, ready_there = context.Pipe(duplex=False)
         self.process = context.Process(

@@ -17,10 +17,10 @@ if TYPE_CHECKING:
 
 class Runner(Protocol):
     """Where runs happen: this process (:class:`LocalRunner`) or the model process
-    (model_process.ProcessRunner). ``streams`` runs at once, one per ``slot``: ``start`` hands a run
+    (model_process.ProcessRunner). ``forwards`` runs at once, one per ``slot``: ``start`` hands a run
     to a free stream, ``collect`` waits for its results (each input's Finish applied)."""
 
-    streams: int
+    forwards: int
 
     def start(self, slot: int, run: Run) -> None: ...
 
@@ -46,19 +46,19 @@ def compute(
 
 
 class LocalRunner:
-    """Runs on this process's threads: with several streams, each on its share of torch's threads
-    (streams.ForwardPool); with one, on the batcher's stream thread itself, in ``collect``."""
+    """Runs on this process's threads: with several forwards at once, each on its share of torch's threads
+    (concurrent.ForwardPool); with one, on the batcher's run thread itself, in ``collect``."""
 
     alive = True
 
-    def __init__(self, encoders: Mapping[str, Encoder], streams: int = 1) -> None:
-        self.encoders, self.streams = dict(encoders), streams
+    def __init__(self, encoders: Mapping[str, Encoder], forwards: int = 1) -> None:
+        self.encoders, self.forwards = dict(encoders), forwards
         self._pending: dict[int, Run | Future] = {}
         self._pool: Any = None
-        if streams > 1:
+        if forwards > 1:
             from .._model.forward.concurrent import ForwardPool
 
-            self._pool = ForwardPool(streams)
+            self._pool = ForwardPool(forwards)
 
     def start(self, slot: int, run: Run) -> None:
         self._pending[slot] = run if self._pool is None else self._pool.submit(self._compute, run)

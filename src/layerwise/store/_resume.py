@@ -20,7 +20,7 @@ def resume_keys(identity: str = "weights_sha256", layout: tuple[str, ...] = LAYO
     """What must match for a run to resume an existing store: the model (``identity``: by its
     weights, not by how its folder was spelled), every setting and plan entry that changes the
     numbers (their fields' metadata, settings.NUMBERS), and the ``layout``. The rest of what a store
-    records of its run (batch size, streams, device, method) does not change the numbers."""
+    records of its run (batch size, concurrent forwards, device, method) does not change the numbers."""
     from .._features.plan import OutputPlan
     from .._settings.settings import Settings, numbers_keys
 

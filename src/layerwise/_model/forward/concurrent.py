@@ -1,13 +1,14 @@
-"""Concurrent forwards on the CPU (how many: the ``streams`` setting), and the lock that lets them
+"""Concurrent forwards on the CPU (how many: the ``concurrent_forwards`` setting), and the lock that lets them
 share one model. Not layer streaming (_model/streaming/), nor a CUDA stream.
 
 On a CPU, one forward pass spread over every core by torch's intra-op threads is not the fastest
 use of them: the matrices of a 2,048-token batch are small enough that the threads spend a good
 part of each op waiting for one another. Two batches at once, each on half of the threads, keep
 every core busy (benchmarks/packed_speed.py, 2 cores: +6 % on all-MiniLM-L6-v2; bigger models keep
-two threads busy on their own, see STREAMS_UP_TO_HIDDEN). :class:`ForwardPool` runs batches on
-``streams`` threads, each with ``torch threads // streams`` intra-op threads of its own (PyTorch
-keeps the OpenMP and MKL thread count per thread); the caller's own setting is left as it was.
+two threads busy on their own, see FORWARDS_UP_TO_HIDDEN). :class:`ForwardPool` runs batches on
+``concurrent_forwards`` threads, each with ``torch threads // concurrent_forwards`` intra-op
+threads of its own (PyTorch keeps the OpenMP and MKL thread count per thread); the caller's own
+setting is left as it was.
 
 Only the packed forward runs concurrently: it reads the model's modules and patches nothing. The
 Hugging Face forward may patch the model for its call (a truncated layer list, forward hooks, the
@@ -27,29 +28,34 @@ import torch
 
 from ...errors import OptionError
 
-# Up to this hidden size, two streams of one thread beat one stream of two (all-MiniLM-L6-v2, 384:
-# 6,782 vs 6,419 tok/s, +6 %); at BERT-base's 768 they lose (777 vs 918, -15 %): its matmuls already
-# keep two threads busy, and two streams at once read two layers' weights, twice the cache
-# (benchmarks/packed_speed.py on 2 cores, results/packed_speed.json).
-STREAMS_UP_TO_HIDDEN = 512
+# Up to this hidden size, two forwards of one thread each beat one forward on two threads
+# (all-MiniLM-L6-v2, 384: 6,782 vs 6,419 tok/s, +6 %); at BERT-base's 768 they lose (777 vs 918,
+# -15 %): its matmuls already keep two threads busy, and two forwards at once read two layers'
+# weights, twice the cache (benchmarks/packed_speed.py on 2 cores, results/packed_speed.json).
+FORWARDS_UP_TO_HIDDEN = 512
 
 
-def default_streams(device: torch.device, hidden_size: int) -> int:
-    """Two streams on a CPU with two or more torch threads for a small model; else one (a GPU runs
+def default_forwards(device: torch.device, hidden_size: int) -> int:
+    """Two forwards at once on a CPU with two or more torch threads for a small model; else one (a GPU runs
     one queue of kernels)."""
-    if device.type != "cpu" or hidden_size > STREAMS_UP_TO_HIDDEN:
+    if device.type != "cpu" or hidden_size > FORWARDS_UP_TO_HIDDEN:
         return 1
     return 2 if torch.get_num_threads() >= 2 else 1
 
 
-def check_streams(streams: int | None, device: torch.device, hidden_size: int) -> int:
-    if streams is None:
-        return default_streams(device, hidden_size)
-    if isinstance(streams, bool) or not isinstance(streams, int) or streams < 1:
-        raise OptionError(f"streams={streams!r} must be a whole number >= 1 (or None for the default)")
-    if streams > 1 and device.type != "cpu":
-        raise OptionError(f"streams={streams} runs concurrent forwards on the CPU only; on {device} use 1")
-    return streams
+def check_forwards(forwards: int | None, device: torch.device, hidden_size: int) -> int:
+    """The ``concurrent_forwards`` setting checked, or its default for ``device`` and the model."""
+    if forwards is None:
+        return default_forwards(device, hidden_size)
+    if isinstance(forwards, bool) or not isinstance(forwards, int) or forwards < 1:
+        raise OptionError(
+            f"concurrent_forwards={forwards!r} must be a whole number >= 1 (or None for the default)"
+        )
+    if forwards > 1 and device.type != "cpu":
+        raise OptionError(
+            f"concurrent_forwards={forwards} runs batches side by side on the CPU only; on {device} use 1"
+        )
+    return forwards
 
 
 class ForwardLock:
@@ -105,11 +111,11 @@ class ForwardLock:
 
 
 class ForwardPool:
-    """``streams`` worker threads for forward passes, started on first use (again after a fork:
+    """``forwards`` worker threads for forward passes, started on first use (again after a fork:
     threads do not survive one), each with its share of torch's intra-op threads."""
 
-    def __init__(self, streams: int) -> None:
-        self.streams = streams
+    def __init__(self, forwards: int) -> None:
+        self.forwards = forwards
         self._executor: ThreadPoolExecutor | None = None
         self._pid = 0
         self._start_lock = threading.Lock()
@@ -121,16 +127,16 @@ class ForwardPool:
         with self._start_lock:
             if self._executor is None or self._pid != os.getpid():
                 threads = torch.get_num_threads()
-                per_stream = max(1, threads // self.streams)
-                ready = threading.Barrier(self.streams + 1)
+                per_stream = max(1, threads // self.forwards)
+                ready = threading.Barrier(self.forwards + 1)
                 executor = ThreadPoolExecutor(
-                    self.streams,
+                    self.forwards,
                     thread_name_prefix="layerwise-forward",
                     initializer=_init_stream,
                     initargs=(per_stream, ready),
                 )
                 # every worker starts now and holds in the barrier, so each submit below starts one
-                for _ in range(self.streams):
+                for _ in range(self.forwards):
                     executor.submit(int)
                 ready.wait(timeout=60)
                 # set_num_threads also set the default for threads started later: put it back (the

@@ -135,7 +135,7 @@ class PrepackedLinears:
         entry = self._packed.get(id(weight))
         # the weight itself is held in the entry, so its id cannot be reused by another tensor
         if entry is None or entry[0] is not weight or entry[1] != version:
-            with self._lock:  # two streams may ask at once: pack once
+            with self._lock:  # two concurrent forwards may ask at once: pack once
                 entry = self._packed.get(id(weight))
                 if entry is None or entry[0] is not weight or entry[1] != version:
                     entry = (weight, version, prepack(weight))

@@ -10,7 +10,7 @@ them the first call took 0.52 s and the second 0.25 s (benchmarks/gpu_speed.py -
 float16).
 
 ``sdpa_kernel`` sets process-wide flags, so it is entered only for CUDA devices (the CPU's concurrent
-streams never touch them); two threads' GPU forwards at once can only change which of the allowed
+forwards never touch them); two threads' GPU forwards at once can only change which of the allowed
 kernels runs, not what is computed.
 """
 

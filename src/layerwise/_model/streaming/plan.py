@@ -44,12 +44,12 @@ class StreamShape:
 @dataclass(frozen=True)
 class StreamPlan:
     """How a streamed model's blocks run: ``block_tokens`` real tokens a block, batches of at most
-    ``batch_tokens``, ``streams`` batches of a layer at once (a CPU's concurrent forwards), the
+    ``batch_tokens``, ``forwards`` batches of a layer at once (a CPU's concurrent forwards), the
     residual stream on the ``"device"`` or in ``"host"`` memory between layers."""
 
     block_tokens: int
     batch_tokens: int
-    streams: int
+    forwards: int
     residual: Literal["device", "host"] = "device"
 
 
@@ -61,7 +61,7 @@ def plan_stream(
     host_free: int,
     max_length: int,
     max_tokens: int,
-    streams: int,
+    forwards: int,
 ) -> StreamPlan:
     """The plan for a model of ``shape``: the block ``stream_block_tokens`` when given, else what
     ``max_device_memory`` holds, else :data:`DEFAULT_BLOCK_TOKENS`; batches never larger than a
@@ -72,15 +72,15 @@ def plan_stream(
     budget = settings.max_device_memory
     wanted = settings.stream_block_tokens or DEFAULT_BLOCK_TOKENS
     if budget is None:
-        return StreamPlan(wanted, min(max_tokens, wanted), streams)
+        return StreamPlan(wanted, min(max_tokens, wanted), forwards)
     size = parse_bytes(budget, "max_device_memory")
     try:
-        block, batch = _fit(shape, size, budget, max_length, max_tokens, streams)
+        block, batch = _fit(shape, size, budget, max_length, max_tokens, forwards)
     except OptionError:
-        if streams == 1:
+        if forwards == 1:
             raise
-        streams = 1  # the batches one at a time, then (the error, if any, is about one)
-        block, batch = _fit(shape, size, budget, max_length, max_tokens, streams)
+        forwards = 1  # the batches one at a time, then (the error, if any, is about one)
+        block, batch = _fit(shape, size, budget, max_length, max_tokens, forwards)
     # (a budget short of one text's stream on the device is short of it with the stream on the host)
     if on_cuda and block < wanted:
         try:
@@ -99,17 +99,17 @@ def plan_stream(
             "larger budget, or leave stream_block_tokens out"
         )
     block = given or block
-    return StreamPlan(block, min(batch, block), streams)
+    return StreamPlan(block, min(batch, block), forwards)
 
 
 def _fit(
-    shape: StreamShape, budget: int, budget_text: str, max_length: int, max_tokens: int, streams: int
+    shape: StreamShape, budget: int, budget_text: str, max_length: int, max_tokens: int, forwards: int
 ) -> tuple[int, int]:
     """``(block tokens, batch tokens)`` that ``budget`` bytes hold: two units' weights, the working
-    activations of the batches running at once (``streams``: at most half of what is left, and at
+    activations of the batches running at once (``forwards``: at most half of what is left, and at
     least one text's each), and the block's residual stream and word-table rows. A budget short of
     one text is refused, with both sizes."""
-    work, per_block_token = shape.work * streams, 2 * shape.state
+    work, per_block_token = shape.work * forwards, 2 * shape.state
     left = budget - shape.weights
     batch = min(max_tokens, max(max_length, left // (2 * work)))
     block = (left - batch * work) // per_block_token

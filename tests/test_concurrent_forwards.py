@@ -1,4 +1,4 @@
-"""Concurrent forward streams on the CPU: same numbers, their own thread counts, a lock that keeps
+"""Concurrent forwards on the CPU: same numbers, their own thread counts, a lock that keeps
 the Hugging Face forward alone."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import torch
 from conftest import ud_sentences
 
 import layerwise as lw
-from layerwise._model.forward.concurrent import ForwardLock, check_streams
+from layerwise._model.forward.concurrent import ForwardLock, check_forwards
 from layerwise.errors import OptionError
 
 TEXTS = ud_sentences("dev", 120)
@@ -31,12 +31,12 @@ def two_threads():
 def encoders(make_tiny_model, two_threads):
     folder = make_tiny_model("bert", 3)
     return (
-        lw.Encoder(folder, device="cpu", streams=2, max_tokens=512),
-        lw.Encoder(folder, device="cpu", streams=1, max_tokens=512),
+        lw.Encoder(folder, device="cpu", concurrent_forwards=2, max_tokens=512),
+        lw.Encoder(folder, device="cpu", concurrent_forwards=1, max_tokens=512),
     )
 
 
-def test_streams_give_the_numbers_of_one_stream_at_every_layer(encoders):
+def test_concurrent_forwards_give_the_numbers_of_one_at_every_layer(encoders):
     concurrent, single = encoders
     assert concurrent.engine.pool is not None and single.engine.pool is None
     a, b = concurrent.extract(TEXTS, layers="all"), single.extract(TEXTS, layers="all")
@@ -45,7 +45,7 @@ def test_streams_give_the_numbers_of_one_stream_at_every_layer(encoders):
         np.testing.assert_allclose(x.hidden, y.hidden, atol=1e-5, rtol=0)
 
 
-def test_batches_run_on_the_stream_threads_each_with_its_share_of_threads(encoders, monkeypatch):
+def test_batches_run_on_the_forward_threads_each_with_its_share_of_threads(encoders, monkeypatch):
     concurrent, _ = encoders
     engine = concurrent.engine
     seen: list[tuple[str, int]] = []
@@ -60,11 +60,11 @@ def test_batches_run_on_the_stream_threads_each_with_its_share_of_threads(encode
     assert len(seen) >= 4  # 120 sentences under a 512-token budget
     assert {name.rsplit("_", 1)[0] for name, _ in seen} == {"layerwise-forward"}
     assert len({name for name, _ in seen}) == 2
-    assert {threads for _, threads in seen} == {1}  # 2 torch threads split over 2 streams
+    assert {threads for _, threads in seen} == {1}  # 2 torch threads split over 2 forwards
     assert torch.get_num_threads() == 2  # the caller's own setting is untouched
 
 
-def test_a_small_call_is_split_so_that_no_stream_idles(encoders, monkeypatch):
+def test_a_small_call_is_split_so_that_no_forward_idles(encoders, monkeypatch):
     concurrent, single = encoders
     sizes: list[int] = []
     forward = concurrent.engine.packed.forward
@@ -81,7 +81,7 @@ def test_a_small_call_is_split_so_that_no_stream_idles(encoders, monkeypatch):
         np.testing.assert_allclose(x.hidden, y.hidden, atol=1e-5, rtol=0)
 
 
-def test_an_error_in_a_stream_reaches_the_caller_and_the_pool_goes_on(encoders, monkeypatch):
+def test_an_error_in_a_forward_reaches_the_caller_and_the_pool_goes_on(encoders, monkeypatch):
     concurrent, single = encoders
     forward = concurrent.engine.packed.forward
     calls = 0
@@ -101,7 +101,7 @@ def test_an_error_in_a_stream_reaches_the_caller_and_the_pool_goes_on(encoders, 
     np.testing.assert_allclose(result[0].hidden, single.extract(TEXTS[:1])[0].hidden, atol=1e-5, rtol=0)
 
 
-def test_a_caller_that_stops_early_leaves_the_streams_usable(encoders):
+def test_a_caller_that_stops_early_leaves_the_forwards_usable(encoders):
     concurrent, single = encoders
     stream = concurrent.iter_extract(TEXTS, layers=-1)
     first = next(stream)
@@ -175,21 +175,51 @@ def test_a_waiting_hugging_face_forward_is_not_starved_by_new_packed_ones():
     assert order == ["first", "padded", "late"]  # the late reader waited behind the writer
 
 
-def test_streams_option_names_the_bad_value():
-    with pytest.raises(OptionError, match=r"streams=0 must be a whole number >= 1"):
-        check_streams(0, torch.device("cpu"), 384)
-    with pytest.raises(OptionError, match=r"streams=2 runs concurrent forwards on the CPU only"):
-        check_streams(2, torch.device("cuda"), 384)
-    assert check_streams(None, torch.device("cuda"), 384) == 1
-    assert check_streams(None, torch.device("cpu"), 768) == 1  # BERT-base: one stream is faster
-    assert check_streams(3, torch.device("cpu"), 768) == 3
+def test_concurrent_forwards_option_names_the_bad_value():
+    with pytest.raises(OptionError, match=r"concurrent_forwards=0 must be a whole number >= 1"):
+        check_forwards(0, torch.device("cpu"), 384)
+    with pytest.raises(OptionError, match=r"concurrent_forwards=2 runs batches side by side on the CPU only"):
+        check_forwards(2, torch.device("cuda"), 384)
+    assert check_forwards(None, torch.device("cuda"), 384) == 1
+    assert check_forwards(None, torch.device("cpu"), 768) == 1  # BERT-base: one forward is faster
+    assert check_forwards(3, torch.device("cpu"), 768) == 3
 
 
-def test_small_models_get_two_streams_by_default(make_tiny_model, two_threads):
-    assert check_streams(None, torch.device("cpu"), 384) == 2
+def test_small_models_get_two_concurrent_forwards_by_default(make_tiny_model, two_threads):
+    assert check_forwards(None, torch.device("cpu"), 384) == 2
     assert lw.Encoder(make_tiny_model("bert", 2), device="cpu").engine.pool is not None  # 32 wide
 
 
-def test_the_padded_forward_has_no_streams(make_tiny_model, two_threads):
-    encoder = lw.Encoder(make_tiny_model("bert", 2), device="cpu", packed=False, streams=2)
+def test_the_padded_forward_has_no_concurrent_forwards(make_tiny_model, two_threads):
+    encoder = lw.Encoder(make_tiny_model("bert", 2), device="cpu", packed=False, concurrent_forwards=2)
     assert encoder.engine.pool is None
+
+
+def test_streams_is_a_deprecated_alias_that_warns_and_names_the_new_option(make_tiny_model, tmp_path):
+    """``streams`` (the earlier name) still works for one release: a FutureWarning naming
+    concurrent_forwards, and the same setting; both names at once, disagreeing, is an error; an
+    output recorded with the old name reads back under the new one."""
+    model = make_tiny_model("bert", 2)
+    with pytest.warns(FutureWarning, match=r"streams=2 is deprecated .* use concurrent_forwards=2"):
+        encoder = lw.Encoder(model, device="cpu", streams=2)
+    assert encoder.settings.concurrent_forwards == 2 and encoder.engine.pool.forwards == 2
+    with pytest.warns(FutureWarning), pytest.raises(OptionError, match=r"give concurrent_forwards only"):
+        lw.Settings(streams=2, concurrent_forwards=1)
+    assert lw.Settings.from_dict({**lw.Settings().as_dict(), "streams": 3}).concurrent_forwards == 3
+    assert "streams" not in lw.Settings().as_dict()
+
+
+def test_the_command_line_s_streams_warns_and_sets_concurrent_forwards(make_tiny_model, tmp_path):
+    from typer.testing import CliRunner
+
+    from layerwise.cli import app
+
+    model, out, texts = make_tiny_model("bert", 2), tmp_path / "out.npz", tmp_path / "texts.txt"
+    texts.write_text("hello\n")
+    with pytest.warns(FutureWarning, match=r"--concurrent-forwards"):
+        result = CliRunner().invoke(
+            app,
+            ["extract", str(texts), "-m", str(model), "--device", "cpu", "--streams", "1", "-o", str(out)],
+        )
+    assert result.exit_code == 0, result.output
+    assert lw.read_meta(out)["concurrent_forwards"] == 1
