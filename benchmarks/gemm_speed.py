@@ -93,7 +93,7 @@ def ceiling(repeats: int, threads: int) -> dict:
 def run_costs(n_texts: int, repeats: int) -> dict:
     """CPU us per token of one-thread forwards (last layer of each text) by run size, oneDNN on/off."""
     import layerwise as lw
-    from layerwise._inputs.encoding import normalize_inputs
+    from layerwise._inputs.raw import normalize_inputs
     from layerwise._model.forward import cpu_gemm
     from layerwise.serve._batcher import Finish, compute
     from layerwise.serve._jobs import Forward

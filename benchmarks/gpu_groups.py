@@ -34,7 +34,7 @@ from common import bert_base_folder, mixed_corpus, parser, write_result
 import layerwise as lw
 import layerwise._model.forward.packed as packed_module
 from layerwise._engine.call import Call
-from layerwise._inputs.encoding import normalize_inputs
+from layerwise._inputs.raw import normalize_inputs
 
 COSTS = (4096, 65536, 1 << 20, 1 << 24, 1 << 40)  # 2^40: one grid a batch
 

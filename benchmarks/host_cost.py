@@ -45,7 +45,7 @@ from common import copy_default_tokenizer, interleaved_times, mixed_corpus, pars
 
 import layerwise as lw
 from layerwise._engine.call import Call
-from layerwise._inputs.encoding import normalize_inputs
+from layerwise._inputs.raw import normalize_inputs
 
 TARGETS = {"embed": 1.15, "extract": 1.3, "embed_words": 1.5}  # x the floor (issue 64)
 LOOP_TARGET = 1.25  # embed's speed over the hand loop's, at least

@@ -54,7 +54,7 @@ from common import (
 import layerwise as lw
 from layerwise._encoder.calls import Call
 from layerwise._host.cpu import bf16_units
-from layerwise._inputs.encoding import normalize_inputs
+from layerwise._inputs.raw import normalize_inputs
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 # op names (torch profiler, "aten::" dropped) by kind, tried in this order: a name holding one of a

@@ -33,7 +33,7 @@ from common import process_tree, rss_kib, start_serve, write_result  # noqa: E40
 
 def largest_requests(encoder) -> dict[str, tuple[str, dict, dict]]:
     """endpoint name -> (path, JSON body, headers): the largest request the default limits admit."""
-    from layerwise._inputs.encoding import normalize_inputs
+    from layerwise._inputs.raw import normalize_inputs
     from layerwise.serve import ServeSettings
 
     limits = ServeSettings()

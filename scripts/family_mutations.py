@@ -28,14 +28,18 @@ class Mutation:
 
 
 MUTATIONS = (
-    Mutation(
-        "opt-packed", "_model/forward/packed_decoder.py", '    "opt",\n', "", "packed_family_runs_packed"
+    Mutation(  # OPT's row says the general path
+        "opt-packed",
+        "_model/families/table.py",
+        '    "opt": _decoder(',
+        '    "opt": _general("decoder", "") or _decoder(',
+        "packed_family_runs_packed",
     ),
     Mutation(
         "post-norm-taps-swapped",
-        "_model/forward/hooks.py",
-        '"attn_out": "post_attention_layernorm",\n            "mlp_out": "post_feedforward_layernorm",',
-        '"attn_out": "post_feedforward_layernorm",\n            "mlp_out": "post_attention_layernorm",',
+        "_model/families/table.py",
+        '"attn_out": "post_attention_layernorm",\n    "mlp_out": "post_feedforward_layernorm",',
+        '"attn_out": "post_feedforward_layernorm",\n    "mlp_out": "post_attention_layernorm",',
         "post_norm",
     ),
     Mutation(

@@ -1001,6 +1001,15 @@ def layer_rules() -> str:
     )
 
 
+def family_rows() -> str:
+    """docs/models.md's table of the families, from the family table in the code
+    (src/layerwise/_model/families/table.py): what runs how, not a measurement."""
+    from layerwise._model.families.table import docs_rows
+
+    header = ["model type", "example checkpoints", "path", "streaming", "taps", "final norm"]
+    return table([*header, "tested against"], docs_rows())
+
+
 BLOCKS: dict[str, Callable[[], str]] = {
     "headline": headline,
     "readme-speed": readme_speed,
@@ -1021,6 +1030,7 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "streamed-ratio": streamed_ratio,
     "streamed-memory": streamed_memory_table,
     "families": family_table,
+    "family-rows": family_rows,
     "sweep": sweep_counts,
     "hostile-families": hostile_counts,
     "gpu-embed": gpu_embed_table,

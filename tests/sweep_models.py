@@ -227,7 +227,7 @@ def sweep_one(model_type: str, folder: Path, texts: list[str] = TEXTS) -> dict[s
     import numpy as np
 
     import layerwise as lw
-    from layerwise._model.families import check_text_transformer
+    from layerwise._model.families.kinds import check_text_transformer
 
     out: dict[str, Any] = {"type": model_type}
     head = type_head(model_type)

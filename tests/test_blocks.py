@@ -19,7 +19,7 @@ from layerwise._features.device_pool import sentence_owner, word_owner
 from layerwise._features.pool import word_group_keys
 from layerwise._inputs.batches import length_sorted_batches
 from layerwise._inputs.block import TokenColumns, gather_index
-from layerwise._inputs.encoding import normalize_inputs
+from layerwise._inputs.raw import normalize_inputs
 
 LONG = " ".join(corpus(30, seed=9))  # past every tiny model's maximum
 WORDS = [["We", "sat", "on", "the", "bank", "."], ["\u200b", "ok", "x\u00ad"], LONG.split()[:200], ["a"]]

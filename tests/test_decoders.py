@@ -177,7 +177,7 @@ def test_windows_of_a_causal_model_keep_each_tokens_left_context(arch, decoder_f
     """A long text in windows: every token comes from the first window that holds it (its most left
     context), so the first window's tokens equal one unwindowed forward's, and each later token is
     its window's row at its furthest position from the window's start."""
-    from layerwise._inputs.encoding import normalize_inputs
+    from layerwise._inputs.raw import normalize_inputs
     from layerwise._inputs.windows import best_window, plan_windows
 
     text = " ".join(ud_sentences(limit=4))

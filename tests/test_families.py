@@ -18,7 +18,7 @@ from any_models import FAMILIES
 from conftest import ud_sentences
 
 import layerwise as lw
-from layerwise._model.families import kind_of
+from layerwise._model.families.kinds import kind_of
 from layerwise._model.forward.packed_decoder import PACKED_DECODER_TYPES, PACKED_ENCODER_TYPES_ON_MODULES
 from layerwise.errors import OptionError
 from layerwise.store._commit import Committer
@@ -357,7 +357,8 @@ def test_info_says_how_a_model_will_run_before_loading_it(family_folder):
         said[model_type] = json.loads(result.output)
     assert said["gpt_neox"] | {"model": None} == {
         "model": None, "model_type": "gpt_neox", "kind": "decoder", "layers": 3, "hidden_size": 64,
-        "forward": "packed", "streaming": "yes", "taps": "attention_probs, attn_out, mlp_out",
+        "forward": "packed", "streaming": "yes", "positions": "rotary",
+        "taps": "attention_probs, attn_out, mlp_out",
         "final_norm": "yes: final_norm True, False or 'all'", "pairs": "no (join the texts yourself)",
     }  # fmt: skip
     assert (said["falcon"]["forward"], said["falcon"]["streaming"]) == ("general", "no: load it in memory")

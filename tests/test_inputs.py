@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from layerwise._inputs.batches import length_sorted_batches
-from layerwise._inputs.encoding import normalize_inputs
+from layerwise._inputs.raw import normalize_inputs
 from layerwise.errors import InputError, OptionError
 
 

@@ -10,7 +10,7 @@ import pytest
 
 import layerwise as lw
 from layerwise._features.plan import OutputPlan
-from layerwise._inputs.encoding import normalize_inputs
+from layerwise._inputs.raw import normalize_inputs
 from layerwise.serve._batcher import Batcher, Finish, Job, LocalRunner, Run
 
 

@@ -90,7 +90,7 @@ def run_on(runner, model, encoded, layers, stride, finish=None):
 
 def test_an_error_in_the_model_process_arrives_as_itself(tiny_pair):
     from layerwise._features.plan import OutputPlan
-    from layerwise._inputs.encoding import normalize_inputs
+    from layerwise._inputs.raw import normalize_inputs
     from layerwise.serve._batcher import Finish
     from layerwise.serve._model_process import ProcessRunner
 

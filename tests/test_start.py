@@ -14,7 +14,7 @@ import pytest
 from conftest import REPO
 
 import layerwise as lw
-from layerwise._model.families import BERT_LAYOUT, _mapping, check_text_transformer, kind_of
+from layerwise._model.families.kinds import BERT_LAYOUT, _mapping, check_text_transformer, kind_of
 from layerwise._model.loading import plain
 from layerwise._model.loading.light import _PREFIX
 

@@ -52,7 +52,7 @@ def test_every_text_type_equals_transformers_or_is_refused_by_name(model_type, t
     if outcome == "refused":
         reason = result["reason"]
         if reason in ("not text", "multimodal"):
-            return  # said from the config alone (families.py), before any weight is read
+            return  # said from the config alone (families/kinds.py), before any weight is read
         assert REFUSED.get(model_type) == reason, result
         return
     assert outcome == "equal", result

@@ -120,7 +120,7 @@ def test_the_window_memory_guard_counts_words_as_tokens(default_encoder):
         default_encoder.extract(words=[["w"] * 200_000], long_texts="window")
     assert time.perf_counter() - started < 5
     text = " ".join(["w"] * 200_000)  # the same as one text: 399,999 characters, under 798,912
-    from layerwise._inputs.encoding import normalize_inputs
+    from layerwise._inputs.raw import normalize_inputs
     from layerwise._inputs.windows import check_window_memory
 
     check_window_memory(normalize_inputs([text]), 7, 384)  # passes: a text is counted by characters

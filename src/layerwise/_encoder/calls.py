@@ -22,7 +22,7 @@ from .._features.layers import LayerSpec, resolve_layers
 from .._features.plan import OutputPlan
 from .._inputs.ahead import ahead
 from .._inputs.block import EncodedBlock
-from .._inputs.encoding import RawInputs
+from .._inputs.raw import RawInputs
 from .._inputs.reports import report_blocks
 from .._inputs.windows import check_window_memory, check_window_options
 from .._model.forward.hooks import DECODER_TAPS, check_family_taps, check_taps, tap_paths

@@ -24,7 +24,8 @@ import torch
 
 from .._features.layers import LayerSpec
 from .._features.plan import OutputPlan, Result
-from .._inputs.encoding import EncodedBlock, EncodedInput, normalize_inputs
+from .._inputs.encoding import EncodedBlock, EncodedInput
+from .._inputs.raw import normalize_inputs
 from .._model.loading.plain import transformers_config
 from .._results import LayerStack
 from .._settings.long_texts import LongTexts

@@ -18,7 +18,7 @@ from .._features.layers import LayerSpec
 from .._features.names import SentencePool, SpecialTokens, SubwordPool, sentence_convention
 from .._features.plan import OutputPlan
 from .._features.stream import all_features, features_layers, sentence_matrix, word_vectors
-from .._inputs.encoding import as_texts
+from .._inputs.raw import as_texts
 from .._inputs.words import split_word_inputs
 from .._results import WordVectors
 from .._settings.long_texts import LongTexts

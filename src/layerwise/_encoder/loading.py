@@ -15,7 +15,7 @@ from .._engine.engine import Engine
 from .._host.cpu import cpu_flags, cpu_name, matrix_units
 from .._host.memory import available_memory
 from .._inputs.encoding import InputEncoder
-from .._model.families import is_decoder_config
+from .._model.families.kinds import is_decoder_config
 from .._model.forward.concurrent import check_forwards
 from .._model.handle import ModelHandle
 from .._model.loading.gguf_files import gguf_read_once

@@ -29,7 +29,7 @@ from .._host.progress import progress_bar
 from .._inputs.batches import length_sorted_batches, one_length_batches
 from .._inputs.block import EncodedBlock, EncodedInput, TokenColumns
 from .._inputs.windows import Window
-from .._model.families import is_decoder_config
+from .._model.families.kinds import is_decoder_config
 from .._model.final_norm import apply_final_norm
 from .._model.forward.concurrent import ForwardLock, ForwardPool, check_forwards
 from .._model.forward.hooks import eager_attention_for

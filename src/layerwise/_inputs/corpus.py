@@ -24,7 +24,6 @@ from pathlib import Path
 
 from ..errors import InputError, LayerwiseError, OptionError, check_choice
 from .chunks import read_chunks
-from .encoding import RawInputs, normalize_inputs
 from .formats import (
     BAD_ROWS,
     ENCODING_ERRORS,
@@ -37,6 +36,7 @@ from .formats import (
     Start,
     detect_format,
 )
+from .raw import RawInputs, normalize_inputs
 from .scan import Scan, pick_ranges, range_sizes, scan_memory, scan_rows
 from .sources import (
     check_ids,
@@ -353,6 +353,6 @@ def as_corpus(
         return Corpus(source, format=format, text_column=text_column, encoding_errors=encoding_errors)
     if given:
         raise OptionError(f"{', '.join(given)} read columns of a file; texts in memory have none")
-    from .encoding import as_texts
+    from .raw import as_texts
 
     return Corpus.from_inputs(as_texts(source))

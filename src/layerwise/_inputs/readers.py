@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import InputError, check_choice
-from .encoding import lone_surrogate
 from .formats import ENCODING_ERRORS, EncodingErrors
+from .raw import lone_surrogate
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,8 @@ import hashlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
-from .encoding import RawInputs
 from .formats import Start
+from .raw import RawInputs
 from .sources import hash_into, is_int
 
 

@@ -14,8 +14,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..errors import InputError, OptionError
-from .encoding import lone_surrogate
 from .formats import FileFormat, detect_format
+from .raw import lone_surrogate
 
 logger = logging.getLogger("layerwise")
 

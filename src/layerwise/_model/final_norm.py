@@ -36,7 +36,8 @@ from typing import Any, Literal
 import torch
 
 from ..errors import OptionError
-from .families import BERT_LAYOUT, is_decoder_config
+from .families.kinds import BERT_LAYOUT, is_decoder_config
+from .families.table import family
 from .notes import note, noted
 
 # where models keep their final norm (see the docstring): a candidate, which settle_final_norm checks
@@ -65,9 +66,11 @@ def final_norm_module(model: Any) -> Any:
     settled = noted(model, _SETTLED)
     if settled is not None:
         return settled if isinstance(settled, torch.nn.Module) else None
-    if getattr(getattr(model, "config", None), "model_type", None) in BERT_LAYOUT:
-        return None  # post-norm layers: the last layer's output is the last state
-    for path in _FINAL_NORM_PATHS:
+    row = family(getattr(getattr(model, "config", None), "model_type", None))
+    if row is not None and row.final_norm is None:
+        return None  # post-norm layers (BERT): the last layer's output is the last state
+    named = (row.final_norm,) if row is not None and row.final_norm != "found at load" else ()
+    for path in (*named, *_FINAL_NORM_PATHS):
         module: Any = model
         for part in path.split("."):
             module = getattr(module, part, None)

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..errors import ModelLoadError, OptionError
-from .families import is_decoder_config
+from .families.kinds import is_decoder_config
 from .final_norm import check_final_norm_honoured, verdict
 from .loading.light import load_light_model
 from .loading.placement import Placement, input_device

@@ -1,5 +1,5 @@
 """What will run, said before any weight is read: for a model (``layerwise info -m``) its kind
-(families.py), the path its forward takes, whether it streams, its taps and its final norm; for this
+(families/kinds.py), the path its forward takes, whether it streams, its taps and its final norm; for this
 machine (``layerwise info``) its processor's units, the library its linear layers run on, the dtype
 that runs fastest on its CPU, and its GPUs."""
 
@@ -9,7 +9,8 @@ from typing import Any
 
 from .._host.cpu import bf16_units, cpu_flags, cpu_name, fp16_units, usable_cores, vector_units
 from ..errors import ModelLoadError
-from .families import kind_of
+from .families.kinds import kind_of
+from .families.table import family
 from .final_norm import config_has_final_norm
 from .forward.hooks import tap_paths
 from .forward.packed import unpackable
@@ -24,6 +25,7 @@ def describe(config: Any) -> dict[str, Any]:
     kind = kind_of(config)
     model_type = str(config.model_type)
     decoder = kind == "decoder"
+    row = family(model_type)  # what layerwise knows of the family beyond transformers (families/table.py)
     why_not = unpackable_decoder(config) if runs_on_modules(config) else unpackable(config)
     try:
         check_streamable(config, model_type)
@@ -47,6 +49,7 @@ def describe(config: Any) -> dict[str, Any]:
         "hidden_size": int(config.hidden_size),
         "forward": "packed" if why_not is None else "general",
         "streaming": streaming,
+        "positions": row.positions if row is not None and row.positions != "other" else "the model's own",
         "taps": ", ".join(taps) or "none (their module names are not in layerwise's table)",
         "final_norm": final_norm,
         "pairs": "no (join the texts yourself)" if decoder else "where the tokenizer has a pair template",

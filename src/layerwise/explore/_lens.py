@@ -246,7 +246,7 @@ def logit_lens(
 def _extract_with_masks(encoder: Encoder, head: MaskedLMHead | CausalLMHead, text: str) -> LayerStack:
     """``encoder.extract(text, layers="all")``, except that "[MASK]" in the text is the mask
     token (extract reads special-token strings typed in a text as plain text)."""
-    from .._inputs.encoding import normalize_inputs
+    from .._inputs.raw import normalize_inputs
     from .._inputs.reports import report_blocks
 
     block = head.inputs.encode_block(normalize_inputs([text]))

@@ -13,7 +13,7 @@ from ._responses import ApiError
 if TYPE_CHECKING:
     from .._encoder import Encoder
     from .._features.plan import OutputPlan
-    from .._inputs.encoding import RawInputs
+    from .._inputs.raw import RawInputs
     from .._settings.serve import ServeSettings
 
 

@@ -252,7 +252,7 @@ def _installed(projection: str) -> bool:
 
 def _text_inputs(body: TextRequest):
     """The request's text (and pair) as inputs; a text that cannot be one is a 422 on ``text``."""
-    from .._inputs.encoding import normalize_inputs
+    from .._inputs.raw import normalize_inputs
 
     pairs = None if body.text_pair is None else [body.text_pair]
     try:

@@ -15,7 +15,7 @@ from ..errors import OptionError
 from ._responses import ApiError
 
 if TYPE_CHECKING:
-    from .._inputs.encoding import RawInputs
+    from .._inputs.raw import RawInputs
 
 LayerValue = str | int | list[int]
 
@@ -76,7 +76,7 @@ class EmbeddingsRequest(StrictModel):
 
     def raw(self) -> RawInputs:
         """The request's texts."""
-        from .._inputs.encoding import normalize_inputs
+        from .._inputs.raw import normalize_inputs
 
         return normalize_inputs([self.input] if isinstance(self.input, str) else self.input)
 
@@ -160,7 +160,7 @@ class LayersRequest(StrictModel):
 
     def raw(self) -> RawInputs:
         """The request's inputs (an InputError is a 422 naming the field: _errors.py)."""
-        from .._inputs.encoding import normalize_inputs
+        from .._inputs.raw import normalize_inputs
 
         pairs: Any = self.pairs  # [first, second] lists: normalize_inputs checks that each has two
         return normalize_inputs(self.texts, text_pairs=self.text_pairs, pairs=pairs, words=self.words)

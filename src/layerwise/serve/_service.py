@@ -26,7 +26,7 @@ from ._served_schema import model_ids
 
 if TYPE_CHECKING:
     from .._encoder import Encoder
-    from .._inputs.encoding import RawInputs
+    from .._inputs.raw import RawInputs
 
 
 @dataclass

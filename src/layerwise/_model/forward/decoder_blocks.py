@@ -21,13 +21,13 @@ from typing import Any
 
 import torch
 
-from ..families import is_decoder_config
+from ..families.kinds import is_decoder_config
+from ..families.table import family
 from .packed import AttentionGroup, plan_groups
 from .packed_attention import ATTENTION, GROUPS
 
 # one block's step on one batch: (its hidden state (N, H), its prepared batch, what it carries) -> (N, H)
 Step = Callable[[torch.Tensor, Any, Any], torch.Tensor]
-_ROTARY_PER_LAYER_TYPE = ("gemma3_text", "modernbert")  # one rotary embedding per kind of attention
 
 
 @dataclass
@@ -49,11 +49,13 @@ def prepare_decoder_batch(columns: Any, device: torch.device, *, causal: bool = 
 
 
 def decoder_layers(model: Any) -> Any:
-    """The decoder's layer list: ``layers`` (Llama and the others), ``h`` (GPT-2), ``decoder.layers``
-    (OPT)."""
-    found = getattr(model, "layers", None) or getattr(model, "h", None)
-    decoder = getattr(model, "decoder", None)
-    return found if found is not None or decoder is None else getattr(decoder, "layers", None)
+    """The layer list of ``model``, where its family's row says (``layers`` for Llama and the
+    others, ``h`` for GPT-2, ``decoder.layers`` for OPT); None where it is not there."""
+    row = family(getattr(model.config, "model_type", None))
+    found: Any = model
+    for part in (row.layers if row is not None and row.layers else "layers").split("."):
+        found = getattr(found, part, None)
+    return found
 
 
 class DecoderBlocks:
@@ -73,7 +75,8 @@ class DecoderBlocks:
         self.embeddings = None if self.causal else model.embeddings
         self.positions = getattr(model, "wpe", None) or getattr(inner, "embed_positions", None)
         self.project_in = getattr(inner, "project_in", None)  # OPT-350m: words narrower than the stream
-        per_type = config.model_type in _ROTARY_PER_LAYER_TYPE
+        row = family(config.model_type)
+        per_type = row is not None and row.positions == "rotary per layer type"
         self.layer_types = getattr(config, "layer_types", None) if per_type else None
         rotary = getattr(model, "rotary_emb", None) is not None
         self.rotary_kinds = len(set(self.layer_types or [None])) if rotary else 0

@@ -30,70 +30,13 @@ import torch
 from torch import nn
 
 from ...errors import OptionError
-from ..families import BERT_LAYOUT
+from ..families.table import families_with_taps, family
 
 Tap = Literal["attention_probs", "attention_output", "intermediate", "attn_out", "mlp_out"]
 TAPS: tuple[str, ...] = ("attention_probs", "attention_output", "intermediate", "attn_out", "mlp_out")
 DECODER_TAPS: tuple[str, ...] = ("attention_probs", "attn_out", "mlp_out")
 
-# Sub-module paths inside one encoder layer. BERT, RoBERTa and ELECTRA share the BERT layout.
-_BERT_LAYOUT = {
-    "attention_probs": "attention.self",
-    "attention_output": "attention",
-    "intermediate": "intermediate",
-    "attn_out": "attention.output.dense",
-    "mlp_out": "output.dense",
-}
-_TAP_PATHS: dict[str, dict[str, str]] = {
-    "distilbert": {
-        "attention_probs": "attention",
-        "attention_output": "sa_layer_norm",
-        "intermediate": "ffn.activation",
-        "attn_out": "attention.out_lin",
-        "mlp_out": "ffn.lin2",
-    },
-    "mpnet": {
-        "attention_probs": "attention.attn",
-        "attention_output": "attention",
-        "intermediate": "intermediate",
-        "attn_out": "attention.attn.o",
-        "mlp_out": "output.dense",
-    },
-    # decoder LMs (pre-norm blocks): no module outputs the attention block's normed output or the
-    # feed-forward activations as the BERT taps mean them; attn_out and mlp_out are what each adds
-    # to the residual stream (GPT-NeoX and Phi add both to the same stream: parallel blocks)
-    **{
-        kind: {"attention_probs": "self_attn", "attn_out": "self_attn", "mlp_out": "mlp"}
-        for kind in (
-            "llama",
-            "mistral",
-            "qwen2",
-            "qwen3",
-            "gemma",
-            "phi",
-            "phi3",
-            "olmo",
-            "mixtral",
-            "qwen2_moe",
-            "starcoder2",
-            "stablelm",
-        )
-    },
-    # post-norm blocks: what each adds is its output norm's
-    **{
-        kind: {
-            "attention_probs": "self_attn",
-            "attn_out": "post_attention_layernorm",
-            "mlp_out": "post_feedforward_layernorm",
-        }
-        for kind in ("gemma2", "gemma3_text", "olmo2")
-    },
-    "gpt2": {"attention_probs": "attn", "attn_out": "attn", "mlp_out": "mlp"},
-    "gpt_neox": {"attention_probs": "attention", "attn_out": "attention", "mlp_out": "mlp"},
-    # OPT's feed-forward is two linears on the flattened batch inside the layer: no module gives
-    # what it adds in the batch's shape
-    "opt": {"attention_probs": "self_attn", "attn_out": "self_attn"},
-}
+# Each family's tap paths are in its row of the family table (families/table.py).
 # Which element of a module's tuple output holds the tap (attention modules return (context, probs)).
 _TAP_INDEX = {"attention_probs": 1, "attention_output": 0, "intermediate": 0, "attn_out": 0, "mlp_out": 0}
 
@@ -141,11 +84,12 @@ def truncated_encoder(owner: nn.Module, attr: str, layer_list: nn.ModuleList, de
 def tap_paths(model_type: str) -> dict[str, str]:
     """The taps of ``model_type`` and the sub-module of a layer each reads; none for a family
     whose module names are not in the table (hidden states need none)."""
-    return _BERT_LAYOUT if model_type in BERT_LAYOUT else _TAP_PATHS.get(model_type, {})
+    row = family(model_type)
+    return dict(row.taps) if row is not None else {}
 
 
 def _families_with_taps() -> str:
-    known = ", ".join(sorted({*BERT_LAYOUT, *_TAP_PATHS}))
+    known = ", ".join(families_with_taps())
     return (
         f"taps need a family's module names, and layerwise knows those of {known} (docs/models.md); "
         "hidden states need none"

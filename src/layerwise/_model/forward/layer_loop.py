@@ -13,7 +13,7 @@ waiting in host memory) is the caller's ``each``.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any, Protocol
 
 import torch
@@ -41,6 +41,24 @@ class LayerModel(Protocol):
     def layer_step(self, depth: int) -> Callable[[torch.Tensor, Any, Any], torch.Tensor]: ...
 
     def after_layer(self, depth: int) -> None: ...
+
+
+class Resident:
+    """The weights' strategy of a model in memory: a block is one batch, every unit is there, and
+    nothing is loaded or released (a subclass gives the family's embed, carried and layer_step)."""
+
+    def vocabulary(self, batches: Any) -> None:
+        return None  # the whole word table is there
+
+    @contextmanager
+    def loaded(self, last: int, vocabulary: Any) -> Iterator[Iterator[int]]:
+        yield iter(range(last + 1))
+
+    def carried(self, hidden: torch.Tensor, batch: Any) -> Any:
+        return None
+
+    def after_layer(self, depth: int) -> None:
+        return None
 
 
 def as_is(i: int, depth: int, hidden: torch.Tensor) -> torch.Tensor:

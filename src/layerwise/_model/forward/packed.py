@@ -25,9 +25,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..families import BERT_LAYOUT
+from ..families.kinds import BERT_LAYOUT
+from ..families.table import family
 from ..positions import first_position
 from .cpu_gemm import PrepackedLinears
+from .layer_loop import Resident, run_block
 
 PACKED_MODEL_TYPES = BERT_LAYOUT
 
@@ -148,7 +150,8 @@ def _to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 def unpackable(config: Any) -> str | None:
     """What in ``config`` the packed forward cannot express exactly, or None when it can."""
-    if config.model_type not in PACKED_MODEL_TYPES:
+    row = family(config.model_type)
+    if row is None or row.forward != "bert":
         return f"model type {config.model_type!r}"
     if getattr(config, "position_embedding_type", "absolute") not in (None, "absolute"):
         return f"position_embedding_type {config.position_embedding_type!r}"
@@ -157,6 +160,21 @@ def unpackable(config: Any) -> str | None:
     if getattr(config, "chunk_size_feed_forward", 0):
         return "chunked feed-forward"
     return None
+
+
+class ResidentEncoder(Resident):
+    """A BERT-layout encoder's layers with their weights in memory, as the layer loop runs them: the
+    packed forward's embeddings and layer function (the streamed encoder runs the same two)."""
+
+    def __init__(self, packed: PackedEncoder) -> None:
+        self.packed = packed
+
+    def embed(self, batch: PackedBatch, vocabulary: Any) -> torch.Tensor:
+        return self.packed.embed(batch)
+
+    def layer_step(self, depth: int) -> Any:
+        layer, run = self.packed.layers[depth - 1], self.packed.run_layer
+        return lambda hidden, batch, carried: run(layer, hidden, batch)
 
 
 class PackedEncoder:
@@ -171,6 +189,7 @@ class PackedEncoder:
         self.first_position = first_position(model)  # RoBERTa's: after the padding row
         self._qkv: dict[int, tuple] = {}  # id(self-attention module) -> (versions, weight, bias)
         self.linear = PrepackedLinears()  # oneDNN on the CPU (cpu_gemm.py), else F.linear
+        self._resident = ResidentEncoder(self)
 
     @classmethod
     def build(cls, model: Any) -> PackedEncoder | None:
@@ -212,15 +231,9 @@ class PackedEncoder:
         return PackedBatch(ids, types, positions, lengths=lengths, groups=groups)
 
     def forward(self, batch: PackedBatch, layers: Sequence[int]) -> torch.Tensor:
-        """Hidden states ``layers`` (0 = embeddings) of the packed batch: ``(len(layers), N, H)``."""
-        h = self.embed(batch)
-        wanted = set(layers)
-        states: dict[int, torch.Tensor] = {0: h} if 0 in wanted else {}
-        for depth, layer in enumerate(self.layers[: max(layers)], start=1):
-            h = self.run_layer(layer, h, batch)
-            if depth in wanted:
-                states[depth] = h
-        return torch.stack([states[i] for i in layers])
+        """Hidden states ``layers`` (0 = embeddings) of the packed batch: ``(len(layers), N, H)``,
+        through the one layer loop (layer_loop.py) with the weights resident."""
+        return run_block(self._resident, [batch], layers)[0]
 
     def embed(self, batch: PackedBatch) -> torch.Tensor:
         """Hidden state 0 of the packed batch, ``(N, H)``."""

@@ -19,71 +19,52 @@ attention call.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 from torch import nn
 
-from ..families import is_decoder_config
+from ..families.kinds import is_decoder_config
+from ..families.table import family, packed_families
 from .cpu_gemm import PrepackedLinears
 from .decoder_blocks import DecoderBlocks, PackedDecoderBatch, decoder_layers, prepare_decoder_batch
 from .hooks import tap_module, tap_paths
-from .layer_loop import run_block
+from .layer_loop import Resident, run_block
 from .packed import PackedEncoder
 from .replica import Replica, Replicas, prepack_linears, replicate
 
 PACKED_TAPS = ("attn_out", "mlp_out")  # the sub-layer outputs the packed forward records
-PACKED_DECODER_TYPES = (
-    "llama",
-    "mistral",
-    "qwen2",
-    "qwen3",
-    "gemma",
-    "gemma2",
-    "gemma3_text",
-    "gpt2",
-    "gpt_neox",
-    "opt",
-    "phi",
-    "phi3",
-    "olmo",
-    "olmo2",
-)
-# encoders whose layers call transformers' attention interface: packed the same way, with attention
+# the families run block by block (their rows of the family table say "blocks"): decoders, and
+# encoders whose layers call transformers' attention interface, packed the same way with attention
 # both ways over each text's grid (ModernBERT's local layers: within their window)
-PACKED_ENCODER_TYPES_ON_MODULES = ("modernbert",)
+PACKED_DECODER_TYPES = packed_families("blocks", "decoder")
+PACKED_ENCODER_TYPES_ON_MODULES = packed_families("blocks", "encoder")
 
 
 def runs_on_modules(config: Any) -> bool:
     """Whether ``config``'s model runs this module's way (its own modules, the packed attention):
-    every decoder LM, and the encoders of PACKED_ENCODER_TYPES_ON_MODULES. Among those,
+    every decoder LM, and the encoders whose family runs block by block. Among those,
     :func:`unpackable_decoder` says which families it runs."""
-    return is_decoder_config(config) or config.model_type in PACKED_ENCODER_TYPES_ON_MODULES
+    row = family(config.model_type)
+    return is_decoder_config(config) or (row is not None and row.forward == "blocks")
 
 
 def unpackable_decoder(config: Any) -> str | None:
     """What in ``config`` the packed decoder forward cannot run, or None when it can."""
-    if config.model_type not in PACKED_DECODER_TYPES + PACKED_ENCODER_TYPES_ON_MODULES:
+    row = family(config.model_type)
+    if row is None or row.forward != "blocks":
         return f"model type {config.model_type!r}"
     return None
 
 
-class ResidentDecoder(Replica):
-    """A replica's blocks with their weights in memory, as the layer loop runs them: a block of
-    texts is one batch, and nothing is loaded or released."""
+class ResidentDecoder(Replica, Resident):
+    """A replica's blocks with their weights in memory, as the layer loop runs them (layer_loop.py's
+    Resident: a block of texts is one batch, and nothing is loaded or released)."""
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__(model)
         self.blocks = DecoderBlocks(model)
-
-    def vocabulary(self, batches: Sequence[Any]) -> None:
-        return None  # the whole word table is there
-
-    @contextmanager
-    def loaded(self, last: int, vocabulary: Any) -> Iterator[Iterator[int]]:
-        yield iter(range(last + 1))
 
     def embed(self, batch: PackedDecoderBatch, vocabulary: Any) -> torch.Tensor:
         return self.blocks.embed(batch, batch.ids)
@@ -93,9 +74,6 @@ class ResidentDecoder(Replica):
 
     def layer_step(self, depth: int) -> Any:
         return self.blocks.layer_step(depth)
-
-    def after_layer(self, depth: int) -> None:
-        return None
 
 
 class PackedDecoder:

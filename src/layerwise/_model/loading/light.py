@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..families.table import family
 from ..forward.packed import unpackable
 from .weights_checks import unused_weights
 
@@ -48,7 +49,6 @@ _PREFIX = {
     "camembert": "roberta.",
     "electra": "electra.",
 }
-_POSITION_PADDING = ("roberta", "xlm-roberta", "camembert")  # position embeddings with a padding_idx
 _NO_POOLER = ("electra",)  # AutoModel of these has no pooler
 
 
@@ -114,7 +114,8 @@ class LightEmbeddings(nn.Module):
         self.position_embeddings = Embedding(config.max_position_embeddings, width)
         self.token_type_embeddings = Embedding(config.type_vocab_size, width)
         self.LayerNorm = LayerNorm(width, config.layer_norm_eps)
-        if config.model_type in _POSITION_PADDING:  # as transformers' class: positions after that row
+        row = family(config.model_type)  # as transformers' class: positions after that row
+        if row is not None and row.positions == "learned after a padding row":
             self.position_embeddings.padding_idx = config.pad_token_id
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor, position_ids: torch.Tensor):

@@ -3,7 +3,7 @@
 ``AutoConfig`` and ``AutoTokenizer`` import ``transformers.models``, whose import builds a table
 of every model transformers knows: about 0.2× the import of torch and transformers together, on a
 one-line command that needs none of it (``benchmarks/start_cost.py``). A local folder of one of the
-families the light model reads (:data:`~layerwise._model.families.BERT_LAYOUT`) is read here instead:
+families the light model reads (:data:`~layerwise._model.families.kinds.BERT_LAYOUT`) is read here instead:
 
 - the **tokenizer** is the class ``AutoTokenizer`` picks (the one ``tokenizer_config.json`` names,
   else the family's: :data:`FAMILY_TOKENIZERS`, held to transformers' own mapping by a test),
@@ -32,7 +32,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..families import BERT_LAYOUT
+from ..families.kinds import BERT_LAYOUT
 
 logger = logging.getLogger("layerwise")
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import MissingDependencyError, ModelLoadError, OptionError
-from ..families import check_text_transformer, kind_of
+from ..families.kinds import check_text_transformer, kind_of
 from ..notes import note
 from .checkpoint_files import check_checkpoint_files, damaged_json, pickled_weights
 from .gguf_files import gguf_loading, loader_args
@@ -190,7 +190,7 @@ def _remote_code_refused(name: str, exc: Exception) -> ModelLoadError | None:
 
 def load_config_and_tokenizer(source: str, name: str, *, trust_remote_code: bool = False):
     """``(config, fast tokenizer)`` of ``source``; a model that is not a text transformer
-    (families.py), or a tokenizer without the Rust backend (no word ids, no offsets), is an error.
+    (families/kinds.py), or a tokenizer without the Rust backend (no word ids, no offsets), is an error.
     A local folder of a BERT-layout encoder is read without transformers' registry (plain.py)."""
     with quiet_transformers():
         plain = None if trust_remote_code else read_plain(source)

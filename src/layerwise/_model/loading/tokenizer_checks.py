@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import ModelLoadError
-from ..families import is_decoder_config
+from ..families.kinds import is_decoder_config
 
 logger = logging.getLogger("layerwise")
 

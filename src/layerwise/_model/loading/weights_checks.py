@@ -9,7 +9,7 @@ import re
 from typing import Any
 
 from ...errors import ModelLoadError
-from ..families import kind_of
+from ..families.kinds import kind_of
 
 # Weights a checkpoint may lack without changing any hidden state.
 OPTIONAL_PREFIXES = ("pooler.",)

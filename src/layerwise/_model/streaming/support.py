@@ -7,17 +7,12 @@ from __future__ import annotations
 from typing import Any
 
 from ...errors import ModelLoadError
-from ..forward.packed_decoder import (
-    PACKED_DECODER_TYPES,
-    PACKED_ENCODER_TYPES_ON_MODULES,
-    runs_on_modules,
-    unpackable_decoder,
-)
+from ..families.table import packed_families
+from ..forward.packed_decoder import runs_on_modules, unpackable_decoder
 
 
 def check_streamable(config: Any, name: str) -> None:
     """Refuse an architecture the streamed forward does not run, naming the ones it does."""
-    from ..forward.packed import PACKED_MODEL_TYPES
     from ..loading.light import light_unsupported
 
     # on its own modules (decoder.py), else the light model's (encoder.py, light.py)
@@ -27,9 +22,10 @@ def check_streamable(config: Any, name: str) -> None:
         reason = "its embeddings projected to another width (project_in, as OPT-350m)"
     if reason is not None:
         detail = "" if reason.startswith("model type") else f" with {reason}"
+        encoders = packed_families("bert") + packed_families("blocks", "encoder")
         raise ModelLoadError(
             f"model {name!r} is a {config.model_type!r} model{detail}, which layerwise does not stream yet; "
-            f"it streams the encoders {', '.join(PACKED_MODEL_TYPES + PACKED_ENCODER_TYPES_ON_MODULES)} "
+            f"it streams the encoders {', '.join(encoders)} "
             "and the decoders "
-            f"{', '.join(PACKED_DECODER_TYPES)}. Load it in memory (streaming=False)"
+            f"{', '.join(packed_families('blocks', 'decoder'))}. Load it in memory (streaming=False)"
         )

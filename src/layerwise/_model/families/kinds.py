@@ -14,8 +14,8 @@ list kept here:
 What cannot work is refused by name: a model without a text head of any kind (vision, audio), a
 multimodal wrapper (its text model is another config). State-space and recurrent models (Mamba,
 RWKV) run on the general path: each block's output is a hidden state. Which families the packed
-forward runs, and which stream, are lists: each is a forward of our own, tested against
-transformers (forward/, streaming/).
+forward runs, and which stream, are rows of the family table (table.py): each is a forward of our
+own, tested against transformers (forward/, streaming/).
 """
 
 from __future__ import annotations
@@ -23,16 +23,18 @@ from __future__ import annotations
 import functools
 from typing import Any, Literal
 
-from ..errors import ModelLoadError
+from ...errors import ModelLoadError
+from .table import packed_families
 
 Kind = Literal["encoder", "decoder", "encoder-decoder"]
 SUPPORTED_PAGE = "the table in docs/models.md"  # which families run how
+
 # The encoders with BERT's module layout: the light model reads them (loading/light.py), the packed
 # forward runs them (forward/packed.py), their taps have BERT's names (forward/hooks.py), and their
 # config and tokenizer are read without transformers' registry (loading/plain.py). Their kind is
 # known here without the mappings, whose import a one-line command would otherwise pay for
 # (tests/test_start.py holds it to the mappings).
-BERT_LAYOUT = ("bert", "roberta", "xlm-roberta", "camembert", "electra")
+BERT_LAYOUT = packed_families("bert")
 
 
 @functools.cache
