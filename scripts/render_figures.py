@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import statistics
 import subprocess
 import sys
 from collections.abc import Callable
@@ -32,6 +33,9 @@ DOCUMENTS = (
     "docs/serving-performance.md",
     "docs/guide/analysis.md",
     "docs/guide/cpu.md",
+    "docs/guide/decoders.md",
+    "docs/guide/ray.md",
+    "docs/guide/serving.md",
     "docs/models.md",
 )
 # a block's lines keep the indentation of its opening marker (a table inside a list item)
@@ -914,6 +918,68 @@ def serve_headline() -> str:
     )
 
 
+def _ms(value: float) -> str:
+    return f"{value:.1f}" if value < 10 else n(value)
+
+
+def serve_levels_table() -> str:
+    """docs/guide/serving.md: each load level, layerwise beside sentence-transformers behind FastAPI."""
+    data = result("serve_load")
+    ours, theirs = data["layerwise"]["levels"], data["sentence_transformers"]["levels"]
+    rows = []
+    for a, b in zip(ours, theirs, strict=True):
+        cells = [str(a["clients"])]
+        for lvl in (a, b):
+            rate = n(lvl["tokens_per_s"])
+            rate = f"**{rate}**" if lvl is a and a["clients"] == 32 else rate
+            cells += [n(lvl["requests_per_s"]), rate, f"{_ms(lvl['p50_ms'])} / {_ms(lvl['p99_ms'])}"]
+        rows.append(cells)
+    header = [
+        "clients",
+        "layerwise req/s",
+        "tokens/s",
+        "p50 / p99 ms",
+        "sentence-transformers + FastAPI req/s",
+    ]
+    return table([*header, "tokens/s", "p50 / p99 ms"], rows) + "\n\n" + measured("serve_load")
+
+
+def serve_against_st() -> str:
+    data = result("serve_load")
+    ours = {lvl["clients"]: lvl["tokens_per_s"] for lvl in data["layerwise"]["levels"]}
+    theirs = {lvl["clients"]: lvl["tokens_per_s"] for lvl in data["sentence_transformers"]["levels"]}
+    return (
+        f"**{x(ours[32] / theirs[32])}** the tokens/s at 32 clients, {x(ours[8] / theirs[8], 1)} at 8, "
+        f"{x(ours[1] / theirs[1], 1)} at one"
+    )
+
+
+def serve_ratio() -> str:
+    data = result("serve_load")
+    rounds = ", ".join(f"{r['ratio']:.2f}" for r in data["layerwise"]["ratio_rounds"])
+    count = len(data["layerwise"]["ratio_rounds"])
+    return f"**{x(data['served_over_offline_at_32'])}**, the median of {count} rounds ({rounds})"
+
+
+def serve_soak() -> str:
+    run = result("serve_load")["layerwise"]
+    soak, errors = run["soak_rss_mib"], run["soak_errors"]
+    return (
+        f"RSS of both processes {n(min(soak))}–{n(max(soak))} MiB through a {run['soak_seconds']:.0f} s "
+        f"soak at 32 clients after the levels (peak {n(run['peak_rss_mib'])} MiB), "
+        f"{'no' if errors == 0 else errors} errors"
+    )
+
+
+def serve_offline() -> str:
+    data = result("serve_load")
+    client = max(lvl["client_cores"] for lvl in data["layerwise"]["levels"])
+    return (
+        f"The load client is plain asyncio on sockets and takes {client:.2f} of a core of the same 2 cores. "
+        f"Offline `Encoder().encode` on the same texts: {n(data['offline_tokens_per_s'])} tokens/s"
+    )
+
+
 def serve_cores_table() -> str:
     levels = result("serve_load")["layerwise"]["levels"]
     rows = [
@@ -1001,6 +1067,70 @@ def layer_rules() -> str:
     )
 
 
+_DECODER_MODELS = {
+    "smollm2": "SmolLM2-135M-Instruct (GGUF, {layers} × {hidden_size})",
+    "llama_1b_shape": "a random Llama of 1B shape (Llama 3.2 1B's: {layers} × {hidden_size}, 8 key/value "
+    "heads), {texts} of the texts, {tokens:,} tokens",
+}
+
+
+def decoder_speed_table() -> str:
+    """docs/guide/decoders.md: every hidden state of every token, the best hand-written loop against
+    ``extract(layers="all")``, and the middle layer's share of the time."""
+    data = result("decoder_speed")
+    rows = []
+    for key, what in _DECODER_MODELS.items():
+        part, rate = data[key], data[key]["tokens_per_s"]
+        middle = f"{part['middle_time_over_all']:.2f} of the time of all layers"
+        ratio = f"**{x(part['all_over_best_loop'], 1)}**"
+        loop, ours = (f"{n(rate[k])} tokens/s" for k in ("best_loop", "layerwise_all"))
+        rows.append([what.format(**part), loop, ours, ratio, middle])
+    header = ["model", "best hand-written loop", '`extract(layers="all")`', "ratio", "the middle layer only"]
+    return table(header, rows) + "\n\n" + measured("decoder_speed")
+
+
+def decoder_loop_costs() -> str:
+    data = result("decoder_speed")
+    small, large = data["smollm2"], data["llama_1b_shape"]
+    seconds = statistics.median(large["seconds"]["best_loop"])
+    return (
+        f"sorted by characters instead it runs at {n(small['tokens_per_s']['chars_loop'])} and "
+        f"{n(large['tokens_per_s']['chars_loop'])} tokens/s. What it loses: a batch holding a document "
+        "pads the shorter texts beside it to the document's length, and every padded position costs as "
+        f"much as a real one (on the 1B shape the loop spends most of its {seconds:.0f} s on the padding "
+        "of the one batch that holds the documents)"
+    )
+
+
+_RAY_ROWS = {
+    "two_actors_1_thread": "2 Ray actors × 1 thread (`--ray local --workers 2`)",
+    "one_actor_2_threads": "1 Ray actor × 2 threads",
+}
+
+
+def ray_table() -> str:
+    """docs/guide/ray.md: one process against Ray's actors on the same texts into a store."""
+    data = result("ray_scaling")
+    one = data["one_process_2_threads"]
+    first = "one process, 2 torch threads (`lw.extract_to_store`)"
+    rows = [[first, f"{one['seconds']:.1f} s", n(one["tokens_per_s"]), "1.00"]]
+    for key, what in _RAY_ROWS.items():
+        part = data[key]
+        ratio = f"{part['ratio_to_one_process']:.2f}"
+        rows.append([what, f"{part['seconds']:.1f} s", n(part["tokens_per_s"]), ratio])
+    return table(["what", "time", "tokens/s", "ratio"], rows) + "\n\n" + measured("ray_scaling")
+
+
+def ray_node_rate() -> str:
+    return f"stored {n(result('ray_scaling')['two_actors_1_thread']['tokens_per_s'])} tokens/s under Ray"
+
+
+def ray_100_nodes() -> str:
+    rate = result("ray_scaling")["two_actors_1_thread"]["tokens_per_s"]
+    hours = 2.2e9 / (rate * 100) / 3600  # 100M sentences of 22 tokens on 100 such nodes
+    return f"at that rate 100 nodes take at most about {hours:.1f} h"
+
+
 def family_rows() -> str:
     """docs/models.md's table of the families, from the family table in the code
     (src/layerwise/_model/families/table.py): what runs how, not a measurement."""
@@ -1031,6 +1161,11 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "streamed-memory": streamed_memory_table,
     "families": family_table,
     "family-rows": family_rows,
+    "decoder-speed": decoder_speed_table,
+    "ray": ray_table,
+    "ray-node-rate": ray_node_rate,
+    "ray-100-nodes": ray_100_nodes,
+    "decoder-loop-costs": decoder_loop_costs,
     "sweep": sweep_counts,
     "hostile-families": hostile_counts,
     "gpu-embed": gpu_embed_table,
@@ -1042,6 +1177,11 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "cache": cache_table,
     "reference": reference_table,
     "serve-headline": serve_headline,
+    "serve-levels": serve_levels_table,
+    "serve-against-st": serve_against_st,
+    "serve-offline": serve_offline,
+    "serve-ratio": serve_ratio,
+    "serve-soak": serve_soak,
     "serve-cores": serve_cores_table,
     "serve-runs": serve_runs_table,
     "serve-small-runs": serve_small_runs,

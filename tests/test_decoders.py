@@ -109,6 +109,20 @@ def test_two_concurrent_forwards_run_packed_decoder_batches_at_once(decoder_fold
     assert two.model.config._attn_implementation != "layerwise_packed"  # the model's own, after
 
 
+def test_concurrent_forwards_record_each_batch_s_own_taps(decoder_folder):
+    """Each concurrent forward runs on a replica of its own (forward/replica.py): the taps one
+    batch records never land in another's, whatever order the batches finish in."""
+    taps = ("attn_out", "mlp_out")
+    one = lw.Encoder(decoder_folder("qwen3"), device="cpu", concurrent_forwards=1)
+    two = lw.Encoder(decoder_folder("qwen3"), device="cpu", concurrent_forwards=2, max_tokens=64)
+    texts = ud_sentences(limit=40)
+    for a, b in zip(one.extract(texts, taps=taps), two.extract(texts, taps=taps), strict=True):
+        assert a.taps.keys() == b.taps.keys() == set(taps)
+        for tap in taps:
+            np.testing.assert_allclose(a.taps[tap], b.taps[tap], atol=1e-5, rtol=0)
+    assert 1 <= len(two.engine.packed._replicas._free) <= 2  # at most one per forward running at once
+
+
 @pytest.mark.parametrize("arch", ["llama", "gpt2", "gemma2"])
 def test_the_final_norm_either_way(arch, decoder_folder, decoder_encoder):
     raw = decoder_encoder(arch, final_norm=False).extract(TEXTS[1], layers="all").hidden
