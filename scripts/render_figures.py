@@ -32,6 +32,7 @@ DOCUMENTS = (
     "docs/benchmarks.md",
     "docs/serving-performance.md",
     "docs/guide/analysis.md",
+    "docs/guide/corpus.md",
     "docs/guide/cpu.md",
     "docs/guide/decoders.md",
     "docs/guide/ray.md",
@@ -1131,6 +1132,59 @@ def ray_100_nodes() -> str:
     return f"at that rate 100 nodes take at most about {hours:.1f} h"
 
 
+def _change(before: float, after: float) -> str:
+    change = after / before - 1
+    return f"{'+' if change >= 0 else '-'}{abs(change) * 100:.1f} %"
+
+
+def corpus_io_table() -> str:
+    """docs/guide/corpus.md: memory follows the block, not the corpus."""
+    data = result("corpus_io")
+    read, full, ray, speed = data["read"], data["full"], data["ray"], data["speed"]
+
+    def rss(small: dict, large: dict, key: str = "peak_rss_mib") -> str:
+        return f"{small[key]:.0f} vs {large[key]:.0f} MiB ({_change(small[key], large[key])})"
+
+    reads = "; ".join(
+        f"`.{kind}` {rss(read[f'{kind} 100,000 lines'], read[f'{kind} 10,000,000 lines'])}"
+        for kind in ("parquet", "txt.gz")
+    )
+    first, last = full["median_rss_first_third_mib"], full["median_rss_last_third_mib"]
+    flat = f"{first:.0f} vs {last:.0f} MiB ({_change(first, last)}); peak {full['peak_rss_mib']:.0f} MiB"
+    driver = rss(ray["100,000 texts"], ray["2,000,000 texts"], "driver_peak_rss_mib")
+    txt, parquet = speed["txt_s"], speed["parquet_s"]
+    timed = f"{txt:.2f} s vs {parquet:.2f} s ({_change(txt, parquet)})"
+    reading = (
+        "Does reading follow the corpus? Peak RSS of `layerwise extract BIG --limit 50000 --layers 0 "
+        "--pool sentence:mean -o x.parquet`, 100,000-line vs 10,000,000-line corpus"
+    )
+    whole = (
+        f"Does the whole path stay flat? {n(full['n_texts'])} UD EWT sentences, `.parquet` to "
+        "sentence-level `.parquet`, default model: median RSS in the first vs the last third of the run "
+        "after its first minute"
+    )
+    driver_question = (
+        "Does the Ray driver hold the corpus? Its peak RSS for `--ray local --layers 0`, 100,000 vs "
+        "2,000,000 texts"
+    )
+    cost = (
+        f"Does Parquet cost time? The same {n(speed['n_texts'])} texts through `extract_to_file` from "
+        f"`.txt` and from `.parquet`, median of {len(speed['runs']['txt'])} alternating runs"
+    )
+    rows = [[reading, reads], [whole, flat], [driver_question, driver], [cost, timed]]
+    return table(["question", "measured"], rows) + "\n\n" + measured("corpus_io")
+
+
+def corpus_trim() -> str:
+    trim = result("corpus_io")["trim"]
+    ten, three = trim["versus_no_trim"]["every 10 s"], trim["versus_no_trim"]["every 3 s"]
+    return (
+        f"on {n(trim['n_texts'])} texts, every 10 s keeps the median RSS {pct(ten['rss_saved'])} under no "
+        f"trimming for {pct(ten['time_cost'], 1)} more time; every 3 s would keep it "
+        f"{pct(three['rss_saved'])} under for {pct(three['time_cost'], 1)}"
+    )
+
+
 def family_rows() -> str:
     """docs/models.md's table of the families, from the family table in the code
     (src/layerwise/_model/families/table.py): what runs how, not a measurement."""
@@ -1163,6 +1217,8 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "family-rows": family_rows,
     "decoder-speed": decoder_speed_table,
     "ray": ray_table,
+    "corpus-io": corpus_io_table,
+    "corpus-trim": corpus_trim,
     "ray-node-rate": ray_node_rate,
     "ray-100-nodes": ray_100_nodes,
     "decoder-loop-costs": decoder_loop_costs,
