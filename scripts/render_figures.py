@@ -1247,7 +1247,8 @@ def corpus_io_findings() -> str:
         f"third after the first minute, {n(full['median_rss_last_third_mib'])} MiB in the last "
         f"(+{pct(full['growth_median'], 1)}). Freed heap pages go back to the system every 10 s "
         f"(`malloc_trim`): against no trimming ({n(trim['n_texts'])} texts, two alternating rounds), "
-        f"{trims}: most of what a trim returns is the forward's working set, faulted in again within seconds.",
+        f"{trims}: most of what a trim returns is the forward's working set, faulted in again within "
+        "seconds.",
         "- **The Ray driver** holds no corpus and reads it once: its peak RSS with `--ray local --layers 0` "
         f"is {small['driver_peak_rss_mib']:.0f} MiB for 100,000 texts and {large['driver_peak_rss_mib']:.0f} "
         f"MiB for 2,000,000 (+{pct(ray['growth'], 1)}), and it plans the shards (its one pass over the "
