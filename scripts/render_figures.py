@@ -1258,6 +1258,23 @@ def corpus_io_findings() -> str:
     return "\n".join(lines) + "\n\n" + measured("corpus_io")
 
 
+def label_free_cost() -> str:
+    """docs/guide/analysis.md: what the label-free metrics cost, from the run that scored them."""
+    data = result("label_free_layers")
+    mini, smol = (data["models"][m] for m in ("all-MiniLM-L6-v2", "SmolLM2-135M-Instruct"))
+    total = sum(sum(m["seconds"].values()) for m in data["models"].values())
+    return (
+        f"the five one-pass metrics of every hidden state, with the forward pass that feeds them, take "
+        f"{mini['seconds']['one_pass_metrics_with_forward']:.1f} s for {n(data['settings']['texts'])} "
+        f"sentences on all-MiniLM-L6-v2 and {smol['seconds']['one_pass_metrics_with_forward']:.1f} s on "
+        f"SmolLM2 ({smol['n_hidden_states']} hidden states); the paper's scripts run the model once per "
+        "layer, about (L+1)/2 forward passes. The view metrics add their forward passes "
+        f"({data['settings']['views']} views: {mini['seconds']['view_metrics']:.1f} s and "
+        f"{smol['seconds']['view_metrics']:.1f} s). The timed parts of the benchmark take "
+        f"{total / 60:.0f} minutes ({where('label_free_layers')})"
+    )
+
+
 def family_rows() -> str:
     """docs/models.md's table of the families, from the family table in the code
     (src/layerwise/_model/families/table.py): what runs how, not a measurement."""
@@ -1321,6 +1338,7 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "serve-rounds": serve_rounds,
     "serve-memory": serve_memory,
     "layer-rules": layer_rules,
+    "label-free-cost": label_free_cost,
 }
 
 
