@@ -35,6 +35,7 @@ DOCUMENTS = (
     "docs/guide/corpus.md",
     "docs/guide/cpu.md",
     "docs/guide/decoders.md",
+    "docs/guide/probing.md",
     "docs/guide/ray.md",
     "docs/guide/serving.md",
     "docs/models.md",
@@ -1275,6 +1276,52 @@ def label_free_cost() -> str:
     )
 
 
+def _points(value: float | None) -> str:
+    return "" if value is None else f"{value * 100:.1f}"
+
+
+def probe_table() -> str:
+    """docs/guide/probing.md: UPOS accuracy of every layer and fusion, with the controls."""
+    data = result("probe_ud_ewt")
+    rows_by = {r["name"]: r for r in data["rows"]}
+    layers = [r for r in data["rows"] if r["kind"] == "layer" and r["name"].startswith("L")]
+    rows = []
+    for i, row in enumerate(layers):
+        label = row["name"] + (" (embeddings)" if i == 0 else " (last)" if i == len(layers) - 1 else "")
+        cells = [_points(row[k]) for k in ("accuracy", "random_model", "control_task", "selectivity")]
+        if row["best"]:
+            label, cells[0] = f"**{label}**", f"**{cells[0]}**"
+        rows.append([label, *cells])
+    for names in (
+        ("second_to_last",),
+        ("sum_last4", "mean_last4"),
+        ("concat_last4",),
+        ("sum_all", "mean_all"),
+    ):
+        scores = {_points(rows_by[name]["accuracy"]) for name in names}
+        same = len(scores) == 1
+        for label, name in [(" = ".join(names), names[0])] if same else [(m, m) for m in names]:
+            rows.append([label, _points(rows_by[name]["accuracy"]), "", "", ""])
+    weights = " ".join(f"{w:.2f}" for w in data["scalar_mix_weights"])
+    mix = f"weights {weights}, centre of gravity {data['center_of_gravity']:.2f}"
+    rows.append(["scalar mix", _points(rows_by["scalar_mix"]["accuracy"]), mix, "", ""])
+    header = ["features", "accuracy", "random model", "control task", "selectivity"]
+    seconds = f"{data['seconds']:.0f} s"
+    return table(header, rows) + "\n\n" + measured("probe_ud_ewt") + f" The run took {seconds}."
+
+
+def probe_findings() -> str:
+    data = result("probe_ud_ewt")
+    layers = [r for r in data["rows"] if r["kind"] == "layer" and r["name"].startswith("L")]
+    best = max(r["accuracy"] for r in layers)
+    above = min(r["accuracy"] - r["random_model"] for r in layers)
+    return (
+        f"the last layer is {(best - layers[-1]['accuracy']) * 100:.1f} points below the best (this "
+        "sentence-embedding model was tuned away from token-level syntax at the top), and every layer is at "
+        f"least {above * 100:.1f} points above the random-model control"
+    )
+
+
 def family_rows() -> str:
     """docs/models.md's table of the families, from the family table in the code
     (src/layerwise/_model/families/table.py): what runs how, not a measurement."""
@@ -1339,6 +1386,8 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "serve-memory": serve_memory,
     "layer-rules": layer_rules,
     "label-free-cost": label_free_cost,
+    "probe": probe_table,
+    "probe-findings": probe_findings,
 }
 
 
