@@ -1289,7 +1289,7 @@ def probe_table() -> str:
     for i, row in enumerate(layers):
         label = row["name"] + (" (embeddings)" if i == 0 else " (last)" if i == len(layers) - 1 else "")
         cells = [_points(row[k]) for k in ("accuracy", "random_model", "control_task", "selectivity")]
-        if row["best"]:
+        if row["accuracy"] == max(r["accuracy"] for r in layers):
             label, cells[0] = f"**{label}**", f"**{cells[0]}**"
         rows.append([label, *cells])
     for names in (
