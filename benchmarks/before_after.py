@@ -11,7 +11,8 @@ Qwen 3 with grouped-query attention), two concurrent forwards (Qwen 3), the stre
 (Llama), and BERT-base packed (packed_speed.py's shape). Target (issue: one forward): every case
 within 3 % of before, or faster.
 
-Result: benchmarks/results/before_after.json (each case's seconds per round, medians, after/before).
+Result: benchmarks/results/before_after.json (each case's seconds per round, medians, after/before,
+and the commit its "after" ran at: ``--keep`` reruns some cases and keeps the others).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(REPO / "tests"))
-from common import copy_default_tokenizer, mixed_corpus, parser, write_result  # noqa: E402
+from common import copy_default_tokenizer, mixed_corpus, parser, read_result, write_result  # noqa: E402
 
 LIMIT = 1.03  # after / before, at most
 # case -> (model, Encoder options)
@@ -113,10 +114,14 @@ def main() -> None:
     args.add_argument("--rounds", type=int, default=5)
     args.add_argument("--sentences", type=int, default=120)
     args.add_argument("--cases", default=",".join(CASES))
+    args.add_argument(
+        "--keep", action="store_true", help="keep the result file's other cases (same --before)"
+    )
     given = args.parse_args()
     texts = mixed_corpus(given.sentences, 0)
     cases = {name: CASES[name] for name in given.cases.split(",")}
     report: dict = {"before": given.before, "after": given.after, "sentences": len(texts), "cases": {}}
+    kept = read_result("before_after") if given.keep else {}
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         trees = {}
@@ -147,6 +152,7 @@ def main() -> None:
                     "median_seconds": median,
                     "after_over_before": round(ratio, 4),
                     "within_limit": ratio <= LIMIT,
+                    "after": report["after"],  # the commit this case's "after" ran at
                 }
                 verdict = "ok" if ratio <= LIMIT else "SLOWER"
                 line = f"{name:20s} {run['path']:9s} before {median['before']:.3f} s  after {median['after']:.3f} s"
@@ -154,6 +160,10 @@ def main() -> None:
         finally:
             for tree in trees.values():
                 subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=REPO, check=False)
+    if kept:  # the cases of an earlier run against the same commit, each with the commit it ran at
+        if kept["before"] != report["before"] or kept["sentences"] != report["sentences"]:
+            raise SystemExit("--keep: the result file compares another commit or corpus; run every case")
+        report["cases"] = {**kept["cases"], **report["cases"]}
     write_result("before_after", report)
 
 

@@ -1322,6 +1322,24 @@ def probe_findings() -> str:
     )
 
 
+def before_after_table() -> str:
+    """docs/benchmarks.md: the forward at one commit against an earlier one, rounds interleaved."""
+    data = result("before_after")
+    rows = []
+    for name, case in data["cases"].items():
+        median = case["median_seconds"]
+        ratio = f"{case['after_over_before']:.3f}"
+        after = f"{median['after']:.2f} s at {case.get('after', data['after'])}"
+        rows.append([name, case["path"], f"{median['before']:.2f} s", after, ratio])
+    header = ["model (12 × 768)", "forward", f"at {data['before']}", "after", "after / before"]
+    rounds = len(next(iter(data["cases"].values()))["seconds"]["before"])
+    note = (
+        f"Every hidden state of every token of {data['sentences']} UD EWT sentences, the best of three "
+        f"extractions in a fresh process per round, {rounds} rounds alternating the commits; medians."
+    )
+    return note + "\n\n" + table(header, rows) + "\n\n" + measured("before_after")
+
+
 def family_rows() -> str:
     """docs/models.md's table of the families, from the family table in the code
     (src/layerwise/_model/families/table.py): what runs how, not a measurement."""
@@ -1352,6 +1370,7 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "streamed-memory": streamed_memory_table,
     "families": family_table,
     "family-rows": family_rows,
+    "before-after": before_after_table,
     "decoder-speed": decoder_speed_table,
     "ray": ray_table,
     "corpus-io": corpus_io_table,
