@@ -163,7 +163,7 @@ def test_a_run_is_the_jobs_inputs_renumbered_with_their_owners(tiny):
     assert run.n_tokens == sum(len(item) for item in run.encoded)
 
 
-def test_a_lone_client_is_served_by_stream_zero_and_a_crowd_by_every_stream(tiny):
+def test_a_lone_client_is_served_by_slot_zero_and_a_crowd_by_every_slot(tiny):
     """Only stream 0 runs a lone job on all threads (model_process.py), so with every stream idle a
     lone client's job goes to stream 0, whichever stream's thread sees it first; under load, every
     stream takes runs."""
@@ -184,12 +184,12 @@ def test_a_lone_client_is_served_by_stream_zero_and_a_crowd_by_every_stream(tiny
     batcher = Batcher({"tiny": tiny}, max_wait=0.0, runner=runner)
     lone = job_for(tiny, ["alone"], Finish((2,)), Recorder([], "alone"))
     batcher._jobs.append(lone)  # the rule itself, before any thread runs
-    assert batcher._for_stream_zero(1) and not batcher._for_stream_zero(0)
+    assert batcher._for_slot_zero(1) and not batcher._for_slot_zero(0)
     batcher._running = 1  # a stream is busy: any idle stream takes it
-    assert not batcher._for_stream_zero(1)
+    assert not batcher._for_slot_zero(1)
     batcher._running = 0
     batcher._jobs.append(lone)  # two jobs waiting: a crowd
-    assert not batcher._for_stream_zero(1)
+    assert not batcher._for_slot_zero(1)
     batcher._jobs.clear()
     batcher.start()
     try:

@@ -31,7 +31,7 @@ def test_stitching_equals_direct_window_forwards(short_encoder):
     enc = short_encoder
     text = " ".join(f"token{i % 7} word{i}" for i in range(20))
     stack = enc.extract([text], long_texts="window", stride=5)[0]
-    item = enc.inputs.encode(lw._inputs.encoding.normalize_inputs([text]), truncate=False)[0]
+    item = enc.inputs.encode(lw._inputs.raw.normalize_inputs([text]), truncate=False)[0]
     assert stack.n_tokens == len(item) > 16 and not stack.truncated
     content = item.ids[1:-1]
     room, stride = 14, 5
@@ -95,7 +95,7 @@ def test_window_options_are_checked(short_encoder):
 
 def test_plan_covers_every_token_once_or_more(short_encoder):
     item = short_encoder.inputs.encode(
-        lw._inputs.encoding.normalize_inputs([" ".join(["x"] * 50)]), truncate=False
+        lw._inputs.raw.normalize_inputs([" ".join(["x"] * 50)]), truncate=False
     )[0]
     windows = plan_windows(item, 16)
     covered = np.zeros(len(item), dtype=int)

@@ -1,5 +1,5 @@
-"""The one layer loop of every packed forward that runs blocks one at a time: the decoders and
-ModernBERT in memory (packed_decoder.py), and every streamed family (streaming/forward.py).
+"""The one layer loop of every packed forward: in memory (the BERT-layout encoders: packed.py; the
+decoders and ModernBERT: packed_decoder.py) and streamed (streaming/forward.py).
 
 A block of batches runs unit by unit: the embeddings over every batch of the block, then layer 1
 over every batch, and so on up to the deepest layer asked for, and no further. What a family does
