@@ -223,3 +223,11 @@ def test_the_command_line_s_streams_warns_and_sets_concurrent_forwards(make_tiny
         )
     assert result.exit_code == 0, result.output
     assert lw.read_meta(out)["concurrent_forwards"] == 1
+
+
+def test_the_server_s_settings_take_streams_as_the_deprecated_alias():
+    from layerwise.serve import ServeSettings
+
+    with pytest.warns(FutureWarning, match=r"use concurrent_forwards=2"):
+        assert ServeSettings(streams=2).concurrent_forwards == 2
+    assert ServeSettings(concurrent_forwards=3).concurrent_forwards == 3

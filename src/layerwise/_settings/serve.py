@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import typing
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -117,8 +118,18 @@ class ServeSettings:
     # run the models in a process of their own (model_process.py): the event loop does not hold
     # their GIL; CPU only (``layerwise serve`` turns it on there)
     model_process: bool = False
+    # the earlier name of concurrent_forwards: accepted with a warning for one release (not a field)
+    streams: dataclasses.InitVar[int | None] = None
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, streams: int | None) -> None:
+        if streams is not None:
+            warnings.warn(
+                f"ServeSettings(streams={streams!r}) is deprecated and goes in the next release: use "
+                f"concurrent_forwards={streams!r}",
+                FutureWarning,
+                stacklevel=3,
+            )
+            object.__setattr__(self, "concurrent_forwards", streams)
         for name in (
             "max_body_bytes",
             "max_inputs",
