@@ -160,11 +160,18 @@ def main() -> None:
         finally:
             for tree in trees.values():
                 subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=REPO, check=False)
-    if kept:  # the cases of an earlier run against the same commit, each with the commit it ran at
-        if kept["before"] != report["before"] or kept["sentences"] != report["sentences"]:
-            raise SystemExit("--keep: the result file compares another commit or corpus; run every case")
-        report["cases"] = {**kept["cases"], **report["cases"]}
-    write_result("before_after", report)
+    write_result("before_after", merged(kept, report) if kept else report)
+
+
+def merged(kept: dict, report: dict) -> dict:
+    """``report`` with the cases of an earlier run against the same commit, each case keeping the
+    commit its "after" ran at."""
+    if kept["before"] != report["before"] or kept["sentences"] != report["sentences"]:
+        raise SystemExit("--keep: the result file compares another commit or corpus; run every case")
+    earlier = {
+        name: {**case, "after": case.get("after", kept["after"])} for name, case in kept["cases"].items()
+    }
+    return {**report, "cases": {**earlier, **report["cases"]}}
 
 
 if __name__ == "__main__":
