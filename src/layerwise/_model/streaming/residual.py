@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from ..forward.layer_loop import one_after_another
+
 
 class Residual:
     """A block's residual stream between layers: on ``device`` (``on_host=False``: nothing moves), or
@@ -46,8 +48,10 @@ class Residual:
         while it is on the device; the outputs where the stream waits (none after the ``last`` layer:
         nothing reads them). ``items`` is consumed: each batch's input is let go once its layer has
         run, so a block holds one layer's states and the running batch's, not two layers'."""
+        if not self.on_host:  # nothing moves: the layer loop's own way (forward/layer_loop.py)
+            return one_after_another(step, items, after, last=last)
         outputs: list[torch.Tensor] = []
-        copying = self.on_host and moving  # inputs in host memory, each copied in before its layer
+        copying = moving  # inputs in host memory, each copied in before its layer
         coming = self._to_device(items[0][0]) if copying and items else None
         for i in range(len(items)):
             item, items[i] = items[i], ()
@@ -62,7 +66,7 @@ class Residual:
             del item
             after(i, output)
             if not last:
-                outputs.append(self._to_host(output) if self.on_host else output)
+                outputs.append(self._to_host(output))
         return outputs
 
     def _to_device(self, host: torch.Tensor) -> Any:
