@@ -13,7 +13,7 @@ import torch
 from ...errors import ModelLoadError
 from ..final_norm import final_norm_module
 from ..forward.decoder_blocks import DecoderBlocks, decoder_layers
-from ..forward.packed_attention import ATTENTION, packed_config
+from ..forward.packed_attention import packed_config
 from .checkpoint import Weights
 from .model import Step, StreamedModel, unit_names
 
@@ -29,7 +29,6 @@ class StreamedDecoder(StreamedModel):
 
         with torch.device("meta"):  # a skeleton of ours, on a config of ours: the packed attention
             skeleton = AutoModel.from_config(packed_config(config), dtype=dtype).eval()  # no dropout
-        skeleton.config._attn_implementation = ATTENTION  # the config is the skeleton's own
         layers = decoder_layers(skeleton)
         prefix = _prefix(skeleton, layers, checkpoint.names(), name)
         words = skeleton.get_input_embeddings()
