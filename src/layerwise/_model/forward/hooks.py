@@ -126,7 +126,9 @@ def tap_module(layer: nn.Module, model_type: str, tap: str) -> nn.Module:
     return module
 
 
-def _first(output: object, index: int = 0) -> torch.Tensor:
+def module_output(output: object, index: int = 0) -> torch.Tensor:
+    """What a forward hook reads of a module's ``output``: the tensor, or item ``index`` of its tuple
+    (attention modules return ``(context, probs)``)."""
     if isinstance(output, tuple | list):
         return output[index]
     if index != 0:
@@ -166,7 +168,7 @@ class HookRecorder:
 
     def _record_output(self, i: int):
         def hook(module: nn.Module, args: tuple, output: object) -> None:
-            self.hidden[i] = _first(output)
+            self.hidden[i] = module_output(output)
 
         return hook
 
@@ -174,7 +176,7 @@ class HookRecorder:
         index = _TAP_INDEX[tap]
 
         def hook(module: nn.Module, args: tuple, output: object) -> None:
-            self.taps[tap][i] = _first(output, index)
+            self.taps[tap][i] = module_output(output, index)
 
         return hook
 

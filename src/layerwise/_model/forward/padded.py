@@ -16,7 +16,7 @@ from torch import nn
 from ..._settings.settings import Method
 from ...errors import ModelLoadError
 from ..final_norm import final_norm_known, raw_hidden_states, settle_final_norm, settle_from_tie
-from .hooks import HookRecorder, find_layer_list, truncated_encoder
+from .hooks import HookRecorder, find_layer_list, module_output, truncated_encoder
 
 
 def collate(
@@ -159,7 +159,7 @@ def _takes_use_cache(model_class: Any) -> bool:
 
 def _keeper(kept: dict[int, torch.Tensor], depth: int):
     def hook(module: nn.Module, args: Any, output: Any) -> None:
-        kept[depth] = output[0] if isinstance(output, tuple | list) else output
+        kept[depth] = module_output(output)
 
     return hook
 

@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from .cpu_gemm import PrepackedLinears
+from .hooks import module_output
 from .packed_attention import packed_config
 
 Sink = dict[str, dict[int, torch.Tensor]]  # a forward's taps: {tap: {depth: (N, H)}}
@@ -77,8 +78,7 @@ class Replica:
             sink = self.sink
             if sink is None or tap not in sink or depth not in self.depths:
                 return
-            value = output[0] if isinstance(output, tuple | list) else output
-            sink[tap][depth] = value[0]
+            sink[tap][depth] = module_output(output)[0]
 
         module.register_forward_hook(hook)
 
