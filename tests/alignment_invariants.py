@@ -80,24 +80,27 @@ def _spelled_decoder(tokenizer) -> Callable[[list[str], str], tuple[str, str]]:
     return spelled
 
 
-def _with_marks(source: str, start: int, end: int) -> str:
-    """``source[start:end]`` and the combining marks right after it that composition folds into its
-    last character: a normaliser that composes "A" + U+0301 into "Á" gives the composed token the
-    first character's span only (tokenizers' alignment of a composition), so its spelling is read
-    with the marks it took in. A mark nothing composes with ("t" + U+0301) is a token of its own."""
+def _marks_end(source: str, start: int, end: int, form: str) -> int:
+    """Where ``source[start:end]`` ends with the combining marks right after it that composition
+    folds into its last character: a normaliser that composes "A" + U+0301 into "Á" gives the
+    composed token the first character's span only (tokenizers' alignment of a composition), so its
+    spelling is read with the marks it took in. Under NFKC a compatibility character's expansion can
+    take the mark in: "ﬁ" + U+0301 is "fí", whose "í" tokenizers align to the mark, so the tokens over
+    the ligature and over the mark spell it together. A mark nothing composes with ("t" + U+0301) is
+    a token of its own."""
     while end < len(source) and unicodedata.combining(source[end]):
-        if len(unicodedata.normalize("NFC", source[start : end + 1])) > len(
-            unicodedata.normalize("NFC", source[start:end])
+        if len(unicodedata.normalize(form, source[start : end + 1])) > len(
+            unicodedata.normalize(form, source[start:end])
         ):
             break
         end += 1
-    return source[start:end]
+    return end
 
 
-def _composes(tokenizer) -> bool:
-    """Whether the tokenizer's normaliser composes characters (NFC, NFKC)."""
+def _normal_form(tokenizer) -> str | None:
+    """The composing normal form of the tokenizer's normaliser (NFKC, NFC), or None."""
     normalizer = json.dumps(json.loads(tokenizer.backend_tokenizer.to_str())["normalizer"])
-    return "NFC" in normalizer or "NFKC" in normalizer
+    return "NFKC" if "NFKC" in normalizer else "NFC" if "NFC" in normalizer else None
 
 
 def _is_wordpiece(tokenizer) -> bool:
@@ -145,7 +148,9 @@ def check_stack(encoder, stack, text: str, text_pair: str | None = None) -> None
     assert stack.offsets.shape == (n, 2) and len(stack.word_ids) == n and len(stack.segment_ids) == n
     assert np.isfinite(stack.hidden).all()
     previous = {0: -1, 1: -1}
-    # runs of tokens whose spans overlap: (segment, start, end, tokens)
+    form = None if wordpiece else _normal_form(encoder.tokenizer)
+    # runs of tokens whose spans overlap, or fall on the marks composition folds into a run's last
+    # character: (segment, start, end, tokens)
     runs: list[tuple[int, int, int, list[str]]] = []
     for token, (start, end), word, segment in zip(
         stack.tokens, stack.offsets.tolist(), stack.word_ids.tolist(), stack.segment_ids.tolist(), strict=True
@@ -163,7 +168,9 @@ def check_stack(encoder, stack, text: str, text_pair: str | None = None) -> None
             )
             continue
         assert 0 <= start < end <= len(source), (token, start, end, len(source))
-        if runs and runs[-1][0] == segment and start < runs[-1][2]:  # spans overlap: one character's
+        same = bool(runs) and runs[-1][0] == segment
+        reach = 0 if not same else runs[-1][2] if form is None else _marks_end(source, *runs[-1][1:3], form)
+        if same and start < reach:  # one character's tokens
             runs[-1] = (segment, runs[-1][1], max(end, runs[-1][2]), [*runs[-1][3], token])
         else:
             runs.append((segment, start, end, [token]))
@@ -178,8 +185,8 @@ def check_stack(encoder, stack, text: str, text_pair: str | None = None) -> None
             # byte of U+40000..U+7FFFF, ...) drops them silently (tokenizers' BPE with no unk
             # token), and the offsets of later tokens of that word shift onto the dropped character
             continue
-        composed = not wordpiece and _composes(encoder.tokenizer)
-        spelled, expected = spell(pieces, _with_marks(source, start, end) if composed else source[start:end])
+        marks_end = end if form is None else _marks_end(source, start, end, form)
+        spelled, expected = spell(pieces, source[start:marks_end])
         last_of_segment = k + 1 == len(runs) or runs[k + 1][0] != segment
         if stack.truncated and last_of_segment:  # truncation may cut between a character's tokens
             assert expected.startswith(spelled.rstrip("\ufffd")), (pieces, source[start:end])
