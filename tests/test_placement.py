@@ -95,11 +95,11 @@ def test_a_layer_whose_states_come_back_all_zeros_stops_the_run(bert):
     hidden states all zeros. A failed copy, never a residual stream: refused, naming the layers."""
     placed = bert[1]
     layer = placed.model.encoder.layer[2]
-    # layer 2's output reaches layer 3 as zeros (transformers captured hidden state 3 before this
-    # hook), and layer 3 gives zeros again: hidden state 4 (LayerNorm of a constant, a zero bias)
+    # layer 2's output is zeros (hidden state 3, as layer 3 receives it: a hook on the user's model
+    # runs ahead of the reading), and layer 3 gives zeros again: hidden state 4 (LayerNorm of zeros)
     handle = layer.register_forward_hook(lambda module, args, out: out * 0)  # a tensor in transformers 5
     try:
-        with pytest.raises(ModelLoadError, match=r"layers \[4\] came back all zeros"):
+        with pytest.raises(ModelLoadError, match=r"layers \[3, 4\] came back all zeros"):
             placed.extract(TEXTS, layers="all")
     finally:
         handle.remove()

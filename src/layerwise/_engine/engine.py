@@ -32,10 +32,11 @@ from .._inputs.windows import Window
 from .._model.families.kinds import is_decoder_config
 from .._model.final_norm import apply_final_norm
 from .._model.forward.concurrent import ForwardLock, ForwardPool, check_forwards
-from .._model.forward.hooks import eager_attention_for
+from .._model.forward.general import GeneralForward
 from .._model.forward.packed import PackedEncoder
 from .._model.forward.packed_decoder import PACKED_TAPS, PackedDecoder, packed_forward
-from .._model.forward.padded import collate, forward_batch, settle_reading
+from .._model.forward.padded import collate, forward_batch
+from .._model.forward.replica import users_hooks
 from .._model.forward.sdpa import attention_kernels
 from .._model.handle import ModelHandle
 from .._model.streaming.forward import StreamedForward
@@ -85,7 +86,7 @@ class Engine:
         self.model_type: str = config.model_type
         self.causal = is_decoder_config(config)  # windows keep each token's left context (windows.py)
         self._warm_up_ids = [tokenizer.cls_token_id or 0, tokenizer.sep_token_id or 0]
-        # packed forwards share the model; a Hugging Face one (hooks, truncation patch it) runs alone
+        # packed forwards share the model; a Hugging Face one (its replica cut, hooked) runs alone
         self.lock = ForwardLock()
         # what runs the batches: the unpadded forward where the architecture allows it
         # (forward/packed.py, forward/packed_decoder.py), a layer-streamed model block by block as
@@ -136,7 +137,7 @@ class Engine:
         its own modules from now on (weights edited through it are then the weights of every path)."""
         with self.lock.exclusive():
             ids, name = self._warm_up_ids, self.models.name
-            self.reading = settle_reading(model, ids, self.pad_id, self.device, name)
+            self.general = GeneralForward(model, ids, self.pad_id, self.device, name)
             if self.packed is not None:  # a packed forward on the new modules (one, as before)
                 forward = packed_forward(model)
                 self.runner = None if forward is None else self._packed_runner(forward, model)
@@ -240,7 +241,7 @@ class Engine:
         """Padded batches as this model takes them: of one length each where padding changes its
         states (forward/padded.py)."""
         self.models.transformers()  # built and warmed up: its reading settled
-        return batches if self.reading.exact_padding else one_length_batches(batches, lengths)
+        return batches if self.general.reading.exact_padding else one_length_batches(batches, lengths)
 
     def forward_units(
         self,
@@ -264,6 +265,7 @@ class Engine:
     ) -> Iterator[tuple[Key, Rows]]:
         """Each batch's rows, in order, from ``(key, its input)`` jobs: the packed or streamed
         forward's runner, or Hugging Face's padded forward one batch at a time."""
+        self._follow_model()
         if packed:
             assert self.runner is not None
             yield from self.runner.rows(jobs, call)
@@ -271,17 +273,25 @@ class Engine:
         for key, batch in jobs:
             yield key, self._forward_padded(batch(), call)
 
+    def _follow_model(self) -> None:
+        """Replicas of the user's model as it is now (hooks added to it since, modules replaced)."""
+        if self.models.built:
+            with self.lock.exclusive():
+                self.general.follow()
+                if isinstance(self.packed, PackedDecoder):
+                    self.packed.follow()
+
     def _forward_padded(self, units: Sequence[EncodedInput | Window], call: Call) -> Rows:
         model = self.model  # built (and adopted) before the lock is taken
         batch = collate(units, pad_id=self.pad_id, with_token_types=self.with_token_types, device=self.device)
         kernels = attention_kernels(self.device)  # no cuDNN attention: it plans each new shape (sdpa.py)
-        with self.lock.exclusive(), torch.inference_mode(), eager_attention_for(model, call.taps), kernels:
+        with self.lock.exclusive(), torch.inference_mode(), kernels:
             hidden, tapped = forward_batch(
-                model,
+                self.general.replica(call.taps),
                 batch,
                 layers=call.layers,
                 method=call.method,
-                reading=self.reading,
+                reading=self.general.reading,
                 model_type=self.model_type,
                 taps=call.taps,
             )
@@ -291,8 +301,11 @@ class Engine:
     def runs_packed(self, method: Method, taps: tuple[str, ...]) -> bool:
         """Whether a call runs on the packed (or streamed) forward: it gives hidden states, and a
         decoder's attn_out and mlp_out; other taps and hooks need the Hugging Face modules' own
-        forward. The batching (real or padded token budget) follows the same choice."""
+        forward, and so do hooks a user put on the model, which the encoders' packed kernels would
+        not run. The batching (real or padded token budget) follows the same choice."""
         if self.runner is None or method != "hidden_states":
+            return False
+        if isinstance(self.packed, PackedEncoder) and self.models.built and users_hooks(self.model):
             return False
         return not taps or (isinstance(self.packed, PackedDecoder) and set(taps) <= set(PACKED_TAPS))
 

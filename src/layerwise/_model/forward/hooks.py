@@ -8,7 +8,7 @@ a 12-layer model does not pay for layers 3-12.
 Sub-layer taps (per encoder layer, recorded for the requested layers >= 1):
 
     attention_probs    (heads, T, T)  softmax(QK^T / sqrt(d_k) + mask); needs eager attention,
-                                      which layerwise switches on for that call only
+                                      which a replica of the model runs (forward/general.py)
     attention_output   (T, hidden)    the attention block's output after residual + LayerNorm
     intermediate       (T, ffn)       the feed-forward activations after GELU
     attn_out           (T, hidden)    what the attention block adds to the residual stream (before
@@ -54,23 +54,25 @@ def check_taps(taps: Sequence[str]) -> tuple[str, ...]:
     return checked
 
 
-def find_layer_list(model: nn.Module, n_layers: int) -> tuple[nn.Module, str, nn.ModuleList] | None:
-    """The ``nn.ModuleList`` holding the encoder layers, with its owner and attribute name; None
-    where there is none (ALBERT shares one layer across depths). A candidate: the warm-up checks that
-    its outputs are the hidden states (forward/padded.py).
+def find_layer_list(model: nn.Module, n_layers: int) -> tuple[str, str] | None:
+    """Where the ``nn.ModuleList`` holding the encoder layers is: its owner's path in ``model`` and its
+    attribute name; None where there is none (ALBERT shares one layer across depths). A candidate:
+    the warm-up checks that its outputs are the hidden states (forward/padded.py).
 
     Found by shape rather than by name so that every layout works (``encoder.layer`` for
     BERT/RoBERTa/ELECTRA/MPNet, ``transformer.layer`` for DistilBERT, ``layers`` for decoders)."""
-    for _name, owner in model.named_modules():
+    for name, owner in model.named_modules():
         for attr, child in owner.named_children():
             if isinstance(child, nn.ModuleList) and len(child) == n_layers:
-                return owner, attr, child
+                return name, attr
     return None
 
 
 @contextmanager
-def truncated_encoder(owner: nn.Module, attr: str, layer_list: nn.ModuleList, depth: int) -> Iterator[None]:
-    """Run only the first ``depth`` encoder layers inside the block."""
+def truncated_encoder(owner: nn.Module, attr: str, depth: int) -> Iterator[None]:
+    """Run only the first ``depth`` layers of ``owner.attr`` inside the block. ``owner`` belongs to
+    a replica (replica.py): the user's model keeps its layer list."""
+    layer_list = getattr(owner, attr)
     if depth >= len(layer_list):
         yield
         return
@@ -190,18 +192,3 @@ class HookRecorder:
 
     def __exit__(self, *exc: object) -> None:
         self.remove()
-
-
-@contextmanager
-def eager_attention_for(model: nn.Module, taps: Sequence[str]) -> Iterator[None]:
-    """Attention probabilities exist only in the eager attention path (SDPA never forms them): the
-    model runs eager attention inside the block when ``taps`` asks for them."""
-    current = getattr(model.config, "_attn_implementation", None)
-    if "attention_probs" not in taps or current in (None, "eager"):
-        yield
-        return
-    model.set_attn_implementation("eager")  # type: ignore[operator]
-    try:
-        yield
-    finally:
-        model.set_attn_implementation(current)  # type: ignore[operator]

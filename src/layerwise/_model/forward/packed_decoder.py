@@ -32,7 +32,7 @@ from .decoder_blocks import DecoderBlocks, PackedDecoderBatch, decoder_layers, p
 from .hooks import tap_module, tap_paths
 from .layer_loop import Resident, run_block
 from .packed import PackedEncoder
-from .replica import Replica, Replicas, prepack_linears, replicate
+from .replica import Replica, Replicas, packed_replica, prepack_linears
 
 PACKED_TAPS = ("attn_out", "mlp_out")  # the sub-layer outputs the packed forward records
 # the families run block by block (their rows of the family table say "blocks"): decoders, and
@@ -85,7 +85,7 @@ class PackedDecoder:
         self.model_type: str = model.config.model_type
         self.causal = is_decoder_config(model.config)  # else an encoder's layers (ModernBERT)
         self.linear = PrepackedLinears()  # one for every replica: each weight packed once
-        self._replicas = Replicas(self._replica)
+        self._replicas = Replicas(model, self._replica)
 
     @classmethod
     def build(cls, model: Any) -> PackedDecoder | None:
@@ -97,7 +97,7 @@ class PackedDecoder:
         return cls(model)
 
     def _replica(self) -> ResidentDecoder:
-        replica = ResidentDecoder(replicate(self.model))
+        replica = ResidentDecoder(packed_replica(self.model))
         layers = replica.blocks.layers
         prepack_linears(layers, self.linear)
         available = tap_paths(self.model_type)
@@ -106,6 +106,10 @@ class PackedDecoder:
                 if tap in available:  # else refused by name when a call asks for it
                     replica.record_into(tap_module(layer, self.model_type, tap), tap, depth)
         return replica
+
+    def follow(self) -> None:
+        """New replicas where the model changed since they were built (replica.model_state)."""
+        self._replicas.follow()
 
     def prepare(
         self, columns: Any, *, device: torch.device, with_token_types: bool = False

@@ -45,8 +45,9 @@ def collate(
 class LayerReading:
     """How the padded forward reads a model's hidden states, settled at load by :func:`warm_up`.
 
-    ``per_layer``: each layer of ``layers`` (in ``owner.attr``) outputs its hidden state, so a run
-    stops after the deepest layer asked for and hooks read the states. Else every state is read from
+    ``per_layer``: each layer of the layer list (``attr`` of the module at path ``owner``: the same
+    in the model and in each replica of it) outputs its hidden state, so a run stops after the
+    deepest layer asked for and hooks read the states. Else every state is read from
     transformers' ``output_hidden_states`` of a full run, by either method: a model whose one layer
     runs at every depth (ALBERT), whose layer list is not its layers (XLM's parallel lists) or whose
     states are changed between layers (Longformer pads them to its window, CPM-Ant).
@@ -56,12 +57,17 @@ class LayerReading:
     output one place early (Mamba, Falcon-Mamba: state 0 is layer 1's output); read by hooks, by
     either method, so that state 0 is the embeddings as for every other model."""
 
-    owner: nn.Module | None
+    owner: str | None
     attr: str
-    layers: nn.ModuleList | None
     per_layer: bool
     exact_padding: bool = True
     shifted: bool = False
+
+    def layer_list(self, model: nn.Module) -> nn.ModuleList | None:
+        """``model``'s layer list (the model's, or a replica's), or None where none was found."""
+        if self.owner is None:
+            return None
+        return getattr(model.get_submodule(self.owner), self.attr)
 
 
 def forward_batch(
@@ -86,8 +92,8 @@ def forward_batch(
     method."""
     if not reading.per_layer:
         return _whole_run(model, batch, layers), {}
-    assert reading.owner is not None and reading.layers is not None
-    layer_list = reading.layers
+    layer_list = reading.layer_list(model)
+    assert reading.owner is not None and layer_list is not None
     depth = max(1, max(layers))
     tap_layers = [i for i in layers if i >= 1]
     deepest: dict[int, torch.Tensor] = {}
@@ -98,7 +104,7 @@ def forward_batch(
         method = "hooks"
     keep = None if own_last else layer_list[depth - 1].register_forward_hook(_keeper(deepest, depth))
     with (
-        truncated_encoder(reading.owner, reading.attr, layer_list, depth),
+        truncated_encoder(model.get_submodule(reading.owner), reading.attr, depth),
         HookRecorder(
             list(layer_list)[:depth],
             hidden=method == "hooks",
@@ -168,7 +174,7 @@ def settle_reading(model: Any, ids: list[int], pad_id: int, device: torch.device
     """How ``model``'s states are read (:class:`LayerReading`): its layer list found by shape, then
     checked by :func:`warm_up`."""
     found = find_layer_list(model, model.config.num_hidden_layers)
-    candidate = LayerReading(None, "", None, False) if found is None else LayerReading(*found, True)
+    candidate = LayerReading(None, "", False) if found is None else LayerReading(*found, True)
     return warm_up(model, ids, pad_id, device, name, candidate)
 
 
@@ -186,7 +192,8 @@ def warm_up(
     last state (final_norm.py)."""
     expected = model.config.num_hidden_layers + 1
     outputs: dict[int, torch.Tensor] = {}
-    layer_list: Sequence[nn.Module] = [] if found.layers is None else list(found.layers)
+    found_list = found.layer_list(model)
+    layer_list: Sequence[nn.Module] = [] if found_list is None else list(found_list)
     hooks = [layer.register_forward_hook(_keeper(outputs, i)) for i, layer in enumerate(layer_list, start=1)]
     given = torch.tensor([ids], device=device)
     try:
@@ -216,10 +223,8 @@ def warm_up(
     def given_as(i: int, k: int) -> bool:  # layer i's output is transformers' state k
         return i in outputs and _same(outputs[i].to(states[k].device), states[k])
 
-    per_layer = found.layers is not None and all(given_as(i, i) for i in range(1, expected - 1))
-    shifted = (
-        not per_layer and found.layers is not None and all(given_as(i, i - 1) for i in range(1, expected))
-    )
+    per_layer = found_list is not None and all(given_as(i, i) for i in range(1, expected - 1))
+    shifted = not per_layer and found_list is not None and all(given_as(i, i - 1) for i in range(1, expected))
     per_layer = per_layer or shifted
     if projected:
         settle_final_norm(model, outputs[expected - 1], outputs[expected - 1])  # none to separate
@@ -229,7 +234,7 @@ def warm_up(
         with torch.inference_mode():
             settle_from_tie(model, given, states[-1], no_cache(model))
     exact = _exact_padding(model, ids, pad_id, device)
-    return LayerReading(found.owner, found.attr, found.layers, per_layer, exact, shifted)
+    return LayerReading(found.owner, found.attr, per_layer, exact, shifted)
 
 
 def _projects_out(model: Any) -> bool:

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..notes import note_replica
 from .cpu_gemm import PrepackedLinears
 from .hooks import module_output
 from .packed_attention import packed_config
@@ -45,12 +46,77 @@ class PrepackedLinear(nn.Module):
         return flat.view(*x.shape[:-1], flat.shape[-1])
 
 
-def replicate(model: nn.Module) -> nn.Module:
-    """``model``'s module tree copied around its own tensors, with a config of its own that calls the
-    packed attention."""
+# a module's forward hooks, and what says how each is called
+_HOOK_DICTS = (
+    "_forward_hooks",
+    "_forward_hooks_with_kwargs",
+    "_forward_hooks_always_called",
+    "_forward_pre_hooks",
+    "_forward_pre_hooks_with_kwargs",
+)
+
+
+def replicate(model: nn.Module, config: Any = None, *, hooks: bool = True) -> nn.Module:
+    """``model``'s module tree copied around its own tensors, with a config of its own: ``config``, or
+    a copy of the model's. The model's forward hooks come along (``hooks``; else :func:`add_hooks`
+    adds them later), each the same callable: a hook that is a method of a user's recorder records
+    into that recorder, not a copy of it. accelerate's placement hooks (a device map, offloaded
+    weights) are shared too: they hold the offloaded weights, and move them onto whichever module
+    they run for. What layerwise noted about ``model`` (notes.py) holds for the replica."""
     shared: dict[int, Any] = {id(t): t for t in itertools.chain(model.parameters(), model.buffers())}
-    shared[id(model.config)] = packed_config(model.config)
-    return copy.deepcopy(model, shared)
+    for module in model.modules():
+        for name in _HOOK_DICTS:
+            found = getattr(module, name)
+            shared[id(found)] = copy.copy(found) if hooks else type(found)()
+        hook = getattr(module, "_hf_hook", None)
+        if hook is not None:
+            shared[id(hook)] = hook
+    if config is not None:
+        shared[id(model.config)] = config
+    replica = copy.deepcopy(model, shared)
+    note_replica(replica, model)
+    return replica
+
+
+def add_hooks(model: nn.Module, replica: nn.Module) -> None:
+    """The forward hooks of ``model``'s modules added to ``replica``'s (one built without them), ahead
+    of the ones it has (transformers' hidden-state capture): a hook that changes a layer's output
+    changes the hidden state read, as it changes what the next layer receives."""
+    for module, copied in zip(model.modules(), replica.modules(), strict=True):
+        for name in _HOOK_DICTS:
+            ours, theirs = getattr(copied, name), getattr(module, name)
+            merged = {**theirs, **ours}
+            ours.clear()
+            ours.update(merged)
+
+
+def users_hooks(model: nn.Module) -> bool:
+    """Whether a module of ``model`` carries a forward hook that is not transformers' own (the
+    hidden-state capture it installs on a model's first ``output_hidden_states`` call)."""
+    for module in model.modules():
+        for hook in itertools.chain(module._forward_hooks.values(), module._forward_pre_hooks.values()):
+            if not getattr(hook, "__module__", "").startswith("transformers."):
+                return True
+    return False
+
+
+def model_state(model: nn.Module) -> list[int]:
+    """What a replica of ``model`` copies of it beside its tensors' values: its modules, the tensors
+    they hold and their hooks. A replica built when the state was different is stale (a module or
+    a weight replaced, a hook added or removed since): the forwards build a new one."""
+    state: list[int] = []
+    for module in model.modules():
+        state.append(id(module))
+        state.extend(map(id, module._parameters.values()))
+        state.extend(map(id, module._buffers.values()))
+        state.extend(module._forward_hooks)
+        state.extend(module._forward_pre_hooks)
+    return state
+
+
+def packed_replica(model: nn.Module) -> nn.Module:
+    """A replica of ``model`` whose attention modules call the packed attention."""
+    return replicate(model, packed_config(model.config))
 
 
 def prepack_linears(layers: list[nn.Module], linears: PrepackedLinears) -> None:
@@ -92,21 +158,31 @@ class Replica:
 
 
 class Replicas:
-    """Replicas built by ``build`` and handed out one per forward: a forward takes a free one, or
-    builds one when every replica is in use (at most one per concurrent forward)."""
+    """Replicas of ``model`` built by ``build`` and handed out one per forward: a forward takes a free
+    one, or builds one when every replica is in use (at most one per concurrent forward). After
+    :meth:`follow` finds the model changed, the replicas built before are dropped as they come back."""
 
-    def __init__(self, build: Callable[[], Any]) -> None:
-        self._build, self._free, self._lock = build, [], threading.Lock()
-        self._free.append(build())  # the first at once: a model the packed forward cannot copy fails now
+    def __init__(self, model: nn.Module, build: Callable[[], Any]) -> None:
+        self._model, self._build, self._free, self._lock = model, build, [], threading.Lock()
+        self._state, self._generation = model_state(model), 0
+        self._free.append((0, build()))  # the first at once: a model the packed forward cannot copy fails now
+
+    def follow(self) -> None:
+        """Drop the replicas of an earlier state of the model (a run's first step: model_state)."""
+        state = model_state(self._model)
+        with self._lock:
+            if state != self._state:
+                self._state, self._generation, self._free = state, self._generation + 1, []
 
     @contextmanager
     def take(self) -> Iterator[Any]:
         with self._lock:
-            replica = self._free.pop() if self._free else None
+            generation, replica = self._free.pop() if self._free else (self._generation, None)
         if replica is None:
             replica = self._build()
         try:
             yield replica
         finally:
             with self._lock:
-                self._free.append(replica)
+                if generation == self._generation:
+                    self._free.append((generation, replica))
