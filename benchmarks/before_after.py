@@ -8,8 +8,10 @@ state of every token of UD EWT sentences and keeps the fastest. Rounds alternate
 so a slow spell of this shared machine hits both alike; medians are compared. Cases: the packed
 decoders at a 12 x 768 shape (family_speed.py's models: GPT-NeoX, OPT, Phi, OLMo 2, and Llama and
 Qwen 3 with grouped-query attention), two concurrent forwards (Qwen 3), the streamed forward
-(Llama), and BERT-base packed (packed_speed.py's shape). Target (issue: one forward): every case
-within 3 % of before, or faster.
+(Llama), BERT-base packed (packed_speed.py's shape) and BERT-base on the general path
+(transformers' own padded forward). Each process's peak resident memory is kept too. Target (issue:
+one forward): every case within 3 % of before, or faster; the streamed forward's peak memory no
+higher.
 
 Result: benchmarks/results/before_after.json (each case's seconds per round, medians, after/before,
 and the commit its "after" ran at: ``--keep`` reruns some cases and keeps the others).
@@ -45,10 +47,11 @@ CASES: dict[str, tuple[str, dict]] = {
     "qwen3-two-forwards": ("qwen3", {"streams": 2}),
     "llama-streamed": ("llama", {"streaming": True}),
     "bert-base": ("bert", {}),
+    "bert-base-general": ("bert", {"packed": False}),
 }
 # run by each commit's code: the seconds of an extraction after a warm-up, the best of three
 TIME = """
-import json, sys, time
+import json, resource, sys, time
 import layerwise as lw
 folder, options, texts = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3])
 encoder = lw.Encoder(folder, device="cpu", max_length=512, **options)
@@ -58,7 +61,8 @@ for _ in range(3):  # the best of three: a spell of this shared machine's other 
     start = time.perf_counter()
     tokens = sum(s.n_tokens for s in encoder.extract(texts, layers="all", progress=False))
     best = min(best, time.perf_counter() - start)
-print(json.dumps({"seconds": best, "tokens": tokens, "path": encoder.run_path}))
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # MiB (Linux reports KiB)
+print(json.dumps({"seconds": best, "tokens": tokens, "path": encoder.run_path, "peak_mib": peak}))
 """
 
 
@@ -139,11 +143,14 @@ def main() -> None:
             folders = {m: build(m, work / "models" / m) for m in {model for model, _ in cases.values()}}
             for name, (model, options) in cases.items():
                 seconds: dict[str, list[float]] = {"before": [], "after": []}
+                peaks: dict[str, list[float]] = {"before": [], "after": []}
                 for _ in range(given.rounds):
                     for side in ("before", "after"):
                         run = timed(trees[side], folders[model], options, texts)
                         seconds[side].append(run["seconds"])
+                        peaks[side].append(round(run["peak_mib"], 1))
                 median = {side: statistics.median(s) for side, s in seconds.items()}
+                peak = {side: statistics.median(p) for side, p in peaks.items()}
                 ratio = median["after"] / median["before"]
                 report["cases"][name] = {
                     "path": run["path"],
@@ -152,11 +159,15 @@ def main() -> None:
                     "median_seconds": median,
                     "after_over_before": round(ratio, 4),
                     "within_limit": ratio <= LIMIT,
+                    "peak_mib": peaks,
+                    "median_peak_mib": peak,
+                    "peak_after_over_before": round(peak["after"] / peak["before"], 4),
                     "after": report["after"],  # the commit this case's "after" ran at
                 }
                 verdict = "ok" if ratio <= LIMIT else "SLOWER"
                 line = f"{name:20s} {run['path']:9s} before {median['before']:.3f} s  after {median['after']:.3f} s"
-                print(f"{line}  after/before {ratio:.3f}  {verdict}", flush=True)
+                memory = f"peak {peak['before']:.0f} -> {peak['after']:.0f} MiB"
+                print(f"{line}  after/before {ratio:.3f}  {verdict}  {memory}", flush=True)
         finally:
             for tree in trees.values():
                 subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=REPO, check=False)

@@ -1330,12 +1330,15 @@ def before_after_table() -> str:
         median = case["median_seconds"]
         ratio = f"{case['after_over_before']:.3f}"
         after = f"{median['after']:.2f} s at {case.get('after', data['after'])}"
-        rows.append([name, case["path"], f"{median['before']:.2f} s", after, ratio])
-    header = ["model (12 × 768)", "forward", f"at {data['before']}", "after", "after / before"]
+        peak = case.get("median_peak_mib")  # measured from the runs that kept it
+        memory = "—" if peak is None else f"{peak['before']:,.0f} → {peak['after']:,.0f} MiB"
+        rows.append([name, case["path"], f"{median['before']:.2f} s", after, ratio, memory])
+    header = ["model (12 × 768)", "forward", f"at {data['before']}", "after", "after / before", "peak memory"]
     rounds = len(next(iter(data["cases"].values()))["seconds"]["before"])
     note = (
         f"Every hidden state of every token of {data['sentences']} UD EWT sentences, the best of three "
-        f"extractions in a fresh process per round, {rounds} rounds alternating the commits; medians."
+        f"extractions in a fresh process per round, {rounds} rounds alternating the commits; medians "
+        "(peak memory: the process's peak resident set, where the run kept it)."
     )
     return note + "\n\n" + table(header, rows) + "\n\n" + measured("before_after")
 

@@ -46,12 +46,13 @@ class PrepackedLinear(nn.Module):
         return flat.view(*x.shape[:-1], flat.shape[-1])
 
 
+_CAPTURE_INSTALLED = "_output_capturing_hooks_installed"  # transformers' flag: its capture hooks are on
 # a module's forward hooks, and what says how each is called
+_HOOKS = ("_forward_hooks", "_forward_pre_hooks")
 _HOOK_DICTS = (
-    "_forward_hooks",
+    *_HOOKS,
     "_forward_hooks_with_kwargs",
     "_forward_hooks_always_called",
-    "_forward_pre_hooks",
     "_forward_pre_hooks_with_kwargs",
 )
 
@@ -74,29 +75,45 @@ def replicate(model: nn.Module, config: Any = None, *, hooks: bool = True) -> nn
     if config is not None:
         shared[id(model.config)] = config
     replica = copy.deepcopy(model, shared)
+    if not hooks:  # transformers' hidden-state capture too: its first call installs it afresh
+        for module in replica.modules():
+            module.__dict__.pop(_CAPTURE_INSTALLED, None)
     note_replica(replica, model)
     return replica
 
 
 def add_hooks(model: nn.Module, replica: nn.Module) -> None:
-    """The forward hooks of ``model``'s modules added to ``replica``'s (one built without them), ahead
-    of the ones it has (transformers' hidden-state capture): a hook that changes a layer's output
-    changes the hidden state read, as it changes what the next layer receives."""
-    for module, copied in zip(model.modules(), replica.modules(), strict=True):
-        for name in _HOOK_DICTS:
-            ours, theirs = getattr(copied, name), getattr(module, name)
-            merged = {**theirs, **ours}
+    """The user's forward hooks on ``model``'s modules (not transformers' capture: the replica has
+    its own) added to ``replica``'s (one built without hooks), ahead of the ones it has: a hook that
+    changes a layer's output changes the hidden state read, as it changes what the next layer
+    receives. Modules are matched by name: a model may have replaced some of its own while it ran
+    (BigBird swaps its attention for full attention on short texts)."""
+    copies = dict(replica.named_modules())
+    for name, module in model.named_modules():
+        copied = copies.get(name)
+        if copied is None:
+            continue
+        users = {key for hooks in _HOOKS for key, hook in getattr(module, hooks).items() if _users(hook)}
+        for hooks in _HOOK_DICTS:
+            ours, theirs = getattr(copied, hooks), getattr(module, hooks)
+            merged = {**{key: value for key, value in theirs.items() if key in users}, **ours}
             ours.clear()
             ours.update(merged)
+
+
+def _users(hook: Any) -> bool:
+    """Whether a hook is a user's, not transformers' own (the capture of hidden states)."""
+    return not getattr(hook, "__module__", "").startswith("transformers.")
 
 
 def users_hooks(model: nn.Module) -> bool:
     """Whether a module of ``model`` carries a forward hook that is not transformers' own (the
     hidden-state capture it installs on a model's first ``output_hidden_states`` call)."""
     for module in model.modules():
-        for hook in itertools.chain(module._forward_hooks.values(), module._forward_pre_hooks.values()):
-            if not getattr(hook, "__module__", "").startswith("transformers."):
-                return True
+        if any(
+            map(_users, itertools.chain(module._forward_hooks.values(), module._forward_pre_hooks.values()))
+        ):
+            return True
     return False
 
 
