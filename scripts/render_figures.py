@@ -5,7 +5,10 @@
 
 A rendered block sits between ``<!-- figures: NAME -->`` and ``<!-- /figures -->`` in README.md or
 a page of docs/ (a table, a sentence, a paragraph); :data:`BLOCKS` maps each NAME to the function
-that writes it from ``benchmarks/results/*.json``. Each block says where its figures were measured:
+that writes it from ``benchmarks/results/*.json``. A figure inside a sentence of prose sits between
+``<!-- fig: NAME -->`` and ``<!-- /fig -->``; :data:`FIGURES` maps its NAME to the function that
+writes it. A passage with such figures says where they were measured with one more (a ``where-…``
+name). Each block says where its figures were measured:
 the machine, its cores, and the commit the run recorded. Every ratio is of two numbers of one run.
 ``tests/test_figures.py`` renders every block afresh and fails when a document differs: a figure
 edited by hand, or a result file rerun without rendering again.
@@ -46,6 +49,8 @@ BLOCK = re.compile(
     re.DOTALL | re.MULTILINE,
 )
 
+INLINE = re.compile(r"<!-- fig: (?P<name>[\w-]+) -->(?P<body>.*?)<!-- /fig -->")
+
 
 @cache
 def result(name: str) -> dict[str, Any]:
@@ -68,6 +73,11 @@ def x(value: float, digits: int = 2) -> str:
 def pct(value: float, digits: int = 0) -> str:
     """A fraction as a percentage: 0.69 -> 69 %."""
     return f"{value * 100:.{digits}f} %"
+
+
+def s(value: float, digits: int = 2) -> str:
+    """Seconds: 1.46 s."""
+    return f"{value:.{digits}f} s"
 
 
 def table(header: list[str], rows: list[list[str]]) -> str:
@@ -1352,6 +1362,40 @@ def family_rows() -> str:
     return table([*header, "tested against"], docs_rows())
 
 
+def integrity_table() -> str:
+    """docs/benchmarks.md: each checked read beside the same read unchecked."""
+    data = result("integrity_cost")
+    t, rate, store = data["seconds"], data["throughput_mb_s"], data["store"]
+    rows = [
+        [
+            f"one layer of every row, 8,192 rows at a time ({n(store['rows'])} rows)",
+            f"`store.array(-1).iter_chunks()`: {s(t['store_rows_checked'])}",
+            f"zarr `data[a:b, -1]`: {s(t['store_rows_unchecked'])}",
+            x(data["ratios"]["bulk_rows_checked_over_unchecked"]),
+        ],
+        [
+            f"every text as a LayerStack ({n(store['texts'])})",
+            f"`store[:]`: {s(t['store_every_text'])}",
+            "",
+            "",
+        ],
+        [
+            f"`verify_store` ({store['bytes'] / 1e6:.0f} MB, every check)",
+            f"{s(t['verify_store'])}, {n(rate['verify_store'])} MB/s",
+            "",
+            "",
+        ],
+        [
+            f"open a cache and read every activation ({data['cache_bytes'] / 1e6:.0f} MB)",
+            f"`lw.load_cache`: {s(t['cache_load_cache_and_read'], 3)}",
+            f"`datasets.load_from_disk`: {s(t['cache_load_from_disk_and_read'], 3)}",
+            x(data["ratios"]["load_cache_over_load_from_disk"]),
+        ],
+        ["`verify_cache`", f"{s(t['verify_cache'], 3)}, {n(rate['verify_cache'])} MB/s", "", ""],
+    ]
+    return table(["read", "checked", "unchecked", "ratio"], rows) + "\n\n" + measured("integrity_cost")
+
+
 BLOCKS: dict[str, Callable[[], str]] = {
     "headline": headline,
     "readme-speed": readme_speed,
@@ -1407,9 +1451,212 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "serve-rounds": serve_rounds,
     "serve-memory": serve_memory,
     "layer-rules": layer_rules,
+    "integrity": integrity_table,
     "label-free-cost": label_free_cost,
     "probe": probe_table,
     "probe-findings": probe_findings,
+}
+
+
+# --- figures inside sentences of prose ------------------------------------------------------------
+
+
+def _span(values: Any, write: Callable[[float], str], joiner: str = "–") -> str:
+    """The smallest and the largest of ``values``, each written by ``write``: 80–102."""
+    values = list(values)
+    return f"{write(min(values))}{joiner}{write(max(values))}"
+
+
+def _gemm() -> dict[str, Any]:
+    return result("gemm_speed")
+
+
+def _crc(name: str) -> str:
+    return n(result("writer_speed")["crc32_mb_per_s"][name])
+
+
+def _gpu_embed(dtype: str = "float16") -> dict[str, Any]:
+    return next(part for part in result("gpu_speed")["embed"] if part["dtype"] == dtype)
+
+
+def _gpu_copy_rate() -> str:
+    """What ``extract(dtype="float16")`` moves off the device: BERT-base's 13 states of 768 float16
+    values a token (20 KB, on paper) at its measured rate, against the pinned copy's rate."""
+    part = _gpu_embed()
+    rate = part["tokens_per_s"]["extract_float16"] * 13 * 768 * 2 / 1e9
+    return f"{rate:.1f} GB/s, 1/{part['limits']['pinned_d2h_gb_per_s'] / rate:.0f} of the pinned copy's rate"
+
+
+def _gpu_loop_seconds() -> str:
+    """The best loop's time against its forward's alone: BERT-base shape, float32 (medians)."""
+    part = next(
+        p
+        for p in result("gpu_speed")["extract"]
+        if p["model"] == "BERT-base shape" and p["dtype"] == "float32"
+    )
+    loop, forward = (statistics.median(part["seconds"][k]) for k in ("best_loop", "forward_only"))
+    return f"{loop:.1f} s against {forward:.1f} s"
+
+
+def _gpu_cache() -> str:
+    data = result("gpu_speed")
+    part = data["cache"][0]
+    return (
+        f"the disk writes {n(data['write_bandwidth_mb_per_s'])} MB/s with fsync, `dd`, in the same run): "
+        f"{part['model']} {n(part['cache_tokens_per_s'])} tokens/s against {n(part['forward_tokens_per_s'])} "
+        f"for the forward alone (**{x(part['ratio'])}**), writing {n(part['cache_mb_per_s'])} MB/s "
+        f"({pct(part['disk_share'])} of the disk"
+    )
+
+
+def _decoders() -> str:
+    data = result("decoder_speed")
+    small, large = data["smollm2"], data["llama_1b_shape"]
+    middle = {f"{part['middle_time_over_all']:.2f}" for part in (small, large)}
+    return (
+        f"extracts every hidden state at {n(small['tokens_per_s']['layerwise_all'])} tokens/s, "
+        f"{x(small['all_over_best_loop'], 1)} the best hand-written loop "
+        f"({n(small['tokens_per_s']['best_loop'])}: "
+        "sorted by token count, plain transformers in its own process, float32), and a random Llama of 1B "
+        f"shape at {n(large['tokens_per_s']['layerwise_all'])} tokens/s, {x(large['all_over_best_loop'], 1)} "
+        f"({n(large['tokens_per_s']['best_loop'])}); the middle layer alone costs "
+        f"{' and '.join(sorted(middle))} of the time of all layers ({where('decoder_speed')})"
+    )
+
+
+def _stop_early() -> str:
+    data = result("extract_speed")
+    return (
+        f"On the BERT-base shape ({data['bert_base_texts']} texts), `layers=[2]` takes "
+        f'**{data["layer2_fraction_of_all"]:.2f}** of the time of `layers="all"` '
+        f"({s(data['bert_base_layer2_s'])} "
+        f'against {s(data["bert_base_all_s"])}). The same script times `enc.extract(texts, layers="all")` '
+        f"against the tutorial loop on the corpus above: {n(data['extract_tokens_per_s'])} against "
+        f"{n(data['tutorial_loop_tokens_per_s'])} tokens/s ({x(data['speedup'])}; {where('extract_speed')})"
+    )
+
+
+def _store_cost() -> str:
+    data = result("store_cost")
+    one, four = data["copies_1"], data["copies_4"]
+
+    def medians(part: dict[str, Any]) -> str:
+        store, memory = (statistics.median(part[k]) for k in ("extract_to_store_s", "extract_s"))
+        return f"{store:.2f} against {memory:.2f} s"
+
+    return (
+        f"{medians(one)}, **{x(one['ratio_median'], 3)}** (medians; best {x(one['ratio_best'], 3)}); "
+        "with the "
+        f"corpus four times over in each run (so that the writer's heap trims every "
+        f"{data['trim_every_s']:.0f} s fall inside it), {medians(four)}, **{x(four['ratio_median'], 3)}** "
+        f"({where('store_cost')})"
+    )
+
+
+def _store_open_memory() -> str:
+    data = result("store_open")
+    small, large = (int(k) for k in data["stores"])
+    lazy = data["stores"][str(small)]["lazy"]
+    first = lazy["store[n-1]"]["rss_mib"] - lazy["imports"]["rss_mib"]  # as the table counts it
+    return (
+        f"Memory after every step: ×{data['rss_large_over_small']:.3f} for {large // small} times the texts. "
+        f"The first read's +{first:.0f} MiB"
+    )
+
+
+def _cache_memory() -> str:
+    data = result("cache_memory")
+    (small, one), (large, other) = data["runs"].items()
+    return (
+        f"{int(small):,} tokens in {s(one['seconds'], 1)}, peak RSS {n(one['peak_rss_mib'])} MiB; "
+        f"{int(large):,} tokens ({other['cache_gb']:.2f} GB on disk) in {s(other['seconds'], 1)}, "
+        f"{n(other['peak_rss_mib'])} MiB (**×{data['rss_large_over_small']:.3f}**; {where('cache_memory')})"
+    )
+
+
+def _flip_sweep() -> str:
+    """The one-byte flips of every file of a store and of a cache, and what each read made of them."""
+    sweep = result("fault_injection")["sweep"]
+
+    def total(kind: str, outcome: str) -> int:
+        return sum(f[outcome] for f in sweep[kind].values())
+
+    store, cache = (
+        sum(total(k, o) for o in ("harmless", "reported", "silent", "crashed")) for k in ("store", "cache")
+    )
+    cache_reported = total("cache", "reported")
+    said = "all" if cache_reported == cache else f"{cache_reported:,}"
+    silent = total("store", "silent") + total("cache", "silent")
+    crashed = total("store", "crashed") + total("cache", "crashed")
+    return (
+        f"of the store's {store:,} flips {total('store', 'reported'):,} were reported (a read raised "
+        f"`StoreDamagedError`, `verify` said DAMAGED) and {total('store', 'harmless'):,} changed "
+        f"nothing that is read; of the cache's {cache:,}, {said} were reported; **{silent} came back as "
+        f"numbers, {crashed} crashed** ({where('fault_injection')})"
+    )
+
+
+def _fuzz() -> str:
+    data = result("fuzz_alignment")
+    parts = data["tokenizers"].values()
+    inputs = sum(sum(p["examples"].values()) for p in parts)
+    failures = sum(len(p["failures"]) for p in parts)
+    minutes = sum(p["seconds"] for p in parts) / 60
+    said = "no failure" if not failures else f"{failures} failures"
+    return f"{inputs:,} inputs, {said} ({minutes:.0f} min; {where('fuzz_alignment')})"
+
+
+FIGURES: dict[str, Callable[[], str]] = {
+    "fuzz-alignment": _fuzz,
+    "flip-sweep": _flip_sweep,
+    "analyze-seconds": lambda: f"{s(result('analyze_speed')['seconds'], 1)} ({where('analyze_speed')})",
+    "store-open-memory": _store_open_memory,
+    "cache-disk": lambda: f"{n(result('cache_speed')['write_bandwidth_mb_per_s'])} MB/s",
+    "cache-memory": _cache_memory,
+    "family-packed-over-general": lambda: _span(
+        (f["packed_over_general"] for f in result("family_speed")["families"].values()), x
+    ),
+    "stop-early": _stop_early,
+    "store-cost": _store_cost,
+    "decoders": _decoders,
+    "embed-vs-extract": lambda: x(result("embed_vs_extract")["median_ratio"]),
+    "where-embed-vs-extract": lambda: where("embed_vs_extract"),
+    "gpu-loop-seconds": _gpu_loop_seconds,
+    "gpu-cache": _gpu_cache,
+    "gpu-packed-against-full": lambda: "{:.2f}M against {:.2f}M".format(
+        _gpu_embed()["tokens_per_s"]["packed_forward"] / 1e6,
+        _gpu_embed()["limits"]["full_batch_forward_tokens_per_s"] / 1e6,
+    ),
+    "gpu-embed-over-loop": lambda: x(
+        _gpu_embed()["tokens_per_s"]["embed"] / _gpu_embed()["tokens_per_s"]["pooled_loop"]
+    ),
+    "gpu-extract-rate": lambda: n(_gpu_embed()["tokens_per_s"]["extract_float16"]),
+    "gpu-extract-copy": _gpu_copy_rate,
+    "gpu-host-writers": lambda: "{} the disk for the store and {} for the cache".format(
+        *(x(result("writer_speed_h200_host")["share_of_dd"][k]) for k in ("store", "cache"))
+    ),
+    "where-gpu-host-writers": lambda: where("writer_speed_h200_host"),
+    "crc-zlib-ng": lambda: _crc("layerwise (zlib-ng)"),
+    "crc-zlib": lambda: _crc("zlib"),
+    "writers-disk": lambda: " and ".join(
+        n(result(f)["mb_per_s"]["dd"]) for f in ("writer_speed", "writer_speed_zlib")
+    ),
+    "where-token-budget": lambda: where("token_budget"),
+    "token-budget-default": lambda: " / ".join(n(v) for v in result("token_budget")["default"].values()),
+    "token-budget-base": lambda: " / ".join(n(v) for v in result("token_budget")["bert_base"].values()),
+    "where-gemm": lambda: where("gemm_speed"),
+    "gemm-mkl": lambda: _span((c["mkl_gflops"] for c in _gemm()["linear_one_thread"].values()), n),
+    "gemm-onednn": lambda: _span((c["onednn_gflops"] for c in _gemm()["linear_one_thread"].values()), n),
+    "gemm-gain": lambda: _span(
+        (c["onednn_gflops"] / c["mkl_gflops"] for c in _gemm()["linear_one_thread"].values()), x
+    ),
+    "gemm-onednn-us": lambda: n(_gemm()["forward_us_per_token"]["onednn"]["whole corpus"]),
+    "gemm-mkl-us": lambda: n(_gemm()["forward_us_per_token"]["mkl"]["whole corpus"]),
+    "gemm-new-count-ms": lambda: _span(
+        (c["extra_ms_per_new_count"] for k, c in _gemm()["new_row_counts"].items() if k.startswith("onednn")),
+        lambda v: f"+{v:.1f}",
+        " to ",
+    ),
 }
 
 
@@ -1427,7 +1674,17 @@ def render(text: str) -> str:
             inner = "".join(f"\n{indent}{line}" if line else "\n" for line in lines) + f"\n{indent}"
         return f"{indent}{match['before']}<!-- figures: {name} -->{inner}<!-- /figures -->"
 
-    return BLOCK.sub(fresh, text)
+    return INLINE.sub(inline, BLOCK.sub(fresh, text))
+
+
+def inline(match: re.Match[str]) -> str:
+    """An inline figure written afresh."""
+    name = match["name"]
+    if name not in FIGURES:
+        raise KeyError(
+            f"no writer for the inline figure {name!r}: add one to FIGURES in {Path(__file__).name}"
+        )
+    return f"<!-- fig: {name} -->{FIGURES[name]()}<!-- /fig -->"
 
 
 def main() -> int:

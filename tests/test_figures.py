@@ -91,7 +91,9 @@ def passages() -> list[tuple[str, str]]:
         if path.name != "changelog.md":  # the CHANGELOG, included
             texts[str(path.relative_to(REPO))] = path.read_text(encoding="utf-8")
     out = []
-    rendered = re.compile(r"<!-- figures: [\w-]+ -->.*?<!-- /figures -->", re.DOTALL)
+    rendered = re.compile(
+        r"<!-- figures: [\w-]+ -->.*?<!-- /figures -->|<!-- fig: [\w-]+ -->.*?<!-- /fig -->", re.DOTALL
+    )
     for where, text in texts.items():
         # a rendered block is checked exactly (test_every_rendered_block_equals_a_fresh_render…)
         text = rendered.sub("", text)
@@ -212,6 +214,25 @@ def test_every_renderer_has_its_block_once():
         for m in render.BLOCK.finditer((REPO / relative).read_text(encoding="utf-8"))
     ]
     assert sorted(names) == sorted(render.BLOCKS), "each block of BLOCKS appears in one document, once"
+    inline = [
+        m["name"]
+        for relative in render.DOCUMENTS
+        for m in render.INLINE.finditer((REPO / relative).read_text(encoding="utf-8"))
+    ]
+    assert sorted(inline) == sorted(render.FIGURES), "each figure of FIGURES appears in one document, once"
+
+
+def test_an_inline_figure_edited_by_hand_is_caught():
+    """A figure inside a sentence (``<!-- fig: NAME -->``) is written afresh like a block: +20 % to
+    it, or to its result, makes the document differ from its render."""
+    render = _renderer()
+    text = (REPO / "docs" / "benchmarks.md").read_text(encoding="utf-8")
+    figure = next(m for m in render.INLINE.finditer(text) if m["name"] == "gemm-onednn-us")
+    value = float(figure["body"].replace(",", ""))
+    edited = text.replace(figure.group(0), figure.group(0).replace(figure["body"], f"{value * 1.2:,.0f}"))
+    assert edited != text and render.render(edited) == render.render(text)
+    render.result("gemm_speed")["forward_us_per_token"]["onednn"]["whole corpus"] *= 1.2
+    assert render.render(text) != text
 
 
 def test_a_figure_edited_by_hand_or_a_changed_result_is_caught():
