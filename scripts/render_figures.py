@@ -35,6 +35,7 @@ DOCUMENTS = (
     "docs/benchmarks.md",
     "docs/serving-performance.md",
     "docs/guide/analysis.md",
+    "docs/guide/cache.md",
     "docs/guide/corpus.md",
     "docs/guide/cpu.md",
     "docs/guide/decoders.md",
@@ -1396,6 +1397,34 @@ def integrity_table() -> str:
     return table(["read", "checked", "unchecked", "ratio"], rows) + "\n\n" + measured("integrity_cost")
 
 
+def _cache_guide_speed() -> str:
+    """docs/guide/cache.md: what caching costs against the forward alone, on the CPU and a GPU, and
+    its peak memory."""
+    cpu = {m["model"]: m for m in result("cache_speed")["models"]}
+    smol, mini = cpu["SmolLM2-135M"], cpu["all-MiniLM-L6-v2"]
+    gpu_data = result("gpu_speed")
+    gpu = gpu_data["cache"][0]
+    memory = result("cache_memory")
+    (small, one), (large, other) = memory["runs"].items()
+    return (
+        f"SmolLM2-135M caches {n(smol['cache_tokens_per_s'])} tokens/s, **{x(smol['ratio'])}** its forward "
+        f"alone ({n(smol['forward_tokens_per_s'])} tokens/s: the same contexts and layers computed and "
+        f"thrown away); all-MiniLM-L6-v2 {n(mini['cache_tokens_per_s'])} tokens/s, {x(mini['ratio'])} "
+        f"({n(mini['forward_tokens_per_s'])}). The forward binds: the cache writes "
+        f"{smol['cache_mb_per_s']:.1f} and {mini['cache_mb_per_s']:.1f} MB/s, a few percent of the "
+        f"{n(result('cache_speed')['write_bandwidth_mb_per_s'])} MB/s this disk takes with fsync "
+        f"({where('cache_speed')}). On an {gpu_of(gpu_data, 'cache')} the forward is far faster "
+        f"({n(gpu['forward_tokens_per_s'])} tokens/s, {gpu['model']}) and the cache runs at "
+        f"{x(gpu['ratio'])} of it, writing {n(gpu['cache_mb_per_s'])} MB/s, {pct(gpu['disk_share'])} of "
+        "that disk's "
+        f"{n(gpu_data['write_bandwidth_mb_per_s'])} MB/s (`python benchmarks/gpu_speed.py --part cache`; "
+        f"{where('gpu_speed', 'cache')}). Peak memory stays flat: {n(one['peak_rss_mib'])} MiB for "
+        f"{int(small):,} tokens, {n(other['peak_rss_mib'])} MiB for {int(large):,} (`python "
+        f"benchmarks/cache_memory.py`, a tiny Llama so that the cache's own work dominates; "
+        f"{where('cache_memory')})"
+    )
+
+
 BLOCKS: dict[str, Callable[[], str]] = {
     "headline": headline,
     "readme-speed": readme_speed,
@@ -1452,6 +1481,7 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "serve-memory": serve_memory,
     "layer-rules": layer_rules,
     "integrity": integrity_table,
+    "cache-guide-speed": _cache_guide_speed,
     "label-free-cost": label_free_cost,
     "probe": probe_table,
     "probe-findings": probe_findings,
@@ -1606,7 +1636,30 @@ def _fuzz() -> str:
     return f"{inputs:,} inputs, {said} ({minutes:.0f} min; {where('fuzz_alignment')})"
 
 
+def _cache_guide_integrity() -> str:
+    data = result("integrity_cost")
+    t = data["seconds"]
+    sweep = result("fault_injection")["sweep"]["cache"]
+    flips = sum(sum(f[k] for k in ("harmless", "reported", "silent", "crashed")) for f in sweep.values())
+    reported = sum(f["reported"] for f in sweep.values())
+    silent = sum(f["silent"] for f in sweep.values())
+    return (
+        f"`lw.load_cache` followed by one pass over every activation takes "
+        f"**{x(data['ratios']['load_cache_over_load_from_disk'])}** `datasets.load_from_disk` and the "
+        f"same pass ({s(t['cache_load_cache_and_read'], 3)} against "
+        f"{s(t['cache_load_from_disk_and_read'], 3)} for a "
+        f"{data['cache_bytes'] / 1e6:.0f} MB cache, in the page cache); `verify_cache` reads "
+        f"{n(data['throughput_mb_s']['verify_cache'])} MB/s ({where('integrity_cost')}). `python "
+        f"benchmarks/fault_injection.py` flips one byte at a time in every file of a cache: "
+        f"{f'all {flips:,}' if reported == flips else f'{reported:,} of {flips:,}'} flips in its "
+        f"{len(sweep)} files "
+        f"(the record, the contexts, the shards, the index files) are reported, {silent or 'none'} read "
+        "as numbers"
+    )
+
+
 FIGURES: dict[str, Callable[[], str]] = {
+    "cache-guide-integrity": _cache_guide_integrity,
     "fuzz-alignment": _fuzz,
     "flip-sweep": _flip_sweep,
     "analyze-seconds": lambda: f"{s(result('analyze_speed')['seconds'], 1)} ({where('analyze_speed')})",
