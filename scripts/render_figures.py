@@ -42,6 +42,7 @@ DOCUMENTS = (
     "docs/guide/probing.md",
     "docs/guide/ray.md",
     "docs/guide/serving.md",
+    "docs/guide/store.md",
     "docs/models.md",
 )
 # a block's lines keep the indentation of its opening marker (a table inside a list item)
@@ -1658,7 +1659,48 @@ def _cache_guide_integrity() -> str:
     )
 
 
+def _store_guide_open() -> str:
+    data = result("store_open")
+    stores = data["stores"]
+    small, large = sorted(stores, key=int)
+    lazy, whole = stores[large]["lazy"], stores[large]["whole_manifest"]
+    return (
+        f"On this machine a {int(large):,}-text store opens in {s(lazy['open']['seconds'], 3)} "
+        f"({int(small):,} texts: {s(stores[small]['lazy']['open']['seconds'], 3)}), and after open, `len`, "
+        "`store[n-1]`, a 1,000-text slice and `store.ids[-1]` the process holds the same memory for either "
+        f"({n(lazy['ids[-1]']['rss_mib'])} MiB, against {n(lazy['imports']['rss_mib'])} MiB after its "
+        f"imports); reading that manifest whole, as opening did before, costs "
+        f"{s(whole['read whole manifest']['seconds'], 1)} and takes the process to "
+        f"{n(whole['read whole manifest']['rss_mib'])} MiB ({where('store_open')})"
+    )
+
+
+def _store_guide_integrity() -> str:
+    data = result("integrity_cost")
+    t, store = data["seconds"], data["store"]
+    sweep = result("fault_injection")["sweep"]["store"]
+    counts = {k: sum(f[k] for f in sweep.values()) for k in ("harmless", "reported", "silent", "crashed")}
+    silent = "none" if not counts["silent"] else f"{counts['silent']:,}"
+    return (
+        f"`store.array(-1).iter_chunks(8192)` over its {n(store['rows'])} rows takes "
+        f"{s(t['store_rows_checked'])}, **{x(data['ratios']['bulk_rows_checked_over_unchecked'])}** zarr's "
+        f"unchecked `data[a:b, -1]` ({s(t['store_rows_unchecked'])}): a checked read reads every layer of "
+        "the rows to check them, where zarr reads one layer's bytes of an uncompressed chunk; every text as a "
+        f"LayerStack (`store[:]`, {n(store['texts'])} texts) {s(t['store_every_text'])}; `verify` reads the "
+        f"{store['bytes'] / 1e6:.0f} MB store at {n(data['throughput_mb_s']['verify_store'])} MB/s "
+        f"({s(t['verify_store'])}; {where('integrity_cost')}). `python benchmarks/fault_injection.py` kills "
+        "a run 20 times at random moments (the resumed store equals an uninterrupted one byte for byte), "
+        "applies seven kinds of damage, and flips one byte at a time in every file of a store: of "
+        f"{sum(counts.values()):,} flips in its {len(sweep)} files, {counts['reported']:,} were reported and "
+        f"{counts['harmless']:,} changed nothing (bytes of the last, partly filled shard past the committed "
+        f"rows, and spacing in metadata files); **{silent} came back as numbers** "
+        f"({where('fault_injection')})"
+    )
+
+
 FIGURES: dict[str, Callable[[], str]] = {
+    "store-guide-open": _store_guide_open,
+    "store-guide-integrity": _store_guide_integrity,
     "cache-guide-integrity": _cache_guide_integrity,
     "fuzz-alignment": _fuzz,
     "flip-sweep": _flip_sweep,
