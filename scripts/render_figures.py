@@ -33,6 +33,7 @@ STALE = 100  # commits: a result measured further back says so where it is shown
 DOCUMENTS = (
     "README.md",
     "docs/benchmarks.md",
+    "docs/internals.md",
     "docs/serving-performance.md",
     "docs/guide/analysis.md",
     "docs/guide/cache.md",
@@ -1426,7 +1427,43 @@ def _cache_guide_speed() -> str:
     )
 
 
+def decoder_layers_table() -> str:
+    """docs/guide/decoders.md: SmolLM2's hidden states ranked on sentence pairs, as they are and
+    through the final norm, beside the random-model twin."""
+    data = result("decoder_layers")
+    raw, normed = data["probe"], data["probe_final_norm_all"]
+    raw_rows = {r["name"]: r for r in raw["rows"] if r["kind"] == "layer"}
+    normed_rows = {r["name"]: r for r in normed["rows"] if r["kind"] == "layer"}
+    names = list(raw_rows)
+    last = names[-1]
+    shown = [name for name in names if int(name[1:]) % 3 == 0 or name in (names[-2], last)]
+    best_raw = max(names, key=lambda k: raw_rows[k]["score"])
+    best_normed = max(names, key=lambda k: normed_rows[k]["score"])
+
+    def cell(rows: dict[str, Any], name: str, best: str) -> str:
+        value = f"{rows[name]['score']:.3f}"
+        return f"**{value}**" if name == best else value
+
+    rows = []
+    for name in shown:
+        label = name + (" (embeddings)" if name == "L0" else " (last)" if name == last else "")
+        random = raw_rows[name]["random_model"]
+        rows.append(
+            [label, cell(raw_rows, name, best_raw), cell(normed_rows, name, best_normed), f"{random:.3f}"]
+        )
+    header = ["hidden state", "Spearman, as they are", 'Spearman, `final_norm="all"`', "random-model twin"]
+    said = (
+        f"{n(raw['n_dev'])} pairs, {raw['seconds']:.0f} s and {normed['seconds']:.0f} s for the two runs "
+        f"(`benchmarks/results/decoder_layers.json` has every layer; the first run's curve is "
+        f"`docs/images/decoder_layers.png`). As they are, the best hidden state is {best_raw} "
+        f"({raw_rows[best_raw]['score']:.3f}); through the final norm, {best_normed} "
+        f"({normed_rows[best_normed]['score']:.3f})."
+    )
+    return table(header, rows) + "\n\n" + said + "\n\n" + measured("decoder_layers")
+
+
 BLOCKS: dict[str, Callable[[], str]] = {
+    "decoder-layers": decoder_layers_table,
     "headline": headline,
     "readme-speed": readme_speed,
     "extraction-setup": extraction_setup,
@@ -1698,7 +1735,35 @@ def _store_guide_integrity() -> str:
     )
 
 
+def _flips_total() -> str:
+    sweep = result("fault_injection")["sweep"]
+    flips = sum(
+        f[k]
+        for kind in sweep.values()
+        for f in kind.values()
+        for k in ("harmless", "reported", "silent", "crashed")
+    )
+    silent = sum(f["silent"] for kind in sweep.values() for f in kind.values())
+    return f"({flips:,} flips): {silent} read back as numbers"
+
+
+def _startup() -> str:
+    start = result("store_speed")["startup_s"]
+    ours, loop = start["layerwise extract -> store"], start["best hand-written loop"]
+    return f"{s(loop - ours, 1)} sooner than a hand-written loop that imports `AutoModel` ({s(ours)} vs {s(loop)}"
+
+
 FIGURES: dict[str, Callable[[], str]] = {
+    "readme-flips": _flips_total,
+    "readme-checked-read": lambda: x(result("integrity_cost")["ratios"]["bulk_rows_checked_over_unchecked"]),
+    "readme-checked-cache": lambda: x(result("integrity_cost")["ratios"]["load_cache_over_load_from_disk"]),
+    "analysis-guide-seconds": lambda: s(result("analyze_speed")["seconds"], 1),
+    "where-analysis-guide": lambda: where("analyze_speed"),
+    "internals-gpu-range": lambda: _span(
+        (p["layerwise_over_best_loop"] for p in result("gpu_speed")["extract"]), x
+    ),
+    "internals-import": lambda: s(result("load_and_cast")["modeling_import_s"]["transformers"], 1),
+    "internals-startup": _startup,
     "store-guide-open": _store_guide_open,
     "store-guide-integrity": _store_guide_integrity,
     "cache-guide-integrity": _cache_guide_integrity,
