@@ -1736,14 +1736,9 @@ def _store_guide_integrity() -> str:
 
 
 def _flips_total() -> str:
-    sweep = result("fault_injection")["sweep"]
-    flips = sum(
-        f[k]
-        for kind in sweep.values()
-        for f in kind.values()
-        for k in ("harmless", "reported", "silent", "crashed")
-    )
-    silent = sum(f["silent"] for kind in sweep.values() for f in kind.values())
+    totals = result("fault_injection")["sweep"]["totals"].values()  # the store's and the cache's
+    flips = sum(sum(kind.values()) for kind in totals)
+    silent = sum(kind["silent"] for kind in totals)
     return f"({flips:,} flips): {silent} read back as numbers"
 
 
