@@ -34,6 +34,7 @@ DOCUMENTS = (
     "README.md",
     "docs/benchmarks.md",
     "docs/internals.md",
+    "docs/serving-limits.md",
     "docs/serving-performance.md",
     "docs/guide/analysis.md",
     "docs/guide/cache.md",
@@ -1463,7 +1464,38 @@ def decoder_layers_table() -> str:
     return table(header, rows) + "\n\n" + said + "\n\n" + measured("decoder_layers")
 
 
+_BOUNDS = {  # the largest request each endpoint admits under the default limits (not measured)
+    "embeddings": "`/v1/embeddings`: 2,048 texts of 64 tokens (131,072 tokens)",
+    "layers_json": "`/v1/layers` JSON: 4,672 tokens, every hidden state, float32 (63.9 MiB of base64)",
+    "layers_npz": "`/v1/layers` npz: 6,208 tokens, every hidden state, float32",
+    "explore_tokens": "`/v1/explore/tokens`: a 2,048-token text (windows)",
+    "explore_attention": "`/v1/explore/attention`: a 2,048-token text",
+}
+
+
+def serve_bounds_table() -> str:
+    """docs/serving-limits.md: each endpoint's largest request from 32 clients at once, and the
+    peak memory of the two processes."""
+    data = result("serve_bounds")
+    idle = next(iter(data["endpoints"].values()))["idle_rss_mib"]
+    rows = []
+    for key, label in _BOUNDS.items():
+        part = data["endpoints"][key]
+        answered = ", ".join(f"{count} × {status}" for status, count in part["statuses"].items())
+        peak = part["peak_rss_mib"]
+        rows.append([label, answered, f"{n(peak['http'])} MiB", f"{n(peak['model'])} MiB"])
+    header = [
+        "endpoint, largest admitted request",
+        "answered",
+        "peak RSS, HTTP process",
+        "peak RSS, model process",
+    ]
+    said = f"Idle: HTTP process {n(idle['http'])} MiB, model process {n(idle['model'])} MiB."
+    return said + "\n\n" + table(header, rows) + "\n\n" + measured("serve_bounds")
+
+
 BLOCKS: dict[str, Callable[[], str]] = {
+    "serve-bounds": serve_bounds_table,
     "decoder-layers": decoder_layers_table,
     "headline": headline,
     "readme-speed": readme_speed,
