@@ -10,8 +10,9 @@ transformers' states of each text alone, which the hostile pass now holds them t
     python scripts/outputs_unchanged.py [--before 01a6cff] [--after HEAD] [--families llama,t5] [--deep]
 
 ``--deep`` writes every way a family runs, each as raw arrays: in memory with each final norm, the
-sub-layer taps, long texts in windows, two concurrent forwards, and streamed (with windows); a way
-both commits refuse alike is left out, one refused by only one commit is listed.
+sub-layer taps, long texts in windows, two concurrent forwards, streamed (with windows), and the
+general path (by hooks, cut early, attention probabilities); a way both commits refuse alike is
+left out, one refused by only one commit is listed.
 
 Prints the families identical, different (named, with the arrays that differ) and new; exits 1 if
 one differs. The metadata is left out: it records the code's version and commit.
@@ -70,6 +71,11 @@ WAYS = {
     "streams": ({"streams": 2, "max_tokens": 64}, {}),  # concurrent_forwards, as earlier commits name it
     "streamed": ({"streaming": True}, {}),
     "streamed-windows": ({"streaming": True, "max_length": 24}, {"long_texts": "window", "stride": 8}),
+    # the general path (transformers' own forward): read by hooks, cut early, eager attention's probabilities
+    "general": ({"packed": False}, {}),
+    "general-hooks": ({"packed": False}, {"method": "hooks"}),
+    "general-cut": ({"packed": False}, {"layers": [0, 1]}),
+    "general-probs": ({"packed": False}, {"taps": ("attention_probs",), "layers": [1, 2]}),
 }
 out, said = Path(sys.argv[1]), {}
 for folder in sys.argv[2:]:
@@ -77,7 +83,7 @@ for folder in sys.argv[2:]:
     for way, (options, call) in WAYS.items():
         try:
             encoder = lw.Encoder(folder, device="cpu", **options)
-            stacks = encoder.extract(texts, layers="all", progress=False, **call)
+            stacks = encoder.extract(texts, progress=False, **{"layers": "all", **call})
             arrays = {f"hidden{i}": s.hidden for i, s in enumerate(stacks)}
             for i, s in enumerate(stacks):
                 for tap, value in (s.taps or {}).items():
@@ -88,7 +94,20 @@ for folder in sys.argv[2:]:
             said[f"{name}-{way}"] = f"{type(exc).__name__}: {exc}"[:200]
 (out / "said.json").write_text(json.dumps(said))
 """
-DEEP_WAYS = ("raw", "last", "all", "taps", "windows", "streams", "streamed", "streamed-windows")
+DEEP_WAYS = (
+    "raw",
+    "last",
+    "all",
+    "taps",
+    "windows",
+    "streams",
+    "streamed",
+    "streamed-windows",
+    "general",
+    "general-hooks",
+    "general-cut",
+    "general-probs",
+)
 
 
 def write_outputs(commit: str, folders: list[Path], out: Path, trees: Path, script: str) -> dict[str, str]:
