@@ -148,16 +148,20 @@ def machine() -> dict[str, Any]:
 
 
 def _commit() -> str | None:
-    """The commit the code ran at (``+`` when the tree had uncommitted changes), if in a git clone."""
+    """The commit the code ran at (``+`` when the tree had uncommitted changes to anything but the
+    result files and the figures, which a run writes), if in a git clone."""
     import subprocess
 
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=HERE, capture_output=True, text=True, check=True).stdout
+
     try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=HERE, capture_output=True,
-                              text=True, check=True).stdout.strip()  # fmt: skip
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=HERE,
-                               capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+        head = git("rev-parse", "--short", "HEAD").strip()
+        changed = git("status", "--porcelain", "--untracked-files=no").splitlines()
     except (OSError, subprocess.CalledProcessError):
         return None
+    written = ("benchmarks/results/", "docs/images/")
+    dirty = [line for line in changed if not line[3:].startswith(written)]
     return head + ("+" if dirty else "")
 
 
