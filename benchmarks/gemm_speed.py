@@ -90,8 +90,9 @@ def ceiling(repeats: int, threads: int) -> dict:
     return {"threads": threads, "mkl_gflops": round(mkl, 1), "onednn_gflops": round(onednn, 1)}
 
 
-def run_costs(n_texts: int, repeats: int) -> dict:
-    """CPU us per token of one-thread forwards (last layer of each text) by run size, oneDNN on/off."""
+def run_costs(n_texts: int, repeats: int, run_texts: int = 900) -> dict:
+    """CPU us per token of one-thread forwards (last layer of each text) by run size, oneDNN on/off;
+    about ``run_texts`` texts in the runs of each small size."""
     import layerwise as lw
     from layerwise._inputs.raw import normalize_inputs
     from layerwise._model.forward import cpu_gemm
@@ -121,8 +122,8 @@ def run_costs(n_texts: int, repeats: int) -> dict:
         for size in [*RUN_SIZES, len(items)]:
             rng = random.Random(size)
             seconds = tokens = 0
-            # about 20,000 tokens of small runs; the whole corpus ``repeats`` times
-            for _ in range(max(repeats, 900 // size) if size < len(items) else repeats):
+            # about 20,000 tokens of small runs (900 texts); the whole corpus ``repeats`` times
+            for _ in range(max(repeats, run_texts // size) if size < len(items) else repeats):
                 s, t = cost(rng.sample(items, size) if size < len(items) else items)
                 seconds, tokens = seconds + s, tokens + t
                 if size < len(items):
@@ -193,6 +194,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--texts", type=int, default=2000)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--run-texts", type=int, default=900, help="texts in the runs of each small size")
     parser.add_argument("--out", type=Path, default=None, help="Write the results here instead")
     args = parser.parse_args()
     threads = torch.get_num_threads()
@@ -205,7 +207,7 @@ def main() -> None:
     print("ceiling:")
     report["ceiling"] = [ceiling(args.repeats, 1), ceiling(args.repeats, threads)]
     print("forward, one thread, the last layer of each text:")
-    report["forward_us_per_token"] = run_costs(args.texts, max(2, args.repeats // 2))
+    report["forward_us_per_token"] = run_costs(args.texts, max(2, args.repeats // 2), args.run_texts)
     print("a layer's four matmuls, one thread, the same row count each call or a new one:")
     report["new_row_counts"] = new_shape_costs()
     report["vendor"], report["default_onednn"] = vendor, onednn_wanted()

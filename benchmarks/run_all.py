@@ -50,7 +50,7 @@ RUNS: dict[str, tuple[list[str], list[str]]] = {
         ["--base", "--budgets", "1024,2048,4096,8192"],
         ["--sentences", "60", "--documents", "2", "--repeats", "1", "--budgets", "1024,4096"],
     ),
-    "gemm_speed": ([], ["--texts", "64", "--repeats", "1"]),
+    "gemm_speed": ([], ["--texts", "64", "--repeats", "1", "--run-texts", "90"]),
     "start_cost": ([], ["--rounds", "1"]),
     "load_and_cast": ([], ["--rounds", "1"]),
     "streamed_speed": ([], ["--sentences", "60", "--documents", "1", "--repeats", "1"]),
