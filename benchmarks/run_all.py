@@ -71,7 +71,7 @@ RUNS: dict[str, tuple[list[str], list[str]]] = {
         ["--ratio-rounds", "7"],
         ["--clients", "1,8", "--seconds", "2", "--texts", "100", "--soak-parts", "1", "--ratio-rounds", "1"],
     ),
-    "serve_bounds": ([], ["--clients", "4", "--seconds", "2"]),
+    "serve_bounds": ([], ["--clients", "4", "--seconds", "2", "--endpoints", "layers_npz,explore_attention"]),
     "fuzz_http": (["--examples", "1000"], ["--examples", "30"]),
     "ray_scaling": ([], ["--sentences", "200", "--documents", "2"]),
     "analyze_speed": ([], ["--sentences", "40"]),

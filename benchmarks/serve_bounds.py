@@ -131,12 +131,15 @@ def main() -> None:
     )
     parser.add_argument("--clients", type=int, default=32)
     parser.add_argument("--seconds", type=float, default=15)
+    parser.add_argument("--endpoints", default="", help="some of them, comma-separated (default: every one)")
     parser.add_argument("--out", type=Path, default=None, help="Write the results here instead")
     args = parser.parse_args()
     import layerwise as lw
 
     encoder = lw.Encoder(device="cpu")
     requests = largest_requests(encoder)
+    if args.endpoints:
+        requests = {name: requests[name] for name in args.endpoints.split(",")}
     rows = {}
     for name, (path, body, headers) in requests.items():
         process, url = start_serve()  # a fresh server per endpoint: each peak is that endpoint's own
