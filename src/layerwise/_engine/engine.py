@@ -36,7 +36,7 @@ from .._model.forward.general import GeneralForward
 from .._model.forward.packed import PackedEncoder
 from .._model.forward.packed_decoder import PACKED_TAPS, PackedDecoder, packed_forward
 from .._model.forward.padded import collate, forward_batch
-from .._model.forward.replica import users_hooks
+from .._model.forward.replica import model_state, users_hooks
 from .._model.forward.sdpa import attention_kernels
 from .._model.handle import ModelHandle
 from .._model.streaming.forward import StreamedForward
@@ -274,12 +274,13 @@ class Engine:
             yield key, self._forward_padded(batch(), call)
 
     def _follow_model(self) -> None:
-        """Replicas of the user's model as it is now (hooks added to it since, modules replaced)."""
+        """Replicas of the user's model as it is now (hooks added to it since, modules replaced): its
+        state read once a run; the packed forwards wait only while the general replica is rebuilt."""
         if self.models.built:
-            with self.lock.exclusive():
-                self.general.follow()
-                if isinstance(self.packed, PackedDecoder):
-                    self.packed.follow()
+            state = model_state(self.model)
+            if isinstance(self.packed, PackedDecoder):
+                self.packed.follow(state)
+            self.general.follow(state, self.lock.exclusive)
 
     def _forward_padded(self, units: Sequence[EncodedInput | Window], call: Call) -> Rows:
         model = self.model  # built (and adopted) before the lock is taken

@@ -13,7 +13,8 @@ replica of each kind is enough.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from typing import Any
 
 import torch
@@ -42,11 +43,15 @@ class GeneralForward:
         add_hooks(self.model, self.plain)
         self._eager: nn.Module | None = None
 
-    def follow(self) -> None:
-        """New replicas where the model changed since they were built (a hook added to it, a module
-        or weight replaced: replica.model_state), warmed up again. A run's first step."""
-        if model_state(self.model) != self._state:
-            self._build()
+    def follow(self, state: list[int], alone: Callable[[], AbstractContextManager]) -> None:
+        """New replicas, warmed up again, where the model's ``state`` (replica.model_state) differs
+        from the one they were built from (a hook added to it, a module or weight replaced). Only
+        then is the model taken ``alone`` (no padded forward runs on the old replica meanwhile)."""
+        if state == self._state:
+            return
+        with alone():
+            if state != self._state:  # a run beside this one may have rebuilt them meanwhile
+                self._build()
 
     def replica(self, taps: Sequence[str]) -> nn.Module:
         """The replica that runs a call with ``taps``: the eager one where they ask for attention

@@ -107,9 +107,9 @@ class PackedDecoder:
                     replica.record_into(tap_module(layer, self.model_type, tap), tap, depth)
         return replica
 
-    def follow(self) -> None:
-        """New replicas where the model changed since they were built (replica.model_state)."""
-        self._replicas.follow()
+    def follow(self, state: list[int]) -> None:
+        """New replicas where the model's ``state`` changed since they were built (replica.model_state)."""
+        self._replicas.follow(state)
 
     def prepare(
         self, columns: Any, *, device: torch.device, with_token_types: bool = False

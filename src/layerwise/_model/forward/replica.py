@@ -184,9 +184,8 @@ class Replicas:
         self._state, self._generation = model_state(model), 0
         self._free.append((0, build()))  # the first at once: a model the packed forward cannot copy fails now
 
-    def follow(self) -> None:
-        """Drop the replicas of an earlier state of the model (a run's first step: model_state)."""
-        state = model_state(self._model)
+    def follow(self, state: list[int]) -> None:
+        """Drop the replicas of an earlier ``state`` of the model (model_state, a run's first step)."""
         with self._lock:
             if state != self._state:
                 self._state, self._generation, self._free = state, self._generation + 1, []
