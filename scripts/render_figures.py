@@ -1675,25 +1675,23 @@ def _cache_memory() -> str:
     )
 
 
+def _flips(kind: str) -> tuple[dict[str, int], int]:
+    """fault_injection.py's one-byte flips of every file of a ``kind`` ("store", "cache"): the count of
+    each outcome (harmless, reported, silent, crashed), from the result's totals, and the files."""
+    sweep = result("fault_injection")["sweep"]
+    return sweep["totals"][kind], len(sweep[kind])
+
+
 def _flip_sweep() -> str:
     """The one-byte flips of every file of a store and of a cache, and what each read made of them."""
-    sweep = result("fault_injection")["sweep"]
-
-    def total(kind: str, outcome: str) -> int:
-        return sum(f[outcome] for f in sweep[kind].values())
-
-    store, cache = (
-        sum(total(k, o) for o in ("harmless", "reported", "silent", "crashed")) for k in ("store", "cache")
-    )
-    cache_reported = total("cache", "reported")
-    said = "all" if cache_reported == cache else f"{cache_reported:,}"
-    silent = total("store", "silent") + total("cache", "silent")
-    crashed = total("store", "crashed") + total("cache", "crashed")
+    (store, _), (cache, _) = _flips("store"), _flips("cache")
+    said = "all" if cache["reported"] == sum(cache.values()) else f"{cache['reported']:,}"
     return (
-        f"of the store's {store:,} flips {total('store', 'reported'):,} were reported (a read raised "
-        f"`StoreDamagedError`, `verify` said DAMAGED) and {total('store', 'harmless'):,} changed "
-        f"nothing that is read; of the cache's {cache:,}, {said} were reported; **{silent} came back as "
-        f"numbers, {crashed} crashed** ({where('fault_injection')})"
+        f"of the store's {sum(store.values()):,} flips {store['reported']:,} were reported (a read raised "
+        f"`StoreDamagedError`, `verify` said DAMAGED) and {store['harmless']:,} changed "
+        f"nothing that is read; of the cache's {sum(cache.values()):,}, {said} were reported; "
+        f"**{store['silent'] + cache['silent']} came back as numbers, {store['crashed'] + cache['crashed']} "
+        f"crashed** ({where('fault_injection')})"
     )
 
 
@@ -1710,10 +1708,8 @@ def _fuzz() -> str:
 def _cache_guide_integrity() -> str:
     data = result("integrity_cost")
     t = data["seconds"]
-    sweep = result("fault_injection")["sweep"]["cache"]
-    flips = sum(sum(f[k] for k in ("harmless", "reported", "silent", "crashed")) for f in sweep.values())
-    reported = sum(f["reported"] for f in sweep.values())
-    silent = sum(f["silent"] for f in sweep.values())
+    counts, files = _flips("cache")
+    flips, reported, silent = sum(counts.values()), counts["reported"], counts["silent"]
     return (
         f"`lw.load_cache` followed by one pass over every activation takes "
         f"**{x(data['ratios']['load_cache_over_load_from_disk'])}** `datasets.load_from_disk` and the "
@@ -1723,7 +1719,7 @@ def _cache_guide_integrity() -> str:
         f"{n(data['throughput_mb_s']['verify_cache'])} MB/s ({where('integrity_cost')}). `python "
         f"benchmarks/fault_injection.py` flips one byte at a time in every file of a cache: "
         f"{f'all {flips:,}' if reported == flips else f'{reported:,} of {flips:,}'} flips in its "
-        f"{len(sweep)} files "
+        f"{files} files "
         f"(the record, the contexts, the shards, the index files) are reported, {silent or 'none'} read "
         "as numbers"
     )
@@ -1748,8 +1744,7 @@ def _store_guide_open() -> str:
 def _store_guide_integrity() -> str:
     data = result("integrity_cost")
     t, store = data["seconds"], data["store"]
-    sweep = result("fault_injection")["sweep"]["store"]
-    counts = {k: sum(f[k] for f in sweep.values()) for k in ("harmless", "reported", "silent", "crashed")}
+    counts, files = _flips("store")
     silent = "none" if not counts["silent"] else f"{counts['silent']:,}"
     return (
         f"`store.array(-1).iter_chunks(8192)` over its {n(store['rows'])} rows takes "
@@ -1761,7 +1756,7 @@ def _store_guide_integrity() -> str:
         f"({s(t['verify_store'])}; {where('integrity_cost')}). `python benchmarks/fault_injection.py` kills "
         "a run 20 times at random moments (the resumed store equals an uninterrupted one byte for byte), "
         "applies seven kinds of damage, and flips one byte at a time in every file of a store: of "
-        f"{sum(counts.values()):,} flips in its {len(sweep)} files, {counts['reported']:,} were reported and "
+        f"{sum(counts.values()):,} flips in its {files} files, {counts['reported']:,} were reported and "
         f"{counts['harmless']:,} changed nothing (bytes of the last, partly filled shard past the committed "
         f"rows, and spacing in metadata files); **{silent} came back as numbers** "
         f"({where('fault_injection')})"
@@ -1769,7 +1764,7 @@ def _store_guide_integrity() -> str:
 
 
 def _flips_total() -> str:
-    totals = result("fault_injection")["sweep"]["totals"].values()  # the store's and the cache's
+    totals = [_flips(kind)[0] for kind in ("store", "cache")]
     flips = sum(sum(kind.values()) for kind in totals)
     silent = sum(kind["silent"] for kind in totals)
     return f"({flips:,} flips): {silent} read back as numbers"
