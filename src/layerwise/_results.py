@@ -1,6 +1,8 @@
 """What extraction returns: plain NumPy results, no torch.
 
     LayerStack      every requested hidden state of one input, with its tokens and alignment
+    Units           what the units of an image or a sound are (a patch and its place, a frame
+                    and its time), where a text's are tokens
     WordVectors     word-level vectors of one input (after subword pooling, maybe fused)
     SentenceVector  the pooled (maybe fused) vector of one input, with its truncation flag
 
@@ -18,6 +20,28 @@ from .errors import LayerSpecError, OptionError
 
 
 @dataclass(frozen=True, eq=False)
+class Units:
+    """What each unit of an image or a sound is, where a text's units are its tokens.
+
+    ``kinds[i]`` is unit ``i``'s kind: ``cls``, ``distillation`` (DeiT), ``register`` (DINOv2 with
+    registers) or ``patch`` for an image; ``frame`` for a sound. ``grid[i]`` is a patch's row and
+    column on the model's input grid (-1, -1 for the units before the patches), ``grid_shape`` the
+    grid's rows and columns; ``times[i]`` a frame's start and end in seconds. ``source`` names the
+    input (its path, or ``<image 3>`` for one passed in memory)."""
+
+    modality: str  # "image" or "audio"
+    kinds: tuple[str, ...]
+    source: str
+    grid: np.ndarray | None = None  # (n_units, 2) int32: row, column
+    grid_shape: tuple[int, int] | None = None
+    times: np.ndarray | None = None  # (n_units, 2) float64: start, end in seconds
+
+    def of(self, kind: str) -> np.ndarray:
+        """The indices of the units of ``kind`` (``"patch"``: every patch, row by row)."""
+        return np.flatnonzero(np.asarray(self.kinds) == kind)
+
+
+@dataclass(frozen=True, eq=False)
 class LayerStack:
     """Every requested hidden state of one input.
 
@@ -28,7 +52,12 @@ class LayerStack:
     (into ``text_pair`` where ``segment_ids`` is 1; ``(0, 0)`` for special tokens), ``word_ids``
     index the words of the segment (-1 for special tokens). ``taps`` holds sub-layer outputs for
     ``tap_layers`` when they were asked for. ``truncated`` says the input was cut to the model's
-    maximum (``words_lost`` words fell off); ``n_windows`` > 1 says it was stitched from windows."""
+    maximum (``words_lost`` words fell off); ``n_windows`` > 1 says it was stitched from windows.
+
+    An image's or a sound's stack has ``units`` (:class:`Units`: each unit's kind, a patch's row and
+    column, a frame's times); its ``tokens`` name the units (``[CLS]``, ``r0c3``), its content units
+    (patches, frames) count as words (``word_ids`` their number, -1 for ``[CLS]`` and registers), so
+    that ``special_tokens="exclude"`` pools over the patches alone, and ``text`` names the input."""
 
     hidden: np.ndarray
     layers: tuple[int, ...]
@@ -50,6 +79,12 @@ class LayerStack:
     # n_words, dim) for words, with n_layers 1 when fused. The token states then stayed there, and
     # ``hidden`` is (n_layers, n_tokens, 0). Only ``Encoder.iter_results`` makes such stacks.
     pooled: np.ndarray | None = None
+    units: Units | None = None  # an image's or a sound's units; None for a text's tokens
+
+    @property
+    def modality(self) -> str:
+        """``"text"``, ``"image"`` or ``"audio"``: what the input was."""
+        return "text" if self.units is None else self.units.modality
 
     @property
     def n_tokens(self) -> int:

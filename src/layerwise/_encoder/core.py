@@ -27,6 +27,7 @@ from .._features.plan import OutputPlan, Result
 from .._inputs.encoding import EncodedBlock, EncodedInput
 from .._inputs.raw import normalize_inputs
 from .._model.loading.plain import transformers_config
+from .._model.loading.source import reads_media
 from .._results import LayerStack
 from .._settings.long_texts import LongTexts
 from .._settings.settings import FinalNorm, Method, ModelDtype, Settings, settings_of
@@ -52,6 +53,14 @@ class Encoder(FeatureCalls):
     ``enc.settings`` says what it was made with, ``enc.engine.settings`` the same resolved for
     this model and device (what runs).
     Front ends batching across callers use ``inputs.encode`` and ``engine.run_inputs`` directly."""
+
+    def __new__(cls, model: Settings | str | os.PathLike | None = None, **options: Any) -> Encoder:
+        # a model that reads images is an Encoder of its own kind (media.py): same calls, images in
+        if cls is Encoder and reads_media(model):
+            from .media import MediaEncoder
+
+            return super().__new__(MediaEncoder)
+        return super().__new__(cls)
 
     def __init__(self, model: Settings | str | os.PathLike | None = None, **options: Any) -> None:
         given = settings_of(model, options)  # checks every value before anything loads
@@ -127,6 +136,10 @@ class Encoder(FeatureCalls):
             f"Encoder({self.name!r}, n_layers={self.n_layers}, hidden_size={self.hidden_size}, "
             f"device='{self.device}', model_dtype='{self.model_dtype}')"
         )
+
+    def one_input(self, value: object) -> bool:
+        """Whether ``value`` is one input (a text), not a list of them."""
+        return isinstance(value, str)
 
     def settle(self, plan: OutputPlan) -> OutputPlan:
         """``plan`` with this model's answer to what it leaves open (its final norm: this
@@ -263,7 +276,7 @@ class Encoder(FeatureCalls):
         attention_probs, attention_output, intermediate; ``final_norm`` (decoders): the final norm
         on the last hidden state (True), none (False) or every one ("all"); None: the Encoder's;
         ``dtype``: float32 (default) or float16 states."""
-        single = isinstance(texts, str)
+        single = self.one_input(texts)
         if single:
             if text_pairs is not None:
                 raise InputError("with a single text, pass a list: extract([text], text_pairs=[second])")

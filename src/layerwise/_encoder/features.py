@@ -37,6 +37,7 @@ class Extracting(Protocol):
     def iter_results(self, plan: OutputPlan, texts: Sequence[str] | None = None, **inputs: Any) -> Any: ...
     def iter_batches(self, plan: OutputPlan, texts: Sequence[str] | None = None, **inputs: Any) -> Any: ...
     def iter_extract(self, texts: Sequence[str] | None = None, **options: Any) -> Any: ...
+    def one_input(self, value: object) -> bool: ...
 
 
 class FeatureCalls:
@@ -82,7 +83,7 @@ class FeatureCalls:
             stride=stride,
             final_norm=final_norm,
         )
-        single = isinstance(texts, str)
+        single = enc.one_input(texts)
         batch = [texts] if single else (as_texts(texts) if texts is not None else None)  # any iterable
         n_texts = len(batch) if batch is not None else len(pairs or ())
         batches, held = enc.iter_batches(plan, batch, text_pairs=text_pairs, pairs=pairs, progress=progress)  # type: ignore[arg-type]

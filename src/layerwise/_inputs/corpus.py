@@ -313,6 +313,8 @@ class Corpus:
 
     def describe(self) -> str:
         """The source, for metadata and messages."""
+        if self.reading.get("format") == "images":  # image_corpus (images.py): the files it found
+            return f"{self.reading['n_images']} images from {', '.join(self.reading['sources'])}"
         if self._memory is not None:
             return "memory"
         names = [self._name(k) for k in range(len(self.files))]

@@ -88,7 +88,7 @@ def extract(
         ray_only=ray.given(),
     )
     plan = plan_options.plan("float16" if to_store else "float32")
-    corpus = _checked_corpus(columns.corpus(inputs), output, plan, to_store, on_ray)
+    corpus = _checked_corpus(_corpus_of(inputs, columns, settings), output, plan, to_store, on_ray)
     if ray.mode is not None:
         _extract_on_ray(ray.mode, ray, settings, corpus, output, plan, overwrite, layout.layout(), quiet)
         return
@@ -125,6 +125,18 @@ def extract(
         _report_file(
             summary, plan.hidden_states(enc.n_hidden_states), enc.name, enc.max_length, output, started
         )
+
+
+def _corpus_of(inputs: list[str], columns: CorpusColumns, settings: Settings) -> Corpus:
+    """The inputs as a corpus: for a model that reads images, image files, folders and globs are
+    the images themselves (a table's column of paths is read as a text column, of paths); else the
+    texts of the files."""
+    from .._inputs.images import image_corpus, names_images
+    from .._model.loading.source import reads_media
+
+    if all(names_images(name) for name in inputs) and reads_media(settings):
+        return image_corpus(inputs)
+    return columns.corpus(inputs)
 
 
 def _is_store_output(output: Path) -> bool:

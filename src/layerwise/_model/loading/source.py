@@ -21,6 +21,7 @@ from typing import Any
 
 from ...errors import MissingDependencyError, ModelLoadError, OptionError
 from ..families.kinds import check_text_transformer, kind_of
+from ..families.media import modality_of_source
 from ..notes import note
 from .checkpoint_files import check_checkpoint_files, damaged_json, pickled_weights
 from .gguf_files import gguf_loading, loader_args
@@ -345,6 +346,19 @@ def load_model(
         if getattr(model, "config", None) is None:  # FSMT's encoder keeps none: the model's is its own
             model.config = config
     return model
+
+
+def reads_media(model: Any) -> bool:
+    """Whether ``model`` (what ``Encoder(model)`` was given: a Settings, a name, a folder, None)
+    reads images or sound, told from its config.json alone, before anything loads."""
+    name = getattr(model, "model", model)  # a Settings names its model
+    if name is None:
+        return False  # the packaged all-MiniLM-L6-v2
+    try:
+        source, _ = resolve_model_source(name)
+    except Exception:  # the text loader reports a bad name
+        return False
+    return modality_of_source(source) != "text"
 
 
 def usable_max_length(

@@ -1,0 +1,207 @@
+"""An Encoder of an image model: the same calls as a text model's, with images for texts.
+
+    enc = lw.Encoder("google/vit-base-patch16-224-in21k")   # an Encoder whose inputs are images
+    stack = enc.extract("cat.jpg")                           # (13, 197, 768): [CLS], then 14 x 14 patches
+    stack.units.grid[1]                                      # (0, 0): the top-left patch's row and column
+    enc.embed(["cat.jpg", "dog.png"], pool="cls")            # (2, 13, 768)
+
+``Encoder(model)`` makes one of these when the model's config says it reads images
+(families/media.py); every call whose arguments are texts takes images there (paths, bytes, PIL
+images, arrays), and every consumer of results (the writers, the store, the analyses) takes its
+stacks. The model runs transformers' own forward (_engine/media.py); its processor is the model's.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from .._engine.host_copy import RESULT_DTYPES
+from .._engine.media import MediaRun
+from .._features.layers import LayerSpec, resolve_layers
+from .._features.plan import OutputPlan, Result
+from .._model.loading.media import load_media
+from .._model.loading.source import resolve_model_source
+from .._results import LayerStack
+from .._settings.settings import Settings, settings_of
+from .._version import __version__
+from ..errors import InputError, OptionError, check_choice
+from .core import Encoder
+
+CPU_BATCH_SIZE, GPU_BATCH_SIZE = 32, 256  # images per batch
+
+
+class MediaEncoder(Encoder):
+    """An :class:`Encoder` whose inputs are images (``Encoder(model)`` makes it for an image model).
+    ``modality`` says what it reads; ``family`` its row of the media table."""
+
+    def __init__(self, model: Settings | str | os.PathLike | None = None, **options: Any) -> None:
+        given = settings_of(model, options)
+        source, name = resolve_model_source(given.model)
+        loaded = load_media(given, source, name)
+        loaded.check_final_norm(given.final_norm)
+        self.loaded, self.models, self.source, self.name = loaded, loaded, source, name  # type: ignore[assignment]
+        self.settings = given.replace(model=name)
+        self._config, self.tokenizer, self.inputs = loaded.config, None, None
+        self.is_decoder, self.sentence_transformers = False, None
+        self.modality, self.family = loaded.family.modality, loaded.family
+        self.model_type = str(loaded.config.model_type)
+        self.n_layers, self.hidden_size = int(loaded.config.num_hidden_layers), int(loaded.config.hidden_size)
+        on_cpu = loaded.device.type == "cpu"
+        self._batch_size = given.batch_size or (CPU_BATCH_SIZE if on_cpu else GPU_BATCH_SIZE)
+        self.run = MediaRun(loaded, self._batch_size, given.allow_nan)
+        self.engine = None  # type: ignore[assignment]
+
+    @property
+    def device(self) -> torch.device:
+        return self.loaded.device
+
+    @property
+    def max_length(self) -> int:  # units per input at the model's own image size
+        size, patch = self.loaded.config.image_size, self.run.patch
+        rows, cols = (size, size) if isinstance(size, int) else size
+        return len(self.family.prefix_of(self.loaded.config)) + (rows // patch[0]) * (cols // patch[1])
+
+    @property
+    def batch_size(self) -> int:
+        return self._batch_size
+
+    @property
+    def max_tokens(self) -> int:
+        return self._batch_size * self.max_length
+
+    @property
+    def config(self) -> Any:
+        return self._config
+
+    @property
+    def model(self) -> Any:
+        return self.loaded.model
+
+    @property
+    def streamed(self) -> bool:
+        return False
+
+    @property
+    def run_path(self) -> str:
+        return "general"
+
+    def __repr__(self) -> str:
+        return (
+            f"Encoder({self.name!r}, modality={self.modality!r}, n_layers={self.n_layers}, "
+            f"hidden_size={self.hidden_size}, device='{self.device}')"
+        )
+
+    def one_input(self, value: object) -> bool:
+        """Whether ``value`` is one image (a path, bytes, a PIL image, an array of one image)."""
+        if isinstance(value, np.ndarray):
+            return value.ndim in (2, 3)
+        return isinstance(value, str | os.PathLike | bytes) or hasattr(value, "getpixel")
+
+    def settle(self, plan: OutputPlan) -> OutputPlan:
+        """``plan`` checked against an image model: token or sentence level, a pool its units have
+        (``cls`` needs a [CLS] unit), no windows; its final norm recorded as none."""
+        plan.hidden_states(self.n_hidden_states)
+        if plan.level == "word":
+            raise OptionError(
+                "level='word': an image has no words; its units are patches. Take level='token' (every "
+                "unit, patches with their row and column) or a sentence pool (cls, mean)"
+            )
+        if plan.level == "sentence" and plan.mode == "last":
+            raise OptionError("pool='last' reads a decoder's last token; for an image take cls or mean")
+        if plan.level == "sentence" and plan.mode == "cls" and "cls" not in self.family.prefix:
+            raise OptionError(
+                f"pool='cls': model {self.name!r} ({self.model_type}) has no [CLS] unit, only patches; "
+                "take pool='mean'"
+            )
+        if plan.long_texts != "truncate":
+            raise OptionError(f"long_texts={plan.long_texts!r} is for texts; an image is read whole")
+        return plan.with_final_norm(self.final_norm, takes=False, name=self.name)
+
+    def run_settings(self) -> dict:
+        return {**self.settings.as_dict(), "final_norm": None}
+
+    def run_meta(self, plan: OutputPlan) -> dict:
+        """How a run of ``plan`` is made (every output's metadata): the text path's fields, and the
+        modality and units."""
+        from .._model.loading.weights_hash import weights_sha256
+
+        settled = self.settle(plan)
+        return {
+            "layerwise_version": __version__,
+            **self.run_settings(),
+            "model_source": str(self.source),
+            "device_used": str(self.device),
+            "max_length": self.max_length,
+            "batch_size": self.batch_size,
+            "max_tokens": self.max_tokens,
+            "streaming": False,
+            "packed": False,
+            "forward": "general",
+            "modality": self.modality,
+            "units": ["cls" if "cls" in self.family.prefix else None, "patch"],
+            "weights_sha256": weights_sha256(self.loaded.model),
+            "hidden_size": self.hidden_size,
+            "decoder": False,
+            **settled.meta(self.n_hidden_states),
+        }
+
+    def iter_results(
+        self, plan: OutputPlan, texts: Sequence[Any] | None = None, **inputs: Any
+    ) -> Iterator[tuple[int, LayerStack, Result]]:
+        settled = self.settle(plan)
+        items = self._items(texts, inputs)
+        stream = self.run.stacks(items, settled.hidden_states(self.n_hidden_states), "float32")
+        return ((index, stack, settled.result(stack, self.n_hidden_states)) for index, stack in stream)
+
+    def iter_batches(self, plan: OutputPlan, texts: Sequence[Any] | None = None, **inputs: Any) -> tuple:
+        return None, self.settle(plan).hidden_states(self.n_hidden_states)
+
+    def tokenize(self, texts: Any = None, **inputs: Any) -> list:
+        raise OptionError(f"model {self.name!r} reads images; it has no tokenizer")
+
+    def iter_extract(  # type: ignore[override]
+        self,
+        texts: Sequence[Any] | None = None,
+        *,
+        layers: LayerSpec = "all",
+        batch_size: int | None = None,
+        dtype: str = "float32",
+        final_norm: Any = None,
+        **inputs: Any,
+    ) -> Iterator[tuple[int, LayerStack]]:
+        """``(input index, LayerStack)`` as batches finish (see :meth:`extract`)."""
+        check_choice("dtype", dtype, tuple(RESULT_DTYPES))
+        self.loaded.check_final_norm(final_norm)
+        layer_ids = resolve_layers(layers, self.n_hidden_states)
+        return self.run.stacks(self._items(texts, inputs), layer_ids, dtype, batch_size)
+
+    def extract(self, texts: Any = None, **options: Any) -> Any:  # type: ignore[override]
+        """Hidden states of every requested layer of each image: a :class:`LayerStack` per input
+        (one for one image), ``hidden`` of shape ``(layers, units, hidden)``, ``units`` saying
+        which is which. ``layers``, ``batch_size`` and ``dtype`` as for a text model."""
+        single = self.one_input(texts)
+        results = dict(self.iter_extract([texts] if single else texts, **options))
+        ordered = [results[i] for i in range(len(results))]
+        return ordered[0] if single else ordered
+
+    def _items(self, texts: Any, inputs: dict[str, Any]) -> list[Any]:
+        """The call's images, as a list: text-only inputs (pairs, pre-split words, taps, windows)
+        are refused by name."""
+        given = {k: v for k, v in inputs.items() if v not in (None, (), False, "truncate")}
+        given.pop("progress", None)
+        given.pop("report_truncation", None)
+        if given:
+            raise InputError(
+                f"{', '.join(sorted(given))}: text options; model {self.name!r} reads images "
+                "(pass image paths, bytes, PIL images or arrays)"
+            )
+        if texts is None:
+            raise InputError(f"model {self.name!r} reads images: pass a list of image paths or images")
+        if self.one_input(texts):
+            raise InputError("pass a list of images (one image: extract(image) returns its LayerStack)")
+        return list(texts)
