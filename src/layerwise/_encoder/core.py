@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator, Sequence
+from abc import ABCMeta
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, overload
 
 import torch
@@ -30,8 +31,8 @@ from .._model.loading.plain import transformers_config
 from .._model.loading.source import reads_media
 from .._results import LayerStack
 from .._settings.long_texts import LongTexts
-from .._settings.settings import FinalNorm, Method, ModelDtype, Settings, settings_of
-from ..errors import InputError, OptionError
+from .._settings.settings import FinalNorm, Method, ModelDtype, Settings, as_settings, settings_of
+from ..errors import InputError
 from .calls import make_call, plan_call, settled_plan, stream_batches, stream_stacks
 from .features import FeatureCalls
 from .loading import load
@@ -41,7 +42,7 @@ from .warm import warm_device
 logger = logging.getLogger("layerwise")
 
 
-class Encoder(FeatureCalls):
+class Encoder(FeatureCalls, metaclass=ABCMeta):
     """A BERT-family encoder or a decoder language model that returns every hidden state.
 
     ``Encoder(settings)``: a :class:`~layerwise.Settings`, the one value that says which model and
@@ -51,16 +52,12 @@ class Encoder(FeatureCalls):
     packed, concurrent_forwards, allow_nan, final_norm, method, streaming, max_device_memory,
     stream_block_tokens, device_map, offload_folder, quantize, trust_remote_code).
     ``enc.settings`` says what it was made with, ``enc.engine.settings`` the same resolved for
-    this model and device (what runs).
-    Front ends batching across callers use ``inputs.encode`` and ``engine.run_inputs`` directly."""
+    this model and device (what runs). Front ends batching across callers use ``inputs.encode``
+    and ``engine.run_inputs`` directly. An image model's Encoder (media.py) takes images for texts."""
 
     def __new__(cls, model: Settings | str | os.PathLike | None = None, **options: Any) -> Encoder:
-        # a model that reads images is an Encoder of its own kind (media.py): same calls, images in
-        if cls is Encoder and reads_media(model):
-            from .media import MediaEncoder
-
-            return super().__new__(MediaEncoder)
-        return super().__new__(cls)
+        media = MEDIA_ENCODERS.get("image") if cls is Encoder and reads_media(model) else None
+        return media(model, **options) if media is not None else super().__new__(cls)
 
     def __init__(self, model: Settings | str | os.PathLike | None = None, **options: Any) -> None:
         given = settings_of(model, options)  # checks every value before anything loads
@@ -77,9 +74,7 @@ class Encoder(FeatureCalls):
     @classmethod
     def from_settings(cls, settings: Settings) -> Encoder:
         """The Encoder ``settings`` describe (every field of it, none dropped): ``Encoder(settings)``."""
-        if not isinstance(settings, Settings):
-            raise OptionError(f"settings must be a layerwise.Settings, not {type(settings).__name__}")
-        return cls(settings)
+        return cls(as_settings(settings))
 
     # what runs, read from the engine's resolved Settings (the Encoder keeps no copy of a field)
     @property
@@ -136,10 +131,6 @@ class Encoder(FeatureCalls):
             f"Encoder({self.name!r}, n_layers={self.n_layers}, hidden_size={self.hidden_size}, "
             f"device='{self.device}', model_dtype='{self.model_dtype}')"
         )
-
-    def one_input(self, value: object) -> bool:
-        """Whether ``value`` is one input (a text), not a list of them."""
-        return isinstance(value, str)
 
     def settle(self, plan: OutputPlan) -> OutputPlan:
         """``plan`` with this model's answer to what it leaves open (its final norm: this
@@ -300,3 +291,8 @@ class Encoder(FeatureCalls):
         results = dict(stream)
         ordered = [results[i] for i in range(len(results))]
         return ordered[0] if single else ordered
+
+
+# what Encoder(model) makes of a model that reads images, told from its config.json before anything
+# loads: media.py's MediaEncoder, registered by the package (__init__.py) as an Encoder
+MEDIA_ENCODERS: dict[str, Callable[..., Encoder]] = {}

@@ -37,12 +37,18 @@ class Extracting(Protocol):
     def iter_results(self, plan: OutputPlan, texts: Sequence[str] | None = None, **inputs: Any) -> Any: ...
     def iter_batches(self, plan: OutputPlan, texts: Sequence[str] | None = None, **inputs: Any) -> Any: ...
     def iter_extract(self, texts: Sequence[str] | None = None, **options: Any) -> Any: ...
-    def one_input(self, value: object) -> bool: ...
 
 
 class FeatureCalls:
     """``embed``, ``encode``, ``embed_words`` and ``features``: the pooled features of an
-    :class:`Extracting`, from its one path (``iter_results``, ``iter_batches``, ``iter_extract``)."""
+    :class:`Extracting`, from its one path (``iter_results``, ``iter_batches``, ``iter_extract``).
+    ``modality`` says what its inputs are: texts here, images for an image model (media.py)."""
+
+    modality = "text"
+
+    def one_input(self, value: object) -> bool:
+        """Whether ``value`` is one input (a text), not a list of them."""
+        return isinstance(value, str)
 
     def embed(
         self,
@@ -83,7 +89,7 @@ class FeatureCalls:
             stride=stride,
             final_norm=final_norm,
         )
-        single = enc.one_input(texts)
+        single = self.one_input(texts)
         batch = [texts] if single else (as_texts(texts) if texts is not None else None)  # any iterable
         n_texts = len(batch) if batch is not None else len(pairs or ())
         batches, held = enc.iter_batches(plan, batch, text_pairs=text_pairs, pairs=pairs, progress=progress)  # type: ignore[arg-type]

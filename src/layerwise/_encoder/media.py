@@ -27,26 +27,28 @@ from .._features.plan import OutputPlan, Result
 from .._model.loading.media import load_media
 from .._model.loading.source import resolve_model_source
 from .._results import LayerStack
-from .._settings.settings import Settings, settings_of
+from .._settings.settings import Settings, as_settings, settings_of
 from .._version import __version__
 from ..errors import InputError, OptionError, check_choice
-from .core import Encoder
+from .features import FeatureCalls
 
 CPU_BATCH_SIZE, GPU_BATCH_SIZE = 32, 256  # images per batch
 
 
-class MediaEncoder(Encoder):
-    """An :class:`Encoder` whose inputs are images (``Encoder(model)`` makes it for an image model).
-    ``modality`` says what it reads; ``family`` its row of the media table."""
+class MediaEncoder(FeatureCalls):
+    """An :class:`~layerwise.Encoder` whose inputs are images: ``Encoder(model)`` makes it for an
+    image model, and it is an Encoder (registered as one: ``isinstance(enc, lw.Encoder)``), with the
+    same calls and properties. ``modality`` says what it reads; ``family`` its row of the media table."""
 
     def __init__(self, model: Settings | str | os.PathLike | None = None, **options: Any) -> None:
         given = settings_of(model, options)
         source, name = resolve_model_source(given.model)
         loaded = load_media(given, source, name)
         loaded.check_final_norm(given.final_norm)
-        self.loaded, self.models, self.source, self.name = loaded, loaded, source, name  # type: ignore[assignment]
+        self.loaded, self.models, self.source, self.name = loaded, loaded, source, name
         self.settings = given.replace(model=name)
         self._config, self.tokenizer, self.inputs = loaded.config, None, None
+        self.processor = loaded.processor  # the model's own (AutoImageProcessor)
         self.is_decoder, self.sentence_transformers = False, None
         self.modality, self.family = loaded.family.modality, loaded.family
         self.model_type = str(loaded.config.model_type)
@@ -54,11 +56,31 @@ class MediaEncoder(Encoder):
         on_cpu = loaded.device.type == "cpu"
         self._batch_size = given.batch_size or (CPU_BATCH_SIZE if on_cpu else GPU_BATCH_SIZE)
         self.run = MediaRun(loaded, self._batch_size, given.allow_nan)
-        self.engine = None  # type: ignore[assignment]
+        self.engine = None
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> MediaEncoder:
+        return cls(as_settings(settings))
 
     @property
     def device(self) -> torch.device:
         return self.loaded.device
+
+    @property
+    def model_dtype(self) -> str:
+        return self.settings.model_dtype
+
+    @property
+    def method(self) -> str:
+        return self.settings.method
+
+    @property
+    def final_norm(self) -> Any:  # recorded as none: the states are read as transformers gives them
+        return self.settings.final_norm
+
+    @property
+    def n_hidden_states(self) -> int:  # the embedding output plus one per layer
+        return self.n_layers + 1
 
     @property
     def max_length(self) -> int:  # units per input at the model's own image size
@@ -118,8 +140,9 @@ class MediaEncoder(Encoder):
                 f"pool='cls': model {self.name!r} ({self.model_type}) has no [CLS] unit, only patches; "
                 "take pool='mean'"
             )
-        if plan.long_texts != "truncate":
-            raise OptionError(f"long_texts={plan.long_texts!r} is for texts; an image is read whole")
+        # an image is read whole: long_texts "window" (every unit kept) holds, and never slides
+        if plan.stride is not None:
+            raise OptionError(f"stride={plan.stride}: windows slide over long texts; an image is read whole")
         return plan.with_final_norm(self.final_norm, takes=False, name=self.name)
 
     def run_settings(self) -> dict:
@@ -164,7 +187,7 @@ class MediaEncoder(Encoder):
     def tokenize(self, texts: Any = None, **inputs: Any) -> list:
         raise OptionError(f"model {self.name!r} reads images; it has no tokenizer")
 
-    def iter_extract(  # type: ignore[override]
+    def iter_extract(
         self,
         texts: Sequence[Any] | None = None,
         *,
@@ -180,7 +203,7 @@ class MediaEncoder(Encoder):
         layer_ids = resolve_layers(layers, self.n_hidden_states)
         return self.run.stacks(self._items(texts, inputs), layer_ids, dtype, batch_size)
 
-    def extract(self, texts: Any = None, **options: Any) -> Any:  # type: ignore[override]
+    def extract(self, texts: Any = None, **options: Any) -> Any:
         """Hidden states of every requested layer of each image: a :class:`LayerStack` per input
         (one for one image), ``hidden`` of shape ``(layers, units, hidden)``, ``units`` saying
         which is which. ``layers``, ``batch_size`` and ``dtype`` as for a text model."""
@@ -192,7 +215,7 @@ class MediaEncoder(Encoder):
     def _items(self, texts: Any, inputs: dict[str, Any]) -> list[Any]:
         """The call's images, as a list: text-only inputs (pairs, pre-split words, taps, windows)
         are refused by name."""
-        given = {k: v for k, v in inputs.items() if v not in (None, (), False, "truncate")}
+        given = {k: v for k, v in inputs.items() if v not in (None, (), False, "truncate", "window")}
         given.pop("progress", None)
         given.pop("report_truncation", None)
         if given:

@@ -105,9 +105,8 @@ def unit_stack(hidden: np.ndarray, layers: tuple[int, ...], units: Units, name: 
     content = np.asarray([kind in ("patch", "frame") for kind in units.kinds])
     word_ids = np.where(content, np.cumsum(content) - 1, -1).astype(np.int32)
     if units.grid is not None:
-        tokens = tuple(
-            _LABELS.get(kind, f"r{row}c{col}") for kind, (row, col) in zip(units.kinds, units.grid.tolist())
-        )
+        places = zip(units.kinds, units.grid.tolist(), strict=True)
+        tokens = tuple(_LABELS.get(kind, f"r{row}c{col}") for kind, (row, col) in places)
     else:
         tokens = tuple(f"{start:.2f}s" for start in (units.times[:, 0] if units.times is not None else ()))
     n = len(units.kinds)

@@ -9,7 +9,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 import torch
@@ -18,12 +18,14 @@ from .._features.device_pool import finish, pool_batch
 from .._inputs.block import TokenColumns
 from .._model.final_norm import apply_final_norm
 from .._model.forward.concurrent import ForwardLock, ForwardPool
-from .._model.forward.packed import PackedEncoder
-from .._model.forward.packed_decoder import PackedDecoder
 from .._model.forward.sdpa import attention_kernels
 from .call import Call
 from .host_copy import RESULT_DTYPES, HostCopy
 from .rows import Rows, packed_rows
+
+if TYPE_CHECKING:  # the forwards this runs are built by the engine (engine.py), named here for types
+    from .._model.forward.packed import PackedEncoder
+    from .._model.forward.packed_decoder import PackedDecoder
 
 Key = TypeVar("Key")
 # a packed batch on its way to the host: each input's rows, the copy, pooled rows' token -> row map

@@ -313,10 +313,8 @@ class Corpus:
 
     def describe(self) -> str:
         """The source, for metadata and messages."""
-        if self.reading.get("format") == "images":  # image_corpus (images.py): the files it found
-            return f"{self.reading['n_images']} images from {', '.join(self.reading['sources'])}"
-        if self._memory is not None:
-            return "memory"
+        if self._memory is not None:  # an image corpus (images.py) says which files it found
+            return str(self.reading.get("source", "memory"))
         names = [self._name(k) for k in range(len(self.files))]
         return names[0] if len(names) == 1 else f"{names[0]} … ({len(names)} files)"
 

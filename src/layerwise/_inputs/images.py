@@ -37,7 +37,7 @@ def image_files(sources: Iterable[str | os.PathLike]) -> list[str]:
             found, where = [str(path)], ""
         elif glob.has_magic(text):
             matched = glob.glob(os.path.expanduser(text))
-            found = sorted(p for p in matched if Path(p).suffix.lower() in IMAGE_SUFFIXES and Path(p).is_file())
+            found = sorted(p for p in matched if _is_image_file(p))
             where = f"{text!r} matches no image ({', '.join(IMAGE_SUFFIXES)})"
         else:
             found, where = [], f"image {text!r} does not exist; check the path"
@@ -45,6 +45,10 @@ def image_files(sources: Iterable[str | os.PathLike]) -> list[str]:
             raise InputError(where)
         files.extend(found)
     return files
+
+
+def _is_image_file(name: str) -> bool:
+    return Path(name).suffix.lower() in IMAGE_SUFFIXES and os.path.isfile(name)
 
 
 def names_images(source: str) -> bool:
@@ -67,7 +71,7 @@ def open_image(item: Any, index: int) -> tuple[Any, str]:
         except FileNotFoundError:
             raise InputError(f"image {name!r} does not exist; check the path") from None
         except (OSError, ValueError) as exc:  # Pillow's UnidentifiedImageError is an OSError
-            raise InputError(f"image {name!r} cannot be decoded ({exc}); pass a PNG, JPEG or WebP file") from exc
+            raise InputError(f"image {name!r} cannot be decoded ({exc}); pass PNG, JPEG or WebP") from exc
     name = f"<image {index}>"
     if isinstance(item, bytes | bytearray | memoryview):
         try:
@@ -87,7 +91,7 @@ def open_image(item: Any, index: int) -> tuple[Any, str]:
 
 def _as_uint8(array: np.ndarray, name: str) -> np.ndarray:
     if array.ndim not in (2, 3) or (array.ndim == 3 and array.shape[2] not in (1, 3, 4)):
-        raise InputError(f"{name}: an array of shape {array.shape}; pass (height, width) or (height, width, 3)")
+        raise InputError(f"{name}: an array of shape {array.shape}; pass (height, width[, 3])")
     if array.ndim == 3 and array.shape[2] == 1:
         array = array[:, :, 0]
     if array.dtype == np.uint8:
@@ -115,5 +119,5 @@ def image_corpus(sources: Iterable[str | os.PathLike]) -> Any:
     given = [os.fspath(s) for s in sources]
     files = image_files(given)
     corpus = Corpus.from_inputs(files)
-    corpus.reading = {"format": "images", "sources": given, "n_images": len(files)}
+    corpus.reading = {"format": "images", "source": f"{len(files)} images from {', '.join(given)}"}
     return corpus

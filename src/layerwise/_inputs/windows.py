@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import InputError, InputTooLargeError, OptionError
-from .encoding import EncodedInput
+from .block import EncodedInput
 
 
 def check_window_options(long_texts: str, stride: int | None, max_length: int) -> None:

@@ -148,7 +148,7 @@ def fusion_rows(
 
 
 def random_twin(encoder: Encoder, seed: int, folder: Path) -> Encoder:
-    """A randomly initialised model with the same architecture and tokenizer."""
+    """A randomly initialised model with the same architecture and tokenizer (or image processor)."""
     import torch
     from transformers import AutoModel
 
@@ -159,7 +159,9 @@ def random_twin(encoder: Encoder, seed: int, folder: Path) -> Encoder:
     with quiet_transformers():  # no "Writing model shards" bar in the middle of the probe's output
         model = AutoModel.from_config(encoder.config, trust_remote_code=encoder.settings.trust_remote_code)
         model.save_pretrained(folder)
-        encoder.tokenizer.save_pretrained(folder)
+        # a text model's tokenizer, an image model's processor (_encoder/media.py)
+        preprocessing = encoder.tokenizer if encoder.tokenizer is not None else encoder.processor  # type: ignore[attr-defined]
+        preprocessing.save_pretrained(folder)
     # the control runs as the model does: its settings whole, only the weights differ
     return Encoder.from_settings(encoder.settings.replace(model=str(folder)))
 

@@ -308,6 +308,13 @@ class Settings:
         return cls(**values)
 
 
+def as_settings(value: object) -> Settings:
+    """``value`` itself where it is a Settings (``Encoder.from_settings`` takes nothing else)."""
+    if not isinstance(value, Settings):
+        raise OptionError(f"settings must be a layerwise.Settings, not {type(value).__name__}")
+    return value
+
+
 def settings_of(model: Any, options: dict[str, Any]) -> Settings:
     """The Settings of ``Encoder(model, **options)``: ``model`` a Settings (``options`` replace its
     fields) or the model's name (``options`` are the other fields). An unknown keyword names the

@@ -25,7 +25,8 @@ def layers(
     input: Annotated[
         str,
         typer.Argument(
-            help="Your texts: a corpus as extract reads it (.txt, .jsonl, .csv, .parquet, a glob, -)"
+            help="Your texts: a corpus as extract reads it (.txt, .jsonl, .csv, .parquet, a glob, -); "
+            "for an image model, image files (a folder or a glob)"
         ),
     ],
     text_column: TextColumnOption = None,
@@ -66,7 +67,8 @@ def layers(
         raise OptionError("--views 1 compares nothing: pass 0 (no view metrics) or 2 or more")
     if json_path is not None:
         check_output_file(json_path, "--json")  # before the work, not after it
-    texts = _first_texts(input, format, text_column, max_texts, encoding_errors)
+    images = _first_images(input, settings, max_texts, views)
+    texts = images or _first_texts(input, format, text_column, max_texts, encoding_errors)
     use_available_cores()
     err.print(f"loading {settings.model or 'the default model'} …", highlight=False)
     enc = Encoder.from_settings(settings)
@@ -75,11 +77,8 @@ def layers(
         enc, texts, metrics=names, views=max(views, 2), seed=seed, progress=False if quiet else None
     )
     choice = recommend(metrics, kind="decoder" if enc.is_decoder else "encoder", use=use)
-    _print_table(metrics, choice.layer)
-    typer.echo(str(choice))
-    if len(choice.candidates) > 1:
-        typer.echo("Candidates, each with the rules that pick it and their regret on the benchmark:")
-        typer.echo(choice.candidates_text())
+    _print_table(metrics, choice.layer, "images" if images else "texts")
+    _say_choice(choice, bool(images))
     if json_path is not None:
         # how the table was made, as every layerwise output says
         made = {
@@ -99,6 +98,37 @@ def layers(
             tmp.unlink(missing_ok=True)
             failed = OptionError(f"--json {str(json_path)!r} cannot be written: {exc.strerror or exc}")
             raise fail(failed) from None
+
+
+def _say_choice(choice, images: bool) -> None:
+    typer.echo(str(choice))
+    if images:
+        typer.echo(
+            "(The rule was measured on text encoders' layers; for an image model take its pick as a "
+            "first guess, and the table as what it measured.)"
+        )
+    if len(choice.candidates) > 1:
+        typer.echo("Candidates, each with the rules that pick it and their regret on the benchmark:")
+        typer.echo(choice.candidates_text())
+
+
+def _first_images(source: str, settings: Settings, limit: int, views: int) -> list[str]:
+    """The first ``limit`` image files ``source`` names (a folder, a glob, a file), where the model
+    reads images; else none (its texts are read)."""
+    from .._inputs.images import image_files, names_images
+    from .._model.loading.source import reads_media
+
+    if not (names_images(source) and reads_media(settings)):
+        return []
+    if views:
+        raise OptionError(
+            f"--views {views}: LiDAR, DiME and InfoNCE compare augmented views of texts (words dropped); "
+            "for an image model pass --views 0 (the one-pass metrics)"
+        )
+    files = image_files([source])[:limit]
+    if len(files) < 2:
+        raise OptionError(f"{source!r} holds {len(files)} image(s); the metrics need 2 or more")
+    return files
 
 
 def _first_texts(
@@ -124,13 +154,13 @@ def _first_texts(
     return texts[:limit]
 
 
-def _print_table(metrics, chosen: int) -> None:
+def _print_table(metrics, chosen: int, noun: str) -> None:
     from rich.console import Console
     from rich.table import Table
 
     from .._analysis.label_free import HIGHER_IS_BETTER
 
-    table = Table(title=f"label-free metrics over {metrics.n_texts} texts (* marks each metric's pick)")
+    table = Table(title=f"label-free metrics over {metrics.n_texts} {noun} (* marks each metric's pick)")
     table.add_column("hidden state", justify="right")
     names = list(metrics.values)
     for name in names:

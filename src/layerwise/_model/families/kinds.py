@@ -24,7 +24,6 @@ import functools
 from typing import Any, Literal
 
 from ...errors import ModelLoadError
-from .media import check_media_model
 from .table import packed_families
 
 Kind = Literal["encoder", "decoder", "encoder-decoder"]
@@ -126,6 +125,8 @@ def check_text_transformer(config: Any, name: str) -> None:
             f"{where}: X-MOD runs each text through the language adapter of its language, and its "
             'config.json names no default_language; set it there (e.g. "default_language": "en_XX")'
         )
+    from .media import check_media_model  # only here: a refusal's reason (the import chain stays short)
+
     check_media_model(str(model_type), name)  # a hierarchical image model: refused with its reason
     other = any(model_type in _mapping(m) for m in _OTHER_INPUTS)
     if other or not any(model_type in _mapping(m) for m in _TEXT_HEADS):

@@ -58,6 +58,7 @@ MEDIA_FAMILIES: dict[str, MediaFamily] = {
 # two-tower models whose vision tower is one of the rows above, loaded by its own class
 TOWERS = {"clip": "clip_vision_model", "siglip": "siglip_vision_model"}
 # image models whose stages merge patches and change width: no one vector per patch at every layer
+# (a table of model types, kept in rows)
 HIERARCHICAL = (
     "swin", "swinv2", "donut-swin", "convnext", "convnextv2", "dinov3_convnext", "focalnet", "pvt",
     "pvt_v2", "hiera", "levit", "cvt", "dinat", "poolformer", "mobilevit", "mobilevitv2", "efficientnet",

@@ -18,8 +18,8 @@ from typing import Any
 import torch
 
 from ...errors import ModelLoadError, OptionError
-from ..notes import note
 from ..families.media import TOWERS, MediaFamily, check_media_model, media_family
+from ..notes import note
 from .source import pick_device, quiet_transformers
 from .weights_checks import OPTIONAL_PREFIXES
 
@@ -85,7 +85,8 @@ def load_media(settings: Any, source: str, name: str) -> LoadedMedia:
     model, processor, family = loaded
     device = pick_device(settings.device)
     model.to(device).eval()
-    return LoadedMedia(model, processor, family, model.config, device, TORCH_DTYPES[settings.model_dtype], name)
+    dtype = TORCH_DTYPES[settings.model_dtype]
+    return LoadedMedia(model, processor, family, model.config, device, dtype, name)
 
 
 def _load(source: str, name: str, settings: Any) -> tuple[Any, Any, MediaFamily]:
@@ -96,7 +97,7 @@ def _load(source: str, name: str, settings: Any) -> tuple[Any, Any, MediaFamily]
     check_media_model(str(config.model_type), name)
     family = media_family(config.model_type)
     if family is None:  # modality_of_source said image: its config.json and this disagree
-        raise ModelLoadError(f"model {name!r} is a {config.model_type!r} model, which layerwise reads as text")
+        raise ModelLoadError(f"model {name!r} is a {config.model_type!r} model: not an image model here")
     dtype = TORCH_DTYPES[settings.model_dtype]
     backend = {} if importlib.util.find_spec("torchvision") else {"backend": "pil"}
     try:
