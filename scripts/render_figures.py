@@ -1367,6 +1367,15 @@ def family_rows() -> str:
     return table([*header, "tested against"], docs_rows())
 
 
+def media_rows() -> str:
+    """docs/models.md's table of the image families, from the media table in the code
+    (src/layerwise/_model/families/media.py): what runs how, not a measurement."""
+    from layerwise._model.families.media import media_docs_rows
+
+    header = ["model type", "modality", "units", "example checkpoints"]
+    return table(header, media_docs_rows())
+
+
 def integrity_table() -> str:
     """docs/benchmarks.md: each checked read beside the same read unchecked."""
     data = result("integrity_cost")
@@ -1517,6 +1526,7 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "streamed-memory": streamed_memory_table,
     "families": family_table,
     "family-rows": family_rows,
+    "media-rows": media_rows,
     "before-after": before_after_table,
     "decoder-speed": decoder_speed_table,
     "ray": ray_table,

@@ -50,12 +50,14 @@ MEDIA_TYPES = (
 )  # fmt: skip
 
 
-def save_image_model(model_type: str, folder: Path, seed: int = 0) -> Path:
-    """A tiny random ``model_type`` image model and its processor, saved in ``folder``."""
+def save_image_model(model_type: str, folder: Path, seed: int = 0, layers: int = 2) -> Path:
+    """A tiny random ``model_type`` image model of ``layers`` layers and its processor, saved in
+    ``folder``."""
     import torch
     from transformers import AutoModel
 
     config, processor = _configs()[model_type]
+    config.num_hidden_layers = layers
     torch.manual_seed(seed)
     AutoModel.from_config(config).save_pretrained(folder)
     processor.save_pretrained(folder)

@@ -194,8 +194,8 @@ def test_the_kind_comes_from_transformers_mappings(model_type, expected):
 @pytest.mark.parametrize(
     ("model_type", "says"),
     [
-        ("vit", "does not read text"),
-        ("whisper", "does not read text"),
+        ("swin", "hierarchical image model"),
+        ("audio-spectrogram-transformer", "does not read text"),
         ("llava", "multimodal model"),
     ],
 )

@@ -200,3 +200,37 @@ def test_the_command_line_reads_folders_and_globs(vit, images, tmp_path):
     assert len(lw.open_store(tmp_path / "g.lw")) == 3
     result = runner.invoke(app, ["extract", f"{folder}/*.gif", "-m", str(vit), "-o", str(tmp_path / "x.npz")])
     assert result.exit_code != 0 and "matches no image" in result.output
+
+
+def test_info_layers_and_probe_take_an_image_model(images, tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from layerwise.cli import app
+
+    folder = save_image_model("dinov2_with_registers", tmp_path / "dino", seed=1, layers=4)
+    runner = CliRunner()
+    result = runner.invoke(app, ["info", "-m", str(folder), "--json"])
+    assert result.exit_code == 0, result.output
+    said = json.loads(result.output)
+    assert said["modality"] == "image" and said["forward"] == "general"
+    assert said["units"].startswith("before the patches: 1 cls, 4 register; then 4 x 4 patches")
+    more = save_images(tmp_path / "more", n=6, seed=2)
+    result = runner.invoke(app, ["layers", str(tmp_path / "more"), "-m", str(folder), "-q"])
+    assert result.exit_code == 0, result.output
+    assert "label-free metrics over 6 images" in result.output
+    assert "measured on text encoders" in result.output
+    result = runner.invoke(app, ["layers", str(tmp_path / "more"), "-m", str(folder), "--views", "2"])
+    assert result.exit_code != 0 and "--views 0" in result.output
+    rows = ["path,label", *(f"{p},{'ab'[k % 2]}" for k, p in enumerate(more))]
+    (tmp_path / "train.csv").write_text("\n".join(rows[:5]) + "\n")
+    (tmp_path / "dev.csv").write_text("\n".join([rows[0], *rows[5:]]) + "\n")
+    result = runner.invoke(
+        app,
+        ["probe", "tsv", "--train", str(tmp_path / "train.csv"), "--dev", str(tmp_path / "dev.csv"),
+         "--text-column", "path", "-m", str(folder), "--json", str(tmp_path / "p.json")],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    probe = json.loads((tmp_path / "p.json").read_text())
+    assert probe["n_train"] == 4 and probe["n_dev"] == 2 and probe["unit"] == "images"

@@ -40,6 +40,16 @@ class Units:
         """The indices of the units of ``kind`` (``"patch"``: every patch, row by row)."""
         return np.flatnonzero(np.asarray(self.kinds) == kind)
 
+    def during(self, start: float, end: float) -> np.ndarray:
+        """The indices of a sound's frames that begin in ``[start, end)`` seconds: the mean of a time
+        span is ``stack.hidden[:, stack.units.during(1.0, 2.5)].mean(axis=1)``."""
+        if self.times is None:
+            raise OptionError(f"an {self.modality}'s units have no times; frames of sound have")
+        if not end > start:
+            raise OptionError(f"the span [{start}, {end}) is empty: end must be after start")
+        begins = self.times[:, 0]
+        return np.flatnonzero((begins >= start) & (begins < end))
+
 
 @dataclass(frozen=True, eq=False)
 class LayerStack:

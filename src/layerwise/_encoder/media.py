@@ -1,14 +1,18 @@
-"""An Encoder of an image model: the same calls as a text model's, with images for texts.
+"""An Encoder of an image or a speech model: the same calls as a text model's, with images or
+sound for texts.
 
     enc = lw.Encoder("google/vit-base-patch16-224-in21k")   # an Encoder whose inputs are images
     stack = enc.extract("cat.jpg")                           # (13, 197, 768): [CLS], then 14 x 14 patches
     stack.units.grid[1]                                      # (0, 0): the top-left patch's row and column
     enc.embed(["cat.jpg", "dog.png"], pool="cls")            # (2, 13, 768)
+    speech = lw.Encoder("facebook/hubert-base-ls960")        # its inputs are audio: frames of 20 ms
+    speech.extract("talk.flac").units.times[:2]              # [[0, 0.025], [0.02, 0.045]] seconds
 
-``Encoder(model)`` makes one of these when the model's config says it reads images
-(families/media.py); every call whose arguments are texts takes images there (paths, bytes, PIL
+``Encoder(model)`` makes one of these when the model's config says it reads images or sound
+(families/media.py); every call whose arguments are texts takes them there (paths, bytes, PIL
 images, arrays), and every consumer of results (the writers, the store, the analyses) takes its
-stacks. The model runs transformers' own forward (_engine/media.py); its processor is the model's.
+stacks. The model runs transformers' own forward (_engine/media.py, _engine/audio.py); its
+processor is the model's.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .._engine.audio import AudioRun
 from .._engine.host_copy import RESULT_DTYPES
 from .._engine.media import MediaRun
 from .._features.layers import LayerSpec, resolve_layers
@@ -32,13 +37,15 @@ from .._version import __version__
 from ..errors import InputError, OptionError, check_choice
 from .features import FeatureCalls
 
-CPU_BATCH_SIZE, GPU_BATCH_SIZE = 32, 256  # images per batch
+CPU_BATCH_SIZE, GPU_BATCH_SIZE = 32, 256  # images or clips per batch
+_CONTENT = {"image": "patch", "audio": "frame"}  # the kind of a modality's content units
 
 
 class MediaEncoder(FeatureCalls):
-    """An :class:`~layerwise.Encoder` whose inputs are images: ``Encoder(model)`` makes it for an
-    image model, and it is an Encoder (registered as one: ``isinstance(enc, lw.Encoder)``), with the
-    same calls and properties. ``modality`` says what it reads; ``family`` its row of the media table."""
+    """An :class:`~layerwise.Encoder` whose inputs are images or sound: ``Encoder(model)`` makes it
+    for an image or a speech model, and it is an Encoder (registered as one: ``isinstance(enc,
+    lw.Encoder)``), with the same calls and properties. ``modality`` says what it reads ("image" or
+    "audio"); ``family`` its row of the media table."""
 
     def __init__(self, model: Settings | str | os.PathLike | None = None, **options: Any) -> None:
         given = settings_of(model, options)
@@ -48,14 +55,15 @@ class MediaEncoder(FeatureCalls):
         self.loaded, self.models, self.source, self.name = loaded, loaded, source, name
         self.settings = given.replace(model=name)
         self._config, self.tokenizer, self.inputs = loaded.config, None, None
-        self.processor = loaded.processor  # the model's own (AutoImageProcessor)
+        self.processor = loaded.processor  # the model's own (AutoImageProcessor, AutoFeatureExtractor)
         self.is_decoder, self.sentence_transformers = False, None
         self.modality, self.family = loaded.family.modality, loaded.family
         self.model_type = str(loaded.config.model_type)
-        self.n_layers, self.hidden_size = int(loaded.config.num_hidden_layers), int(loaded.config.hidden_size)
+        self.n_layers, self.hidden_size = loaded.n_layers, loaded.hidden_size
         on_cpu = loaded.device.type == "cpu"
         self._batch_size = given.batch_size or (CPU_BATCH_SIZE if on_cpu else GPU_BATCH_SIZE)
-        self.run = MediaRun(loaded, self._batch_size, given.allow_nan)
+        run = MediaRun if self.modality == "image" else AudioRun
+        self.run: MediaRun | AudioRun = run(loaded, self._batch_size, given.allow_nan)
         self.engine = None
 
     @classmethod
@@ -83,10 +91,10 @@ class MediaEncoder(FeatureCalls):
         return self.n_layers + 1
 
     @property
-    def max_length(self) -> int:  # units per input at the model's own image size
-        size, patch = self.loaded.config.image_size, self.run.patch
-        rows, cols = (size, size) if isinstance(size, int) else size
-        return len(self.family.prefix_of(self.loaded.config)) + (rows // patch[0]) * (cols // patch[1])
+    def max_length(self) -> int:
+        """Units per input: an image's at the model's own size; Whisper's frames in 30 s; 0 for a
+        speech model without a limit (wav2vec2: a clip is read whole)."""
+        return self.run.max_units
 
     @property
     def batch_size(self) -> int:
@@ -119,22 +127,27 @@ class MediaEncoder(FeatureCalls):
         )
 
     def one_input(self, value: object) -> bool:
-        """Whether ``value`` is one image (a path, bytes, a PIL image, an array of one image)."""
+        """Whether ``value`` is one input: a path, bytes, a PIL image, an array of one image or one
+        clip, a clip's ``(array, rate)``."""
         if isinstance(value, np.ndarray):
-            return value.ndim in (2, 3)
+            return value.ndim in ((2, 3) if self.modality == "image" else (1,))
+        if isinstance(value, tuple) and len(value) == 2 and isinstance(value[0], np.ndarray):
+            return self.modality == "audio"
         return isinstance(value, str | os.PathLike | bytes) or hasattr(value, "getpixel")
 
     def settle(self, plan: OutputPlan) -> OutputPlan:
         """``plan`` checked against an image model: token or sentence level, a pool its units have
         (``cls`` needs a [CLS] unit), no windows; its final norm recorded as none."""
         plan.hidden_states(self.n_hidden_states)
+        what = "an image" if self.modality == "image" else "a clip"
         if plan.level == "word":
+            units = "patches" if self.modality == "image" else "frames of time"
             raise OptionError(
-                "level='word': an image has no words; its units are patches. Take level='token' (every "
-                "unit, patches with their row and column) or a sentence pool (cls, mean)"
+                f"level='word': {what} has no words; its units are {units}. Take level='token' (every "
+                "unit, with its place) or a sentence pool (mean; cls where the model has [CLS])"
             )
         if plan.level == "sentence" and plan.mode == "last":
-            raise OptionError("pool='last' reads a decoder's last token; for an image take cls or mean")
+            raise OptionError(f"pool='last' reads a decoder's last token; for {what} take mean")
         if plan.level == "sentence" and plan.mode == "cls" and "cls" not in self.family.prefix:
             raise OptionError(
                 f"pool='cls': model {self.name!r} ({self.model_type}) has no [CLS] unit, only patches; "
@@ -142,7 +155,7 @@ class MediaEncoder(FeatureCalls):
             )
         # an image is read whole: long_texts "window" (every unit kept) holds, and never slides
         if plan.stride is not None:
-            raise OptionError(f"stride={plan.stride}: windows slide over long texts; an image is read whole")
+            raise OptionError(f"stride={plan.stride}: windows slide over long texts; {what} is read whole")
         return plan.with_final_norm(self.final_norm, takes=False, name=self.name)
 
     def run_settings(self) -> dict:
@@ -166,7 +179,7 @@ class MediaEncoder(FeatureCalls):
             "packed": False,
             "forward": "general",
             "modality": self.modality,
-            "units": ["cls" if "cls" in self.family.prefix else None, "patch"],
+            "units": sorted({*self.family.prefix_of(self.config), _CONTENT[self.modality]}),
             "weights_sha256": weights_sha256(self.loaded.model),
             "hidden_size": self.hidden_size,
             "decoder": False,
@@ -185,7 +198,7 @@ class MediaEncoder(FeatureCalls):
         return None, self.settle(plan).hidden_states(self.n_hidden_states)
 
     def tokenize(self, texts: Any = None, **inputs: Any) -> list:
-        raise OptionError(f"model {self.name!r} reads images; it has no tokenizer")
+        raise OptionError(f"model {self.name!r} reads {self.modality}; it has no tokenizer")
 
     def iter_extract(
         self,
@@ -220,11 +233,11 @@ class MediaEncoder(FeatureCalls):
         given.pop("report_truncation", None)
         if given:
             raise InputError(
-                f"{', '.join(sorted(given))}: text options; model {self.name!r} reads images "
-                "(pass image paths, bytes, PIL images or arrays)"
+                f"{', '.join(sorted(given))}: text options; model {self.name!r} reads {self.modality} "
+                "(pass paths, bytes or arrays)"
             )
         if texts is None:
-            raise InputError(f"model {self.name!r} reads images: pass a list of image paths or images")
+            raise InputError(f"model {self.name!r} reads {self.modality}: pass a list of paths or arrays")
         if self.one_input(texts):
-            raise InputError("pass a list of images (one image: extract(image) returns its LayerStack)")
+            raise InputError("pass a list of inputs (one input: extract(it) returns its LayerStack)")
         return list(texts)

@@ -31,6 +31,10 @@ class MediaRun:
         self.loaded, self.batch_size, self.allow_nan = loaded, batch_size, allow_nan
         patch = loaded.config.patch_size
         self.patch = (patch, patch) if isinstance(patch, int) else tuple(patch)
+        size = loaded.config.image_size
+        rows, cols = (size, size) if isinstance(size, int) else size
+        prefix = loaded.family.prefix_of(loaded.config)
+        self.max_units = len(prefix) + (rows // self.patch[0]) * (cols // self.patch[1])  # at its own size
 
     def prepare(self, items: Sequence[Any], first: int) -> tuple[torch.Tensor, list[str]]:
         """``items`` (input ``first`` on) decoded and preprocessed: the batch's pixel values and the

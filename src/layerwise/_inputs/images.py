@@ -18,7 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import InputError, MissingDependencyError
+from .._settings.extras import require
+from ..errors import InputError
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif", ".tif", ".tiff")
 
@@ -26,36 +27,41 @@ IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif", ".tif", ".ti
 def image_files(sources: Iterable[str | os.PathLike]) -> list[str]:
     """The image files ``sources`` name: a file as it is, a folder's images (sorted, not its
     subfolders'), a glob's matches (sorted). A source that names no image is an error naming it."""
+    return media_files(sources, IMAGE_SUFFIXES, "image")
+
+
+def media_files(sources: Iterable[str | os.PathLike], suffixes: tuple[str, ...], noun: str) -> list[str]:
+    """The files with ``suffixes`` that ``sources`` name (files, folders, globs; see
+    :func:`image_files`); ``noun`` names what is looked for in the errors."""
     files: list[str] = []
     for source in sources:
         text = os.fspath(source)
         path = Path(text).expanduser()
         if path.is_dir():
-            found = sorted(str(p) for p in path.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
-            where = f"folder {text!r} holds no image ({', '.join(IMAGE_SUFFIXES)})"
+            found = sorted(str(p) for p in path.iterdir() if _is_file_of(str(p), suffixes))
+            where = f"folder {text!r} holds no {noun} ({', '.join(suffixes)})"
         elif path.is_file():
             found, where = [str(path)], ""
         elif glob.has_magic(text):
-            matched = glob.glob(os.path.expanduser(text))
-            found = sorted(p for p in matched if _is_image_file(p))
-            where = f"{text!r} matches no image ({', '.join(IMAGE_SUFFIXES)})"
+            found = sorted(p for p in glob.glob(os.path.expanduser(text)) if _is_file_of(p, suffixes))
+            where = f"{text!r} matches no {noun} ({', '.join(suffixes)})"
         else:
-            found, where = [], f"image {text!r} does not exist; check the path"
+            found, where = [], f"{noun} {text!r} does not exist; check the path"
         if not found:
             raise InputError(where)
         files.extend(found)
     return files
 
 
-def _is_image_file(name: str) -> bool:
-    return Path(name).suffix.lower() in IMAGE_SUFFIXES and os.path.isfile(name)
+def _is_file_of(name: str, suffixes: tuple[str, ...]) -> bool:
+    return Path(name).suffix.lower() in suffixes and os.path.isfile(name)
 
 
-def names_images(source: str) -> bool:
-    """Whether ``source`` (a command-line input) names images: an image file, a folder, a glob (a
-    table of paths, a text file or standard input does not)."""
+def names_media(source: str, suffixes: tuple[str, ...] = IMAGE_SUFFIXES) -> bool:
+    """Whether ``source`` (a command-line input) names media files: one with ``suffixes``, a folder,
+    a glob (a table of paths, a text file or standard input does not)."""
     path = Path(source).expanduser()
-    return path.suffix.lower() in IMAGE_SUFFIXES or path.is_dir() or glob.has_magic(source)
+    return path.suffix.lower() in suffixes or path.is_dir() or glob.has_magic(source)
 
 
 def open_image(item: Any, index: int) -> tuple[Any, str]:
@@ -104,20 +110,18 @@ def _as_uint8(array: np.ndarray, name: str) -> np.ndarray:
 
 
 def _pil() -> Any:
-    try:
-        from PIL import Image
-    except ImportError as exc:  # pragma: no cover - transformers' image processors need Pillow too
-        raise MissingDependencyError("images need Pillow: pip install 'layerwise[vision]'") from exc
+    require("vision")
+    from PIL import Image
+
     return Image
 
 
-def image_corpus(sources: Iterable[str | os.PathLike]) -> Any:
-    """A :class:`~layerwise.Corpus` of the image files ``sources`` name (files, folders, globs): its
-    texts are the files' paths, which an image model's Encoder opens, and its outputs name."""
+def media_corpus(sources: Iterable[str | os.PathLike], files: list[str], noun: str) -> Any:
+    """A :class:`~layerwise.Corpus` of media ``files`` (found from ``sources``): its texts are the
+    files' paths, which an image or a speech model's Encoder opens, and its outputs name."""
     from .corpus import Corpus
 
     given = [os.fspath(s) for s in sources]
-    files = image_files(given)
     corpus = Corpus.from_inputs(files)
-    corpus.reading = {"format": "images", "source": f"{len(files)} images from {', '.join(given)}"}
+    corpus.reading = {"format": noun, "source": f"{len(files)} {noun} from {', '.join(given)}"}
     return corpus

@@ -5,6 +5,7 @@ that runs fastest on its CPU, and its GPUs."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from .._host.cpu import bf16_units, cpu_flags, cpu_name, fp16_units, usable_cores, vector_units
@@ -44,6 +45,8 @@ def describe(config: Any) -> dict[str, Any]:
         final_norm = "none: the last state is the last layer's output (final_norm='all' is refused)"
     return {
         "model_type": model_type,
+        "modality": "text",
+        "units": "tokens",
         "kind": "encoder of an encoder-decoder" if kind == "encoder-decoder" else kind,
         "layers": int(config.num_hidden_layers),
         "hidden_size": int(config.hidden_size),
@@ -53,6 +56,66 @@ def describe(config: Any) -> dict[str, Any]:
         "taps": ", ".join(taps) or "none (their module names are not in layerwise's table)",
         "final_norm": final_norm,
         "pairs": "no (join the texts yourself)" if decoder else "where the tokenizer has a pair template",
+    }
+
+
+def describe_media(config: Any) -> dict[str, Any]:
+    """What will run for the config of an image or a speech model (``layerwise info -m``): its
+    modality, its units (the ones before the patches, the grid of patches at the model's own image
+    size; a speech model's frames), the path (transformers' own forward) and its pools."""
+    from .families.media import TOWERS, media_family
+
+    if config.model_type in TOWERS:  # a two-tower model: its vision tower runs
+        config = config.vision_config
+    row = media_family(config.model_type)
+    assert row is not None
+    if row.modality == "audio":
+        return _describe_speech(config)
+    size, patch = config.image_size, config.patch_size
+    rows, cols = (size, size) if isinstance(size, int) else size
+    step = (patch, patch) if isinstance(patch, int) else patch
+    prefix = row.prefix_of(config)
+    before = ", ".join(f"{prefix.count(k)} {k}" for k in dict.fromkeys(prefix)) or "none"
+    grid = f"{rows // step[0]} x {cols // step[1]} patches of {step[0]} x {step[1]} pixels"
+    return {
+        "model_type": str(config.model_type),
+        "modality": row.modality,
+        "units": f"before the patches: {before}; then {grid} (at the model's {rows} x {cols} input)",
+        "kind": "image encoder",
+        "layers": int(config.num_hidden_layers),
+        "hidden_size": int(config.hidden_size),
+        "forward": "general",
+        "streaming": "no: an image model is read in memory",
+        "pools": "cls, mean (every unit), mean with special_tokens='exclude' (the patches), max"
+        if "cls" in prefix
+        else "mean, max (no [CLS] unit)",
+        "taps": "none",
+        "final_norm": "none: the states as transformers' output_hidden_states gives them",
+        "preprocessing": "the model's own image processor (AutoImageProcessor)",
+    }
+
+
+def _describe_speech(config: Any) -> dict[str, Any]:
+    whisper = config.model_type == "whisper"
+    if whisper:
+        units = "frames of 20 ms: those of the audio given, of a 30-second window (longer clips are cut)"
+    else:
+        stride = math.prod(config.conv_stride)
+        units = f"frames of {stride} samples (20 ms at 16 kHz: its convolutions' strides), the whole clip"
+    return {
+        "model_type": str(config.model_type),
+        "modality": "audio",
+        "units": units,
+        "kind": "speech encoder" + (" (Whisper's encoder; its decoder never runs)" if whisper else ""),
+        "layers": int(config.encoder_layers if whisper else config.num_hidden_layers),
+        "hidden_size": int(config.d_model if whisper else config.hidden_size),
+        "forward": "general",
+        "streaming": "no: a speech model is read in memory",
+        "pools": "mean, max (no [CLS] unit); a time span: stack.units.during(start, end)",
+        "taps": "none",
+        "final_norm": "none: the states as transformers' output_hidden_states gives them",
+        "preprocessing": "the model's own feature extractor (AutoFeatureExtractor); files decoded by "
+        "soundfile and resampled to its rate",
     }
 
 

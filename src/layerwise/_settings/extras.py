@@ -17,6 +17,8 @@ EXTRAS: dict[str, tuple[tuple[str, ...], str]] = {
     "plot": (("matplotlib",), "plots"),
     "serve": (("fastapi", "uvicorn"), "the service"),
     "distributed": (("ray", "zarr", "pyarrow"), "--ray"),
+    "vision": (("PIL",), "image models"),
+    "audio": (("soundfile", "scipy"), "speech models"),
 }
 # the suffixes of files whose reading or writing needs pyarrow
 _TABLES = (".parquet", ".csv")

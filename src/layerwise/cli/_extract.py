@@ -128,14 +128,15 @@ def extract(
 
 
 def _corpus_of(inputs: list[str], columns: CorpusColumns, settings: Settings) -> Corpus:
-    """The inputs as a corpus: for a model that reads images, image files, folders and globs are
-    the images themselves (a table's column of paths is read as a text column, of paths); else the
-    texts of the files."""
-    from .._inputs.images import image_corpus, names_images
-    from .._model.loading.source import reads_media
+    """The inputs as a corpus: for a model that reads images or sound, its files, folders and globs
+    are the inputs themselves (a table's column of paths is read as a text column, of paths); else
+    the texts of the files."""
+    from .._inputs.media_sources import corpus_of, names_files_of
+    from .._model.loading.source import modality_of
 
-    if all(names_images(name) for name in inputs) and reads_media(settings):
-        return image_corpus(inputs)
+    modality = modality_of(settings)
+    if modality != "text" and all(names_files_of(name, modality) for name in inputs):
+        return corpus_of(inputs, modality)
     return columns.corpus(inputs)
 
 

@@ -99,11 +99,17 @@ def info(
 
         meta: dict = describe_machine()
     elif path is None:
+        from .._model.families.media import modality_of_source
         from .._model.loading.source import resolve_model_source
-        from .._model.what_runs import describe
+        from .._model.what_runs import describe, describe_media
 
         source, name = resolve_model_source(model)
-        meta = {"model": name, **describe(_config_of(source, name, trust_remote_code))}
+        if modality_of_source(source) != "text":  # an image model: its config read by transformers
+            from transformers import AutoConfig
+
+            meta = {"model": name, **describe_media(AutoConfig.from_pretrained(source))}
+        else:
+            meta = {"model": name, **describe(_config_of(source, name, trust_remote_code))}
     else:
         from .._files.meta import read_meta
 

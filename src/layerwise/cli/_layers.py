@@ -67,8 +67,8 @@ def layers(
         raise OptionError("--views 1 compares nothing: pass 0 (no view metrics) or 2 or more")
     if json_path is not None:
         check_output_file(json_path, "--json")  # before the work, not after it
-    images = _first_images(input, settings, max_texts, views)
-    texts = images or _first_texts(input, format, text_column, max_texts, encoding_errors)
+    media = _first_media(input, settings, max_texts, views)
+    texts = media or _first_texts(input, format, text_column, max_texts, encoding_errors)
     use_available_cores()
     err.print(f"loading {settings.model or 'the default model'} …", highlight=False)
     enc = Encoder.from_settings(settings)
@@ -77,8 +77,8 @@ def layers(
         enc, texts, metrics=names, views=max(views, 2), seed=seed, progress=False if quiet else None
     )
     choice = recommend(metrics, kind="decoder" if enc.is_decoder else "encoder", use=use)
-    _print_table(metrics, choice.layer, "images" if images else "texts")
-    _say_choice(choice, bool(images))
+    _print_table(metrics, choice.layer, "texts" if not media else _PLURAL[enc.modality])
+    _say_choice(choice, enc.modality if media else None)
     if json_path is not None:
         # how the table was made, as every layerwise output says
         made = {
@@ -100,34 +100,38 @@ def layers(
             raise fail(failed) from None
 
 
-def _say_choice(choice, images: bool) -> None:
+_PLURAL = {"image": "images", "audio": "clips"}
+
+
+def _say_choice(choice, modality: str | None) -> None:
     typer.echo(str(choice))
-    if images:
+    if modality is not None:
         typer.echo(
-            "(The rule was measured on text encoders' layers; for an image model take its pick as a "
-            "first guess, and the table as what it measured.)"
+            f"(The rule was measured on text encoders' layers; for an {modality} model take its pick as "
+            "a first guess, and the table as what it measured.)"
         )
     if len(choice.candidates) > 1:
         typer.echo("Candidates, each with the rules that pick it and their regret on the benchmark:")
         typer.echo(choice.candidates_text())
 
 
-def _first_images(source: str, settings: Settings, limit: int, views: int) -> list[str]:
-    """The first ``limit`` image files ``source`` names (a folder, a glob, a file), where the model
-    reads images; else none (its texts are read)."""
-    from .._inputs.images import image_files, names_images
-    from .._model.loading.source import reads_media
+def _first_media(source: str, settings: Settings, limit: int, views: int) -> list[str]:
+    """The first ``limit`` files ``source`` names (a folder, a glob, a file), where the model reads
+    images or sound; else none (its texts are read)."""
+    from .._inputs.media_sources import files_of, names_files_of
+    from .._model.loading.source import modality_of
 
-    if not (names_images(source) and reads_media(settings)):
+    modality = modality_of(settings)
+    if modality == "text" or not names_files_of(source, modality):
         return []
     if views:
         raise OptionError(
             f"--views {views}: LiDAR, DiME and InfoNCE compare augmented views of texts (words dropped); "
-            "for an image model pass --views 0 (the one-pass metrics)"
+            f"for an {modality} model pass --views 0 (the one-pass metrics)"
         )
-    files = image_files([source])[:limit]
+    files = files_of([source], modality)[:limit]
     if len(files) < 2:
-        raise OptionError(f"{source!r} holds {len(files)} image(s); the metrics need 2 or more")
+        raise OptionError(f"{source!r} holds {len(files)} file(s); the metrics need 2 or more")
     return files
 
 

@@ -5,6 +5,8 @@ before them (a [CLS] token; DeiT's distillation token; DINOv2's registers). Ever
 one vector per unit, and transformers' ``output_hidden_states`` returns the embedding output and
 each layer's, as for a text encoder: layerwise reads them as it reads a text's tokens. A row here
 says which units come before the patches; sizes (patch size, register count) come from the config.
+A speech encoder's units are frames of time (wav2vec2, HuBERT, WavLM, Whisper's encoder): its
+convolutions' strides say how long each is.
 
 A hierarchical model whose stages change width and merge patches (Swin, ConvNeXt, PVT, …) has no
 one vector per patch at every layer, and is refused by name (:func:`check_media_model`).
@@ -54,6 +56,13 @@ MEDIA_FAMILIES: dict[str, MediaFamily] = {
     "ijepa": MediaFamily("image", (), "facebook/ijepa_vith14_1k"),
     "clip_vision_model": MediaFamily("image", _CLS, "openai/clip-vit-base-patch32's vision tower"),
     "siglip_vision_model": MediaFamily("image", (), "google/siglip-base-patch16-224's vision tower"),
+    # speech: a convolutional feature encoder (its strides: 20 ms per frame at 16 kHz), then layers
+    "wav2vec2": MediaFamily("audio", (), "facebook/wav2vec2-base, wav2vec2-large-xlsr-53"),
+    "hubert": MediaFamily("audio", (), "facebook/hubert-base-ls960"),
+    "wavlm": MediaFamily("audio", (), "microsoft/wavlm-base-plus"),
+    "data2vec-audio": MediaFamily("audio", (), "facebook/data2vec-audio-base"),
+    # log-mel frames of a fixed 30 s window, two convolutions (the second of stride 2): 20 ms per frame
+    "whisper": MediaFamily("audio", (), "openai/whisper-tiny … large-v3's encoder"),
 }
 # two-tower models whose vision tower is one of the rows above, loaded by its own class
 TOWERS = {"clip": "clip_vision_model", "siglip": "siglip_vision_model"}
@@ -111,3 +120,31 @@ def check_media_model(model_type: str, name: str) -> None:
             "transformers that keep every patch at every layer: "
             f"{', '.join(sorted(MEDIA_FAMILIES))} ({MEDIA_PAGE})"
         )
+
+
+_FRAMES = {
+    False: "frames of 20 ms (each sees 25 ms), the whole clip",
+    True: "frames of 20 ms, those of the audio given (a 30 s window)",
+}
+_UNIT_NAMES = {"cls": "`[CLS]`", "distillation": "`[DIST]` (distillation)", "register": "the registers"}
+
+
+def media_docs_rows() -> list[list[str]]:
+    """docs/models.md's table of the image families: model types, modality, the units before the
+    patches, example checkpoints; consecutive families alike share a row."""
+    rows: list[list[str]] = []
+    for name, row in MEDIA_FAMILIES.items():
+        kinds = (*row.prefix, *(("register",) if row.registers else ()))
+        before = ", ".join(_UNIT_NAMES[k] for k in kinds)
+        units = f"{before}; then the patches, row by row" if before else "the patches alone, row by row"
+        if row.modality == "audio":
+            units = _FRAMES[name == "whisper"]
+        cells = [row.modality, units, row.examples]
+        if rows and rows[-1][1:3] == cells[:2] and name.split("_")[0] in rows[-1][0]:
+            rows[-1][0] += f", `{name}`"
+            rows[-1][3] += f", {row.examples}"
+            continue
+        rows.append([f"`{name}`", *cells])
+    towers = ", ".join(f"`{t}`" for t in TOWERS)
+    rows.append([f"{towers} (two towers)", "image", "as their vision towers above", "runs the vision tower"])
+    return rows

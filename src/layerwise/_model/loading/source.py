@@ -351,14 +351,19 @@ def load_model(
 def reads_media(model: Any) -> bool:
     """Whether ``model`` (what ``Encoder(model)`` was given: a Settings, a name, a folder, None)
     reads images or sound, told from its config.json alone, before anything loads."""
+    return modality_of(model) != "text"
+
+
+def modality_of(model: Any) -> str:
+    """What ``model`` (a Settings, a name, a folder, None) reads: "text", "image" or "audio"."""
     name = getattr(model, "model", model)  # a Settings names its model
     if name is None:
-        return False  # the packaged all-MiniLM-L6-v2
+        return "text"  # the packaged all-MiniLM-L6-v2
     try:
         source, _ = resolve_model_source(name)
     except Exception:  # the text loader reports a bad name
-        return False
-    return modality_of_source(source) != "text"
+        return "text"
+    return modality_of_source(source)
 
 
 def usable_max_length(
