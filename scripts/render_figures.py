@@ -1376,6 +1376,37 @@ def media_rows() -> str:
     return table(header, media_docs_rows())
 
 
+def media_speed() -> str:
+    """The guide "Images and audio": every layer of an image and a speech model, beside the
+    hand-written loop (benchmarks/media_speed.py)."""
+    data = result("media_speed")
+    rows = []
+    for modality, name in (("image", "ViT-base-sized"), ("audio", "HuBERT-base-sized")):
+        part = data[modality]
+        rates, inputs = part["tokens_per_s"], part["inputs_per_s"]
+        rows.append(
+            [
+                f"{name}: {part['inputs']} {part['input']}",
+                f"{inputs['layerwise']:.1f} ({rates['layerwise']:,.0f} units/s)",
+                f"{inputs['loop']:.1f} ({rates['loop']:,.0f} units/s)",
+                f"**{x(part['ratios']['layerwise_over_loop'])}**",
+            ]
+        )
+    header = [
+        "model, inputs",
+        "layerwise extract, inputs/s",
+        "hand-written loop, inputs/s",
+        "layerwise / loop",
+    ]
+    note = (
+        "Every hidden state of every unit kept on the host as float32, batches of "
+        f"{data['image']['batch_size']}, {data['threads']} threads; the loop decodes the same files, runs the "
+        "model's own processor and `output_hidden_states` under `torch.inference_mode`. "
+        "`python benchmarks/media_speed.py`."
+    )
+    return table(header, rows) + "\n\n" + note + " " + measured("media_speed")
+
+
 def integrity_table() -> str:
     """docs/benchmarks.md: each checked read beside the same read unchecked."""
     data = result("integrity_cost")
@@ -1527,6 +1558,7 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "families": family_table,
     "family-rows": family_rows,
     "media-rows": media_rows,
+    "media-speed": media_speed,
     "before-after": before_after_table,
     "decoder-speed": decoder_speed_table,
     "ray": ray_table,

@@ -32,6 +32,29 @@ SMALL: dict[str, Any] = dict(
     rotary_dim=4, max_seq_len=128, seq_length=128, type_vocab_size=2,
 )  # fmt: skip
 MAX_PARAMETERS = 4_000_000
+# the state-space and hybrid types whose configs hold sizes of their own, which must divide each
+# other or list the layers: small values that agree, so that they are swept rather than skipped
+SSM_SMALL: dict[str, dict[str, Any]] = {
+    "mamba2": dict(num_heads=8, head_dim=8, n_groups=1, state_size=16, expand=2),
+    "bamba": dict(mamba_n_heads=8, mamba_d_head=8, mamba_d_state=16, attn_layer_indices=[1]),
+    "granitemoehybrid": dict(
+        mamba_n_heads=8, mamba_d_head=8, mamba_d_state=16, layer_types=["linear_attention", "attention"]
+    ),
+    "zamba": dict(
+        mamba_d_state=16,
+        layer_types=["linear_attention", "hybrid"],
+        attn_layer_period=2,
+        attn_layer_offset=1,
+        head_dim=8,
+    ),
+    "zamba2": dict(
+        mamba_headdim=8,
+        mamba_d_state=16,
+        layer_types=["linear_attention", "hybrid"],
+        hybrid_layer_ids=[1],
+        head_dim=8,
+    ),
+}
 
 
 def type_head(model_type: str) -> str | None:
@@ -74,6 +97,7 @@ def small_config(model_type: str, tokenizer: Any) -> Any:
     if _settable(defaults, "kv_lora_rank"):  # multi-head latent attention: as many key heads as queries
         given[aliases.get("num_key_value_heads", "num_key_value_heads")] = SMALL["num_attention_heads"]
     given["vocab_size"] = len(tokenizer)
+    given.update(SSM_SMALL.get(model_type, {}))
     for special in ("pad", "bos", "eos", "cls", "sep", "mask", "decoder_start"):
         token_id = getattr(tokenizer, f"{special}_token_id", None)
         if special == "decoder_start":

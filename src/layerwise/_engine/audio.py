@@ -15,7 +15,7 @@ given its 20 ms). How clips share a batch follows what gives each clip's own num
   the padded frames are zeroed and masked, which leaves each clip's frames as they are alone. A
   model whose first convolution is group-normalised over time (wav2vec2-base,
   ``feat_extract_norm="group"``) would see the padding, and so would data2vec-audio's positional
-  convolutions: their clips run one at a time.
+  convolutions: their clips share a batch only with clips of their own length (no padding).
 """
 
 from __future__ import annotations
@@ -77,8 +77,9 @@ class AudioRun:
     def stacks(
         self, items: Sequence[Any], layers: tuple[int, ...], dtype: str, batch_size: int | None = None
     ) -> Iterator[tuple[int, LayerStack]]:
-        """``(input index, LayerStack of layers)`` for ``items``, in input order; the first batch is
-        decoded before this returns, so that a bad first input fails at the call."""
+        """``(input index, LayerStack of layers)`` for ``items``, as batches finish (a batch's clips of
+        one length together); the first batch is decoded before this returns, so that a bad first
+        input fails at the call."""
         size = batch_size or self.batch_size
         starts = list(range(0, len(items), size))
         if not starts:
@@ -91,20 +92,18 @@ class AudioRun:
         flagged: list[int] = []
         cut: list[str] = []
         for lo, clips in batches:
-            groups = [clips] if self.shared else [[clip] for clip in clips]
-            k = lo
-            for group in groups:
-                states = self.forward([wave for wave, _ in group], layers)
-                for (wave, name), hidden in zip(group, states, strict=True):
+            for group in self.groups(clips):
+                states = self.forward([clips[k][0] for k in group], layers)
+                for place, hidden in zip(group, states, strict=True):
+                    wave, name = clips[place]
                     if not np.isfinite(hidden).all():
                         if not self.allow_nan:
-                            raise nonfinite_error(k, name, hidden, layers)
-                        flagged.append(k)
+                            raise nonfinite_error(lo + place, name, hidden, layers)
+                        flagged.append(lo + place)
                     stack = self.stack(wave, name, hidden, layers, dtype)
                     if stack.truncated:
                         cut.append(name)
-                    yield k, stack
-                    k += 1
+                    yield lo + place, stack
         if flagged:
             warn_nonfinite(flagged)
         if cut:
@@ -114,6 +113,16 @@ class AudioRun:
                 len(cut),
                 cut[0],
             )
+
+    def groups(self, clips: list[tuple[np.ndarray, str]]) -> list[list[int]]:
+        """The clips of a batch (their places in it) that run together: all of them where padding
+        leaves each clip's numbers as they are; else those of one length (no padding at all)."""
+        if self.shared:
+            return [list(range(len(clips)))]
+        by_length: dict[int, list[int]] = {}
+        for k, (wave, _) in enumerate(clips):
+            by_length.setdefault(len(wave), []).append(k)
+        return list(by_length.values())
 
     @torch.inference_mode()
     def forward(self, waves: list[np.ndarray], layers: tuple[int, ...]) -> list[np.ndarray]:
@@ -126,7 +135,7 @@ class AudioRun:
             out = model(features.to(loaded.device, loaded.dtype), output_hidden_states=True)
             lengths = [min(self.max_frames or 0, math.ceil(len(w) / self.stride)) for w in waves]
         else:
-            padded = len(waves) > 1
+            padded = len({len(w) for w in waves}) > 1
             given = extractor(
                 waves, sampling_rate=rate, return_tensors="pt", padding=padded, return_attention_mask=padded
             )

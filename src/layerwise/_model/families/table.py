@@ -107,7 +107,13 @@ _MPNET_TAPS = {
 }
 _ENCODERS_OF = "(encoder; a full or a `T5EncoderModel` checkpoint)"
 _FULL_RUN = {"path": "general: every state from transformers' own full run"}
-_SSM = "state-spaces/mamba-130m-hf, RWKV-4, Jamba"
+# state-space, recurrent and hybrid models: every block's output is a hidden state (tests/test_sweep.py)
+# (a table of model types, kept in rows)
+_SSM_TYPES = (
+    "mamba", "mamba2", "falcon_mamba", "falcon_h1", "zamba2", "bamba", "granitemoehybrid", "nemotron_h",
+    "jamba", "rwkv", "qwen3_next", "fnet",
+)  # fmt: skip
+_SSM = "state-spaces/mamba-130m-hf, Mamba-2, Falcon-H1, Zamba2, Bamba, Granite 4, Nemotron-H, Jamba, RWKV-4"
 # docs/models.md's rows, in its order: consecutive rows alike in every column share a line there
 FAMILIES: dict[str, Family] = {
     **{
@@ -196,7 +202,7 @@ FAMILIES: dict[str, Family] = {
     },
     **{
         name: _general("decoder", _SSM, notes={"type": "(state-space, recurrent, hybrid)"})
-        for name in ("mamba", "falcon_mamba", "rwkv", "jamba", "qwen3_next", "fnet")
+        for name in _SSM_TYPES
     },
 }
 
