@@ -59,7 +59,7 @@ def main() -> None:
     outcomes = Counter(r["outcome"] for r in results)
     refusals = Counter(r.get("reason") for r in results if r["outcome"] == "refused")
     paths = Counter(r.get("path") for r in results if r["outcome"] == "equal")
-    failures = [r for r in results if r["outcome"] not in ("equal", "refused", "skipped")]
+    failures = [r for r in results if r["outcome"] not in ("equal", "refused", "skipped", "media")]
     print(dict(outcomes), dict(refusals))
     for failure in failures:
         print("FAILED", failure)

@@ -656,11 +656,13 @@ def sweep_counts() -> str:
     outcomes, reasons = data["outcomes"], data["refusals"]
     paths = ", ".join(f"{count} {path}" for path, count in sorted(data["equal_by_path"].items()))
     refused = "; ".join(f"{reason} {count}" for reason, count in sorted(reasons.items(), key=lambda r: -r[1]))
-    wrong = sum(c for outcome, c in outcomes.items() if outcome not in ("equal", "refused", "skipped"))
+    wrong = sum(c for outcome, c in outcomes.items() if outcome not in ("equal", "refused", "skipped", "media"))
+    media = outcomes.get("media", 0)
     return (
         f"With transformers {data['transformers']}: **{data['types']} types**, "
         f"{outcomes.get('equal', 0)} equal by both methods ({paths}), "
-        f"{outcomes.get('refused', 0)} refused by name ({refused}), "
+        + (f"{media} read from sound or images (the media tests), " if media else "")
+        + f"{outcomes.get('refused', 0)} refused by name ({refused}), "
         f"{outcomes.get('skipped', 0)} skipped, **{wrong} wrong**. "
         f"`python benchmarks/family_sweep.py`: {where('family_sweep')}, {data['machine']['date']}."
     )

@@ -252,8 +252,13 @@ def sweep_one(model_type: str, folder: Path, texts: list[str] = TEXTS) -> dict[s
 
     import layerwise as lw
     from layerwise._model.families.kinds import check_text_transformer
+    from layerwise._model.families.media import media_family
 
     out: dict[str, Any] = {"type": model_type}
+    media = media_family(model_type)
+    if media is not None:  # Whisper: its seq2seq head decodes text from sound, which its encoder reads
+        tests = {"image": "test_media_images.py", "audio": "test_media_audio.py"}[media.modality]
+        return {**out, "outcome": "media", "why": f"reads {media.modality}: tests/{tests}"}
     head = type_head(model_type)
     try:
         tokenizer = tokenizer_for(head or "causal")
