@@ -356,7 +356,8 @@ def test_info_says_how_a_model_will_run_before_loading_it(family_folder):
         assert result.exit_code == 0, result.output
         said[model_type] = json.loads(result.output)
     assert said["gpt_neox"] | {"model": None} == {
-        "model": None, "model_type": "gpt_neox", "kind": "decoder", "layers": 3, "hidden_size": 64,
+        "model": None, "model_type": "gpt_neox", "modality": "text", "units": "tokens", "kind": "decoder",
+        "layers": 3, "hidden_size": 64,
         "forward": "packed", "streaming": "yes", "positions": "rotary",
         "taps": "attention_probs, attn_out, mlp_out",
         "final_norm": "yes: final_norm True, False or 'all'", "pairs": "no (join the texts yourself)",
