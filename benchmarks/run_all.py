@@ -78,6 +78,7 @@ RUNS: dict[str, tuple[list[str], list[str]]] = {
     "probe_ud_ewt": ([], ["--max-train", "100"]),
     "pretrain_ud_ewt": ([], ["--steps", "20"]),
     "family_sweep": ([], ["--types", "bert,llama,t5,mamba,albert"]),
+    "media_speed": ([], ["--images", "8", "--clips", "4", "--batch-size", "4", "--repeats", "1"]),
     "hostile_families": ([], ["--families", "llama,t5,modernbert"]),
     "label_free_layers": (["--rescore"], ["--rescore"]),
 }
