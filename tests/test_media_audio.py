@@ -79,7 +79,13 @@ def test_whisper_reads_the_given_audio_and_cuts_at_thirty_seconds(tmp_path, capl
     assert short.hidden.shape[1] == 25 and short.units.times[-1].tolist() == pytest.approx([0.48, 0.5])
     long = enc.extract(np.zeros(31 * RATE, dtype=np.float32))
     assert long.hidden.shape[1] == 1500 and long.truncated
-    assert "longer than Whisper's 30-second window" in caplog.text
+    said = "longer than 1500 frames (30.0 s), the most one forward reads here (Whisper's window)"
+    assert said in caplog.text
+    windowed = enc.extract(np.zeros(45 * RATE, dtype=np.float32), long_texts="window")
+    assert windowed.hidden.shape[1] == 2250 and not windowed.truncated  # windows at 0 and 750 frames
+    np.testing.assert_allclose(windowed.hidden[:, :750], long.hidden[:, :750], atol=TOL, rtol=0)
+    with pytest.raises(lw.OptionError, match="Whisper reads a 30-second window"):
+        lw.Encoder(tmp_path / "whisper", max_length=100)
 
 
 def test_sentence_pools_of_a_clip(hubert, waves):
@@ -129,3 +135,45 @@ def test_the_command_line_reads_audio_folders(tmp_path, waves):
 
     said = json.loads(result.output)
     assert said["modality"] == "audio" and said["units"].startswith("frames of 10 samples")
+
+
+def _frames_of(folder, wave):
+    """transformers' states of ``wave`` alone: ``(n_states, frames, H)``."""
+    return reference_states(folder, [wave])[0]
+
+
+def test_long_clips_are_cut_or_read_in_windows_stitched_by_context(waves, tmp_path):
+    folder = save_audio_model("wavlm", tmp_path / "wavlm")
+    enc = lw.Encoder(folder, max_length=40)
+    wave = waves[1]  # 188 frames
+    stride, span = 10, 30
+    cut = enc.extract(wave)
+    assert cut.truncated and cut.hidden.shape[1] == 40
+    np.testing.assert_allclose(cut.hidden, _frames_of(folder, wave[: 39 * stride + span]), atol=TOL, rtol=0)
+    whole = enc.extract(wave, long_texts="window", stride=15)
+    assert not whole.truncated and whole.hidden.shape[1] == 188
+    starts = [*range(0, 188 - 40, 15), 188 - 40]  # the last window ends at the last frame
+    parts = [_frames_of(folder, wave[o * stride : o * stride + 39 * stride + span]) for o in starts]
+    for frame in range(188):  # the window in which the frame has the most context on both sides
+        best = max((min(frame - o, o + 39 - frame), -k) for k, o in enumerate(starts) if o <= frame < o + 40)
+        k = -best[1]
+        np.testing.assert_allclose(
+            whole.hidden[:, frame], parts[k][:, frame - starts[k]], atol=TOL, rtol=0, err_msg=f"frame {frame}"
+        )
+    with pytest.raises(lw.OptionError, match="stride=15 applies to windows"):
+        enc.extract(wave, stride=15)
+    with pytest.raises(lw.OptionError, match="between 1 and 40"):
+        enc.extract(wave, long_texts="window", stride=41)
+
+
+def test_options_a_media_model_has_no_use_for_are_refused(tmp_path):
+    from media_models import save_image_model
+
+    vit = save_image_model("vit", tmp_path / "vit")
+    with pytest.raises(lw.OptionError, match="an image's units are fixed by its processor"):
+        lw.Encoder(vit, max_length=50)
+    for option, value in (("max_tokens", 4096), ("concurrent_forwards", 2), ("method", "hooks")):
+        with pytest.raises(lw.OptionError, match=f"{option}="):
+            lw.Encoder(vit, **{option: value})
+    with pytest.raises(lw.OptionError, match="an image is read whole"):
+        lw.Encoder(vit).extract(np.zeros((8, 8, 3), np.uint8), long_texts="window", stride=4)

@@ -32,6 +32,7 @@ from .._features.plan import OutputPlan, Result
 from .._model.loading.media import load_media
 from .._model.loading.source import resolve_model_source
 from .._results import LayerStack
+from .._settings.long_texts import LONG_TEXTS
 from .._settings.settings import Settings, as_settings, settings_of
 from .._version import __version__
 from ..errors import InputError, OptionError, check_choice
@@ -62,8 +63,12 @@ class MediaEncoder(FeatureCalls):
         self.n_layers, self.hidden_size = loaded.n_layers, loaded.hidden_size
         on_cpu = loaded.device.type == "cpu"
         self._batch_size = given.batch_size or (CPU_BATCH_SIZE if on_cpu else GPU_BATCH_SIZE)
-        run = MediaRun if self.modality == "image" else AudioRun
-        self.run: MediaRun | AudioRun = run(loaded, self._batch_size, given.allow_nan)
+        check_max_length(given.max_length, loaded)
+        self.run: MediaRun | AudioRun = (
+            MediaRun(loaded, self._batch_size, given.allow_nan)
+            if self.modality == "image"
+            else AudioRun(loaded, self._batch_size, given.allow_nan, given.max_length)
+        )
         self.engine = None
 
     @classmethod
@@ -153,10 +158,26 @@ class MediaEncoder(FeatureCalls):
                 f"pool='cls': model {self.name!r} ({self.model_type}) has no [CLS] unit, only patches; "
                 "take pool='mean'"
             )
-        # an image is read whole: long_texts "window" (every unit kept) holds, and never slides
-        if plan.stride is not None:
-            raise OptionError(f"stride={plan.stride}: windows slide over long texts; {what} is read whole")
+        self.check_windows(plan.long_texts, plan.stride)
         return plan.with_final_norm(self.final_norm, takes=False, name=self.name)
+
+    def check_windows(self, long_texts: str, stride: int | None) -> None:
+        """An image is read whole: long_texts "window" (every unit kept) holds for it, and never
+        slides. A clip longer than the frames one forward reads slides in windows ``stride`` frames
+        apart (_engine/audio.py)."""
+        check_choice("long_texts", long_texts, LONG_TEXTS)
+        if stride is None:
+            return
+        if self.modality == "image":
+            raise OptionError(f"stride={stride}: windows slide over long inputs; an image is read whole")
+        limit = self.run.max_units or None
+        if long_texts != "window" or limit is None:
+            raise OptionError(
+                f"stride={stride} applies to windows: pass long_texts='window'"
+                + ("" if limit else ", and max_length (a window's frames): this model reads a clip whole")
+            )
+        if isinstance(stride, bool) or not isinstance(stride, int) or not 1 <= stride <= limit:
+            raise OptionError(f"stride={stride!r} must be a whole number of frames between 1 and {limit}")
 
     def run_settings(self) -> dict:
         return {**self.settings.as_dict(), "final_norm": None}
@@ -191,7 +212,8 @@ class MediaEncoder(FeatureCalls):
     ) -> Iterator[tuple[int, LayerStack, Result]]:
         settled = self.settle(plan)
         items = self._items(texts, inputs)
-        stream = self.run.stacks(items, settled.hidden_states(self.n_hidden_states), "float32")
+        layers, window = settled.hidden_states(self.n_hidden_states), settled.long_texts == "window"
+        stream = self.run.stacks(items, layers, "float32", window=window, step=settled.stride)
         return ((index, stack, settled.result(stack, self.n_hidden_states)) for index, stack in stream)
 
     def iter_batches(self, plan: OutputPlan, texts: Sequence[Any] | None = None, **inputs: Any) -> tuple:
@@ -208,13 +230,18 @@ class MediaEncoder(FeatureCalls):
         batch_size: int | None = None,
         dtype: str = "float32",
         final_norm: Any = None,
+        long_texts: str = "truncate",
+        stride: int | None = None,
         **inputs: Any,
     ) -> Iterator[tuple[int, LayerStack]]:
         """``(input index, LayerStack)`` as batches finish (see :meth:`extract`)."""
         check_choice("dtype", dtype, tuple(RESULT_DTYPES))
         self.loaded.check_final_norm(final_norm)
+        self.check_windows(long_texts, stride)
         layer_ids = resolve_layers(layers, self.n_hidden_states)
-        return self.run.stacks(self._items(texts, inputs), layer_ids, dtype, batch_size)
+        items = self._items(texts, inputs)
+        window = long_texts == "window"
+        return self.run.stacks(items, layer_ids, dtype, batch_size, window=window, step=stride)
 
     def extract(self, texts: Any = None, **options: Any) -> Any:
         """Hidden states of every requested layer of each image: a :class:`LayerStack` per input
@@ -228,7 +255,7 @@ class MediaEncoder(FeatureCalls):
     def _items(self, texts: Any, inputs: dict[str, Any]) -> list[Any]:
         """The call's images, as a list: text-only inputs (pairs, pre-split words, taps, windows)
         are refused by name."""
-        given = {k: v for k, v in inputs.items() if v not in (None, (), False, "truncate", "window")}
+        given = {k: v for k, v in inputs.items() if v not in (None, (), False)}
         given.pop("progress", None)
         given.pop("report_truncation", None)
         if given:
@@ -241,3 +268,18 @@ class MediaEncoder(FeatureCalls):
         if self.one_input(texts):
             raise InputError("pass a list of inputs (one input: extract(it) returns its LayerStack)")
         return list(texts)
+
+
+def check_max_length(value: int | None, loaded: Any) -> None:
+    """``max_length`` where it means something: the frames one forward of a wav2vec2-style model
+    reads (longer clips are cut there, or windowed); an image's units are its processor's, and
+    Whisper reads its own 30-second window."""
+    if value is None:
+        return
+    if loaded.family.modality == "image" or loaded.config.model_type == "whisper":
+        fixed = "an image's units are fixed by its processor"
+        if loaded.family.modality != "image":
+            fixed = "Whisper reads a 30-second window (1500 frames); long_texts='window' slides it"
+        raise OptionError(f"max_length={value}: {fixed}; leave max_length unset for model {loaded.name!r}")
+    if isinstance(value, bool) or not isinstance(value, int) or value < 2:
+        raise OptionError(f"max_length={value!r}: the frames one forward reads, a whole number of 2 or more")

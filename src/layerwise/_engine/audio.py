@@ -32,8 +32,10 @@ import torch
 
 from .._inputs.ahead import ahead
 from .._inputs.audio import open_audio
+from .._inputs.windows import stitch
 from .._model.loading.media import LoadedMedia
 from .._results import LayerStack, Units, check_float16
+from .audio_windows import Piece, frame_windows
 from .media import unit_stack
 from .rows import nonfinite_error, warn_nonfinite
 
@@ -47,7 +49,7 @@ class AudioRun:
     """How one speech encoder runs: ``loaded`` (model, feature extractor, family), ``batch_size``
     clips at a time where they may share a batch, NaN refused unless ``allow_nan``."""
 
-    def __init__(self, loaded: LoadedMedia, batch_size: int, allow_nan: bool) -> None:
+    def __init__(self, loaded: LoadedMedia, batch_size: int, allow_nan: bool, max_length: int | None) -> None:
         self.loaded, self.batch_size, self.allow_nan = loaded, batch_size, allow_nan
         config, processor = loaded.config, loaded.processor
         self.whisper = config.model_type == "whisper"
@@ -61,7 +63,9 @@ class AudioRun:
             for kernel, step in zip(config.conv_kernel[::-1], config.conv_stride[::-1], strict=True):
                 span = (span - 1) * step + kernel
             self.span, self.max_frames = span, None
-        self.max_units = self.max_frames or 0  # 0: no limit (a clip is read whole)
+        # the most frames one forward reads: Whisper's window; max_length for the others (None: whole)
+        self.limit = self.max_frames if self.whisper else max_length
+        self.max_units = self.limit or 0  # 0: no limit (a clip is read whole)
         masked = bool(getattr(processor, "return_attention_mask", False))
         norm = getattr(config, "feat_extract_norm", None)
         self.shared = self.whisper or (config.model_type in PADDED and norm == "layer" and masked)
@@ -75,54 +79,100 @@ class AudioRun:
         return [open_audio(item, first + k, self.loaded.rate) for k, item in enumerate(items)]
 
     def stacks(
-        self, items: Sequence[Any], layers: tuple[int, ...], dtype: str, batch_size: int | None = None
+        self,
+        items: Sequence[Any],
+        layers: tuple[int, ...],
+        dtype: str,
+        batch_size: int | None = None,
+        *,
+        window: bool = False,
+        step: int | None = None,
     ) -> Iterator[tuple[int, LayerStack]]:
-        """``(input index, LayerStack of layers)`` for ``items``, as batches finish (a batch's clips of
-        one length together); the first batch is decoded before this returns, so that a bad first
-        input fails at the call."""
+        """``(input index, LayerStack of layers)`` for ``items``, a batch at a time; the first batch
+        is decoded before this returns, so that a bad first input fails at the call. A clip longer
+        than the frames one forward reads is cut there, or with ``window`` read in windows whose
+        starts are ``step`` frames apart (audio_windows.py)."""
         size = batch_size or self.batch_size
         starts = list(range(0, len(items), size))
         if not starts:
             return iter(())
         stream = ahead(starts, lambda lo: self.prepare(items[lo : lo + size], lo))
         first = next(stream)  # the second batch is decoded on a thread meanwhile (inputs/ahead.py)
-        return self._run(itertools.chain([first], stream), layers, dtype)
+        return self._run(itertools.chain([first], stream), layers, dtype, size, (window, step))
 
-    def _run(self, batches: Any, layers: tuple[int, ...], dtype: str) -> Iterator[tuple[int, LayerStack]]:
+    def _run(
+        self, batches: Any, layers: tuple[int, ...], dtype: str, size: int, windows: tuple[bool, int | None]
+    ) -> Iterator[tuple[int, LayerStack]]:
         flagged: list[int] = []
         cut: list[str] = []
         for lo, clips in batches:
-            for group in self.groups(clips):
-                states = self.forward([clips[k][0] for k in group], layers)
-                for place, hidden in zip(group, states, strict=True):
-                    wave, name = clips[place]
-                    if not np.isfinite(hidden).all():
-                        if not self.allow_nan:
-                            raise nonfinite_error(lo + place, name, hidden, layers)
-                        flagged.append(lo + place)
-                    stack = self.stack(wave, name, hidden, layers, dtype)
-                    if stack.truncated:
-                        cut.append(name)
-                    yield lo + place, stack
+            pieces, truncated = self.pieces(clips, *windows)
+            ran: dict[int, list[tuple[Piece, np.ndarray]]] = {}
+            for group in self.groups(pieces, size):
+                states = self.forward([piece.wave for piece in group], layers)
+                for piece, hidden in zip(group, states, strict=True):
+                    ran.setdefault(piece.clip, []).append((piece, hidden))
+            for place, (_, name) in enumerate(clips):
+                hidden = _joined(ran[place])
+                if not np.isfinite(hidden).all():
+                    if not self.allow_nan:
+                        raise nonfinite_error(lo + place, name, hidden, layers)
+                    flagged.append(lo + place)
+                if place in truncated:
+                    cut.append(name)
+                yield lo + place, self.stack(name, hidden, layers, dtype, place in truncated)
         if flagged:
             warn_nonfinite(flagged)
         if cut:
+            assert self.limit is not None
             logger.warning(
-                "%d clip(s) are longer than Whisper's 30-second window and were cut there (first: %s); "
-                "their stacks say truncated",
+                "%d clip(s) are longer than %d frames (%.1f s), the most one forward reads here (%s), "
+                "and were cut there (first: %s); their stacks say truncated. long_texts='window' reads "
+                "every frame",
                 len(cut),
+                self.limit,
+                self.limit * self.seconds_per_frame,
+                "Whisper's window" if self.whisper else "max_length",
                 cut[0],
             )
 
-    def groups(self, clips: list[tuple[np.ndarray, str]]) -> list[list[int]]:
-        """The clips of a batch (their places in it) that run together: all of them where padding
-        leaves each clip's numbers as they are; else those of one length (no padding at all)."""
-        if self.shared:
-            return [list(range(len(clips)))]
-        by_length: dict[int, list[int]] = {}
-        for k, (wave, _) in enumerate(clips):
-            by_length.setdefault(len(wave), []).append(k)
-        return list(by_length.values())
+    def n_frames(self, samples: int) -> int:
+        """The frames a clip of ``samples`` holds (Whisper: of the audio given, past its window too)."""
+        if self.whisper:
+            return math.ceil(samples / self.stride)
+        return int(self.loaded.model._get_feat_extract_output_lengths(samples))
+
+    def samples_for(self, frames: int) -> int:
+        """The samples a forward of ``frames`` frames reads (Whisper: its whole window)."""
+        return frames * self.stride if self.whisper else (frames - 1) * self.stride + self.span
+
+    def pieces(
+        self, clips: list[tuple[np.ndarray, str]], window: bool, step: int | None
+    ) -> tuple[list[Piece], set[int]]:
+        """What the forwards of a batch read: each clip whole, cut at the limit (its place in the set
+        returned), or in windows of the limit's frames."""
+        pieces: list[Piece] = []
+        truncated: set[int] = set()
+        for place, (wave, _) in enumerate(clips):
+            n = self.n_frames(len(wave))
+            if self.limit is None or n <= self.limit:
+                pieces.append(Piece(place, wave))
+            elif not window:
+                truncated.add(place)  # Whisper's extractor cuts at its window itself
+                pieces.append(Piece(place, wave if self.whisper else wave[: self.samples_for(self.limit)]))
+            else:
+                for frames in frame_windows(n, self.limit, step or max(1, self.limit // 2)):
+                    begin = int(frames.positions[0]) * self.stride
+                    pieces.append(Piece(place, wave[begin : begin + self.samples_for(self.limit)], frames))
+        return pieces, truncated
+
+    def groups(self, pieces: list[Piece], size: int) -> list[list[Piece]]:
+        """The pieces that run together, ``size`` at most: any where padding leaves each piece's
+        numbers as they are alone; else those of one length (no padding at all)."""
+        by_length: dict[int, list[Piece]] = {}
+        for piece in pieces:
+            by_length.setdefault(0 if self.shared else len(piece.wave), []).append(piece)
+        return [same[k : k + size] for same in by_length.values() for k in range(0, len(same), size)]
 
     @torch.inference_mode()
     def forward(self, waves: list[np.ndarray], layers: tuple[int, ...]) -> list[np.ndarray]:
@@ -151,17 +201,14 @@ class AudioRun:
         return [states[k, :, :n] for k, n in enumerate(lengths)]
 
     def stack(
-        self, wave: np.ndarray, name: str, hidden: np.ndarray, layers: tuple[int, ...], dtype: str
+        self, name: str, hidden: np.ndarray, layers: tuple[int, ...], dtype: str, truncated: bool
     ) -> LayerStack:
-        """One clip's LayerStack of its ``hidden`` states, in ``dtype``; cut at Whisper's window
-        where it was longer."""
+        """One clip's LayerStack of its ``hidden`` states, in ``dtype``."""
         if dtype == "float16":
             check_float16(hidden, name, layers)
             hidden = hidden.astype(np.float16)
         stack = unit_stack(hidden, layers, self.units(hidden.shape[1]), name)
-        if self.max_frames is not None and len(wave) > self.max_frames * self.stride:
-            return dataclasses.replace(stack, truncated=True)
-        return stack
+        return dataclasses.replace(stack, truncated=True) if truncated else stack
 
     def units(self, n_frames: int) -> Units:
         """The frames of a clip: frame ``i`` starts at ``i * stride`` samples and sees ``span``."""
@@ -169,3 +216,12 @@ class AudioRun:
         starts = np.arange(n_frames, dtype=np.float64) * self.stride / rate
         times = np.stack([starts, starts + self.span / rate], axis=1)
         return Units("audio", ("frame",) * n_frames, "", times=times)
+
+
+def _joined(parts: list[tuple[Piece, np.ndarray]]) -> np.ndarray:
+    """A clip's states from its pieces: the one piece's, or its windows' stitched by best context."""
+    if parts[0][0].window is None:
+        return parts[0][1]
+    windows = [piece.window for piece, _ in parts]
+    n_frames = int(windows[-1].positions[-1]) + 1  # type: ignore[union-attr]
+    return stitch([hidden for _, hidden in parts], windows, n_frames, token_axis=1)  # type: ignore[arg-type]

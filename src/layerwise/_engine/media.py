@@ -44,10 +44,18 @@ class MediaRun:
         return pixels["pixel_values"], [name for _, name in opened]
 
     def stacks(
-        self, items: Sequence[Any], layers: tuple[int, ...], dtype: str, batch_size: int | None = None
+        self,
+        items: Sequence[Any],
+        layers: tuple[int, ...],
+        dtype: str,
+        batch_size: int | None = None,
+        *,
+        window: bool = False,
+        step: int | None = None,
     ) -> Iterator[tuple[int, LayerStack]]:
         """``(input index, LayerStack of layers)`` for ``items``, in input order. The first batch is
-        decoded before this returns, so that a bad first input fails at the call."""
+        decoded before this returns, so that a bad first input fails at the call. An image is read
+        whole: ``window`` and ``step`` change nothing for it."""
         size = batch_size or self.batch_size
         starts = list(range(0, len(items), size))
         if not starts:

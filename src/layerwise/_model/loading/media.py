@@ -35,6 +35,9 @@ _TEXT_ONLY = {  # settings the media path has no use for, and the value that say
     "trust_remote_code": (False,),
     "max_device_memory": (None,),
     "stream_block_tokens": (None,),
+    "max_tokens": (None,),  # batch_size says how many images or clips share a batch
+    "concurrent_forwards": (None,),
+    "method": ("hidden_states",),  # its states come from output_hidden_states
 }
 
 
