@@ -234,3 +234,16 @@ def test_info_layers_and_probe_take_an_image_model(images, tmp_path):
     assert result.exit_code == 0, result.output
     probe = json.loads((tmp_path / "p.json").read_text())
     assert probe["n_train"] == 4 and probe["n_dev"] == 2 and probe["unit"] == "images"
+
+
+def test_front_ends_that_serve_text_models_refuse_an_image_model_by_name(vit, vit_encoder, images, tmp_path):
+    from layerwise.serve import create_app
+
+    with pytest.raises(lw.OptionError, match="reads image: the HTTP service and the explorer serve text"):
+        create_app({"vit": vit_encoder})
+    with pytest.raises(lw.OptionError, match="the activation cache packs a text model's token stream"):
+        lw.cache_activations(vit_encoder, images, tmp_path / "cache")
+    assert not (tmp_path / "cache").exists()
+    with pytest.raises(lw.OptionError, match="the Ray pipeline runs text models"):
+        lw.ray.extract_to_store(lw.Settings(str(vit)), images, tmp_path / "ray.lw", lw.OutputPlan())
+    assert not (tmp_path / "ray.lw").exists()

@@ -166,6 +166,12 @@ def begin_cache(
     from .._model.forward.hooks import check_family_taps
 
     require_cache_dependencies()
+    if encoder.modality != "text":  # an image's or a clip's units are no token stream to pack
+        raise OptionError(
+            f"model {encoder.name!r} reads {encoder.modality}: the activation cache packs a text model's "
+            "token stream into contexts (SAELens' format); extract its layers to a store instead "
+            "(lw.extract_to_store, layerwise extract -o x.lw)"
+        )
     path = Path(path)
     layers, context, tokens, dtype = options.layers, options.context, options.tokens, options.dtype
     shuffle_seed, final_norm, shard_bytes = options.shuffle_seed, options.final_norm, options.shard_bytes

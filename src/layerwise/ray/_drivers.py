@@ -68,6 +68,7 @@ def _checked(settings: Settings, plan: OutputPlan) -> tuple[Settings, OutputPlan
     from transformers import AutoConfig
 
     from .._features.plan import check_final_norm_for
+    from .._model.families.media import modality_of_source
     from .._model.final_norm import config_has_final_norm
     from .._model.loading.gguf_files import loader_args
     from .._model.loading.source import resolve_model_source
@@ -85,6 +86,12 @@ def _checked(settings: Settings, plan: OutputPlan) -> tuple[Settings, OutputPlan
         # a local folder or file: by its absolute path, wherever an actor's working folder is
         settings = settings.replace(model=str(Path(settings.model).expanduser().resolve()))
     source, name = resolve_model_source(settings.model)  # name: what each actor's Encoder says
+    modality = modality_of_source(source)
+    if modality != "text":
+        raise OptionError(
+            f"model {name!r} reads {modality}: the Ray pipeline runs text models; extract an image or "
+            "speech model's layers in one process (lw.extract_to_store, layerwise extract without --ray)"
+        )
     where, gguf = loader_args(source)
     remote = {"trust_remote_code": True} if settings.trust_remote_code else {}
     config = AutoConfig.from_pretrained(where, **gguf, **remote)

@@ -58,6 +58,12 @@ def create_app(
     streamed = [name for name, enc in encoders.items() if getattr(enc, "streamed", False)]
     if streamed:
         raise OptionError(NOT_INTERACTIVE.format(", ".join(map(repr, streamed))))
+    media = [f"{name!r} reads {enc.modality}" for name, enc in encoders.items() if enc.modality != "text"]
+    if media:
+        raise OptionError(
+            f"model {', '.join(media)}: the HTTP service and the explorer serve text models; extract an "
+            "image or speech model's layers with lw.extract_to_store or `layerwise extract`"
+        )
     settings = settings or ServeSettings()
     metrics = Metrics()
     batcher = Batcher(
