@@ -41,12 +41,14 @@ def _model_and_extractor(model_type: str):
     return config, T.WhisperFeatureExtractor(feature_size=16, sampling_rate=RATE)
 
 
-def save_audio_model(model_type: str, folder: Path, seed: int = 0) -> Path:
-    """A tiny random speech encoder of ``model_type`` and its feature extractor, in ``folder``."""
+def save_audio_model(model_type: str, folder: Path, seed: int = 0, layers: int = 2) -> Path:
+    """A tiny random speech encoder of ``model_type`` (``layers`` layers) and its feature extractor,
+    in ``folder``."""
     import torch
     from transformers import AutoModel
 
     config, extractor = _model_and_extractor(model_type)
+    setattr(config, "encoder_layers" if model_type == "whisper" else "num_hidden_layers", layers)
     torch.manual_seed(seed)
     AutoModel.from_config(config).save_pretrained(folder)
     extractor.save_pretrained(folder)

@@ -202,7 +202,7 @@ def probe(
         progress,
         budget=memory_budget or available_memory() // 2,
     )
-    unit, sentences = "sentences" if encoder.modality == "text" else f"{encoder.modality}s", None
+    unit, sentences = {"text": "sentences", "image": "images", "audio": "clips"}[encoder.modality], None
     if task in ("conllu", "conll"):
         column, metric, found, sentences = _tagging_task(
             encoder, task, train, dev, column, max_train, max_dev, run
