@@ -247,3 +247,29 @@ def test_front_ends_that_serve_text_models_refuse_an_image_model_by_name(vit, vi
     with pytest.raises(lw.OptionError, match="the Ray pipeline runs text models"):
         lw.ray.extract_to_store(lw.Settings(str(vit)), images, tmp_path / "ray.lw", lw.OutputPlan())
     assert not (tmp_path / "ray.lw").exists()
+
+
+def test_clips_text_tower_saved_alone_runs_as_a_text_encoder(tmp_path):
+    import torch
+    import transformers as T
+    from tokenizer_kinds import byte_level
+
+    tokenizer = byte_level("neox")
+    config = T.CLIPTextConfig(
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+        vocab_size=len(tokenizer), max_position_embeddings=64, pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.bos_token_id,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = T.CLIPTextModel(config).eval()
+    model.save_pretrained(tmp_path / "text")  # as CLIPTextModel.from_pretrained(name).save_pretrained does
+    tokenizer.save_pretrained(tmp_path / "text")
+    texts = ["a photo of a cat", "two dogs playing in the snow at night", "x"]
+    enc = lw.Encoder(tmp_path / "text")
+    assert enc.modality == "text"
+    for method in ("hidden_states", "hooks"):
+        for text, stack in zip(texts, enc.extract(texts, method=method), strict=True):
+            ids = tokenizer(text, return_tensors="pt")
+            with torch.no_grad():
+                want = torch.stack(model(**ids, output_hidden_states=True).hidden_states)[:, 0].numpy()
+            np.testing.assert_allclose(stack.hidden, want, atol=TOL, rtol=0)
