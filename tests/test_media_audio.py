@@ -126,6 +126,7 @@ def test_the_command_line_reads_audio_folders(tmp_path, waves):
     assert result.exit_code == 0, result.output
     store = lw.open_store(tmp_path / "c.lw")
     assert len(store) == 3 and store[0].text.endswith("clip0.wav")
+    np.testing.assert_allclose(store[2].units.times, lw.Encoder(folder).extract(waves[2]).units.times)
     want = lw.Encoder(folder).extract(waves[0]).hidden
     np.testing.assert_allclose(store[0].hidden.astype(np.float32), want, atol=2e-2)
     assert lw.read_meta(tmp_path / "c.lw")["modality"] == "audio"

@@ -173,6 +173,9 @@ def test_files_and_stores_take_image_stacks(vit_encoder, images, tmp_path):
     for k, stack in enumerate(stacks):
         assert store[k].tokens == stack.tokens and store[k].text == images[k]
         np.testing.assert_allclose(store[k].hidden.astype(np.float32), stack.hidden, atol=2e-2)
+        read = store[k].units  # the units back from their names and the store's record
+        assert read.kinds == stack.units.kinds and read.grid_shape == (4, 4)
+        assert (read.grid == stack.units.grid).all() and read.source == images[k]
     pooled = lw.OutputPlan.parse(layers="-1", pool="sentence:cls")
     lw.extract_to_file(vit_encoder, images, tmp_path / "v.parquet", pooled)
     import pyarrow.parquet as pq

@@ -51,6 +51,33 @@ class Units:
         return np.flatnonzero((begins >= start) & (begins < end))
 
 
+# how a unit before an image's patches is named in ``LayerStack.tokens`` (a patch: ``r{row}c{col}``)
+UNIT_NAMES = {"cls": "[CLS]", "distillation": "[DIST]", "register": "[REG]"}
+
+
+def units_from_names(tokens: tuple[str, ...], source: str, meta: Mapping) -> Units | None:
+    """An image's or a sound's units from what a store or a file keeps: each unit's name (``[CLS]``,
+    ``r3c5``) and the run's metadata (its ``modality``; a frame's ``frame_seconds``: stride and span).
+    None for a text's tokens."""
+    modality = meta.get("modality")
+    n = len(tokens)
+    if modality == "audio":
+        stride, span = meta["frame_seconds"]
+        starts = np.arange(n, dtype=np.float64) * stride
+        return Units("audio", ("frame",) * n, source, times=np.stack([starts, starts + span], axis=1))
+    if modality != "image":
+        return None
+    kind_of = {name: kind for kind, name in UNIT_NAMES.items()}
+    kinds = tuple(kind_of.get(token, "patch") for token in tokens)
+    grid = np.full((n, 2), -1, dtype=np.int32)
+    for i, (token, kind) in enumerate(zip(tokens, kinds, strict=True)):
+        if kind == "patch":
+            row, _, col = token[1:].partition("c")
+            grid[i] = int(row), int(col)
+    shape = (int(grid[:, 0].max()) + 1, int(grid[:, 1].max()) + 1) if "patch" in kinds else None
+    return Units("image", kinds, source, grid, shape)
+
+
 @dataclass(frozen=True, eq=False)
 class LayerStack:
     """Every requested hidden state of one input.

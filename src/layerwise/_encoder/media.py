@@ -201,6 +201,8 @@ class MediaEncoder(FeatureCalls):
             "forward": "general",
             "modality": self.modality,
             "units": sorted({*self.family.prefix_of(self.config), _CONTENT[self.modality]}),
+            # a frame's stride and span in seconds: the store's readers give each frame its times
+            "frame_seconds": self.run.frame_seconds if isinstance(self.run, AudioRun) else None,
             "weights_sha256": weights_sha256(self.loaded.model),
             "hidden_size": self.hidden_size,
             "decoder": False,

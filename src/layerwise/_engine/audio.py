@@ -74,6 +74,11 @@ class AudioRun:
     def seconds_per_frame(self) -> float:
         return self.stride / self.loaded.rate
 
+    @property
+    def frame_seconds(self) -> list[float]:
+        """A frame's stride and span, in seconds (every output's metadata records them)."""
+        return [self.stride / self.loaded.rate, self.span / self.loaded.rate]
+
     def prepare(self, items: Sequence[Any], first: int) -> list[tuple[np.ndarray, str]]:
         """``items`` (input ``first`` on) decoded, mixed to mono and resampled to the model's rate."""
         return [open_audio(item, first + k, self.loaded.rate) for k, item in enumerate(items)]

@@ -19,7 +19,7 @@ import torch
 from .._inputs.ahead import ahead
 from .._inputs.images import open_image
 from .._model.loading.media import LoadedMedia
-from .._results import LayerStack, Units, check_float16_rows
+from .._results import UNIT_NAMES, LayerStack, Units, check_float16_rows
 from .rows import nonfinite_error, warn_nonfinite
 
 
@@ -108,9 +108,6 @@ class MediaRun:
         return Units("image", kinds, "", grid, (rows, cols))
 
 
-_LABELS = {"cls": "[CLS]", "distillation": "[DIST]", "register": "[REG]"}
-
-
 def unit_stack(hidden: np.ndarray, layers: tuple[int, ...], units: Units, name: str) -> LayerStack:
     """One input's LayerStack: its states ``(L, n_units, H)``, its units named (``[CLS]``,
     ``r2c5``) and numbered as words (content units: their number; the others -1)."""
@@ -118,7 +115,7 @@ def unit_stack(hidden: np.ndarray, layers: tuple[int, ...], units: Units, name: 
     word_ids = np.where(content, np.cumsum(content) - 1, -1).astype(np.int32)
     if units.grid is not None:
         places = zip(units.kinds, units.grid.tolist(), strict=True)
-        tokens = tuple(_LABELS.get(kind, f"r{row}c{col}") for kind, (row, col) in places)
+        tokens = tuple(UNIT_NAMES.get(kind, f"r{row}c{col}") for kind, (row, col) in places)
     else:
         tokens = tuple(f"{start:.2f}s" for start in (units.times[:, 0] if units.times is not None else ()))
     n = len(units.kinds)

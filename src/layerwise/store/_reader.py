@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .._results import LayerStack, WordVectors
+from .._results import LayerStack, WordVectors, units_from_names
 from ..errors import LayerSpecError, OptionError, StoreError
 from ._format import DATA, read_store_meta, require_store_dependencies
 from ._layer_view import LayerView
@@ -240,4 +240,5 @@ class Store(StoreDescription):
             text_pair=record["text_pair"],
             truncated=record["truncated"],
             n_windows=record["n_windows"],
+            units=units_from_names(tuple(record["tokens"]), record["text"], self.meta),
         )
