@@ -4,6 +4,7 @@ need no corpus: they run before anything is written (writer.py, step 1)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from .._settings.settings import FinalNorm
 from ..errors import OptionError
@@ -99,4 +100,14 @@ def check_numbers(encoder, context, tokens, dtype, shuffle_seed, final_norm, sha
         raise OptionError(
             f"shard_bytes={shard_bytes:,} is past its bound, {MAX_SHARD_BYTES:,} (2 GiB): a shard is held in "
             f"memory while it is written. Use {SHARD_BYTES:,} (the default) or less"
+        )
+
+
+def check_text_model(encoder: Any) -> None:
+    """An image's or a clip's units are no token stream to pack: refused, naming what to use."""
+    if encoder.modality != "text":
+        raise OptionError(
+            f"model {encoder.name!r} reads {encoder.modality}: the activation cache packs a text model's "
+            "token stream into contexts (SAELens' format); extract its layers to a store instead "
+            "(lw.extract_to_store, layerwise extract -o x.lw)"
         )

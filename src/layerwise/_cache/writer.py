@@ -56,7 +56,7 @@ from .format import (
     write_json,
 )
 from .load import shard_crcs
-from .options import CacheOptions, check_numbers, columns_of
+from .options import CacheOptions, check_numbers, check_text_model, columns_of
 from .shards import file_crc32, write_dataset_index, write_shard
 
 # what must match for a run to resume a cache (the rest of the record says how it ran): the
@@ -166,12 +166,7 @@ def begin_cache(
     from .._model.forward.hooks import check_family_taps
 
     require_cache_dependencies()
-    if encoder.modality != "text":  # an image's or a clip's units are no token stream to pack
-        raise OptionError(
-            f"model {encoder.name!r} reads {encoder.modality}: the activation cache packs a text model's "
-            "token stream into contexts (SAELens' format); extract its layers to a store instead "
-            "(lw.extract_to_store, layerwise extract -o x.lw)"
-        )
+    check_text_model(encoder)
     path = Path(path)
     layers, context, tokens, dtype = options.layers, options.context, options.tokens, options.dtype
     shuffle_seed, final_norm, shard_bytes = options.shuffle_seed, options.final_norm, options.shard_bytes

@@ -43,16 +43,9 @@ NOT_INTERACTIVE = (
 )
 
 
-def create_app(
-    encoders: Mapping[str, Encoder],
-    settings: ServeSettings | None = None,
-    *,
-    explorer: bool = True,
-    reference_store: str | os.PathLike | None = None,
-):
-    """The ASGI app serving ``encoders`` (name -> Encoder, each loaded once, before this call).
-    ``explorer``: serve the layer explorer page at ``/`` (its neighbours, projections and CKA use
-    ``reference_store``, a token-level store of one of the models, else the built-in sample)."""
+def _check_servable(encoders: Mapping[str, Encoder]) -> None:
+    """Refuse, by name, models the service cannot answer for: none, a streamed one (each request
+    would read its weights), one that reads images or sound."""
     if not encoders:
         raise OptionError("create_app needs at least one model")
     streamed = [name for name, enc in encoders.items() if getattr(enc, "streamed", False)]
@@ -64,6 +57,19 @@ def create_app(
             f"model {', '.join(media)}: the HTTP service and the explorer serve text models; extract an "
             "image or speech model's layers with lw.extract_to_store or `layerwise extract`"
         )
+
+
+def create_app(
+    encoders: Mapping[str, Encoder],
+    settings: ServeSettings | None = None,
+    *,
+    explorer: bool = True,
+    reference_store: str | os.PathLike | None = None,
+):
+    """The ASGI app serving ``encoders`` (name -> Encoder, each loaded once, before this call).
+    ``explorer``: serve the layer explorer page at ``/`` (its neighbours, projections and CKA use
+    ``reference_store``, a token-level store of one of the models, else the built-in sample)."""
+    _check_servable(encoders)
     settings = settings or ServeSettings()
     metrics = Metrics()
     batcher = Batcher(
