@@ -656,7 +656,9 @@ def sweep_counts() -> str:
     outcomes, reasons = data["outcomes"], data["refusals"]
     paths = ", ".join(f"{count} {path}" for path, count in sorted(data["equal_by_path"].items()))
     refused = "; ".join(f"{reason} {count}" for reason, count in sorted(reasons.items(), key=lambda r: -r[1]))
-    wrong = sum(c for outcome, c in outcomes.items() if outcome not in ("equal", "refused", "skipped", "media"))
+    wrong = sum(
+        c for outcome, c in outcomes.items() if outcome not in ("equal", "refused", "skipped", "media")
+    )
     media = outcomes.get("media", 0)
     return (
         f"With transformers {data['transformers']}: **{data['types']} types**, "
