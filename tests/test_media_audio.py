@@ -122,8 +122,9 @@ def test_the_command_line_reads_audio_folders(tmp_path, waves):
     for k, wave in enumerate(waves):
         soundfile.write(tmp_path / "clips" / f"clip{k}.wav", wave, RATE, subtype="FLOAT")
     result = CliRunner().invoke(app, ["extract", str(tmp_path / "clips"), "-m", str(folder), "-o",
-                                      str(tmp_path / "c.lw"), "-q"])  # fmt: skip
+                                      str(tmp_path / "c.lw")])  # fmt: skip
     assert result.exit_code == 0, result.output
+    assert "stored 3 clips," in result.output
     store = lw.open_store(tmp_path / "c.lw")
     assert len(store) == 3 and store[0].text.endswith("clip0.wav")
     np.testing.assert_allclose(store[2].units.times, lw.Encoder(folder).extract(waves[2]).units.times)

@@ -193,8 +193,9 @@ def test_the_command_line_reads_folders_and_globs(vit, images, tmp_path):
     folder = str(images[0]).rsplit("/", 1)[0]
     runner = CliRunner()
     out = tmp_path / "cli.npz"
-    result = runner.invoke(app, ["extract", folder, "-m", str(vit), "-o", str(out), "-q"])
+    result = runner.invoke(app, ["extract", folder, "-m", str(vit), "-o", str(out)])
     assert result.exit_code == 0, result.output
+    assert "wrote 3 input(s), 51 units x 3 layers" in result.output
     texts = lw.read_npz_texts(np.load(out))
     assert list(texts) == sorted(images)
     store = str(tmp_path / "g.lw")

@@ -114,7 +114,7 @@ def extract(
             progress=progress,
         )
         if not quiet:
-            _report_store(stored, enc.name, corpus.scan().n_skipped)
+            _report_store(stored, enc.name, corpus.scan().n_skipped, enc.modality)
         return
     from .._files.writers import extract_to_file
 
@@ -122,9 +122,8 @@ def extract(
         enc, corpus, output, plan, source=corpus.describe(), progress=progress, keep_text=not no_text
     )
     if not quiet:
-        _report_file(
-            summary, plan.hidden_states(enc.n_hidden_states), enc.name, enc.max_length, output, started
-        )
+        layers = plan.hidden_states(enc.n_hidden_states)
+        _report_file(summary, layers, enc.name, enc.max_length, output, started, enc.modality)
 
 
 def _corpus_of(inputs: list[str], columns: CorpusColumns, settings: Settings) -> Corpus:
@@ -236,13 +235,18 @@ def _extract_on_ray(
         )
 
 
+# what a run's summaries call an input and its units, by what the model reads
+_NOUNS = {"text": ("texts", "tokens"), "image": ("images", "units"), "audio": ("clips", "frames")}
+
+
 def _report_file(
-    summary: dict, layers, model: str, max_length: int | None, output: Path, started: float
+    summary: dict, layers, model: str, max_length: int | None, output: Path, started: float, modality: str
 ) -> None:
     seconds = time.perf_counter() - started
+    units = _NOUNS[modality][1]
     notes = []
     if summary["n_truncated"]:
-        notes.append(f"{summary['n_truncated']} truncated to {max_length} tokens")
+        notes.append(f"{summary['n_truncated']} truncated to {max_length} {units}")
     if summary["n_words"]:
         notes.append(f"{summary['n_words']} words")
     if summary.get("n_empty"):
@@ -250,22 +254,22 @@ def _report_file(
     if summary.get("n_skipped"):
         notes.append(f"{summary['n_skipped']} bad rows skipped")
     err.print(
-        f"wrote {summary['n_texts']} input(s), {summary['n_tokens']} tokens x {len(layers)} layers "
+        f"wrote {summary['n_texts']} input(s), {summary['n_tokens']} {units} x {len(layers)} layers "
         f"of {model} to {output} in {seconds:.1f} s" + (f" ({'; '.join(notes)})" if notes else ""),
         highlight=False,
         soft_wrap=True,
     )
 
 
-def _report_store(summary, model: str, n_skipped: int = 0) -> None:
+def _report_store(summary, model: str, n_skipped: int = 0, modality: str = "text") -> None:
+    inputs = _NOUNS[modality][0]
     if summary.n_written == 0 and summary.n_already_committed == summary.n_texts:
-        err.print(
-            f"{summary.path} is complete: {summary.n_texts} texts of {model}; nothing to do", highlight=False
-        )
+        said = f"{summary.path} is complete: {summary.n_texts} {inputs} of {model}; nothing to do"
+        err.print(said, highlight=False)
         return
-    resumed = f" (resumed after {summary.n_already_committed} committed texts)" if summary.resumed else ""
+    resumed = f" (resumed after {summary.n_already_committed} committed {inputs})" if summary.resumed else ""
     err.print(
-        f"stored {summary.n_written} texts{resumed}, {summary.n_rows} rows of {model} in {summary.path} "
+        f"stored {summary.n_written} {inputs}{resumed}, {summary.n_rows} rows of {model} in {summary.path} "
         f"in {summary.seconds:.1f} s"
         + (f"; {summary.n_truncated} truncated" if summary.n_truncated else "")
         + (f"; {n_skipped} bad rows skipped" if n_skipped else ""),
