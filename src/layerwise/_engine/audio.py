@@ -21,7 +21,6 @@ given its 20 ms). How clips share a batch follows what gives each clip's own num
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import logging
 import math
 from collections.abc import Iterator, Sequence
@@ -30,13 +29,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from .._inputs.ahead import ahead
 from .._inputs.audio import open_audio
 from .._inputs.windows import stitch
 from .._model.loading.media import LoadedMedia
 from .._results import LayerStack, Units, check_float16
 from .audio_windows import Piece, frame_windows
-from .media import unit_stack
+from .media import prepared_batches, unit_stack
 from .rows import nonfinite_error, warn_nonfinite
 
 logger = logging.getLogger("layerwise")
@@ -71,10 +69,6 @@ class AudioRun:
         self.shared = self.whisper or (config.model_type in PADDED and norm == "layer" and masked)
 
     @property
-    def seconds_per_frame(self) -> float:
-        return self.stride / self.loaded.rate
-
-    @property
     def frame_seconds(self) -> list[float]:
         """A frame's stride and span, in seconds (every output's metadata records them)."""
         return [self.stride / self.loaded.rate, self.span / self.loaded.rate]
@@ -98,12 +92,8 @@ class AudioRun:
         than the frames one forward reads is cut there, or with ``window`` read in windows whose
         starts are ``step`` frames apart (audio_windows.py)."""
         size = batch_size or self.batch_size
-        starts = list(range(0, len(items), size))
-        if not starts:
-            return iter(())
-        stream = ahead(starts, lambda lo: self.prepare(items[lo : lo + size], lo))
-        first = next(stream)  # the second batch is decoded on a thread meanwhile (inputs/ahead.py)
-        return self._run(itertools.chain([first], stream), layers, dtype, size, (window, step))
+        batches = prepared_batches(items, size, self.prepare)
+        return iter(()) if batches is None else self._run(batches, layers, dtype, size, (window, step))
 
     def _run(
         self, batches: Any, layers: tuple[int, ...], dtype: str, size: int, windows: tuple[bool, int | None]
@@ -136,7 +126,7 @@ class AudioRun:
                 "every frame",
                 len(cut),
                 self.limit,
-                self.limit * self.seconds_per_frame,
+                self.limit * self.frame_seconds[0],
                 "Whisper's window" if self.whisper else "max_length",
                 cut[0],
             )

@@ -10,7 +10,7 @@ on its own module objects, called with ``output_hidden_states=True``: nothing is
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -56,14 +56,8 @@ class MediaRun:
         """``(input index, LayerStack of layers)`` for ``items``, in input order. The first batch is
         decoded before this returns, so that a bad first input fails at the call. An image is read
         whole: ``window`` and ``step`` change nothing for it."""
-        size = batch_size or self.batch_size
-        starts = list(range(0, len(items), size))
-        if not starts:
-            return iter(())
-        # drawing the first batch starts the second's preparation on a thread (inputs/ahead.py)
-        stream = ahead(starts, lambda lo: self.prepare(items[lo : lo + size], lo))
-        first = next(stream)
-        return self._run(itertools.chain([first], stream), layers, dtype)
+        batches = prepared_batches(items, batch_size or self.batch_size, self.prepare)
+        return iter(()) if batches is None else self._run(batches, layers, dtype)
 
     def _run(self, batches: Any, layers: tuple[int, ...], dtype: str) -> Iterator[tuple[int, LayerStack]]:
         flagged: list[int] = []
@@ -106,6 +100,20 @@ class MediaRun:
         grid[len(prefix) :, 1] = np.tile(np.arange(cols), rows)
         kinds = (*prefix, *("patch",) * (rows * cols))
         return Units("image", kinds, "", grid, (rows, cols))
+
+
+def prepared_batches(
+    items: Sequence[Any], size: int, prepare: Callable[[Sequence[Any], int], Any]
+) -> Iterator[tuple[int, Any]] | None:
+    """``(first index, prepare(its items, first index))`` for each batch of ``size`` items; None for
+    no items. The first batch is prepared now, so that a bad first input fails at the call; drawing
+    it starts the second's preparation on a thread (_inputs/ahead.py), and so on."""
+    starts = list(range(0, len(items), size))
+    if not starts:
+        return None
+    stream = ahead(starts, lambda lo: prepare(items[lo : lo + size], lo))
+    first = next(stream)
+    return itertools.chain([first], stream)
 
 
 def unit_stack(hidden: np.ndarray, layers: tuple[int, ...], units: Units, name: str) -> LayerStack:
