@@ -112,3 +112,24 @@ def reference_states(folder: Path, images: list, model_class=None) -> list[np.nd
             out = model(pixel_values=pixels, output_hidden_states=True)
         states.append(torch.stack(out.hidden_states)[:, 0].numpy())
     return states
+
+
+def probe_files(files: list[str], folder: Path, model: Path) -> dict:
+    """``layerwise probe tsv`` on ``files`` (the first four to train on, the rest to test), labelled
+    a, b, a, b, … in a path column: the probe's JSON result."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from layerwise.cli import app
+
+    rows = ["path,label", *(f"{path},{'ab'[k % 2]}" for k, path in enumerate(files))]
+    (folder / "train.csv").write_text("\n".join(rows[:5]) + "\n")
+    (folder / "dev.csv").write_text("\n".join([rows[0], *rows[5:]]) + "\n")
+    result = CliRunner().invoke(
+        app,
+        ["probe", "tsv", "--train", str(folder / "train.csv"), "--dev", str(folder / "dev.csv"),
+         "--text-column", "path", "-m", str(model), "--json", str(folder / "probe.json")],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    return json.loads((folder / "probe.json").read_text())

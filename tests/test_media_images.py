@@ -8,7 +8,14 @@ import io
 
 import numpy as np
 import pytest
-from media_models import MEDIA_TYPES, reference_states, save_clip, save_image_model, save_images
+from media_models import (
+    MEDIA_TYPES,
+    probe_files,
+    reference_states,
+    save_clip,
+    save_image_model,
+    save_images,
+)
 
 import layerwise as lw
 
@@ -227,16 +234,7 @@ def test_info_layers_and_probe_take_an_image_model(images, tmp_path):
     assert "measured on text encoders" in result.output
     result = runner.invoke(app, ["layers", str(tmp_path / "more"), "-m", str(folder), "--views", "2"])
     assert result.exit_code != 0 and "--views 0" in result.output
-    rows = ["path,label", *(f"{p},{'ab'[k % 2]}" for k, p in enumerate(more))]
-    (tmp_path / "train.csv").write_text("\n".join(rows[:5]) + "\n")
-    (tmp_path / "dev.csv").write_text("\n".join([rows[0], *rows[5:]]) + "\n")
-    result = runner.invoke(
-        app,
-        ["probe", "tsv", "--train", str(tmp_path / "train.csv"), "--dev", str(tmp_path / "dev.csv"),
-         "--text-column", "path", "-m", str(folder), "--json", str(tmp_path / "p.json")],
-    )  # fmt: skip
-    assert result.exit_code == 0, result.output
-    probe = json.loads((tmp_path / "p.json").read_text())
+    probe = probe_files(more, tmp_path, folder)
     assert probe["n_train"] == 4 and probe["n_dev"] == 2 and probe["unit"] == "images"
 
 

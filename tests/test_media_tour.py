@@ -4,12 +4,10 @@ Whisper encoder (tiny random models of their real classes)."""
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
 from audio_models import RATE, clips, save_audio_model
-from media_models import save_image_model, save_images
+from media_models import probe_files, save_image_model, save_images
 from typer.testing import CliRunner
 
 import layerwise as lw
@@ -53,14 +51,5 @@ def test_extract_store_layers_probe(model_type, modality, tmp_path):
     result = runner.invoke(app, ["layers", str(tmp_path / "files"), "-m", str(model), "-q"])
     assert result.exit_code == 0, result.output
     assert "label-free metrics over 6" in result.output
-    rows = ["path,label", *(f"{path},{'ab'[k % 2]}" for k, path in enumerate(files))]
-    (tmp_path / "train.csv").write_text("\n".join(rows[:5]) + "\n")
-    (tmp_path / "dev.csv").write_text("\n".join([rows[0], *rows[5:]]) + "\n")
-    result = runner.invoke(
-        app,
-        ["probe", "tsv", "--train", str(tmp_path / "train.csv"), "--dev", str(tmp_path / "dev.csv"),
-         "--text-column", "path", "-m", str(model), "--json", str(tmp_path / "probe.json")],
-    )  # fmt: skip
-    assert result.exit_code == 0, result.output
-    said = json.loads((tmp_path / "probe.json").read_text())
+    said = probe_files(files, tmp_path, model)
     assert said["n_train"] == 4 and said["unit"] == ("images" if modality == "image" else "clips")
