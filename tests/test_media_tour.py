@@ -1,8 +1,10 @@
 """The README's tour on an image and a speech model: files a user has, extracted to a store, the
-layers ranked without labels, a probe per layer; for a ViT, a CLIP vision tower, a wav2vec2 and a
-Whisper encoder (tiny random models of their real classes)."""
+layers ranked without labels, a probe per layer, the explorer's view of one file; for a ViT, a CLIP
+vision tower, a wav2vec2 and a Whisper encoder (tiny random models of their real classes)."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -53,3 +55,33 @@ def test_extract_store_layers_probe(model_type, modality, tmp_path):
     assert "label-free metrics over 6" in result.output
     said = probe_files(files, tmp_path, model)
     assert said["n_train"] == 4 and said["unit"] == ("images" if modality == "image" else "clips")
+    _explore(model, files[0])
+
+
+def _explore(model, path: str) -> None:
+    """The explorer's view of ``path`` (as the page asks for it) equals token_statistics of extract."""
+    import asyncio
+    import base64
+
+    httpx = pytest.importorskip("httpx")
+    from layerwise.explore import token_statistics
+    from layerwise.serve import create_app
+
+    enc = lw.Encoder(model)
+    app = create_app({"m": enc})
+    data = base64.b64encode(Path(path).read_bytes()).decode()
+
+    async def ask():
+        transport = httpx.ASGITransport(app=app)
+        async with (
+            app.router.lifespan_context(app),
+            httpx.AsyncClient(transport=transport, base_url="http://t") as c,
+        ):
+            return await c.post("/v1/explore/media", json={"model": "m", "input": data})
+
+    response = asyncio.run(ask())
+    assert response.status_code == 200, response.text
+    norms = np.array(response.json()["statistics"]["norm"], dtype=np.float64)
+    np.testing.assert_allclose(
+        norms, token_statistics(enc.extract(path, long_texts="window"))["norm"], rtol=1e-5
+    )

@@ -37,7 +37,7 @@ def served(make_tiny_model):
 def test_every_operation_answers_as_documented(served):
     failures, statuses = fuzz(served, EXAMPLES)
     assert not failures, "\n\n".join(f"{label}:\n{report}" for label, report in failures.items())
-    assert len(statuses) == 13  # 12 operations, and /v1/layers as npz too
+    assert len(statuses) == 14  # 13 operations, and /v1/layers as npz too
     assert all(status < 500 for counts in statuses.values() for status in counts)
 
 

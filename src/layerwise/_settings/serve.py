@@ -39,6 +39,16 @@ def read_api_key(path: str | os.PathLike | None) -> str | None:
     return key or None
 
 
+def media_folder(path: str | os.PathLike | None) -> Path | None:
+    """``--media-root``: an existing folder, resolved (a request's file: URL must lie under it)."""
+    if path is None:
+        return None
+    folder = Path(path).expanduser().resolve()
+    if not folder.is_dir():
+        raise OptionError(f"--media-root {str(path)!r} is not a folder; name the folder of the files served")
+    return folder
+
+
 def limit(
     default: Any,
     help: str,
@@ -106,6 +116,12 @@ class ServeSettings:
         min=0.001,
         max=3600,
     )
+    # a request names files only under this folder (file: URLs of images and audio); none without it
+    media_root: Path | None = limit(
+        None,
+        "Folder whose images and audio requests may name by file: URL [default: none, base64 only]",
+        option=("media_root", Path | None, None, media_folder),
+    )
     long_texts: LongTexts = limit(
         "truncate",
         "Inputs over the model maximum, where a request does not say: truncate, or sliding windows",
@@ -160,6 +176,7 @@ class ServeSettings:
         ):
             raise OptionError(f"concurrent_forwards={forwards!r} must be a whole number >= 1 (or None)")
         check_long_texts(self.long_texts, self.stride)
+        object.__setattr__(self, "media_root", media_folder(self.media_root))
         if self.api_key is not None and len(self.api_key) < 8:
             raise OptionError("the API key is shorter than 8 characters; use a long random one")
 

@@ -145,11 +145,14 @@ def _load_encoders(model: list[str] | None, base) -> dict:
         raise OptionError(NOT_INTERACTIVE.format("the model"))
     passive_openmp_here()
     from .._encoder import Encoder
+    from .._model.loading.source import reads_media
 
     use_available_cores()
     encoders = {}
     for name in list(model) if model else [None]:
-        encoder = Encoder.from_settings(base.replace(model=name))
+        # an image or a speech model runs in this process, one request at a time (serve/_media.py)
+        forwards = None if reads_media(name) else base.concurrent_forwards
+        encoder = Encoder.from_settings(base.replace(model=name, concurrent_forwards=forwards))
         # the explorer's attention maps (taps) need the transformers model: built at start (1.5-2 s,
         # model/handle.py), not in the middle of somebody's request
         _ = encoder.model

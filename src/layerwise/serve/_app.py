@@ -45,18 +45,12 @@ NOT_INTERACTIVE = (
 
 def _check_servable(encoders: Mapping[str, Encoder]) -> None:
     """Refuse, by name, models the service cannot answer for: none, a streamed one (each request
-    would read its weights), one that reads images or sound."""
+    would read its weights)."""
     if not encoders:
         raise OptionError("create_app needs at least one model")
     streamed = [name for name, enc in encoders.items() if getattr(enc, "streamed", False)]
     if streamed:
         raise OptionError(NOT_INTERACTIVE.format(", ".join(map(repr, streamed))))
-    media = [f"{name!r} reads {enc.modality}" for name, enc in encoders.items() if enc.modality != "text"]
-    if media:
-        raise OptionError(
-            f"model {', '.join(media)}: the HTTP service and the explorer serve text models; extract an "
-            "image or speech model's layers with lw.extract_to_store or `layerwise extract`"
-        )
 
 
 def create_app(
@@ -95,8 +89,9 @@ def create_app(
         lifespan=lifespan,
         docs_url=None,  # served from this machine's files (docs_pages.py), not FastAPI's CDN pages
         redoc_url=None,
-        description="Every layer of BERT-family encoders and decoder LMs over HTTP. OpenAI-compatible "
-        "/v1/embeddings; /v1/layers for tokens, words and sentences at any layer.",
+        description="Every layer of text encoders, decoder LMs, image and speech models over HTTP. "
+        "OpenAI-compatible /v1/embeddings (text); /v1/layers for tokens, words, patches, frames and "
+        "sentences at any layer.",
     )
     describe_served(app, encoders)
     app.state.batcher, app.state.metrics, app.state.settings = batcher, metrics, settings
@@ -119,6 +114,7 @@ def create_app(
             run=service.run,
             batcher=batcher,
             max_tokens=settings.max_explore_tokens,
+            settings=settings,
             store=reference_store,
         )
     app.add_middleware(LimitBody, max_bytes=settings.max_body_bytes)
@@ -137,9 +133,12 @@ def create_app(
 
 # ---------------------------------------------------------------------------------------------- helpers
 def _runner(encoders: Mapping[str, Encoder], settings: ServeSettings):
+    """The batcher's runner of the text models (an image or a speech model runs in this process,
+    one request at a time: _media.py)."""
     from ._runners import LocalRunner
 
-    if settings.model_process:
+    encoders = {name: enc for name, enc in encoders.items() if enc.modality == "text"}
+    if settings.model_process and encoders:
         from ._model_process import ProcessRunner
 
         return ProcessRunner(encoders, settings.concurrent_forwards)

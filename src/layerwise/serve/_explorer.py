@@ -24,6 +24,7 @@ from starlette.staticfiles import StaticFiles
 
 from ..errors import LayerwiseError, OptionError
 from ._errors import mapped_route_class
+from ._explorer_media import MediaRequest, media_view
 from ._explorer_views import VIEWS, TextRequest, View
 from ._responses import ApiError, json_response
 from ._schemas import error_responses
@@ -33,6 +34,7 @@ EXPLORE_ERRORS = (401, 404, 413, 422, 429, 500, 503)
 if TYPE_CHECKING:
     from .._encoder import Encoder
     from .._results import LayerStack
+    from .._settings.serve import ServeSettings
     from ..explore import CausalLMHead, MaskedLMHead, ReferenceSet
     from ._batcher import Batcher
 
@@ -58,6 +60,7 @@ class Explorer:
         run: Callable[..., Any],
         batcher: Batcher,
         max_tokens: int,
+        settings: ServeSettings,
         store: str | os.PathLike | None = None,
         store_model: str | None = None,
     ) -> None:
@@ -68,7 +71,7 @@ class Explorer:
             batcher,
             max_tokens,
         )
-        self.store, self.store_model = store, store_model
+        self.store, self.store_model, self.settings = store, store_model, settings
         self._references: dict[str, ReferenceSet] = {}
         self._heads: dict[str, MaskedLMHead | CausalLMHead | None] = {}
         self._lock = threading.Lock()
@@ -114,6 +117,7 @@ def add_explorer(
     run: Callable[..., Any],
     batcher: Batcher,
     max_tokens: int,
+    settings: ServeSettings,
     store: str | os.PathLike | None = None,
 ) -> None:
     """Mount the page and its endpoints on ``app`` (see the module docstring). ``store`` must be a
@@ -125,6 +129,7 @@ def add_explorer(
         run=run,
         batcher=batcher,
         max_tokens=max_tokens,
+        settings=settings,
         store=store,
         store_model=store_model,
     )
@@ -159,10 +164,14 @@ async def info(explorer: Served):
         if name != served.name:
             continue  # aliases
         enc = served.encoder
+        if enc.modality != "text":  # the media view (/v1/explore/media) shows it
+            entries.append(_media_entry(name, enc))
+            continue
         head = await run_in_threadpool(explorer.head, name, enc)
         entries.append(
             {
                 "id": name,
+                "modality": "text",
                 "n_hidden_states": enc.n_hidden_states,
                 "n_heads": int(getattr(enc.models.config, "num_attention_heads", 0) or 0),  # 0: none (Mamba)
                 "hidden_size": enc.hidden_size,
@@ -185,6 +194,7 @@ async def info(explorer: Served):
 )
 async def similarity(explorer: Served, model: str | None = None):
     served = explorer.pick(model)
+    _text_only(served)
 
     def work():
         reference = explorer.reference(served.name, served.encoder)
@@ -204,6 +214,7 @@ def _route(view: View) -> Callable:
 
     async def endpoint(explorer: Explorer, body: Any):
         served = explorer.pick(body.model)
+        _text_only(served)
         stack = await explorer.stack_of(served, body) if view.with_stack else None
         return json_response(await run_in_threadpool(view.work, explorer, served, body, stack))
 
@@ -216,6 +227,17 @@ def _route(view: View) -> Callable:
     )
     endpoint.__name__ = view.name
     return endpoint
+
+
+@router.post(
+    "/v1/explore/media",
+    summary="Explorer: an image's patches or a clip's frames, statistics per layer",
+    response_model=dict[str, Any],
+    responses=error_responses(*EXPLORE_ERRORS),
+)
+async def media(explorer: Served, body: MediaRequest):
+    served = explorer.pick(body.model)
+    return json_response(await run_in_threadpool(media_view, explorer, served, body))
 
 
 for _view in VIEWS:
@@ -241,6 +263,34 @@ def _store_model(store: str | os.PathLike, served: set[str]) -> str:
             f"(serving {', '.join(sorted(served))}): add --model {model}"
         )
     return model
+
+
+def _text_only(served: Any) -> None:
+    """The text views refuse an image or a speech model, naming the view that shows it."""
+    modality = served.encoder.modality
+    if modality != "text":
+        raise ApiError(
+            422,
+            f"model {served.name!r} reads {'images' if modality == 'image' else 'sound'}: the text views do "
+            "not apply; POST /v1/explore/media shows its units layer by layer",
+            param="model",
+        )
+
+
+def _media_entry(name: str, enc: Any) -> dict:
+    return {
+        "id": name,
+        "modality": enc.modality,
+        "n_hidden_states": enc.n_hidden_states,
+        "n_heads": int(getattr(enc.config, "num_attention_heads", 0) or 0),
+        "hidden_size": enc.hidden_size,
+        "max_length": enc.max_length,
+        "lens": False,
+        "mask_token": None,
+        "decoder": False,
+        "final_norm": None,
+        "reference": None,
+    }
 
 
 def _installed(projection: str) -> bool:

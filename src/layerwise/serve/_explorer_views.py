@@ -62,7 +62,7 @@ def _tokens(explorer: Any, served: Any, body: TextRequest, stack: LayerStack) ->
     return {
         "model": served.name,
         **_token_fields(stack, _shown(served.encoder)),
-        "statistics": {name: _nullable(values) for name, values in stats.items()},
+        "statistics": {name: nullable(values) for name, values in stats.items()},
     }
 
 
@@ -196,7 +196,7 @@ def _token_fields(stack, shown: Callable[[str], str]) -> dict:
     }
 
 
-def _nullable(values: np.ndarray) -> list:
+def nullable(values: np.ndarray) -> list:
     """Nested lists with NaN as None (JSON has no NaN)."""
     return [[None if np.isnan(v) else float(v) for v in row] for row in values]
 

@@ -77,6 +77,7 @@ async def list_models(service: Served):
             "n_hidden_states": enc.n_hidden_states,
             "hidden_size": enc.hidden_size,
             "max_length": enc.max_length,
+            "modality": enc.modality,
         }
         for name, enc in service.encoders.items()
     ]

@@ -3,6 +3,7 @@ are strict (no "3" for 3), and layerwise's own fields take the CLI's string form
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
@@ -51,6 +52,23 @@ def _long_texts(settings: ServeSettings) -> dict[str, Any]:
     """The server's long-text handling, as a plan takes it (the requests do not choose it)."""
     stride = settings.stride if settings.long_texts == "window" else None
     return {"long_texts": settings.long_texts, "stride": stride}
+
+
+INPUT_FIELDS = ("texts", "pairs", "words", "images", "audio")  # a /v1/layers request sends one
+# how an image or a clip travels in a request (serve/_media.py reads them)
+INPUT_HELP = (
+    "base64 of the file's bytes, a data: URL (data:image/png;base64,...), or a file: URL of a file "
+    "under the server's --media-root"
+)
+
+
+def one_of(fields: Sequence[str]) -> list[Any]:
+    """JSON Schema for "exactly one of ``fields``" (_served_schema.py narrows it to those served)."""
+    if len(fields) == 1:
+        return [{"required": list(fields)}]
+    return [
+        {"required": [f], "not": {"anyOf": [{"required": [o]} for o in fields if o != f]}} for f in fields
+    ]
 
 
 class StrictModel(BaseModel):
@@ -113,20 +131,11 @@ class EmbeddingsRequest(StrictModel):
 
 class LayersRequest(StrictModel):
     """``POST /v1/layers``: per input, tokens, offsets, word ids and the requested layers' vectors.
-    Exactly one of ``texts`` (with ``text_pairs`` for pairs), ``pairs`` or ``words``, non-empty."""
+    Exactly one of ``texts`` (with ``text_pairs`` for pairs), ``pairs`` or ``words``, non-empty; or
+    for an image or a speech model, ``images`` or ``audio`` (its units for its tokens)."""
 
-    # the schema says what the server refuses: exactly one of the three inputs (schemathesis ST202)
-    model_config = ConfigDict(
-        extra="forbid",
-        strict=True,
-        json_schema_extra={
-            "oneOf": [
-                {"required": ["texts"], "not": {"anyOf": [{"required": ["pairs"]}, {"required": ["words"]}]}},
-                {"required": ["pairs"], "not": {"anyOf": [{"required": ["texts"]}, {"required": ["words"]}]}},
-                {"required": ["words"], "not": {"anyOf": [{"required": ["texts"]}, {"required": ["pairs"]}]}},
-            ]
-        },
-    )
+    # the schema says what the server refuses: exactly one of the five inputs (schemathesis ST202)
+    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra={"oneOf": one_of(INPUT_FIELDS)})
 
     model: str | None = None
     texts: Annotated[list[str], Field(min_length=1)] | None = None
@@ -136,6 +145,12 @@ class LayersRequest(StrictModel):
     )
     words: Annotated[list[list[str]], Field(min_length=1)] | None = Field(
         None, description="Pre-split words, one list per input"
+    )
+    images: Annotated[list[str], Field(min_length=1)] | None = Field(
+        None, description=f"An image model's inputs, each {INPUT_HELP}"
+    )
+    audio: Annotated[list[str], Field(min_length=1)] | None = Field(
+        None, description=f"A speech model's inputs (WAV, FLAC, MP3, OGG), each {INPUT_HELP}"
     )
     layers: LayerValue = "all"
     pool: str = Field("token", description=POOL_HELP)
@@ -157,6 +172,10 @@ class LayersRequest(StrictModel):
             final_norm=self.final_norm,
             **_long_texts(settings),
         )
+
+    def sent(self) -> dict[str, bool]:
+        """Which of the five input fields the request sends."""
+        return {field: getattr(self, field) is not None for field in INPUT_FIELDS}
 
     def raw(self) -> RawInputs:
         """The request's inputs (an InputError is a 422 naming the field: _errors.py)."""
@@ -222,6 +241,7 @@ class ModelCard(BaseModel):
     n_hidden_states: int
     hidden_size: int
     max_length: int
+    modality: Literal["text", "image", "audio"]
 
 
 class ModelsResponse(BaseModel):

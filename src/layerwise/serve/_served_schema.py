@@ -3,7 +3,8 @@ serves, and ``/openapi.json`` says so. ``pool`` and ``fuse`` list their spelling
 layerwise's own parser, whose messages name the fix, so they are listed here rather than typed as
 literals); ``model`` lists the served names; ``final_norm`` takes "all" only
 where a decoder LM is served (an encoder has no final norm); the explorer's attention ``layer`` stops
-at the deepest served model's last layer. What depends on the text itself (a token index past the
+at the deepest served model's last layer; /v1/layers takes the input fields of the modalities
+served (``images`` only where an image model is). What depends on the text itself (a token index past the
 text's tokens) or on a model's checkpoint (a logit lens needs a language-model head) stays in words,
 in the descriptions, as do rules between fields (``normalize`` needs a sentence pool): a schema
 cannot say them."""
@@ -18,6 +19,7 @@ from fastapi.openapi.utils import get_openapi
 
 from .._features.names import FUSIONS, SENTENCE_POOLS
 from .._features.plan import pool_spellings
+from ._schemas import one_of
 
 
 def describe_served(app: FastAPI, encoders: Mapping[str, Any]) -> None:
@@ -78,6 +80,8 @@ def narrow_to_served(schema: dict[str, Any], encoders: Mapping[str, Any]) -> Non
                 {"type": "null"},
             ]
             fields["final_norm"]["description"] += ' (this server serves encoders only: "all" is refused)'
+        if name == "LayersRequest":
+            _inputs_served(body, {getattr(enc, "modality", "text") for enc in encoders.values()})
         if name == "AttentionRequest" and "layer" in fields:
             fields["layer"]["maximum"] = deepest
             fields["layer"]["description"] = (
@@ -94,3 +98,19 @@ def _enum(field: dict[str, Any], values: list[str]) -> None:
         ]
     else:
         field["enum"] = values
+
+
+# the modality each input field of /v1/layers carries
+FIELD_MODALITY = {"texts": "text", "pairs": "text", "words": "text", "images": "image", "audio": "audio"}
+
+
+def _inputs_served(body: dict[str, Any], modalities: set[str]) -> None:
+    """/v1/layers' input fields of the modalities served, and "exactly one of them"."""
+    fields = body.get("properties", {})
+    kept = [f for f, modality in FIELD_MODALITY.items() if modality in modalities and f in fields]
+    for field in FIELD_MODALITY:
+        if field not in kept:
+            fields.pop(field, None)
+    if "text" not in modalities:
+        fields.pop("text_pairs", None)
+    body["oneOf"] = one_of(kept)

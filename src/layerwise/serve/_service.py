@@ -19,6 +19,7 @@ from .._features.plan import OutputPlan
 from .._settings.serve import ServeSettings
 from ._admission import check_response_size, result_values, tokenise
 from ._batcher import Batcher, Finish, Job
+from ._media import FIELDS, check_fields, media_item, run_media
 from ._metrics import Metrics
 from ._responses import NPZ, ApiError, json_response, layer_item
 from ._schemas import EmbeddingsRequest, LayersRequest
@@ -126,6 +127,14 @@ class Service:
         """The response body of ``POST /v1/embeddings`` (an ApiError for a refused request): the
         route below and the fast path in front of FastAPI (_fast_path.py) both answer with it."""
         served = self.pick(body.model)
+        modality = served.encoder.modality
+        if modality != "text":  # OpenAI's route is for texts
+            raise ApiError(
+                422,
+                f"model {served.name!r} reads {modality}; /v1/embeddings takes text only. Send "
+                f"{FIELDS[modality]} to /v1/layers with pool sentence:mean (or sentence:cls)",
+                param="model",
+            )
         texts = [body.input] if isinstance(body.input, str) else body.input
         if not texts:
             raise ApiError(422, "input is an empty list; send at least one text", param="input")
@@ -168,11 +177,17 @@ class Service:
         """The answer to ``POST /v1/layers``: JSON, or the .npz file (``as_npz``: the request's
         Accept header asks for application/x-npz)."""
         served = self.pick(body.model)
-        raw = body.raw()
-        plan = served.encoder.settle(body.plan(self.settings))
-        per_value = (2 if plan.dtype == "float16" else 4) * (1 if as_npz else 4 / 3)  # base64 in JSON
-        results, n_tokens, _ = await self.run(served, raw, plan, bytes_per_value=per_value)
         encoder = served.encoder
+        field = check_fields(served.name, encoder.modality, body.sent())
+        plan = encoder.settle(body.plan(self.settings))
+        if field in FIELDS.values():  # an image or a speech model: its inputs decoded here
+            results, n_tokens = await run_media(self, served, getattr(body, field), field, plan, as_npz)
+            texts, pairs, item = [f"{field}[{i}]" for i in range(len(results))], None, media_item
+        else:
+            raw = body.raw()
+            per_value = (2 if plan.dtype == "float16" else 4) * (1 if as_npz else 4 / 3)  # base64 in JSON
+            results, n_tokens, _ = await self.run(served, raw, plan, bytes_per_value=per_value)
+            texts, pairs, item = raw.texts, raw.text_pairs, layer_item
         meta = {
             "model": served.name,
             **plan.meta(encoder.n_hidden_states),
@@ -185,14 +200,14 @@ class Service:
             content = await run_in_threadpool(
                 npz_bytes,
                 enumerate(results),
-                texts=raw.texts,
-                text_pairs=raw.text_pairs,
+                texts=texts,
+                text_pairs=pairs,
                 meta=meta,
                 dtype=plan.dtype,
             )
             return Response(content, media_type=NPZ)
         work = n_tokens * len(meta["layers"])
-        items = await _off_loop(work, lambda: [layer_item(i, r, plan.dtype) for i, r in enumerate(results)])
+        items = await _off_loop(work, lambda: [item(i, r, plan.dtype) for i, r in enumerate(results)])
         usage = {"prompt_tokens": n_tokens, "total_tokens": n_tokens}
         body_out = {"object": "layers", **meta, "results": items, "usage": usage}
         return await _off_loop(work, json_response, body_out)

@@ -401,6 +401,210 @@ async function loadSimilarity() {
     "reference.similarity  # = lw.analyze.layer_similarity(reference.stacks, \"cka\", max_rows=4000)";
 }
 
+// ------------------------------------------------------------------------------------------ media
+// An image or a speech model: one file, its units coloured by a statistic at a layer. An image's
+// patches lie over the image as the model read it; a clip's frames form one strip per layer under
+// its waveform.
+const TEXT_VIEWS = ["grid-view", "neighbours-view", "attention-view", "lens-view", "projection-view", "similarity-view"];
+const MEDIA_SIZE = 448; // an image's side on the page, in CSS pixels
+const STRIP = { wave: 90, row: 14, left: 44 }; // a clip's waveform height, a layer's strip height, the labels' width
+
+function isMedia() { const m = modelInfo(); return Boolean(m && m.modality && m.modality !== "text"); }
+
+function showViews() {
+  const media = isMedia();
+  $("text-form").hidden = media;
+  for (const id of TEXT_VIEWS) $(id).hidden = media || (id === "lens-view" && !(modelInfo() || {}).lens);
+  $("media-view").hidden = !media;
+  if (!media) return;
+  const image = modelInfo().modality === "image";
+  $("media-title").textContent = image ? "Patches × layers" : "Frames × layers";
+  $("media-file").setAttribute("accept", image ? "image/*" : "audio/*");
+  $("media-hint").textContent = image
+    ? "Each patch of the image as the model read it, coloured by the statistic at the chosen layer (scaled within the layer). Hover for values."
+    : "The waveform at the model's rate, and under it one strip of frames per layer (L0 = the feature encoder's output), each scaled within its layer. Click a strip to choose its layer.";
+}
+
+function readFile(file) {
+  return new Promise((resolve, reject) => {
+    const reader = new FileReader();
+    reader.onload = () => resolve(reader.result);
+    reader.onerror = () => reject(reader.error);
+    reader.readAsDataURL(file);
+  });
+}
+
+async function runMedia() {
+  showError("");
+  const file = $("media-file").files[0];
+  if (!file) return;
+  const t0 = performance.now();
+  let data;
+  try {
+    data = await api("/v1/explore/media", { model: state.model, input: await readFile(file) });
+  } catch (e) {
+    showError(e.message);
+    return;
+  }
+  state.media = data;
+  state.mediaFile = file.name;
+  if (data.image) {
+    const image = new Image();
+    await new Promise((resolve) => { image.onload = resolve; image.onerror = resolve; image.src = data.image; });
+    state.mediaImage = image;
+  }
+  const slider = $("media-layer");
+  slider.max = String(data.layers.length - 1);
+  if (!slider.dataset.touched || Number(slider.value) > data.layers.length - 1) slider.value = String(data.layers.length - 1);
+  drawMedia();
+  const ms = performance.now() - t0;
+  state.timings.media = ms;
+  $("media-canvas").setAttribute("data-ms", ms.toFixed(1));
+  const content = data.kinds.filter((k) => k === "patch" || k === "frame").length;
+  const what = data.modality === "image" ? `${content} patches (${data.grid_shape[0]} × ${data.grid_shape[1]})` : `${content} frames, ${data.waveform.seconds.toFixed(2)} s`;
+  const others = data.units.filter((u, i) => data.kinds[i] !== "patch" && data.kinds[i] !== "frame");
+  $("media-info").textContent = `${file.name}: ${what}${others.length ? " + " + others.join(" ") : ""} × ${data.layers.length} layers` +
+    (data.n_windows > 1 ? ` · ${data.n_windows} windows` : "") + ` · ${(ms / 1000).toFixed(2)} s`;
+  mediaCode();
+}
+
+function scaled(values, indices) {
+  // values[i] for i in indices mapped to [0, 1] within them (null: no value)
+  const seen = indices.map((i) => values[i]).filter((v) => v !== null);
+  const lo = Math.min(...seen), hi = Math.max(...seen);
+  return (v) => (v === null ? null : hi > lo ? (v - lo) / (hi - lo) : 0.5);
+}
+
+function drawMedia() {
+  const data = state.media;
+  if (!data) return;
+  const row = Number($("media-layer").value);
+  $("media-layer-label").textContent = `L${data.layers[row]}`;
+  if (data.modality === "image") drawPatches(data, row);
+  else drawFrames(data, row);
+}
+
+function drawPatches(data, row) {
+  const canvas = $("media-canvas"), ctx = canvas.getContext("2d");
+  const [rows, cols] = data.grid_shape;
+  const image = state.mediaImage;
+  const aspect = image && image.width ? image.height / image.width : rows / cols;
+  canvas.width = MEDIA_SIZE;
+  canvas.height = Math.round(MEDIA_SIZE * aspect);
+  ctx.clearRect(0, 0, canvas.width, canvas.height);
+  if (image && image.width) ctx.drawImage(image, 0, 0, canvas.width, canvas.height);
+  const values = data.statistics[$("media-statistic").value][row];
+  const patches = data.kinds.map((k, i) => (k === "patch" ? i : -1)).filter((i) => i >= 0);
+  const t = scaled(values, patches);
+  const w = canvas.width / cols, h = canvas.height / rows;
+  ctx.globalAlpha = 0.6;
+  for (const i of patches) {
+    const [r, c] = data.grid[i];
+    ctx.fillStyle = colour(t(values[i]));
+    ctx.fillRect(c * w, r * h, w, h);
+  }
+  ctx.globalAlpha = 1;
+}
+
+function drawFrames(data, row) {
+  const canvas = $("media-canvas"), ctx = canvas.getContext("2d");
+  const n = data.units.length, layers = data.layers.length;
+  const width = Math.max(600, Math.min(1400, n * 3));
+  canvas.width = STRIP.left + width;
+  canvas.height = STRIP.wave + layers * STRIP.row + 4;
+  ctx.clearRect(0, 0, canvas.width, canvas.height);
+  const wave = data.waveform, mid = STRIP.wave / 2;
+  const peak = Math.max(1e-6, ...wave.max.map(Math.abs), ...wave.min.map(Math.abs));
+  ctx.strokeStyle = "#57606a";
+  ctx.beginPath();
+  for (let k = 0; k < wave.max.length; k++) {
+    const x = STRIP.left + (k + 0.5) * (width / wave.max.length);
+    ctx.moveTo(x, mid - (wave.max[k] / peak) * (mid - 2));
+    ctx.lineTo(x, mid - (wave.min[k] / peak) * (mid - 2) + 0.5);
+  }
+  ctx.stroke();
+  const stat = data.statistics[$("media-statistic").value];
+  const all = data.units.map((_, i) => i);
+  const end = Math.max(wave.seconds, data.times[n - 1][1]);
+  ctx.font = "11px system-ui, sans-serif";
+  for (let l = 0; l < layers; l++) {
+    const y = STRIP.wave + l * STRIP.row, t = scaled(stat[l], all);
+    for (let i = 0; i < n; i++) {
+      const [a, b] = data.times[i];
+      const x0 = STRIP.left + (a / end) * width, x1 = STRIP.left + (Math.min(b, a + (data.times[1] ? data.times[1][0] - data.times[0][0] : b - a)) / end) * width;
+      ctx.fillStyle = colour(t(stat[l][i]));
+      ctx.fillRect(x0, y, Math.max(1, x1 - x0), STRIP.row - 1);
+    }
+    ctx.fillStyle = l === row ? "#0969da" : "#636c76";
+    ctx.fillText(`L${data.layers[l]}`, 4, y + STRIP.row - 3);
+  }
+  ctx.strokeStyle = "#0969da";
+  ctx.lineWidth = 2;
+  ctx.strokeRect(STRIP.left - 1, STRIP.wave + row * STRIP.row - 1, width + 2, STRIP.row + 1);
+  ctx.lineWidth = 1;
+}
+
+function mediaUnitAt(ev) {
+  // (unit index, layer row) under the pointer, or null
+  const data = state.media, canvas = $("media-canvas");
+  if (!data) return null;
+  const box = canvas.getBoundingClientRect();
+  const x = (ev.clientX - box.left) * (canvas.width / box.width), y = (ev.clientY - box.top) * (canvas.height / box.height);
+  if (data.modality === "image") {
+    const [rows, cols] = data.grid_shape;
+    const r = Math.floor((y / canvas.height) * rows), c = Math.floor((x / canvas.width) * cols);
+    const i = data.grid.findIndex((g) => g[0] === r && g[1] === c);
+    return i < 0 ? null : { unit: i, row: Number($("media-layer").value) };
+  }
+  const width = canvas.width - STRIP.left, end = Math.max(data.waveform.seconds, data.times[data.times.length - 1][1]);
+  const second = ((x - STRIP.left) / width) * end;
+  let unit = -1;
+  for (let i = 0; i < data.times.length; i++) if (data.times[i][0] <= second) unit = i;
+  const row = y < STRIP.wave ? Number($("media-layer").value) : Math.floor((y - STRIP.wave) / STRIP.row);
+  return unit < 0 || row < 0 || row >= data.layers.length ? null : { unit, row, strip: y >= STRIP.wave };
+}
+
+function mediaReadout(ev) {
+  const at = mediaUnitAt(ev), data = state.media;
+  if (!at) { $("media-readout").textContent = ""; return; }
+  const name = $("media-statistic").value, value = data.statistics[name][at.row][at.unit];
+  const where = data.times ? `${data.times[at.unit][0].toFixed(3)}–${data.times[at.unit][1].toFixed(3)} s` : data.units[at.unit];
+  $("media-readout").textContent = `unit ${at.unit} (${where}) · L${data.layers[at.row]} · ${name} ${fmt(value, 3)}`;
+}
+
+function mediaCode() {
+  const data = state.media;
+  const unit = data.modality === "image" ? "patches: stack.units.grid" : "frames: stack.units.times";
+  $("media-code").textContent = "import layerwise as lw\nfrom layerwise.explore import token_statistics\n\n" +
+    `enc = lw.Encoder(${pyString(state.model)})\n` +
+    `stack = enc.extract(${pyString(state.mediaFile)}, long_texts="window")  # ${unit}\n` +
+    `token_statistics(stack)[${pyString($("media-statistic").value)}]  # (layers, units)`;
+}
+
+async function showModel() {
+  showViews();
+  if (isMedia()) {
+    state.media = null;
+    $("media-info").textContent = "Choose a file.";
+    $("media-canvas").width = 10; $("media-canvas").height = 10;
+    if ($("media-file").files[0]) await runMedia();
+    return;
+  }
+  fillAttentionControls();
+  await runText();
+  loadSimilarity().then(loadProjection);
+}
+
+$("media-file").addEventListener("change", runMedia);
+$("media-form").addEventListener("submit", (ev) => { ev.preventDefault(); runMedia(); });
+$("media-statistic").addEventListener("change", () => { drawMedia(); if (state.media) mediaCode(); });
+$("media-layer").addEventListener("input", () => { $("media-layer").dataset.touched = "1"; drawMedia(); });
+$("media-canvas").addEventListener("mousemove", mediaReadout);
+$("media-canvas").addEventListener("click", (ev) => {
+  const at = mediaUnitAt(ev);
+  if (at && at.strip) { $("media-layer").value = String(at.row); $("media-layer").dataset.touched = "1"; drawMedia(); }
+});
+
 // ------------------------------------------------------------------------------------------ start
 async function start() {
   const params = new URLSearchParams(location.search);
@@ -417,9 +621,7 @@ async function start() {
   $("proj-method").replaceChildren(...state.info.projections.map((p) => el("option", { value: p }, p.toUpperCase())));
   if (params.get("text")) $("text").value = params.get("text");
   if (params.get("pair")) $("text-pair").value = params.get("pair");
-  fillAttentionControls();
-  await runText();
-  loadSimilarity().then(loadProjection);
+  await showModel();
 }
 
 $("text-form").addEventListener("submit", (ev) => { ev.preventDefault(); runText(); });
@@ -432,9 +634,7 @@ $("proj-method").addEventListener("change", loadProjection);
 $("proj-layer").addEventListener("input", () => { $("proj-layer").dataset.touched = "1"; drawProjection(); });
 $("model").addEventListener("change", async () => {
   state.model = $("model").value;
-  fillAttentionControls();
-  await runText();
-  loadSimilarity().then(loadProjection);
+  await showModel();
 });
 $("api-key").addEventListener("change", () => { sessionStorage.setItem("layerwise-key", $("api-key").value); start(); });
 
