@@ -125,13 +125,13 @@ def check_text_transformer(config: Any, name: str) -> None:
             f"{where}: X-MOD runs each text through the language adapter of its language, and its "
             'config.json names no default_language; set it there (e.g. "default_language": "en_XX")'
         )
-    from .media import check_media_model  # only here: a refusal's reason (the import chain stays short)
+    from .media import check_media_model, families_named  # only here: a refusal's reasons
 
     check_media_model(str(model_type), name)  # a hierarchical image model: refused with its reason
     other = any(model_type in _mapping(m) for m in _OTHER_INPUTS)
     if other or not any(model_type in _mapping(m) for m in _TEXT_HEADS):
         raise ModelLoadError(
-            f"{where}, which does not read text (an image, audio or other model); layerwise extracts the "
-            "layers of text transformers: encoders, decoder LMs and the encoders of T5 or BART "
-            f"({SUPPORTED_PAGE})"
+            f"{where}, which does not read text (an image, audio or other model) and is not of the image "
+            "and speech families layerwise reads, each checked against transformers: "
+            f"{families_named()} ({SUPPORTED_PAGE})"
         )

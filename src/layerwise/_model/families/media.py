@@ -61,6 +61,9 @@ MEDIA_FAMILIES: dict[str, MediaFamily] = {
     "hubert": MediaFamily("audio", (), "facebook/hubert-base-ls960"),
     "wavlm": MediaFamily("audio", (), "microsoft/wavlm-base-plus"),
     "data2vec-audio": MediaFamily("audio", (), "facebook/data2vec-audio-base"),
+    "unispeech": MediaFamily("audio", (), "microsoft/unispeech-large-1500h-cv"),
+    "unispeech-sat": MediaFamily("audio", (), "microsoft/unispeech-sat-base-plus"),
+    "wav2vec2-conformer": MediaFamily("audio", (), "facebook/wav2vec2-conformer-rope-large"),
     # log-mel frames of a fixed 30 s window, two convolutions (the second of stride 2): 20 ms per frame
     "whisper": MediaFamily("audio", (), "openai/whisper-tiny … large-v3's encoder"),
 }
@@ -110,9 +113,33 @@ def _config_file(source: str) -> Path | None:
     return Path(found) if isinstance(found, str) else None
 
 
+# image and speech types refused for a reason of their own (the others: not one of the families)
+OTHER_REASONS = {
+    "vit_mae": "ViT-MAE keeps a random subset of its patches, in a random order, in every forward "
+    "(mask_ratio, noise), so two runs of one image differ",
+    "sew": "SEW's layers read frames pooled squeeze_factor at a time, whose times layerwise has not checked",
+    "sew-d": "SEW-D's layers read frames pooled squeeze_factor at a time, whose times layerwise has not "
+    "checked",
+    **dict.fromkeys(
+        ("videomae", "vivit", "timesformer", "videoprism_vision_model"),
+        "it reads video (frames over time), and layerwise reads images and sound",
+    ),
+}
+
+
+def families_named() -> str:
+    """The media families, for a refusal's "layerwise reads …"."""
+    return f"{', '.join(sorted(MEDIA_FAMILIES))}, and the vision towers of {', '.join(sorted(TOWERS))}"
+
+
 def check_media_model(model_type: str, name: str) -> None:
     """Refuse, naming the reason and what runs instead, an image model with no one vector per
-    patch at every layer."""
+    patch at every layer, and the image, video and speech types with a reason of their own."""
+    if model_type in OTHER_REASONS:
+        raise ModelLoadError(
+            f"model {name!r} is a {model_type!r} model: {OTHER_REASONS[model_type]}. layerwise reads "
+            f"{families_named()} ({MEDIA_PAGE})"
+        )
     if model_type in HIERARCHICAL:
         raise ModelLoadError(
             f"model {name!r} is a {model_type!r} model: a hierarchical image model, whose stages merge "
