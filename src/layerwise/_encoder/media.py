@@ -143,23 +143,10 @@ class MediaEncoder(FeatureCalls):
     def settle(self, plan: OutputPlan) -> OutputPlan:
         """``plan`` checked against an image model: token or sentence level, a pool its units have
         (``cls`` needs a [CLS] unit), no windows; its final norm recorded as none."""
-        plan.hidden_states(self.n_hidden_states)
-        what = "an image" if self.modality == "image" else "a clip"
-        if plan.level == "word":
-            units = "patches" if self.modality == "image" else "frames of time"
-            raise OptionError(
-                f"level='word': {what} has no words; its units are {units}. Take level='token' (every "
-                "unit, with its place) or a sentence pool (mean; cls where the model has [CLS])"
-            )
-        if plan.level == "sentence" and plan.mode == "last":
-            raise OptionError(f"pool='last' reads a decoder's last token; for {what} take mean")
-        if plan.level == "sentence" and plan.mode == "cls" and "cls" not in self.family.prefix:
-            raise OptionError(
-                f"pool='cls': model {self.name!r} ({self.model_type}) has no [CLS] unit, only patches; "
-                "take pool='mean'"
-            )
         self.check_windows(plan.long_texts, plan.stride)
-        return plan.with_final_norm(self.final_norm, takes=False, name=self.name)
+        return settle_media_plan(
+            plan, self.family, self.name, self.model_type, self.n_hidden_states, self.final_norm
+        )
 
     def check_windows(self, long_texts: str, stride: int | None) -> None:
         """An image is read whole: long_texts "window" (every unit kept) holds for it, and never
@@ -270,6 +257,30 @@ class MediaEncoder(FeatureCalls):
         if self.one_input(texts):
             raise InputError("pass a list of inputs (one input: extract(it) returns its LayerStack)")
         return list(texts)
+
+
+def settle_media_plan(
+    plan: OutputPlan, family: Any, name: str, model_type: str, n_hidden_states: int, final_norm: Any
+) -> OutputPlan:
+    """``plan`` checked against an image or a speech model of ``family`` (its layers, a level and a
+    pool its units have) and its final norm recorded as none: MediaEncoder.settle, and Ray's driver
+    before any actor starts."""
+    plan.hidden_states(n_hidden_states)
+    modality = family.modality
+    what = "an image" if modality == "image" else "a clip"
+    if plan.level == "word":
+        units = "patches" if modality == "image" else "frames of time"
+        raise OptionError(
+            f"level='word': {what} has no words; its units are {units}. Take level='token' (every "
+            "unit, with its place) or a sentence pool (mean; cls where the model has [CLS])"
+        )
+    if plan.level == "sentence" and plan.mode == "last":
+        raise OptionError(f"pool='last' reads a decoder's last token; for {what} take mean")
+    if plan.level == "sentence" and plan.mode == "cls" and "cls" not in family.prefix:
+        raise OptionError(
+            f"pool='cls': model {name!r} ({model_type}) has no [CLS] unit, only patches; take pool='mean'"
+        )
+    return plan.with_final_norm(final_norm, takes=False, name=name)
 
 
 def check_max_length(value: int | None, loaded: Any) -> None:

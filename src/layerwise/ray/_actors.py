@@ -37,7 +37,10 @@ class EmbedActor(ModelActor):
 
         from .._results import to_dtype
 
-        texts = [str(t) for t in batch[self.column]]
+        column = batch[self.column]
+        # an image or a speech model takes the column as it is: paths, bytes (read_binary_files),
+        # arrays (read_images)
+        texts = [str(t) for t in column] if self.encoder.modality == "text" else list(column)
         rows: list[Any] = [None] * len(texts)
         for index, _, result in self.encoder.iter_results(self.plan, texts, progress=False):
             rows[index] = result.vector  # type: ignore[union-attr]

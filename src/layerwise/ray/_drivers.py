@@ -86,12 +86,8 @@ def _checked(settings: Settings, plan: OutputPlan) -> tuple[Settings, OutputPlan
         # a local folder or file: by its absolute path, wherever an actor's working folder is
         settings = settings.replace(model=str(Path(settings.model).expanduser().resolve()))
     source, name = resolve_model_source(settings.model)  # name: what each actor's Encoder says
-    modality = modality_of_source(source)
-    if modality != "text":
-        raise OptionError(
-            f"model {name!r} reads {modality}: the Ray pipeline runs text models; extract an image or "
-            "speech model's layers in one process (lw.extract_to_store, layerwise extract without --ray)"
-        )
+    if modality_of_source(source) != "text":
+        return (settings, *_checked_media(settings, plan, source, name))
     where, gguf = loader_args(source)
     remote = {"trust_remote_code": True} if settings.trust_remote_code else {}
     config = AutoConfig.from_pretrained(where, **gguf, **remote)
@@ -102,6 +98,24 @@ def _checked(settings: Settings, plan: OutputPlan) -> tuple[Settings, OutputPlan
     check_final_norm_for(settings.final_norm, takes=takes, name=described)  # the Encoders' default
     plan = plan.with_final_norm(settings.final_norm, takes=takes, name=described)
     return settings, plan, name, n_hidden
+
+
+def _checked_media(
+    settings: Settings, plan: OutputPlan, source: str, name: str
+) -> tuple[OutputPlan, str, int]:
+    """An image or a speech model's plan, settled as its Encoder settles it (a whole CLIP or SigLIP:
+    its vision tower's config), its name and its number of hidden states."""
+    from transformers import AutoConfig
+
+    from .._encoder.media import settle_media_plan
+    from .._model.families.media import TOWERS, media_family
+
+    config = AutoConfig.from_pretrained(source)
+    tower = config.vision_config if config.model_type in TOWERS else config
+    family = media_family(config.model_type)
+    n_hidden = int(getattr(tower, "encoder_layers", None) or tower.num_hidden_layers) + 1
+    model_type = str(tower.model_type)
+    return settle_media_plan(plan, family, name, model_type, n_hidden, settings.final_norm), name, n_hidden
 
 
 def embed(
