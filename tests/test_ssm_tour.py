@@ -18,10 +18,17 @@ pytestmark = pytest.mark.slow
 
 
 def test_mamba_extract_store_layers_probe_explorer(tmp_path):
-    from sweep_models import save_swept
+    import torch
+    from any_models import save_with_norms_moved
+    from sweep_models import small_config, tokenizer_for
+    from transformers import MambaForCausalLM
 
-    model = save_swept("mamba", tmp_path / "mamba")
-    texts = ud_sentences("dev", 24)
+    tokenizer = tokenizer_for("causal")
+    config = small_config("mamba", tokenizer)
+    config.num_hidden_layers = 4  # the probe's default fusions read the last four layers
+    torch.manual_seed(0)
+    model = save_with_norms_moved(MambaForCausalLM(config), tokenizer, tmp_path / "mamba")
+    texts = [t for t in ud_sentences("dev", 60) if '"' not in t][:24]  # a quote opens a TSV field
     (tmp_path / "texts.txt").write_text("\n".join(texts) + "\n", encoding="utf-8")
     runner = CliRunner()
     store = tmp_path / "texts.lw"
