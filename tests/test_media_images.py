@@ -238,16 +238,14 @@ def test_info_layers_and_probe_take_an_image_model(images, tmp_path):
     assert probe["n_train"] == 4 and probe["n_dev"] == 2 and probe["unit"] == "images"
 
 
-def test_front_ends_that_serve_text_models_refuse_an_image_model_by_name(vit, vit_encoder, images, tmp_path):
-    from layerwise.serve import create_app
-
-    with pytest.raises(lw.OptionError, match="reads image: the HTTP service and the explorer serve text"):
-        create_app({"vit": vit_encoder})
+def test_the_cache_refuses_an_image_model_and_ray_checks_its_plan_first(vit, vit_encoder, images, tmp_path):
     with pytest.raises(lw.OptionError, match="the activation cache packs a text model's token stream"):
         lw.cache_activations(vit_encoder, images, tmp_path / "cache")
     assert not (tmp_path / "cache").exists()
-    with pytest.raises(lw.OptionError, match="the Ray pipeline runs text models"):
-        lw.ray.extract_to_store(lw.Settings(str(vit)), images, tmp_path / "ray.lw", lw.OutputPlan())
+    # Ray takes image models (tests/test_ray_media.py); a plan they cannot answer fails before any actor
+    words = lw.OutputPlan.parse(pool="word:mean")
+    with pytest.raises(lw.OptionError, match="an image has no words"):
+        lw.ray.extract_to_store(lw.Settings(str(vit)), images, tmp_path / "ray.lw", words)
     assert not (tmp_path / "ray.lw").exists()
 
 
