@@ -252,6 +252,7 @@ SERVE_CASES = {
     "concurrent_forwards": ["--concurrent-forwards", "2"],
     "model_process": ["--in-process"],
     "store": ["--store", "STORE"],
+    "media_root": ["--media-root", "STORE"],  # a folder
     "batch_size": ["--batch-size", "5"],
     "max_tokens": ["--max-tokens", "99"],
     "packed": ["--no-packed"],
@@ -337,6 +338,8 @@ LAYERS_CASES = {
     "text_pairs": {"text_pairs": ["a second segment"]},
     "pairs": {"texts": None, "pairs": [["a first", "a second"]]},
     "words": {"texts": None, "words": [["pre", "split", "words"]]},
+    "images": {"texts": None, "images": ["AAAA"]},  # refused: a text model reads texts
+    "audio": {"texts": None, "audio": ["AAAA"]},  # (tests/test_serve_media.py serves them)
     "layers": {"layers": "0"},
     "pool": {"pool": "word:mean"},
     "fuse": {"pool": "sentence:mean", "fuse": "mean_all"},
