@@ -40,7 +40,8 @@ REPO = HERE.parent
 RUNS: dict[str, tuple[list[str], list[str]]] = {
     "packed_speed": ([], ["--sentences", "40", "--documents", "1", "--repeats", "1", "--base-texts", "8"]),
     "roof": ([], ["--texts", "16", "--repeats", "1", "--models", "all-MiniLM-L6-v2", "--dtypes", "float32"]),
-    "host_cost": (["--profile"], ["--sentences", "200", "--documents", "2", "--repeats", "1"]),  # --profile: the stages
+    # --profile: the stage split the rendered table reads
+    "host_cost": (["--profile"], ["--sentences", "200", "--documents", "2", "--repeats", "1"]),
     "cpu_bf16": ([], ["--texts", "10", "--repeats", "1", "--models", "all-MiniLM-L6-v2"]),
     "extract_speed": ([], ["--sentences", "60", "--documents", "2", "--repeats", "1"]),
     "embed_vs_extract": ([], ["--texts", "100", "--rounds", "1"]),
