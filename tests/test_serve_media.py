@@ -3,7 +3,6 @@ each answer equal to transformers' hidden states of the same file; the refusals 
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import io
 from pathlib import Path
@@ -19,6 +18,7 @@ pytest.importorskip("soundfile")
 from audio_models import RATE, clips, save_audio_model  # noqa: E402
 from audio_models import reference_states as audio_reference  # noqa: E402
 from media_models import reference_states, save_image_model, save_images  # noqa: E402
+from test_explore import run_app as run  # noqa: E402  (an app's requests within its lifespan)
 
 import layerwise as lw  # noqa: E402
 from layerwise.errors import OptionError  # noqa: E402
@@ -50,18 +50,6 @@ def media(tmp_path_factory, default_encoder):
         default_encoder.name: default_encoder,
     }
     return {"root": root, "vit": vit, "hubert": hubert, "images": images, "wavs": wavs, "encoders": encoders}
-
-
-def run(app, scenario):
-    async def main():
-        transport = httpx.ASGITransport(app=app)
-        async with (
-            app.router.lifespan_context(app),
-            httpx.AsyncClient(transport=transport, base_url="http://t") as c,
-        ):
-            return await scenario(c)
-
-    return asyncio.run(main())
 
 
 def post(app, path: str, body: dict, headers: dict | None = None):
