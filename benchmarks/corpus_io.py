@@ -272,13 +272,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--part", choices=("read", "full", "ray", "speed", "trim", "all"), default="all")
     parser.add_argument("--scratch", type=Path, default=None, help="Folder for the generated corpora")
+    parser.add_argument("--speed-texts", type=int, default=2000, help="texts of the speed part")
+    parser.add_argument("--speed-rounds", type=int, default=5, help="rounds of the speed part")
     args = parser.parse_args()
     scratch = args.scratch or Path(tempfile.gettempdir()) / "layerwise-corpus-io"
     scratch.mkdir(parents=True, exist_ok=True)
     report = read_result("corpus_io")  # the parts not rerun are kept
     parts = ("read", "full", "ray", "speed", "trim") if args.part == "all" else (args.part,)
     for part in parts:
-        report[part] = globals()[f"part_{part}"](scratch)
+        sizes = {"n": args.speed_texts, "rounds": args.speed_rounds} if part == "speed" else {}
+        report[part] = globals()[f"part_{part}"](scratch, **sizes)
         report["machine"] = machine()
         RESULTS.write_text(json.dumps(report, indent=1) + "\n")
 

@@ -7,16 +7,18 @@ rendered into the README and the docs (scripts/render_figures.py).
     python benchmarks/run_all.py --list     # what runs, with its arguments in each mode
 
 **Full mode** runs each script with the arguments its published figures were measured with, writes
-over the committed result files, renders, and records how long each script took in
-``results/run_all.json``. It refuses a tree with uncommitted changes: a figure must name the code
-it measured. On 2 cores it takes hours (``run_all.json`` says how many); the GPU figures come from
+over the committed result files, renders, and records how long each script took, and at which
+commit, in ``results/run_all.json`` (a run of some scripts with ``--only`` updates theirs; the sum
+is the full mode's time once every script has a full run). It refuses a tree with uncommitted
+changes: a figure must name the code it measured. On 2 cores it takes hours; the GPU figures come from
 ``benchmarks/gpu_speed.py`` and its siblings on a machine with a GPU, and the label-free layer
 benchmark from the real models of ``requirements-layers.txt`` (``--real-models``).
 
 **Quick mode** runs every script on a small input, writing into a temporary folder
 (``LAYERWISE_RESULTS_DIR``), never over the committed results: a check that every benchmark still
-runs end to end. Its figures are not published. It aims at 15 minutes on 2 cores; a few scripts'
-fixed costs (processes of their own, tokenizers trained, servers started) keep it above that today.
+runs end to end. Its figures are not published, so it runs as many scripts at once as there are
+cores (``--jobs``): one script's process starts, model loads and server waits overlap another's
+work. A quick run of every script that passes keeps its time in ``run_all.json`` too.
 
 A script that fails is named with the end of its output, and the run goes on; the exit status is 1
 if one failed.
@@ -31,6 +33,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -62,18 +66,34 @@ RUNS: dict[str, tuple[list[str], list[str]]] = {
     "store_speed": ([], ["--sentences", "100", "--documents", "2", "--repeats", "1", "--no-rss"]),
     "store_cost": ([], ["--rounds", "1", "--sentences", "100", "--documents", "2"]),
     "store_open": ([], ["--small", "2000", "--large", "6000"]),  # a 1,000-text slice of each
-    "cache_speed": ([], ["--tokens-minilm", "4096", "--tokens-smollm2", "1024", "--repeats", "1"]),
+    "cache_speed": (
+        [],
+        ["--tokens-minilm", "4096", "--tokens-smollm2", "1024", "--repeats", "1", "--bandwidth-mib", "64"],
+    ),
     "cache_memory": ([], ["--small", "20000", "--large", "60000"]),
     "integrity_cost": ([], ["--sentences", "200", "--rounds", "1"]),
     "fault_injection": ([], ["--kills", "1", "--sentences", "100", "--flips", "2"]),
     "fuzz_alignment": ([], ["--examples", "30", "--tokenizers", "wordpiece,neox,t5"]),
-    "corpus_io": ([], ["--part", "speed"]),
+    "corpus_io": ([], ["--part", "speed", "--speed-texts", "300", "--speed-rounds", "1"]),
     "serve_load": (
         ["--ratio-rounds", "7"],
-        ["--clients", "1,8", "--seconds", "2", "--texts", "100", "--soak-parts", "1", "--ratio-rounds", "1"],
+        [
+            "--clients",
+            "1,8",
+            "--seconds",
+            "2",
+            "--texts",
+            "100",
+            "--soak",
+            "2",
+            "--soak-parts",
+            "1",
+            "--ratio-rounds",
+            "1",
+        ],
     ),
     "serve_bounds": ([], ["--clients", "4", "--seconds", "2", "--endpoints", "layers_npz,explore_attention"]),
-    "fuzz_http": (["--examples", "1000"], ["--examples", "30"]),
+    "fuzz_http": (["--examples", "1000"], ["--examples", "10"]),
     "ray_scaling": ([], ["--sentences", "200", "--documents", "2"]),
     "analyze_speed": ([], ["--sentences", "40"]),
     "probe_ud_ewt": ([], ["--max-train", "100"]),
@@ -98,6 +118,28 @@ def command(name: str, quick: bool, out: Path | None) -> list[str]:
     return [sys.executable, str(script), *(small if quick else full), *extra]
 
 
+def record(mode: str, done: dict[str, dict], total: float | None = None, jobs: int = 1) -> None:
+    """Keep how long a run took in ``results/run_all.json`` (the README's times come from it): in
+    full mode each script's last full run, one at a time, and their sum once every script has one;
+    in quick mode the last quick run of every script, as a whole."""
+    sys.path.insert(0, str(HERE))
+    from common import machine
+
+    path = HERE / "results" / "run_all.json"
+    data = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
+    now = machine()
+    stamp = {"commit": now["commit"], "date": now["date"]}
+    if mode == "full":
+        scripts = {**data.get("full", {}).get("scripts", {}), **{k: {**stamp, **v} for k, v in done.items()}}
+        whole = all(scripts.get(name, {}).get("exit") == 0 for name in RUNS)
+        seconds = round(sum(scripts[name]["seconds"] for name in RUNS)) if whole else None
+        data["full"] = {"seconds": seconds, "scripts": dict(sorted(scripts.items()))}
+    else:
+        data["quick"] = {"seconds": round(total or 0), "jobs": jobs, **stamp, "scripts": done}
+    data["machine"] = now
+    path.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+
+
 def dirty() -> bool:
     status = subprocess.run(
         ["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True, text=True
@@ -105,24 +147,55 @@ def dirty() -> bool:
     return bool(status.stdout.strip())
 
 
-def run(names: list[str], quick: bool, out: Path | None) -> dict[str, dict]:
+# the quick runs that took longest (fixed costs: processes, model loads, servers), started first so
+# that the short ones fill the other job's gaps
+QUICK_LONG_FIRST = (
+    "fuzz_alignment", "decoder_speed", "cache_speed", "packed_speed", "store_speed", "gemm_speed",
+    "serve_load", "fuzz_http", "serve_bounds", "corpus_io",
+)  # fmt: skip
+
+
+def run_one(name: str, quick: bool, out: Path | None, env: dict[str, str], label: str) -> dict:
+    args = command(name, quick, out)
+    print(f"{label} {name}: {' '.join(args[1:])}", flush=True)
+    started = time.perf_counter()
+    result = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True)
+    seconds = round(time.perf_counter() - started, 1)
+    if result.returncode != 0:
+        tail = (result.stdout + result.stderr).strip()[-1500:]
+        print(f"  {name} FAILED ({seconds} s, exit {result.returncode}):\n{tail}", flush=True)
+    else:
+        print(f"  {name}: {seconds} s", flush=True)
+    return {"seconds": seconds, "exit": result.returncode}
+
+
+def run(
+    names: list[str],
+    quick: bool,
+    out: Path | None,
+    jobs: int = 1,
+    after: Callable[[str, dict], None] | None = None,
+) -> dict[str, dict]:
+    """Each of ``names`` in a process of its own, ``jobs`` at a time (more than one only for quick
+    runs, whose figures are not published: two scripts at once on 2 cores overlap one's process starts,
+    model loads and server waits with the other's work)."""
     env = {**os.environ, **({"LAYERWISE_RESULTS_DIR": str(out)} if out is not None else {})}
     # scripts call the `layerwise` command: this Python's environment's, activated or not
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    if jobs > 1:  # two scripts' OpenMP threads share the cores: a waiting thread sleeps, not spins
+        env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+        names = sorted(
+            names, key=lambda n: QUICK_LONG_FIRST.index(n) if n in QUICK_LONG_FIRST else len(names)
+        )
+    labels = {name: f"[{i}/{len(names)}]" for i, name in enumerate(names, 1)}
     done: dict[str, dict] = {}
-    for i, name in enumerate(names, 1):
-        args = command(name, quick, out)
-        print(f"[{i}/{len(names)}] {name}: {' '.join(args[1:])}", flush=True)
-        started = time.perf_counter()
-        result = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True)
-        seconds = round(time.perf_counter() - started, 1)
-        done[name] = {"seconds": seconds, "exit": result.returncode}
-        if result.returncode != 0:
-            tail = (result.stdout + result.stderr).strip()[-1500:]
-            print(f"  FAILED ({seconds} s, exit {result.returncode}):\n{tail}", flush=True)
-        else:
-            print(f"  {seconds} s", flush=True)
-    return done
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        futures = {pool.submit(run_one, name, quick, out, env, labels[name]): name for name in names}
+        for future in as_completed(futures):
+            done[futures[future]] = future.result()
+            if after is not None:  # kept as each ends: a run stopped midway keeps what it measured
+                after(futures[future], done[futures[future]])
+    return {name: done[name] for name in names}
 
 
 def main() -> int:
@@ -132,6 +205,12 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="small runs into a temporary folder")
     parser.add_argument("--only", default="", help="comma-separated names (default: every one)")
     parser.add_argument("--list", action="store_true", help="print what would run, and stop")
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=0,
+        help="scripts at once in quick mode (default: the cores); full mode runs one",
+    )
     given = parser.parse_args()
     names = [n for n in given.only.split(",") if n] or list(RUNS)
     unknown = [n for n in names if n not in RUNS]
@@ -142,23 +221,22 @@ def main() -> int:
             full = " ".join(command(name, False, None)[2:]) or "(defaults)"
             print(f"{name}: full {full}; quick {' '.join(command(name, True, None)[2:])}")
         return 0
+    if not given.quick and given.jobs > 1:
+        parser.error("--jobs is for --quick: published figures are measured one script at a time")
     if not given.quick and dirty():
         why = "the tree has uncommitted changes: commit them first, so that each figure names the code it measured"
         print(f"{why} (or pass --quick, which publishes nothing)", file=sys.stderr)
         return 2
     started = time.perf_counter()
     if given.quick:
+        jobs = given.jobs or len(os.sched_getaffinity(0))
         with tempfile.TemporaryDirectory(prefix="layerwise-quick-") as tmp:
-            done = run(names, True, Path(tmp))
+            done = run(names, True, Path(tmp), jobs)
+        if names == list(RUNS) and all(d["exit"] == 0 for d in done.values()):
+            record("quick", done, time.perf_counter() - started, jobs)
     else:
-        done = run(names, False, None)
+        done = run(names, False, None, after=lambda name, d: record("full", {name: d}))
         subprocess.run([sys.executable, str(REPO / "scripts" / "render_figures.py")], cwd=REPO, check=False)
-        total = round(time.perf_counter() - started)
-        if names == list(RUNS):  # how long the full mode takes: a run of some scripts does not say
-            record = {"mode": "full", "seconds": total, "scripts": done}
-            (HERE / "results" / "run_all.json").write_text(
-                json.dumps(record, indent=1) + "\n", encoding="utf-8"
-            )
     failed = [name for name, d in done.items() if d["exit"] != 0]
     total = round(time.perf_counter() - started)
     summary = f"{len(done) - len(failed)} of {len(done)} ran in {total // 60} min {total % 60} s"

@@ -1850,7 +1850,30 @@ def _pretrain() -> str:
     )
 
 
+def _duration(seconds: float) -> str:
+    """1 h 5 min, or 12 min 40 s."""
+    minutes, rest = divmod(round(seconds), 60)
+    return f"{minutes // 60} h {minutes % 60} min" if minutes >= 60 else f"{minutes} min {rest} s"
+
+
+def _run_all_full() -> str:
+    """How long the full runs took, one script at a time: the sum of each one's last full run, or
+    how many have one."""
+    data = result("run_all")
+    full = data["full"]
+    scripts = full["scripts"]
+    if full["seconds"] is None:
+        timed = sum(script["seconds"] for script in scripts.values())
+        return f"over {_duration(timed)} for the {len(scripts)} scripts timed so far"
+    commits = sorted(
+        {script["commit"] for script in scripts.values()}, key=lambda c: -(commits_since(c) or 0)
+    )
+    span = commits[0] if len(commits) == 1 else f"{commits[0]} to {commits[-1]}"
+    return f"{_duration(full['seconds'])} ({len(scripts)} scripts, one at a time; {cpu_of(data)}, at {span})"
+
+
 FIGURES: dict[str, Callable[[], str]] = {
+    "run-all-full": _run_all_full,
     "pretrain": _pretrain,
     "ray-driver": _ray_driver,
     "ray-100-nodes-write": _ray_100_nodes_write,

@@ -332,22 +332,32 @@ def tiny(tiny_encoder):
     return tiny_encoder
 
 
-def asgi_posts(app, requests: list[tuple[str, dict]]) -> list:
-    """The app's responses to ``requests`` (path, JSON body), in one run of its lifespan (the
-    batcher started once), without a socket."""
+def run_app(app, scenario, **transport_options):
+    """``await scenario(client)`` with an httpx client of ``app`` inside one run of its lifespan (the
+    batcher started once), without a socket: what the scenario returns. ``transport_options`` go to
+    ``httpx.ASGITransport`` (``raise_app_exceptions=False``: a 500 comes back as an answer)."""
     import asyncio
 
     import httpx
 
     async def main():
-        transport = httpx.ASGITransport(app=app)
+        transport = httpx.ASGITransport(app=app, **transport_options)
         async with (
             app.router.lifespan_context(app),
             httpx.AsyncClient(transport=transport, base_url="http://test") as client,
         ):
-            return [await client.post(path, json=body) for path, body in requests]
+            return await scenario(client)
 
     return asyncio.run(main())
+
+
+def asgi_posts(app, requests: list[tuple[str, dict]]) -> list:
+    """The app's responses to ``requests`` (path, JSON body), in one run of its lifespan."""
+
+    async def scenario(client):
+        return [await client.post(path, json=body) for path, body in requests]
+
+    return run_app(app, scenario)
 
 
 @contextlib.contextmanager

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 from alignment_invariants import check_stack
-from conftest import needs_smollm2, smollm2_folder, ud_sentences
+from conftest import needs_smollm2, run_app, smollm2_folder, ud_sentences
 from decoder_models import DECODER_ARCHITECTURES, save_decoder
 
 import layerwise as lw
@@ -359,30 +359,22 @@ def test_a_decoder_served_over_http(decoder_encoder, model_process):
     """/v1/embeddings with a relative depth and last-token pooling, /v1/layers, a pair refused with
     a 422, and the explorer's lens reading the next token."""
     pytest.importorskip("fastapi")
-    import asyncio
-
-    import httpx
 
     from layerwise.serve import ServeSettings, create_app
 
     encoder = decoder_encoder("llama")  # the model process loads it again from its folder
     app = create_app({"llama": encoder}, ServeSettings(model_process=model_process))
 
-    async def scenario():
-        transport = httpx.ASGITransport(app=app)
-        async with (
-            app.router.lifespan_context(app),
-            httpx.AsyncClient(transport=transport, base_url="http://t") as c,
-        ):
-            embedded = await c.post(
-                "/v1/embeddings", json={"input": TEXTS[:2], "layers": "0.5", "pool": "sentence:last"}
-            )
-            pair = await c.post("/v1/layers", json={"pairs": [["a", "b"]]})
-            models = await c.get("/v1/explore/info")
-            lens = await c.post("/v1/explore/lens", json={"model": "llama", "text": "The bank", "k": 2})
-            return embedded, pair, models, lens
+    async def scenario(c):
+        embedded = await c.post(
+            "/v1/embeddings", json={"input": TEXTS[:2], "layers": "0.5", "pool": "sentence:last"}
+        )
+        pair = await c.post("/v1/layers", json={"pairs": [["a", "b"]]})
+        models = await c.get("/v1/explore/info")
+        lens = await c.post("/v1/explore/lens", json={"model": "llama", "text": "The bank", "k": 2})
+        return embedded, pair, models, lens
 
-    embedded, pair, models, lens = asyncio.run(scenario())
+    embedded, pair, models, lens = run_app(app, scenario)
     assert embedded.status_code == 200, embedded.text
     vectors = np.array([d["embedding"] for d in embedded.json()["data"]], dtype=np.float32)
     np.testing.assert_allclose(vectors, encoder.embed(TEXTS[:2], layers=2, pool="last"), atol=1e-5)
@@ -462,9 +454,6 @@ def test_an_input_without_tokens_is_refused_by_name(decoder_encoder):
     """GPT-2's tokenizer adds no BOS: an empty text has no token to embed. An InputError names it
     (in Python, and as a 422 over HTTP), instead of a crash inside the model."""
     pytest.importorskip("fastapi")
-    import asyncio
-
-    import httpx
 
     from layerwise.serve import create_app
 
@@ -473,15 +462,10 @@ def test_an_input_without_tokens_is_refused_by_name(decoder_encoder):
         encoder.embed(["fine", ""], pool="last")
     app = create_app({"gpt2": encoder})
 
-    async def post():
-        transport = httpx.ASGITransport(app=app)
-        async with (
-            app.router.lifespan_context(app),
-            httpx.AsyncClient(transport=transport, base_url="http://t") as c,
-        ):
-            return await c.post("/v1/embeddings", json={"input": ["fine", ""], "pool": "sentence:last"})
+    async def post(c):
+        return await c.post("/v1/embeddings", json={"input": ["fine", ""], "pool": "sentence:last"})
 
-    answer = asyncio.run(post())
+    answer = run_app(app, post)
     assert answer.status_code == 422, answer.text
     assert "input 1 ('') gives no tokens" in answer.json()["error"]["message"]
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import os
 import subprocess
@@ -15,7 +14,7 @@ import pytest
 pytest.importorskip("fastapi")
 httpx = pytest.importorskip("httpx")
 
-from conftest import ud_sentences  # noqa: E402
+from conftest import run_app, ud_sentences  # noqa: E402
 
 import layerwise as lw  # noqa: E402
 from layerwise.errors import InputError, OptionError  # noqa: E402
@@ -30,18 +29,6 @@ from layerwise.explore import (  # noqa: E402
 from layerwise.serve import ServeSettings, create_app  # noqa: E402
 
 KEY = "explore-key-0123456789"
-
-
-def run_app(app, scenario):
-    async def main():
-        transport = httpx.ASGITransport(app=app)
-        async with (
-            app.router.lifespan_context(app),
-            httpx.AsyncClient(transport=transport, base_url="http://test") as client,
-        ):
-            return await scenario(client)
-
-    return asyncio.run(main())
 
 
 @pytest.fixture(scope="module")

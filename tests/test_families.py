@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 from any_models import FAMILIES
-from conftest import ud_sentences
+from conftest import run_app, ud_sentences
 
 import layerwise as lw
 from layerwise._model.families.kinds import kind_of
@@ -317,8 +317,6 @@ def test_the_server_embeds_with_a_packed_and_a_general_family(family_folder):
     gives, pooled as the model's kind pools by default."""
     import asyncio
 
-    import httpx
-
     from layerwise.serve import create_app
 
     encoders = {t: lw.Encoder(family_folder(t), device="cpu") for t in ("gpt_neox", "t5")}
@@ -326,19 +324,14 @@ def test_the_server_embeds_with_a_packed_and_a_general_family(family_folder):
 
     pools = {t: "last" if e.is_decoder else "mean" for t, e in encoders.items()}
 
-    async def main():
-        transport = httpx.ASGITransport(app=app)
-        async with (
-            app.router.lifespan_context(app),
-            httpx.AsyncClient(transport=transport, base_url="http://test") as client,
-        ):
-            answers = {}
-            for t in encoders:
-                asked = {"input": TEXTS[:2], "model": t, "pool": pools[t], "normalize": False}
-                answers[t] = await asyncio.wait_for(client.post("/v1/embeddings", json=asked), 60)
-            return answers
+    async def main(client):
+        answers = {}
+        for t in encoders:
+            asked = {"input": TEXTS[:2], "model": t, "pool": pools[t], "normalize": False}
+            answers[t] = await asyncio.wait_for(client.post("/v1/embeddings", json=asked), 60)
+        return answers
 
-    for model_type, response in asyncio.run(main()).items():
+    for model_type, response in run_app(app, main).items():
         assert response.status_code == 200, response.text
         served = np.array([row["embedding"] for row in response.json()["data"]], dtype=np.float32)
         direct = encoders[model_type].embed(TEXTS[:2], layers=[-1], pool=pools[model_type])[:, 0]

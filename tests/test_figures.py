@@ -112,7 +112,27 @@ def test_every_result_file_records_its_machine_and_commit(path: Path):
     data = json.loads(path.read_text())
     machine = data.get("machine") or {}
     assert machine.get("cpu") and machine.get("cores"), f"{path.name} does not record its machine"
-    assert machine.get("commit") or data.get("recorded_in_commit"), f"{path.name} records no commit"
+    commit = machine.get("commit") or data.get("recorded_in_commit")
+    assert commit, f"{path.name} records no commit"
+
+
+def test_run_all_records_each_script_and_the_sum():
+    """The README's time of the full mode is the sum of each script's last full run."""
+    import sys
+
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from run_all import RUNS
+
+    data = json.loads((RESULTS / "run_all.json").read_text(encoding="utf-8"))
+    scripts = data["full"]["scripts"]
+    assert set(scripts) <= set(RUNS), f"times of scripts run_all does not run: {set(scripts) - set(RUNS)}"
+    if all(scripts.get(name, {}).get("exit") == 0 for name in RUNS):
+        assert data["full"]["seconds"] == round(sum(scripts[name]["seconds"] for name in RUNS))
+    else:
+        assert data["full"]["seconds"] is None
+    quick = data.get("quick")
+    if quick is not None:
+        assert set(quick["scripts"]) == set(RUNS) and all(d["exit"] == 0 for d in quick["scripts"].values())
 
 
 # --- rendered blocks: tables and headline sentences written from the result files -------------------

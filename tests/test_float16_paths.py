@@ -8,13 +8,13 @@ layers must pass, so that the refusal is about the values and not the dtype.
 
 from __future__ import annotations
 
-import asyncio
 import io
 import json
 import shutil
 
 import numpy as np
 import pytest
+from conftest import run_app
 from typer.testing import CliRunner
 
 import layerwise as lw
@@ -147,26 +147,19 @@ def test_cli_extract_and_export_exit_2_with_the_message(loud_folder, tmp_path):
 @pytest.mark.parametrize("pool", ["token", "sentence:mean", "word:first"])
 @pytest.mark.parametrize("accept", ["application/json", "application/x-npz"])
 def test_http_layers_answers_422_not_inf(loud, pool, accept):
-    import httpx
-
     from layerwise.serve import create_app
 
     app = create_app({"loud": loud})
 
     body = {"texts": TEXTS, "layers": "all", "pool": pool, "dtype": "float16"}
 
-    async def post_both():
-        transport = httpx.ASGITransport(app=app)
-        async with (
-            app.router.lifespan_context(app),
-            httpx.AsyncClient(transport=transport, base_url="http://test") as client,
-        ):
-            return [
-                await client.post("/v1/layers", json=b, headers={"accept": accept})
-                for b in (body, {**body, "layers": [0, 1]})
-            ]
+    async def post_both(client):
+        return [
+            await client.post("/v1/layers", json=b, headers={"accept": accept})
+            for b in (body, {**body, "layers": [0, 1]})
+        ]
 
-    refused, response = asyncio.run(post_both())
+    refused, response = run_app(app, post_both)
     assert refused.status_code == 422, refused.text
     assert "past float16's largest value" in refused.json()["error"]["message"]
     assert response.status_code == 200

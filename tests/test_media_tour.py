@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from audio_models import RATE, clips, save_audio_model
+from conftest import run_app
 from media_models import probe_files, save_image_model, save_images
 from typer.testing import CliRunner
 
@@ -60,10 +61,9 @@ def test_extract_store_layers_probe(model_type, modality, tmp_path):
 
 def _explore(model, path: str) -> None:
     """The explorer's view of ``path`` (as the page asks for it) equals token_statistics of extract."""
-    import asyncio
     import base64
 
-    httpx = pytest.importorskip("httpx")
+    pytest.importorskip("httpx")
     from layerwise.explore import token_statistics
     from layerwise.serve import create_app
 
@@ -71,15 +71,10 @@ def _explore(model, path: str) -> None:
     app = create_app({"m": enc})
     data = base64.b64encode(Path(path).read_bytes()).decode()
 
-    async def ask():
-        transport = httpx.ASGITransport(app=app)
-        async with (
-            app.router.lifespan_context(app),
-            httpx.AsyncClient(transport=transport, base_url="http://t") as c,
-        ):
-            return await c.post("/v1/explore/media", json={"model": "m", "input": data})
+    async def ask(c):
+        return await c.post("/v1/explore/media", json={"model": "m", "input": data})
 
-    response = asyncio.run(ask())
+    response = run_app(app, ask)
     assert response.status_code == 200, response.text
     norms = np.array(response.json()["statistics"]["norm"], dtype=np.float64)
     np.testing.assert_allclose(

@@ -20,7 +20,7 @@ import pytest
 pytest.importorskip("fastapi")
 httpx = pytest.importorskip("httpx")
 
-from conftest import running_server  # noqa: E402
+from conftest import run_app, running_server  # noqa: E402
 
 import layerwise as lw  # noqa: E402
 from layerwise.serve import ServeSettings, create_app  # noqa: E402
@@ -36,20 +36,6 @@ def served(default_encoder, make_tiny_model):
     app = create_app({default_encoder.name: default_encoder, "tiny": tiny}, ServeSettings(api_key=KEY))
     with running_server(app) as url:
         yield url, tiny
-
-
-def asgi_client(app, **kwargs):
-    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test", **kwargs)
-
-
-def run_app(app, scenario):
-    """Run ``scenario(client)`` against ``app`` with its lifespan (the batcher) started."""
-
-    async def main():
-        async with app.router.lifespan_context(app), asgi_client(app) as client:
-            return await scenario(client)
-
-    return asyncio.run(main())
 
 
 def decode(array: dict) -> np.ndarray:
@@ -205,17 +191,12 @@ def test_a_run_that_fails_unexpectedly_fails_its_requests_not_the_server(tiny_en
 
     runner.start = failing_once
 
-    async def main():
-        transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
-        async with (
-            app.router.lifespan_context(app),
-            httpx.AsyncClient(transport=transport, base_url="http://test") as client,
-        ):
-            failed = await asyncio.wait_for(client.post("/v1/embeddings", json={"input": ["a"]}), 30)
-            served = await asyncio.wait_for(client.post("/v1/embeddings", json={"input": ["a"]}), 30)
-            return failed, served
+    async def main(client):
+        failed = await asyncio.wait_for(client.post("/v1/embeddings", json={"input": ["a"]}), 30)
+        served = await asyncio.wait_for(client.post("/v1/embeddings", json={"input": ["a"]}), 30)
+        return failed, served
 
-    failed, served = asyncio.run(main())
+    failed, served = run_app(app, main, raise_app_exceptions=False)
     assert failed.status_code == 500 and served.status_code == 200 and calls == [1, 1]
 
 

@@ -17,8 +17,8 @@ pytest.importorskip("soundfile")
 
 from audio_models import RATE, clips, save_audio_model  # noqa: E402
 from audio_models import reference_states as audio_reference  # noqa: E402
+from conftest import run_app as run  # noqa: E402  (an app's requests within its lifespan)
 from media_models import reference_states, save_image_model, save_images  # noqa: E402
-from test_explore import run_app as run  # noqa: E402  (an app's requests within its lifespan)
 
 import layerwise as lw  # noqa: E402
 from layerwise.errors import OptionError  # noqa: E402

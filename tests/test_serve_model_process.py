@@ -15,23 +15,12 @@ import pytest
 pytest.importorskip("fastapi")
 httpx = pytest.importorskip("httpx")
 
+from conftest import run_app  # noqa: E402
+
 import layerwise as lw  # noqa: E402
 from layerwise.serve import ServeSettings, create_app  # noqa: E402
 
 TEXTS = ["The bank raised rates.", "She sat on the river bank.", "ok", "A much longer sentence " * 6]
-
-
-def lifespan_client(app):
-    transport = httpx.ASGITransport(app=app)
-    return httpx.AsyncClient(transport=transport, base_url="http://test")
-
-
-def run_app(app, scenario):
-    async def main():
-        async with app.router.lifespan_context(app), lifespan_client(app) as client:
-            return await scenario(client)
-
-    return asyncio.run(main())
 
 
 @pytest.fixture(scope="module")

@@ -4,11 +4,9 @@ layer, and the explorer's grid of the same text, each equal to the Encoder's own
 
 from __future__ import annotations
 
-import asyncio
-
 import numpy as np
 import pytest
-from conftest import ud_sentences
+from conftest import run_app, ud_sentences
 from typer.testing import CliRunner
 
 import layerwise as lw
@@ -54,21 +52,16 @@ def test_mamba_extract_store_layers_probe_explorer(tmp_path):
     )  # fmt: skip
     assert result.exit_code == 0, result.output
 
-    httpx = pytest.importorskip("httpx")
+    pytest.importorskip("httpx")
     from layerwise.explore import token_statistics
     from layerwise.serve import create_app
 
     app_ = create_app({"mamba": enc})
 
-    async def ask():
-        transport = httpx.ASGITransport(app=app_)
-        async with (
-            app_.router.lifespan_context(app_),
-            httpx.AsyncClient(transport=transport, base_url="http://t") as c,
-        ):
-            return await c.post("/v1/explore/tokens", json={"model": "mamba", "text": texts[0]})
+    async def ask(c):
+        return await c.post("/v1/explore/tokens", json={"model": "mamba", "text": texts[0]})
 
-    response = asyncio.run(ask())
+    response = run_app(app_, ask)
     assert response.status_code == 200, response.text
     norms = np.array(response.json()["statistics"]["norm"], dtype=np.float64)
     expected = token_statistics(enc.extract(texts[0], long_texts="window"))["norm"]
