@@ -1856,6 +1856,16 @@ def _duration(seconds: float) -> str:
     return f"{minutes // 60} h {minutes % 60} min" if minutes >= 60 else f"{minutes} min {rest} s"
 
 
+def _run_all_quick() -> str:
+    """How long ``run_all.py --quick`` took, every script, some at once."""
+    data = result("run_all")
+    quick = data["quick"]
+    return (
+        f"{_duration(quick['seconds'])} ({len(quick['scripts'])} scripts, {quick['jobs']} at a time; "
+        f"{cpu_of(data)}, {age(quick['commit'])})"
+    )
+
+
 def _run_all_full() -> str:
     """How long the full runs took, one script at a time: the sum of each one's last full run, or
     how many have one."""
@@ -1874,6 +1884,7 @@ def _run_all_full() -> str:
 
 FIGURES: dict[str, Callable[[], str]] = {
     "run-all-full": _run_all_full,
+    "run-all-quick": _run_all_quick,
     "pretrain": _pretrain,
     "ray-driver": _ray_driver,
     "ray-100-nodes-write": _ray_100_nodes_write,
