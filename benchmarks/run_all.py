@@ -77,20 +77,7 @@ RUNS: dict[str, tuple[list[str], list[str]]] = {
     "corpus_io": ([], ["--part", "speed", "--speed-texts", "300", "--speed-rounds", "1"]),
     "serve_load": (
         ["--ratio-rounds", "7"],
-        [
-            "--clients",
-            "1,8",
-            "--seconds",
-            "2",
-            "--texts",
-            "100",
-            "--soak",
-            "2",
-            "--soak-parts",
-            "1",
-            "--ratio-rounds",
-            "1",
-        ],
+        "--clients 1,8 --seconds 2 --texts 100 --soak 2 --soak-parts 1 --ratio-rounds 1".split(),
     ),
     "serve_bounds": ([], ["--clients", "4", "--seconds", "2", "--endpoints", "layers_npz,explore_attention"]),
     "fuzz_http": (["--examples", "1000"], ["--examples", "10"]),
@@ -147,11 +134,11 @@ def dirty() -> bool:
     return bool(status.stdout.strip())
 
 
-# the quick runs that took longest (fixed costs: processes, model loads, servers), started first so
-# that the short ones fill the other job's gaps
+# the quick runs that took longest (run_all.json's quick record: fixed costs of processes, model
+# loads, servers), started first so that the short ones fill the other job's gaps
 QUICK_LONG_FIRST = (
-    "fuzz_alignment", "decoder_speed", "cache_speed", "packed_speed", "store_speed", "gemm_speed",
-    "serve_load", "fuzz_http", "serve_bounds", "corpus_io",
+    "decoder_speed", "packed_speed", "store_speed", "decoder_layers", "family_speed", "load_and_cast",
+    "gemm_speed", "probe_ud_ewt", "serve_bounds", "streamed_speed",
 )  # fmt: skip
 
 
