@@ -112,8 +112,7 @@ def test_every_result_file_records_its_machine_and_commit(path: Path):
     data = json.loads(path.read_text())
     machine = data.get("machine") or {}
     assert machine.get("cpu") and machine.get("cores"), f"{path.name} does not record its machine"
-    commit = machine.get("commit") or data.get("recorded_in_commit")
-    assert commit, f"{path.name} records no commit"
+    assert machine.get("commit") or data.get("recorded_in_commit"), f"{path.name} records no commit"
 
 
 def test_run_all_records_each_script_and_the_sum():

@@ -17,7 +17,7 @@ from types import SimpleNamespace
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import run_app
+from conftest import asgi_posts
 from typer.main import get_command
 from typer.testing import CliRunner
 
@@ -367,7 +367,6 @@ ACCEPTED_FOR_COMPATIBILITY = {"user"}
 
 def test_every_http_field_changes_the_answer_or_is_refused(tiny_encoder, decoder_encoder):
     pytest.importorskip("fastapi")
-
     from layerwise.serve import ServeSettings, create_app
     from layerwise.serve._schemas import EmbeddingsRequest, LayersRequest
 
@@ -381,14 +380,11 @@ def test_every_http_field_changes_the_answer_or_is_refused(tiny_encoder, decoder
     both = (("/v1/layers", LAYERS_CASES), ("/v1/embeddings", EMBEDDINGS_CASES))
     requests = [(path, {**base[path], **change}) for path, cases in both for change in cases.values()]
 
-    async def main(c):
-        answers = {}
-        for path, body in [(p, b) for p, b in base.items()] + requests:
-            body = {k: v for k, v in body.items() if v is not None}
-            answers[(path, repr(body))] = await c.post(path, json=body)
-        return answers
-
-    answers = run_app(app, main)
+    asked = [
+        (path, {k: v for k, v in body.items() if v is not None}) for path, body in [*base.items(), *requests]
+    ]
+    answered = asgi_posts(app, asked)
+    answers = {(path, repr(body)): answer for (path, body), answer in zip(asked, answered, strict=True)}
     baseline = {path: answers[(path, repr(body))].json() for path, body in base.items()}
     dropped = []
     for path, cases in (("/v1/layers", LAYERS_CASES), ("/v1/embeddings", EMBEDDINGS_CASES)):
