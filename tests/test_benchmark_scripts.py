@@ -52,3 +52,19 @@ def test_label_free_rescore_runs_and_reproduces_the_shipped_rules(tmp_path):
     shipped = json.loads((REPO / "src/layerwise/_analysis/data/label_free_rules.json").read_text())
     assert written == shipped
     assert (tmp_path / "label_free_layers.json").exists()
+
+
+def test_run_all_measures_published_figures_one_script_at_a_time():
+    """--jobs runs quick checks at once; full mode refuses it before running anything, and --list
+    shows each mode's arguments (the quick ones are the shorter parts)."""
+    refused = _run(["benchmarks/run_all.py", "--jobs", "2", "--only", "roof"], timeout=60)
+    assert refused.returncode == 2 and "--jobs is for --quick" in refused.stderr
+    listed = _run(["benchmarks/run_all.py", "--list", "--only", "serve_load,corpus_io"], timeout=60)
+    assert listed.returncode == 0, listed.stderr
+    assert (
+        "serve_load: full --ratio-rounds 7; quick --clients 1,8 --seconds 2 --texts 100 --soak 2"
+        in listed.stdout
+    )
+    assert (
+        "corpus_io: full (defaults); quick --part speed --speed-texts 300 --speed-rounds 1" in listed.stdout
+    )
