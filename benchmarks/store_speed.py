@@ -14,7 +14,7 @@ Each is timed as a whole process (start-up and model loading included, the same 
 in the json; tokens/s, the ratios and the share of the machine's fp32 matmul rate (measured before and after each run, the best
 of them) are
 printed; each contender's start-up is its time on a one-line corpus (median of the same rounds). Then the store's
-own cost: ``extract_to_store`` against in-memory ``extract`` of the same texts (medians of 3,
+own cost: ``extract_to_store`` against in-memory ``extract`` of the same texts (medians of ``--cost-rounds``, default 3,
 alternating, each run a fresh process: benchmarks/store_cost.py), as a ratio (target <= 1.05). Then peak RSS of ``layerwise extract`` for a small and a large corpus shows that memory
 stays flat as the corpus grows (``--layers 0`` keeps that run short: the pipeline, tokenisation,
 batching and store writes are the same). Results go to benchmarks/results/store_speed.json.
@@ -49,6 +49,7 @@ def main() -> None:
     parser.add_argument("--rss-large", type=int, default=100_000)
     parser.add_argument("--repeats", type=int, default=3, help="interleaved rounds of the whole-process runs")
     parser.add_argument("--no-rss", action="store_true", help="skip the peak-RSS runs")
+    parser.add_argument("--cost-rounds", type=int, default=3, help="rounds of the store's own cost")
     args = parser.parse_args()
 
     import torch
@@ -119,10 +120,12 @@ def main() -> None:
                   f"(runs {', '.join(f'{t:.2f}' for t in startup_runs[name])})")  # fmt: skip
 
         # the store's own cost: extract_to_store vs in-memory extract, each run its own process
-        cost = store_cost(copies=1, rounds=3, sentences=args.sentences, documents=args.documents)
+        cost = store_cost(
+            copies=1, rounds=args.cost_rounds, sentences=args.sentences, documents=args.documents
+        )
         in_memory, to_store, store_ratio = cost["extract_s"], cost["extract_to_store_s"], cost["ratio_median"]
         print(f"extract {statistics.median(in_memory):.2f} s, extract_to_store {statistics.median(to_store):.2f} s "
-              f"(medians of 3, each a fresh process) -> store/in-memory {store_ratio:.3f} (target <= 1.05)")  # fmt: skip
+              f"(medians of {args.cost_rounds}, each a fresh process) -> store/in-memory {store_ratio:.3f} (target <= 1.05)")  # fmt: skip
 
         store = lw.open_store(work / "c.lw")  # what the last round's command wrote
         assert store.complete and store.n_rows == n_tokens, store
