@@ -73,7 +73,10 @@ RUNS: dict[str, tuple[list[str], list[str]]] = {
     "cache_memory": ([], ["--small", "20000", "--large", "60000"]),
     "integrity_cost": ([], ["--sentences", "200", "--rounds", "1"]),
     "fault_injection": ([], ["--kills", "1", "--sentences", "100", "--flips", "2"]),
-    "fuzz_alignment": ([], ["--examples", "30", "--tokenizers", "wordpiece,neox,t5"]),
+    "fuzz_alignment": (
+        [],
+        ["--examples", "30", "--family-examples", "30", "--tokenizers", "wordpiece,neox,t5"],
+    ),
     "corpus_io": ([], ["--part", "speed", "--speed-texts", "300", "--speed-rounds", "1"]),
     "serve_load": (
         ["--ratio-rounds", "7"],
