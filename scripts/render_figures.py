@@ -683,6 +683,44 @@ def hostile_counts() -> str:
     )
 
 
+def _fuzz_http_answers(statuses: dict[str, int], note: str = "") -> str:
+    return ", ".join(f"{n(count)} × {status}" for status, count in sorted(statuses.items())) + note
+
+
+def fuzz_http_table() -> str:
+    """The answers of ``fuzz_http.py`` per operation: the parameterless GETs share one row. Its minutes
+    stay in the file: a correctness run, often run beside other work, they are not a figure."""
+    data = result("fuzz_http")
+    statuses = data["statuses"]
+    plain = [op for op, got in statuses.items() if op.startswith("GET ") and sum(got.values()) == 1]
+    rows = []
+    for operation, got in statuses.items():
+        if operation in plain:
+            continue
+        method, path = operation.split(" ", 1)
+        name = f"`{method} {path.split(' (')[0]}`" + (" (npz)" if "x-npz" in path else "")
+        note = " (the model has no masked-LM head)" if path == "/v1/explore/lens" and "200" not in got else ""
+        rows.append([name, n(sum(got.values())), _fuzz_http_answers(got, note)])
+    if plain:
+        names = ", ".join(f"`{op.split(' ', 1)[1]}`" for op in plain)
+        answers = sorted({status for op in plain for status in statuses[op]})
+        rows.append([f"`GET` {names}", "1 each (no parameters to vary)", ", ".join(answers)])
+    total = (
+        f"{len(data['failures'])} operations with a failing check and {data['server_errors']} server errors "
+        f"in {n(data['requests'])} requests. "
+    )
+    return table(["operation", "requests", "answers"], rows) + "\n\n" + total + measured("fuzz_http")
+
+
+def _fuzz_http_summary() -> str:
+    data = result("fuzz_http")
+    return (
+        f"{n(data['requests'])} requests over the {len(data['statuses']) - 1} operations and `/v1/layers` as npz "
+        f"({where('fuzz_http')}), **{len(data['failures'])} operations with a "
+        f"failing check, {data['server_errors']} server errors**"
+    )
+
+
 def gpu_embed_table() -> str:
     gpu = result("gpu_speed")
     f16, bf16 = gpu["embed"]
@@ -1573,6 +1611,7 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "decoder-loop-costs": decoder_loop_costs,
     "sweep": sweep_counts,
     "hostile-families": hostile_counts,
+    "fuzz-http": fuzz_http_table,
     "gpu-embed": gpu_embed_table,
     "gpu-groups": gpu_groups_table,
     "gpu-extract": gpu_extract_table,
@@ -1902,6 +1941,7 @@ FIGURES: dict[str, Callable[[], str]] = {
     "store-guide-integrity": _store_guide_integrity,
     "cache-guide-integrity": _cache_guide_integrity,
     "fuzz-alignment": _fuzz,
+    "fuzz-http-summary": _fuzz_http_summary,
     "flip-sweep": _flip_sweep,
     "analyze-seconds": lambda: f"{s(result('analyze_speed')['seconds'], 1)} ({where('analyze_speed')})",
     "store-open-memory": _store_open_memory,

@@ -3,7 +3,7 @@
 Every measured figure of README.md and docs/ is rendered from its result file by
 ``scripts/render_figures.py``: a block (``<!-- figures: NAME -->``) or a figure inside a sentence
 (``<!-- fig: NAME -->``), and a document that differs from a fresh render fails. Every other figure
-with a unit (×, %, s, ms, MB, GiB, tokens/s, …) outside them is named in
+with a unit (×, %, s, min, ms, MB, GiB, tokens/s, …) outside them is named in
 ``tests/figures_not_measured.txt`` with what it is instead (a setting, a target, an input size, a
 format, arithmetic on paper): a figure typed by hand that is neither fails, and so does a listed
 figure changed by hand. Also: every Python path the docs name exists, every result file records the
@@ -23,7 +23,7 @@ from conftest import REPO
 RESULTS = REPO / "benchmarks" / "results"
 UNIT = (
     r"×(?!\s*\d)|x\b|%|\s?ms\b|\s?s\b|\s?MB/s|\s?GB/s|\s?tok/s|\s?tokens/s|\s?texts/s|\s?GiB|\s?MiB"
-    r"|\s?GB|\s?MB"
+    r"|\s?GB|\s?MB|\s?min\b"
 )
 FIGURE = re.compile(
     r"(?<![\w.\-/])(\d{1,3}(?:,\d{3})+|\d+\.\d+|\d+)(?![eE]-?\d|\.\d|\d)(\s?(?:" + UNIT + r"))?"
@@ -113,6 +113,21 @@ def test_every_result_file_records_its_machine_and_commit(path: Path):
     machine = data.get("machine") or {}
     assert machine.get("cpu") and machine.get("cores"), f"{path.name} does not record its machine"
     assert machine.get("commit") or data.get("recorded_in_commit"), f"{path.name} records no commit"
+    dirty = [c for c in _commits(data) if c.endswith("+")]
+    assert not dirty, (
+        f"{path.name} was measured on an uncommitted tree ({dirty[0]}): commit, then re-run it "
+        f"with `python benchmarks/run_all.py --only {path.stem}` (a GPU file: with its GPU script)"
+    )
+
+
+def _commits(data) -> list[str]:
+    """Every commit a result file records, its merged parts' included."""
+    if isinstance(data, dict):
+        found = [v for k, v in data.items() if k in ("commit", "recorded_in_commit") and isinstance(v, str)]
+        return found + [c for v in data.values() for c in _commits(v)]
+    if isinstance(data, list):
+        return [c for v in data for c in _commits(v)]
+    return []
 
 
 def test_run_all_records_each_script_and_the_sum():
