@@ -689,7 +689,7 @@ def _fuzz_http_answers(statuses: dict[str, int], note: str = "") -> str:
 
 def fuzz_http_table() -> str:
     """The answers of ``fuzz_http.py`` per operation: the parameterless GETs share one row. Its minutes
-    stay in the file: a correctness run, often run beside other work, they are not a figure."""
+    stay in the file: a correctness run's, often beside other work, they are no speed figure."""
     data = result("fuzz_http")
     statuses = data["statuses"]
     plain = [op for op, got in statuses.items() if op.startswith("GET ") and sum(got.values()) == 1]
@@ -1785,13 +1785,13 @@ def _flip_sweep() -> str:
 
 
 def _fuzz() -> str:
+    """The fuzzer's inputs and failures; its seconds stay in the file, as fuzz_http's minutes do."""
     data = result("fuzz_alignment")
     parts = data["tokenizers"].values()
     inputs = sum(sum(p["examples"].values()) for p in parts)
     failures = sum(len(p["failures"]) for p in parts)
-    minutes = sum(p["seconds"] for p in parts) / 60
     said = "no failure" if not failures else f"{failures} failures"
-    return f"{inputs:,} inputs, {said} ({minutes:.0f} min; {where('fuzz_alignment')})"
+    return f"{inputs:,} inputs, {said} ({where('fuzz_alignment')})"
 
 
 def _cache_guide_integrity() -> str:
