@@ -21,7 +21,7 @@ fit. Nine tokenizers, each with max_length=24 so that many inputs are truncated 
 
 The last five are built by tests/tokenizer_kinds.py (tests/any_models.py saves their models). An input
 of theirs took about ten times as long as one of the first four's here (115 against 11 ms), so they
-get ``--family-examples`` (2,000 by default) and the whole run takes about half an hour on 2 cores.
+get ``--family-examples`` (2,000 by default).
 
 Decoders take no pairs, so their examples are texts and pre-split words. Prints the count per kind
 and any failure (hypothesis' shrunk example); exits 1 on a failure.

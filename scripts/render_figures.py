@@ -714,8 +714,9 @@ def fuzz_http_table() -> str:
 
 def _fuzz_http_summary() -> str:
     data = result("fuzz_http")
+    operations = sum("x-npz" not in operation for operation in data["statuses"])
     return (
-        f"{n(data['requests'])} requests over the {len(data['statuses']) - 1} operations and `/v1/layers` as npz "
+        f"{n(data['requests'])} requests over the {operations} operations and `/v1/layers` as npz "
         f"({where('fuzz_http')}), **{len(data['failures'])} operations with a "
         f"failing check, {data['server_errors']} server errors**"
     )

@@ -147,6 +147,12 @@ def _commits(data) -> list[str]:
     return []
 
 
+def test_a_dirty_commit_in_a_merged_part_is_found():
+    data = {"machine": {"commit": "def5678"}, "parts": [{"machine": {"commit": "abc1234+"}}], "x": {}}
+    data["x"]["recorded_in_commit"] = "9"
+    assert _commits(data) == ["def5678", "abc1234+", "9"]
+
+
 def test_run_all_records_each_script_and_the_sum():
     """The README's time of the full mode is the sum of each script's last full run."""
     RUNS = _run_all()
