@@ -118,7 +118,8 @@ def record(mode: str, done: dict[str, dict], total: float | None = None, jobs: i
     path = HERE / "results" / "run_all.json"
     data = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
     now = machine()
-    stamp = {"commit": now["commit"], "date": now["date"]}
+    # each record keeps its own machine: scripts timed on different days may run on different boxes
+    stamp = {"commit": now["commit"], "date": now["date"], "cpu": now["cpu"], "cores": now["cores"]}
     if mode == "full":
         scripts = {**data.get("full", {}).get("scripts", {}), **{k: {**stamp, **v} for k, v in done.items()}}
         whole = all(scripts.get(name, {}).get("exit") == 0 for name in RUNS)

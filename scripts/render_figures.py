@@ -96,9 +96,14 @@ def commit_of(data: dict[str, Any]) -> str:
 
 
 def cpu_of(data: dict[str, Any]) -> str:
-    cpu = data["machine"]["cpu"]
+    return cpu_words(data["machine"])
+
+
+def cpu_words(machine: dict[str, Any]) -> str:
+    """``2-core Intel Xeon``: a machine record's cores and CPU family."""
+    cpu = machine["cpu"]
     short = "Intel Xeon" if "Xeon" in cpu else "AMD EPYC" if "EPYC" in cpu else cpu
-    return f"{data['machine']['cores']}-core {short}"
+    return f"{machine['cores']}-core {short}"
 
 
 def gpu_of(data: dict[str, Any], part: str) -> str:
@@ -687,6 +692,13 @@ def _fuzz_http_answers(statuses: dict[str, int], note: str = "") -> str:
     return ", ".join(f"{n(count)} × {status}" for status, count in sorted(statuses.items())) + note
 
 
+# why an operation answered no 200 to the fuzzer, which serves the default (text, no masked-LM head) model
+FUZZ_HTTP_REFUSED = {
+    "/v1/explore/lens": " (the model has no masked-LM head)",
+    "/v1/explore/media": " (the model reads text: this view takes an image or a sound model)",
+}
+
+
 def fuzz_http_table() -> str:
     """The answers of ``fuzz_http.py`` per operation: the parameterless GETs share one row. Its minutes
     stay in the file: a correctness run's, often beside other work, they are no speed figure."""
@@ -699,7 +711,7 @@ def fuzz_http_table() -> str:
             continue
         method, path = operation.split(" ", 1)
         name = f"`{method} {path.split(' (')[0]}`" + (" (npz)" if "x-npz" in path else "")
-        note = " (the model has no masked-LM head)" if path == "/v1/explore/lens" and "200" not in got else ""
+        note = FUZZ_HTTP_REFUSED.get(path, "") if "200" not in got else ""
         rows.append([name, n(sum(got.values())), _fuzz_http_answers(got, note)])
     if plain:
         names = ", ".join(f"`{op.split(' ', 1)[1]}`" for op in plain)
@@ -1906,7 +1918,7 @@ def _run_all_quick() -> str:
     quick = data["quick"]
     return (
         f"{_duration(quick['seconds'])} ({len(quick['scripts'])} scripts, {quick['jobs']} at a time; "
-        f"{cpu_of(data)}, {age(quick['commit'])})"
+        f"{cpu_words(quick)}, {age(quick['commit'])})"
     )
 
 
@@ -1916,14 +1928,15 @@ def _run_all_full() -> str:
     data = result("run_all")
     full = data["full"]
     scripts = full["scripts"]
+    machines = " and ".join(sorted({cpu_words(script) for script in scripts.values()}))
     if full["seconds"] is None:
         timed = sum(script["seconds"] for script in scripts.values())
-        return f"over {_duration(timed)} for the {len(scripts)} scripts timed so far"
+        return f"over {_duration(timed)} for the {len(scripts)} scripts timed so far ({machines})"
     commits = sorted(
         {script["commit"] for script in scripts.values()}, key=lambda c: -(commits_since(c) or 0)
     )
     span = commits[0] if len(commits) == 1 else f"{commits[0]} to {commits[-1]}"
-    return f"{_duration(full['seconds'])} ({len(scripts)} scripts, one at a time; {cpu_of(data)}, at {span})"
+    return f"{_duration(full['seconds'])} ({len(scripts)} scripts, one at a time; {machines}, at {span})"
 
 
 FIGURES: dict[str, Callable[[], str]] = {

@@ -15,7 +15,9 @@ import functools
 import json
 import re
 import unicodedata
+import weakref
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import pytest
@@ -67,8 +69,7 @@ def _spelled_decoder(tokenizer) -> Callable[[list[str], str], tuple[str, str]]:
 
     # a tokenizer that normalises with NFKC (T5's, DeBERTa-v3's) spells compatibility characters
     # by their decomposition ("ﬁ" as "fi"), and SentencePiece folds runs of spaces to one
-    state = json.loads(tokenizer.backend_tokenizer.to_str())
-    form = "NFKC" if "NFKC" in json.dumps(state["normalizer"]) else "NFC"
+    form = "NFKC" if "NFKC" in facts_of(tokenizer).normalizer else "NFC"
 
     def spelled(pieces: list[str], source: str) -> tuple[str, str]:
         text = tokenizer.convert_tokens_to_string(pieces)
@@ -97,14 +98,41 @@ def _marks_end(source: str, start: int, end: int, form: str) -> int:
     return end
 
 
+@dataclass(frozen=True)
+class TokenizerFacts:
+    model: str  # "WordPiece", "BPE", "Unigram"
+    normalizer: str  # the normaliser's JSON
+    lost_bytes: frozenset[int]  # bytes_not_in_vocabulary
+
+
+# read once per tokenizer: serialising SmolLM2's 49,152-token tokenizer takes about 0.2 s, and the
+# checks of one input read these facts three times
+_FACTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def facts_of(tokenizer) -> TokenizerFacts:
+    """What the checks read from the tokenizer's serialised state (its model kind, its normaliser)
+    and its vocabulary (the bytes it lacks)."""
+    facts = _FACTS.get(tokenizer)
+    if facts is None:
+        state = json.loads(tokenizer.backend_tokenizer.to_str())
+        lost: frozenset[int] = frozenset()
+        if "ByteLevel" in json.dumps(state.get("pre_tokenizer")):
+            vocab = tokenizer.get_vocab()
+            lost = frozenset(b for b, c in _byte_characters().items() if c not in vocab)
+        facts = TokenizerFacts(state["model"]["type"], json.dumps(state["normalizer"]), lost)
+        _FACTS[tokenizer] = facts
+    return facts
+
+
 def _normal_form(tokenizer) -> str | None:
     """The composing normal form of the tokenizer's normaliser (NFKC, NFC), or None."""
-    normalizer = json.dumps(json.loads(tokenizer.backend_tokenizer.to_str())["normalizer"])
+    normalizer = facts_of(tokenizer).normalizer
     return "NFKC" if "NFKC" in normalizer else "NFC" if "NFC" in normalizer else None
 
 
 def _is_wordpiece(tokenizer) -> bool:
-    return json.loads(tokenizer.backend_tokenizer.to_str())["model"]["type"] == "WordPiece"
+    return facts_of(tokenizer).model == "WordPiece"
 
 
 @functools.cache
@@ -119,20 +147,10 @@ def _byte_characters() -> dict[int, str]:
     return {**{b: chr(b) for b in printable}, **{b: chr(256 + k) for k, b in enumerate(others)}}
 
 
-_LOST_BYTES: dict[int, frozenset[int]] = {}  # id(tokenizer) -> its lost bytes: read once per tokenizer
-
-
 def bytes_not_in_vocabulary(tokenizer) -> frozenset[int]:
     """The bytes a byte-level BPE vocabulary has no token for (its tokenizer drops them silently);
     empty for other tokenizers (SentencePiece-style byte fallback has all 256)."""
-    if id(tokenizer) not in _LOST_BYTES:
-        state = json.loads(tokenizer.backend_tokenizer.to_str())
-        lost: frozenset[int] = frozenset()
-        if "ByteLevel" in json.dumps(state.get("pre_tokenizer")):
-            vocab = tokenizer.get_vocab()
-            lost = frozenset(b for b, c in _byte_characters().items() if c not in vocab)
-        _LOST_BYTES[id(tokenizer)] = lost
-    return _LOST_BYTES[id(tokenizer)]
+    return facts_of(tokenizer).lost_bytes
 
 
 def check_stack(encoder, stack, text: str, text_pair: str | None = None) -> None:

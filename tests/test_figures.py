@@ -108,7 +108,7 @@ def test_every_python_path_the_docs_name_exists():
 
 
 # correctness runs (no speed figure) measured on an uncommitted tree, to be re-run with run_all
-MEASURED_DIRTY = {"fuzz_alignment.json", "fuzz_http.json"}
+MEASURED_DIRTY = {"fuzz_alignment.json"}
 
 
 @pytest.mark.parametrize("path", sorted(RESULTS.glob("*.json")), ids=lambda p: p.name)
@@ -166,6 +166,9 @@ def test_run_all_records_each_script_and_the_sum():
     quick = data.get("quick")
     if quick is not None:
         assert set(quick["scripts"]) == set(RUNS) and all(d["exit"] == 0 for d in quick["scripts"].values())
+    runs = {**scripts, **({"quick": quick} if quick is not None else {})}
+    unplaced = [name for name, run in runs.items() if not (run.get("cpu") and run.get("cores"))]
+    assert not unplaced, f"run_all.json records no machine for {unplaced}: its times depend on one"
 
 
 # --- rendered blocks: tables and headline sentences written from the result files -------------------
