@@ -239,6 +239,11 @@ def check_text(encoder, text: str, text_pair: str | None = None) -> None:
 
 def check_words(encoder, word_list: list[str]) -> None:
     """Pre-split words: offsets into the joined text, and one vector per input word."""
+    if not encoder.tokenizer(word_list, is_split_into_words=True)["input_ids"]:  # as check_text
+        for call in (encoder.extract, encoder.embed_words):
+            with pytest.raises(InputError, match=r"input 0 \(.*\) gives no tokens"):
+                call(words=[word_list])
+        return
     stack = encoder.extract(words=[word_list])[0]
     check_stack(encoder, stack, " ".join(word_list))
     assert stack.words == tuple(word_list)

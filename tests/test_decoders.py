@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from alignment_invariants import check_stack
+from alignment_invariants import bytes_not_in_vocabulary, check_stack, check_words
 from conftest import needs_smollm2, run_app, smollm2_folder, ud_sentences
 from decoder_models import DECODER_ARCHITECTURES, save_decoder
 
@@ -339,6 +339,18 @@ def test_smollm2_from_its_gguf_file_equals_transformers_own_load(smollm2):
     from layerwise._model.loading.source import resolve_model_source
 
     assert resolve_model_source(folder)[0] == resolve_model_source(gguf)[0] == str(gguf) == smollm2.source
+
+
+@needs_smollm2
+def test_smollm2_refuses_words_of_bytes_its_vocabulary_lacks_by_name(smollm2):
+    """SmolLM2's byte-level vocabulary has no token for 21 bytes (0x16 among them) and adds no BOS:
+    pre-split words made only of them give no tokens, refused by name as texts are (found by
+    benchmarks/fuzz_alignment.py); one such word among others keeps its slot."""
+    assert {0x04, 0x16, 0xFF} <= bytes_not_in_vocabulary(smollm2.tokenizer)
+    check_words(smollm2, ["\x16"])
+    check_words(smollm2, ["\x16", "bank"])
+    with pytest.raises(InputError, match=r"input 0 \('\\x16'\) gives no tokens"):
+        smollm2.extract(words=[["\x16"]])
 
 
 @needs_smollm2

@@ -146,8 +146,8 @@ def test_words_without_wordpieces_keep_their_slot(default_encoder, caplog):
     np.testing.assert_allclose(first.vectors[:, [0, 2, 4]], exact.vectors, atol=1e-5)
     assert first.spans.tolist() == [[0, 1], [2, 3], [4, 5], [6, 7], [8, 9]]
     assert result[1].words_empty == ()
-    notes = [r.getMessage() for r in caplog.records if "produced no wordpiece" in r.getMessage()]
-    assert len(notes) == 1 and notes[0].startswith("2 words in 1 inputs produced no wordpiece")
+    notes = [r.getMessage() for r in caplog.records if "produced no token" in r.getMessage()]
+    assert len(notes) == 1 and notes[0].startswith("2 words in 1 inputs produced no token")
     fused = default_encoder.embed_words([words], fuse="concat_last4")[0]
     assert (
         fused.vectors.shape == (5, 4 * 384) and fused.fuse == "concat_last4" and fused.layers == (3, 4, 5, 6)

@@ -107,7 +107,7 @@ class LayerStack:
     words: tuple[str, ...] | None = None
     truncated: bool = False
     words_lost: int = 0
-    words_empty: tuple[int, ...] = ()  # pre-split words that produced no wordpiece
+    words_empty: tuple[int, ...] = ()  # pre-split words that produced no token
     n_windows: int = 1
     taps: Mapping[str, np.ndarray] = field(default_factory=dict)
     tap_layers: tuple[int, ...] = ()
@@ -185,7 +185,7 @@ class WordVectors:
     text_pair: str | None = None
     words_lost: int = 0
     fuse: str | None = None  # the fusion of ``layers`` that ``vectors`` holds, if any
-    words_empty: tuple[int, ...] = ()  # input words that produced no wordpiece: zero vectors
+    words_empty: tuple[int, ...] = ()  # input words that produced no token: zero vectors
 
     @property
     def n_words(self) -> int:

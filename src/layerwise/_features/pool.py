@@ -143,7 +143,7 @@ def _subword_vectors(
 
 
 def _keep_empty_words(stack: LayerStack, keys, vectors, spans, words, counts) -> tuple:
-    """Pre-split words that produced no wordpiece (a zero-width space, a soft hyphen) keep their
+    """Pre-split words that produced no token (a zero-width space, a soft hyphen) keep their
     slot with a zero vector (flair's choice) and ``n_subwords`` 0, so vector j is word j."""
     assert stack.words is not None
     starts, position = [], 0

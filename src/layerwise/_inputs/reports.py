@@ -1,5 +1,5 @@
 """The warnings about a call's inputs, once a call: inputs truncated at the model's maximum (with
-how many tokens and words they lost) and pre-split words that produced no wordpiece, counted over
+how many tokens and words they lost) and pre-split words that produced no token, counted over
 the blocks a call was tokenised in (block.py)."""
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def report_blocks(
         words = block.words[i] if block.words is not None else ()
         word = words[block.words_empty[i][0]] if words else ""
         logger.warning(
-            "%d words in %d inputs produced no wordpiece (first: input %d, word %d, %r); they keep their "
+            "%d words in %d inputs produced no token (first: input %d, word %d, %r); they keep their "
             "slot with a zero vector and are listed in words_empty",
             sum(len(b.words_empty[i]) for b, i in empty),
             len(empty),

@@ -98,7 +98,7 @@ def word_features(
     kept = [v.n_words for v in vectors]
     lost = sum(len(w) - k for w, k in zip(sentences.words, kept, strict=True))
     if lost:
-        raise InputError(f"{lost} words produced no wordpieces; remove empty words from the data")
+        raise InputError(f"{lost} words produced no tokens; remove empty words from the data")
     return np.concatenate([v.vectors for v in vectors], axis=1)
 
 
