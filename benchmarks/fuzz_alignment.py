@@ -19,9 +19,8 @@ fit. Nine tokenizers, each with max_length=24 so that many inputs are truncated 
     t5             T5's SentencePiece Unigram with Metaspace, ``</s>`` after, on a tiny random T5 encoder
     deberta-v3     DeBERTa-v3's SentencePiece Unigram with Metaspace, on a tiny random DeBERTa-v2
 
-The last five are built by tests/tokenizer_kinds.py (tests/any_models.py saves their models). An input
-of theirs took about ten times as long as one of the first four's here (115 against 11 ms), so they
-get ``--family-examples`` (2,000 by default).
+The last five are built by tests/tokenizer_kinds.py (tests/any_models.py saves their models); they
+get ``--family-examples`` inputs each (2,000 by default).
 
 Decoders take no pairs, so their examples are texts and pre-split words. Prints the count per kind
 and any failure (hypothesis' shrunk example); exits 1 on a failure.

@@ -107,10 +107,6 @@ def test_every_python_path_the_docs_name_exists():
     assert not missing, "\n".join(sorted(set(missing)))
 
 
-# correctness runs (no speed figure) measured on an uncommitted tree, to be re-run with run_all
-MEASURED_DIRTY = {"fuzz_alignment.json"}
-
-
 @pytest.mark.parametrize("path", sorted(RESULTS.glob("*.json")), ids=lambda p: p.name)
 def test_every_result_file_records_its_machine_and_commit(path: Path):
     data = json.loads(path.read_text())
@@ -120,9 +116,6 @@ def test_every_result_file_records_its_machine_and_commit(path: Path):
     dirty = [c for c in _commits(data) if c.endswith("+")]
     in_run_all = path.stem in _run_all()
     rerun = f"`python benchmarks/run_all.py --only {path.stem}`" if in_run_all else "the script writing it"
-    if path.name in MEASURED_DIRTY:  # awaiting their re-run; listed so that no other file joins them
-        assert dirty, f"{path.name} is clean now: take it off MEASURED_DIRTY"
-        return
     assert not dirty, (
         f"{path.name} was measured on an uncommitted tree ({dirty[0]}): commit, then re-run {rerun}"
     )
