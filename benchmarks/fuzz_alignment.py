@@ -1,6 +1,6 @@
-"""Fuzz the alignment invariants with 10,000 random inputs per tokenizer kind (2,000 for the families).
+"""Fuzz the alignment invariants with 10,000 random inputs per tokenizer kind.
 
-    python benchmarks/fuzz_alignment.py [--examples 10000] [--family-examples 2000] [--seed 0]
+    python benchmarks/fuzz_alignment.py [--examples 10000] [--family-examples N] [--seed 0]
                                         [--tokenizers wordpiece,...]
 
 The invariants are those of tests/alignment_invariants.py (the CI suite runs a few hundred
@@ -20,7 +20,7 @@ fit. Nine tokenizers, each with max_length=24 so that many inputs are truncated 
     deberta-v3     DeBERTa-v3's SentencePiece Unigram with Metaspace, on a tiny random DeBERTa-v2
 
 The last five are built by tests/tokenizer_kinds.py (tests/any_models.py saves their models); they
-get ``--family-examples`` inputs each (2,000 by default).
+get ``--family-examples`` inputs each (``--examples`` unless given: quick runs pass fewer).
 
 Decoders take no pairs, so their examples are texts and pre-split words. Prints the count per kind
 and any failure (hypothesis' shrunk example); exits 1 on a failure.
@@ -156,8 +156,10 @@ def main() -> int:
     parser.add_argument(
         "--family-examples",
         type=int,
-        default=2_000,
-        help="Per tokenizer for the five family kinds (" + ", ".join(FAMILY_TOKENIZERS) + ")",
+        default=None,
+        help="Per tokenizer for the five family kinds ("
+        + ", ".join(FAMILY_TOKENIZERS)
+        + "); --examples if not given",
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
@@ -170,6 +172,8 @@ def main() -> int:
 
     hf_logging.disable_progress_bar()  # saving each tiny model
     hf_logging.set_verbosity_error()  # "Token indices sequence length is longer than…"
+    if args.family_examples is None:
+        args.family_examples = args.examples
     names = [n for n in args.tokenizers.split(",") if n]
     unknown = sorted(set(names) - set(TOKENIZERS))
     if unknown:
