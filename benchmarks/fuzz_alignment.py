@@ -122,6 +122,15 @@ def encoder_for(name: str, folder: Path):
     )
 
 
+def described(exc: BaseException) -> list[str]:
+    """Each failure hypothesis found (one, or the members of its group), with its shrunk input, which
+    hypothesis gives as a note ("Failing test case: run(text='…')")."""
+    if isinstance(exc, BaseExceptionGroup):
+        return [error for member in exc.exceptions for error in described(member)]
+    notes = "\n".join(getattr(exc, "__notes__", []))
+    return [f"{type(exc).__name__}: {exc}\n{notes}".strip()[:4000]]
+
+
 def fuzz(encoder, examples: int, seed_value: int) -> dict:
     """Every kind of input this encoder takes, ``examples`` in all; the counts and any failure."""
     shares = (
@@ -143,7 +152,7 @@ def fuzz(encoder, examples: int, seed_value: int) -> dict:
             status = "ok"
         except Exception as exc:  # hypothesis re-raises the shrunk failing example
             status = "FAILED"
-            report["failures"].append({"kind": kind, "error": f"{type(exc).__name__}: {exc}"[:4000]})
+            report["failures"].extend({"kind": kind, "error": error} for error in described(exc))
         report["examples"][kind] = calls[0]
         print(f"  {kind:6s} {calls[0]:6,d} examples  {status}", flush=True)
     report["seconds"] = round(time.perf_counter() - started, 1)

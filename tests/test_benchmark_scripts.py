@@ -68,3 +68,27 @@ def test_run_all_measures_published_figures_one_script_at_a_time():
     assert (
         "corpus_io: full (defaults); quick --part speed --speed-texts 300 --speed-rounds 1" in listed.stdout
     )
+
+
+def test_fuzz_alignment_records_each_failure_with_its_shrunk_input(monkeypatch):
+    """When hypothesis finds several distinct failures it raises a group: each one is recorded with
+    hypothesis' note on the input that fails, not the group's one-line message."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    from fuzz_alignment import described
+
+    @settings(max_examples=300, database=None, deadline=None, derandomize=True)
+    @given(x=st.integers())
+    def run(x):
+        assert x < 10
+        if x < -5:
+            raise ValueError("negative")
+
+    with pytest.raises(BaseExceptionGroup) as caught:
+        run()
+    errors = described(caught.value)
+    assert sorted(error.split(":")[0] for error in errors) == ["AssertionError", "ValueError"]
+    assert any(error.startswith("AssertionError: assert 10 < 10") for error in errors)  # shrunk to 10
+    assert all("Failing test case: run(" in error for error in errors)  # hypothesis' note on its input
