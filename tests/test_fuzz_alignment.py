@@ -102,3 +102,15 @@ def test_family_pairs(short_family, text, text_pair):
 @given(word_list=words)
 def test_family_pre_split_words(short_family, word_list):
     check_words(short_family, word_list)
+
+
+# Inputs the fuzzer found (benchmarks/fuzz_alignment.py, 10,000 per kind). Under NFKC "¯" is a space
+# and U+0304, and canonical ordering moves the macron behind U+0F7A: T5's and DeBERTa-v3's token
+# U+0F7A U+0304 has the vowel sign's span and spells it with the macron of the character before.
+FOUND = ["¯ེ", "0100´00100  0010010¯ེ "]
+
+
+@pytest.mark.parametrize("text", FOUND)
+def test_family_inputs_the_fuzzer_found(short_family, text):
+    check_text(short_family, text)
+    check_words(short_family, text.split())
