@@ -69,7 +69,7 @@ def _spelled_decoder(tokenizer) -> Callable[[list[str], str], tuple[str, str]]:
 
     # a tokenizer that normalises with NFKC (T5's, DeBERTa-v3's) spells compatibility characters
     # by their decomposition ("ﬁ" as "fi"), and SentencePiece folds runs of spaces to one
-    form = "NFKC" if "NFKC" in facts_of(tokenizer).normalizer else "NFC"
+    form = _normal_form(tokenizer) or "NFC"
 
     def spelled(pieces: list[str], source: str) -> tuple[str, str]:
         text = tokenizer.convert_tokens_to_string(pieces)
@@ -96,6 +96,11 @@ def _marks_end(source: str, start: int, end: int, form: str) -> int:
             break
         end += 1
     return end
+
+
+def _spells(spelled: str, expected: str, cut: bool) -> bool:
+    """The tokens spell their span: all of it, or its start where truncation cut the last run."""
+    return expected.startswith(spelled.rstrip("\ufffd")) if cut else expected == spelled
 
 
 def _marks_before(source: str, start: int, form: str) -> str:
@@ -220,15 +225,12 @@ def check_stack(encoder, stack, text: str, text_pair: str | None = None) -> None
         spelled, expected = spell(pieces, source[start:marks_end])
         last_of_segment = k + 1 == len(runs) or runs[k + 1][0] != segment
         cut = stack.truncated and last_of_segment  # truncation may cut between a character's tokens
-        fits = expected.startswith(spelled.rstrip("\ufffd")) if cut else expected == spelled
-        if not fits and form is not None:  # a mark reordered in from the character before
-            expected = spell(pieces, _marks_before(source, start, form) + source[start:marks_end])[1]
-        if cut:
-            assert expected.startswith(spelled.rstrip("\ufffd")), (pieces, source[start:end])
-        elif spelled:
-            assert expected == spelled, (pieces, source[start:end])
-        else:  # a lone space marker ("▁" before "**") has the next character's span
+        if not cut and not spelled:  # a lone space marker ("▁" before "**") has the next character's span
             assert not wordpiece, (pieces, source[start:end])
+            continue
+        if not _spells(spelled, expected, cut) and form is not None:  # a mark reordered in from before
+            expected = spell(pieces, _marks_before(source, start, form) + source[start:marks_end])[1]
+        assert _spells(spelled, expected, cut), (pieces, source[start:end])
 
 
 def check_text(encoder, text: str, text_pair: str | None = None) -> None:
